@@ -1,0 +1,106 @@
+"""Benchmark methods on a prompt set, Spec-Bench style: one run, same machine, same prompts.
+
+Vanilla runs first on every prompt; every other method is compared to it token for token, and its
+wall-time speedup is measured against vanilla in the same run. Outputs in ``out_dir``:
+results.csv (one row per method and prompt), summary.csv and summary.md (one row per method).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from .engine import generate
+from .errors import MirrorSDError
+from .methods import get_method
+
+DEFAULT_PROMPTS = Path(__file__).parent / "data" / "bench_prompts.jsonl"
+
+
+def read_prompts(path: str | Path) -> list[dict]:
+    """Prompts from JSONL: {"id", "category", "prompt"} or {"id", "category", "turns": [...]}."""
+    path = Path(path)
+    if not path.exists():
+        raise MirrorSDError(f"prompt file {path} does not exist")
+    prompts = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise MirrorSDError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        turns = item.get("turns") or ([item["prompt"]] if "prompt" in item else None)
+        if not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+            raise MirrorSDError(f"{path}:{n}: needs a non-empty \"prompt\" or \"turns\"")
+        prompts.append(dict(id=str(item.get("id", n)), category=item.get("category", "none"), turns=turns))
+    if not prompts:
+        raise MirrorSDError(f"{path} holds no prompts")
+    return prompts
+
+
+def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -> dict:
+    """Decode every turn of one prompt (later turns see this method's own earlier answers)."""
+    messages, token_ids, rows = [], [], []
+    for turn in item["turns"]:
+        messages.append({"role": "user", "content": turn})
+        out = generate(pair, list(messages), method=method, max_new_tokens=max_new_tokens, **settings)
+        if out.error:
+            raise MirrorSDError(f"{method} on prompt {item['id']}: {out.error}")
+        messages.append({"role": "assistant", "content": out.text})
+        token_ids += out.token_ids
+        rows.append(out.metrics)
+    new_tokens = sum(r["new_tokens"] for r in rows)
+    steps = sum(r["steps"] for r in rows)
+    wall_s = sum(r["wall_s"] for r in rows)
+    committed_in_steps = sum(r["mean_accepted"] * r["steps"] for r in rows)
+    return dict(method=method, id=item["id"], category=item["category"], new_tokens=new_tokens, steps=steps,
+                mean_accepted=committed_in_steps / steps if steps else 1.0, wall_s=wall_s,
+                tokens_per_s=new_tokens / wall_s if wall_s else 0.0, token_ids=token_ids)
+
+
+def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 128, out_dir: str | Path = "bench-out",
+          options: dict | None = None, **settings) -> pd.DataFrame:
+    """Run every method on every prompt; write results.csv, summary.csv, summary.md; return the summary."""
+    methods = ["vanilla"] + [m for m in methods if m != "vanilla"]  # vanilla first: the reference
+    per_method_options = {m: _options_for(m, options or {}) for m in methods}
+    rows, reference = [], {}
+    with tqdm(total=len(methods) * len(prompts), desc="bench", unit="run") as bar:
+        for method in methods:
+            for item in prompts:
+                bar.set_postfix_str(f"{method} {item['id']}")
+                row = run_prompt(pair, item, method, max_new_tokens, **settings, **per_method_options[method])
+                ids = row.pop("token_ids")
+                reference.setdefault(item["id"], ids)
+                row["equal_to_vanilla"] = ids == reference[item["id"]]
+                rows.append(row)
+                bar.update()
+    results = pd.DataFrame(rows)
+    summary = summarise(results)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results.to_csv(out / "results.csv", index=False)
+    summary.to_csv(out / "summary.csv", index=False)
+    (out / "summary.md").write_text(summary.to_markdown(index=False, floatfmt=".3f") + "\n")
+    return summary
+
+
+def summarise(results: pd.DataFrame) -> pd.DataFrame:
+    """Per method: tau, tokens/s, speedup over vanilla (total wall time, same prompts), equality share."""
+    per = results.groupby("method", sort=False).agg(
+        prompts=("id", "count"), new_tokens=("new_tokens", "sum"), steps=("steps", "sum"),
+        wall_s=("wall_s", "sum"), equal_to_vanilla=("equal_to_vanilla", "mean"))
+    per["mean_accepted"] = (results.assign(c=results.mean_accepted * results.steps)
+                            .groupby("method", sort=False)["c"].sum() / per["steps"])
+    per["tokens_per_s"] = per["new_tokens"] / per["wall_s"]
+    per["speedup"] = per["tokens_per_s"] / per.loc["vanilla", "tokens_per_s"]
+    cols = ["prompts", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "wall_s"]
+    return per[cols].reset_index()
+
+
+def _options_for(method: str, options: dict) -> dict:
+    """The subset of the given options that this method takes."""
+    names = {o.name for o in get_method(method).options}
+    return {k: v for k, v in options.items() if k in names}

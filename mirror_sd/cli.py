@@ -1,0 +1,143 @@
+"""Command line: ``python -m mirror_sd {generate,bench,methods} ...``.
+
+Method options (--gamma, ...) come from the method registry, so a new method's options appear
+here without changes to this file. Bad input prints one line, ``error: ...``, and exits with 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import MirrorSDError
+from .methods import METHODS
+
+
+def _all_options():
+    """Every method option, once: name -> Option."""
+    return {o.name: o for m in METHODS.values() for o in m.options}
+
+
+def _add_model_args(p: argparse.ArgumentParser):
+    g = p.add_argument_group("models and devices")
+    g.add_argument("--target", default=None, help="target model: HF id, local folder, or the embedded default")
+    g.add_argument("--draft", default=None, help="draft model: HF id, local folder, or 'self:N' (default: the project's default draft)")
+    g.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, npu (default: this machine's best)")
+    g.add_argument("--draft-device", default=None, help="device of the draft lane (default: see README)")
+    g.add_argument("--dtype", default=None, help="fp32, fp16 or bf16 (default: fp32 on CPU, bf16 on GPU)")
+
+
+def _add_decoding_args(p: argparse.ArgumentParser):
+    g = p.add_argument_group("decoding")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    for opt in _all_options().values():
+        g.add_argument(f"--{opt.name.replace('_', '-')}", type=opt.kind, default=None,
+                       help=f"{opt.help} (default {opt.default})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mirror_sd", description="Speculative decoding, from vanilla to Mirror-SD.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="decode one prompt with one method")
+    gen.add_argument("--method", default="sd", help=f"one of: {', '.join(METHODS)}")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--json", action="store_true", help="print one JSON object: method, text, token_ids, metrics")
+    gen.add_argument("--trace", default=None, metavar="FILE.json", help="write the Chrome-trace JSON (opens in Perfetto)")
+    _add_decoding_args(gen)
+    _add_model_args(gen)
+
+    ben = sub.add_parser("bench", help="benchmark methods on a JSONL prompt set")
+    ben.add_argument("--prompts", default=None, help="JSONL file (default: the bundled Spec-Bench-style set)")
+    ben.add_argument("--methods", default=",".join(METHODS), help="comma-separated, vanilla always runs first")
+    ben.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    ben.add_argument("--out", default="bench-out", help="output folder")
+    _add_decoding_args(ben)
+    _add_model_args(ben)
+
+    sub.add_parser("methods", help="list the decoding methods and their options")
+    return parser
+
+
+def _method_options(args) -> dict:
+    return {name: getattr(args, name) for name in _all_options() if getattr(args, name, None) is not None}
+
+
+def _load(args):
+    from .models.pair import DEFAULT_DRAFT, load_pair
+
+    return load_pair(target=args.target, draft=args.draft or DEFAULT_DRAFT, target_device=args.target_device,
+                     draft_device=args.draft_device, dtype=args.dtype)
+
+
+def _settings(args) -> dict:
+    return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                seed=args.seed, raw=args.raw)
+
+
+def cmd_generate(args) -> int:
+    from .engine import generate
+    from .methods import get_method
+
+    get_method(args.method)  # fail fast, before loading models
+    pair = _load(args)
+    out = generate(pair, args.prompt, method=args.method, **_settings(args), **_method_options(args))
+    if args.trace:
+        Path(args.trace).write_text(json.dumps(out.trace.to_chrome_trace()))
+    if args.json:
+        print(json.dumps(dict(method=out.method, text=out.text, token_ids=out.token_ids, metrics=out.metrics,
+                              finished=out.finished, error=out.error)))
+    else:
+        print(out.text)
+        m = out.metrics
+        rate = "" if m["acceptance_rate"] is None else f", acceptance {m['acceptance_rate']:.2f}"
+        print(f"\n[{out.method}] {m['new_tokens']} tokens in {m['wall_s']:.2f} s ({m['tokens_per_s']:.1f} tok/s), "
+              f"{m['steps']} steps, mean accepted {m['mean_accepted']:.2f}{rate}, finished: {out.finished}",
+              file=sys.stderr)
+    if out.error:
+        print(f"error: {out.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from .bench import DEFAULT_PROMPTS, bench, read_prompts
+    from .methods import get_method
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        get_method(m)
+    prompts = read_prompts(args.prompts or DEFAULT_PROMPTS)
+    if args.limit is not None:
+        if args.limit < 1:
+            raise MirrorSDError("--limit must be at least 1")
+        prompts = prompts[:args.limit]
+    pair = _load(args)
+    summary = bench(pair, prompts, methods, out_dir=args.out, options=_method_options(args), **_settings(args))
+    print(summary.to_markdown(index=False, floatfmt=".3f"))
+    print(f"\nwrote {args.out}/results.csv, summary.csv, summary.md")
+    return 0
+
+
+def cmd_methods(args) -> int:
+    for m in METHODS.values():
+        opts = ", ".join(f"--{o.name} (default {o.default})" for o in m.options) or "no options"
+        print(f"{m.name:10s} {m.title}: {m.summary}. Options: {opts}")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"generate": cmd_generate, "bench": cmd_bench, "methods": cmd_methods}[args.command](args)
+    except MirrorSDError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

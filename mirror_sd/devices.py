@@ -1,0 +1,151 @@
+"""Device lanes: a torch device plus the one worker thread that runs work on it.
+
+Work submitted to two lanes runs at the same time: PyTorch releases the GIL inside its kernels, so
+two CPU lanes use two cores, and two CUDA lanes (or two streams of one GPU) overlap on the device.
+Every piece of work records a :class:`~mirror_sd.trace.Span` measured on one monotonic clock
+(``time.perf_counter``), after synchronising the device, so spans are real measurements.
+
+Default placement (:func:`default_devices`):
+* no accelerator: both lanes on the CPU. Methods whose lanes run at the same time (Mirror-SD)
+  split the cores between them; serial methods give every lane all cores when it works.
+* one CUDA GPU: the target takes it; the draft runs on the same GPU on a second CUDA stream.
+* two or more CUDA GPUs: target on cuda:0, draft on cuda:1.
+"""
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
+
+import torch
+
+from .errors import MirrorSDError
+
+ROLES = {"target": "GPU role", "draft": "NPU role"}
+
+
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def resolve_device(name: str) -> torch.device:
+    """A torch device for 'cpu', 'cuda', 'cuda:N', 'mps' or 'npu[:N]', or a clear error."""
+    text = (name or "").strip().lower()
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise MirrorSDError(f"unknown device {name!r}: use cpu, cuda, cuda:N, mps or npu") from None
+    kind = device.type
+    if kind == "cpu":
+        return device
+    if kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = device.index or 0
+        if index >= count:
+            have = f"{count} CUDA GPU(s)" if count else "no CUDA GPU"
+            raise MirrorSDError(f"device {name!r} is not available: this machine has {have}")
+        return torch.device("cuda", index)
+    if kind == "mps":
+        if not (torch.backends.mps.is_available()):
+            raise MirrorSDError(f"device {name!r} is not available: no Apple MPS backend here")
+        return device
+    if kind == "npu":
+        try:
+            import torch_npu  # noqa: F401  (registers the npu device with torch)
+        except ImportError:
+            raise MirrorSDError(f"device {name!r} needs the torch_npu package, which is not installed") from None
+        return device
+    raise MirrorSDError(f"unsupported device {name!r}: use cpu, cuda, cuda:N, mps or npu")
+
+
+def default_devices() -> tuple[str, str]:
+    """(target device, draft device) for this machine, as documented in the module docstring."""
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        return ("cuda:0", "cuda:1") if count >= 2 else ("cuda:0", "cuda:0")
+    return "cpu", "cpu"
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """fp32 on CPU (bf16 matmuls are slow or unsupported on many CPUs), bf16 on GPUs."""
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+class Lane:
+    """One device and its worker; ``submit`` runs work there and records a span in the trace."""
+
+    def __init__(self, name: str, device: torch.device, display: str | None = None):
+        self.name = name  # "target" or "draft"
+        self.role = ROLES.get(name, name)
+        self.device = device
+        self.display_device = display or str(device)
+        self.threads: int | None = None  # CPU threads while working; set by allot_cpu_threads
+        self.trace = None  # the Trace that spans go to; set per generation
+        self.stream = None
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lane-{name}")
+
+    @property
+    def label(self) -> str:
+        """E.g. 'target, GPU role, cpu:0': role and real device, as the app shows lanes."""
+        return f"{self.name}, {self.role}, {self.display_device}"
+
+    def submit(self, kind: str, fn, *args, label: str = "", step: int | None = None,
+               tokens: int = 0, **kwargs) -> Future:
+        """Run fn(*args, **kwargs) on this lane; the future gives its result (or its error)."""
+        return self._worker.submit(self._run, kind, label, step, tokens, fn, args, kwargs)
+
+    def run(self, kind: str, fn, *args, **kwargs):
+        """Submit and wait: for work that nothing else on the host can overlap with."""
+        return self.submit(kind, fn, *args, **kwargs).result()
+
+    def _run(self, kind, label, step, tokens, fn, args, kwargs):
+        if self.device.type == "cpu" and self.threads:
+            torch.set_num_threads(self.threads)  # per worker thread
+        stream = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
+        start = time.perf_counter()
+        try:
+            with torch.inference_mode(), stream:
+                result = fn(*args, **kwargs)
+                self.synchronize()
+        finally:
+            end = time.perf_counter()
+            if self.trace is not None:
+                self.trace.add_span(self, kind, label, start, end, step, tokens)
+        return result
+
+    def synchronize(self):
+        if self.device.type == "cuda":
+            (self.stream or torch.cuda.current_stream(self.device)).synchronize()
+        elif self.device.type == "mps":
+            torch.mps.synchronize()
+
+    def close(self):
+        self._worker.shutdown(wait=False)
+
+
+def make_lanes(target_device: str | None, draft_device: str | None) -> tuple[Lane, Lane]:
+    """The target and draft lanes, on the given devices or this machine's defaults."""
+    default_target, default_draft = default_devices()
+    target = resolve_device(target_device or default_target)
+    draft = resolve_device(draft_device or default_draft)
+    if target.type == draft.type == "cpu":  # two core groups of one CPU
+        target_lane, draft_lane = Lane("target", target, "cpu:0"), Lane("draft", draft, "cpu:1")
+    else:
+        target_lane, draft_lane = Lane("target", target), Lane("draft", draft)
+    if draft.type == "cuda" and draft == target:  # one GPU: the draft gets its own stream
+        draft_lane.stream = torch.cuda.Stream(draft)
+        draft_lane.display_device = f"{draft}, 2nd stream"
+    return target_lane, draft_lane
+
+
+def allot_cpu_threads(lanes: list[Lane], parallel: bool):
+    """Share the CPU cores: split between CPU lanes that work at the same time, else all to each."""
+    cpu_lanes = [lane for lane in lanes if lane.device.type == "cpu"]
+    cores = cpu_cores()
+    share = max(1, cores // len(cpu_lanes)) if parallel and cpu_lanes else cores
+    for lane in cpu_lanes:
+        lane.threads = share

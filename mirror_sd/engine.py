@@ -1,0 +1,192 @@
+"""Running one method on one prompt: input checks, the decode loop, stop rules, metrics.
+
+``stream`` yields an :class:`Output` after every committed step (the app draws these live; closing
+the generator stops decoding and keeps what was committed). ``generate`` returns the last one.
+Errors during decoding (a device that fails mid-run, say) end the run with ``finished="error"`` and
+a message, keeping every token already committed.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .devices import allot_cpu_threads
+from .errors import MirrorSDError
+from .methods import get_method
+from .models.pair import ModelPair
+from .sampling import Sampler
+from .trace import Step, Trace
+
+MAX_NEW_TOKENS_LIMIT = 4096
+WINDOW_MARGIN = 64  # cache slots beyond prompt + max_new_tokens, for the last draft window
+
+
+@dataclass
+class Output:
+    method: str
+    text: str
+    token_ids: list[int]  # generated tokens only
+    trace: Trace
+    metrics: dict
+    finished: str  # "running", "eos", "length", "stopped" or "error"
+    error: str | None = None
+    prompt_tokens: int = 0
+
+
+class Decoding:
+    """The state a method's decode loop works on: the pair, the prompt, samplers, what is committed."""
+
+    def __init__(self, pair: ModelPair, prompt_ids: list[int], max_new_tokens: int, temperature: float,
+                 top_p: float, seed: int, trace: Trace):
+        self.pair = pair
+        self.prompt_ids = prompt_ids
+        self.max_new_tokens = max_new_tokens
+        self.target_sampler = Sampler(temperature, top_p, seed)
+        self.draft_sampler = Sampler(temperature, top_p, seed + 1)  # own stream: lanes run concurrently
+        self.trace = trace
+        self.tokens: list[int] = []
+        self.finished = "running"
+
+    @property
+    def sequence(self) -> list[int]:
+        return self.prompt_ids + self.tokens
+
+    @property
+    def done(self) -> bool:
+        return self.finished != "running"
+
+    @property
+    def cache_slots(self) -> int:
+        return len(self.prompt_ids) + self.max_new_tokens + WINDOW_MARGIN
+
+    @property
+    def next_step(self) -> int:
+        return len(self.trace.steps)
+
+    def commit(self, step: Step) -> Step:
+        """Append a step's tokens, cut at end-of-sequence or at max_new_tokens, and record it."""
+        room = self.max_new_tokens - len(self.tokens)
+        keep = step.committed[:room]
+        for i, token in enumerate(keep):
+            if token in self.pair.eos_ids:
+                keep = keep[:i + 1]
+                self.finished = "eos"
+                break
+        step.committed, step.origins = keep, step.origins[:len(keep)]
+        self.tokens += keep
+        if not self.done and len(self.tokens) >= self.max_new_tokens:
+            self.finished = "length"
+        self.trace.add_step(step)
+        return step
+
+    def as_target_vocab(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [..., V_draft] on the target's vocabulary size (padding rows differ)."""
+        v = self.pair.target.args.vocab_size
+        if draft_logits.shape[-1] >= v:
+            return draft_logits[..., :v]
+        pad = draft_logits.new_full((*draft_logits.shape[:-1], v - draft_logits.shape[-1]), float("-inf"))
+        return torch.cat([draft_logits, pad], dim=-1)
+
+
+def check_settings(max_new_tokens, temperature, top_p, seed):
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise MirrorSDError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
+        raise MirrorSDError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens}")
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+        raise MirrorSDError(f"temperature must be a number >= 0, got {temperature!r}")
+    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise MirrorSDError(f"top_p must be in (0, 1], got {top_p!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise MirrorSDError(f"seed must be an integer >= 0, got {seed!r}")
+
+
+def encode_prompt(pair: ModelPair, prompt, raw: bool, max_new_tokens: int) -> list[int]:
+    text = prompt if isinstance(prompt, str) else " ".join(m.get("content", "") for m in prompt or [])
+    if not text.strip():
+        raise MirrorSDError("the prompt is empty: type some text")
+    ids = pair.encode(prompt, raw=raw)
+    context = pair.context_length
+    if len(ids) + max_new_tokens + WINDOW_MARGIN > context:
+        raise MirrorSDError(
+            f"the prompt is {len(ids)} tokens; with max_new_tokens={max_new_tokens} it does not fit the "
+            f"target's context of {context} tokens (keep prompt + new tokens under {context - WINDOW_MARGIN})")
+    return ids
+
+
+def stream(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 128, temperature: float = 0.0,
+           top_p: float = 1.0, seed: int = 0, raw: bool = False, **options) -> Iterator[Output]:
+    """Decode ``prompt`` with ``method``, yielding an Output after every committed step."""
+    spec = get_method(method)
+    opts = spec.resolve_options(options)
+    check_settings(max_new_tokens, temperature, top_p, seed)
+    if spec.needs_draft and pair.draft is None:
+        raise MirrorSDError(f"method {method!r} needs a draft model; load the pair with a draft")
+    prompt_ids = encode_prompt(pair, prompt, raw, max_new_tokens)
+    lanes = [pair.target_lane, pair.draft_lane] if spec.needs_draft else [pair.target_lane]
+    meta = dict(pair.describe(), method=method, options=opts, max_new_tokens=max_new_tokens,
+                temperature=temperature, top_p=top_p, seed=seed, prompt_tokens=len(prompt_ids))
+    with pair.lock:  # one generation at a time per pair: lanes and caches are not shared
+        allot_cpu_threads(lanes, parallel=spec.parallel_lanes)
+        meta["threads"] = {lane.name: lane.threads for lane in lanes}
+        trace = Trace(method, meta)
+        for lane in lanes:
+            lane.trace = trace
+        run = Decoding(pair, prompt_ids, max_new_tokens, temperature, top_p, seed, trace)
+        start = time.perf_counter()
+        error, finished = None, None
+        try:
+            for _ in spec.decode(run, **opts):
+                yield _output(run, spec.name, time.perf_counter() - start)
+                if run.done:
+                    break
+        except GeneratorExit:  # the consumer stopped listening: a user's stop
+            finished = "stopped"
+            raise
+        except MirrorSDError as e:
+            error = str(e)
+        except Exception as e:  # a device or kernel failure mid-run: keep what was committed
+            error = f"decoding failed after {len(run.tokens)} tokens: {type(e).__name__}: {e}"
+        finally:
+            for lane in lanes:
+                lane.trace = None
+            run.finished = finished or ("error" if error else run.finished)
+        yield _output(run, spec.name, time.perf_counter() - start, error)
+
+
+def generate(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 128, temperature: float = 0.0,
+             top_p: float = 1.0, seed: int = 0, raw: bool = False, **options) -> Output:
+    """Decode ``prompt`` with ``method`` and return the finished Output (text, ids, trace, metrics)."""
+    out = None
+    for out in stream(pair, prompt, method, max_new_tokens, temperature, top_p, seed, raw, **options):
+        pass
+    return out
+
+
+def _output(run: Decoding, method: str, wall_s: float, error: str | None = None) -> Output:
+    return Output(method=method, text=run.pair.decode(run.tokens), token_ids=list(run.tokens), trace=run.trace,
+                  metrics=compute_metrics(run.trace, len(run.tokens), wall_s), finished=run.finished,
+                  error=error, prompt_tokens=len(run.prompt_ids))
+
+
+def compute_metrics(trace: Trace, new_tokens: int, wall_s: float) -> dict:
+    """Spec-Bench style numbers; every one derived from the trace and the wall clock."""
+    decode_steps = [s for s in trace.steps if s.index > 0]  # step 0 is the prefill
+    committed = sum(len(s.committed) for s in decode_steps)
+    proposed = sum(len(s.proposed) for s in decode_steps)
+    accepted = sum(s.accepted for s in decode_steps)
+    busy = trace.busy_seconds()
+    return dict(
+        new_tokens=new_tokens,
+        steps=len(decode_steps),
+        mean_accepted=committed / len(decode_steps) if decode_steps else 1.0,
+        acceptance_rate=accepted / proposed if proposed else None,
+        wall_s=wall_s,
+        tokens_per_s=new_tokens / wall_s if wall_s > 0 else 0.0,
+        busy_s={lane: round(t, 6) for lane, t in busy.items()},
+        utilisation={lane: min(1.0, t / wall_s) for lane, t in busy.items()} if wall_s > 0 else {},
+    )

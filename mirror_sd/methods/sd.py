@@ -1,0 +1,72 @@
+"""Classic draft-model speculative decoding (Leviathan et al. 2023; Chen et al. 2023).
+
+Each step the draft proposes gamma tokens autoregressively on the draft lane; the target scores
+all gamma + 1 positions in one forward on the target lane; ``verify`` accepts a prefix and adds the
+correction or bonus token. Both KV caches are rolled back to what was committed. The draft sits on
+the critical path: draft and target take turns (the serial barrier that Mirror-SD removes).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..trace import Step
+from .verify import verify
+
+
+def prefill(run):
+    """Prefill target and draft on their lanes at once; commit the target's first token."""
+    pair = run.pair
+    target_cache = pair.target.new_cache(run.cache_slots)
+    draft_cache = pair.draft.new_cache(run.cache_slots)
+    n = len(run.prompt_ids)
+    target_ids = torch.tensor([run.prompt_ids], device=pair.target.device)  # [1, P]
+    draft_ids = torch.tensor([run.prompt_ids[:-1]], device=pair.draft.device)  # last token: fed at step 1
+    label = f"prefill {n} tokens"
+    target_future = pair.target_lane.submit("prefill", pair.target, target_ids, target_cache, label=label,
+                                            step=0, tokens=n)
+    if n > 1:
+        pair.draft_lane.submit("prefill", pair.draft, draft_ids, draft_cache, label=label, step=0,
+                               tokens=n - 1).result()
+    logits = target_future.result()
+    token = run.target_sampler.pick(logits[0, -1])
+    return target_cache, draft_cache, run.commit(Step(0, [token], ["target"]))
+
+
+def draft_window(run, cache, gamma: int):
+    """Draft gamma tokens after the committed sequence: returns (tokens, q [gamma, V] or None).
+
+    The draft first catches up on committed tokens it has not seen (1 or 2), then autoregresses;
+    its cache ends holding the sequence and tokens[:-1] (the last drafted token is never fed).
+    """
+    draft, sampler = run.pair.draft, run.draft_sampler
+    pending = run.sequence[cache.length:]
+    ids = torch.tensor([pending], device=draft.device)  # [1, pending]
+    tokens, q = [], []
+    for i in range(gamma):
+        logits = run.as_target_vocab(draft(ids, cache)[0, -1])  # [V]
+        if sampler.greedy:
+            tokens.append(int(logits.argmax()))
+        else:
+            q.append(sampler.probs(logits))
+            tokens.append(sampler.sample(q[-1]))
+        ids = torch.tensor([[tokens[-1]]], device=draft.device)
+    return tokens, (torch.stack(q) if q else None)
+
+
+def decode(run, gamma: int):
+    pair = run.pair
+    target_cache, draft_cache, first = prefill(run)
+    yield first
+    while not run.done:
+        step = run.next_step
+        committed = len(run.sequence)
+        draft, q = pair.draft_lane.run("draft", draft_window, run, draft_cache, gamma,
+                                       label=f"draft {gamma} tokens", step=step, tokens=gamma)
+        window = torch.tensor([[run.sequence[-1], *draft]], device=pair.target.device)  # [1, gamma + 1]
+        logits = pair.target_lane.run("verify", pair.target, window, target_cache, label=f"verify {gamma + 1} tokens",
+                                      step=step, tokens=gamma + 1)
+        verdict = verify(draft, q, logits[0], run.target_sampler)
+        tokens, origins = verdict.committed(draft)
+        target_cache.rollback(committed + verdict.accepted)  # last committed + accepted drafts
+        draft_cache.rollback(min(draft_cache.length, committed + verdict.accepted))
+        yield run.commit(Step(step, tokens, origins, proposed=draft, accepted=verdict.accepted))

@@ -1,0 +1,55 @@
+"""Acceptance rules shared by every speculative method: losslessness is proved once, here.
+
+* Greedy (temperature 0): accept the longest prefix of the draft that equals the target's argmax;
+  the target's argmax at the first mismatch is the correction (or, if the whole draft matched, the
+  argmax after it is the bonus). The committed tokens are exactly vanilla greedy decoding's.
+* Speculative sampling (Leviathan et al. 2023, Chen et al. 2023): accept draft token x_i ~ q_i with
+  probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection draw the correction from
+  norm(max(0, p_i - q_i)); if all are accepted draw the bonus from p_{gamma+1}. Each committed
+  token is then distributed exactly as p given the prefix, whatever q is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling import Sampler
+
+
+@dataclass
+class Verdict:
+    accepted: int  # how many draft tokens were accepted
+    token: int  # the correction (accepted < len(draft)) or the bonus token (all accepted)
+
+    def committed(self, draft: list[int]) -> tuple[list[int], list[str]]:
+        """The tokens this verdict commits and their origins."""
+        last = "bonus" if self.accepted == len(draft) else "correction"
+        return draft[:self.accepted] + [self.token], ["accepted"] * self.accepted + [last]
+
+
+def verify_greedy(draft: list[int], target_logits: torch.Tensor) -> Verdict:
+    """draft: gamma tokens; target_logits: [gamma + 1, V], row i scores the token after draft[:i]."""
+    target = target_logits.argmax(-1).tolist()
+    n = 0
+    while n < len(draft) and draft[n] == target[n]:
+        n += 1
+    return Verdict(n, target[n])
+
+
+def verify_sampling(draft: list[int], q: torch.Tensor, p: torch.Tensor, sampler: Sampler) -> Verdict:
+    """draft: gamma tokens drawn from q [gamma, V]; p: the target's [gamma + 1, V] distributions."""
+    for i, x in enumerate(draft):
+        if sampler.uniform() * q[i, x] < p[i, x]:  # u < p/q without dividing by a tiny q
+            continue
+        residual = (p[i] - q[i]).clamp_min(0.0)
+        total = residual.sum()
+        return Verdict(i, sampler.sample(residual / total if total > 0 else p[i]))
+    return Verdict(len(draft), sampler.sample(p[len(draft)]))
+
+
+def verify(draft: list[int], q: torch.Tensor | None, target_logits: torch.Tensor, sampler: Sampler) -> Verdict:
+    """The lossless rule for the sampler's temperature: greedy match at 0, else speculative sampling."""
+    if sampler.greedy:
+        return verify_greedy(draft, target_logits)
+    return verify_sampling(draft, q, sampler.probs(target_logits), sampler)

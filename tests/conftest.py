@@ -1,0 +1,123 @@
+"""Shared fixtures: tiny random Llama-family models built here, and the embedded target."""
+from __future__ import annotations
+
+import copy
+import os
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from mirror_sd import load_pair  # noqa: E402
+from mirror_sd.bench import DEFAULT_PROMPTS, read_prompts  # noqa: E402
+
+TINY_VOCAB = 16
+
+
+def make_tokenizer(vocab_size: int, prefix: str = "t"):
+    """A word-level tokenizer over words t0 .. t{V-1} (no special tokens, no chat template)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"{prefix}{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=f"{prefix}0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=f"{prefix}0")
+
+
+def make_tiny_model(folder: Path, seed: int, model_type: str = "llama", vocab_size: int = TINY_VOCAB,
+                    tokenizer_prefix: str = "t", logit_std: float = 1.5) -> Path:
+    """Save a random HF model of ``model_type`` with a word-level tokenizer into ``folder``.
+
+    logit_std scales the LM head so logits have roughly that spread: distributions far from
+    uniform yet not one-hot, so a statistical test sees the difference between target and draft.
+    """
+    import transformers
+
+    config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                  "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig}[model_type]
+    config = config_cls(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                        tie_word_embeddings=False, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    if model_type == "qwen3":
+        config.head_dim = 8
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_std / (model.lm_head.weight.std() * config.hidden_size ** 0.5))
+        for name, p in model.named_parameters():  # random biases/norms, so every weight matters
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    make_tokenizer(vocab_size, tokenizer_prefix).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        "target": make_tiny_model(root / "target", seed=1),
+        "draft": make_tiny_model(root / "draft", seed=2),
+        "other_vocab": make_tiny_model(root / "other_vocab", seed=3, tokenizer_prefix="w"),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tiny_dirs):
+    return load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]))
+
+
+def noisy_twin(model, noise: float, seed: int = 0):
+    """A copy of ``model`` with Gaussian noise on its MLP weights: a draft that agrees with the
+    target often but not always, so accepted, corrected and bonus tokens all occur."""
+    twin = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in twin.named_parameters():
+            if ".mlp." in name:
+                p.add_(noise * p.std() * torch.randn(p.shape, generator=gen))
+    return twin
+
+
+@pytest.fixture(scope="session")
+def embedded_pair():
+    """The embedded target with a noisy-twin draft (the trained draft replaces it when it ships)."""
+    pair = load_pair(draft=None)
+    pair.draft = noisy_twin(pair.target, noise=0.1)
+    pair.draft_name = "noisy twin of the target (test draft)"
+    return pair
+
+
+@pytest.fixture(scope="session")
+def bench_prompts() -> list[dict]:
+    return read_prompts(DEFAULT_PROMPTS)
+
+
+@pytest.fixture(scope="session")
+def equality_prompts(bench_prompts) -> list[str]:
+    """24 varied prompts: 4 from each Spec-Bench category (first turn only)."""
+    by_category: dict[str, list[str]] = {}
+    for item in bench_prompts:
+        by_category.setdefault(item["category"], []).append(item["turns"][0])
+    return [p for prompts in by_category.values() for p in prompts[:4]]
+
+
+EQUALITY_TOKENS = 32
+
+
+@pytest.fixture(scope="session")
+def vanilla_reference(embedded_pair, equality_prompts) -> list[list[int]]:
+    """Vanilla's greedy tokens on every equality prompt: what every method must reproduce."""
+    from mirror_sd import generate
+
+    return [generate(embedded_pair, p, method="vanilla", max_new_tokens=EQUALITY_TOKENS).token_ids
+            for p in equality_prompts]
+
+
+def write_json(path: Path, data: dict):
+    path.write_text(json.dumps(data))

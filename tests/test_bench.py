@@ -1,0 +1,51 @@
+"""The bench command: vanilla first, equality checked, CSV + markdown summaries written."""
+import json
+
+import pandas as pd
+import pytest
+
+from mirror_sd import MirrorSDError
+from mirror_sd.bench import read_prompts
+from mirror_sd.cli import main
+
+
+def test_bench_writes_results_and_summary(tiny_dirs, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(p) for p in [
+        {"id": "a", "category": "qa", "prompt": "t1 t2 t3"},
+        {"id": "b", "category": "math", "prompt": "t4 t5"},
+        {"id": "c", "category": "multi-turn", "turns": ["t6 t7", "t8"]},
+    ]))
+    out = tmp_path / "out"
+    rc = main(["bench", "--prompts", str(prompts), "--methods", "sd", "--max-new-tokens", "8", "--gamma", "3",
+               "--out", str(out), "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"])])
+    assert rc == 0
+    results = pd.read_csv(out / "results.csv")
+    assert list(results.columns) == ["method", "id", "category", "new_tokens", "steps", "mean_accepted", "wall_s",
+                                     "tokens_per_s", "equal_to_vanilla"]
+    assert list(results.method) == ["vanilla"] * 3 + ["sd"] * 3  # vanilla runs first
+    assert results.equal_to_vanilla.all()
+    assert results.loc[results.id == "c", "new_tokens"].iloc[0] == 16  # two turns of 8
+    summary = pd.read_csv(out / "summary.csv").set_index("method")
+    assert summary.loc["vanilla", "speedup"] == pytest.approx(1.0)
+    assert summary.loc["vanilla", "mean_accepted"] == pytest.approx(1.0)
+    assert summary.loc["sd", "equal_to_vanilla"] == 1.0
+    assert "| method" in (out / "summary.md").read_text()
+
+
+def test_bad_prompt_files(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1, "prompt": "fine"}\n{not json}\n')
+    with pytest.raises(MirrorSDError, match="bad.jsonl:2: not valid JSON"):
+        read_prompts(bad)
+    bad.write_text('{"id": 1, "prompt": ""}\n')
+    with pytest.raises(MirrorSDError, match="non-empty"):
+        read_prompts(bad)
+    with pytest.raises(MirrorSDError, match="does not exist"):
+        read_prompts(tmp_path / "missing.jsonl")
+
+
+def test_bundled_prompts_cover_the_spec_bench_categories(bench_prompts):
+    categories = pd.Series([p["category"] for p in bench_prompts]).value_counts()
+    assert set(categories.index) == {"multi-turn", "translation", "summarization", "qa", "math", "rag"}
+    assert (categories >= 8).all()

@@ -1,0 +1,53 @@
+"""The command line: JSON output, Chrome traces, and one-line errors instead of tracebacks."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mirror_sd.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tiny_args(tiny_dirs):
+    return ["--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--raw"]
+
+
+def test_generate_json_and_trace(tiny_dirs, tmp_path, capsys):
+    trace_file = tmp_path / "trace.json"
+    rc = main(["generate", "--method", "sd", "--prompt", "t1 t2 t3", "--max-new-tokens", "6", "--gamma", "2",
+               "--json", "--trace", str(trace_file), *_tiny_args(tiny_dirs)])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"method", "text", "token_ids", "metrics"} <= set(data)
+    assert data["method"] == "sd" and len(data["token_ids"]) == 6
+    assert {"new_tokens", "steps", "mean_accepted", "wall_s", "tokens_per_s"} <= set(data["metrics"])
+    events = json.loads(trace_file.read_text())["traceEvents"]
+    assert any(e["ph"] == "X" and e["cat"] == "verify" for e in events)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--prompt", ""], "prompt is empty"),
+    (["--prompt", "t1", "--max-new-tokens", "0"], "max_new_tokens"),
+    (["--prompt", "t1", "--gamma", "0"], "gamma must be between"),
+    (["--prompt", "t1", "--method", "warp"], "unknown method 'warp'"),
+    (["--prompt", "t1", "--target-device", "cuda:3"], "not available"),
+    (["--prompt", "t1", "--draft-device", "quantum"], "unknown device"),
+])
+def test_bad_input_is_one_clear_line(tiny_dirs, capsys, argv, message):
+    rc = main(["generate", *argv, *_tiny_args(tiny_dirs)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_python_dash_m_entry_point_reports_unknown_model():
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "mirror_sd", "generate", "--prompt", "hi", "--target", "nobody/nothing"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2
+    assert "error: could not fetch 'nobody/nothing'" in proc.stderr
+    assert "Traceback" not in proc.stderr

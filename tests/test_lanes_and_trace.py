@@ -1,0 +1,80 @@
+"""Lanes run work at the same time and record real spans; traces export faithfully."""
+import json
+import time
+
+import pytest
+import torch
+
+from mirror_sd import MirrorSDError, Trace, generate
+from mirror_sd.devices import Lane, allot_cpu_threads, resolve_device
+
+
+def _matmuls(n=60):
+    x = torch.randn(256, 256)
+    for _ in range(n):
+        x = torch.tanh(x @ x)
+    return float(x.sum())
+
+
+def test_two_lanes_overlap_in_time():
+    trace = Trace("test")
+    lanes = [Lane("target", torch.device("cpu"), "cpu:0"), Lane("draft", torch.device("cpu"), "cpu:1")]
+    allot_cpu_threads(lanes, parallel=True)
+    for lane in lanes:
+        lane.trace = trace
+    futures = [lane.submit("work", _matmuls, label="matmuls", step=1) for lane in lanes]
+    [f.result() for f in futures]
+    a, b = trace.spans
+    assert a.lane != b.lane
+    assert a.duration > 0 and b.duration > 0
+    overlap = min(a.end, b.end) - max(a.start, b.start)
+    assert overlap > 0.5 * min(a.duration, b.duration), "work on two lanes should run at the same time"
+
+
+def test_spans_are_measured_on_the_lane_clock():
+    trace = Trace("test")
+    lane = Lane("target", torch.device("cpu"))
+    lane.trace = trace
+    before = time.perf_counter() - trace.t0
+    lane.run("sleep", time.sleep, 0.05, label="sleep")
+    after = time.perf_counter() - trace.t0
+    (span,) = trace.spans
+    assert before <= span.start < span.end <= after
+    assert span.duration >= 0.05
+
+
+def test_lane_errors_reach_the_caller():
+    lane = Lane("draft", torch.device("cpu"))
+    with pytest.raises(ZeroDivisionError):
+        lane.run("boom", lambda: 1 / 0)
+
+
+@pytest.mark.parametrize("name", ["cuda:7", "npu", "tpu", "", "mps"])
+def test_missing_devices_are_refused_clearly(name):
+    if name == "mps" and torch.backends.mps.is_available():
+        pytest.skip("this machine has MPS")
+    with pytest.raises(MirrorSDError, match="device|npu"):
+        resolve_device(name)
+
+
+def test_trace_exports(tiny_pair):
+    out = generate(tiny_pair, "t1 t2 t3", method="sd", max_new_tokens=12, raw=True, gamma=3)
+    trace = out.trace
+    spans = trace.spans_frame()
+    assert {"lane", "kind", "label", "start", "end", "step", "tokens", "duration"} <= set(spans.columns)
+    assert set(spans.kind) == {"prefill", "draft", "verify"}
+    assert spans.lane.nunique() == 2
+    assert (spans.duration > 0).all()
+    steps = trace.steps_frame()
+    assert steps.new_tokens.sum() == len(out.token_ids) == 12
+    # JSON round trip keeps everything
+    again = Trace.from_json(trace.to_json())
+    assert again.to_dict() == json.loads(trace.to_json())
+    # Chrome trace: one "X" event per span, microseconds, one tid per lane
+    chrome = trace.to_chrome_trace()
+    events = [e for e in chrome["traceEvents"] if e["ph"] == "X"]
+    assert len(events) == len(trace.spans)
+    assert len({e["tid"] for e in events}) == 2
+    first = trace.spans[0]
+    match = [e for e in events if abs(e["ts"] - first.start * 1e6) < 1]
+    assert match and abs(match[0]["dur"] - first.duration * 1e6) < 1

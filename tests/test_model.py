@@ -1,0 +1,88 @@
+"""The lean forward pass: parity with transformers, layer ranges, KV rollback, tree masks."""
+import pytest
+import torch
+import transformers
+
+from conftest import make_tiny_model
+from mirror_sd import load_pair
+from mirror_sd.models.loading import embedded_model_dir
+
+
+@pytest.fixture(scope="module")
+def target(embedded_pair):
+    return embedded_pair.target
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(embedded_pair):
+    return torch.tensor([embedded_pair.encode("Why is the sky blue? Answer in one sentence.")])
+
+
+def test_logits_match_transformers_on_embedded_target(target, prompt_ids):
+    hf = transformers.AutoModelForCausalLM.from_pretrained(embedded_model_dir(), dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference = hf(prompt_ids).logits
+        ours = target(prompt_ids, target.new_cache(prompt_ids.shape[1]))
+    assert (reference - ours).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "mistral"])
+def test_llama_family_parity(tmp_path, model_type):
+    folder = make_tiny_model(tmp_path / model_type, seed=7, model_type=model_type)
+    ours = load_pair(target=str(folder), draft=None).target
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        assert torch.allclose(hf(ids).logits, ours(ids, ours.new_cache(8)), atol=1e-5)
+
+
+def test_prefix_then_suffix_equals_full(target, prompt_ids):
+    with torch.no_grad():
+        full = target(prompt_ids, target.new_cache(64))
+        cache = target.new_cache(64)
+        win = target.window(cache, prompt_ids.shape[1])
+        exit_layer = target.num_layers // 2
+        h = target.forward_layers(target.embed(prompt_ids), cache, win, 0, exit_layer)
+        split = target.head(target.forward_layers(h, cache, win, exit_layer, None))
+    assert torch.equal(full, split)
+
+
+def test_kv_rollback_then_redecode(target, prompt_ids):
+    """Decode a wrong continuation, roll back, decode the right one: same logits as never straying."""
+    n = prompt_ids.shape[1]
+    with torch.no_grad():
+        cache = target.new_cache(n + 8)
+        target(prompt_ids, cache)
+        straight = target(torch.tensor([[42, 43]]), cache)
+        assert cache.length == n + 2
+        cache.rollback(n)
+        target(torch.tensor([[7, 8, 9, 10]]), cache)  # a rejected window
+        cache.rollback(n)
+        again = target(torch.tensor([[42, 43]]), cache)
+    assert torch.allclose(straight, again, atol=1e-5)
+
+
+def test_tree_mask_and_positions_match_sequential_branches(target, prompt_ids):
+    """Two branches (a b) and (c) verified in one window with a tree mask give the logits each
+    branch gets alone; keep() then compacts branch (c) into place."""
+    n = prompt_ids.shape[1]
+    a, b, c = 100, 200, 300
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool)  # a; a->b; c
+    positions = torch.tensor([[n, n + 1, n]])
+    with torch.no_grad():
+        cache = target.new_cache(n + 8)
+        target(prompt_ids, cache)
+        tree_logits = target(torch.tensor([[a, b, c]]), cache, positions=positions, tree_mask=tree, commit=False)
+        alone = target.new_cache(n + 8)
+        target(prompt_ids, alone)
+        ab = target(torch.tensor([[a, b]]), alone)
+        alone.rollback(n)
+        c_alone = target(torch.tensor([[c]]), alone)
+        assert torch.allclose(tree_logits[0, :2], ab[0], atol=1e-4)
+        assert torch.allclose(tree_logits[0, 2], c_alone[0, 0], atol=1e-4)
+        cache.keep([n + 2], at=n)  # accept branch (c): its KV entries move to slot n
+        next_after_c = target(torch.tensor([[5]]), cache)
+        alone.rollback(n + 1)
+        expected = target(torch.tensor([[5]]), alone)
+    assert cache.length == n + 2
+    assert torch.allclose(next_after_c, expected, atol=1e-4)
