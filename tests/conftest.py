@@ -57,12 +57,27 @@ def make_tiny_model(folder: Path, seed: int, model_type: str = "llama", vocab_si
     return folder
 
 
+def reduce_head_vocabulary(folder: Path, keep_ids: list[int]) -> Path:
+    """Cut a saved model's LM head down to ``keep_ids`` and store the vocab_map beside it."""
+    from safetensors.torch import load_file, save_file
+
+    from mirror_sd.models.loading import VOCAB_MAP_KEY
+
+    file = folder / "model.safetensors"
+    state = load_file(file)
+    state["lm_head.weight"] = state["lm_head.weight"][keep_ids].contiguous()
+    state[VOCAB_MAP_KEY] = torch.tensor(keep_ids, dtype=torch.long)
+    save_file(state, file, metadata={"format": "pt"})
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")
     return {
         "target": make_tiny_model(root / "target", seed=1),
         "draft": make_tiny_model(root / "draft", seed=2),
+        "reduced_draft": reduce_head_vocabulary(make_tiny_model(root / "reduced", seed=2), [0, 2, 3, 5, 7, 8, 11, 13]),
         "other_vocab": make_tiny_model(root / "other_vocab", seed=3, tokenizer_prefix="w"),
     }
 

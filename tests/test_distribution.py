@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from mirror_sd import generate
+from mirror_sd import generate, load_pair
 from mirror_sd.sampling import Sampler
 
 PROMPT = "t1 t2 t3"
@@ -46,35 +46,28 @@ def chi_square_p(counts: torch.Tensor, law: torch.Tensor) -> float:
     return float(chisquare(f_obs.numpy(), f_exp.numpy() * f_obs.sum().item() / f_exp.sum().item()).pvalue)
 
 
-@pytest.fixture(scope="module")
-def samples(tiny_pair):
-    """Counts of (x2, x3) from sd runs, per (temperature, top_p)."""
-    cache = {}
-
-    def get(temperature, top_p, method="sd"):
-        key = (temperature, top_p, method)
-        if key not in cache:
-            counts = torch.zeros(16, 16, dtype=torch.long)
-            for seed in range(SAMPLES):
-                out = generate(tiny_pair, PROMPT, method=method, max_new_tokens=3, raw=True,
-                               temperature=temperature, top_p=top_p, seed=seed, **({"gamma": 2} if method == "sd" else {}))
-                counts[out.token_ids[1], out.token_ids[2]] += 1
-            cache[key] = counts
-        return cache[key]
-
-    return get
+def sample_counts(pair, method, temperature, top_p, **options) -> torch.Tensor:
+    """Counts [V, V] of generated tokens (x2, x3) over SAMPLES seeded runs."""
+    counts = torch.zeros(16, 16, dtype=torch.long)
+    for seed in range(SAMPLES):
+        out = generate(pair, PROMPT, method=method, max_new_tokens=3, raw=True, temperature=temperature,
+                       top_p=top_p, seed=seed, **options)
+        counts[out.token_ids[1], out.token_ids[2]] += 1
+    return counts
 
 
-@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
-def test_sd_samples_the_target_distribution(tiny_pair, samples, temperature, top_p):
-    prompt_ids = tiny_pair.encode(PROMPT, raw=True)
-    law = exact_law_of_tokens_2_and_3(tiny_pair.target, prompt_ids, temperature, top_p)
-    counts = samples(temperature, top_p)
+@pytest.mark.parametrize("draft,temperature,top_p", [("draft", 1.0, 1.0), ("draft", 0.7, 0.9),
+                                                     ("reduced_draft", 1.0, 1.0)])
+def test_sd_samples_the_target_distribution(tiny_dirs, draft, temperature, top_p):
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs[draft]))
+    prompt_ids = pair.encode(PROMPT, raw=True)
+    law = exact_law_of_tokens_2_and_3(pair.target, prompt_ids, temperature, top_p)
+    counts = sample_counts(pair, "sd", temperature, top_p, gamma=2)
     assert chi_square_p(counts, law) > 1e-3
-    # the draft really differs from the target, so the acceptance rule did real work
-    draft_law = exact_law_of_tokens_2_and_3(tiny_pair.draft, prompt_ids, temperature, top_p)
-    assert 0.5 * (law - draft_law).abs().sum() > 0.2
-    # negative control: the same test rejects the draft's law for these samples
+    # negative control: the same test rejects a law the draft pulls towards (its own, unverified)
+    full_draft = load_pair(target=str(tiny_dirs["draft"]), draft=None).target
+    draft_law = exact_law_of_tokens_2_and_3(full_draft, prompt_ids, temperature, top_p)
+    assert 0.5 * (law - draft_law).abs().sum() > 0.2  # the draft really differs from the target
     assert chi_square_p(counts, draft_law) < 1e-6
 
 

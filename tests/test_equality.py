@@ -27,3 +27,16 @@ def test_default_pair_loads_and_sd_matches_vanilla():
     vanilla = generate(pair, "Name a fruit.", method="vanilla", max_new_tokens=8)
     sd = generate(pair, "Name a fruit.", method="sd", max_new_tokens=8)
     assert sd.token_ids == vanilla.token_ids and sd.text == vanilla.text
+
+
+def test_reduced_vocabulary_draft_equals_vanilla(tiny_dirs):
+    """A draft whose head covers 8 of 16 tokens (vocab_map) still commits vanilla's tokens."""
+    from mirror_sd import load_pair
+
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["reduced_draft"]))
+    assert pair.draft.vocab_map.tolist() == [0, 2, 3, 5, 7, 8, 11, 13]
+    for prompt in ["t1 t2 t3", "t9", "t4 t4 t4 t4", "t15 t0 t7"]:
+        expected = generate(pair, prompt, method="vanilla", max_new_tokens=24, raw=True).token_ids
+        out = generate(pair, prompt, method="sd", max_new_tokens=24, raw=True, gamma=3)
+        assert out.token_ids == expected
+        assert all(t in pair.draft.vocab_map.tolist() for s in out.trace.steps for t in s.proposed)

@@ -197,13 +197,16 @@ class Window:
 
 
 class Transformer(nn.Module):
-    def __init__(self, args: ModelArgs, rope_config=None):
+    def __init__(self, args: ModelArgs, rope_config=None, head_size: int | None = None):
         super().__init__()
         self.args = args
         self.model = Backbone(args)
-        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.lm_head = nn.Linear(args.hidden_size, head_size or args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        # A draft may predict over a reduced vocabulary (as in EAGLE-3): head row i is target token
+        # vocab_map[i]. None means the head covers the full vocabulary in order.
+        self.vocab_map: torch.Tensor | None = None
         self.init_rope(rope_config)
 
     def init_rope(self, rope_config=None, device=None):

