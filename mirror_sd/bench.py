@@ -62,23 +62,32 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -
 
 
 def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 128, out_dir: str | Path = "bench-out",
-          options: dict | None = None, **settings) -> pd.DataFrame:
-    """Run every method on every prompt; write results.csv, summary.csv, summary.md; return the summary."""
+          options: dict | None = None, reference: pd.DataFrame | None = None, **settings) -> pd.DataFrame:
+    """Run every method on every prompt; write results.csv, summary.csv, summary.md; return the summary.
+
+    reference: vanilla's rows from an earlier bench of the same run (a sweep), instead of rerunning it.
+    """
     methods = ["vanilla"] + [m for m in methods if m != "vanilla"]  # vanilla first: the reference
     per_method_options = {m: _options_for(m, options or {}) for m in methods}
-    rows, reference = [], {}
+    rows, reference_ids = [], {}
+    if reference is not None:
+        methods = methods[1:]
+        rows = reference.drop(columns="token_ids").to_dict("records")
+        reference_ids = dict(zip(reference.id, reference.token_ids))
     with tqdm(total=len(methods) * len(prompts), desc="bench", unit="run") as bar:
         for method in methods:
             for item in prompts:
                 bar.set_postfix_str(f"{method} {item['id']}")
                 row = run_prompt(pair, item, method, max_new_tokens, **settings, **per_method_options[method])
-                ids = row.pop("token_ids")
-                reference.setdefault(item["id"], ids)
-                row["equal_to_vanilla"] = ids == reference[item["id"]]
+                reference_ids.setdefault(item["id"], row["token_ids"])
+                row["equal_to_vanilla"] = row["token_ids"] == reference_ids[item["id"]]
                 rows.append(row)
                 bar.update()
     results = pd.DataFrame(rows)
     summary = summarise(results)
+    summary.attrs["vanilla_results"] = results[results.method == "vanilla"].assign(
+        token_ids=[reference_ids[i] for i in results[results.method == "vanilla"].id])
+    results = results.drop(columns="token_ids")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results.to_csv(out / "results.csv", index=False)
@@ -104,3 +113,39 @@ def _options_for(method: str, options: dict) -> dict:
     """The subset of the given options that this method takes."""
     names = {o.name for o in get_method(method).options}
     return {k: v for k, v in options.items() if k in names}
+
+
+def sweep(pair, prompts: list[dict], method: str, option: str, values: list, max_new_tokens: int = 128,
+          out_dir: str | Path = "sweep-out", options: dict | None = None, **settings) -> pd.DataFrame:
+    """Bench one method at several values of one option, against vanilla in the same run.
+
+    Writes sweep.csv (one row per value: tau, tokens/s, speedup, equality) and sweep.html (plotly).
+    """
+    names = {o.name for o in get_method(method).options}
+    if option not in names:
+        raise MirrorSDError(f"method {method!r} has no option {option!r} (it has: {', '.join(sorted(names)) or 'none'})")
+    rows = []
+    vanilla = None
+    for value in values:
+        opts = dict(options or {}, **{option: value})
+        summary = bench(pair, prompts, [method], max_new_tokens, Path(out_dir) / f"{option}={value}", opts,
+                        reference=vanilla, **settings)
+        vanilla = summary.attrs["vanilla_results"] if vanilla is None else vanilla
+        row = summary.set_index("method").loc[method].to_dict()
+        rows.append({option: value, **row})
+    table = pd.DataFrame(rows)
+    table.to_csv(Path(out_dir) / "sweep.csv", index=False)
+    _plot_sweep(table, option, method, Path(out_dir) / "sweep.html")
+    return table
+
+
+def _plot_sweep(table: pd.DataFrame, option: str, method: str, path: Path):
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Scatter(x=table[option], y=table["speedup"], name="speedup over vanilla", mode="lines+markers"))
+    fig.add_trace(go.Scatter(x=table[option], y=table["mean_accepted"], name="mean accepted length",
+                             mode="lines+markers"), secondary_y=True)
+    fig.update_layout(title=f"{method}: sweep of {option}", xaxis_title=option, width=700, height=400)
+    fig.write_html(path)

@@ -1,4 +1,4 @@
-"""Command line: ``python -m mirror_sd {generate,bench,methods} ...``.
+"""Command line: ``python -m mirror_sd {generate,bench,sweep,methods} ...``.
 
 Method options (--gamma, ...) come from the method registry, so a new method's options appear
 here without changes to this file. Bad input prints one line, ``error: ...``, and exits with 2.
@@ -60,6 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_args(ben)
     _add_model_args(ben)
 
+    swp = sub.add_parser("sweep", help="bench one method at several values of one option (vanilla once, same run)")
+    swp.add_argument("--method", required=True)
+    swp.add_argument("--option", required=True, help="e.g. gamma")
+    swp.add_argument("--values", required=True, help="comma-separated, e.g. 1,2,3,4,6")
+    swp.add_argument("--prompts", default=None, help="JSONL file (default: the bundled Spec-Bench-style set)")
+    swp.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    swp.add_argument("--out", default="sweep-out", help="output folder")
+    _add_decoding_args(swp)
+    _add_model_args(swp)
+
     sub.add_parser("methods", help="list the decoding methods and their options")
     return parser
 
@@ -105,22 +115,52 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
-    from .bench import DEFAULT_PROMPTS, bench, read_prompts
-    from .methods import get_method
+def _prompts(args) -> list[dict]:
+    from .bench import DEFAULT_PROMPTS, read_prompts
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        get_method(m)
     prompts = read_prompts(args.prompts or DEFAULT_PROMPTS)
     if args.limit is not None:
         if args.limit < 1:
             raise MirrorSDError("--limit must be at least 1")
         prompts = prompts[:args.limit]
+    return prompts
+
+
+def cmd_bench(args) -> int:
+    from .bench import bench
+    from .methods import get_method
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        get_method(m)
+    prompts = _prompts(args)
     pair = _load(args)
     summary = bench(pair, prompts, methods, out_dir=args.out, options=_method_options(args), **_settings(args))
     print(summary.to_markdown(index=False, floatfmt=".3f"))
     print(f"\nwrote {args.out}/results.csv, summary.csv, summary.md")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from .bench import sweep
+    from .methods import get_method
+
+    option = get_method(args.method) and args.option.replace("-", "_")
+    kind = _all_options().get(option)
+    if kind is None:
+        raise MirrorSDError(f"unknown option {args.option!r}")
+    try:
+        values = [kind.kind(v) for v in args.values.split(",") if v.strip()]
+    except ValueError:
+        raise MirrorSDError(f"--values must be comma-separated numbers, got {args.values!r}") from None
+    for v in values:
+        kind.check(v)
+    prompts = _prompts(args)
+    pair = _load(args)
+    table = sweep(pair, prompts, args.method, option, values, out_dir=args.out, options=_method_options(args),
+                  **_settings(args))
+    print(table.to_markdown(index=False, floatfmt=".3f"))
+    print(f"\nwrote {args.out}/sweep.csv, sweep.html")
     return 0
 
 
@@ -134,7 +174,8 @@ def cmd_methods(args) -> int:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "bench": cmd_bench, "methods": cmd_methods}[args.command](args)
+        commands = {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "methods": cmd_methods}
+        return commands[args.command](args)
     except MirrorSDError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

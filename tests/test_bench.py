@@ -49,3 +49,24 @@ def test_bundled_prompts_cover_the_spec_bench_categories(bench_prompts):
     categories = pd.Series([p["category"] for p in bench_prompts]).value_counts()
     assert set(categories.index) == {"multi-turn", "translation", "summarization", "qa", "math", "rag"}
     assert (categories >= 8).all()
+
+
+def test_sweep_runs_vanilla_once_and_each_value(tiny_dirs, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "category": "qa", "prompt": "t1 t2 t3"}))
+    out = tmp_path / "sweep"
+    rc = main(["sweep", "--method", "sd", "--option", "gamma", "--values", "1,3", "--prompts", str(prompts),
+               "--max-new-tokens", "8", "--out", str(out), "--raw",
+               "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"])])
+    assert rc == 0
+    table = pd.read_csv(out / "sweep.csv")
+    assert list(table.gamma) == [1, 3] and (table.equal_to_vanilla == 1.0).all()
+    assert (out / "sweep.html").exists()
+    second = pd.read_csv(out / "gamma=3" / "results.csv")
+    assert list(second.method) == ["vanilla", "sd"]  # vanilla's row is reused, not rerun
+
+
+def test_sweep_rejects_options_the_method_lacks(tiny_dirs, tmp_path, capsys):
+    rc = main(["sweep", "--method", "vanilla", "--option", "gamma", "--values", "1", "--out", str(tmp_path),
+               "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"])])
+    assert rc == 2 and "has no option 'gamma'" in capsys.readouterr().err

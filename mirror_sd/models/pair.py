@@ -70,14 +70,15 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT_DRAFT, targ
     tokenizer = load_tokenizer(target_dir)
     draft_model, draft_name = None, None
     if draft:
-        draft_model, draft_name = _load_draft(draft, target_dir, tokenizer, draft_lane, dtype)
+        draft_model, draft_name = _load_draft(draft, target_dir, tokenizer, draft_lane, dtype,
+                                              target_model.model.embed_tokens.weight)
     eos = {tokenizer.eos_token_id} | set(_as_list(getattr(target_config, "eos_token_id", None)))
     return ModelPair(target_model, draft_model, tokenizer, target_lane, draft_lane,
                      target_name=target or EMBEDDED_NAME, draft_name=draft_name,
                      eos_ids=frozenset(i for i in eos if i is not None))
 
 
-def _load_draft(draft: str, target_dir: Path, tokenizer, lane: Lane, dtype):
+def _load_draft(draft: str, target_dir: Path, tokenizer, lane: Lane, dtype, target_embedding):
     dtype = _dtype(dtype, lane.device)
     if draft.startswith("self:"):
         layers = _self_draft_layers(draft, target_dir)
@@ -85,7 +86,7 @@ def _load_draft(draft: str, target_dir: Path, tokenizer, lane: Lane, dtype):
         return model, draft
     draft_dir = resolve_model_dir(draft)
     check_same_vocabulary(tokenizer, load_tokenizer(draft_dir), draft)
-    model, _ = load_model(draft_dir, lane.device, dtype)
+    model, _ = load_model(draft_dir, lane.device, dtype, target_embedding=target_embedding)
     return model, draft
 
 
