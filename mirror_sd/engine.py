@@ -134,6 +134,8 @@ def stream(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 12
     check_settings(max_new_tokens, temperature, top_p, seed)
     if spec.needs_draft and pair.draft is None:
         raise MirrorSDError(f"method {method!r} needs a draft model; load the pair with a draft")
+    if spec.check is not None:
+        spec.check(pair, opts)
     prompt_ids = encode_prompt(pair, prompt, raw, max_new_tokens)
     lanes = [pair.target_lane, pair.draft_lane] if spec.needs_draft else [pair.target_lane]
     meta = dict(pair.describe(), method=method, options=opts, max_new_tokens=max_new_tokens,
@@ -188,6 +190,17 @@ def compute_metrics(trace: Trace, new_tokens: int, wall_s: float) -> dict:
     proposed = sum(len(s.proposed) for s in decode_steps)
     accepted = sum(s.accepted for s in decode_steps)
     busy = trace.busy_seconds()
+    extra = {}
+    hits = [s.extras["hit"] for s in decode_steps if "hit" in s.extras]
+    if hits:  # Mirror-SD: how often the next window was ready at the rendezvous
+        rendezvous = [s.duration for s in trace.spans if s.kind == "rendezvous"]
+        extra = dict(hit_rate=sum(hits) / len(hits),
+                     fallbacks=sum(1 for s in trace.spans if s.kind == "fallback-draft"),
+                     rendezvous_ms=1000 * sum(rendezvous) / max(len(rendezvous), 1))
+    if len(trace.lanes) == 2:
+        target_lane, draft_lane = sorted(trace.lanes, key=lambda lane: trace.lanes[lane] != "target")
+        draft_busy = busy.get(draft_lane, 0.0)
+        extra["overlap"] = trace.overlap_seconds(draft_lane, target_lane) / draft_busy if draft_busy else 0.0
     return dict(
         new_tokens=new_tokens,
         steps=len(decode_steps),
@@ -197,4 +210,5 @@ def compute_metrics(trace: Trace, new_tokens: int, wall_s: float) -> dict:
         tokens_per_s=new_tokens / wall_s if wall_s > 0 else 0.0,
         busy_s={lane: round(t, 6) for lane, t in busy.items()},
         utilisation={lane: min(1.0, t / wall_s) for lane, t in busy.items()} if wall_s > 0 else {},
+        **extra,
     )

@@ -87,6 +87,19 @@ class Trace:
             busy[s.lane] = busy.get(s.lane, 0.0) + s.duration
         return busy
 
+    def overlap_seconds(self, lane_a: str, lane_b: str) -> float:
+        """Time during which both lanes were working (their spans intersect)."""
+        a = sorted((s.start, s.end) for s in self.spans if s.lane == lane_a)
+        b = sorted((s.start, s.end) for s in self.spans if s.lane == lane_b)
+        total, i, j = 0.0, 0, 0
+        while i < len(a) and j < len(b):
+            total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+            if a[i][1] < b[j][1]:
+                i += 1
+            else:
+                j += 1
+        return total
+
     # -- export --------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return dict(method=self.method, meta=self.meta, lanes=self.lanes,

@@ -15,25 +15,23 @@ PROMPT = "t1 t2 t3"
 SAMPLES = 2000
 
 
-def exact_law_of_tokens_2_and_3(model, prompt_ids, temperature, top_p) -> torch.Tensor:
-    """P(x2, x3) [V, V] under the sampler's distribution, marginalised over x1."""
+def exact_joint_law(model, prompt_ids, temperature, top_p, n: int) -> torch.Tensor:
+    """P(x1, ..., xn) [V] * n under the sampler's distribution, by enumerating every prefix."""
     sampler = Sampler(temperature, top_p)
-
-    def next_probs(ids):
+    V = model.args.vocab_size
+    joint = torch.ones(())
+    prefixes = torch.tensor([prompt_ids])  # [V^k, P + k]: every continuation of length k
+    for _ in range(n):
         with torch.no_grad():
-            return sampler.probs(model(torch.tensor([ids]), model.new_cache(len(ids)))[0, -1])
+            probs = sampler.probs(model(prefixes, None)[:, -1])  # [V^k, V]
+        joint = (joint.reshape(-1, 1) * probs).reshape(*joint.shape, V)
+        prefixes = torch.cat([prefixes.repeat_interleave(V, 0), torch.arange(V).repeat(len(prefixes))[:, None]], 1)
+    return joint
 
-    p1 = next_probs(prompt_ids)
-    V = p1.shape[0]
-    law = torch.zeros(V, V)
-    for x1 in range(V):
-        if p1[x1] == 0:
-            continue
-        p2 = next_probs(prompt_ids + [x1])
-        for x2 in range(V):
-            if p2[x2] > 0:
-                law[x2] += p1[x1] * p2[x2] * next_probs(prompt_ids + [x1, x2])
-    return law
+
+def exact_law_of_tokens_2_and_3(model, prompt_ids, temperature, top_p) -> torch.Tensor:
+    """P(x2, x3) [V, V], marginalised over x1."""
+    return exact_joint_law(model, prompt_ids, temperature, top_p, 3).sum(0)
 
 
 def chi_square_p(counts: torch.Tensor, law: torch.Tensor) -> float:
@@ -46,13 +44,15 @@ def chi_square_p(counts: torch.Tensor, law: torch.Tensor) -> float:
     return float(chisquare(f_obs.numpy(), f_exp.numpy() * f_obs.sum().item() / f_exp.sum().item()).pvalue)
 
 
-def sample_counts(pair, method, temperature, top_p, **options) -> torch.Tensor:
-    """Counts [V, V] of generated tokens (x2, x3) over SAMPLES seeded runs."""
+def sample_counts(pair, method, temperature, top_p, first: int = 1, outputs=None, **options) -> torch.Tensor:
+    """Counts [V, V] of generated tokens (x_{first+1}, x_{first+2}) over SAMPLES seeded runs."""
     counts = torch.zeros(16, 16, dtype=torch.long)
     for seed in range(SAMPLES):
-        out = generate(pair, PROMPT, method=method, max_new_tokens=3, raw=True, temperature=temperature,
+        out = generate(pair, PROMPT, method=method, max_new_tokens=first + 2, raw=True, temperature=temperature,
                        top_p=top_p, seed=seed, **options)
-        counts[out.token_ids[1], out.token_ids[2]] += 1
+        counts[out.token_ids[first], out.token_ids[first + 1]] += 1
+        if outputs is not None:
+            outputs.append(out)
     return counts
 
 
@@ -76,3 +76,20 @@ def test_same_seed_same_output(tiny_pair):
         a = generate(tiny_pair, PROMPT, method=method, max_new_tokens=12, raw=True, temperature=1.0, seed=5)
         b = generate(tiny_pair, PROMPT, method=method, max_new_tokens=12, raw=True, temperature=1.0, seed=5)
         assert a.token_ids == b.token_ids
+
+
+def test_mirror_samples_the_target_distribution_through_reused_branches(tiny_dirs):
+    """gamma = 1 and kappa = V: every possible (accepted, token) outcome is a branch, so from the
+    second step on every window is a reused branch continuation; tokens 3 and 4 come from those."""
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]))
+    prompt_ids = pair.encode(PROMPT, raw=True)
+    outputs = []
+    counts = sample_counts(pair, "mirror", 1.0, 1.0, first=2, outputs=outputs, gamma=1, kappa=16, branch_budget=32)
+    steps = [s for out in outputs for s in out.trace.steps if s.index >= 2]
+    assert steps and all(s.extras["hit"] for s in outputs[0].trace.steps if s.index >= 1)
+    assert sum(not s.extras["fallback"] for s in steps) == len(steps)  # windows came from branches
+    law = exact_joint_law(pair.target, prompt_ids, 1.0, 1.0, 4).sum((0, 1))  # P(x3, x4)
+    assert chi_square_p(counts, law) > 1e-3
+    draft_law = exact_joint_law(load_pair(target=str(tiny_dirs["draft"]), draft=None).target, prompt_ids,
+                                1.0, 1.0, 4).sum((0, 1))
+    assert chi_square_p(counts, draft_law) < 1e-6

@@ -38,6 +38,7 @@ class Method:
     needs_draft: bool  # uses the draft model
     parallel_lanes: bool  # its lanes work at the same time (so CPU cores are split between them)
     options: tuple[Option, ...] = field(default=())
+    check: Callable | None = None  # check(pair, options): refuse options that do not fit the models
 
     def resolve_options(self, given: dict) -> dict:
         """The method's options with defaults filled in; unknown or out-of-range values refused."""
@@ -63,10 +64,24 @@ def get_method(name: str) -> Method:
 
 
 GAMMA = Option("gamma", 5, 1, 32, "draft tokens per step (window length)")
+KAPPA = Option("kappa", 8, 1, 64, "early-exit candidates per window position (token channel width)")
+EXIT_LAYER = Option("exit_layer", 0, 0, 1024, "target layer feeding the token channel (0 = half the target's layers)")
+BRANCH_BUDGET = Option("branch_budget", 8, 1, 256, "branches the draft rolls out per step")
 
-from . import sd, vanilla  # noqa: E402  (modules use Option/Method above)
+
+def _check_exit_layer(pair, options):
+    layers = pair.target.num_layers
+    if not options["exit_layer"] < layers:
+        raise MirrorSDError(f"exit_layer must be below the target's {layers} layers (0 = {layers // 2}), "
+                            f"got {options['exit_layer']}")
+
+
+from . import mirror, sd, vanilla  # noqa: E402  (modules use Option/Method above)
 
 register(Method("vanilla", "Vanilla", "autoregressive: one target forward per token",
                 vanilla.decode, needs_draft=False, parallel_lanes=False))
 register(Method("sd", "Speculative decoding", "a draft model proposes gamma tokens, the target verifies them in one forward",
                 sd.decode, needs_draft=True, parallel_lanes=False, options=(GAMMA,)))
+register(Method("mirror", "Mirror-SD", "the target's early exit steers branch rollouts on the draft lane, "
+                "which run while the target finishes its layers", mirror.decode, needs_draft=True,
+                parallel_lanes=True, options=(GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET), check=_check_exit_layer))

@@ -13,11 +13,14 @@ from ..trace import Step
 from .verify import verify
 
 
-def prefill(run):
-    """Prefill target and draft on their lanes at once; commit the target's first token."""
+def prefill(run, extra_draft_slots: int = 0):
+    """Prefill target and draft on their lanes at once; commit the target's first token.
+
+    extra_draft_slots: room in the draft's cache beyond the sequence (Mirror-SD's rollout trees).
+    """
     pair = run.pair
     target_cache = pair.target.new_cache(run.cache_slots)
-    draft_cache = pair.draft.new_cache(run.cache_slots)
+    draft_cache = pair.draft.new_cache(run.cache_slots + extra_draft_slots)
     n = len(run.prompt_ids)
     target_ids = torch.tensor([run.prompt_ids], device=pair.target.device)  # [1, P]
     draft_ids = torch.tensor([run.prompt_ids[:-1]], device=pair.draft.device)  # last token: fed at step 1

@@ -237,8 +237,9 @@ class Transformer(nn.Module):
     def window(self, cache: KVCache | None, T: int, positions=None, tree_mask=None, batch: int = 1) -> Window:
         """Describe a window of T new tokens written right after the cache's committed slots.
 
-        tree_mask: optional [T, T] (or [B, T, T]) bool, which window tokens each one sees; the
-        committed prefix is always visible. cache=None: a whole causal sequence, no cache (training).
+        tree_mask: optional bool mask of what each window token sees: [T, T] (or [B, T, T]) over the
+        window, the cached prefix always visible; or [T, start + T] (or [B, ...]) over every slot, for
+        trees that grow over several forwards. cache=None: one causal sequence, no cache (training).
         """
         start = cache.length if cache is not None else 0
         if cache is not None and start + T > cache.max_slots:
@@ -253,8 +254,10 @@ class Transformer(nn.Module):
             tree_mask = tree_mask.to(self.device)
             if tree_mask.dim() == 2:
                 tree_mask = tree_mask.unsqueeze(0)
-            prefix = torch.ones(tree_mask.shape[0], T, start, dtype=torch.bool, device=self.device)
-            mask = torch.cat([prefix, tree_mask], dim=-1).unsqueeze(1)  # [B|1, 1, T, start + T]
+            if tree_mask.shape[-1] == T and start > 0:  # window-only mask: the prefix is visible
+                prefix = torch.ones(tree_mask.shape[0], T, start, dtype=torch.bool, device=self.device)
+                tree_mask = torch.cat([prefix, tree_mask], dim=-1)
+            mask = tree_mask.unsqueeze(1)  # [B|1, 1, T, start + T]
         freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1) * self.rope_scale
         cos = emb.cos().to(self.dtype).unsqueeze(1)  # [B, 1, T, D]

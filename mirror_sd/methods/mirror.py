@@ -1,0 +1,197 @@
+"""Mirror Speculative Decoding (Bhendawade et al., 2025): drafting leaves the critical path.
+
+One step, with the window W = [last committed token, d1 .. d_gamma]:
+
+1. Target lane, layers [0, exit_layer) over W, then the target's own final norm + LM head on those
+   hidden states (an early exit): the top-kappa tokens and log-probs at every window position.
+   This token channel is all that crosses to the draft lane (ids and log-probs, O(gamma * kappa)).
+2. At the same time, on two lanes:
+   - target lane: layers [exit_layer, N) over W -> final logits -> verification;
+   - draft lane: branch rollouts. Branch (r, v) assumes the target accepts d1..dr and then emits
+     v (an early-exit candidate at position r). The draft rolls out gamma tokens after each of the
+     ``branch_budget`` most likely branches, all branches batched in one tree per forward.
+3. Rendezvous: verification gives (accepted A, token c). If branch (A, c) was rolled out, its
+   continuation is the next window, ready with no draft time on the critical path (a hit).
+   Otherwise the next step starts with a fresh draft on the draft lane (a miss: draft time exposed).
+4. Commit d1..dA + c and roll both KV caches back to the committed length.
+
+All-accepted case (left open by the paper): c is then the bonus token at position gamma, drawn
+from the final distribution there; branches (gamma, v) use the early-exit candidates at that
+position, so a fully accepted window can hit too.
+
+Why this is lossless. Every committed token comes from ``verify`` against the target's unchanged
+final distribution, with the standard rules (greedy match at T = 0; speculative sampling at
+T > 0). Mirror-SD only changes *which* draft tokens are verified and *when* they were made. At
+T > 0 speculative sampling needs the window tokens to be draws from the draft's law q given the
+committed prefix, with q recorded. A used branch's continuation was sampled from q given exactly
+the prefix that was committed (the accepted tokens + c), with the draft lane's own random stream.
+Whether a branch is used depends on (A, c) and on the early-exit candidates. Neither depends on
+that branch's own samples: (A, c) comes from the target's stream and the previous window, and the
+candidates are a deterministic function of the window. So, given the committed prefix, the window
+is a draw from q, and the usual proof applies unchanged. A fresh fallback draft is a draw from q
+as well. tests/test_distribution.py checks this with a chi-square test against the exact law.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..trace import Step
+from .sd import draft_window, prefill
+from .verify import verify
+
+
+@dataclass
+class Branch:
+    accepted: int  # r: window tokens accepted before the branch point
+    root: int  # v: the token the target emits at position r in this hypothesis
+    score: float  # early-exit log-probability of this hypothesis
+    tokens: list[int] = field(default_factory=list)  # the draft's continuation after root
+    q: list[torch.Tensor] = field(default_factory=list)  # its distributions [V] (temperature > 0)
+
+
+def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int):
+    """Target lane: layers [0, exit_layer) over the window and the early-exit head.
+
+    Returns hidden [1, T, d] and the Window (kept on the target lane for the suffix), and what
+    crosses to the draft lane: top-kappa ids and log-probs [T, kappa], and the early-exit
+    log-prob of each draft token d_{i+1} at position i [T - 1].
+    """
+    target = run.pair.target
+    ids = torch.tensor([window], device=target.device)  # [1, T]
+    win = target.window(cache, len(window))
+    hidden = target.forward_layers(target.embed(ids), cache, win, 0, exit_layer)
+    exit_logp = torch.log_softmax(target.head(hidden)[0], dim=-1)  # [T, V]
+    top = exit_logp.topk(kappa, dim=-1)
+    drafted = torch.tensor(window[1:], device=exit_logp.device)
+    window_logp = exit_logp[:-1].gather(-1, drafted[:, None])[:, 0]
+    return hidden, win, top.indices.cpu(), top.values.cpu(), window_logp.cpu()
+
+
+def target_suffix(run, cache, hidden, win, exit_layer: int) -> torch.Tensor:
+    """Target lane: layers [exit_layer, N) over the same window -> final logits [T, V]."""
+    target = run.pair.target
+    logits = target.head(target.forward_layers(hidden, cache, win, exit_layer, None))
+    cache.length = win.start + hidden.shape[1]
+    return logits[0]
+
+
+def choose_branches(draft: list[int], top_ids, top_logp, window_logp, budget: int) -> list[Branch]:
+    """The ``budget`` most likely (accepted prefix, target token) hypotheses, by early-exit log-probs.
+
+    score(r, v) = sum_{i<r} log p_exit(d_{i+1} at i) + log p_exit(v at r); v = d_{r+1} is skipped
+    (that is an acceptance, not a branch point).
+    """
+    branches, prefix = [], 0.0
+    for r in range(len(draft) + 1):
+        for v, logp in zip(top_ids[r].tolist(), top_logp[r].tolist()):
+            if r < len(draft) and v == draft[r]:
+                continue
+            branches.append(Branch(r, v, prefix + logp))
+        if r < len(draft):
+            prefix += float(window_logp[r])
+    branches.sort(key=lambda b: -b.score)
+    return branches[:budget]
+
+
+def rollout(run, cache, draft: list[int], branches: list[Branch], gamma: int) -> list[Branch]:
+    """Draft lane: gamma draft tokens after every branch, all branches in one tree per forward.
+
+    Forward 1 feeds the committed tokens the draft has not seen, the window d1..d_gamma and every
+    branch root; forward k feeds each branch's newest token. A mask over cache slots lets a branch
+    see the committed prefix, the window up to its branch point and its own tokens, nothing else.
+    """
+    model, sampler = run.pair.draft, run.draft_sampler
+    n, base = len(run.sequence), cache.length  # the last committed token is at position n - 1
+    chain = run.sequence[base:] + draft  # pending committed tokens + window: one causal chain
+    B = len(branches)
+    r = torch.tensor([b.accepted for b in branches])  # [B]
+    owner = torch.tensor([-1] * len(chain) + list(range(B)))  # per new slot: -1 chain, else branch
+    depth = torch.tensor([0] * (len(chain) - len(draft)) + list(range(1, len(draft) + 1)) + [0] * B)
+
+    def branch_rows_mask():  # [B, base + slots]: what each branch's newest token may see
+        sees = ((owner == -1) & (depth <= r[:, None])) | (owner == torch.arange(B)[:, None])
+        return torch.cat([torch.ones(B, base, dtype=torch.bool), sees], dim=-1)
+
+    T = len(chain) + B
+    chain_rows = torch.cat([torch.ones(len(chain), base, dtype=torch.bool),
+                            torch.ones(len(chain), len(chain), dtype=torch.bool).tril(),
+                            torch.zeros(len(chain), B, dtype=torch.bool)], dim=-1)
+    mask = torch.cat([chain_rows, branch_rows_mask()])  # [T, base + T]
+    positions = list(range(n - len(chain) + len(draft), n + len(draft))) + [n + b.accepted for b in branches]
+    ids = chain + [b.root for b in branches]
+    for k in range(gamma):
+        logits = _forward_rows(model, cache, ids, positions, mask, rows=B)  # [B, V_draft]
+        for b, row in zip(branches, run.as_target_vocab(logits)):
+            if sampler.greedy:
+                b.tokens.append(int(row.argmax()))
+            else:
+                b.q.append(sampler.probs(row))
+                b.tokens.append(sampler.sample(b.q[-1]))
+        if k == gamma - 1:
+            break
+        ids = [b.tokens[-1] for b in branches]
+        positions = [n + b.accepted + k + 1 for b in branches]
+        owner = torch.cat([owner, torch.arange(B)])
+        depth = torch.cat([depth, torch.zeros(B, dtype=torch.long)])
+        mask = branch_rows_mask()
+    return branches
+
+
+def _forward_rows(model, cache, ids, positions, mask, rows: int) -> torch.Tensor:
+    """Write ids at the cache's next slots under ``mask``; logits of the last ``rows`` tokens only."""
+    dev = model.device
+    win = model.window(cache, len(ids), positions=torch.tensor([positions], device=dev), tree_mask=mask.to(dev))
+    hidden = model.forward_layers(model.embed(torch.tensor([ids], device=dev)), cache, win)
+    cache.length = win.start + len(ids)
+    return model.head(hidden[0, -rows:])
+
+
+def rendezvous(draft, q, logits, sampler, branches: list[Branch]):
+    """Verify the window against the final logits and look for the branch the outcome picked."""
+    verdict = verify(draft, q, logits, sampler)
+    hit = next((i for i, b in enumerate(branches) if (b.accepted, b.root) == (verdict.accepted, verdict.token)), None)
+    return verdict, hit
+
+
+def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int):
+    pair = run.pair
+    exit_layer = exit_layer or pair.target.num_layers // 2
+    target_cache, draft_cache, first = prefill(run, extra_draft_slots=branch_budget * gamma)
+    yield first
+    window, q = None, None
+    while not run.done:
+        step = run.next_step
+        n = len(run.sequence)
+        draft_cache.rollback(min(draft_cache.length, n - 1))
+        fallback = window is None
+        if fallback:  # the first step, or the last one missed: draft afresh, on the critical path
+            window, q = pair.draft_lane.run("fallback-draft", draft_window, run, draft_cache, gamma,
+                                            label=f"fallback draft {gamma} tokens", step=step, tokens=gamma)
+            draft_cache.rollback(min(draft_cache.length, n - 1))
+        hidden, win, top_ids, top_logp, window_logp = pair.target_lane.run(
+            "target-prefix", token_channel, run, target_cache, [run.sequence[-1], *window], exit_layer, kappa,
+            label=f"layers 1-{exit_layer} + early exit, {gamma + 1} tokens", step=step, tokens=gamma + 1)
+        branches = choose_branches(window, top_ids, top_logp, window_logp, branch_budget)
+        suffix = pair.target_lane.submit("target-suffix", target_suffix, run, target_cache, hidden, win, exit_layer,
+                                         label=f"layers {exit_layer + 1}-{pair.target.num_layers}, {gamma + 1} tokens",
+                                         step=step, tokens=gamma + 1)
+        rolled = pair.draft_lane.submit("draft-rollout", rollout, run, draft_cache, window, branches, gamma,
+                                        label=f"{len(branches)} branches x {gamma} tokens", step=step,
+                                        tokens=len(branches) * gamma)
+        logits = suffix.result()
+        branches = rolled.result()
+        verdict, hit = pair.target_lane.run("rendezvous", rendezvous, window, q, logits, run.target_sampler, branches,
+                                            label="verify + match branch", step=step)
+        tokens, origins = verdict.committed(window)
+        target_cache.rollback(n + verdict.accepted)
+        draft_cache.rollback(min(draft_cache.length, n + verdict.accepted))
+        extras = dict(exit_candidates=top_ids.tolist(), branches=[(b.accepted, b.root, b.tokens) for b in branches],
+                      hit=hit is not None, branch_used=hit, fallback=fallback)
+        yield run.commit(Step(step, tokens, origins, proposed=window, accepted=verdict.accepted, extras=extras))
+        if hit is None:
+            window, q = None, None
+        else:
+            window = branches[hit].tokens
+            q = torch.stack(branches[hit].q) if branches[hit].q else None

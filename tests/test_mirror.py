@@ -1,0 +1,67 @@
+"""Mirror-SD: equality with vanilla, hits and misses, and real overlap of the two lanes."""
+import pytest
+
+from conftest import EQUALITY_TOKENS
+from mirror_sd import MirrorSDError, generate
+from mirror_sd.devices import cpu_cores
+
+
+def test_mirror_equals_vanilla_on_varied_prompts(embedded_pair, equality_prompts, vanilla_reference):
+    hits = fallbacks = 0
+    for prompt, expected in zip(equality_prompts, vanilla_reference):
+        out = generate(embedded_pair, prompt, method="mirror", max_new_tokens=EQUALITY_TOKENS, gamma=3, kappa=4,
+                       branch_budget=4)
+        assert out.error is None
+        assert out.token_ids == expected, f"mirror differs from vanilla on {prompt[:60]!r}"
+        hits += sum(s.extras["hit"] for s in out.trace.steps if s.index > 0)
+        fallbacks += out.metrics["fallbacks"]
+    assert hits > 0 and fallbacks > 0  # both paths ran
+
+
+def test_hit_and_miss_paths(tiny_pair):
+    """On a hit the next window is the used branch's continuation with no fresh draft; on a miss
+    the next step starts with a fallback draft on the draft lane."""
+    out = generate(tiny_pair, "t1 t2 t3", method="mirror", max_new_tokens=40, raw=True, gamma=3, kappa=2,
+                   branch_budget=3)
+    expected = generate(tiny_pair, "t1 t2 t3", method="vanilla", max_new_tokens=40, raw=True).token_ids
+    assert out.token_ids == expected
+    steps = [s for s in out.trace.steps if s.index > 0]
+    fallback_steps = {s.step for s in out.trace.spans if s.kind == "fallback-draft"}
+    seen = set()
+    for before, after in zip(steps, steps[1:]):
+        if before.extras["hit"]:
+            r, v, continuation = before.extras["branches"][before.extras["branch_used"]]
+            assert (r, v) == (before.accepted, before.committed[-1])
+            assert after.proposed == continuation and after.index not in fallback_steps
+            seen.add("hit")
+        else:
+            assert after.index in fallback_steps and after.extras["fallback"]
+            seen.add("miss")
+    assert seen == {"hit", "miss"}
+    m = out.metrics
+    assert 0 < m["hit_rate"] < 1 and m["fallbacks"] >= 1 and m["rendezvous_ms"] > 0
+
+
+def test_rollout_overlaps_target_suffix_in_time(embedded_pair):
+    out = generate(embedded_pair, "Tell me about the moon.", method="mirror", max_new_tokens=16, gamma=3,
+                   kappa=4, branch_budget=4)
+    spans = out.trace.spans_frame()
+    kinds = set(spans.kind)
+    assert {"target-prefix", "target-suffix", "draft-rollout", "rendezvous"} <= kinds
+    overlapping_steps = 0
+    for step, group in spans.groupby("step"):
+        suffix = group[group.kind == "target-suffix"]
+        rollout = group[group.kind == "draft-rollout"]
+        if len(suffix) and len(rollout):
+            s, r = suffix.iloc[0], rollout.iloc[0]
+            assert s.lane != r.lane
+            overlapping_steps += min(s.end, r.end) - max(s.start, r.start) > 0
+    assert overlapping_steps >= 1
+    assert out.metrics["overlap"] > 0
+    threads = out.trace.meta["threads"]  # the two CPU lanes split the cores between them
+    assert len(threads) == 2 and sum(threads.values()) <= max(2, cpu_cores())
+
+
+def test_exit_layer_must_be_inside_the_target(tiny_pair):
+    with pytest.raises(MirrorSDError, match="exit_layer must be below the target's 2 layers"):
+        generate(tiny_pair, "t1", method="mirror", raw=True, exit_layer=2)
