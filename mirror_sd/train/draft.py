@@ -1,0 +1,266 @@
+"""Train the project's draft for the embedded target by distillation.
+
+The draft is a small Llama with the target's width (d = 576). It reuses the target's frozen input
+embedding, so that is not shipped, and has a few decoder layers, initialised from the target's
+own layers. Its LM head covers a reduced vocabulary: the most frequent tokens of the target's
+answers, with a ``vocab_map`` to target ids, as in EAGLE-3. Training is cross-entropy on the
+target's greedy answers (the distilled data from ``python -m mirror_sd.train data``), so the draft
+learns the target's argmax, which is what greedy verification accepts.
+
+Outputs in --out: model.safetensors (fp16, no embedding) + config.json + tokenizer files (a
+loadable draft), checkpoint/ (resumable, safetensors + JSON, no pickle), loss.png, metrics.json.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from ..models.llama import Transformer
+from ..models.loading import EMBED_FROM_TARGET, VOCAB_MAP_KEY, embedded_model_dir, load_model, load_tokenizer
+
+IGNORE = -100
+
+
+def read_examples(data_dir: Path) -> list[tuple[list[int], list[int]]]:
+    """[(prompt_ids, answer_ids)] from the distilled data set."""
+    rows = [json.loads(line) for line in (data_dir / "data.jsonl").read_text().splitlines() if line.strip()]
+    return [(r["prompt_ids"], r["answer_ids"]) for r in rows if r["answer_ids"]]
+
+
+def build_vocab_map(examples, size: int, always: set[int]) -> torch.Tensor:
+    """Target ids of the head rows: the ``size`` most frequent answer tokens (plus ``always``)."""
+    counts = Counter(t for _, answer in examples for t in answer)
+    keep = [t for t in always] + [t for t, _ in counts.most_common() if t not in always]
+    return torch.tensor(sorted(keep[:size]), dtype=torch.long)
+
+
+def init_draft(target: Transformer, layers: list[int], vocab_map: torch.Tensor) -> Transformer:
+    """A draft whose layers, final norm and head rows start as copies of the target's."""
+    args = type(target.args)(**{**target.args.__dict__, "num_layers": len(layers), "tie_word_embeddings": False})
+    draft = Transformer(args, head_size=len(vocab_map))
+    state = {"model.embed_tokens.weight": target.model.embed_tokens.weight,
+             "model.norm.weight": target.model.norm.weight,
+             "lm_head.weight": target.lm_head.weight[vocab_map]}
+    for new, old in enumerate(layers):
+        for k, v in target.model.layers[old].state_dict().items():
+            state[f"model.layers.{new}.{k}"] = v
+    draft.load_state_dict({k: v.detach().clone() for k, v in state.items()}, strict=True)
+    draft.model.embed_tokens.weight.requires_grad_(False)  # the target's, frozen
+    draft.vocab_map = vocab_map
+    return draft
+
+
+def make_batches(examples, vocab_map: torch.Tensor, batch_tokens: int, max_len: int, rng: random.Random):
+    """Shuffled batches of similar length: ids [B, T] and labels [B, T] (head-row index or IGNORE).
+
+    Labels cover answer tokens only: the draft learns to predict what the target said.
+    """
+    row_of = {int(t): i for i, t in enumerate(vocab_map)}
+    seqs = []
+    for prompt, answer in examples:
+        ids = (prompt + answer)[-max_len:]
+        first_answer = len(ids) - len(answer)
+        labels = [IGNORE] * len(ids)
+        for i in range(max(first_answer, 1), len(ids)):
+            labels[i - 1] = row_of.get(ids[i], IGNORE)
+        seqs.append((ids, labels))
+    seqs.sort(key=lambda s: len(s[0]))
+    batches, current = [], []
+    for seq in seqs:
+        if current and (len(current) + 1) * len(seq[0]) > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(seq)
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    for batch in batches:
+        T = max(len(ids) for ids, _ in batch)
+        ids = torch.tensor([s[0] + [0] * (T - len(s[0])) for s in batch])
+        labels = torch.tensor([s[1] + [IGNORE] * (T - len(s[1])) for s in batch])
+        yield ids, labels
+
+
+def loss_and_accuracy(draft: Transformer, ids: torch.Tensor, labels: torch.Tensor):
+    logits = draft(ids, None)  # [B, T, head rows]
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+    mask = labels != IGNORE
+    correct = ((logits.argmax(-1) == labels) & mask).sum().item()
+    return loss, correct, mask.sum().item()
+
+
+@torch.no_grad()
+def evaluate(draft, examples, vocab_map, batch_tokens, max_len) -> dict:
+    """Held-out loss and top-1 agreement with the target (a proxy for per-token acceptance)."""
+    draft.eval()
+    total_loss, correct, count = 0.0, 0, 0
+    for ids, labels in make_batches(examples, vocab_map, batch_tokens, max_len, random.Random(0)):
+        loss, c, n = loss_and_accuracy(draft, ids, labels)
+        total_loss += loss.item() * n
+        correct, count = correct + c, count + n
+    draft.train()
+    return dict(loss=total_loss / max(count, 1), top1=correct / max(count, 1), tokens=count)
+
+
+def save_draft(draft: Transformer, out: Path, target_dir: Path, card: dict):
+    """A loadable draft folder: fp16 weights without the borrowed embedding, config, tokenizer."""
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(torch.float16).contiguous() for k, v in draft.state_dict().items()
+             if k != "model.embed_tokens.weight"}
+    state[VOCAB_MAP_KEY] = draft.vocab_map.clone()
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((target_dir / "config.json").read_text())
+    config.update(num_hidden_layers=draft.num_layers, tie_word_embeddings=False, torch_dtype="float16",
+                  **{EMBED_FROM_TARGET: True})
+    config.pop("dtype", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    load_tokenizer(target_dir).save_pretrained(out)
+    (out / "training.json").write_text(json.dumps(card, indent=2))
+
+
+def save_checkpoint(folder: Path, draft, optimizer, state: dict):
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {f"model.{k}": v for k, v in draft.state_dict().items() if k != "model.embed_tokens.weight"}
+    for i, st in optimizer.state_dict()["state"].items():
+        for k, v in st.items():
+            tensors[f"optim.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "state.safetensors"))
+    (folder / "state.json").write_text(json.dumps(state))
+
+
+def load_checkpoint(folder: Path, draft, optimizer) -> dict:
+    tensors = load_file(str(folder / "state.safetensors"))
+    draft.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=False)
+    opt_state = optimizer.state_dict()
+    for i in opt_state["param_groups"][0]["params"]:
+        keys = [k for k in tensors if k.startswith(f"optim.{i}.")]
+        if keys:
+            opt_state["state"][i] = {k.split(".", 2)[2]: tensors[k] for k in keys}
+    optimizer.load_state_dict(opt_state)
+    return json.loads((folder / "state.json").read_text())
+
+
+def plot_losses(history: list[dict], path: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    train = [h for h in history if "train_loss" in h]
+    held = [h for h in history if "eval_loss" in h]
+    ax.plot([h["step"] for h in train], [h["train_loss"] for h in train], label="train loss", alpha=0.6)
+    ax.plot([h["step"] for h in held], [h["eval_loss"] for h in held], "o-", label="held-out loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy")
+    ax2 = ax.twinx()
+    ax2.plot([h["step"] for h in held], [h["eval_top1"] for h in held], "s--", color="green", label="held-out top-1")
+    ax2.set_ylabel("top-1 agreement with target")
+    fig.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def train(data_dir: Path, out: Path, layers: list[int], vocab_size: int = 8192, epochs: float = 2.0,
+          lr: float = 5e-4, batch_tokens: int = 4096, max_len: int = 512, eval_every: int = 50,
+          holdout: float = 0.03, seed: int = 0, threads: int = 2, target_dir: Path | None = None) -> dict:
+    """Train a draft for the target in ``target_dir`` (default: the embedded target); see module docstring."""
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    rng = random.Random(seed)
+    target_dir = Path(target_dir) if target_dir else embedded_model_dir()
+    target, _ = load_model(target_dir, torch.device("cpu"), torch.float32)
+    examples = read_examples(data_dir)
+    rng.shuffle(examples)
+    n_eval = max(1, int(len(examples) * holdout))
+    held_out, train_set = examples[:n_eval], examples[n_eval:]
+    eos = load_tokenizer(target_dir).eos_token_id
+    vocab_map = build_vocab_map(train_set, vocab_size, {eos} - {None})
+    draft = init_draft(target, layers, vocab_map)
+    del target
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    steps_per_epoch = sum(1 for _ in make_batches(train_set, vocab_map, batch_tokens, max_len, random.Random(0)))
+    total_steps = max(1, int(steps_per_epoch * epochs))
+    schedule = lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+    ckpt = out / "checkpoint"
+    state = dict(step=0, history=[], wall_s=0.0)
+    if (ckpt / "state.json").exists():
+        state = load_checkpoint(ckpt, draft, optimizer)
+        print(f"resumed at step {state['step']}")
+    draft.train()
+    start = time.time() - state["wall_s"]
+    bar = tqdm(total=total_steps, initial=state["step"], desc="train draft", unit="step")
+    epoch = state["step"] // steps_per_epoch
+    while state["step"] < total_steps:
+        for i, (ids, labels) in enumerate(make_batches(train_set, vocab_map, batch_tokens, max_len, random.Random(seed + epoch))):
+            if epoch * steps_per_epoch + i < state["step"]:
+                continue  # resuming: skip batches already seen
+            for g in optimizer.param_groups:
+                g["lr"] = lr * schedule(state["step"])
+            loss, correct, count = loss_and_accuracy(draft, ids, labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            state["step"] += 1
+            state["history"].append(dict(step=state["step"], train_loss=loss.item(), train_top1=correct / max(count, 1)))
+            bar.update()
+            bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{correct / max(count, 1):.3f}")
+            if state["step"] % eval_every == 0 or state["step"] == total_steps:
+                ev = evaluate(draft, held_out, vocab_map, batch_tokens, max_len)
+                state["history"].append(dict(step=state["step"], eval_loss=ev["loss"], eval_top1=ev["top1"]))
+                tqdm.write(f"step {state['step']}: held-out loss {ev['loss']:.3f}, top-1 {ev['top1']:.3f}")
+                state["wall_s"] = time.time() - start
+                save_checkpoint(ckpt, draft, optimizer, state)
+                plot_losses(state["history"], out / "loss.png")
+            if state["step"] >= total_steps:
+                break
+        epoch += 1
+    bar.close()
+    final = evaluate(draft, held_out, vocab_map, batch_tokens, max_len)
+    card = dict(target=target_dir.name, layers_from_target=layers, head_vocabulary=len(vocab_map),
+                examples_train=len(train_set), examples_held_out=len(held_out), steps=state["step"], epochs=epochs,
+                lr=lr, batch_tokens=batch_tokens, seed=seed, wall_s=round(time.time() - start, 1),
+                held_out_loss=round(final["loss"], 4), held_out_top1=round(final["top1"], 4),
+                trainable_parameters=sum(p.numel() for p in params))
+    save_draft(draft, out, target_dir, card)
+    (out / "metrics.json").write_text(json.dumps(state["history"]))
+    plot_losses(state["history"], out / "loss.png")
+    return card
+
+
+def add_parser(sub):
+    """``python -m mirror_sd.train draft ...``"""
+    p = sub.add_parser("draft", help="train the draft for the embedded target by distillation",
+                       description="Train a small draft on distilled data (python -m mirror_sd.train data). "
+                                   "Resumable: rerun the same command to continue from OUT/checkpoint.")
+    p.add_argument("--data", required=True, help="folder with data.jsonl from the data subcommand")
+    p.add_argument("--out", required=True, help="output folder: the loadable draft, loss.png, checkpoint/")
+    p.add_argument("--layers", default="0,1", help="target layers that initialise the draft's layers (default 0,1)")
+    p.add_argument("--vocab", type=int, default=8192, help="draft head vocabulary size (default 8192)")
+    p.add_argument("--epochs", type=float, default=2.0)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--batch-tokens", type=int, default=4096)
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+
+    def run(args):
+        layers = [int(x) for x in args.layers.split(",")]
+        card = train(Path(args.data), Path(args.out), layers, args.vocab, args.epochs, args.lr, args.batch_tokens,
+                     eval_every=args.eval_every, seed=args.seed, threads=args.threads)
+        print(json.dumps(card, indent=2))
+        return 0
+
+    p.set_defaults(func=run)
