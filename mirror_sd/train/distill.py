@@ -1,0 +1,420 @@
+"""Distillation data: the target model's own greedy answers to the prompts of :mod:`.prompts`.
+
+``python -m mirror_sd.train data --out DIR --seed S --num-prompts N`` writes
+
+* ``DIR/prompts.jsonl``: the prompts (messages, sources), as built;
+* ``DIR/data.jsonl``: one line per generated turn, ``{"id", "category", "source", "turn",
+  "prompt_ids", "answer_ids"}``; ``prompt_ids`` is the chat-templated prompt (system prompt of
+  the tokenizer's template + messages + ``<|im_start|>assistant\\n``), ``answer_ids`` the greedy
+  continuation, ending with ``<|im_end|>`` (the eos) unless it was cut at ``--max-new-tokens``;
+* ``DIR/sources.json``: corpus packages, versions, licences, counts per category;
+* ``DIR/README.md``: how the set was built (command, seed, counts, token totals, wall time).
+
+Multi-turn prompts are generated turn by turn like the benchmark does: turn k's prompt holds the
+target's own decoded answers to turns 1..k-1. Every turn is an example (id ``<prompt id>/t<k>``);
+single-turn prompts keep their id.
+
+Greedy decoding (temperature 0), fp32 (bf16 crashes on this CPU), with the transformers model's
+forward and KV cache in a continuous-batching loop (:func:`generate_stream`; token-identical to
+``generate(do_sample=False)``, checked on the test set). Prompts are sorted by length before
+batching. Resumable: lines already in ``DIR/data.jsonl`` are skipped and new ones appended.
+
+Throughput on the 2-core dev box (fp32, 192 new tokens, 64-96 prompts, answer tokens/s):
+1 thread: batch 8 42, 16 61, 32 67-72, 48 67; 2 threads are faster only on an idle machine and
+collapse (5-20 tok/s) when another process competes for a core, so use ``--threads 1`` for a
+niced background run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import prompts as P
+
+CONFIG_KEYS = ("seed", "max_new_tokens")  # must match to resume into the same folder
+
+
+def _turn_ids(prompt: dict) -> list[str]:
+    n = sum(m["role"] == "user" for m in prompt["messages"])
+    return [prompt["id"]] if n == 1 else [f"{prompt['id']}/t{k}" for k in range(1, n + 1)]
+
+
+def _read_done(path: Path) -> dict[str, dict]:
+    """Rows already generated, by id. A torn last line (a killed run) is dropped and the file fixed."""
+    done: dict[str, dict] = {}
+    if not path.exists():
+        return done
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    torn = False
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                torn = True
+                break
+            raise
+        done[row["id"]] = row
+    if torn or (text and not text.endswith("\n")):
+        path.write_text("".join(json.dumps(r) + "\n" for r in done.values()), encoding="utf-8")
+    return done
+
+
+def _answer_text(tokenizer, answer_ids: list[int]) -> str:
+    """What the benchmark puts in the assistant message: the decoded answer, special tokens dropped."""
+    return tokenizer.decode(answer_ids, skip_special_tokens=True)
+
+
+def _messages_for_turn(prompt: dict, k: int, done: dict, tokenizer) -> list[dict]:
+    """The messages up to user turn k (1-based), earlier assistant turns filled from done."""
+    out, seen_user = [], 0
+    ids = _turn_ids(prompt)
+    for m in prompt["messages"]:
+        if m["role"] == "user":
+            seen_user += 1
+            out.append({"role": "user", "content": m["content"]})
+            if seen_user == k:
+                return out
+        elif m["role"] == "assistant":
+            content = m["content"]
+            if content is None:
+                content = _answer_text(tokenizer, done[ids[seen_user - 1]]["answer_ids"])
+            out.append({"role": "assistant", "content": content})
+        else:
+            out.append(dict(m))
+    raise ValueError(f"{prompt['id']} has no user turn {k}")
+
+
+def _encode(tokenizer, messages: list[dict]) -> list[int]:
+    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+    return list(enc["input_ids"])
+
+
+def _left_pad(t, length: int, dim: int):
+    """Zero-pad tensor t on the left of dimension dim up to length."""
+    import torch
+
+    missing = length - t.shape[dim]
+    if missing <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+class _Rows:
+    """The decoding state of a batch of rows: KV cache, attention mask, next tokens and positions."""
+
+    def __init__(self, model, prompts: list[list[int]], ids: list[int], pad: int):
+        import torch
+        from transformers import DynamicCache
+
+        width = max(len(x) for x in prompts)
+        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        self.mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, x in enumerate(prompts):  # left padding
+            input_ids[i, width - len(x):] = torch.tensor(x, dtype=torch.long)
+            self.mask[i, width - len(x):] = 1
+        pos = (self.mask.cumsum(-1) - 1).clamp(min=0)
+        self.cache = DynamicCache(config=model.config)
+        out = model(input_ids=input_ids, attention_mask=self.mask, position_ids=pos,
+                    past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self.next = out.logits[:, -1].argmax(-1)   # greedy token not yet recorded, per row
+        self.pos = pos[:, -1] + 1                   # its position
+        self.ids = list(ids)                        # which prompt each row is
+
+    def merge(self, other: "_Rows"):
+        """Append other's rows (caches and masks left-padded to a common length)."""
+        import torch
+
+        length = max(self.mask.shape[1], other.mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat([_left_pad(mine.keys, length, 2), _left_pad(theirs.keys, length, 2)])
+            mine.values = torch.cat([_left_pad(mine.values, length, 2), _left_pad(theirs.values, length, 2)])
+        self.mask = torch.cat([_left_pad(self.mask, length, 1), _left_pad(other.mask, length, 1)])
+        self.next = torch.cat([self.next, other.next])
+        self.pos = torch.cat([self.pos, other.pos])
+        self.ids += other.ids
+
+    def keep(self, rows: list[int]):
+        """Drop every row not in rows; then drop leading columns that no row attends to."""
+        import torch
+
+        if len(rows) < len(self.ids):
+            idx = torch.tensor(rows, dtype=torch.long)
+            self.cache.batch_select_indices(idx)
+            self.mask, self.next, self.pos = self.mask[idx], self.next[idx], self.pos[idx]
+            self.ids = [self.ids[j] for j in rows]
+        used = self.mask.any(dim=0).nonzero()
+        start = int(used[0]) if len(used) else 0
+        if start >= 8:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
+            self.mask = self.mask[:, start:]
+
+    def step(self, model):
+        import torch
+
+        self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.ids), 1))], dim=1)
+        out = model(input_ids=self.next[:, None], attention_mask=self.mask, position_ids=self.pos[:, None],
+                    past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self.next = out.logits[:, -1].argmax(-1)
+        self.pos = self.pos + 1
+
+
+def generate_stream(model, tokenizer, prompts: list[list[int]], batch_size: int, max_new_tokens: int):
+    """Greedy answers to prompts (token id lists), yielded as (index, answer_ids) when each finishes.
+
+    A greedy loop over the model's forward with a KV cache (token for token what ``generate`` does
+    with do_sample=False), with continuous batching: finished rows leave the batch at once, and when
+    half of the batch has left, the next prompts (in the given order) are prefilled and join it, so
+    the batch stays full instead of idling on its longest answer. Answers end with the eos token
+    unless cut at max_new_tokens.
+    """
+    import torch
+
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    refill_below = max(1, batch_size // 2)
+    queue = 0
+    rows: _Rows | None = None
+    answers: dict[int, list[int]] = {}
+    with torch.inference_mode():
+        while True:
+            active = len(rows.ids) if rows else 0
+            if queue < len(prompts) and active <= refill_below:
+                take = list(range(queue, min(len(prompts), queue + batch_size - active)))
+                queue += len(take)
+                new = _Rows(model, [prompts[i] for i in take], take, pad)
+                for i in take:
+                    answers[i] = []
+                if rows is None:
+                    rows = new
+                else:
+                    rows.merge(new)
+            if rows is None:
+                return
+            keep = []
+            for j, t in enumerate(rows.next.tolist()):
+                i = rows.ids[j]
+                answers[i].append(t)
+                if t == eos or len(answers[i]) >= max_new_tokens:
+                    yield i, answers.pop(i)
+                else:
+                    keep.append(j)
+            if not keep:
+                rows = None
+                continue
+            rows.keep(keep)
+            rows.step(model)
+
+
+def _generate_batch(model, tokenizer, batch: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy answers for one batch (all at once), via generate_stream."""
+    out: list[list[int]] = [[] for _ in batch]
+    for i, ans in generate_stream(model, tokenizer, batch, len(batch), max_new_tokens):
+        out[i] = ans
+    return out
+
+
+def _generate_batch_hf(model, tokenizer, batch: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """The same with transformers' generate (kept as a reference for tests; slower on long tails)."""
+    import torch
+
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    width = max(len(x) for x in batch)
+    input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, x in enumerate(batch):
+        input_ids[i, width - len(x):] = torch.tensor(x)
+        mask[i, width - len(x):] = 1
+    with torch.inference_mode():
+        out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                             do_sample=False, temperature=None, top_p=None, top_k=None,
+                             eos_token_id=eos, pad_token_id=pad)
+    answers = []
+    for row in out[:, width:].tolist():
+        if eos in row:
+            row = row[:row.index(eos) + 1]
+        answers.append(row)
+    return answers
+
+
+def load_target(threads: int):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..models.loading import embedded_model_dir
+
+    torch.set_num_threads(threads)
+    folder = embedded_model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return folder, model, tokenizer
+
+
+def run_data(args) -> int:
+    from tqdm import tqdm
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data_path = out / "data.jsonl"
+    config = dict(seed=args.seed, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
+                  batch_size=args.batch_size, threads=args.threads)
+    cfg_path = out / "config.json"
+    if cfg_path.exists() and data_path.exists():
+        old = json.loads(cfg_path.read_text())
+        bad = [k for k in CONFIG_KEYS if old.get(k) != config[k]]
+        if bad:
+            print(f"error: {out} was built with " + ", ".join(f"{k}={old.get(k)}" for k in bad)
+                  + "; use another --out or the same settings", file=sys.stderr)
+            return 2
+    cfg_path.write_text(json.dumps(config, indent=2) + "\n")
+
+    t0 = time.time()
+    stats: dict = {}
+    prompts = P.build_prompts(args.num_prompts, args.seed, stats=stats)
+    with (out / "prompts.jsonl").open("w", encoding="utf-8") as f:
+        for p in prompts:
+            f.write(json.dumps(p, ensure_ascii=False) + "\n")
+    print(f"built {len(prompts)} prompts in {time.time() - t0:.1f}s ({stats})", flush=True)
+
+    folder, model, tokenizer = load_target(args.threads)
+    done = _read_done(data_path)
+    wanted = {i for p in prompts for i in _turn_ids(p)}
+    total = len(wanted)
+    already = len(wanted & done.keys())
+    max_turns = max(len(_turn_ids(p)) for p in prompts)
+
+    run_start = time.time()
+    new_answer_tokens = 0
+    bar = tqdm(total=total, initial=already, unit="ex", dynamic_ncols=True, mininterval=10, file=sys.stderr)
+    with data_path.open("a", encoding="utf-8") as f:
+        for k in range(1, max_turns + 1):
+            jobs = []
+            for p in prompts:
+                ids = _turn_ids(p)
+                if len(ids) < k or ids[k - 1] in done:
+                    continue
+                ids_ = _encode(tokenizer, _messages_for_turn(p, k, done, tokenizer))
+                jobs.append((len(ids_), p, ids[k - 1], ids_))
+            jobs.sort(key=lambda j: (j[0], j[2]))
+            stream = generate_stream(model, tokenizer, [j[3] for j in jobs], args.batch_size, args.max_new_tokens)
+            last_flush = time.time()
+            for i, ans in stream:
+                _, p, eid, pids = jobs[i]
+                row = dict(id=eid, category=p["category"], source=p["source"], turn=k,
+                           prompt_ids=pids, answer_ids=ans)
+                f.write(json.dumps(row) + "\n")
+                done[eid] = row
+                new_answer_tokens += len(ans)
+                if time.time() - last_flush > 10:
+                    f.flush()
+                    last_flush = time.time()
+                bar.update(1)
+                bar.set_postfix_str(f"turn {k}, {new_answer_tokens / (time.time() - run_start):.1f} answer tok/s",
+                                    refresh=False)
+            f.flush()
+    bar.close()
+    wall = time.time() - run_start
+
+    rows = [done[i] for p in prompts for i in _turn_ids(p) if i in done]
+    _write_reports(out, args, prompts, rows, stats, wall, new_answer_tokens, tokenizer, folder)
+    print(f"done: {len(rows)} examples in {out} ({wall / 60:.1f} min this run, "
+          f"{new_answer_tokens} new answer tokens, {new_answer_tokens / max(wall, 1e-9):.1f} tok/s)", flush=True)
+    return 0
+
+
+def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, tokenizer, folder):
+    eos = tokenizer.eos_token_id
+    cats = {c: dict(prompts=0, examples=0, prompt_tokens=0, answer_tokens=0, cut_at_max=0) for c in P.CATEGORIES}
+    for p in prompts:
+        cats[p["category"]]["prompts"] += 1
+    for r in rows:
+        c = cats[r["category"]]
+        c["examples"] += 1
+        c["prompt_tokens"] += len(r["prompt_ids"])
+        c["answer_tokens"] += len(r["answer_ids"])
+        c["cut_at_max"] += not r["answer_ids"] or r["answer_ids"][-1] != eos
+    tot = {k: sum(c[k] for c in cats.values()) for k in next(iter(cats.values()))}
+    max_prompt = max((len(r["prompt_ids"]) for r in rows), default=0)
+
+    runs_path = out / "runs.json"
+    runs = json.loads(runs_path.read_text()) if runs_path.exists() else []
+    runs.append(dict(finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                     command="python -m mirror_sd.train " + " ".join(shlex.quote(a) for a in sys.argv[1:]), wall_s=round(wall, 1),
+                     new_answer_tokens=new_tokens, batch_size=args.batch_size, threads=args.threads,
+                     host=platform.node(), cpus=os.cpu_count()))
+    runs_path.write_text(json.dumps(runs, indent=2) + "\n")
+
+    sources = P.source_versions()
+    counts = P.source_counts(prompts)
+    for name, row in sources.items():
+        row["prompts_per_category"] = counts.get(name, {})
+    (out / "sources.json").write_text(json.dumps(dict(
+        sources=sources, categories=cats, totals=tot, filter=stats,
+        held_out=str(P.BENCH_PATH.relative_to(P.BENCH_PATH.parents[2])),
+    ), indent=2, ensure_ascii=False) + "\n")
+
+    total_wall = sum(r["wall_s"] for r in runs)
+    lines = [
+        "# Distillation data for SmolLM2-135M-Instruct",
+        "",
+        "Prompts from offline corpora (`mirror_sd/train/prompts.py`), answers written by the target "
+        "model itself: greedy (temperature 0), fp32, transformers model + KV cache with continuous batching "
+        "(token-identical to `generate(do_sample=False)`), "
+        f"at most {args.max_new_tokens} new tokens per turn, stop at `<|im_end|>`.",
+        "",
+        "Built with:",
+        "",
+        "```",
+        f"python -m mirror_sd.train data --out {out} --seed {args.seed} --num-prompts {args.num_prompts} "
+        f"--max-new-tokens {args.max_new_tokens} --batch-size {args.batch_size} --threads {args.threads}",
+        "```",
+        "",
+        f"Target: `{folder}` (the engine's cached safetensors of the embedded GGUF). Chat template "
+        "with its default system prompt; multi-turn prompts are answered turn by turn, each later "
+        "turn seeing the target's own decoded earlier answers (as `mirror_sd/bench.py` does).",
+        "",
+        "Files: `data.jsonl` (one line per generated turn: id, category, source, turn, prompt_ids, "
+        "answer_ids), `prompts.jsonl` (the prompts as messages), `sources.json` (packages, versions, "
+        "licences, counts), `config.json`, `runs.json` (each invocation).",
+        "",
+        "| category | prompts | examples | prompt tokens | answer tokens | cut at max |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for c, v in cats.items():
+        lines.append(f"| {c} | {v['prompts']} | {v['examples']} | {v['prompt_tokens']} | "
+                     f"{v['answer_tokens']} | {v['cut_at_max']} |")
+    lines.append(f"| **total** | {tot['prompts']} | {tot['examples']} | {tot['prompt_tokens']} | "
+                 f"{tot['answer_tokens']} | {tot['cut_at_max']} |")
+    lines += [
+        "",
+        f"Longest prompt: {max_prompt} tokens. Prompts dropped while building: {stats}.",
+        f"Wall time: {total_wall / 60:.1f} min over {len(runs)} invocation(s) "
+        f"(last: {wall / 60:.1f} min, {new_tokens} answer tokens, "
+        f"{new_tokens / max(wall, 1e-9):.1f} tok/s, batch {args.batch_size}, {args.threads} threads).",
+        "",
+        "## Sources",
+        "",
+        "| package | version | licence | prompts |",
+        "|---|---|---|---:|",
+    ]
+    for name, row in sources.items():
+        n = sum(row["prompts_per_category"].values())
+        lines.append(f"| {name} | {row.get('installed_version') or row['version'] or '-'} | {row['licence']} | {n} |")
+    lines += ["", "Held-out: no prompt equals, contains or shares an 8-word sequence with "
+              "`mirror_sd/data/bench_prompts.jsonl`.", ""]
+    (out / "README.md").write_text("\n".join(lines), encoding="utf-8")
