@@ -2,7 +2,8 @@
 
 Vanilla runs first on every prompt; every other method is compared to it token for token, and its
 wall-time speedup is measured against vanilla in the same run. Outputs in ``out_dir``:
-results.csv (one row per method and prompt), summary.csv and summary.md (one row per method).
+results.csv (one row per method and prompt), summary.csv and summary.md (one row per method),
+by_category.csv (per method and category; Mirror-SD's hit rate per category among them).
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def read_prompts(path: str | Path) -> list[dict]:
 
 def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -> dict:
     """Decode every turn of one prompt (later turns see this method's own earlier answers)."""
-    messages, token_ids, rows = [], [], []
+    messages, token_ids, rows, hits, overlap_s, draft_busy_s = [], [], [], [], 0.0, 0.0
     for turn in item["turns"]:
         messages.append({"role": "user", "content": turn})
         out = generate(pair, list(messages), method=method, max_new_tokens=max_new_tokens, **settings)
@@ -52,13 +53,20 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -
         messages.append({"role": "assistant", "content": out.text})
         token_ids += out.token_ids
         rows.append(out.metrics)
+        hits += [st.extras["hit"] for st in out.trace.steps if "hit" in st.extras]
+        if "overlap" in out.metrics:
+            draft_lane = next(lane for lane, name in out.trace.lanes.items() if name == "draft")
+            busy = out.metrics["busy_s"].get(draft_lane, 0.0)
+            overlap_s, draft_busy_s = overlap_s + out.metrics["overlap"] * busy, draft_busy_s + busy
     new_tokens = sum(r["new_tokens"] for r in rows)
     steps = sum(r["steps"] for r in rows)
     wall_s = sum(r["wall_s"] for r in rows)
     committed_in_steps = sum(r["mean_accepted"] * r["steps"] for r in rows)
     return dict(method=method, id=item["id"], category=item["category"], new_tokens=new_tokens, steps=steps,
                 mean_accepted=committed_in_steps / steps if steps else 1.0, wall_s=wall_s,
-                tokens_per_s=new_tokens / wall_s if wall_s else 0.0, token_ids=token_ids)
+                tokens_per_s=new_tokens / wall_s if wall_s else 0.0,
+                hit_rate=sum(hits) / len(hits) if hits else None,
+                overlap=overlap_s / draft_busy_s if draft_busy_s else None, token_ids=token_ids)
 
 
 def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 128, out_dir: str | Path = "bench-out",
@@ -92,7 +100,12 @@ def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 1
     out.mkdir(parents=True, exist_ok=True)
     results.to_csv(out / "results.csv", index=False)
     summary.to_csv(out / "summary.csv", index=False)
-    (out / "summary.md").write_text(summary.to_markdown(index=False, floatfmt=".3f") + "\n")
+    by_category = results.groupby(["method", "category"], sort=False).agg(
+        mean_accepted=("mean_accepted", "mean"), tokens_per_s=("tokens_per_s", "mean"),
+        hit_rate=("hit_rate", "mean"), equal_to_vanilla=("equal_to_vanilla", "mean")).reset_index()
+    by_category.to_csv(out / "by_category.csv", index=False)
+    (out / "summary.md").write_text(summary.to_markdown(index=False, floatfmt=".3f") + "\n\nPer category:\n\n"
+                                    + by_category.to_markdown(index=False, floatfmt=".3f") + "\n")
     return summary
 
 
@@ -100,12 +113,14 @@ def summarise(results: pd.DataFrame) -> pd.DataFrame:
     """Per method: tau, tokens/s, speedup over vanilla (total wall time, same prompts), equality share."""
     per = results.groupby("method", sort=False).agg(
         prompts=("id", "count"), new_tokens=("new_tokens", "sum"), steps=("steps", "sum"),
-        wall_s=("wall_s", "sum"), equal_to_vanilla=("equal_to_vanilla", "mean"))
+        wall_s=("wall_s", "sum"), equal_to_vanilla=("equal_to_vanilla", "mean"), hit_rate=("hit_rate", "mean"),
+        overlap=("overlap", "mean"))
     per["mean_accepted"] = (results.assign(c=results.mean_accepted * results.steps)
                             .groupby("method", sort=False)["c"].sum() / per["steps"])
     per["tokens_per_s"] = per["new_tokens"] / per["wall_s"]
     per["speedup"] = per["tokens_per_s"] / per.loc["vanilla", "tokens_per_s"]
-    cols = ["prompts", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "wall_s"]
+    cols = ["prompts", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "hit_rate",
+            "overlap", "wall_s"]
     return per[cols].reset_index()
 
 

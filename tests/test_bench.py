@@ -17,13 +17,13 @@ def test_bench_writes_results_and_summary(tiny_dirs, tmp_path, capsys):
         {"id": "c", "category": "multi-turn", "turns": ["t6 t7", "t8"]},
     ]))
     out = tmp_path / "out"
-    rc = main(["bench", "--prompts", str(prompts), "--methods", "sd", "--max-new-tokens", "8", "--gamma", "3",
+    rc = main(["bench", "--prompts", str(prompts), "--methods", "sd,mirror", "--max-new-tokens", "8", "--gamma", "3",
                "--out", str(out), "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"])])
     assert rc == 0
     results = pd.read_csv(out / "results.csv")
     assert list(results.columns) == ["method", "id", "category", "new_tokens", "steps", "mean_accepted", "wall_s",
-                                     "tokens_per_s", "equal_to_vanilla"]
-    assert list(results.method) == ["vanilla"] * 3 + ["sd"] * 3  # vanilla runs first
+                                     "tokens_per_s", "hit_rate", "overlap", "equal_to_vanilla"]
+    assert list(results.method) == ["vanilla"] * 3 + ["sd"] * 3 + ["mirror"] * 3  # vanilla runs first
     assert results.equal_to_vanilla.all()
     assert results.loc[results.id == "c", "new_tokens"].iloc[0] == 16  # two turns of 8
     summary = pd.read_csv(out / "summary.csv").set_index("method")
@@ -31,6 +31,11 @@ def test_bench_writes_results_and_summary(tiny_dirs, tmp_path, capsys):
     assert summary.loc["vanilla", "mean_accepted"] == pytest.approx(1.0)
     assert summary.loc["sd", "equal_to_vanilla"] == 1.0
     assert "| method" in (out / "summary.md").read_text()
+    mirror = results[results.method == "mirror"]
+    assert mirror.hit_rate.between(0, 1).all() and mirror.overlap.between(0, 1).all()
+    assert results[results.method != "mirror"].hit_rate.isna().all()
+    by_category = pd.read_csv(out / "by_category.csv")
+    assert set(by_category.category) == {"qa", "math", "multi-turn"} and "hit_rate" in by_category
 
 
 def test_bad_prompt_files(tmp_path):
