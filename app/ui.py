@@ -34,13 +34,19 @@ def run_methods(prompt: str, methods: list[str], max_new_tokens: int):
         if name in methods:
             rows.append(dict(method=name, tokens=m["new_tokens"], steps=m["steps"],
                              mean_accepted=round(m["mean_accepted"], 2), tokens_per_s=round(m["tokens_per_s"], 1),
-                             speedup=round(m["tokens_per_s"] / base_tps, 2), finished=out.finished))
+                             speedup=round(m["tokens_per_s"] / base_tps, 2),
+                             hit_rate=_round(m.get("hit_rate")), overlap=_round(m.get("overlap")),
+                             finished=out.finished))
             note = f"\n\n> stopped early: {out.error}" if out.error else ""
             texts.append(f"### {METHODS[name].title}\n{out.text}{note}")
     lanes = f"target lane: {pair.target_lane.label}; draft lane: {pair.draft_lane.label}"
     status = (f"Measured on this machine ({lanes}). Both lanes are CPU core groups here; "
               f"speedups are relative to vanilla in this same run.")
     return status, pd.DataFrame(rows), "\n\n".join(texts)
+
+
+def _round(x):
+    return None if x is None else round(x, 2)
 
 
 def build_demo() -> gr.Blocks:
