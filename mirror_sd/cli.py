@@ -22,7 +22,8 @@ def _all_options():
 def _add_model_args(p: argparse.ArgumentParser):
     g = p.add_argument_group("models and devices")
     g.add_argument("--target", default=None, help="target model: HF id, local folder, or the embedded default")
-    g.add_argument("--draft", default=None, help="draft model: HF id, local folder, or 'self:N' (default: the project's default draft)")
+    g.add_argument("--draft", default=None, help="draft model: HF id, local folder, or 'self:N' (default: the project's draft for the embedded "
+                        "target; none for other targets)")
     g.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, npu (default: this machine's best)")
     g.add_argument("--draft-device", default=None, help="device of the draft lane (default: see README)")
     g.add_argument("--dtype", default=None, help="fp32, fp16 or bf16 (default: fp32 on CPU, bf16 on GPU)")
@@ -79,9 +80,9 @@ def _method_options(args) -> dict:
 
 
 def _load(args):
-    from .models.pair import DEFAULT_DRAFT, load_pair
+    from .models.pair import DEFAULT, load_pair
 
-    return load_pair(target=args.target, draft=args.draft or DEFAULT_DRAFT, target_device=args.target_device,
+    return load_pair(target=args.target, draft=args.draft or DEFAULT, target_device=args.target_device,
                      draft_device=args.draft_device, dtype=args.dtype)
 
 

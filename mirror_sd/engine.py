@@ -133,7 +133,8 @@ def stream(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 12
     opts = spec.resolve_options(options)
     check_settings(max_new_tokens, temperature, top_p, seed)
     if spec.needs_draft and pair.draft is None:
-        raise MirrorSDError(f"method {method!r} needs a draft model; load the pair with a draft")
+        raise MirrorSDError(f"method {method!r} needs a draft model: pass one (--draft, or load_pair(draft=...)); "
+                            f"only the embedded target has a default draft")
     if spec.check is not None:
         spec.check(pair, opts)
     prompt_ids = encode_prompt(pair, prompt, raw, max_new_tokens)

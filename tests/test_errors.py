@@ -106,3 +106,10 @@ def test_stopping_a_stream_keeps_the_text_so_far(tiny_pair):
     assert outputs[-1].token_ids and outputs[-1].finished == "running"
     again = generate(tiny_pair, "t1 t2", method="sd", max_new_tokens=40, raw=True, gamma=2)
     assert again.token_ids[:len(outputs[-1].token_ids)] == outputs[-1].token_ids
+
+
+def test_other_targets_get_no_default_draft(tiny_dirs):
+    pair = load_pair(target=str(tiny_dirs["target"]))
+    assert pair.draft is None
+    with pytest.raises(MirrorSDError, match="needs a draft model: pass one"):
+        generate(pair, "t1", method="mirror", raw=True)

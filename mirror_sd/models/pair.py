@@ -12,9 +12,11 @@ from ..errors import MirrorSDError
 from .llama import Transformer
 from .loading import EMBEDDED_NAME, load_model, load_tokenizer, resolve_model_dir
 
-# Until the project's trained draft lands, the default draft is the target's own first layers
-# (an early-exit "self draft": no extra weights, same vocabulary, real but modest acceptance).
-DEFAULT_DRAFT = "self:4"
+# The default draft of the embedded target. Until the project's trained draft ships, it is the
+# target's own first layers (an early-exit "self draft": no extra weights, same vocabulary, but
+# for SmolLM2 almost never right). Other targets have no default draft: pass one.
+EMBEDDED_DRAFT = "self:4"
+DEFAULT = "default"  # load_pair(draft=DEFAULT): the embedded target's draft, or none for other targets
 
 
 @dataclass
@@ -56,12 +58,13 @@ class ModelPair:
                     draft_layers=self.draft.num_layers if self.draft is not None else None)
 
 
-def load_pair(target: str | None = None, draft: str | None = DEFAULT_DRAFT, target_device: str | None = None,
+def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_device: str | None = None,
               draft_device: str | None = None, dtype: str | torch.dtype | None = None) -> ModelPair:
     """Load a target and a draft on their lanes. With no arguments: the embedded default pair.
 
     target: None / "smollm2-135m-instruct" (embedded), a Hugging Face id, or a local folder.
-    draft: the same kinds of name, "self:N" (the target's first N layers), or None for no draft.
+    draft: the same kinds of name, "self:N" (the target's first N layers), None for no draft, or
+    "default": the project's draft for the embedded target, and no draft for any other target.
     devices: "cpu", "cuda[:N]", "mps", "npu"; None picks this machine's defaults (see devices.py).
     """
     target_lane, draft_lane = make_lanes(target_device, draft_device)
@@ -69,6 +72,8 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT_DRAFT, targ
     target_model, target_config = load_model(target_dir, target_lane.device, _dtype(dtype, target_lane.device))
     tokenizer = load_tokenizer(target_dir)
     draft_model, draft_name = None, None
+    if draft == DEFAULT:
+        draft = EMBEDDED_DRAFT if target in (None, "", "default", EMBEDDED_NAME) else None
     if draft:
         draft_model, draft_name = _load_draft(draft, target_dir, tokenizer, draft_lane, dtype,
                                               target_model.model.embed_tokens.weight)
