@@ -42,6 +42,16 @@ def read_prompts(path: str | Path) -> list[dict]:
     return prompts
 
 
+def first_per_category(prompts: list[dict], n: int) -> list[dict]:
+    """The first n prompts of each category, in file order."""
+    kept, counts = [], {}
+    for item in prompts:
+        if counts.get(item["category"], 0) < n:
+            kept.append(item)
+            counts[item["category"]] = counts.get(item["category"], 0) + 1
+    return kept
+
+
 def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -> dict:
     """Decode every turn of one prompt (later turns see this method's own earlier answers)."""
     messages, token_ids, rows, hits, overlap_s, draft_busy_s = [], [], [], [], 0.0, 0.0

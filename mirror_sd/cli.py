@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--prompts", default=None, help="JSONL file (default: the bundled Spec-Bench-style set)")
     ben.add_argument("--methods", default=",".join(METHODS), help="comma-separated, vanilla always runs first")
     ben.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    ben.add_argument("--per-category", type=int, default=None, help="use only the first N prompts of each category")
     ben.add_argument("--out", default="bench-out", help="output folder")
     _add_decoding_args(ben)
     _add_model_args(ben)
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     swp.add_argument("--values", required=True, help="comma-separated, e.g. 1,2,3,4,6")
     swp.add_argument("--prompts", default=None, help="JSONL file (default: the bundled Spec-Bench-style set)")
     swp.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    swp.add_argument("--per-category", type=int, default=None, help="use only the first N prompts of each category")
     swp.add_argument("--out", default="sweep-out", help="output folder")
     _add_decoding_args(swp)
     _add_model_args(swp)
@@ -117,9 +119,13 @@ def cmd_generate(args) -> int:
 
 
 def _prompts(args) -> list[dict]:
-    from .bench import DEFAULT_PROMPTS, read_prompts
+    from .bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 
     prompts = read_prompts(args.prompts or DEFAULT_PROMPTS)
+    if args.per_category is not None:
+        if args.per_category < 1:
+            raise MirrorSDError("--per-category must be at least 1")
+        prompts = first_per_category(prompts, args.per_category)
     if args.limit is not None:
         if args.limit < 1:
             raise MirrorSDError("--limit must be at least 1")

@@ -75,3 +75,10 @@ def test_sweep_rejects_options_the_method_lacks(tiny_dirs, tmp_path, capsys):
     rc = main(["sweep", "--method", "vanilla", "--option", "gamma", "--values", "1", "--out", str(tmp_path),
                "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"])])
     assert rc == 2 and "has no option 'gamma'" in capsys.readouterr().err
+
+
+def test_first_per_category(bench_prompts):
+    from mirror_sd.bench import first_per_category
+
+    picked = first_per_category(bench_prompts, 2)
+    assert len(picked) == 12 and pd.Series([p["category"] for p in picked]).value_counts().eq(2).all()

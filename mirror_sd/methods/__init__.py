@@ -63,7 +63,7 @@ def get_method(name: str) -> Method:
     return METHODS[name]
 
 
-GAMMA = Option("gamma", 5, 1, 32, "draft tokens per step (window length)")
+GAMMA = Option("gamma", 4, 1, 32, "draft tokens per step (window length); 4: best in docs/sweeps/sd_gamma.csv")
 KAPPA = Option("kappa", 8, 1, 64, "early-exit candidates per window position (token channel width)")
 EXIT_LAYER = Option("exit_layer", 0, 0, 1024, "target layer feeding the token channel (0 = half the target's layers)")
 BRANCH_BUDGET = Option("branch_budget", 8, 1, 256, "branches the draft rolls out per step")

@@ -252,6 +252,7 @@ def add_parser(sub):
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--batch-tokens", type=int, default=4096)
+    p.add_argument("--max-len", type=int, default=512, help="tokens of context per example (the end is kept)")
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
@@ -259,7 +260,7 @@ def add_parser(sub):
     def run(args):
         layers = [int(x) for x in args.layers.split(",")]
         card = train(Path(args.data), Path(args.out), layers, args.vocab, args.epochs, args.lr, args.batch_tokens,
-                     eval_every=args.eval_every, seed=args.seed, threads=args.threads)
+                     max_len=args.max_len, eval_every=args.eval_every, seed=args.seed, threads=args.threads)
         print(json.dumps(card, indent=2))
         return 0
 
