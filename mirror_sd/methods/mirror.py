@@ -114,7 +114,6 @@ def rollout(run, cache, draft: list[int], branches: list[Branch], gamma: int) ->
         sees = ((owner == -1) & (depth <= r[:, None])) | (owner == torch.arange(B)[:, None])
         return torch.cat([torch.ones(B, base, dtype=torch.bool), sees], dim=-1)
 
-    T = len(chain) + B
     chain_rows = torch.cat([torch.ones(len(chain), base, dtype=torch.bool),
                             torch.ones(len(chain), len(chain), dtype=torch.bool).tril(),
                             torch.zeros(len(chain), B, dtype=torch.bool)], dim=-1)
