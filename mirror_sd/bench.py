@@ -64,10 +64,10 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -
         token_ids += out.token_ids
         rows.append(out.metrics)
         hits += [st.extras["hit"] for st in out.trace.steps if "hit" in st.extras]
-        if "overlap" in out.metrics:
-            draft_lane = next(lane for lane, name in out.trace.lanes.items() if name == "draft")
-            busy = out.metrics["busy_s"].get(draft_lane, 0.0)
-            overlap_s, draft_busy_s = overlap_s + out.metrics["overlap"] * busy, draft_busy_s + busy
+        target_lane, draft_lane = out.trace.lane_label("target"), out.trace.lane_label("draft")
+        if target_lane and draft_lane:
+            overlap_s += out.trace.overlap_seconds(draft_lane, target_lane)
+            draft_busy_s += out.trace.busy_seconds().get(draft_lane, 0.0)
     new_tokens = sum(r["new_tokens"] for r in rows)
     steps = sum(r["steps"] for r in rows)
     wall_s = sum(r["wall_s"] for r in rows)
@@ -134,9 +134,13 @@ def summarise(results: pd.DataFrame) -> pd.DataFrame:
     return per[cols].reset_index()
 
 
+def _option_names(method: str) -> set[str]:
+    return {o.name for o in get_method(method).options}
+
+
 def _options_for(method: str, options: dict) -> dict:
     """The subset of the given options that this method takes."""
-    names = {o.name for o in get_method(method).options}
+    names = _option_names(method)
     return {k: v for k, v in options.items() if k in names}
 
 
@@ -146,7 +150,7 @@ def sweep(pair, prompts: list[dict], method: str, option: str, values: list, max
 
     Writes sweep.csv (one row per value: tau, tokens/s, speedup, equality) and sweep.html (plotly).
     """
-    names = {o.name for o in get_method(method).options}
+    names = _option_names(method)
     if option not in names:
         raise MirrorSDError(f"method {method!r} has no option {option!r} (it has: {', '.join(sorted(names)) or 'none'})")
     rows = []

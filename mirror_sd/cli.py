@@ -152,7 +152,8 @@ def cmd_sweep(args) -> int:
     from .bench import sweep
     from .methods import get_method
 
-    option = get_method(args.method) and args.option.replace("-", "_")
+    get_method(args.method)  # fail fast on an unknown method
+    option = args.option.replace("-", "_")
     kind = _all_options().get(option)
     if kind is None:
         raise MirrorSDError(f"unknown option {args.option!r}")

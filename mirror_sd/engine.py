@@ -198,8 +198,8 @@ def compute_metrics(trace: Trace, new_tokens: int, wall_s: float) -> dict:
         extra = dict(hit_rate=sum(hits) / len(hits),
                      fallbacks=sum(1 for s in trace.spans if s.kind == "fallback-draft"),
                      rendezvous_ms=1000 * sum(rendezvous) / max(len(rendezvous), 1))
-    if len(trace.lanes) == 2:
-        target_lane, draft_lane = sorted(trace.lanes, key=lambda lane: trace.lanes[lane] != "target")
+    target_lane, draft_lane = trace.lane_label("target"), trace.lane_label("draft")
+    if target_lane and draft_lane:
         draft_busy = busy.get(draft_lane, 0.0)
         extra["overlap"] = trace.overlap_seconds(draft_lane, target_lane) / draft_busy if draft_busy else 0.0
     return dict(

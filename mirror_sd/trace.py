@@ -87,6 +87,10 @@ class Trace:
             busy[s.lane] = busy.get(s.lane, 0.0) + s.duration
         return busy
 
+    def lane_label(self, name: str) -> str | None:
+        """The label of the lane named ``name`` ("target" or "draft"), if it did any work."""
+        return next((label for label, lane in self.lanes.items() if lane == name), None)
+
     def overlap_seconds(self, lane_a: str, lane_b: str) -> float:
         """Time during which both lanes were working (their spans intersect)."""
         a = sorted((s.start, s.end) for s in self.spans if s.lane == lane_a)
