@@ -129,3 +129,15 @@ def test_ss_refuses_a_target_without_streams_and_a_gamma_beyond_them(tiny_dirs, 
         generate(bare, "t1 t2", method="ss", raw=True)
     with pytest.raises(MirrorSDError, match="gamma must be at most 3"):
         generate(ss_pair, "t1 t2", method="ss", raw=True, gamma=4)
+
+
+def test_ss_with_shipped_streams_equals_vanilla_on_the_embedded_target(embedded_pair, equality_prompts,
+                                                                      vanilla_reference):
+    from conftest import EQUALITY_TOKENS
+
+    accepted = 0
+    for prompt, reference in zip(equality_prompts, vanilla_reference):
+        out = generate(embedded_pair, prompt, method="ss", max_new_tokens=EQUALITY_TOKENS)
+        assert out.token_ids == reference, prompt
+        accepted += sum(step.accepted for step in out.trace.steps)
+    assert accepted > len(equality_prompts) * 4  # the trained streams' drafts are really accepted

