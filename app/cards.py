@@ -6,6 +6,7 @@ import html
 from .race import Result
 from .tokens import text_html
 
+CARD_STYLE = "border:1px solid #d1d5db;border-radius:8px;padding:8px 10px;"
 STATES = {"waiting": "waiting", "running": "decoding…", "skipped": "not run (race stopped)", "eos": "done (end of text)",
           "length": "done (max tokens)", "stopped": "stopped: text so far kept", "error": "error"}
 
@@ -31,12 +32,12 @@ def metrics_line(result: Result, baseline_tps: float | None) -> str:
 def card_html(result: Result, baseline_tps: float | None = None, upto: int | None = None) -> str:
     """The card; ``upto`` shows the text as it stood after that step (the replay)."""
     state = STATES.get(result.finished, result.finished)
-    error = f'<div class="card-error">{html.escape(result.error)}</div>' if result.error else ""
+    error = f'<div class="card-error" style="color:#b91c1c">{html.escape(result.error)}</div>' if result.error else ""
     body = text_html(result.trace, result.pieces, upto=upto) if result.trace.steps else ""
     metrics = "" if upto is not None else metrics_line(result, baseline_tps)
-    return (f'<div class="card" data-method="{html.escape(result.method)}" data-state="{html.escape(result.finished)}">'
+    return (f'<div class="card" style="{CARD_STYLE}" data-method="{html.escape(result.method)}" data-state="{html.escape(result.finished)}">'
             f'<div class="card-head"><b>{html.escape(result.title)}</b> <span class="card-state">{state}</span></div>'
-            f'<div class="card-metrics">{metrics}</div>{error}{body}</div>')
+            f'<div class="card-metrics" style="font-size:13px;color:#374151;margin:4px 0">{metrics}</div>{error}{body}</div>')
 
 
 def baseline(results: dict[str, Result]) -> float | None:

@@ -17,9 +17,9 @@ SPAN_KINDS = {  # kind -> (colour, legend text); kinds not listed get a colour f
     "prefill": ("#64748b", "prefill: read the prompt"),
     "decode": ("#2563eb", "decode: target makes 1 token"),
     "draft": ("#f59e0b", "draft: draft proposes a window"),
-    "verify": ("#2563eb", "verify: target checks the window"),
-    "target-prefix": ("#1d4ed8", "target prefix: layers up to the early exit"),
-    "target-suffix": ("#60a5fa", "target suffix: remaining layers"),
+    "verify": ("#6366f1", "verify: target checks the window"),
+    "target-prefix": ("#1e3a8a", "target prefix: layers up to the early exit"),
+    "target-suffix": ("#38bdf8", "target suffix: remaining layers"),
     "draft-rollout": ("#10b981", "draft rollout: branches drafted in parallel"),
     "rendezvous": ("#a855f7", "rendezvous: verify + pick branch"),
     "fallback-draft": ("#ef4444", "fallback draft: no branch hit, draft again"),
@@ -110,6 +110,7 @@ def utilisation(traces: dict[str, Trace]) -> go.Figure:
                           row=row, col=2)
         fig.update_xaxes(range=[0, 100], row=row, col=1)
         fig.update_yaxes(range=[0, 105], title_text="% busy", row=row, col=2)
+        fig.update_xaxes(range=[0, x_max or 1], row=row, col=2)
     fig.update_xaxes(title_text="% of the run", row=len(names), col=1)
     fig.update_xaxes(title_text="time since the run began (ms)", row=len(names), col=2)
     fig.update_layout(height=100 + 170 * len(names), margin=dict(l=10, r=10, t=40, b=40))
@@ -171,7 +172,7 @@ def tree(step, pieces: dict, title: str = "") -> go.Figure:
             text=[repr(t)[1:-1] for t in labels], textposition="middle right", textfont=dict(size=11),
             customdata=[[repr(labels[j]), nodes[i].note] for j, i in enumerate(idx)],
             hovertemplate="%{customdata[0]}<br>%{customdata[1]}<extra>" + kind + "</extra>"))
-    fig.update_layout(title=title, height=max(260, 14 * sum(1 for n in nodes if _is_leaf(nodes, n))),
+    fig.update_layout(title=title, height=max(300, 20 * sum(1 for n in nodes if _is_leaf(nodes, n))),
                       xaxis=dict(title="depth (tokens after the committed prefix)", dtick=1, zeroline=False),
                       yaxis=dict(visible=False), margin=dict(l=10, r=10, t=40, b=40),
                       legend=dict(title="node"))

@@ -21,6 +21,7 @@ ORIGIN_NAMES = {
     "correction": "target correction",
     "bonus": "bonus token",
 }
+TEXT_STYLE = "overflow-wrap:anywhere;line-height:1.9;font-size:14px;"
 REJECTED_STYLE = "color:#9ca3af;text-decoration:line-through;"
 
 
@@ -57,6 +58,7 @@ def piece(pieces: dict, token: int) -> str:
 
 def _span(text: str, style: str, title: str) -> str:
     shown = html.escape(text).replace("\n", "↵<br>") or "∅"
+    style += "padding:0 1px;margin:0 1px 0 0;border-radius:3px;"
     return f'<span class="tok" style="{style}" title="{html.escape(title)}">{shown}</span>'
 
 
@@ -77,7 +79,7 @@ def text_html(trace: Trace, pieces: dict, upto: int | None = None, current: int 
     """All steps up to index ``upto`` (all when None); step ``current`` outlined."""
     steps = [s for s in trace.steps if upto is None or s.index <= upto]
     body = "".join(step_html(s, pieces, current=s.index == current) for s in steps)
-    return f'<div class="tokens">{body}</div>'
+    return f'<div class="tokens" style="{TEXT_STYLE}">{body}</div>'
 
 
 def legend_html() -> str:

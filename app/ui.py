@@ -176,8 +176,8 @@ def build_demo(pair_factory=None) -> gr.Blocks:
                         "reads it back), and Chrome-trace JSON for [Perfetto](https://ui.perfetto.dev).")
             files = gr.File(label="Downloads", file_count="multiple")
 
-        def race(prompt_text, chosen, max_new, temp, p, seed_value, t_dev, d_dev, *option_values,
-                 request: gr.Request):
+        def race(request: gr.Request, prompt_text, chosen, max_new, temp, p, seed_value, t_dev, d_dev,
+                 *option_values):
             """Run the race; yields (status, replay button, *cards, results) after every step."""
             idle = (gr.update(),) * len(cards)
             problem = _check_prompt(prompt_text, chosen)
