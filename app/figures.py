@@ -56,8 +56,8 @@ def timeline(traces: dict[str, Trace], x_max_ms: float | None = None, step: int 
         if now_ms is not None:
             fig.add_vline(x=now_ms, line=dict(color="#111827", width=2, dash="dot"), row=row, col=1)
     x_max = x_max_ms if x_max_ms else run_end_ms(list(traces.values()))
-    fig.update_xaxes(range=[0, 1.02 * x_max if x_max else 1], title_text="time since the run began (ms)",
-                     row=len(names), col=1)
+    fig.update_xaxes(range=[0, 1.02 * x_max if x_max else 1])
+    fig.update_xaxes(title_text="time since the run began (ms)", row=len(names), col=1)
     fig.update_layout(barmode="overlay", height=140 + 150 * len(names), margin=dict(l=10, r=10, t=40, b=40),
                       legend=dict(title="span kind", orientation="h", y=-0.08 - 0.3 / max(len(names), 1)),
                       hoverlabel=dict(align="left"))
