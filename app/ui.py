@@ -27,6 +27,7 @@ from .race import run_race
 from .replay import frame_times, last_step_at
 from .tokens import legend_html, text_html
 
+QUEUE_SIZE = 16  # runs waiting beyond this are refused with a "queue full" message
 MAX_PROMPT_CHARS = 20_000  # far beyond any context here; the engine checks the real token limit
 AUTO = "auto"
 INTRO = ("# mirror-sd: a race of decoding methods\n"
@@ -277,6 +278,11 @@ def build_demo(pair_factory=None) -> gr.Blocks:
                        api_name=False)
         demo.load(lambda: hardware_notice(get_pair()), None, notice, api_name=False)
     return demo
+
+
+def serve(host: str | None = None, port: int | None = None):
+    """Build and serve the app (host/port None: Gradio's defaults or GRADIO_SERVER_NAME/PORT)."""
+    build_demo().queue(max_size=QUEUE_SIZE).launch(server_name=host, server_port=port)
 
 
 def _check_prompt(prompt_text: str, chosen: list[str]) -> str | None:
