@@ -10,7 +10,7 @@ from plotly.subplots import make_subplots
 
 from mirror_sd.trace import Trace
 
-from .tokens import piece
+from .tokens import piece, visible
 from .trees import step_tree
 
 SPAN_KINDS = {  # kind -> (colour, legend text); kinds not listed get a colour from OTHER_COLOURS
@@ -80,6 +80,12 @@ def _timeline_row(fig, trace: Trace, row: int, step: int | None, shown: set):
                           "tokens %{customdata[2]}<br>%{customdata[3]:.2f} ms<extra>%{y}</extra>"), row=row, col=1)
         shown.add(kind)
     fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(lanes_of(trace))), row=row, col=1)
+
+
+def step_window_ms(trace: Trace, step: int) -> tuple[float, float]:
+    """The x-range (ms) that shows a step with its neighbours: from step-1's start to step+1's end."""
+    near = [s for s in trace.spans if s.step is not None and abs(s.step - step) <= 1] or trace.spans
+    return 1000 * min(s.start for s in near), 1000 * max(s.end for s in near)
 
 
 def _opacity(span, step: int | None) -> float:
@@ -165,12 +171,12 @@ def tree(step, pieces: dict, title: str = "") -> go.Figure:
         idx = [i for i, n in enumerate(nodes) if n.kind == kind]
         if not idx:
             continue
-        labels = ["prefix" if nodes[i].token is None else piece(pieces, nodes[i].token) for i in idx]
+        labels = ["prefix" if nodes[i].token is None else visible(piece(pieces, nodes[i].token)) for i in idx]
         fig.add_trace(go.Scatter(
             x=[xs[i] for i in idx], y=[ys[i] for i in idx], mode="markers" if kind == "candidate" else "markers+text",
             marker=dict(color=colour, size=size, line=dict(width=1, color="white")), name=kind,
-            text=[repr(t)[1:-1] for t in labels], textposition="middle right", textfont=dict(size=11),
-            customdata=[[repr(labels[j]), nodes[i].note] for j, i in enumerate(idx)],
+            text=labels, textposition="middle right", textfont=dict(size=11),
+            customdata=[[labels[j], nodes[i].note] for j, i in enumerate(idx)],
             hovertemplate="%{customdata[0]}<br>%{customdata[1]}<extra>" + kind + "</extra>"))
     fig.update_layout(title=title, height=max(300, 20 * sum(1 for n in nodes if _is_leaf(nodes, n))),
                       xaxis=dict(title="depth (tokens after the committed prefix)", dtick=1, zeroline=False),

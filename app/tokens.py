@@ -56,6 +56,12 @@ def piece(pieces: dict, token: int) -> str:
     return f"<{token}>" if text is None else text
 
 
+def visible(text: str) -> str:
+    """A token's text with whitespace made visible: newlines as ↵, a blank token as ␣."""
+    text = text.replace("\n", "↵").replace("\t", "⇥")
+    return text if text.strip() else "␣" * len(text) or "∅"
+
+
 def _span(text: str, style: str, title: str) -> str:
     shown = html.escape(text).replace("\n", "↵<br>") or "∅"
     style += "padding:0 1px;margin:0 1px 0 0;border-radius:3px;"
