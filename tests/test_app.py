@@ -8,6 +8,7 @@ import pytest
 from app import figures
 from app.cards import baseline, card_html
 from app.explain import explain
+from app.handlers import check_prompt, hardware_notice
 from app.export import export_files
 from app.race import run_race
 from app.replay import commit_times, last_step_at
@@ -172,3 +173,12 @@ def test_bad_options_and_prompts_become_messages(tiny_pair):
     for results in run_race(tiny_pair, "   ", ["vanilla"], threading.Event(), max_new_tokens=4):
         pass
     assert "prompt is empty" in results["vanilla"].error
+    for results in run_race(tiny_pair, "t1 " * 300, ["vanilla"], threading.Event(), max_new_tokens=4):
+        pass
+    assert "does not fit the target's context" in results["vanilla"].error
+
+
+def test_page_says_when_both_lanes_are_one_kind_of_hardware(tiny_pair):
+    notice = hardware_notice(tiny_pair)
+    assert "target, GPU role, cpu:0" in notice and "stand in for the two separate devices" in notice
+    assert check_prompt("", ["sd"]).startswith("the prompt is empty") and check_prompt("hi", []) is not None
