@@ -105,6 +105,8 @@ def cards(current: dict, names: list[str]) -> list:
 
 
 def race_status(current: dict, done: bool = False) -> str:
+    if not done and all(r.finished == "waiting" for r in current.values()):
+        return "Getting ready: loading the models and a discarded warm-up run of each method (first race only)…"
     running = [i for i, r in enumerate(current.values()) if r.finished == "running"]
     if running and not done:
         r = list(current.values())[running[0]]
