@@ -10,6 +10,7 @@ from mirror_sd import METHODS
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
+TINY_METHODS = ("vanilla", "sd", "mirror")  # the methods a tiny target + draft pair can run
 MIRROR_LANES = {"target, GPU role, cpu:0", "draft, NPU role, cpu:1"}
 
 
@@ -31,15 +32,18 @@ def test_api_run_returns_text_metrics_and_a_two_lane_timeline(app_url):
     status, *cards = client.predict(prompt_text="t1 t2 t3", max_new=12, api_name="/run")
     assert status.startswith("Done.")
     assert len(cards) == len(METHODS)
-    for card in cards:
-        assert 'data-state="length"' in card and "12 tokens" in card and "tok/s" in card and 'class="tok"' in card
+    for name, card in zip(METHODS, cards):
+        if name in TINY_METHODS:
+            assert 'data-state="length"' in card and "12 tokens" in card and "tok/s" in card and 'class="tok"' in card
+        else:  # needs more than the tiny pair has: the card says why
+            assert 'data-state="length"' in card or 'class="card-error"' in card
     timeline, utilisation, files, _ = client.predict(api_name="/views")  # same session: the race just run
     figure = json.loads(timeline["plot"])
     row = [a["text"] for a in figure["layout"]["annotations"]].index("Mirror-SD") + 1  # subplot titles, in order
     axis = "y" if row == 1 else f"y{row}"
     lanes = {y for d in figure["data"] if d["type"] == "bar" and d.get("yaxis", "y") == axis for y in d["y"]}
     assert lanes == MIRROR_LANES
-    assert len(files) == 4 * len(METHODS) and all(Path(f).exists() for f in files)
+    assert len(files) >= 4 * len(TINY_METHODS) and all(Path(f).exists() for f in files)
 
 
 def test_api_reports_an_empty_prompt_without_a_traceback(app_url):
@@ -61,7 +65,7 @@ def test_browser_runs_the_race_and_steps_through_it(app_url, tmp_path):
         page.goto(app_url)
         page.get_by_label("Prompt").fill("t1 t2 t3")
         page.locator("#run").click()
-        for name in METHODS:  # every card fills with text and the engine's numbers
+        for name in TINY_METHODS:  # every card fills with text and the engine's numbers
             card = page.locator(f"#card-{name} .card")
             expect(card).to_have_attribute("data-state", "length", timeout=60_000)
             expect(card.locator(".tok").first).to_be_visible()
