@@ -18,7 +18,7 @@ from .devices import allot_cpu_threads
 from .errors import MirrorSDError
 from .methods import get_method
 from .models.pair import ModelPair
-from .sampling import Sampler
+from .sampling import Sampler, to_target_vocab
 from .trace import Step, Trace
 
 MAX_NEW_TOKENS_LIMIT = 4096
@@ -84,20 +84,8 @@ class Decoding:
         return step
 
     def as_target_vocab(self, draft_logits: torch.Tensor) -> torch.Tensor:
-        """Draft logits [..., V_draft] laid out on the target's vocabulary [..., V_target].
-
-        A reduced-vocabulary head is scattered through its vocab_map (tokens it cannot propose get
-        -inf); a full head only differs in padding rows, which are trimmed or padded with -inf.
-        """
-        v = self.pair.target.args.vocab_size
-        vocab_map = self.pair.draft.vocab_map
-        if vocab_map is not None:
-            full = draft_logits.new_full((*draft_logits.shape[:-1], v), float("-inf"))
-            return full.index_copy_(-1, vocab_map.to(draft_logits.device), draft_logits)
-        if draft_logits.shape[-1] >= v:
-            return draft_logits[..., :v]
-        pad = draft_logits.new_full((*draft_logits.shape[:-1], v - draft_logits.shape[-1]), float("-inf"))
-        return torch.cat([draft_logits, pad], dim=-1)
+        """The draft's logits [..., V_draft] laid out on the target's vocabulary (see to_target_vocab)."""
+        return to_target_vocab(draft_logits, self.pair.draft.vocab_map, self.pair.target.args.vocab_size)
 
 
 def check_settings(max_new_tokens, temperature, top_p, seed):

@@ -53,3 +53,18 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     sorted_probs[mass_before >= top_p] = 0.0
     filtered = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
     return filtered / filtered.sum(-1, keepdim=True)
+
+
+def to_target_vocab(logits: torch.Tensor, vocab_map: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """Logits of a draft head [..., V_head] laid out on the target's vocabulary [..., vocab_size].
+
+    A reduced-vocabulary head is scattered through its vocab_map (tokens it cannot propose get
+    -inf); a full head only differs in padding rows, which are trimmed or padded with -inf.
+    """
+    if vocab_map is not None:
+        full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+        return full.index_copy_(-1, vocab_map.to(logits.device), logits)
+    if logits.shape[-1] >= vocab_size:
+        return logits[..., :vocab_size]
+    pad = logits.new_full((*logits.shape[:-1], vocab_size - logits.shape[-1]), float("-inf"))
+    return torch.cat([logits, pad], dim=-1)

@@ -76,12 +76,24 @@ def _check_exit_layer(pair, options):
                             f"got {options['exit_layer']}")
 
 
-from . import mirror, sd, vanilla  # noqa: E402  (modules use Option/Method above)
+def _check_streams(pair, options):
+    from ..models.streams import target_streams
+
+    trained = target_streams(pair).num_streams
+    if options["gamma"] > trained:
+        raise MirrorSDError(f"gamma must be at most {trained} for method 'ss' (its trained streams), "
+                            f"got {options['gamma']}")
+
+
+from . import mirror, sd, ss, vanilla  # noqa: E402  (modules use Option/Method above)
 
 register(Method("vanilla", "Vanilla", "autoregressive: one target forward per token",
                 vanilla.decode, needs_draft=False, parallel_lanes=False))
 register(Method("sd", "Speculative decoding", "a draft model proposes gamma tokens, the target verifies them in one forward",
                 sd.decode, needs_draft=True, parallel_lanes=False, options=(GAMMA,)))
+register(Method("ss", "Speculative Streaming", "the target drafts for itself: trained streams on its top layers "
+                "propose the next gamma tokens while its main stream verifies", ss.decode, needs_draft=False,
+                parallel_lanes=False, options=(GAMMA,), check=_check_streams))
 register(Method("mirror", "Mirror-SD", "the target's early exit steers branch rollouts on the draft lane, "
                 "which run while the target finishes its layers", mirror.decode, needs_draft=True,
                 parallel_lanes=True, options=(GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET), check=_check_exit_layer))

@@ -16,6 +16,7 @@ Shapes: B batch, T window length, S cache slots in use, H query heads, K kv head
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -81,6 +82,14 @@ class KVCache(nn.Module):
         self.v[layer, :, :, start:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
+    def read_with(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
+        """Every slot before ``start`` followed by k, v [B, K, T, D], without storing k, v.
+
+        For rows whose keys and values are thrown away after one forward (speculative streams).
+        """
+        return (torch.cat([self.k[layer, :, :, :start], k], dim=2),
+                torch.cat([self.v[layer, :, :, :start], v], dim=2))
+
     def rollback(self, length: int):
         """Forget every slot from ``length`` on (they are overwritten by later writes)."""
         if not 0 <= length <= self.max_slots:
@@ -133,19 +142,21 @@ class Attention(nn.Module):
 
     def forward(self, x, win: "Window", cache: KVCache | None, layer: int):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        q = win.project(self.q_proj, x, layer, "q_proj").view(B, T, self.num_heads, self.head_dim)
+        k = win.project(self.k_proj, x, layer, "k_proj").view(B, T, self.num_kv_heads, self.head_dim)
+        v = win.project(self.v_proj, x, layer, "v_proj").view(B, T, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
         q = q * win.cos + rotate_half(q) * win.sin
         k = k * win.cos + rotate_half(k) * win.sin
-        if cache is not None:
+        if cache is not None and win.store:
             k, v = cache.write(layer, win.start, k, v)  # [B, K, S, D], S = start + T
+        elif cache is not None:
+            k, v = cache.read_with(layer, win.start, k, v)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=win.mask, is_causal=win.causal,
                                            enable_gqa=True)  # [B, H, T, D]
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+        return win.project(self.o_proj, y.transpose(1, 2).reshape(B, T, -1), layer, "o_proj")
 
 
 class MLP(nn.Module):
@@ -155,8 +166,10 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x, win: "Window", layer: int):
+        gate = win.project(self.gate_proj, x, layer, "gate_proj")
+        up = win.project(self.up_proj, x, layer, "up_proj")
+        return win.project(self.down_proj, F.silu(gate) * up, layer, "down_proj")
 
 
 class DecoderLayer(nn.Module):
@@ -169,7 +182,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, win, cache, layer):
         x = x + self.self_attn(self.input_layernorm(x), win, cache, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), win, layer)
 
 
 class Backbone(nn.Module):
@@ -190,6 +203,9 @@ class Window:
     positions: [B, T] rotary positions (default start, start+1, ...; a tree uses depths).
     mask: [B or 1, 1, T, start + T] bool, True = may attend; None with causal=False: attend to all
     (one new token); causal=True: no cache, plain causal attention within the window (training).
+    store: write the window's keys and values into the cache (False: use them for this forward only).
+    adapter: optional ``adapter(layer, name, x) -> delta or None`` added to the output of each
+    linear layer for this window's rows (the speculative streams' low-rank adapters).
     """
 
     start: int
@@ -198,6 +214,13 @@ class Window:
     cos: torch.Tensor  # [B, 1, T, D]
     sin: torch.Tensor
     causal: bool = False
+    store: bool = True
+    adapter: Callable | None = None
+
+    def project(self, linear: nn.Linear, x: torch.Tensor, layer: int, name: str) -> torch.Tensor:
+        y = linear(x)
+        delta = None if self.adapter is None else self.adapter(layer, name, x)
+        return y if delta is None else y + delta
 
 
 class Transformer(nn.Module):
@@ -234,15 +257,17 @@ class Transformer(nn.Module):
         return KVCache(self.args, max_slots, batch, self.dtype, self.device)
 
     # -- the forward pass, in pieces ---------------------------------------------------------
-    def window(self, cache: KVCache | None, T: int, positions=None, tree_mask=None, batch: int = 1) -> Window:
+    def window(self, cache: KVCache | None, T: int, positions=None, tree_mask=None, batch: int = 1,
+               store: bool = True, adapter: Callable | None = None) -> Window:
         """Describe a window of T new tokens written right after the cache's committed slots.
 
         tree_mask: optional bool mask of what each window token sees: [T, T] (or [B, T, T]) over the
         window, the cached prefix always visible; or [T, start + T] (or [B, ...]) over every slot, for
         trees that grow over several forwards. cache=None: one causal sequence, no cache (training).
+        store, adapter: see :class:`Window`.
         """
         start = cache.length if cache is not None else 0
-        if cache is not None and start + T > cache.max_slots:
+        if cache is not None and store and start + T > cache.max_slots:
             raise ValueError(f"KV cache full: {start} + {T} tokens > {cache.max_slots} slots")
         if positions is None:
             positions = torch.arange(start, start + T, device=self.device).expand(batch, T)
@@ -262,7 +287,7 @@ class Transformer(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1) * self.rope_scale
         cos = emb.cos().to(self.dtype).unsqueeze(1)  # [B, 1, T, D]
         sin = emb.sin().to(self.dtype).unsqueeze(1)
-        return Window(start, positions, mask, cos, sin, causal)
+        return Window(start, positions, mask, cos, sin, causal, store, adapter)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(ids)  # [B, T] -> [B, T, hidden]

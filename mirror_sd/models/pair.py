@@ -30,6 +30,11 @@ class ModelPair:
     draft_name: str | None
     eos_ids: frozenset[int]
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    addons: dict = field(default_factory=dict, repr=False)  # trained add-ons of the target, loaded on first use
+
+    @property
+    def embedded_target(self) -> bool:
+        return self.target_name == EMBEDDED_NAME
 
     @property
     def context_length(self) -> int:
@@ -72,14 +77,15 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     target_model, target_config = load_model(target_dir, target_lane.device, _dtype(dtype, target_lane.device))
     tokenizer = load_tokenizer(target_dir)
     draft_model, draft_name = None, None
+    embedded = target in (None, "", "default", EMBEDDED_NAME)
     if draft == DEFAULT:
-        draft = EMBEDDED_DRAFT if target in (None, "", "default", EMBEDDED_NAME) else None
+        draft = EMBEDDED_DRAFT if embedded else None
     if draft:
         draft_model, draft_name = _load_draft(draft, target_dir, tokenizer, draft_lane, dtype,
                                               target_model.model.embed_tokens.weight)
     eos = {tokenizer.eos_token_id} | set(_as_list(getattr(target_config, "eos_token_id", None)))
     return ModelPair(target_model, draft_model, tokenizer, target_lane, draft_lane,
-                     target_name=target or EMBEDDED_NAME, draft_name=draft_name,
+                     target_name=EMBEDDED_NAME if embedded else target, draft_name=draft_name,
                      eos_ids=frozenset(i for i in eos if i is not None))
 
 

@@ -1,0 +1,175 @@
+"""Speculative Streaming (Bhendawade et al., 2024): speculative streams on a Llama's top layers.
+
+Stream j (1..γ) at position t predicts the token j places after the one the main stream predicts
+there: main at t predicts x[t+1], stream j predicts x[t+1+j]. Streams enter at layer
+L0 = N - N_s as ``S_j = M_t + P_j`` (M_t: the main stream's hidden state entering layer L0 at t,
+P_j: a learned stream embedding), attend to the main stream's keys and values up to t and to
+streams 1..j at t, share the model's final norm and LM head, and keep no KV cache.
+
+Low-rank adapters (LoRA) on the top layers' linear maps act on stream rows only. Stream rows run
+in a forward of their own (``Window(store=False, adapter=...)``), after the main stream's, so the
+main stream computes exactly what the model alone computes: with a frozen target, decoding with
+streams attached is the target (the lossless form of the method).
+
+The head may cover a reduced vocabulary (``vocab_map``: target id of each head row, rows of the
+model's own LM head), as drafts here do: a draft token outside it is simply never proposed.
+
+Shapes: B batch, R main rows that get streams, G streams per row (γ), d hidden size.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..errors import MirrorSDError
+from .llama import KVCache, ModelArgs, Transformer
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class StreamConfig:
+    num_streams: int = 4  # γ: stream j predicts j tokens past the main stream's next token
+    stream_layers: int = 4  # N_s: top layers where streams run (multi-stream attention)
+    rank: int = 16  # LoRA rank on stream rows (0: stream embeddings only, as in the paper)
+    alpha: float = 32.0  # LoRA scale = alpha / rank
+
+
+def _linear_shapes(args: ModelArgs) -> dict[str, tuple[int, int]]:
+    d, kv, q, ff = args.hidden_size, args.num_kv_heads * args.head_dim, args.num_heads * args.head_dim, \
+        args.intermediate_size
+    return dict(q_proj=(d, q), k_proj=(d, kv), v_proj=(d, kv), o_proj=(q, d),
+                gate_proj=(d, ff), up_proj=(d, ff), down_proj=(ff, d))
+
+
+class Streams(nn.Module):
+    """The trainable part: stream embeddings P [G, d] and LoRA pairs on the top N_s layers."""
+
+    def __init__(self, args: ModelArgs, config: StreamConfig, vocab_map: torch.Tensor | None = None):
+        super().__init__()
+        if not 1 <= config.stream_layers <= args.num_layers:
+            raise MirrorSDError(f"stream_layers must be between 1 and {args.num_layers}, got {config.stream_layers}")
+        self.config = config
+        self.first_layer = args.num_layers - config.stream_layers  # L0
+        self.embeddings = nn.Parameter(torch.randn(config.num_streams, args.hidden_size) * 0.02)  # P [G, d]
+        self.lora_a, self.lora_b = nn.ParameterDict(), nn.ParameterDict()
+        if config.rank:
+            for layer in range(self.first_layer, args.num_layers):
+                for name, (n_in, n_out) in _linear_shapes(args).items():
+                    a = torch.randn(config.rank, n_in) / math.sqrt(n_in)  # [r, in]
+                    self.lora_a[_key(layer, name)] = nn.Parameter(a)
+                    self.lora_b[_key(layer, name)] = nn.Parameter(torch.zeros(n_out, config.rank))  # [out, r]
+        self.register_buffer("vocab_map", vocab_map, persistent=False)
+        self.head_weight = None  # rows of the model's LM head for vocab_map (set by attach)
+
+    @property
+    def num_streams(self) -> int:
+        return self.config.num_streams
+
+    def attach(self, model: Transformer) -> "Streams":
+        """Move to the model's device and dtype; take the head rows from its (frozen) LM head."""
+        self.to(device=model.device, dtype=model.dtype)
+        weight = model.lm_head.weight.detach()
+        self.head_weight = weight if self.vocab_map is None else weight[self.vocab_map.to(model.device)]
+        return self
+
+    def adapter(self, layer: int, name: str, x: torch.Tensor) -> torch.Tensor | None:
+        key = _key(layer, name)
+        if key not in self.lora_a:
+            return None
+        scale = self.config.alpha / self.config.rank
+        return (x @ self.lora_a[key].T) @ self.lora_b[key].T * scale  # [B, T, out]
+
+    def forward(self, model: Transformer, cache: KVCache, h: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        """Stream logits [B, R, G, head rows] for main rows h [B, R, d] entering layer L0.
+
+        at [B, R]: cache slot (= position) of each row's main token. The cache must hold the main
+        stream's keys and values up to max(at) in layers L0..N; slots after a row's ``at`` are
+        masked out, and the streams' own keys and values are not stored.
+        """
+        B, R, d = h.shape
+        G = self.num_streams
+        rows = (h[:, :, None, :] + self.embeddings).reshape(B, R * G, d)  # S_j = M_t + P_j
+        offsets = torch.arange(1, G + 1, device=h.device)
+        positions = (at[:, :, None] + offsets).reshape(B, R * G)  # stream j at t sits at t + j
+        mask = stream_mask(at, cache.length, G)
+        win = model.window(cache, R * G, positions, mask, batch=B, store=False, adapter=self.adapter)
+        out = model.forward_layers(rows, cache, win, self.first_layer)  # [B, R*G, d]
+        logits = F.linear(model.model.norm(out), self.head_weight).float()
+        return logits.view(B, R, G, -1)
+
+    def to_target_ids(self, rows: torch.Tensor) -> torch.Tensor:
+        """Head-row indices -> target token ids."""
+        return rows if self.vocab_map is None else self.vocab_map[rows]
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # -- files -----------------------------------------------------------------------------
+    def save(self, folder: Path, meta: dict | None = None, dtype=torch.float16):
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
+        if self.vocab_map is not None:
+            tensors["vocab_map"] = self.vocab_map.cpu()
+        save_file(tensors, folder / "streams.safetensors")
+        (folder / "streams.json").write_text(json.dumps(dict(config=asdict(self.config), **(meta or {})), indent=1))
+
+    @classmethod
+    def load(cls, folder: Path, args: ModelArgs) -> "Streams":
+        folder = Path(folder)
+        if not (folder / "streams.safetensors").exists():
+            raise MirrorSDError(f"no trained streams in {folder} (expected streams.safetensors + streams.json)")
+        info = json.loads((folder / "streams.json").read_text())
+        tensors = load_file(folder / "streams.safetensors")
+        vocab_map = tensors.pop("vocab_map", None)
+        streams = cls(args, StreamConfig(**info["config"]), vocab_map)
+        streams.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
+        streams.meta = info
+        return streams
+
+
+def _key(layer: int, name: str) -> str:
+    return f"layer{layer}_{name}"  # ParameterDict keys cannot contain dots
+
+
+def stream_mask(at: torch.Tensor, start: int, G: int) -> torch.Tensor:
+    """What stream rows see: [B, R*G, start + R*G] bool.
+
+    Row (r, j) sees cached slots up to at[r] (the main stream's past and its own main token) and
+    streams 1..j of the same main row r.
+    """
+    B, R = at.shape
+    slots = torch.arange(start, device=at.device)
+    past = (slots <= at[:, :, None]).repeat_interleave(G, dim=1)  # [B, R*G, start]
+    block = torch.ones(G, G, dtype=torch.bool, device=at.device).tril()  # stream j sees 1..j
+    own = torch.kron(torch.eye(R, device=at.device), block.float()).bool()  # [R*G, R*G]
+    return torch.cat([past, own.expand(B, -1, -1)], dim=-1)
+
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+EMBEDDED_STREAMS = ASSETS / "ss-smollm2-135m"  # trained by `python -m mirror_sd.train ss`
+
+
+def target_streams(pair) -> Streams:
+    """The trained streams of the pair's target (shipped for the embedded target), loaded once."""
+    if "streams" not in pair.addons:
+        if not pair.embedded_target:
+            raise MirrorSDError(f"method 'ss' needs speculative streams trained for {pair.target_name!r}; "
+                                "streams ship only for the embedded target (train others with "
+                                "`python -m mirror_sd.train ss`)")
+        pair.addons["streams"] = Streams.load(EMBEDDED_STREAMS, pair.target.args).attach(pair.target)
+    return pair.addons["streams"]
+
+
+def use_streams(pair, folder: Path | str) -> Streams:
+    """Attach streams trained for the pair's target (``python -m mirror_sd.train ss --out folder``)."""
+    streams = Streams.load(Path(folder), pair.target.args).attach(pair.target)
+    pair.addons["streams"] = streams
+    return streams

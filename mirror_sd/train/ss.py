@@ -1,0 +1,240 @@
+"""Train speculative streams for a frozen target (method "ss"; models/streams.py).
+
+The target's weights stay frozen; only the streams train: γ stream embeddings and low-rank
+adapters on stream rows of the top N_s layers. The objective is the paper's n-gram loss,
+L = -α_0 Σ_t log p(y_t | y_<t) - Σ_j α_j Σ_t log p(y_{t+j} | y_<t) with α_0 = 1, α_j = 0.1: with a
+frozen main stream the α_0 term is a constant, so we minimise 0.1 · Σ_j CE_j over the target's
+own greedy answers (the distilled data from ``python -m mirror_sd.train data``).
+
+The layers below L0 never see the streams, so their output on every training sequence (the main
+stream entering layer L0) is computed once and kept in OUT/features-L<L0>.safetensors. Each step
+runs the top N_s layers of the main stream (no gradient) into a KV cache, then the stream rows of a
+sample of answer positions against that cache.
+
+Outputs in --out: streams.safetensors (fp16) + streams.json (config + training card), README.md,
+checkpoint/ (resumable), loss.png, metrics.json.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from ..models.llama import Transformer
+from ..models.loading import embedded_model_dir, load_model, load_tokenizer
+from ..models.streams import StreamConfig, Streams
+from .draft import IGNORE, build_vocab_map, load_checkpoint, plot_losses, read_examples, save_checkpoint
+
+ALPHA_STREAM = 0.1  # α_j of the n-gram loss
+
+
+def sequences(examples, max_len: int) -> list[tuple[list[int], int]]:
+    """(ids, first answer index) per example, keeping the end of long ones."""
+    out = []
+    for prompt, answer in examples:
+        ids = (prompt + answer)[-max_len:]
+        out.append((ids, len(ids) - len(answer)))
+    return out
+
+
+@torch.no_grad()
+def main_features(target: Transformer, seqs, first_layer: int, path: Path, batch_tokens: int = 4096):
+    """The main stream entering layer L0 for every sequence ([T_i, d] fp16 each), cached in ``path``."""
+    key = hashlib.sha256(json.dumps([s[0] for s in seqs]).encode()).hexdigest()[:16]
+    if path.exists():
+        tensors = load_file(str(path))
+        if tensors.pop("key").tolist() == list(key.encode()):
+            return [tensors[str(i)] for i in range(len(seqs))]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
+    features, batch = {}, []
+    bar = tqdm(total=len(seqs), desc=f"target features at layer {first_layer}", unit="seq")
+    for i in order + [None]:
+        if i is not None and (not batch or (len(batch) + 1) * len(seqs[i][0]) <= batch_tokens):
+            batch.append(i)
+            continue
+        T = max(len(seqs[j][0]) for j in batch)
+        ids = torch.tensor([seqs[j][0] + [0] * (T - len(seqs[j][0])) for j in batch])  # [B, T], padded at the end
+        win = target.window(None, T, batch=len(batch))
+        h0 = target.forward_layers(target.embed(ids), None, win, 0, first_layer)  # [B, T, d]
+        for row, j in enumerate(batch):
+            features[str(j)] = h0[row, :len(seqs[j][0])].to(torch.float16).contiguous()
+        bar.update(len(batch))
+        batch = [i] if i is not None else []
+    bar.close()
+    save_file({**features, "key": torch.tensor(list(key.encode()), dtype=torch.uint8)}, str(path))
+    return [features[str(i)] for i in range(len(seqs))]
+
+
+def stream_labels(ids: list[int], at: list[int], G: int, row_of: dict[int, int]) -> list[list[int]]:
+    """Head-row index of x[t + 1 + j] for stream j at each position t (IGNORE past the end or off the head)."""
+    return [[row_of.get(ids[t + 1 + j], IGNORE) if t + 1 + j < len(ids) else IGNORE for j in range(1, G + 1)]
+            for t in at]
+
+
+def make_batch(seqs, features, index: list[int], G: int, row_of, positions: int, rng: random.Random):
+    """Padded main features [B, T, d], stream positions at [B, R] and labels [B, R, G]."""
+    T = max(len(seqs[i][0]) for i in index)
+    h0 = torch.zeros(len(index), T, features[index[0]].shape[-1])
+    at_rows, label_rows = [], []
+    for row, i in enumerate(index):
+        ids, first = seqs[i]
+        h0[row, :len(ids)] = features[i].float()
+        candidates = list(range(max(first - 1, 0), len(ids) - 2))  # main at t predicts an answer token
+        at = sorted(rng.sample(candidates, min(positions, len(candidates)))) if candidates else [0]
+        labels = stream_labels(ids, at, G, row_of)
+        at += [at[-1]] * (positions - len(at))  # pad with ignored repeats
+        labels += [[IGNORE] * G] * (positions - len(labels))
+        at_rows.append(at)
+        label_rows.append(labels)
+    return h0, torch.tensor(at_rows), torch.tensor(label_rows)
+
+
+def stream_loss(target: Transformer, streams: Streams, h0, at, labels):
+    """Mean stream cross-entropy, and per-stream (correct, counted) and leading-run stats."""
+    B, T, _ = h0.shape
+    cache = target.new_cache(T, batch=B)
+    with torch.no_grad():  # the main stream through the top layers: frozen, no gradient
+        target.forward_layers(h0, cache, target.window(cache, T, batch=B), streams.first_layer)
+        cache.length = T
+    rows = torch.gather(h0, 1, at[:, :, None].expand(-1, -1, h0.shape[-1]))  # [B, R, d]
+    logits = streams(target, cache, rows, at)  # [B, R, G, V_s]
+    loss = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), ignore_index=IGNORE)
+    valid = labels != IGNORE
+    correct = (logits.argmax(-1) == labels) & valid  # [B, R, G]
+    return loss, correct, valid
+
+
+@torch.no_grad()
+def evaluate(target, streams, seqs, features, index, G, row_of) -> dict:
+    """Held-out: per-stream loss and top-1 agreement with the target's greedy answers, and the mean
+    accepted length of a greedy chain draft (1 + leading correct streams) at every answer position."""
+    streams.eval()
+    rng = random.Random(0)
+    losses, correct, valid, leading = [], torch.zeros(G), torch.zeros(G), []
+    for i in index:
+        h0, at, labels = make_batch(seqs, features, [i], G, row_of, positions=512, rng=rng)
+        loss, c, v = stream_loss(target, streams, h0, at, labels)
+        losses.append((loss.item(), v.sum().item()))
+        correct += c.flatten(0, 1).sum(0)
+        valid += v.flatten(0, 1).sum(0)
+        full = v.all(-1).flatten()  # positions where every stream has a label
+        leading += (c.flatten(0, 1)[full].cumprod(-1).sum(-1) + 1).tolist()
+    streams.train()
+    top1 = (correct / valid.clamp_min(1)).tolist()
+    return dict(loss=sum(l * n for l, n in losses) / max(sum(n for _, n in losses), 1),
+                top1=[round(x, 4) for x in top1], tau=sum(leading) / max(len(leading), 1))
+
+
+def train(data_dir: Path, out: Path, config: StreamConfig, vocab_size: int = 8192, epochs: float = 2.0,
+          lr: float = 2e-3, batch_size: int = 8, positions: int = 64, max_len: int = 512, eval_every: int = 100,
+          holdout: float = 0.03, seed: int = 0, threads: int = 2, target_dir: Path | None = None) -> dict:
+    """Train streams for the target in ``target_dir`` (default: the embedded target); see module docstring."""
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    rng = random.Random(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    target_dir = Path(target_dir) if target_dir else embedded_model_dir()
+    target, _ = load_model(target_dir, torch.device("cpu"), torch.float32)
+    target.requires_grad_(False)
+    examples = read_examples(data_dir)
+    rng.shuffle(examples)
+    n_eval = max(1, int(len(examples) * holdout))
+    eos = load_tokenizer(target_dir).eos_token_id
+    vocab_map = build_vocab_map(examples[n_eval:], vocab_size, {eos} - {None})
+    row_of = {int(t): i for i, t in enumerate(vocab_map)}
+    streams = Streams(target.args, config, vocab_map).attach(target)
+    seqs = sequences(examples, max_len)
+    features = main_features(target, seqs, streams.first_layer, out / f"features-L{streams.first_layer}.safetensors")
+    held_out, train_index = list(range(n_eval)), list(range(n_eval, len(seqs)))
+    params = list(streams.parameters())
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    steps_per_epoch = math.ceil(len(train_index) / batch_size)
+    total_steps = max(1, int(steps_per_epoch * epochs))
+    schedule = lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+    ckpt = out / "checkpoint"
+    state = dict(step=0, history=[], wall_s=0.0)
+    if (ckpt / "state.json").exists():
+        state = load_checkpoint(ckpt, streams, optimizer)
+        print(f"resumed at step {state['step']}")
+    start = time.time() - state["wall_s"]
+    G = config.num_streams
+    bar = tqdm(total=total_steps, initial=state["step"], desc="train streams", unit="step")
+    while state["step"] < total_steps:
+        epoch, i = divmod(state["step"], steps_per_epoch)
+        order = sorted(train_index, key=lambda j: (len(seqs[j][0]), random.Random(seed + epoch).random()))
+        batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
+        random.Random(seed + epoch).shuffle(batches)  # similar lengths within a batch, batches shuffled
+        for index in batches[i:]:
+            for g in optimizer.param_groups:
+                g["lr"] = lr * schedule(state["step"])
+            h0, at, labels = make_batch(seqs, features, index, G, row_of, positions, rng)
+            loss, correct, valid = stream_loss(target, streams, h0, at, labels)
+            optimizer.zero_grad(set_to_none=True)
+            (ALPHA_STREAM * G * loss).backward()  # Σ_j α_j CE_j (loss is the mean over streams)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            state["step"] += 1
+            top1 = (correct[..., 0].sum() / valid[..., 0].sum().clamp_min(1)).item()
+            state["history"].append(dict(step=state["step"], train_loss=loss.item(), train_top1=top1))
+            bar.update()
+            bar.set_postfix(loss=f"{loss.item():.3f}", stream1_top1=f"{top1:.3f}")
+            if state["step"] % eval_every == 0 or state["step"] == total_steps:
+                ev = evaluate(target, streams, seqs, features, held_out, G, row_of)
+                state["history"].append(dict(step=state["step"], eval_loss=ev["loss"], eval_top1=ev["top1"][0],
+                                             eval_top1_per_stream=ev["top1"], eval_tau=ev["tau"]))
+                tqdm.write(f"step {state['step']}: held-out loss {ev['loss']:.3f}, top-1 per stream {ev['top1']}, "
+                           f"greedy chain tau {ev['tau']:.2f}")
+                state["wall_s"] = time.time() - start
+                save_checkpoint(ckpt, streams, optimizer, state)
+                plot_losses(state["history"], out / "loss.png")
+            if state["step"] >= total_steps:
+                break
+    bar.close()
+    final = evaluate(target, streams, seqs, features, held_out, G, row_of)
+    card = dict(target=target_dir.name, examples_train=len(train_index), examples_held_out=len(held_out),
+                steps=state["step"], epochs=epochs, lr=lr, batch_size=batch_size, positions_per_sequence=positions,
+                max_len=max_len, seed=seed, wall_s=round(time.time() - start, 1), head_vocabulary=len(vocab_map),
+                trainable_parameters=streams.num_parameters(), held_out_loss=round(final["loss"], 4),
+                held_out_top1_per_stream=final["top1"], held_out_greedy_chain_tau=round(final["tau"], 3))
+    streams.save(out, meta=dict(training=card))
+    (out / "metrics.json").write_text(json.dumps(state["history"]))
+    plot_losses(state["history"], out / "loss.png")
+    return card
+
+
+def add_parser(sub):
+    """``python -m mirror_sd.train ss ...``"""
+    p = sub.add_parser("ss", help="train speculative streams for the frozen embedded target",
+                       description="Train speculative streams (stream embeddings + LoRA on stream rows) for the "
+                                   "frozen target on distilled data. Resumable: rerun the same command.")
+    p.add_argument("--data", required=True, help="folder with data.jsonl from the data subcommand")
+    p.add_argument("--out", required=True, help="output folder: streams.safetensors/.json, loss.png, checkpoint/")
+    p.add_argument("--streams", type=int, default=4, help="number of streams γ (default 4)")
+    p.add_argument("--stream-layers", type=int, default=4, help="top layers with streams, N_s (default 4)")
+    p.add_argument("--rank", type=int, default=16, help="LoRA rank on stream rows (0: embeddings only; default 16)")
+    p.add_argument("--vocab", type=int, default=8192, help="stream head vocabulary size (default 8192)")
+    p.add_argument("--epochs", type=float, default=2.0)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
+    p.add_argument("--positions", type=int, default=64, help="answer positions with streams per sequence (default 64)")
+    p.add_argument("--max-len", type=int, default=512, help="tokens of context per example (the end is kept)")
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+
+    def run(args):
+        config = StreamConfig(args.streams, args.stream_layers, args.rank)
+        card = train(Path(args.data), Path(args.out), config, args.vocab, args.epochs, args.lr, args.batch_size,
+                     args.positions, args.max_len, args.eval_every, seed=args.seed, threads=args.threads)
+        print(json.dumps(card, indent=2))
+        return 0
+
+    p.set_defaults(func=run)

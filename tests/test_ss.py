@@ -1,0 +1,131 @@
+"""Speculative Streaming: stream masks, the untouched main stream, training, and losslessness."""
+import json
+
+import pytest
+import torch
+
+from mirror_sd import generate, load_pair
+from mirror_sd.methods.ss import split_forward
+from mirror_sd.models.streams import StreamConfig, Streams, stream_mask, use_streams
+from mirror_sd.train.ss import train
+
+from test_distribution import PROMPT, chi_square_p, exact_law_of_tokens_2_and_3, sample_counts
+from test_train_draft import _distilled_data
+
+
+def random_streams(model, layers=1, G=3, seed=0):
+    torch.manual_seed(seed)
+    streams = Streams(model.args, StreamConfig(num_streams=G, stream_layers=layers, rank=4))
+    with torch.no_grad():
+        for p in streams.lora_b.values():
+            p.normal_(0, 0.1)  # untrained LoRA starts at zero: make it act
+    return streams.attach(model)
+
+
+def test_stream_mask_layout():
+    mask = stream_mask(torch.tensor([[1, 3]]), start=5, G=2)[0].int()  # rows (r, j): (0,1) (0,2) (1,1) (1,2)
+    assert mask.tolist() == [[1, 1, 0, 0, 0, 1, 0, 0, 0],
+                             [1, 1, 0, 0, 0, 1, 1, 0, 0],
+                             [1, 1, 1, 1, 0, 0, 0, 1, 0],
+                             [1, 1, 1, 1, 0, 0, 0, 1, 1]]
+
+
+def test_stream_rows_see_only_their_past_and_earlier_streams(tiny_pair):
+    """Batched streams of several rows equal each row's streams alone; later slots do not leak in."""
+    model = tiny_pair.target
+    streams = random_streams(model, layers=2)
+    ids = torch.tensor([[1, 5, 2, 9, 4, 7, 3]])
+    cache = model.new_cache(32)
+    with torch.no_grad():
+        _, h0 = split_forward(model, ids, cache, streams.first_layer)
+        cache.length = ids.shape[1]
+        at = torch.tensor([[2, 4, 6]])
+        together = streams(model, cache, h0[:, at[0]], at)  # [1, 3, G, V]
+        for r, t in enumerate(at[0].tolist()):
+            alone_cache = model.new_cache(32)
+            _, h0_prefix = split_forward(model, ids[:, :t + 1], alone_cache, streams.first_layer)
+            alone_cache.length = t + 1
+            alone = streams(model, alone_cache, h0_prefix[:, -1:], torch.tensor([[t]]))
+            torch.testing.assert_close(together[:, r], alone[:, 0], atol=1e-5, rtol=1e-5)
+        # stream j does not see streams after j: dropping the last stream leaves the others unchanged
+        fewer = Streams(model.args, StreamConfig(2, 2, 4))
+        fewer.load_state_dict({k: v[:2] if k == "embeddings" else v for k, v in streams.state_dict().items()})
+        fewer.attach(model)
+        torch.testing.assert_close(fewer(model, cache, h0[:, at[0]], at), together[:, :, :2], atol=1e-5, rtol=1e-5)
+
+
+def test_main_stream_is_the_frozen_target(tiny_pair):
+    """Logits of the split forward equal the plain forward, and streams leave the cache untouched."""
+    model = tiny_pair.target
+    streams = random_streams(model)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        plain = model(ids, model.new_cache(32))
+        cache = model.new_cache(32)
+        logits, h0 = split_forward(model, ids, cache, streams.first_layer)
+        cache.length = ids.shape[1]
+        before = cache.k.clone(), cache.v.clone()
+        streams(model, cache, h0[:, -1:], torch.tensor([[ids.shape[1] - 1]]))
+    assert torch.equal(logits, plain)
+    assert torch.equal(cache.k, before[0]) and torch.equal(cache.v, before[1]) and cache.length == ids.shape[1]
+
+
+@pytest.fixture(scope="module")
+def trained_tiny(tiny_dirs, tiny_pair, tmp_path_factory):
+    """Streams trained briefly on the tiny target's own answers."""
+    root = tmp_path_factory.mktemp("ss")
+    data = _distilled_data(tiny_pair, root / "data")
+    out = root / "streams"
+    card = train(data, out, StreamConfig(num_streams=3, stream_layers=1, rank=4), vocab_size=16, epochs=40,
+                 lr=1e-2, batch_size=8, positions=16, eval_every=20, holdout=0.2, threads=1,
+                 target_dir=tiny_dirs["target"])
+    return out, card
+
+
+def test_short_training_run_lowers_the_loss_and_loads(trained_tiny, tiny_dirs):
+    out, card = trained_tiny
+    history = json.loads((out / "metrics.json").read_text())
+    evals = [h["eval_loss"] for h in history if "eval_loss" in h]
+    assert evals[-1] < 0.8 * evals[0]
+    assert (out / "loss.png").stat().st_size > 0
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=None)
+    streams = use_streams(pair, out)
+    assert streams.num_parameters() == card["trainable_parameters"] and streams.num_streams == 3
+
+
+@pytest.fixture(scope="module")
+def ss_pair(trained_tiny, tiny_dirs):
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=None)
+    use_streams(pair, trained_tiny[0])
+    return pair
+
+
+def test_ss_equals_vanilla_on_tiny_prompts(ss_pair):
+    gen = torch.Generator().manual_seed(1)
+    accepted = 0
+    for _ in range(20):
+        prompt = " ".join(f"t{int(t)}" for t in torch.randint(0, 16, (5,), generator=gen))
+        vanilla = generate(ss_pair, prompt, method="vanilla", max_new_tokens=24, raw=True)
+        ss = generate(ss_pair, prompt, method="ss", max_new_tokens=24, raw=True, gamma=3)
+        assert ss.token_ids == vanilla.token_ids
+        accepted += sum(step.accepted for step in ss.trace.steps)
+    assert accepted > 20  # the streams' drafts were really used, not all rejected
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_ss_samples_the_target_distribution(ss_pair, temperature, top_p):
+    law = exact_law_of_tokens_2_and_3(ss_pair.target, ss_pair.encode(PROMPT, raw=True), temperature, top_p)
+    outputs = []
+    counts = sample_counts(ss_pair, "ss", temperature, top_p, outputs=outputs, gamma=2)
+    assert chi_square_p(counts, law) > 1e-3
+    assert sum(step.accepted for out in outputs for step in out.trace.steps) > 200  # drafts were accepted
+
+
+def test_ss_refuses_a_target_without_streams_and_a_gamma_beyond_them(tiny_dirs, ss_pair):
+    from mirror_sd import MirrorSDError
+
+    bare = load_pair(target=str(tiny_dirs["target"]), draft=None)
+    with pytest.raises(MirrorSDError, match="needs speculative streams"):
+        generate(bare, "t1 t2", method="ss", raw=True)
+    with pytest.raises(MirrorSDError, match="gamma must be at most 3"):
+        generate(ss_pair, "t1 t2", method="ss", raw=True, gamma=4)
