@@ -60,8 +60,9 @@ def warm_up(pair):
 
 def run_race(pair, prompt: str, methods: list[str], stop: threading.Event, max_new_tokens: int = 48,
              temperature: float = 0.0, options: dict[str, dict] | None = None, **settings) -> Iterator[dict]:
-    """Yield {method: Result} after every committed step of every method, in race order.
+    """Yield {method: Result} at the start, as each method starts, and after each committed step.
 
+    Methods run in race order. The first race on a pair starts with a discarded warm-up (``warm_up``).
     ``options`` maps a method to its own options; ``settings`` (top_p, seed, raw) go to every
     method. A method the engine refuses (bad options, a prompt too long) gets a Result with
     ``error`` and the race goes on with the next one.

@@ -100,7 +100,7 @@ def test_card_shows_measured_numbers_and_speedup_over_vanilla(race):
     assert f"{speedup:.2f}× vanilla" in card and "τ" in card and 'data-state="length"' in card
 
 
-def test_sentences_follow_the_trace(race, tiny_pair):
+def test_sentences_follow_the_trace(race):
     sd = race["sd"]
     assert "3-token prompt" in explain(sd.trace, 0, sd.pieces)
     for step in sd.trace.steps[1:]:
