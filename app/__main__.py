@@ -10,9 +10,9 @@ def main():
     parser.add_argument("--host", default=os.environ.get("MIRROR_SD_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("MIRROR_SD_PORT", "7860")))
     args = parser.parse_args()
-    from .ui import build_demo
+    from .ui import serve
 
-    build_demo().queue(max_size=16).launch(server_name=args.host, server_port=args.port)
+    serve(args.host, args.port)
 
 
 if __name__ == "__main__":

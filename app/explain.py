@@ -1,0 +1,56 @@
+"""One plain sentence per step, written from what the trace recorded (tokens, spans, extras)."""
+from __future__ import annotations
+
+from mirror_sd.trace import Trace
+
+from .tokens import piece
+
+
+def step_ms(trace: Trace, index: int) -> float:
+    """Wall time of a step: from its first span's start to its last span's end, in ms."""
+    spans = [s for s in trace.spans if s.step == index]
+    return 1000 * (max(s.end for s in spans) - min(s.start for s in spans)) if spans else 0.0
+
+
+def explain(trace: Trace, index: int, pieces: dict) -> str:
+    step = next((s for s in trace.steps if s.index == index), None)
+    if step is None:
+        return f"Step {index} was not recorded."
+    took = f" ({step_ms(trace, index):.1f} ms)"
+    words = [repr(piece(pieces, t)) for t in step.committed]
+    if index == 0:
+        n = trace.meta.get("prompt_tokens")
+        prompt = f"the {n}-token prompt" if n else "the prompt"
+        return f"Step 0{took}: the target read {prompt} and produced its first token {', '.join(words)}."
+    if not step.proposed:
+        return f"Step {index}{took}: the target produced {', '.join(words) or 'nothing'} on its own, one forward pass."
+    return f"Step {index}{took}: " + _verdict(step, pieces) + _mirror(step, pieces)
+
+
+def _verdict(step, pieces: dict) -> str:
+    n, a = len(step.proposed), step.accepted
+    last = step.origins[-1] if step.origins else None
+    token = repr(piece(pieces, step.committed[-1])) if step.committed else ""
+    if last == "bonus":
+        return f"the target accepted all {n} draft tokens and added the bonus token {token}."
+    if last == "correction":
+        return f"the target accepted {a} of {n} draft tokens; its correction was {token}."
+    return f"the target accepted {a} of {n} draft tokens and the run ended here."
+
+
+def _mirror(step, pieces: dict) -> str:
+    """Mirror-SD detail: did the rendezvous find the outcome among the rolled-out branches?"""
+    extras = step.extras or {}
+    if "hit" not in extras:
+        return ""
+    opening = " This window came from a fallback draft." if extras.get("fallback") else \
+        " This window was a branch drafted during the previous step."
+    if extras["hit"]:
+        return opening + (" The outcome was among the early-exit candidates and its branch was rolled out, "
+                          "so the next window was already drafted (hit).")
+    candidates = extras.get("exit_candidates") or []
+    token = step.committed[-1] if step.committed else None
+    at = candidates[step.accepted] if step.accepted < len(candidates) else []
+    why = "was among the early-exit candidates but its branch was not rolled out" if token in at else \
+        f"{piece(pieces, token)!r} was not among the early-exit candidates"
+    return opening + f" The outcome {why}, so the next window must be drafted afresh (miss)."

@@ -1,0 +1,214 @@
+"""Plotly figures drawn from traces: timelines, utilisation, hypothesis trees. Nothing here times anything.
+
+Timelines put one row per lane (labelled by role and real device, e.g. "target, GPU role, cpu:0")
+and draw each span as a horizontal bar (``go.Bar`` with ``base``) on a numeric millisecond axis.
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from mirror_sd.trace import Trace
+
+from .tokens import piece, visible
+from .trees import step_tree
+
+SPAN_KINDS = {  # kind -> (colour, legend text); kinds not listed get a colour from OTHER_COLOURS
+    "prefill": ("#64748b", "prefill: read the prompt"),
+    "decode": ("#2563eb", "decode: target makes 1 token"),
+    "draft": ("#f59e0b", "draft: draft proposes a window"),
+    "verify": ("#6366f1", "verify: target checks the window"),
+    "target-prefix": ("#1e3a8a", "target prefix: layers up to the early exit"),
+    "target-suffix": ("#38bdf8", "target suffix: remaining layers"),
+    "draft-rollout": ("#10b981", "draft rollout: branches drafted in parallel"),
+    "rendezvous": ("#a855f7", "rendezvous: verify + pick branch"),
+    "fallback-draft": ("#ef4444", "fallback draft: no branch hit, draft again"),
+}
+OTHER_COLOURS = ["#0d9488", "#db2777", "#84cc16", "#7c2d12", "#0891b2"]
+LANE_ORDER = {"target": 0, "draft": 1}
+
+
+def kind_style(kind: str) -> tuple[str, str]:
+    if kind in SPAN_KINDS:
+        return SPAN_KINDS[kind]
+    return OTHER_COLOURS[sum(map(ord, kind)) % len(OTHER_COLOURS)], kind
+
+
+def lanes_of(trace: Trace) -> list[str]:
+    """Lane labels, target first."""
+    return sorted(trace.lanes, key=lambda label: LANE_ORDER.get(trace.lanes[label], 9))
+
+
+def run_end_ms(traces: list[Trace]) -> float:
+    """End of the last span of any trace, in ms: the shared x-range of the timelines."""
+    return 1000 * max((s.end for t in traces for s in t.spans), default=0.0)
+
+
+def timeline(traces: dict[str, Trace], x_max_ms: float | None = None, step: int | None = None,
+             now_ms: float | None = None) -> go.Figure:
+    """One row per method (titles: dict keys), lanes as bars; ``step`` highlighted; ``now_ms``: a cursor."""
+    names = list(traces)
+    fig = make_subplots(rows=max(len(names), 1), cols=1, shared_xaxes=True, subplot_titles=names,
+                        vertical_spacing=0.12 / max(len(names), 1))
+    shown = set()
+    for row, name in enumerate(names, start=1):
+        _timeline_row(fig, traces[name], row, step, shown)
+        if now_ms is not None:
+            fig.add_vline(x=now_ms, line=dict(color="#111827", width=2, dash="dot"), row=row, col=1)
+    x_max = x_max_ms if x_max_ms else run_end_ms(list(traces.values()))
+    fig.update_xaxes(range=[0, 1.02 * x_max if x_max else 1])
+    fig.update_xaxes(title_text="time since the run began (ms)", row=len(names), col=1)
+    fig.update_layout(barmode="overlay", height=140 + 150 * len(names), margin=dict(l=10, r=10, t=40, b=40),
+                      legend=dict(title="span kind", orientation="h", y=-0.08 - 0.3 / max(len(names), 1)),
+                      hoverlabel=dict(align="left"))
+    return fig
+
+
+def _timeline_row(fig, trace: Trace, row: int, step: int | None, shown: set):
+    by_kind: dict[str, list] = {}
+    for s in trace.spans:
+        by_kind.setdefault(s.kind, []).append(s)
+    for kind, spans in by_kind.items():
+        colour, legend = kind_style(kind)
+        fig.add_trace(go.Bar(
+            base=[1000 * s.start for s in spans], x=[1000 * s.duration for s in spans],
+            y=[s.lane for s in spans], orientation="h", name=legend, legendgroup=kind,
+            showlegend=kind not in shown, marker=dict(color=colour, line=dict(width=0.5, color="white"),
+                                                      opacity=[_opacity(s, step) for s in spans]),
+            customdata=[[s.step, s.kind, s.tokens, 1000 * s.duration, s.label] for s in spans],
+            hovertemplate="step %{customdata[0]}: %{customdata[1]}<br>%{customdata[4]}<br>"
+                          "tokens %{customdata[2]}<br>%{customdata[3]:.2f} ms<extra>%{y}</extra>"), row=row, col=1)
+        shown.add(kind)
+    fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(lanes_of(trace))), row=row, col=1)
+
+
+def step_window_ms(trace: Trace, step: int) -> tuple[float, float]:
+    """The x-range (ms) that shows a step with its neighbours: from step-1's start to step+1's end."""
+    near = [s for s in trace.spans if s.step is not None and abs(s.step - step) <= 1] or trace.spans
+    return 1000 * min(s.start for s in near), 1000 * max(s.end for s in near)
+
+
+def _opacity(span, step: int | None) -> float:
+    return 1.0 if step is None or span.step == step else 0.25
+
+
+def utilisation(traces: dict[str, Trace]) -> go.Figure:
+    """Per lane, busy share of the whole run (left) and over time (right, per method)."""
+    names = list(traces)
+    fig = make_subplots(rows=max(len(names), 1), cols=2, column_widths=[0.35, 0.65], shared_xaxes="columns",
+                        subplot_titles=[t for n in names for t in (f"{n}: busy share of the run",
+                                                                   f"{n}: busy share over time")])
+    x_max = run_end_ms(list(traces.values()))
+    for row, name in enumerate(names, start=1):
+        trace = traces[name]
+        end = max((s.end for s in trace.spans), default=0.0)
+        busy = trace.busy_seconds()
+        for i, lane in enumerate(lanes_of(trace)):
+            colour = ["#2563eb", "#10b981"][i % 2]
+            share = busy.get(lane, 0.0) / end if end else 0.0
+            fig.add_trace(go.Bar(x=[100 * share], y=[lane], orientation="h", marker_color=colour, showlegend=False,
+                                 text=[f"{100 * share:.0f}%"], textposition="auto",
+                                 hovertemplate="%{y}: busy %{x:.1f}% of the run<extra></extra>"), row=row, col=1)
+            times, shares = busy_over_time(trace, lane, x_max / 1000)
+            fig.add_trace(go.Scatter(x=times, y=shares, mode="lines", line=dict(color=colour, shape="hv"),
+                                     name=lane, legendgroup=lane, showlegend=False,
+                                     hovertemplate=f"{lane}<br>%{{x:.0f}} ms: busy %{{y:.0f}}%<extra></extra>"),
+                          row=row, col=2)
+        fig.update_xaxes(range=[0, 100], row=row, col=1)
+        fig.update_yaxes(range=[0, 105], title_text="% busy", row=row, col=2)
+        fig.update_xaxes(range=[0, x_max or 1], row=row, col=2)
+    fig.update_xaxes(title_text="% of the run", row=len(names), col=1)
+    fig.update_xaxes(title_text="time since the run began (ms)", row=len(names), col=2)
+    fig.update_layout(height=100 + 170 * len(names), margin=dict(l=10, r=10, t=40, b=40))
+    return fig
+
+
+def busy_over_time(trace: Trace, lane: str, horizon_s: float, bins: int = 60) -> tuple[list, list]:
+    """Share of each time bin (in %) that ``lane`` spent inside its spans; bin starts in ms."""
+    if horizon_s <= 0:
+        return [], []
+    width = horizon_s / bins
+    busy = [0.0] * bins
+    for s in trace.spans:
+        if s.lane != lane:
+            continue
+        first, last = int(s.start / width), min(int(s.end / width), bins - 1)
+        for b in range(first, last + 1):
+            busy[b] += max(0.0, min(s.end, (b + 1) * width) - max(s.start, b * width))
+    return [1000 * b * width for b in range(bins)], [100 * x / width for x in busy]
+
+
+NODE_STYLES = {  # tree node kind -> (colour, size)
+    "root": ("#111827", 14),
+    "accepted": ("#16a34a", 14),
+    "rejected": ("#9ca3af", 12),
+    "candidate": ("#d1d5db", 7),
+    "rolled out": ("#f59e0b", 11),
+    "used": ("#7c3aed", 14),
+    "target token, no branch": ("#ef4444", 14),
+    "draft node": ("#60a5fa", 11),
+}
+
+
+def tree(step, pieces: dict, title: str = "") -> go.Figure:
+    """A step's hypothesis tree (see trees.py): depth left to right, leaves spread top to bottom."""
+    nodes = step_tree(step)
+    fig = go.Figure()
+    if not nodes:
+        fig.add_annotation(text="This step recorded no draft tree.", showarrow=False, x=0.5, y=0.5,
+                           xref="paper", yref="paper")
+        fig.update_layout(height=200, xaxis_visible=False, yaxis_visible=False)
+        return fig
+    xs, ys = _layout(nodes)
+    edge_x, edge_y = [], []
+    for i, n in enumerate(nodes):
+        if n.parent is not None:
+            edge_x += [xs[n.parent], xs[i], None]
+            edge_y += [ys[n.parent], ys[i], None]
+    fig.add_trace(go.Scatter(x=edge_x, y=edge_y, mode="lines", line=dict(color="#cbd5e1", width=1),
+                             hoverinfo="skip", showlegend=False))
+    for kind, (colour, size) in NODE_STYLES.items():
+        idx = [i for i, n in enumerate(nodes) if n.kind == kind]
+        if not idx:
+            continue
+        labels = ["prefix" if nodes[i].token is None else visible(piece(pieces, nodes[i].token)) for i in idx]
+        fig.add_trace(go.Scatter(
+            x=[xs[i] for i in idx], y=[ys[i] for i in idx], mode="markers" if kind == "candidate" else "markers+text",
+            marker=dict(color=colour, size=size, line=dict(width=1, color="white")), name=kind,
+            text=labels, textposition="middle right", textfont=dict(size=11),
+            customdata=[[labels[j], nodes[i].note] for j, i in enumerate(idx)],
+            hovertemplate="%{customdata[0]}<br>%{customdata[1]}<extra>" + kind + "</extra>"))
+    fig.update_layout(title=title, height=max(300, 20 * sum(1 for n in nodes if _is_leaf(nodes, n))),
+                      xaxis=dict(title="depth (tokens after the committed prefix)", dtick=1, zeroline=False),
+                      yaxis=dict(visible=False), margin=dict(l=10, r=10, t=40, b=40),
+                      legend=dict(title="node"))
+    return fig
+
+
+def _is_leaf(nodes, node) -> bool:
+    return not any(n.parent is not None and nodes[n.parent] is node for n in nodes)
+
+
+def _layout(nodes) -> tuple[list[float], list[float]]:
+    """x = depth; y = leaf order (depth-first), a parent at the mean of its children."""
+    children: dict[int, list[int]] = {}
+    for i, n in enumerate(nodes):
+        if n.parent is not None:
+            children.setdefault(n.parent, []).append(i)
+    xs, ys = [0.0] * len(nodes), [0.0] * len(nodes)
+    next_leaf = [0]
+
+    def place(i: int, depth: int):
+        xs[i] = depth
+        kids = children.get(i, [])
+        for k in kids:
+            place(k, depth + 1)
+        if kids:
+            ys[i] = sum(ys[k] for k in kids) / len(kids)
+        else:
+            ys[i] = -next_leaf[0]
+            next_leaf[0] += 1
+
+    for root in (i for i, n in enumerate(nodes) if n.parent is None):
+        place(root, 0)
+    return xs, ys

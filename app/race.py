@@ -1,0 +1,107 @@
+"""The race: the chosen methods decode one prompt one after another, through ``mirror_sd.engine.stream``.
+
+Methods run in turn, never at the same time, so that they do not share (and distort) the
+machine's cores. After every committed step the race yields the results so far, so the page can
+redraw live; a stop request ends the race after the current step and keeps every token committed.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from mirror_sd import METHODS, MirrorSDError, generate, stream
+from mirror_sd.trace import Trace
+
+from .tokens import collect_pieces
+
+
+@dataclass
+class Result:
+    """One method's run: its trace and the engine's metrics, plus the text of every token it mentions."""
+    method: str
+    trace: Trace
+    metrics: dict = field(default_factory=dict)
+    finished: str = "waiting"  # "waiting", "running", "skipped", or the engine's: eos, length, stopped, error
+    error: str | None = None
+    pieces: dict = field(default_factory=dict)
+    seen_steps: int = 0  # steps whose tokens are already in ``pieces``
+
+    @property
+    def title(self) -> str:
+        return METHODS[self.method].title if self.method in METHODS else self.method
+
+    @property
+    def done(self) -> bool:
+        return self.finished not in ("waiting", "running")
+
+
+def race_order(methods: list[str]) -> list[str]:
+    """Vanilla first (speedups are measured against it in the same race), then registry order."""
+    chosen = [m for m in METHODS if m in methods]
+    return sorted(chosen, key=lambda m: m != "vanilla")
+
+
+_warm: set[int] = set()
+
+
+def warm_up(pair):
+    """Once per pair, a 2-token run of every method through the engine, discarded: the first run in a
+    process pays one-off costs (thread start-up, allocator warm-up) that would bias the first method."""
+    if id(pair) in _warm:
+        return
+    for name in METHODS:
+        try:
+            generate(pair, "Hello", method=name, max_new_tokens=2)
+        except Exception:  # noqa: BLE001  a method this pair cannot run: the race itself reports why
+            pass
+    _warm.add(id(pair))
+
+
+def run_race(pair, prompt: str, methods: list[str], stop: threading.Event, max_new_tokens: int = 48,
+             temperature: float = 0.0, options: dict[str, dict] | None = None, **settings) -> Iterator[dict]:
+    """Yield {method: Result} at the start, as each method starts, and after each committed step.
+
+    Methods run in race order. The first race on a pair starts with a discarded warm-up (``warm_up``).
+    ``options`` maps a method to its own options; ``settings`` (top_p, seed, raw) go to every
+    method. A method the engine refuses (bad options, a prompt too long) gets a Result with
+    ``error`` and the race goes on with the next one.
+    """
+    order = race_order(methods)
+    results = {name: Result(name, Trace(name)) for name in order}
+    yield results  # every method waiting (the page can say so during the warm-up)
+    warm_up(pair)
+    for name in order:
+        if stop.is_set():
+            break
+        results[name].finished = "running"
+        yield results
+        yield from _run_one(pair, prompt, results[name], stop, max_new_tokens, temperature,
+                            (options or {}).get(name, {}), settings, results)
+    for result in results.values():
+        if result.finished == "waiting":  # the race was stopped before this method's turn
+            result.finished = "skipped"
+    yield results
+
+
+def _run_one(pair, prompt, result: Result, stop, max_new_tokens, temperature, options, settings, results):
+    steps = stream(pair, prompt, method=result.method, max_new_tokens=max_new_tokens, temperature=temperature,
+                   **settings, **options)
+    try:
+        for out in steps:
+            _update(result, out, pair)
+            yield results
+            if stop.is_set() and out.finished == "running":
+                steps.close()  # the engine stops here, keeping what was committed
+                result.finished = "stopped"
+                yield results
+                return
+    except MirrorSDError as e:
+        result.finished, result.error = "error", str(e)
+        yield results
+
+
+def _update(result: Result, out, pair):
+    result.trace, result.metrics, result.finished, result.error = out.trace, out.metrics, out.finished, out.error
+    collect_pieces(out.trace, pair.decode, result.pieces, from_step=result.seen_steps)
+    result.seen_steps = len(out.trace.steps)

@@ -1,0 +1,94 @@
+"""Text of a run as HTML: each committed token coloured by origin, rejected draft tokens struck through.
+
+Token ids become text through a ``pieces`` dict (id -> text) recorded with the run (see
+:func:`collect_pieces`), so a stored run renders with no tokenizer at hand.
+"""
+from __future__ import annotations
+
+import html
+
+from mirror_sd.trace import Trace
+
+ORIGIN_COLOURS = {  # background of a committed token, by origin (see mirror_sd.trace)
+    "target": "#e5e7eb",
+    "accepted": "#bbf7d0",
+    "correction": "#fed7aa",
+    "bonus": "#bfdbfe",
+}
+ORIGIN_NAMES = {
+    "target": "target token (no draft)",
+    "accepted": "accepted draft token",
+    "correction": "target correction",
+    "bonus": "bonus token",
+}
+TEXT_STYLE = "overflow-wrap:anywhere;line-height:1.9;font-size:14px;"
+REJECTED_STYLE = "color:#9ca3af;text-decoration:line-through;"
+
+
+def collect_pieces(trace: Trace, decode, pieces: dict[int, str] | None = None, from_step: int = 0) -> dict[int, str]:
+    """Add the text of every token id that steps[from_step:] mention (committed, proposed, extras)."""
+    pieces = {} if pieces is None else pieces
+    for step in trace.steps[from_step:]:
+        for token in _ints([step.committed, step.proposed, step.extras]):
+            if token not in pieces:
+                pieces[token] = decode([token])
+    return pieces
+
+
+def _ints(value):
+    """Every non-negative int inside nested lists, tuples and dicts (ids, plus some harmless extras)."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if value >= 0:
+            yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _ints(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _ints(item)
+
+
+def piece(pieces: dict, token: int) -> str:
+    """The text of one token; JSON round trips turn int keys into strings, so both are looked up."""
+    text = pieces.get(token, pieces.get(str(token)))
+    return f"<{token}>" if text is None else text
+
+
+def visible(text: str) -> str:
+    """A token's text with whitespace made visible: newlines as ↵, a blank token as ␣."""
+    text = text.replace("\n", "↵").replace("\t", "⇥")
+    return text if text.strip() else "␣" * len(text) or "∅"
+
+
+def _span(text: str, style: str, title: str) -> str:
+    shown = html.escape(text).replace("\n", "↵<br>") or "∅"
+    style += "padding:0 1px;margin:0 1px 0 0;border-radius:3px;"
+    return f'<span class="tok" style="{style}" title="{html.escape(title)}">{shown}</span>'
+
+
+def step_html(step, pieces: dict, current: bool = False) -> str:
+    """One step: accepted tokens, then rejected draft tokens (struck through), then the target's token."""
+    border = "outline:2px solid #7c3aed;" if current else ""
+    parts = []
+    for token, origin in zip(step.committed, step.origins):
+        if origin in ("correction", "bonus"):
+            parts += [_span(piece(pieces, t), REJECTED_STYLE + border, f"step {step.index}: rejected draft token")
+                      for t in step.rejected]
+        style = f"background:{ORIGIN_COLOURS.get(origin, '#fff')};" + border
+        parts.append(_span(piece(pieces, token), style, f"step {step.index}: {ORIGIN_NAMES.get(origin, origin)}"))
+    return "".join(parts)
+
+
+def text_html(trace: Trace, pieces: dict, upto: int | None = None, current: int | None = None) -> str:
+    """All steps up to index ``upto`` (all when None); step ``current`` outlined."""
+    steps = [s for s in trace.steps if upto is None or s.index <= upto]
+    body = "".join(step_html(s, pieces, current=s.index == current) for s in steps)
+    return f'<div class="tokens" style="{TEXT_STYLE}">{body}</div>'
+
+
+def legend_html() -> str:
+    items = [_span(name, f"background:{ORIGIN_COLOURS[origin]};", name) for origin, name in ORIGIN_NAMES.items()]
+    items.append(_span("rejected draft token", REJECTED_STYLE, "a draft token the target did not accept"))
+    return '<div class="legend">' + " ".join(items) + "</div>"

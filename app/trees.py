@@ -1,0 +1,76 @@
+"""Hypothesis trees from a step's recorded extras, as a flat list of nodes (drawn by figures.tree).
+
+Two shapes are understood, so new methods need no app change:
+
+* Mirror-SD (``exit_candidates``, ``branches``, ``hit``, ``branch_used``): the draft window as a
+  chain, the early-exit candidates hanging off each window position, the branches the draft lane
+  rolled out, and the one used at the rendezvous (a hit) or the target's token that no branch
+  foresaw (a miss: fallback).
+* Any draft tree (``tokens`` and ``parents``, parent -1 or None for a root; optional ``scores``
+  and ``accepted_path``, the node indices the target accepted), as EAGLE-style methods record.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Node kinds, from the step's point of view (figures.NODE_STYLES gives each a colour and a legend name).
+ROOT, ACCEPTED, REJECTED, CANDIDATE, ROLLED, USED, TARGET_MISS, NODE = (
+    "root", "accepted", "rejected", "candidate", "rolled out", "used", "target token, no branch", "draft node")
+
+
+@dataclass
+class Node:
+    token: int | None  # None for the root (the committed prefix)
+    parent: int | None  # index of the parent node
+    kind: str
+    note: str = ""  # hover detail
+
+
+def step_tree(step) -> list[Node]:
+    """The step's tree, or [] when the step recorded none."""
+    extras = step.extras or {}
+    if "exit_candidates" in extras and "branches" in extras:
+        return mirror_tree(step)
+    if "tokens" in extras and "parents" in extras:
+        return draft_tree(extras)
+    return []
+
+
+def mirror_tree(step) -> list[Node]:
+    extras = step.extras
+    nodes = [Node(None, None, ROOT, "committed prefix")]
+    chain = [0]  # node index of window position r (after r draft tokens)
+    for i, token in enumerate(step.proposed):
+        kind = ACCEPTED if i < step.accepted else REJECTED
+        nodes.append(Node(token, chain[-1], kind, f"draft token d{i + 1}"))
+        chain.append(len(nodes) - 1)
+    rolled = {(int(b[0]), int(b[1])): list(b[2]) for b in extras["branches"]}
+    used = extras["branches"][extras["branch_used"]][:2] if extras.get("hit") else None
+    target = (step.accepted, step.committed[-1]) if step.origins and step.origins[-1] in ("correction", "bonus") \
+        else None  # what the target emitted after the accepted prefix
+    missed = target if used is None else None
+    for r, candidates in enumerate(extras["exit_candidates"][:len(chain)]):
+        for rank, v in enumerate(candidates):
+            if r < len(step.proposed) and v == step.proposed[r]:
+                continue  # the draft token itself: that is the chain, not a branch
+            is_used = used is not None and (r, v) == (int(used[0]), int(used[1]))
+            kind = USED if is_used else TARGET_MISS if (r, v) == missed else ROLLED if (r, v) in rolled else CANDIDATE
+            nodes.append(Node(v, chain[r], kind, f"early-exit candidate #{rank + 1} at position {r}"))
+            parent = len(nodes) - 1
+            for k, token in enumerate(rolled.get((r, v), [])):
+                nodes.append(Node(token, parent, kind, f"draft rollout token {k + 1}"))
+                parent = len(nodes) - 1
+    if missed and not any(n.kind == TARGET_MISS for n in nodes) and missed[0] < len(chain):
+        nodes.append(Node(missed[1], chain[missed[0]], TARGET_MISS, "the target's token: not an early-exit candidate"))
+    return nodes
+
+
+def draft_tree(extras: dict) -> list[Node]:
+    path = set(extras.get("accepted_path") or [])
+    scores = extras.get("scores") or []
+    nodes = [Node(None, None, ROOT, "committed prefix")]
+    for i, (token, parent) in enumerate(zip(extras["tokens"], extras["parents"])):
+        note = f"node {i}" + (f", score {scores[i]:.3g}" if i < len(scores) else "")
+        kind = ACCEPTED if i in path else NODE
+        nodes.append(Node(int(token), 0 if parent is None or parent < 0 else int(parent) + 1, kind, note))
+    return nodes

@@ -1,0 +1,188 @@
+"""The app's builders on real runs of a tiny pair: race, cards, token HTML, sentences, figures, trees, export."""
+import json
+import threading
+
+import pandas as pd
+import pytest
+
+from app import figures
+from app.cards import baseline, card_html
+from app.explain import explain
+from app.handlers import check_prompt, hardware_notice
+from app.export import export_files
+from app.race import run_race
+from app.replay import commit_times, last_step_at
+from app.tokens import ORIGIN_COLOURS, legend_html, text_html
+from app.trees import ACCEPTED, REJECTED, ROOT, TARGET_MISS, USED, draft_tree, step_tree
+from mirror_sd import METHODS
+from mirror_sd.trace import Step, Trace
+
+PROMPT = "t1 t2 t3"
+MIRROR = dict(gamma=3, kappa=2, branch_budget=3)
+TINY_METHODS = ("vanilla", "sd", "mirror")  # need nothing beyond a target and a draft
+
+
+@pytest.fixture(scope="module")
+def race(tiny_pair):
+    """One finished race of every registered method on the tiny pair."""
+    results = None
+    for results in run_race(tiny_pair, PROMPT, list(METHODS), threading.Event(), max_new_tokens=24,
+                            options={"mirror": MIRROR}):
+        pass
+    return results
+
+
+def test_race_runs_every_method_in_turn_vanilla_first(race):
+    assert list(race)[0] == "vanilla" and set(race) == set(METHODS)
+    for name in TINY_METHODS:
+        r = race[name]
+        assert r.error is None and r.finished == "length" and r.metrics["new_tokens"] == 24
+        assert all(piece_id in r.pieces for s in r.trace.steps for piece_id in s.committed)
+    for r in race.values():  # a method the tiny pair cannot run (e.g. needs trained add-ons) says why
+        assert r.finished == "length" or (r.finished == "error" and r.error)
+
+
+def test_timeline_has_one_row_per_lane_and_one_bar_per_span(race):
+    mirror = race["mirror"].trace
+    fig = figures.timeline({"Mirror-SD": mirror})
+    bars = [d for d in fig.data if d.type == "bar"]
+    assert sum(len(d.x) for d in bars) == len(mirror.spans)
+    assert {y for d in bars for y in d.y} == {"target, GPU role, cpu:0", "draft, NPU role, cpu:1"}
+    for d in bars:  # one bar trace per span kind, in that kind's colour, on a ms axis
+        kind = d.legendgroup
+        spans = [s for s in mirror.spans if s.kind == kind]
+        assert d.marker.color == figures.kind_style(kind)[0]
+        assert list(d.base) == pytest.approx([1000 * s.start for s in spans])
+        assert list(d.x) == pytest.approx([1000 * s.duration for s in spans])
+    assert {"target-prefix", "target-suffix", "draft-rollout", "rendezvous"} <= {d.legendgroup for d in bars}
+
+
+def test_timelines_share_one_x_range_and_highlight_a_step(race):
+    traces = {race[n].title: race[n].trace for n in TINY_METHODS}
+    fig = figures.timeline(traces, step=2)
+    end = max(s.end for t in traces.values() for s in t.spans)
+    axes = [fig.layout.xaxis] + [getattr(fig.layout, f"xaxis{i}") for i in range(2, len(traces) + 1)]
+    assert all(axis.range[1] == pytest.approx(1.02 * 1000 * end) for axis in axes)
+    assert all(axis.matches == f"x{len(traces)}" for axis in axes[:-1])  # zooming one zooms all
+    for d in fig.data:
+        steps = [c[0] for c in d.customdata]
+        assert list(d.marker.opacity) == [1.0 if s == 2 else 0.25 for s in steps]
+
+
+def test_utilisation_matches_busy_time_from_spans(race):
+    trace = race["sd"].trace
+    fig = figures.utilisation({"sd": trace})
+    end = max(s.end for s in trace.spans)
+    shares = {d.y[0]: d.x[0] for d in fig.data if d.type == "bar"}
+    for lane, busy in trace.busy_seconds().items():
+        assert shares[lane] == pytest.approx(100 * busy / end)
+        times, pct = figures.busy_over_time(trace, lane, end, bins=50)
+        assert sum(p / 100 * end / 50 for p in pct) == pytest.approx(busy)  # the bins add back to the busy time
+
+
+def test_token_html_colours_origins_and_strikes_rejected_drafts(race):
+    r = race["sd"]
+    page = text_html(r.trace, r.pieces)
+    for origin in {o for s in r.trace.steps for o in s.origins}:
+        assert ORIGIN_COLOURS[origin] in page
+    rejected = sum(len(s.rejected) for s in r.trace.steps if s.origins and s.origins[-1] == "correction")
+    assert rejected > 0 and page.count("line-through") == rejected
+    assert "rejected draft token" in legend_html() and all(c in legend_html() for c in ORIGIN_COLOURS.values())
+    upto = text_html(r.trace, r.pieces, upto=2, current=2)
+    assert upto.count('title="step 3') == 0 and "outline" in upto
+
+
+def test_card_shows_measured_numbers_and_speedup_over_vanilla(race):
+    rate = baseline(race)
+    assert rate == race["vanilla"].metrics["tokens_per_s"]
+    card = card_html(race["sd"], rate)
+    speedup = race["sd"].metrics["tokens_per_s"] / rate
+    assert f"{speedup:.2f}× vanilla" in card and "τ" in card and 'data-state="length"' in card
+
+
+def test_sentences_follow_the_trace(race):
+    sd = race["sd"]
+    assert "3-token prompt" in explain(sd.trace, 0, sd.pieces)
+    for step in sd.trace.steps[1:]:
+        assert f"accepted {step.accepted} of {len(step.proposed)} draft tokens" in explain(sd.trace, step.index, sd.pieces)
+    mirror = race["mirror"]
+    words = [("(hit)" if s.extras["hit"] else "(miss)") for s in mirror.trace.steps[1:]]
+    assert {"(hit)", "(miss)"} == set(words)
+    for step, word in zip(mirror.trace.steps[1:], words):
+        assert word in explain(mirror.trace, step.index, mirror.pieces)
+    assert "one forward pass" in explain(race["vanilla"].trace, 3, race["vanilla"].pieces)
+
+
+def test_mirror_tree_marks_the_window_candidates_and_the_branch_used(race):
+    steps = race["mirror"].trace.steps[1:]
+    for step in steps:
+        nodes = step_tree(step)
+        assert nodes[0].kind == ROOT
+        chain = nodes[1:1 + len(step.proposed)]
+        assert [n.kind for n in chain] == [ACCEPTED] * step.accepted + [REJECTED] * (len(chain) - step.accepted)
+        marked = [n for n in nodes if n.kind in (USED, TARGET_MISS) and nodes[n.parent].kind in (ROOT, ACCEPTED, REJECTED)]
+        assert [n.token for n in marked] == [step.committed[-1]]  # the target's token, at the accepted depth
+        assert (marked[0].kind == USED) == step.extras["hit"]
+    fig = figures.tree(steps[0], race["mirror"].pieces)
+    assert {d.name for d in fig.data if d.name} >= {"root", "rolled out"}
+
+
+def test_generic_draft_tree_from_tokens_and_parents():
+    extras = dict(tokens=[5, 6, 7, 8], parents=[-1, 0, 0, 1], scores=[0.9, 0.5, 0.3, 0.4], accepted_path=[0, 1])
+    nodes = draft_tree(extras)
+    assert [n.parent for n in nodes] == [None, 0, 1, 1, 2]
+    assert [n.kind for n in nodes[1:]] == [ACCEPTED, ACCEPTED, "draft node", "draft node"]
+    fig = figures.tree(Step(1, [5, 6], ["accepted", "accepted"], extras=extras), {5: "a", 6: "b", 7: "c", 8: "d"})
+    assert sum(len(d.x) for d in fig.data if d.mode != "lines") == 5
+
+
+def test_export_files_parse_back(race, tmp_path):
+    traces = {name: race[name].trace for name in TINY_METHODS}
+    paths = export_files(traces, tmp_path)
+    assert len(paths) == 4 * len(traces)
+    for name, trace in traces.items():
+        back = Trace.from_json((tmp_path / f"{name}.json").read_text())
+        assert back.spans == trace.spans and [s.committed for s in back.steps] == [s.committed for s in trace.steps]
+        assert len(pd.read_csv(tmp_path / f"{name}-spans.csv")) == len(trace.spans)
+        assert len(pd.read_csv(tmp_path / f"{name}-steps.csv")) == len(trace.steps)
+        events = json.loads((tmp_path / f"{name}.chrome.json").read_text())["traceEvents"]
+        assert sum(e["ph"] == "X" for e in events) == len(trace.spans)
+
+
+def test_replay_follows_measured_commit_times(race):
+    trace = race["mirror"].trace
+    times = commit_times(trace)
+    assert last_step_at(trace, -1.0) == -1 and last_step_at(trace, max(times.values())) == trace.steps[-1].index
+    for step in trace.steps:
+        assert last_step_at(trace, times[step.index]) >= step.index
+
+
+def test_stop_keeps_the_text_so_far_and_skips_the_rest(tiny_pair):
+    stop, seen = threading.Event(), []
+    for results in run_race(tiny_pair, PROMPT, ["vanilla", "sd"], stop, max_new_tokens=150):
+        seen.append(results["vanilla"].metrics.get("new_tokens", 0))
+        if seen[-1] >= 5:
+            stop.set()
+    assert results["vanilla"].finished == "stopped" and 5 <= results["vanilla"].metrics["new_tokens"] < 150
+    assert results["sd"].finished == "skipped" and not results["sd"].trace.steps
+
+
+def test_bad_options_and_prompts_become_messages(tiny_pair):
+    results = None
+    for results in run_race(tiny_pair, PROMPT, ["vanilla", "sd"], threading.Event(), max_new_tokens=4,
+                            options={"sd": {"gamma": 0}}):
+        pass
+    assert "gamma must be between" in results["sd"].error and results["sd"].finished == "error"
+    assert results["vanilla"].error is None
+    for results in run_race(tiny_pair, "   ", ["vanilla"], threading.Event(), max_new_tokens=4):
+        pass
+    assert "prompt is empty" in results["vanilla"].error
+    for results in run_race(tiny_pair, "t1 " * 300, ["vanilla"], threading.Event(), max_new_tokens=4):
+        pass
+    assert "does not fit the target's context" in results["vanilla"].error
+
+
+def test_page_says_when_both_lanes_are_one_kind_of_hardware(tiny_pair):
+    notice = hardware_notice(tiny_pair)
+    assert "target, GPU role, cpu:0" in notice and "stand in for the two separate devices" in notice
+    assert check_prompt("", ["sd"]).startswith("the prompt is empty") and check_prompt("hi", []) is not None

@@ -1,0 +1,86 @@
+"""The launched app on a tiny pair: driven through its API with gradio_client, and in Chromium with Playwright."""
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mirror_sd import METHODS
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
+TINY_METHODS = ("vanilla", "sd", "mirror")  # the methods a tiny target + draft pair can run
+MIRROR_LANES = {"target, GPU role, cpu:0", "draft, NPU role, cpu:1"}
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_pair):
+    from app.ui import build_demo
+
+    demo = build_demo(pair_factory=lambda **devices: tiny_pair)
+    _, url, _ = demo.queue(max_size=8).launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True,
+                                              quiet=True)
+    yield url
+    demo.close()
+
+
+def test_api_run_returns_text_metrics_and_a_two_lane_timeline(app_url):
+    from gradio_client import Client
+
+    client = Client(app_url, verbose=False)
+    status, *cards = client.predict(prompt_text="t1 t2 t3", max_new=12, api_name="/run")
+    assert status.startswith("Done.")
+    assert len(cards) == len(METHODS)
+    for name, card in zip(METHODS, cards):
+        if name in TINY_METHODS:
+            assert 'data-state="length"' in card and "12 tokens" in card and "tok/s" in card and 'class="tok"' in card
+        else:  # needs more than the tiny pair has: the card says why
+            assert 'data-state="length"' in card or 'class="card-error"' in card
+    timeline, utilisation, files, _ = client.predict(api_name="/views")  # same session: the race just run
+    figure = json.loads(timeline["plot"])
+    row = [a["text"] for a in figure["layout"]["annotations"]].index("Mirror-SD") + 1  # subplot titles, in order
+    axis = "y" if row == 1 else f"y{row}"
+    lanes = {y for d in figure["data"] if d["type"] == "bar" and d.get("yaxis", "y") == axis for y in d["y"]}
+    assert lanes == MIRROR_LANES
+    assert len(files) >= 4 * len(TINY_METHODS) and all(Path(f).exists() for f in files)
+
+
+def test_api_reports_an_empty_prompt_without_a_traceback(app_url):
+    from gradio_client import Client
+
+    status, *cards = Client(app_url, verbose=False).predict(prompt_text="  ", api_name="/run")
+    assert status == "**Cannot run:** the prompt is empty: type some text or pick an example."
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM) and not shutil.which("chromium"),
+                    reason="Chromium is not installed here (CI installs Debian's chromium: see .ci/run)")
+def test_browser_runs_the_race_and_steps_through_it(app_url, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
+                                    headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(app_url)
+        page.get_by_label("Prompt").fill("t1 t2 t3")
+        page.locator("#run").click()
+        for name in TINY_METHODS:  # every card fills with text and the engine's numbers
+            card = page.locator(f"#card-{name} .card")
+            expect(card).to_have_attribute("data-state", "length", timeout=60_000)
+            expect(card.locator(".tok").first).to_be_visible()
+            expect(card.locator(".card-metrics")).to_contain_text("tok/s")
+        expect(page.locator("#timeline .js-plotly-plot")).to_be_visible(timeout=30_000)
+        expect(page.locator("#timeline .bars path").first).to_be_attached()
+        page.screenshot(path=tmp_path / "race.png", full_page=True)
+        page.get_by_role("tab", name="Step-through").click()
+        expect(page.locator("#sentence")).to_contain_text("Step 0", timeout=30_000)
+        page.locator("#next").click()
+        expect(page.locator("#sentence")).to_contain_text("Step 1", timeout=30_000)
+        page.locator("#next").click()
+        expect(page.locator("#sentence")).to_contain_text("Step 2", timeout=30_000)
+        page.locator("#prev").click()
+        expect(page.locator("#sentence")).to_contain_text("Step 1", timeout=30_000)
+        page.screenshot(path=tmp_path / "step.png", full_page=True)
+        browser.close()
+    assert (tmp_path / "race.png").stat().st_size > 10_000
