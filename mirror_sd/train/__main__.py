@@ -4,6 +4,7 @@ Subcommands:
   data   build prompts from offline corpora and record the target's greedy answers
          (distillation data for draft models); see mirror_sd/train/distill.py.
   draft  train the draft for the embedded target on that data; see mirror_sd/train/draft.py.
+  eagle  train the EAGLE head for the embedded target on its features; see mirror_sd/train/eagle.py.
 
 Add further subcommands (eagle, ss, ...) with a function that registers a subparser and sets
 ``func``.
@@ -43,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .draft import add_parser as add_draft
 
     add_draft(sub)
+    from .eagle import add_parser as add_eagle
+
+    add_eagle(sub)
     return parser
 
 
