@@ -43,10 +43,10 @@ class EagleHead(nn.Module):
 
     @classmethod
     def from_target(cls, target: Transformer, vocab_map: torch.Tensor) -> "EagleHead":
-        """A fresh head for ``target``; its decoder layer starts as a copy of the target's last layer."""
+        """A fresh, randomly initialised head for ``target`` (copying a target layer starts far worse:
+        the last layers of SmolLM2 write very large activations into the residual stream)."""
         head = cls(target.args, vocab_map, target.model.embed_tokens.weight,
                    target.lm_head.weight[vocab_map.to(target.device)], target.inv_freq, target.rope_scale)
-        head.layer.load_state_dict(target.model.layers[-1].state_dict())
         return head.to(target.device, target.dtype)
 
     @property

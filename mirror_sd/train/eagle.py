@@ -64,11 +64,12 @@ def extract_features(target, examples, folder: Path, max_len: int, batch_tokens:
     shards = []
     starts = range(0, len(examples), SHARD_EXAMPLES)
     for n, start in enumerate(tqdm(starts, desc="target features", unit="shard")):
-        path = folder / f"shard-{n:04d}.safetensors"
+        chunk = examples[start:start + SHARD_EXAMPLES]
+        path = folder / f"shard-{n:04d}-{len(chunk)}-{max_len}.safetensors"  # a grown data set: new names
         shards.append(path)
         if path.exists():
             continue
-        seqs = [(p + a)[-max_len:] for p, a in examples[start:start + SHARD_EXAMPLES]]
+        seqs = [(p + a)[-max_len:] for p, a in chunk]
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
         feats, argmax = [None] * len(seqs), [None] * len(seqs)
         i = 0
