@@ -42,6 +42,9 @@ from ..models.loading import EMBEDDED_NAME
 from ..trace import Step
 from .verify import verify_sampling, walk_tree_greedy
 
+# The head's matmuls are tiny (at most top_k rows): on a CPU, one thread beats two, whose
+# synchronisation costs more than the work (measured: 48 vs 960 ms per depth-5 tree on 2 busy cores).
+DRAFT_CPU_THREADS = 1
 HEADS: "WeakKeyDictionary" = WeakKeyDictionary()  # target Transformer -> its EagleHead
 
 
@@ -124,19 +127,22 @@ def draft_tree(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, t
     tokens, parents, depths, scores = [], [], [], []
     slot_of: dict[int, int] = {}  # node -> its head cache slot (expanded nodes only)
 
-    def add_children(parent: int, feat: torch.Tensor, parent_score: float, d: int) -> list[int]:
-        logp = torch.log_softmax(head.logits(feat), dim=-1).cpu()  # [rows]
-        top = logp.topk(min(top_k, logp.numel()))
+    def add_children(parents_: list[int], feats: torch.Tensor, d: int) -> list[int]:
+        """The top_k children of each node in parents_ (-1: the root), from its predicted feature [k, d]."""
+        logp = torch.log_softmax(head.logits(feats), dim=-1).cpu()  # [k, rows]
+        top = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
         new = []
-        for row, lp in zip(top.indices.tolist(), top.values.tolist()):
-            tokens.append(int(vocab_map[row]))
-            parents.append(parent)
-            depths.append(d)
-            scores.append(parent_score + lp)
-            new.append(len(tokens) - 1)
+        for parent, rows, lps in zip(parents_, top.indices.tolist(), top.values.tolist()):
+            base_score = scores[parent] if parent >= 0 else 0.0
+            for row, lp in zip(rows, lps):
+                tokens.append(int(vocab_map[row]))
+                parents.append(parent)
+                depths.append(d)
+                scores.append(base_score + lp)
+                new.append(len(tokens) - 1)
         return new
 
-    level = add_children(-1, last, 0.0, 1)
+    level = add_children([-1], last[None], 1)
     predicted: dict[int, torch.Tensor] = {}  # node -> the head's output with that node as input
     for d in range(2, depth + 1):
         frontier = sorted(level, key=lambda i: (-scores[i], i))[:top_k]
@@ -153,7 +159,7 @@ def draft_tree(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, t
         positions = torch.tensor([[n - 2 + depths[i] for i in frontier]])  # node at depth j: position n-2+j
         out = head_step(head, cache, feats, [tokens[i] for i in frontier], positions, mask)  # [k, d]
         predicted.update({i: out[row] for row, i in enumerate(frontier)})
-        level = [c for row, i in enumerate(frontier) for c in add_children(i, out[row], scores[i], d)]
+        level = add_children(frontier, out, d)
     keep = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:total_tokens])
     index = {old: new for new, old in enumerate(keep)}
     return Tree([tokens[i] for i in keep], [index[parents[i]] if parents[i] >= 0 else -1 for i in keep],
@@ -177,11 +183,17 @@ def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_to
     """Feed the pending (feature, token) pairs, then draft; the head's cache ends at n - 1 slots."""
     n = len(run.sequence)
     feats, ids = pending
-    last = head_step(head, cache, feats, ids)[-1]  # f^_{n-1} [d]
-    if run.draft_sampler.greedy:
-        tree = draft_tree(head, cache, last, n, depth, top_k, total_tokens)
-    else:
-        tree = draft_chain(head, cache, last, n, depth, run.draft_sampler, run.pair.target.args.vocab_size)
+    threads = torch.get_num_threads()
+    if head.device.type == "cpu":
+        torch.set_num_threads(DRAFT_CPU_THREADS)
+    try:
+        last = head_step(head, cache, feats, ids)[-1]  # f^_{n-1} [d]
+        if run.draft_sampler.greedy:
+            tree = draft_tree(head, cache, last, n, depth, top_k, total_tokens)
+        else:
+            tree = draft_chain(head, cache, last, n, depth, run.draft_sampler, run.pair.target.args.vocab_size)
+    finally:
+        torch.set_num_threads(threads)
     cache.rollback(n - 1)
     return tree
 
