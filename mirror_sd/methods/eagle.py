@@ -15,8 +15,7 @@ One step:
 2. Verify (target lane, span kind "verify"). ONE target forward over [x_{n-1}, tree nodes] with the
    tree mask (each node sees the prefix, its ancestors and itself) and positions n-1 + depth. Then
    ``verify.walk_tree_greedy`` follows the children that match the target's argmax from the root:
-   the accepted path, plus the target's token after it. The LM head runs only on the nodes the walk
-   visits (the full-vocabulary head is a fifth of a forward per token).
+   the accepted path, plus the target's token after it.
 3. ``KVCache.keep`` moves the root and the accepted path's entries into place; the target's features
    there become the head's pending pairs. The head's tree entries are dropped (rollback).
 
@@ -220,10 +219,11 @@ def verify_tree(run, cache, tree: Tree):
     ids = torch.tensor([[run.sequence[-1], *tree.tokens]], device=target.device)  # [1, N + 1]
     feats = target_features(target, ids, cache, tree_positions(tree.depths, n - 1).to(target.device),
                             tree_mask(tree.parents))
+    logits = target.lm_head(feats).float()  # [N + 1, V]: one pass over the head's weights for every node
     if run.target_sampler.greedy:
-        path, token = walk_tree_greedy(tree.tokens, tree.children(), lambda node: target.lm_head(feats[node + 1]).float())
+        path, token = walk_tree_greedy(tree.tokens, tree.children(), lambda node: logits[node + 1])
     else:  # a chain: nodes 0 .. depth-1 in order
-        verdict = verify_sampling(tree.tokens, tree.q, run.target_sampler.probs(target.lm_head(feats).float()), run.target_sampler)
+        verdict = verify_sampling(tree.tokens, tree.q, run.target_sampler.probs(logits), run.target_sampler)
         path, token = list(range(verdict.accepted)), verdict.token
     n = len(run.sequence)
     cache.keep([n - 1] + [n + i for i in path], at=n - 1)  # root + accepted path -> slots n-1 .. n-1+A
