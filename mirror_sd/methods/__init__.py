@@ -66,6 +66,9 @@ def get_method(name: str) -> Method:
 GAMMA = Option("gamma", 4, 1, 32, "draft tokens per step (window length); 4: best in docs/sweeps/sd_gamma.csv")
 KAPPA = Option("kappa", 8, 1, 64, "early-exit candidates per window position (token channel width)")
 EXIT_LAYER = Option("exit_layer", 0, 0, 1024, "target layer feeding the token channel (0 = half the target's layers)")
+DEPTH = Option("depth", 5, 1, 16, "EAGLE tree levels (draft tokens along a path)")
+TOP_K = Option("top_k", 4, 1, 16, "EAGLE: children per expanded node, and nodes expanded per level")
+TOTAL_TOKENS = Option("total_tokens", 12, 1, 64, "EAGLE: draft tree nodes the target verifies in one forward")
 BRANCH_BUDGET = Option("branch_budget", 8, 1, 256, "branches the draft rolls out per step")
 
 
@@ -85,7 +88,7 @@ def _check_streams(pair, options):
                             f"got {options['gamma']}")
 
 
-from . import mirror, sd, ss, vanilla  # noqa: E402  (modules use Option/Method above)
+from . import eagle, mirror, sd, ss, vanilla  # noqa: E402  (modules use Option/Method above)
 
 register(Method("vanilla", "Vanilla", "autoregressive: one target forward per token",
                 vanilla.decode, needs_draft=False, parallel_lanes=False))
@@ -97,3 +100,6 @@ register(Method("ss", "Speculative Streaming", "the target drafts for itself: tr
 register(Method("mirror", "Mirror-SD", "the target's early exit steers branch rollouts on the draft lane, "
                 "which run while the target finishes its layers", mirror.decode, needs_draft=True,
                 parallel_lanes=True, options=(GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET), check=_check_exit_layer))
+register(Method("eagle", "EAGLE-2", "a feature-level head on the target's lane drafts a dynamic tree; "
+                "the target verifies the whole tree in one forward", eagle.decode, needs_draft=False,
+                parallel_lanes=False, options=(DEPTH, TOP_K, TOTAL_TOKENS), check=eagle.check))

@@ -7,6 +7,8 @@
   probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection draw the correction from
   norm(max(0, p_i - q_i)); if all are accepted draw the bonus from p_{gamma+1}. Each committed
   token is then distributed exactly as p given the prefix, whatever q is.
+* Greedy tree walk (EAGLE-2, temperature 0): from the root follow the child that equals the
+  target's argmax; the argmax where no child matches is the correction (after a leaf: the bonus).
 """
 from __future__ import annotations
 
@@ -53,3 +55,22 @@ def verify(draft: list[int], q: torch.Tensor | None, target_logits: torch.Tensor
     if sampler.greedy:
         return verify_greedy(draft, target_logits)
     return verify_sampling(draft, q, sampler.probs(target_logits), sampler)
+
+
+def walk_tree_greedy(tokens: list[int], children: dict[int, list[int]], logits_at) -> tuple[list[int], int]:
+    """Greedy tree verification: from the root (-1), follow the child whose token is the target's argmax.
+
+    tokens: a token per node; children: node -> its child nodes (the root is -1); logits_at(node): the
+    target's logits [V] for the token after that node's path. Returns the accepted path (nodes, root
+    excluded) and the target's argmax after it: the correction (or the bonus after a leaf). Children
+    of one parent carry distinct tokens, so at most one matches, and every committed token is the
+    target's argmax given the committed prefix: exactly vanilla greedy decoding's tokens.
+    """
+    path, node = [], -1
+    while True:
+        token = int(logits_at(node).argmax())
+        match = [c for c in children.get(node, []) if tokens[c] == token]
+        if not match:
+            return path, token
+        path.append(match[0])
+        node = match[0]

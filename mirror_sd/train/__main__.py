@@ -5,6 +5,7 @@ Subcommands:
          (distillation data for draft models); see mirror_sd/train/distill.py.
   draft  train the draft for the embedded target on that data; see mirror_sd/train/draft.py.
   ss     train speculative streams for the frozen embedded target; see mirror_sd/train/ss.py.
+  eagle  train the EAGLE head for the embedded target on its features; see mirror_sd/train/eagle.py.
 
 Add further subcommands (eagle, ss, ...) with a function that registers a subparser and sets
 ``func``.
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .ss import add_parser as add_ss
 
     add_ss(sub)
+    from .eagle import add_parser as add_eagle
+
+    add_eagle(sub)
     return parser
 
 

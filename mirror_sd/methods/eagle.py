@@ -1,0 +1,255 @@
+"""EAGLE-2 decoding (Li et al., 2024): a feature-level head drafts a dynamic tree on the target's lane.
+
+State between steps, with n committed tokens x_0 .. x_{n-1}: the target's KV cache holds x_0 ..
+x_{n-2} (x_{n-1} is the root of the next tree); the head's cache holds its positions i < n-1 - p,
+and ``pending`` holds the p (target feature f_i, next token x_{i+1}) pairs it has not seen yet.
+
+One step:
+1. Draft (target lane, span kind "draft"). The head takes the pending pairs; its last output
+   f^_{n-1} gives the first level of the tree: the top_k tokens for x_n. For ``depth - 1`` more
+   levels the head runs once over the frontier (the top_k nodes of the newest level by score), each
+   node seeing the committed positions and its ancestors (tree mask, depth position ids), and every
+   frontier node gets its top_k children. Score = product of draft probabilities along the path
+   (sum of log-probs). The best ``total_tokens`` nodes are kept; a child never outscores its parent
+   and ties go to the earlier node, so the kept set is a tree.
+2. Verify (target lane, span kind "verify"). ONE target forward over [x_{n-1}, tree nodes] with the
+   tree mask (each node sees the prefix, its ancestors and itself) and positions n-1 + depth. Then
+   ``verify.walk_tree_greedy`` follows the children that match the target's argmax from the root:
+   the accepted path, plus the target's token after it.
+3. ``KVCache.keep`` moves the root and the accepted path's entries into place; the target's features
+   there become the head's pending pairs. The head's tree entries are dropped (rollback).
+
+Temperature > 0: the head samples a chain of ``depth`` tokens from its distribution q (the top_k /
+total_tokens tree is a greedy device, and a deterministic top-k tree has no exact sampling rule),
+and ``verify.verify_sampling`` checks it with the standard speculative-sampling rule: accept x_i
+with probability min(1, p_i(x_i) / q_i(x_i)), else draw from norm(max(0, p_i - q_i)); if all pass,
+draw the bonus from p. Each draft token is a draw from q given exactly the committed prefix (the
+head sees only committed tokens, their target features, and its own earlier draws), which is all
+the Leviathan/Chen proof needs, so every committed token is distributed exactly as the target's
+p given the prefix. tests/test_eagle.py checks this with a chi-square test against the exact law.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from weakref import WeakKeyDictionary
+
+import torch
+
+from ..errors import MirrorSDError
+from ..models.eagle import EMBEDDED_HEAD, EagleHead, load_head
+from ..models.loading import EMBEDDED_NAME
+from ..trace import Step
+from .verify import verify_sampling, walk_tree_greedy
+
+# The head's matmuls are tiny (at most top_k rows): on a CPU, one thread beats two, whose
+# synchronisation costs more than the work (measured: 48 vs 960 ms per depth-5 tree on 2 busy cores).
+DRAFT_CPU_THREADS = 1
+HEADS: "WeakKeyDictionary" = WeakKeyDictionary()  # target Transformer -> its EagleHead
+
+
+def head_for(pair) -> EagleHead:
+    """The pair's EAGLE head: attached with ``attach_head``, or the shipped one for the embedded target."""
+    head = HEADS.get(pair.target)
+    if head is not None:
+        return head
+    if pair.target_name not in (EMBEDDED_NAME, "default"):
+        raise MirrorSDError(f"method 'eagle' needs an EAGLE head trained for target {pair.target_name!r}; only the "
+                            f"embedded target ({EMBEDDED_NAME}) ships one (train one with python -m mirror_sd.train "
+                            f"eagle, then mirror_sd.methods.eagle.attach_head)")
+    head = load_head(EMBEDDED_HEAD, pair.target)
+    HEADS[pair.target] = head
+    return head
+
+
+def attach_head(pair, head: EagleHead):
+    """Use ``head`` for every eagle run on this pair's target."""
+    HEADS[pair.target] = head.to(pair.target.device, pair.target.dtype).eval().requires_grad_(False)
+
+
+def check(pair, options):
+    head_for(pair)  # load now: a missing head is an input error, not a failure mid-run
+
+
+@dataclass
+class Tree:
+    """Draft nodes in creation order (a parent before its children). Node i sits at window index i + 1."""
+
+    tokens: list[int]  # target token ids
+    parents: list[int]  # index of the parent node; -1 for the root (the last committed token)
+    depths: list[int]  # 1 for children of the root
+    scores: list[float]  # sum of draft log-probs along the path
+    q: torch.Tensor | None = None  # [nodes, V] draft distributions (sampled chains only)
+
+    def children(self) -> dict[int, list[int]]:
+        kids: dict[int, list[int]] = {}
+        for i, p in enumerate(self.parents):
+            kids.setdefault(p, []).append(i)
+        return kids
+
+
+def tree_mask(parents: list[int]) -> torch.Tensor:
+    """[N + 1, N + 1] bool over [root, nodes]: True where a row may attend (its ancestors and itself)."""
+    N = len(parents)
+    mask = torch.eye(N + 1, dtype=torch.bool)
+    mask[:, 0] = True
+    for i, p in enumerate(parents):  # parents come first, so their rows are complete
+        mask[i + 1] |= mask[p + 1]
+    return mask
+
+
+def tree_positions(depths: list[int], root_position: int) -> torch.Tensor:
+    """[1, N + 1] rotary positions of [root, nodes]: the root's, plus each node's depth."""
+    return torch.tensor([[root_position] + [root_position + d for d in depths]])
+
+
+# -- drafting (target lane) ----------------------------------------------------------------------
+def head_step(head: EagleHead, cache, feats, ids, positions=None, mask=None) -> torch.Tensor:
+    """Run the head on T (feature, token) pairs; returns its predicted features [T, d]."""
+    dev = head.device
+    feats = feats.to(dev)[None]  # [1, T, d]
+    ids = torch.tensor([ids], device=dev)  # [1, T]
+    positions = positions.to(dev) if positions is not None else None
+    return head(feats, ids, cache, positions, mask.to(dev) if mask is not None else None)[0]
+
+
+def to_target_logits(head: EagleHead, feats: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Head logits [T, rows] laid out on the target vocabulary [T, V] (-inf outside the head's rows)."""
+    rows = head.logits(feats)
+    full = rows.new_full((rows.shape[0], vocab_size), float("-inf"))
+    return full.index_copy_(-1, head.vocab_map.to(rows.device), rows)
+
+
+def draft_tree(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, top_k: int, total_tokens: int) -> Tree:
+    """EAGLE-2 dynamic tree (module docstring, step 1). last: f^_{n-1} [d]; cache length n - 1."""
+    base = cache.length
+    vocab_map = head.vocab_map.cpu()
+    tokens, parents, depths, scores = [], [], [], []
+    slot_of: dict[int, int] = {}  # node -> its head cache slot (expanded nodes only)
+
+    def add_children(parents_: list[int], feats: torch.Tensor, d: int) -> list[int]:
+        """The top_k children of each node in parents_ (-1: the root), from its predicted feature [k, d]."""
+        logp = torch.log_softmax(head.logits(feats), dim=-1).cpu()  # [k, rows]
+        top = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
+        new = []
+        for parent, rows, lps in zip(parents_, top.indices.tolist(), top.values.tolist()):
+            base_score = scores[parent] if parent >= 0 else 0.0
+            for row, lp in zip(rows, lps):
+                tokens.append(int(vocab_map[row]))
+                parents.append(parent)
+                depths.append(d)
+                scores.append(base_score + lp)
+                new.append(len(tokens) - 1)
+        return new
+
+    level = add_children([-1], last[None], 1)
+    predicted: dict[int, torch.Tensor] = {}  # node -> the head's output with that node as input
+    for d in range(2, depth + 1):
+        frontier = sorted(level, key=lambda i: (-scores[i], i))[:top_k]
+        start = cache.length
+        mask = torch.zeros(len(frontier), start + len(frontier), dtype=torch.bool)  # [k, start + k]
+        mask[:, :base] = True  # committed positions
+        for row, node in enumerate(frontier):
+            slot_of[node] = start + row
+            a = node
+            while a >= 0:  # itself and its expanded ancestors
+                mask[row, slot_of[a]] = True
+                a = parents[a]
+        feats = torch.stack([predicted[parents[i]] if parents[i] >= 0 else last for i in frontier])  # [k, d]
+        positions = torch.tensor([[n - 2 + depths[i] for i in frontier]])  # node at depth j: position n-2+j
+        out = head_step(head, cache, feats, [tokens[i] for i in frontier], positions, mask)  # [k, d]
+        predicted.update({i: out[row] for row, i in enumerate(frontier)})
+        level = add_children(frontier, out, d)
+    keep = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:total_tokens])
+    index = {old: new for new, old in enumerate(keep)}
+    return Tree([tokens[i] for i in keep], [index[parents[i]] if parents[i] >= 0 else -1 for i in keep],
+                [depths[i] for i in keep], [round(scores[i], 4) for i in keep])
+
+
+def draft_chain(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, sampler, vocab_size: int) -> Tree:
+    """Temperature > 0: ``depth`` tokens sampled from the head's q, each fed back (module docstring)."""
+    tokens, q, feat = [], [], last
+    for d in range(1, depth + 1):
+        q.append(sampler.probs(to_target_logits(head, feat[None], vocab_size)[0]))
+        tokens.append(sampler.sample(q[-1]))
+        if d < depth:
+            feat = head_step(head, cache, feat[None], [tokens[-1]], torch.tensor([[n - 2 + d]]))[0]
+    scores = torch.log(torch.stack([qi[t] for qi, t in zip(q, tokens)])).cumsum(0).tolist()
+    return Tree(tokens, list(range(-1, depth - 1)), list(range(1, depth + 1)), [round(s, 4) for s in scores],
+                torch.stack(q))
+
+
+def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_tokens: int) -> Tree:
+    """Feed the pending (feature, token) pairs, then draft; the head's cache ends at n - 1 slots."""
+    n = len(run.sequence)
+    feats, ids = pending
+    threads = torch.get_num_threads()
+    if head.device.type == "cpu":
+        torch.set_num_threads(DRAFT_CPU_THREADS)
+    try:
+        last = head_step(head, cache, feats, ids)[-1]  # f^_{n-1} [d]
+        if run.draft_sampler.greedy:
+            tree = draft_tree(head, cache, last, n, depth, top_k, total_tokens)
+        else:
+            tree = draft_chain(head, cache, last, n, depth, run.draft_sampler, run.pair.target.args.vocab_size)
+    finally:
+        torch.set_num_threads(threads)
+    cache.rollback(n - 1)
+    return tree
+
+
+# -- verification (target lane) ------------------------------------------------------------------
+def target_features(target, ids, cache, positions=None, mask=None) -> torch.Tensor:
+    """Features [T, d] (final-normed hidden states) of ids [1, T] written after the cache's slots."""
+    win = target.window(cache, ids.shape[1], positions, mask)
+    return target.model.norm(target.forward_layers(target.embed(ids), cache, win))[0]
+
+
+def prefill(run, cache):
+    """The prompt through the target: its features [P, d] and the first token."""
+    target = run.pair.target
+    feats = target_features(target, torch.tensor([run.prompt_ids], device=target.device), cache)
+    cache.length = len(run.prompt_ids)
+    return feats, run.target_sampler.pick(target.lm_head(feats[-1]).float())
+
+
+def verify_tree(run, cache, tree: Tree):
+    """One target forward over [root, nodes]; the accepted path (nodes), the next token, and the
+    features of the root and the path [A + 1, d]; the cache keeps the root and the path."""
+    target, n = run.pair.target, len(run.sequence)
+    ids = torch.tensor([[run.sequence[-1], *tree.tokens]], device=target.device)  # [1, N + 1]
+    feats = target_features(target, ids, cache, tree_positions(tree.depths, n - 1).to(target.device),
+                            tree_mask(tree.parents))
+    logits = target.lm_head(feats).float()  # [N + 1, V]: one pass over the head's weights for every node
+    if run.target_sampler.greedy:
+        path, token = walk_tree_greedy(tree.tokens, tree.children(), lambda node: logits[node + 1])
+    else:  # a chain: nodes 0 .. depth-1 in order
+        verdict = verify_sampling(tree.tokens, tree.q, run.target_sampler.probs(logits), run.target_sampler)
+        path, token = list(range(verdict.accepted)), verdict.token
+    n = len(run.sequence)
+    cache.keep([n - 1] + [n + i for i in path], at=n - 1)  # root + accepted path -> slots n-1 .. n-1+A
+    return path, token, feats[[0] + [i + 1 for i in path]]
+
+
+def decode(run, depth: int, top_k: int, total_tokens: int):
+    pair = run.pair
+    target, lane, head = pair.target, pair.target_lane, head_for(pair)
+    cache = target.new_cache(run.cache_slots + total_tokens)
+    head_cache = head.new_cache(run.cache_slots + total_tokens + depth * top_k)
+    P = len(run.prompt_ids)
+    feats, token = lane.run("prefill", prefill, run, cache, label=f"prefill {P} tokens", step=0, tokens=P)
+    yield run.commit(Step(0, [token], ["target"]))
+    pending = (feats, run.prompt_ids[1:] + [token])  # f_0 .. f_{P-1} with x_1 .. x_P
+    size = depth if not run.draft_sampler.greedy else total_tokens
+    while not run.done:
+        step, n = run.next_step, len(run.sequence)
+        tree = lane.run("draft", draft, run, head, head_cache, pending, depth, top_k, total_tokens,
+                        label=f"draft tree of {size} tokens, depth {depth}", step=step, tokens=len(pending[1]))
+        path, token, feats = lane.run("verify", verify_tree, run, cache, tree, label=f"verify {len(tree.tokens) + 1} tokens",
+                                      step=step, tokens=len(tree.tokens) + 1)
+        committed = [tree.tokens[i] for i in path] + [token]
+        leaf = (path[-1] if path else -1) not in tree.children()  # all of a branch accepted: a bonus
+        origins = ["accepted"] * len(path) + ["bonus" if leaf else "correction"]
+        pending = (feats, committed)  # f_{n-1} .. f_{n-1+A} with x_n .. x_{n+A}
+        extras = dict(tree=dict(tokens=tree.tokens, parents=tree.parents, depths=tree.depths, scores=tree.scores,
+                                path=path))
+        yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path), extras=extras))

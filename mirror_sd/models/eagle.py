@@ -1,0 +1,111 @@
+"""An EAGLE-1 style draft head (Li et al., 2024): it autoregresses on the target's features.
+
+Feature f_i: the target's final-normed hidden state at position i (what its LM head reads).
+Head input at position i: concat(f_i, embedding(x_{i+1})) -> Linear(2d -> d) -> one Llama decoder
+layer (``llama.DecoderLayer``) -> f^_{i+1}, a prediction of the next feature. Tokens come from the
+target's own frozen LM head, restricted to ``vocab_map`` (head row r is target token vocab_map[r]):
+logits = f^ @ W_lm[vocab_map]^T. Deeper drafts feed the head its own predicted features.
+
+Only fc and the decoder layer are trained and shipped (fp16); the embedding and the LM-head rows are
+borrowed from the target at load time. The head has its own :class:`KVCache` (one layer), with the
+same rollback / keep as the target's, and takes the same position ids and tree masks.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..errors import MirrorSDError
+from .llama import DecoderLayer, KVCache, ModelArgs, Transformer
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+EMBEDDED_HEAD = ASSETS / "eagle-smollm2-135m"
+
+
+class EagleHead(nn.Module):
+    def __init__(self, args: ModelArgs, vocab_map: torch.Tensor, embed_weight: torch.Tensor,
+                 head_rows: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float):
+        super().__init__()
+        self.args = ModelArgs(**{**args.__dict__, "num_layers": 1})
+        d = args.hidden_size
+        self.fc = nn.Linear(2 * d, d, bias=True)
+        self.layer = DecoderLayer(self.args)
+        self.register_buffer("vocab_map", vocab_map.clone(), persistent=True)  # [rows] target ids
+        # borrowed from the target, frozen, never saved:
+        self.register_buffer("embed_weight", embed_weight.detach(), persistent=False)  # [V, d]
+        self.register_buffer("head_rows", head_rows.detach().clone(), persistent=False)  # [rows, d]
+        self.register_buffer("inv_freq", inv_freq.clone(), persistent=False)
+        self.rope_scale = rope_scale
+
+    @classmethod
+    def from_target(cls, target: Transformer, vocab_map: torch.Tensor) -> "EagleHead":
+        """A fresh, randomly initialised head for ``target`` (copying a target layer starts far worse:
+        the last layers of SmolLM2 write very large activations into the residual stream)."""
+        head = cls(target.args, vocab_map, target.model.embed_tokens.weight,
+                   target.lm_head.weight[vocab_map.to(target.device)], target.inv_freq, target.rope_scale)
+        return head.to(target.device, target.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    window = Transformer.window  # same windows (positions, tree masks) as the target's
+
+    def new_cache(self, max_slots: int) -> KVCache:
+        return KVCache(self.args, max_slots, 1, self.dtype, self.device)
+
+    def forward(self, feats, ids, cache: KVCache | None, positions=None, tree_mask=None) -> torch.Tensor:
+        """feats [B, T, d] (f_i), ids [B, T] (x_{i+1}) -> predicted features [B, T, d] (f^_{i+1}).
+
+        With a cache, the T entries go to the slots after ``cache.length``, which moves past them.
+        """
+        x = self.fc(torch.cat([feats.to(self.dtype), nn.functional.embedding(ids, self.embed_weight)], dim=-1))
+        win = self.window(cache, ids.shape[1], positions, tree_mask, batch=ids.shape[0])
+        h = self.layer(x, win, cache, 0)
+        if cache is not None:
+            cache.length = win.start + ids.shape[1]
+        return h
+
+    def logits(self, feats: torch.Tensor) -> torch.Tensor:
+        """Predicted features [..., d] -> logits over the head's rows [..., rows] (fp32)."""
+        return (feats @ self.head_rows.T).float()
+
+
+def save_head(head: EagleHead, out: Path, card: dict):
+    """fp16 weights (fc, layer, vocab_map), config.json and training.json in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: (v.to(torch.float16) if v.is_floating_point() else v).contiguous() for k, v in head.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    a = head.args
+    config = dict(architecture="eagle-1 head: fc(2d->d) + 1 Llama decoder layer, target's frozen LM head rows",
+                  target=card.get("target"), hidden_size=a.hidden_size, num_heads=a.num_heads,
+                  num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, intermediate_size=a.intermediate_size,
+                  target_vocab_size=a.vocab_size, head_vocabulary=len(head.vocab_map), torch_dtype="float16")
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "training.json").write_text(json.dumps(card, indent=2))
+
+
+def load_head(folder: Path, target: Transformer) -> EagleHead:
+    """The head in ``folder`` on the target's device and dtype; refuse one made for another target."""
+    folder = Path(folder)
+    if not (folder / "config.json").exists() or not (folder / "model.safetensors").exists():
+        raise MirrorSDError(f"no EAGLE head in {folder} (needs config.json and model.safetensors)")
+    config = json.loads((folder / "config.json").read_text())
+    a = target.args
+    want = dict(hidden_size=a.hidden_size, num_heads=a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim,
+                intermediate_size=a.intermediate_size, target_vocab_size=a.vocab_size)
+    wrong = {k: (config.get(k), v) for k, v in want.items() if config.get(k) != v}
+    if wrong:
+        raise MirrorSDError(f"the EAGLE head in {folder} was made for another target: (head, target) differ in {wrong}")
+    state = load_file(str(folder / "model.safetensors"))
+    head = EagleHead.from_target(target, state["vocab_map"].long())
+    head.load_state_dict({k: v.to(target.dtype) if v.is_floating_point() else v for k, v in state.items()})
+    return head.eval().requires_grad_(False)

