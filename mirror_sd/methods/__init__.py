@@ -66,9 +66,10 @@ def get_method(name: str) -> Method:
 GAMMA = Option("gamma", 4, 1, 32, "draft tokens per step (window length); 4: best in docs/sweeps/sd_gamma.csv")
 KAPPA = Option("kappa", 8, 1, 64, "early-exit candidates per window position (token channel width)")
 EXIT_LAYER = Option("exit_layer", 0, 0, 1024, "target layer feeding the token channel (0 = half the target's layers)")
-DEPTH = Option("depth", 5, 1, 16, "EAGLE tree levels (draft tokens along a path)")
+DEPTH = Option("depth", 3, 1, 16, "EAGLE tree levels (draft tokens along a path); 3: best in docs/sweeps/eagle.csv")
 TOP_K = Option("top_k", 4, 1, 16, "EAGLE: children per expanded node, and nodes expanded per level")
-TOTAL_TOKENS = Option("total_tokens", 12, 1, 64, "EAGLE: draft tree nodes the target verifies in one forward")
+TOTAL_TOKENS = Option("total_tokens", 8, 1, 64, "EAGLE: draft tree nodes the target verifies in one forward "
+                      "(greedy only; T > 0 verifies a chain of depth tokens)")
 BRANCH_BUDGET = Option("branch_budget", 8, 1, 256, "branches the draft rolls out per step")
 
 
