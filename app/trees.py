@@ -31,8 +31,8 @@ def step_tree(step) -> list[Node]:
     extras = step.extras or {}
     if "exit_candidates" in extras and "branches" in extras:
         return mirror_tree(step)
-    if "tokens" in extras and "parents" in extras:
-        return draft_tree(extras)
+    if "tree" in extras:  # eagle (and any method that drafts a tree): extras["tree"]
+        return draft_tree(extras["tree"])
     return []
 
 
@@ -65,11 +65,12 @@ def mirror_tree(step) -> list[Node]:
     return nodes
 
 
-def draft_tree(extras: dict) -> list[Node]:
-    path = set(extras.get("accepted_path") or [])
-    scores = extras.get("scores") or []
+def draft_tree(tree: dict) -> list[Node]:
+    """A drafted tree: node tokens, parents (-1 for children of the root), scores, accepted path."""
+    path = set(tree.get("path") or [])
+    scores = tree.get("scores") or []
     nodes = [Node(None, None, ROOT, "committed prefix")]
-    for i, (token, parent) in enumerate(zip(extras["tokens"], extras["parents"])):
+    for i, (token, parent) in enumerate(zip(tree["tokens"], tree["parents"])):
         note = f"node {i}" + (f", score {scores[i]:.3g}" if i < len(scores) else "")
         kind = ACCEPTED if i in path else NODE
         nodes.append(Node(int(token), 0 if parent is None or parent < 0 else int(parent) + 1, kind, note))

@@ -13,7 +13,7 @@ from app.export import export_files
 from app.race import run_race
 from app.replay import commit_times, last_step_at
 from app.tokens import ORIGIN_COLOURS, legend_html, text_html
-from app.trees import ACCEPTED, REJECTED, ROOT, TARGET_MISS, USED, draft_tree, step_tree
+from app.trees import ACCEPTED, REJECTED, ROOT, TARGET_MISS, USED, step_tree
 from mirror_sd import METHODS
 from mirror_sd.trace import Step, Trace
 
@@ -128,8 +128,8 @@ def test_mirror_tree_marks_the_window_candidates_and_the_branch_used(race):
 
 
 def test_generic_draft_tree_from_tokens_and_parents():
-    extras = dict(tokens=[5, 6, 7, 8], parents=[-1, 0, 0, 1], scores=[0.9, 0.5, 0.3, 0.4], accepted_path=[0, 1])
-    nodes = draft_tree(extras)
+    extras = dict(tree=dict(tokens=[5, 6, 7, 8], parents=[-1, 0, 0, 1], scores=[0.9, 0.5, 0.3, 0.4], path=[0, 1]))
+    nodes = step_tree(Step(1, [5, 6], ["accepted", "accepted"], extras=extras))
     assert [n.parent for n in nodes] == [None, 0, 1, 1, 2]
     assert [n.kind for n in nodes[1:]] == [ACCEPTED, ACCEPTED, "draft node", "draft node"]
     fig = figures.tree(Step(1, [5, 6], ["accepted", "accepted"], extras=extras), {5: "a", 6: "b", 7: "c", 8: "d"})

@@ -146,3 +146,18 @@ def test_shipped_head_equals_vanilla_on_varied_prompts(embedded_pair, equality_p
     assert {"accepted", "correction", "bonus"} <= origins
     # the trained head pays its way in tokens: well over one token per target forward (measured ~1.6-1.8)
     assert committed / steps > 1.4
+
+
+def test_the_app_draws_a_real_eagle_tree(tiny_eagle):
+    from app import figures
+    from app.trees import ACCEPTED, ROOT, step_tree
+
+    out = generate(tiny_eagle, "t1 t2 t3", method="eagle", max_new_tokens=12, raw=True, depth=3, top_k=2,
+                   total_tokens=6)
+    step = out.trace.steps[1]
+    nodes = step_tree(step)
+    tree = step.extras["tree"]
+    assert nodes[0].kind == ROOT and len(nodes) == len(tree["tokens"]) + 1
+    assert [n.token for n in nodes if n.kind == ACCEPTED] == [tree["tokens"][i] for i in tree["path"]]
+    fig = figures.tree(step, {t: f"t{t}" for t in range(16)})
+    assert sum(len(d.x) for d in fig.data if d.mode != "lines") == len(nodes)

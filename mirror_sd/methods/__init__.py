@@ -70,6 +70,8 @@ DEPTH = Option("depth", 3, 1, 16, "EAGLE tree levels (draft tokens along a path)
 TOP_K = Option("top_k", 4, 1, 16, "EAGLE: children per expanded node, and nodes expanded per level")
 TOTAL_TOKENS = Option("total_tokens", 8, 1, 64, "EAGLE: draft tree nodes the target verifies in one forward "
                       "(greedy only; T > 0 verifies a chain of depth tokens)")
+STREAMS = Option("streams", 0, 0, 1, "1: the draft proposes each window (each branch) in one forward with its "
+                 "trained speculative streams; 0: token by token")
 BRANCH_BUDGET = Option("branch_budget", 8, 1, 256, "branches the draft rolls out per step")
 
 
@@ -78,6 +80,11 @@ def _check_exit_layer(pair, options):
     if not options["exit_layer"] < layers:
         raise MirrorSDError(f"exit_layer must be below the target's {layers} layers (0 = {layers // 2}), "
                             f"got {options['exit_layer']}")
+
+
+def _check_mirror(pair, options):
+    _check_exit_layer(pair, options)
+    sd.check_streams(pair, options)
 
 
 def _check_streams(pair, options):
@@ -94,13 +101,13 @@ from . import eagle, mirror, sd, ss, vanilla  # noqa: E402  (modules use Option/
 register(Method("vanilla", "Vanilla", "autoregressive: one target forward per token",
                 vanilla.decode, needs_draft=False, parallel_lanes=False))
 register(Method("sd", "Speculative decoding", "a draft model proposes gamma tokens, the target verifies them in one forward",
-                sd.decode, needs_draft=True, parallel_lanes=False, options=(GAMMA,)))
+                sd.decode, needs_draft=True, parallel_lanes=False, options=(GAMMA, STREAMS), check=sd.check_streams))
 register(Method("ss", "Speculative Streaming", "the target drafts for itself: trained streams on its top layers "
                 "propose the next gamma tokens while its main stream verifies", ss.decode, needs_draft=False,
                 parallel_lanes=False, options=(GAMMA,), check=_check_streams))
 register(Method("mirror", "Mirror-SD", "the target's early exit steers branch rollouts on the draft lane, "
                 "which run while the target finishes its layers", mirror.decode, needs_draft=True,
-                parallel_lanes=True, options=(GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET), check=_check_exit_layer))
+                parallel_lanes=True, options=(GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, STREAMS), check=_check_mirror))
 register(Method("eagle", "EAGLE-2", "a feature-level head on the target's lane drafts a dynamic tree; "
                 "the target verifies the whole tree in one forward", eagle.decode, needs_draft=False,
                 parallel_lanes=False, options=(DEPTH, TOP_K, TOTAL_TOKENS), check=eagle.check))

@@ -37,8 +37,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..models.streams import draft_streams
 from ..trace import Step
-from .sd import draft_window, prefill
+from .sd import draft_window, prefill, streamed_window
+from .ss import split_forward
 from .verify import verify
 
 
@@ -95,14 +97,14 @@ def choose_branches(draft: list[int], top_ids, top_logp, window_logp, budget: in
     return branches[:budget]
 
 
-def rollout(run, cache, draft: list[int], branches: list[Branch], gamma: int) -> list[Branch]:
-    """Draft lane: gamma draft tokens after every branch, all branches in one tree per forward.
+def tree_layout(run, cache, draft: list[int], branches: list[Branch]):
+    """The first rollout forward: ids, positions and mask [T, base + T] of the committed tokens the
+    draft has not seen, the window d1..d_gamma (one causal chain) and every branch root.
 
-    Forward 1 feeds the committed tokens the draft has not seen, the window d1..d_gamma and every
-    branch root; forward k feeds each branch's newest token. A mask over cache slots lets a branch
-    see the committed prefix, the window up to its branch point and its own tokens, nothing else.
+    Also returns ``may_see(owner, depth)``: the [B, base + slots] mask of each branch's newest row,
+    given the owner (-1 chain, else branch) and chain depth of every new slot so far. A branch sees
+    the committed prefix, the window up to its branch point and its own tokens, nothing else.
     """
-    model, sampler = run.pair.draft, run.draft_sampler
     n, base = len(run.sequence), cache.length  # the last committed token is at position n - 1
     chain = run.sequence[base:] + draft  # pending committed tokens + window: one causal chain
     B = len(branches)
@@ -110,16 +112,26 @@ def rollout(run, cache, draft: list[int], branches: list[Branch], gamma: int) ->
     owner = torch.tensor([-1] * len(chain) + list(range(B)))  # per new slot: -1 chain, else branch
     depth = torch.tensor([0] * (len(chain) - len(draft)) + list(range(1, len(draft) + 1)) + [0] * B)
 
-    def branch_rows_mask():  # [B, base + slots]: what each branch's newest token may see
+    def may_see(owner, depth):
         sees = ((owner == -1) & (depth <= r[:, None])) | (owner == torch.arange(B)[:, None])
         return torch.cat([torch.ones(B, base, dtype=torch.bool), sees], dim=-1)
 
     chain_rows = torch.cat([torch.ones(len(chain), base, dtype=torch.bool),
                             torch.ones(len(chain), len(chain), dtype=torch.bool).tril(),
                             torch.zeros(len(chain), B, dtype=torch.bool)], dim=-1)
-    mask = torch.cat([chain_rows, branch_rows_mask()])  # [T, base + T]
+    mask = torch.cat([chain_rows, may_see(owner, depth)])  # [T, base + T]
     positions = list(range(n - len(chain) + len(draft), n + len(draft))) + [n + b.accepted for b in branches]
-    ids = chain + [b.root for b in branches]
+    return chain + [b.root for b in branches], positions, mask, owner, depth, may_see
+
+
+def rollout(run, cache, draft: list[int], branches: list[Branch], gamma: int) -> list[Branch]:
+    """Draft lane: gamma draft tokens after every branch, all branches in one tree per forward.
+
+    Forward 1 lays out the tree (``tree_layout``); forward k feeds each branch's newest token.
+    """
+    model, sampler = run.pair.draft, run.draft_sampler
+    n, B = len(run.sequence), len(branches)
+    ids, positions, mask, owner, depth, may_see = tree_layout(run, cache, draft, branches)
     for k in range(gamma):
         logits = _forward_rows(model, cache, ids, positions, mask, rows=B)  # [B, V_draft]
         for b, row in zip(branches, run.as_target_vocab(logits)):
@@ -134,7 +146,30 @@ def rollout(run, cache, draft: list[int], branches: list[Branch], gamma: int) ->
         positions = [n + b.accepted + k + 1 for b in branches]
         owner = torch.cat([owner, torch.arange(B)])
         depth = torch.cat([depth, torch.zeros(B, dtype=torch.long)])
-        mask = branch_rows_mask()
+        mask = may_see(owner, depth)
+    return branches
+
+
+def rollout_streamed(run, cache, draft: list[int], branches: list[Branch], gamma: int) -> list[Branch]:
+    """Like ``rollout``, in one draft forward: the draft's main stream gives each branch's first
+    token after its root, and its speculative streams at the root the other gamma - 1."""
+    model, sampler = run.pair.draft, run.draft_sampler
+    streams = draft_streams(run.pair)
+    B, dev = len(branches), model.device
+    ids, positions, mask, *_ = tree_layout(run, cache, draft, branches)
+    main, h0 = split_forward(model, torch.tensor([ids], device=dev), cache, streams.first_layer,
+                             positions=torch.tensor([positions], device=dev), tree_mask=mask.to(dev))
+    cache.length += len(ids)
+    roots = torch.arange(cache.length - B, cache.length, device=dev)[None]  # [1, B]: the roots' cache slots
+    ahead = streams(model, cache, h0[:, -B:], roots, positions=torch.tensor([positions[-B:]], device=dev),
+                    seen=mask[None, -B:].to(dev))[0, :, :gamma - 1]  # [B, gamma - 1, V_d]
+    logits = run.as_target_vocab(torch.cat([main[0, -B:, None], ahead], dim=1))  # [B, gamma, V]
+    for b, rows in zip(branches, logits):
+        if sampler.greedy:
+            b.tokens = rows.argmax(-1).tolist()
+        else:
+            b.q = list(sampler.probs(rows))
+            b.tokens = [sampler.sample(q) for q in b.q]
     return branches
 
 
@@ -154,8 +189,9 @@ def rendezvous(draft, q, logits, sampler, branches: list[Branch]):
     return verdict, hit
 
 
-def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int):
+def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, streams: int = 0):
     pair = run.pair
+    fresh_draft, roll_out = (streamed_window, rollout_streamed) if streams else (draft_window, rollout)
     exit_layer = exit_layer or pair.target.num_layers // 2
     target_cache, draft_cache, first = prefill(run, extra_draft_slots=branch_budget * gamma)
     yield first
@@ -166,7 +202,7 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int):
         draft_cache.rollback(min(draft_cache.length, n - 1))
         fallback = window is None
         if fallback:  # the first step, or the last one missed: draft afresh, on the critical path
-            window, q = pair.draft_lane.run("fallback-draft", draft_window, run, draft_cache, gamma,
+            window, q = pair.draft_lane.run("fallback-draft", fresh_draft, run, draft_cache, gamma,
                                             label=f"fallback draft {gamma} tokens", step=step, tokens=gamma)
             draft_cache.rollback(min(draft_cache.length, n - 1))
         hidden, win, top_ids, top_logp, window_logp = pair.target_lane.run(
@@ -176,7 +212,7 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int):
         suffix = pair.target_lane.submit("target-suffix", target_suffix, run, target_cache, hidden, win, exit_layer,
                                          label=f"layers {exit_layer + 1}-{pair.target.num_layers}, {gamma + 1} tokens",
                                          step=step, tokens=gamma + 1)
-        rolled = pair.draft_lane.submit("draft-rollout", rollout, run, draft_cache, window, branches, gamma,
+        rolled = pair.draft_lane.submit("draft-rollout", roll_out, run, draft_cache, window, branches, gamma,
                                         label=f"{len(branches)} branches x {gamma} tokens", step=step,
                                         tokens=len(branches) * gamma)
         logits = suffix.result()

@@ -1,15 +1,23 @@
 """Classic draft-model speculative decoding (Leviathan et al. 2023; Chen et al. 2023).
 
-Each step the draft proposes gamma tokens autoregressively on the draft lane; the target scores
-all gamma + 1 positions in one forward on the target lane; ``verify`` accepts a prefix and adds the
-correction or bonus token. Both KV caches are rolled back to what was committed. The draft sits on
-the critical path: draft and target take turns (the serial barrier that Mirror-SD removes).
+Each step the draft proposes gamma tokens on the draft lane; the target scores all gamma + 1
+positions in one forward on the target lane; ``verify`` accepts a prefix and adds the correction
+or bonus token. Both KV caches are rolled back to what was committed. The draft sits on the
+critical path: draft and target take turns (the serial barrier that Mirror-SD removes).
+
+The draft proposes autoregressively (gamma draft forwards), or with ``streams=1`` in one forward:
+its main stream gives the first token and its trained speculative streams (models/streams.py) the
+other gamma - 1. At T > 0 that window is still a valid proposal: token j is drawn from a law that
+depends only on the committed prefix, and verify records it (the argument of methods/ss.py).
 """
 from __future__ import annotations
 
 import torch
 
+from ..errors import MirrorSDError
+from ..models.streams import draft_streams
 from ..trace import Step
+from .ss import split_forward
 from .verify import verify
 
 
@@ -56,15 +64,43 @@ def draft_window(run, cache, gamma: int):
     return tokens, (torch.stack(q) if q else None)
 
 
-def decode(run, gamma: int):
+def streamed_window(run, cache, gamma: int):
+    """Like draft_window, in one draft forward: the main stream's next token, then streams 1..gamma-1
+    at the same position. The draft's cache ends holding exactly the committed sequence."""
+    draft, sampler = run.pair.draft, run.draft_sampler
+    streams = draft_streams(run.pair)
+    pending = run.sequence[cache.length:]
+    ids = torch.tensor([pending], device=draft.device)  # [1, pending]
+    main, h0 = split_forward(draft, ids, cache, streams.first_layer)  # [1, pending, V_d], [1, pending, d]
+    cache.length += len(pending)
+    at = torch.tensor([[cache.length - 1]], device=draft.device)  # [1, 1]
+    ahead = streams(draft, cache, h0[:, -1:], at)[0, 0, :gamma - 1]  # [gamma - 1, V_d]
+    logits = run.as_target_vocab(torch.cat([main[0, -1:], ahead]))  # [gamma, V]
+    if sampler.greedy:
+        return logits.argmax(-1).tolist(), None
+    q = sampler.probs(logits)
+    return [sampler.sample(q_j) for q_j in q], q
+
+
+def check_streams(pair, options):
+    """streams=1 needs a draft with trained streams, enough of them for gamma."""
+    if options.get("streams"):
+        trained = draft_streams(pair).num_streams
+        if options["gamma"] > trained + 1:
+            raise MirrorSDError(f"gamma must be at most {trained + 1} with streams=1 (the draft's {trained} "
+                                f"trained streams + its main stream), got {options['gamma']}")
+
+
+def decode(run, gamma: int, streams: int = 0):
     pair = run.pair
     target_cache, draft_cache, first = prefill(run)
+    propose, how = (streamed_window, "in one forward, streams") if streams else (draft_window, "")
     yield first
     while not run.done:
         step = run.next_step
         committed = len(run.sequence)
-        draft, q = pair.draft_lane.run("draft", draft_window, run, draft_cache, gamma,
-                                       label=f"draft {gamma} tokens", step=step, tokens=gamma)
+        draft, q = pair.draft_lane.run("draft", propose, run, draft_cache, gamma,
+                                       label=f"draft {gamma} tokens {how}".strip(), step=step, tokens=gamma)
         window = torch.tensor([[run.sequence[-1], *draft]], device=pair.target.device)  # [1, gamma + 1]
         logits = pair.target_lane.run("verify", pair.target, window, target_cache, label=f"verify {gamma + 1} tokens",
                                       step=step, tokens=gamma + 1)

@@ -30,9 +30,10 @@ from ..trace import Step
 from .verify import verify
 
 
-def split_forward(target, ids, cache, first_layer: int):
-    """Target logits [1, T, V] for ids [1, T] after the cache, and the layer-L0 hidden states [1, T, d]."""
-    win = target.window(cache, ids.shape[1])
+def split_forward(target, ids, cache, first_layer: int, positions=None, tree_mask=None):
+    """Logits [1, T, V] for ids [1, T] after the cache, and the hidden states entering layer
+    first_layer [1, T, d] (where streams start). The caller advances cache.length."""
+    win = target.window(cache, ids.shape[1], positions=positions, tree_mask=tree_mask)
     h0 = target.forward_layers(target.embed(ids), cache, win, 0, first_layer)
     logits = target.head(target.forward_layers(h0, cache, win, first_layer))
     return logits, h0

@@ -29,6 +29,7 @@ class ModelPair:
     target_name: str
     draft_name: str | None
     eos_ids: frozenset[int]
+    draft_dir: Path | None = None  # the draft's folder (where its trained streams live, if any)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     addons: dict = field(default_factory=dict, repr=False)  # trained add-ons of the target, loaded on first use
 
@@ -76,17 +77,17 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     target_dir = resolve_model_dir(target)
     target_model, target_config = load_model(target_dir, target_lane.device, _dtype(dtype, target_lane.device))
     tokenizer = load_tokenizer(target_dir)
-    draft_model, draft_name = None, None
+    draft_model, draft_name, draft_dir = None, None, None
     embedded = target in (None, "", "default", EMBEDDED_NAME)
     if draft == DEFAULT:
         draft = EMBEDDED_DRAFT if embedded else None
     if draft:
-        draft_model, draft_name = _load_draft(draft, target_dir, tokenizer, draft_lane, dtype,
-                                              target_model.model.embed_tokens.weight)
+        draft_model, draft_name, draft_dir = _load_draft(draft, target_dir, tokenizer, draft_lane, dtype,
+                                                         target_model.model.embed_tokens.weight)
     eos = {tokenizer.eos_token_id} | set(_as_list(getattr(target_config, "eos_token_id", None)))
     return ModelPair(target_model, draft_model, tokenizer, target_lane, draft_lane,
                      target_name=EMBEDDED_NAME if embedded else target, draft_name=draft_name,
-                     eos_ids=frozenset(i for i in eos if i is not None))
+                     eos_ids=frozenset(i for i in eos if i is not None), draft_dir=draft_dir)
 
 
 def _load_draft(draft: str, target_dir: Path, tokenizer, lane: Lane, dtype, target_embedding):
@@ -94,11 +95,11 @@ def _load_draft(draft: str, target_dir: Path, tokenizer, lane: Lane, dtype, targ
     if draft.startswith("self:"):
         layers = _self_draft_layers(draft, target_dir)
         model, _ = load_model(target_dir, lane.device, dtype, num_layers=layers)
-        return model, draft
+        return model, draft, None
     draft_dir = resolve_model_dir(draft)
     check_same_vocabulary(tokenizer, load_tokenizer(draft_dir), draft)
     model, _ = load_model(draft_dir, lane.device, dtype, target_embedding=target_embedding)
-    return model, draft
+    return model, draft, draft_dir
 
 
 def _self_draft_layers(draft: str, target_dir: Path) -> int:

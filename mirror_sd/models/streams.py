@@ -74,10 +74,17 @@ class Streams(nn.Module):
         return self.config.num_streams
 
     def attach(self, model: Transformer) -> "Streams":
-        """Move to the model's device and dtype; take the head rows from its (frozen) LM head."""
+        """Move to the model's device and dtype; take the head rows from its (frozen) LM head.
+
+        A model whose head already covers a reduced vocabulary (a draft with ``vocab_map``) lends
+        its whole head, and its map to target ids."""
         self.to(device=model.device, dtype=model.dtype)
         weight = model.lm_head.weight.detach()
-        self.head_weight = weight if self.vocab_map is None else weight[self.vocab_map.to(model.device)]
+        if model.vocab_map is not None:
+            self.vocab_map = model.vocab_map.to(model.device)
+            self.head_weight = weight
+        else:
+            self.head_weight = weight if self.vocab_map is None else weight[self.vocab_map.to(model.device)]
         return self
 
     def adapter(self, layer: int, name: str, x: torch.Tensor) -> torch.Tensor | None:
@@ -87,19 +94,23 @@ class Streams(nn.Module):
         scale = self.config.alpha / self.config.rank
         return (x @ self.lora_a[key].T) @ self.lora_b[key].T * scale  # [B, T, out]
 
-    def forward(self, model: Transformer, cache: KVCache, h: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    def forward(self, model: Transformer, cache: KVCache, h: torch.Tensor, at: torch.Tensor,
+                positions: torch.Tensor | None = None, seen: torch.Tensor | None = None) -> torch.Tensor:
         """Stream logits [B, R, G, head rows] for main rows h [B, R, d] entering layer L0.
 
-        at [B, R]: cache slot (= position) of each row's main token. The cache must hold the main
-        stream's keys and values up to max(at) in layers L0..N; slots after a row's ``at`` are
-        masked out, and the streams' own keys and values are not stored.
+        at [B, R]: cache slot of each row's main token. The cache must hold the main stream's keys
+        and values there in layers L0..N. By default a row sees the slots up to its own and sits at
+        position = slot; a tree laid out in the cache passes the main token's ``positions`` [B, R]
+        and the slots each main row ``seen`` [B, R, cache.length] instead. The streams' own keys
+        and values are not stored.
         """
         B, R, d = h.shape
         G = self.num_streams
         rows = (h[:, :, None, :] + self.embeddings).reshape(B, R * G, d)  # S_j = M_t + P_j
         offsets = torch.arange(1, G + 1, device=h.device)
-        positions = (at[:, :, None] + offsets).reshape(B, R * G)  # stream j at t sits at t + j
-        mask = stream_mask(at, cache.length, G)
+        positions = at if positions is None else positions
+        positions = (positions[:, :, None] + offsets).reshape(B, R * G)  # stream j at t sits at t + j
+        mask = stream_mask(at, cache.length, G, seen)
         win = model.window(cache, R * G, positions, mask, batch=B, store=False, adapter=self.adapter)
         out = model.forward_layers(rows, cache, win, self.first_layer)  # [B, R*G, d]
         logits = F.linear(model.model.norm(out), self.head_weight).float()
@@ -139,15 +150,17 @@ def _key(layer: int, name: str) -> str:
     return f"layer{layer}_{name}"  # ParameterDict keys cannot contain dots
 
 
-def stream_mask(at: torch.Tensor, start: int, G: int) -> torch.Tensor:
+def stream_mask(at: torch.Tensor, start: int, G: int, seen: torch.Tensor | None = None) -> torch.Tensor:
     """What stream rows see: [B, R*G, start + R*G] bool.
 
-    Row (r, j) sees cached slots up to at[r] (the main stream's past and its own main token) and
-    streams 1..j of the same main row r.
+    Row (r, j) sees the cached slots its main row sees (``seen`` [B, R, start]; by default the
+    slots up to at[r]: the main stream's past and its own main token) and streams 1..j of the same
+    main row r.
     """
     B, R = at.shape
-    slots = torch.arange(start, device=at.device)
-    past = (slots <= at[:, :, None]).repeat_interleave(G, dim=1)  # [B, R*G, start]
+    if seen is None:
+        seen = torch.arange(start, device=at.device) <= at[:, :, None]  # [B, R, start]
+    past = seen.repeat_interleave(G, dim=1)  # [B, R*G, start]
     block = torch.ones(G, G, dtype=torch.bool, device=at.device).tril()  # stream j sees 1..j
     own = torch.kron(torch.eye(R, device=at.device), block.float()).bool()  # [R*G, R*G]
     return torch.cat([past, own.expand(B, -1, -1)], dim=-1)
@@ -166,6 +179,19 @@ def target_streams(pair) -> Streams:
                                 "`python -m mirror_sd.train ss`)")
         pair.addons["streams"] = Streams.load(EMBEDDED_STREAMS, pair.target.args).attach(pair.target)
     return pair.addons["streams"]
+
+
+def draft_streams(pair) -> Streams:
+    """The speculative streams trained for the pair's draft (the draft folder's ``streams/``),
+    loaded once: with them the draft proposes a whole window in one forward."""
+    if "draft_streams" not in pair.addons:
+        folder = pair.draft_dir / "streams" if pair.draft_dir else None
+        if pair.draft is None or folder is None or not (folder / "streams.safetensors").exists():
+            raise MirrorSDError(f"streams=on needs a draft with trained speculative streams, and draft "
+                                f"{pair.draft_name!r} has none (train them with "
+                                "`python -m mirror_sd.train ss --model DRAFT_FOLDER --out DRAFT_FOLDER/streams`)")
+        pair.addons["draft_streams"] = Streams.load(folder, pair.draft.args).attach(pair.draft)
+    return pair.addons["draft_streams"]
 
 
 def use_streams(pair, folder: Path | str) -> Streams:

@@ -1,4 +1,5 @@
-"""Train speculative streams for a frozen target (method "ss"; models/streams.py).
+"""Train speculative streams for a frozen model (models/streams.py): the target (method "ss") or a
+draft (``--model DRAFT_FOLDER``: its streams let sd and mirror draft a window in one forward).
 
 The target's weights stay frozen; only the streams train: γ stream embeddings and low-rank
 adapters on stream rows of the top N_s layers. The objective is the paper's n-gram loss,
@@ -29,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from ..models.llama import Transformer
-from ..models.loading import embedded_model_dir, load_model, load_tokenizer
+from ..models.loading import EMBED_FROM_TARGET, embedded_model_dir, load_model, load_tokenizer, read_config
 from ..models.streams import StreamConfig, Streams
 from .draft import IGNORE, build_vocab_map, load_checkpoint, plot_losses, read_examples, save_checkpoint
 
@@ -133,22 +134,35 @@ def evaluate(target, streams, seqs, features, index, G, row_of) -> dict:
                 top1=[round(x, 4) for x in top1], tau=sum(leading) / max(len(leading), 1))
 
 
+def load_frozen(model_dir: Path | None) -> tuple[Transformer, Path]:
+    """The model that will carry the streams, frozen: the embedded target, or a model folder (a
+    draft trained here borrows the embedded target's input embedding)."""
+    cpu = torch.device("cpu")
+    model_dir = Path(model_dir) if model_dir else embedded_model_dir()
+    embedding = None
+    if getattr(read_config(model_dir), EMBED_FROM_TARGET, False):
+        embedding = load_model(embedded_model_dir(), cpu, torch.float32)[0].model.embed_tokens.weight
+    model, _ = load_model(model_dir, cpu, torch.float32, target_embedding=embedding)
+    return model.requires_grad_(False), model_dir
+
+
 def train(data_dir: Path, out: Path, config: StreamConfig, vocab_size: int = 8192, epochs: float = 2.0,
           lr: float = 2e-3, batch_size: int = 8, positions: int = 64, max_len: int = 512, eval_every: int = 100,
           holdout: float = 0.03, seed: int = 0, threads: int = 2, target_dir: Path | None = None) -> dict:
-    """Train streams for the target in ``target_dir`` (default: the embedded target); see module docstring."""
+    """Train streams for the model in ``target_dir`` (default: the embedded target); see module docstring.
+
+    A model with a reduced-vocabulary head (a draft) keeps its own head rows: ``vocab_size`` is unused."""
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
-    target_dir = Path(target_dir) if target_dir else embedded_model_dir()
-    target, _ = load_model(target_dir, torch.device("cpu"), torch.float32)
-    target.requires_grad_(False)
+    target, target_dir = load_frozen(target_dir)
     examples = read_examples(data_dir)
     rng.shuffle(examples)
     n_eval = max(1, int(len(examples) * holdout))
     eos = load_tokenizer(target_dir).eos_token_id
-    vocab_map = build_vocab_map(examples[n_eval:], vocab_size, {eos} - {None})
+    vocab_map = target.vocab_map if target.vocab_map is not None else \
+        build_vocab_map(examples[n_eval:], vocab_size, {eos} - {None})
     row_of = {int(t): i for i, t in enumerate(vocab_map)}
     streams = Streams(target.args, config, vocab_map).attach(target)
     seqs = sequences(examples, max_len)
@@ -219,13 +233,13 @@ def write_model_card(out: Path, config: StreamConfig, card: dict):
 Trained by `python -m mirror_sd.train ss` (mirror_sd/train/ss.py); used by `method="ss"`.
 
 ## Architecture
-- The target is frozen and unchanged: its main stream computes exactly what it computes alone.
-- {config.num_streams} speculative streams enter at layer {30 - config.stream_layers if card["target"].startswith("SmolLM2") else "N - N_s"} of the target's top {config.stream_layers} layers as main hidden state + a learned stream embedding;
+- The model is frozen and unchanged: its main stream computes exactly what it computes alone.
+- {config.num_streams} speculative streams enter at layer {card["first_stream_layer"]} (0-based) and run through the top {config.stream_layers} layers as main hidden state + a learned stream embedding;
   stream j at position t predicts x[t+1+j], attends to the main stream's keys/values up to t and to
   streams 1..j at t, and keeps no KV cache.
 - LoRA rank {config.rank} (scale {config.alpha / max(config.rank, 1):g}) on q, k, v, o, gate, up, down of those layers,
   applied to stream rows only.
-- Stream head: the target's own LM head restricted to the {card["head_vocabulary"]} most frequent answer
+- Stream head: the model's own LM head restricted to the {card["head_vocabulary"]} most frequent answer
   tokens (exact map to target ids in `vocab_map`).
 - Trainable parameters: {card["trainable_parameters"]:,} (fp16 file: streams.safetensors).
 
@@ -258,7 +272,10 @@ def add_parser(sub):
                        description="Train speculative streams (stream embeddings + LoRA on stream rows) for the "
                                    "frozen target on distilled data. Resumable: rerun the same command.")
     p.add_argument("--data", required=True, help="folder with data.jsonl from the data subcommand")
-    p.add_argument("--out", required=True, help="output folder: streams.safetensors/.json, loss.png, checkpoint/")
+    p.add_argument("--out", required=True, help="output folder: streams.safetensors/.json, loss.png, checkpoint/ "
+                                                "(for a draft: DRAFT_FOLDER/streams, where the engine looks)")
+    p.add_argument("--model", default=None, help="the frozen model that carries the streams: a draft folder "
+                                                 "(default: the embedded target)")
     p.add_argument("--streams", type=int, default=4, help="number of streams γ (default 4)")
     p.add_argument("--stream-layers", type=int, default=4, help="top layers with streams, N_s (default 4)")
     p.add_argument("--rank", type=int, default=16, help="LoRA rank on stream rows (0: embeddings only; default 16)")
@@ -275,7 +292,8 @@ def add_parser(sub):
     def run(args):
         config = StreamConfig(args.streams, args.stream_layers, args.rank)
         card = train(Path(args.data), Path(args.out), config, args.vocab, args.epochs, args.lr, args.batch_size,
-                     args.positions, args.max_len, args.eval_every, seed=args.seed, threads=args.threads)
+                     args.positions, args.max_len, args.eval_every, seed=args.seed, threads=args.threads,
+                     target_dir=args.model)
         print(json.dumps(card, indent=2))
         return 0
 
