@@ -13,19 +13,17 @@ loadable draft), checkpoint/ (resumable, safetensors + JSON, no pickle), loss.pn
 from __future__ import annotations
 
 import json
-import math
 import random
-import time
 from collections import Counter
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
-from tqdm import tqdm
+from safetensors.torch import save_file
 
 from ..models.llama import Transformer
 from ..models.loading import EMBED_FROM_TARGET, VOCAB_MAP_KEY, embedded_model_dir, load_model, load_tokenizer
+from .loop import fit, run_evaluation
 
 IGNORE = -100
 
@@ -98,16 +96,13 @@ def loss_and_accuracy(draft: Transformer, ids: torch.Tensor, labels: torch.Tenso
     return loss, correct, mask.sum().item()
 
 
-@torch.no_grad()
 def evaluate(draft, examples, vocab_map, batch_tokens, max_len) -> dict:
     """Held-out loss and top-1 agreement with the target (a proxy for per-token acceptance)."""
-    draft.eval()
     total_loss, correct, count = 0.0, 0, 0
     for ids, labels in make_batches(examples, vocab_map, batch_tokens, max_len, random.Random(0)):
         loss, c, n = loss_and_accuracy(draft, ids, labels)
         total_loss += loss.item() * n
         correct, count = correct + c, count + n
-    draft.train()
     return dict(loss=total_loss / max(count, 1), top1=correct / max(count, 1), tokens=count)
 
 
@@ -127,50 +122,6 @@ def save_draft(draft: Transformer, out: Path, target_dir: Path, card: dict):
     (out / "training.json").write_text(json.dumps(card, indent=2))
 
 
-def save_checkpoint(folder: Path, draft, optimizer, state: dict):
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {f"model.{k}": v for k, v in draft.state_dict().items() if k != "model.embed_tokens.weight"}
-    for i, st in optimizer.state_dict()["state"].items():
-        for k, v in st.items():
-            tensors[f"optim.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "state.safetensors"))
-    (folder / "state.json").write_text(json.dumps(state))
-
-
-def load_checkpoint(folder: Path, draft, optimizer) -> dict:
-    tensors = load_file(str(folder / "state.safetensors"))
-    draft.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")}, strict=False)
-    opt_state = optimizer.state_dict()
-    for i in opt_state["param_groups"][0]["params"]:
-        keys = [k for k in tensors if k.startswith(f"optim.{i}.")]
-        if keys:
-            opt_state["state"][i] = {k.split(".", 2)[2]: tensors[k] for k in keys}
-    optimizer.load_state_dict(opt_state)
-    return json.loads((folder / "state.json").read_text())
-
-
-def plot_losses(history: list[dict], path: Path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    train = [h for h in history if "train_loss" in h]
-    held = [h for h in history if "eval_loss" in h]
-    ax.plot([h["step"] for h in train], [h["train_loss"] for h in train], label="train loss", alpha=0.6)
-    ax.plot([h["step"] for h in held], [h["eval_loss"] for h in held], "o-", label="held-out loss")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy")
-    ax2 = ax.twinx()
-    ax2.plot([h["step"] for h in held], [h["eval_top1"] for h in held], "s--", color="green", label="held-out top-1")
-    ax2.set_ylabel("top-1 agreement with target")
-    fig.legend(loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def train(data_dir: Path, out: Path, layers: list[int], vocab_size: int = 8192, epochs: float = 2.0,
           lr: float = 5e-4, batch_tokens: int = 4096, max_len: int = 512, eval_every: int = 50,
           holdout: float = 0.03, seed: int = 0, threads: int = 2, target_dir: Path | None = None) -> dict:
@@ -188,55 +139,22 @@ def train(data_dir: Path, out: Path, layers: list[int], vocab_size: int = 8192, 
     vocab_map = build_vocab_map(train_set, vocab_size, {eos} - {None})
     draft = init_draft(target, layers, vocab_map)
     del target
-    params = [p for p in draft.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
-    steps_per_epoch = sum(1 for _ in make_batches(train_set, vocab_map, batch_tokens, max_len, random.Random(0)))
-    total_steps = max(1, int(steps_per_epoch * epochs))
-    schedule = lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
-    ckpt = out / "checkpoint"
-    state = dict(step=0, history=[], wall_s=0.0)
-    if (ckpt / "state.json").exists():
-        state = load_checkpoint(ckpt, draft, optimizer)
-        print(f"resumed at step {state['step']}")
-    draft.train()
-    start = time.time() - state["wall_s"]
-    bar = tqdm(total=total_steps, initial=state["step"], desc="train draft", unit="step")
-    epoch = state["step"] // steps_per_epoch
-    while state["step"] < total_steps:
-        for i, (ids, labels) in enumerate(make_batches(train_set, vocab_map, batch_tokens, max_len, random.Random(seed + epoch))):
-            if epoch * steps_per_epoch + i < state["step"]:
-                continue  # resuming: skip batches already seen
-            for g in optimizer.param_groups:
-                g["lr"] = lr * schedule(state["step"])
-            loss, correct, count = loss_and_accuracy(draft, ids, labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            state["step"] += 1
-            state["history"].append(dict(step=state["step"], train_loss=loss.item(), train_top1=correct / max(count, 1)))
-            bar.update()
-            bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{correct / max(count, 1):.3f}")
-            if state["step"] % eval_every == 0 or state["step"] == total_steps:
-                ev = evaluate(draft, held_out, vocab_map, batch_tokens, max_len)
-                state["history"].append(dict(step=state["step"], eval_loss=ev["loss"], eval_top1=ev["top1"]))
-                tqdm.write(f"step {state['step']}: held-out loss {ev['loss']:.3f}, top-1 {ev['top1']:.3f}")
-                state["wall_s"] = time.time() - start
-                save_checkpoint(ckpt, draft, optimizer, state)
-                plot_losses(state["history"], out / "loss.png")
-            if state["step"] >= total_steps:
-                break
-        epoch += 1
-    bar.close()
-    final = evaluate(draft, held_out, vocab_map, batch_tokens, max_len)
+    epoch_batches = lambda epoch: list(make_batches(train_set, vocab_map, batch_tokens, max_len,
+                                                    random.Random(seed + epoch)))
+
+    def loss_of(batch):
+        loss, correct, count = loss_and_accuracy(draft, *batch)
+        return loss, dict(loss=loss.item(), top1=correct / max(count, 1))
+
+    state = fit(draft, epoch_batches, loss_of, lambda: evaluate(draft, held_out, vocab_map, batch_tokens, max_len),
+                out, epochs, lr, eval_every, desc="train draft")
+    final = run_evaluation(draft, lambda: evaluate(draft, held_out, vocab_map, batch_tokens, max_len))
     card = dict(target=target_dir.name, layers_from_target=layers, head_vocabulary=len(vocab_map),
                 examples_train=len(train_set), examples_held_out=len(held_out), steps=state["step"], epochs=epochs,
-                lr=lr, batch_tokens=batch_tokens, seed=seed, wall_s=round(time.time() - start, 1),
+                lr=lr, batch_tokens=batch_tokens, seed=seed, wall_s=round(state["wall_s"], 1),
                 held_out_loss=round(final["loss"], 4), held_out_top1=round(final["top1"], 4),
-                trainable_parameters=sum(p.numel() for p in params))
+                trainable_parameters=sum(p.numel() for p in draft.parameters() if p.requires_grad))
     save_draft(draft, out, target_dir, card)
-    (out / "metrics.json").write_text(json.dumps(state["history"]))
-    plot_losses(state["history"], out / "loss.png")
     return card
 
 

@@ -18,7 +18,6 @@ numbers), loss.png, metrics.json, checkpoint/ (resumable).
 from __future__ import annotations
 
 import json
-import math
 import random
 import time
 from pathlib import Path
@@ -30,7 +29,8 @@ from tqdm import tqdm
 
 from ..models.eagle import EagleHead, save_head
 from ..models.loading import cache_root, embedded_model_dir, load_model, load_tokenizer
-from .draft import build_vocab_map, load_checkpoint, plot_losses, save_checkpoint
+from .draft import build_vocab_map
+from .loop import fit, run_evaluation
 
 SHARD_EXAMPLES = 64
 IGNORE = -100
@@ -147,15 +147,12 @@ def head_loss(head: EagleHead, batch, noise: float, ce_weight: float):
     return feature_loss + ce_weight * ce, feature_loss.item(), correct, mask.sum().item()
 
 
-@torch.no_grad()
 def evaluate(head, seqs, row_of, batch_tokens: int, ce_weight: float) -> dict:
     """Held-out loss and top-1 agreement with the target's argmax (per-token greedy acceptance at depth 1)."""
-    head.eval()
     total, correct, count = 0.0, 0, 0
     for batch in make_batches(seqs, row_of, batch_tokens, random.Random(0)):
         loss, _, c, n = head_loss(head, batch, 0.0, ce_weight)
         total, correct, count = total + loss.item() * n, correct + c, count + n
-    head.train()
     return dict(loss=total / max(count, 1), top1=correct / max(count, 1), tokens=count)
 
 
@@ -186,60 +183,24 @@ def train(data_dir: Path, out: Path, features: Path | None = None, vocab_size: i
     row_of[vocab_map] = torch.arange(len(vocab_map))
     head = EagleHead.from_target(target, vocab_map)
     del target
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
-    steps_per_epoch = sum(1 for _ in make_batches(train_set, row_of, batch_tokens, random.Random(0)))
-    total_steps = max(1, int(steps_per_epoch * epochs))
-    schedule = lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
-    ckpt = out / "checkpoint"
-    state = dict(step=0, history=[], wall_s=0.0)
-    if (ckpt / "state.json").exists():
-        state = load_checkpoint(ckpt, head, optimizer)
-        print(f"resumed at step {state['step']}")
-    head.train()
-    t0 = time.time() - state["wall_s"]
-    bar = tqdm(total=total_steps, initial=state["step"], desc="train eagle head", unit="step")
-    epoch = state["step"] // steps_per_epoch
-    while state["step"] < total_steps:
-        for i, batch in enumerate(make_batches(train_set, row_of, batch_tokens, random.Random(seed + epoch))):
-            if epoch * steps_per_epoch + i < state["step"]:
-                continue  # resuming: skip batches already seen
-            for g in optimizer.param_groups:
-                g["lr"] = lr * schedule(state["step"])
-            loss, feature_loss, correct, count = head_loss(head, batch, noise, ce_weight)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            state["step"] += 1
-            top1 = correct / max(count, 1)
-            state["history"].append(dict(step=state["step"], train_loss=loss.item(), feature_loss=feature_loss,
-                                         train_top1=top1))
-            bar.update()
-            bar.set_postfix(loss=f"{loss.item():.3f}", top1=f"{top1:.3f}")
-            if state["step"] % eval_every == 0 or state["step"] == total_steps:
-                ev = evaluate(head, held_out, row_of, batch_tokens, ce_weight)
-                state["history"].append(dict(step=state["step"], eval_loss=ev["loss"], eval_top1=ev["top1"]))
-                tqdm.write(f"step {state['step']}: held-out loss {ev['loss']:.4f}, top-1 {ev['top1']:.3f}")
-                state["wall_s"] = time.time() - t0
-                save_checkpoint(ckpt, head, optimizer, state)
-                plot_losses(state["history"], out / "loss.png")
-            if state["step"] >= total_steps:
-                break
-        epoch += 1
-    bar.close()
-    final = evaluate(head, held_out, row_of, batch_tokens, ce_weight)
+    epoch_batches = lambda epoch: list(make_batches(train_set, row_of, batch_tokens, random.Random(seed + epoch)))
+
+    def loss_of(batch):
+        loss, feature_loss, correct, count = head_loss(head, batch, noise, ce_weight)
+        return loss, dict(loss=loss.item(), feature_loss=feature_loss, top1=correct / max(count, 1))
+
+    state = fit(head, epoch_batches, loss_of, lambda: evaluate(head, held_out, row_of, batch_tokens, ce_weight),
+                out, epochs, lr, eval_every, desc="train eagle head")
+    final = run_evaluation(head, lambda: evaluate(head, held_out, row_of, batch_tokens, ce_weight))
     card = dict(target=target_dir.name, hidden_size=head.args.hidden_size, head_vocabulary=len(vocab_map), examples_train=len(train_set),
                 examples_held_out=len(held_out), tokens_train=sum(len(s["ids"]) for s in train_set),
                 tokens_held_out=final["tokens"], max_len=max_len, steps=state["step"], epochs=epochs, lr=lr,
                 batch_tokens=batch_tokens, noise=noise, ce_weight=ce_weight, seed=seed,
-                feature_extraction_s=round(feature_s, 1), train_wall_s=round(time.time() - t0, 1),
+                feature_extraction_s=round(feature_s, 1), train_wall_s=round(state["wall_s"], 1),
                 held_out_loss=round(final["loss"], 4), held_out_top1=round(final["top1"], 4),
-                trainable_parameters=sum(p.numel() for p in params))
+                trainable_parameters=sum(p.numel() for p in head.parameters() if p.requires_grad))
     save_head(head, out, card)
     write_card(out, card)
-    (out / "metrics.json").write_text(json.dumps(state["history"]))
-    plot_losses(state["history"], out / "loss.png")
     return card
 
 

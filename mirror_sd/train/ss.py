@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
-import time
 from pathlib import Path
 
 import torch
@@ -32,7 +30,8 @@ from tqdm import tqdm
 from ..models.llama import Transformer
 from ..models.loading import EMBED_FROM_TARGET, embedded_model_dir, load_model, load_tokenizer, read_config
 from ..models.streams import StreamConfig, Streams
-from .draft import IGNORE, build_vocab_map, load_checkpoint, plot_losses, read_examples, save_checkpoint
+from .draft import IGNORE, build_vocab_map, read_examples
+from .loop import fit, run_evaluation
 
 ALPHA_STREAM = 0.1  # α_j of the n-gram loss
 
@@ -115,9 +114,9 @@ def stream_loss(target: Transformer, streams: Streams, h0, at, labels):
 
 @torch.no_grad()
 def evaluate(target, streams, seqs, features, index, G, row_of) -> dict:
-    """Held-out: per-stream loss and top-1 agreement with the target's greedy answers, and the mean
-    accepted length of a greedy chain draft (1 + leading correct streams) at every answer position."""
-    streams.eval()
+    """Held-out: stream loss, top-1 agreement with the target's greedy answers (stream 1 and per
+    stream), and the mean accepted length of a greedy chain draft (1 + leading correct streams) at
+    every answer position."""
     rng = random.Random(0)
     losses, correct, valid, leading = [], torch.zeros(G), torch.zeros(G), []
     for i in index:
@@ -128,10 +127,9 @@ def evaluate(target, streams, seqs, features, index, G, row_of) -> dict:
         valid += v.flatten(0, 1).sum(0)
         full = v.all(-1).flatten()  # positions where every stream has a label
         leading += (c.flatten(0, 1)[full].cumprod(-1).sum(-1) + 1).tolist()
-    streams.train()
-    top1 = (correct / valid.clamp_min(1)).tolist()
-    return dict(loss=sum(l * n for l, n in losses) / max(sum(n for _, n in losses), 1),
-                top1=[round(x, 4) for x in top1], tau=sum(leading) / max(len(leading), 1))
+    top1 = [round(x, 4) for x in (correct / valid.clamp_min(1)).tolist()]
+    return dict(loss=sum(l * n for l, n in losses) / max(sum(n for _, n in losses), 1), top1=top1[0],
+                top1_per_stream=top1, tau=sum(leading) / max(len(leading), 1))
 
 
 def load_frozen(model_dir: Path | None) -> tuple[Transformer, Path]:
@@ -168,60 +166,30 @@ def train(data_dir: Path, out: Path, config: StreamConfig, vocab_size: int = 819
     seqs = sequences(examples, max_len)
     features = main_features(target, seqs, streams.first_layer, out / f"features-L{streams.first_layer}.safetensors")
     held_out, train_index = list(range(n_eval)), list(range(n_eval, len(seqs)))
-    params = list(streams.parameters())
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
-    steps_per_epoch = math.ceil(len(train_index) / batch_size)
-    total_steps = max(1, int(steps_per_epoch * epochs))
-    schedule = lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
-    ckpt = out / "checkpoint"
-    state = dict(step=0, history=[], wall_s=0.0)
-    if (ckpt / "state.json").exists():
-        state = load_checkpoint(ckpt, streams, optimizer)
-        print(f"resumed at step {state['step']}")
-    start = time.time() - state["wall_s"]
     G = config.num_streams
-    bar = tqdm(total=total_steps, initial=state["step"], desc="train streams", unit="step")
-    while state["step"] < total_steps:
-        epoch, i = divmod(state["step"], steps_per_epoch)
+
+    def epoch_batches(epoch):  # similar lengths within a batch, batches shuffled
         order = sorted(train_index, key=lambda j: (len(seqs[j][0]), random.Random(seed + epoch).random()))
         batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
-        random.Random(seed + epoch).shuffle(batches)  # similar lengths within a batch, batches shuffled
-        for index in batches[i:]:
-            for g in optimizer.param_groups:
-                g["lr"] = lr * schedule(state["step"])
-            h0, at, labels = make_batch(seqs, features, index, G, row_of, positions, rng)
-            loss, correct, valid = stream_loss(target, streams, h0, at, labels)
-            optimizer.zero_grad(set_to_none=True)
-            (ALPHA_STREAM * G * loss).backward()  # Σ_j α_j CE_j (loss is the mean over streams)
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            state["step"] += 1
-            top1 = (correct[..., 0].sum() / valid[..., 0].sum().clamp_min(1)).item()
-            state["history"].append(dict(step=state["step"], train_loss=loss.item(), train_top1=top1))
-            bar.update()
-            bar.set_postfix(loss=f"{loss.item():.3f}", stream1_top1=f"{top1:.3f}")
-            if state["step"] % eval_every == 0 or state["step"] == total_steps:
-                ev = evaluate(target, streams, seqs, features, held_out, G, row_of)
-                state["history"].append(dict(step=state["step"], eval_loss=ev["loss"], eval_top1=ev["top1"][0],
-                                             eval_top1_per_stream=ev["top1"], eval_tau=ev["tau"]))
-                tqdm.write(f"step {state['step']}: held-out loss {ev['loss']:.3f}, top-1 per stream {ev['top1']}, "
-                           f"greedy chain tau {ev['tau']:.2f}")
-                state["wall_s"] = time.time() - start
-                save_checkpoint(ckpt, streams, optimizer, state)
-                plot_losses(state["history"], out / "loss.png")
-            if state["step"] >= total_steps:
-                break
-    bar.close()
-    final = evaluate(target, streams, seqs, features, held_out, G, row_of)
+        random.Random(seed + epoch).shuffle(batches)
+        return batches
+
+    def loss_of(index):
+        h0, at, labels = make_batch(seqs, features, index, G, row_of, positions, rng)
+        loss, correct, valid = stream_loss(target, streams, h0, at, labels)
+        top1 = (correct[..., 0].sum() / valid[..., 0].sum().clamp_min(1)).item()
+        return ALPHA_STREAM * G * loss, dict(loss=loss.item(), top1=top1)  # Σ_j α_j CE_j (loss: mean over streams)
+
+    held = lambda: evaluate(target, streams, seqs, features, held_out, G, row_of)
+    state = fit(streams, epoch_batches, loss_of, held, out, epochs, lr, eval_every, desc="train streams")
+    final = run_evaluation(streams, held)
     card = dict(target=target_dir.name, examples_train=len(train_index), examples_held_out=len(held_out),
                 steps=state["step"], epochs=epochs, lr=lr, batch_size=batch_size, positions_per_sequence=positions,
-                max_len=max_len, seed=seed, wall_s=round(time.time() - start, 1), head_vocabulary=len(vocab_map),
+                max_len=max_len, seed=seed, wall_s=round(state["wall_s"], 1), head_vocabulary=len(vocab_map),
                 trainable_parameters=streams.num_parameters(), first_stream_layer=streams.first_layer, held_out_loss=round(final["loss"], 4),
-                held_out_top1_per_stream=final["top1"], held_out_greedy_chain_tau=round(final["tau"], 3))
+                held_out_top1_per_stream=final["top1_per_stream"], held_out_greedy_chain_tau=round(final["tau"], 3))
     streams.save(out, meta=dict(training=card))
     write_model_card(out, config, card)
-    (out / "metrics.json").write_text(json.dumps(state["history"]))
-    plot_losses(state["history"], out / "loss.png")
     return card
 
 
