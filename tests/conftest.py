@@ -1,7 +1,6 @@
 """Shared fixtures: tiny random Llama-family models built here, and the embedded target."""
 from __future__ import annotations
 
-import copy
 import os
 import json
 from pathlib import Path
@@ -87,25 +86,10 @@ def tiny_pair(tiny_dirs):
     return load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]))
 
 
-def noisy_twin(model, noise: float, seed: int = 0):
-    """A copy of ``model`` with Gaussian noise on its MLP weights: a draft that agrees with the
-    target often but not always, so accepted, corrected and bonus tokens all occur."""
-    twin = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in twin.named_parameters():
-            if ".mlp." in name:
-                p.add_(noise * p.std() * torch.randn(p.shape, generator=gen))
-    return twin
-
-
 @pytest.fixture(scope="session")
 def embedded_pair():
-    """The embedded target with a noisy-twin draft (the trained draft replaces it when it ships)."""
-    pair = load_pair(draft=None)
-    pair.draft = noisy_twin(pair.target, noise=0.1)
-    pair.draft_name = "noisy twin of the target (test draft)"
-    return pair
+    """The embedded default pair: the target and the project's shipped draft."""
+    return load_pair()
 
 
 @pytest.fixture(scope="session")

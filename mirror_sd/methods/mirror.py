@@ -9,7 +9,9 @@ One step, with the window W = [last committed token, d1 .. d_gamma]:
    - target lane: layers [exit_layer, N) over W -> final logits -> verification;
    - draft lane: branch rollouts. Branch (r, v) assumes the target accepts d1..dr and then emits
      v (an early-exit candidate at position r). The draft rolls out gamma tokens after each of the
-     ``branch_budget`` most likely branches, all branches batched in one tree per forward.
+     ``branch_budget`` most likely branches, all branches batched in one tree per forward: gamma
+     forwards token by token, or with ``streams=1`` a single forward, where the draft's main
+     stream gives each branch's first token and its speculative streams the rest.
 3. Rendezvous: verification gives (accepted A, token c). If branch (A, c) was rolled out, its
    continuation is the next window, ready with no draft time on the critical path (a hit).
    Otherwise the next step starts with a fresh draft on the draft lane (a miss: draft time exposed).

@@ -12,10 +12,10 @@ from ..errors import MirrorSDError
 from .llama import Transformer
 from .loading import EMBEDDED_NAME, load_model, load_tokenizer, resolve_model_dir
 
-# The default draft of the embedded target. Until the project's trained draft ships, it is the
-# target's own first layers (an early-exit "self draft": no extra weights, same vocabulary, but
-# for SmolLM2 almost never right). Other targets have no default draft: pass one.
-EMBEDDED_DRAFT = "self:4"
+# The default draft of the embedded target: the project's own, trained by `python -m mirror_sd.train
+# draft` and shipped in the package (model card in its README.md). Other targets have no default
+# draft: pass one.
+EMBEDDED_DRAFT = Path(__file__).resolve().parents[1] / "assets" / "draft-smollm2-135m"
 DEFAULT = "default"  # load_pair(draft=DEFAULT): the embedded target's draft, or none for other targets
 
 
@@ -80,7 +80,7 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     draft_model, draft_name, draft_dir = None, None, None
     embedded = target in (None, "", "default", EMBEDDED_NAME)
     if draft == DEFAULT:
-        draft = EMBEDDED_DRAFT if embedded else None
+        draft = str(EMBEDDED_DRAFT) if embedded else None
     if draft:
         draft_model, draft_name, draft_dir = _load_draft(draft, target_dir, tokenizer, draft_lane, dtype,
                                                          target_model.model.embed_tokens.weight)
@@ -99,7 +99,8 @@ def _load_draft(draft: str, target_dir: Path, tokenizer, lane: Lane, dtype, targ
     draft_dir = resolve_model_dir(draft)
     check_same_vocabulary(tokenizer, load_tokenizer(draft_dir), draft)
     model, _ = load_model(draft_dir, lane.device, dtype, target_embedding=target_embedding)
-    return model, draft, draft_dir
+    name = EMBEDDED_DRAFT.name if draft_dir == EMBEDDED_DRAFT else draft
+    return model, name, draft_dir
 
 
 def _self_draft_layers(draft: str, target_dir: Path) -> int:

@@ -155,7 +155,44 @@ def train(data_dir: Path, out: Path, layers: list[int], vocab_size: int = 8192, 
                 held_out_loss=round(final["loss"], 4), held_out_top1=round(final["top1"], 4),
                 trainable_parameters=sum(p.numel() for p in draft.parameters() if p.requires_grad))
     save_draft(draft, out, target_dir, card)
+    write_model_card(out, card)
     return card
+
+
+def write_model_card(out: Path, card: dict):
+    """README.md beside the weights: architecture, data, training and held-out results."""
+    c = card
+    text = f"""# Draft for {c['target']}
+
+The project's draft model (`load_pair()` uses it for `sd` and `mirror`), trained on this project's
+CPU by `python -m mirror_sd.train draft` (code: `mirror_sd/train/draft.py`).
+
+## Architecture
+- A Llama with the target's width and {len(c['layers_from_target'])} decoder layers, initialised from the target's layers
+  {c['layers_from_target']}; the target's own input embedding (frozen, borrowed at load time, not stored here).
+- LM head over {c['head_vocabulary']} tokens: the most frequent tokens of the training answers plus
+  end-of-sequence, initialised from the target's head rows; `vocab_map` maps rows to target ids exactly.
+  A token outside it is never proposed; verification always uses the target's full head (lossless).
+- {c['trainable_parameters']:,} trained parameters, stored in fp16 (model.safetensors).
+- `streams/` (when present): speculative streams for this draft, trained by
+  `python -m mirror_sd.train ss --model <this folder>`; with them the draft proposes a window in one forward.
+
+## Data and licences
+{c['examples_train']} training / {c['examples_held_out']} held-out examples of the distilled data
+(`python -m mirror_sd.train data --seed 0`): the target's own greedy answers to prompts built from
+offline corpora (QA, multi-turn, translation, math, summarization, RAG). Sources and licences:
+`docs/corpora.md`. The bench prompts (`mirror_sd/data/bench_prompts.jsonl`) are excluded.
+
+## Training
+Cross-entropy on the target's answer tokens, AdamW lr {c['lr']} (warm-up + cosine), {c['batch_tokens']} tokens
+per batch, {c['steps']} steps ({c['epochs']} epochs), seed {c['seed']}, {c['wall_s'] / 60:.1f} min on 2 CPU cores.
+Loss curve: loss.png.
+
+## Held-out results (teacher-forced on the target's answers)
+- Top-1 agreement with the target: **{c['held_out_top1']:.3f}** (loss {c['held_out_loss']:.3f}).
+- Decoding numbers (tau, speedup) are in the project README, with the command that measures them.
+"""
+    (out / "README.md").write_text(text)
 
 
 def add_parser(sub):

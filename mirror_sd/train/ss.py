@@ -198,7 +198,8 @@ def write_model_card(out: Path, config: StreamConfig, card: dict):
     top1 = ", ".join(f"stream {j + 1}: {x:.3f}" for j, x in enumerate(card["held_out_top1_per_stream"]))
     text = f"""# Speculative streams for {card["target"]}
 
-Trained by `python -m mirror_sd.train ss` (mirror_sd/train/ss.py); used by `method="ss"`.
+Trained by `python -m mirror_sd.train ss` (mirror_sd/train/ss.py); used by `method="ss"` (streams on
+the target) or by `sd` and `mirror` with `streams=1` (streams on a draft).
 
 ## Architecture
 - The model is frozen and unchanged: its main stream computes exactly what it computes alone.
