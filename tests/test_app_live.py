@@ -84,3 +84,44 @@ def test_browser_runs_the_race_and_steps_through_it(app_url, tmp_path):
         page.screenshot(path=tmp_path / "step.png", full_page=True)
         browser.close()
     assert (tmp_path / "race.png").stat().st_size > 10_000
+
+
+@pytest.fixture(scope="module")
+def slow_app_url(tiny_dirs):
+    """The app on a tiny pair whose target sleeps 80 ms per forward: a race long enough to stop."""
+    import time
+
+    from app.ui import build_demo
+    from mirror_sd import load_pair
+
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]))
+    pair.target.register_forward_pre_hook(lambda module, args: time.sleep(0.08))
+    demo = build_demo(pair_factory=lambda **devices: pair)
+    _, url, _ = demo.queue(max_size=8).launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True,
+                                              quiet=True)
+    yield url
+    demo.close()
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM) and not shutil.which("chromium"),
+                    reason="Chromium is not installed here (CI installs Debian's chromium: see .ci/run)")
+def test_browser_stop_ends_the_race_and_keeps_the_text(slow_app_url):
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
+                                    headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(slow_app_url)
+        page.get_by_label("Prompt").fill("t1 t2 t3")
+        page.locator("#run").click()
+        vanilla = page.locator("#card-vanilla .card")
+        expect(vanilla.locator(".tok").nth(3)).to_be_attached(timeout=60_000)  # decoding, tokens on screen
+        page.locator("#stop").click()
+        expect(vanilla).to_have_attribute("data-state", "stopped", timeout=30_000)
+        kept = vanilla.locator(".tok").count()
+        assert 4 <= kept < 48  # stopped part-way (48 tokens is the default length), the committed text kept
+        for name in [n for n in METHODS if n != "vanilla"]:  # the methods after it never ran
+            expect(page.locator(f"#card-{name} .card")).to_have_attribute("data-state", "skipped", timeout=30_000)
+        expect(page.get_by_text("Stopped: the text so far is kept.")).to_be_visible(timeout=30_000)
+        browser.close()

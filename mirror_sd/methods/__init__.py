@@ -72,7 +72,9 @@ TOTAL_TOKENS = Option("total_tokens", 8, 1, 64, "EAGLE: draft tree nodes the tar
                       "(greedy only; T > 0 verifies a chain of depth tokens)")
 STREAMS = Option("streams", 0, 0, 1, "1: the draft proposes each window (each branch) in one forward with its "
                  "trained speculative streams; 0: token by token")
-BRANCH_BUDGET = Option("branch_budget", 8, 1, 256, "branches the draft rolls out per step")
+BRANCH_BUDGET = Option("branch_budget", 16, 1, 256, "branches the draft rolls out per step; 16: best in "
+                       "docs/sweeps/mirror_branch_budget.csv")
+MIRROR_GAMMA = Option("gamma", 3, 1, 32, "draft tokens per step (window length); 3: best in docs/sweeps/mirror_gamma.csv")
 
 
 def _check_exit_layer(pair, options):
@@ -107,7 +109,7 @@ register(Method("ss", "Speculative Streaming", "the target drafts for itself: tr
                 parallel_lanes=False, options=(GAMMA,), check=_check_streams))
 register(Method("mirror", "Mirror-SD", "the target's early exit steers branch rollouts on the draft lane, "
                 "which run while the target finishes its layers", mirror.decode, needs_draft=True,
-                parallel_lanes=True, options=(GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, STREAMS), check=_check_mirror))
+                parallel_lanes=True, options=(MIRROR_GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, STREAMS), check=_check_mirror))
 register(Method("eagle", "EAGLE-2", "a feature-level head on the target's lane drafts a dynamic tree; "
                 "the target verifies the whole tree in one forward", eagle.decode, needs_draft=False,
                 parallel_lanes=False, options=(DEPTH, TOP_K, TOTAL_TOKENS), check=eagle.check))

@@ -1,0 +1,41 @@
+"""Draw the sweeps in this folder (CSV files written by `python -m mirror_sd sweep`) as one PNG.
+
+    python docs/sweeps/plot_sweeps.py   # writes docs/sweeps/sweeps.png (needs matplotlib)
+"""
+from pathlib import Path
+
+import matplotlib
+import pandas as pd
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = Path(__file__).parent
+SWEEPS = [("sd_gamma.csv", "gamma", "sd (earlier draft): gamma"), ("sd_streams.csv", "streams", "sd: streams"),
+          ("mirror_gamma.csv", "gamma", "mirror: gamma"), ("mirror_branch_budget.csv", "branch_budget", "mirror: branch budget"),
+          ("mirror_streams.csv", "streams", "mirror: streams"), ("eagle.csv", "total_tokens", "eagle: total tokens")]
+
+
+def main():
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
+    for ax, (file, option, title) in zip(axes.flat, SWEEPS):
+        table = pd.read_csv(HERE / file)
+        if file == "eagle.csv":  # three sweeps in one file: keep the total_tokens one (depth 3, top-k 4)
+            table = table[(table.depth == 3) & (table.top_k == 4)]
+        ax.plot(table[option], table["speedup"], "o-", label="speedup over vanilla")
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(option)
+        ax.set_xticks(table[option].tolist())
+        ax.set_ylim(0, max(1.2, table["speedup"].max() * 1.1))
+        twin = ax.twinx()
+        twin.plot(table[option], table["mean_accepted"], "s--", color="tab:green", label="mean accepted (τ)")
+        twin.set_ylim(1, max(2.0, table["mean_accepted"].max() * 1.1))
+    axes.flat[0].legend(loc="lower left", fontsize=8)
+    fig.suptitle("Measured sweeps on 2 CPU cores (speedup: left axis, τ: right axis, dashed)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(HERE / "sweeps.png", dpi=90)
+
+
+if __name__ == "__main__":
+    main()
