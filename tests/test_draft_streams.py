@@ -102,12 +102,12 @@ def test_streams_need_a_draft_that_has_them(tiny_pair, streamed_pair):
 
 
 def test_mirror_with_streams_samples_the_target_distribution(tiny_dirs, streamed_pair):
-    """As in test_distribution: gamma = 2, kappa = V, so from step 2 on every window is a reused
-    branch whose tokens come from the draft's main stream and its first stream."""
+    """As in test_distribution, tokens 3 and 4: with gamma = 2 every window holds the draft's main
+    stream token and its first stream's token, from a reused branch (a hit) or a fresh draft."""
     prompt_ids = streamed_pair.encode(PROMPT, raw=True)
     outputs = []
-    counts = sample_counts(streamed_pair, "mirror", 1.0, 1.0, first=2, outputs=outputs, gamma=2, kappa=16,
-                           branch_budget=48, streams=1)
+    counts = sample_counts(streamed_pair, "mirror", 1.0, 1.0, first=2, outputs=outputs, gamma=2, kappa=4,
+                           branch_budget=6, streams=1)
     assert sum(bool(s.extras["hit"]) for out in outputs for s in out.trace.steps[1:]) > 0
     law = exact_joint_law(streamed_pair.target, prompt_ids, 1.0, 1.0, 4).sum((0, 1))  # P(x3, x4)
     assert chi_square_p(counts, law) > 1e-3
