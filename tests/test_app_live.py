@@ -14,6 +14,16 @@ TINY_METHODS = ("vanilla", "sd", "mirror")  # the methods a tiny target + draft 
 MIRROR_LANES = {"target, GPU role, cpu:0", "draft, NPU role, cpu:1"}
 
 
+def open_app(playwright, url: str, prompt: str = "t1 t2 t3"):
+    """Headless Chromium on the app, with the prompt typed in: (browser, page)."""
+    browser = playwright.chromium.launch(headless=True, args=CHROMIUM_ARGS,
+                                         executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"))
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    page.get_by_label("Prompt").fill(prompt)
+    return browser, page
+
+
 @pytest.fixture(scope="module")
 def app_url(tiny_pair):
     from app.ui import build_demo
@@ -59,11 +69,7 @@ def test_browser_runs_the_race_and_steps_through_it(app_url, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
-                                    headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(app_url)
-        page.get_by_label("Prompt").fill("t1 t2 t3")
+        browser, page = open_app(p, app_url)
         page.locator("#run").click()
         for name in TINY_METHODS:  # every card fills with text and the engine's numbers
             card = page.locator(f"#card-{name} .card")
@@ -109,11 +115,7 @@ def test_browser_stop_ends_the_race_and_keeps_the_text(slow_app_url):
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
-                                    headless=True, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(slow_app_url)
-        page.get_by_label("Prompt").fill("t1 t2 t3")
+        browser, page = open_app(p, slow_app_url)
         page.locator("#run").click()
         vanilla = page.locator("#card-vanilla .card")
         expect(vanilla.locator(".tok").nth(3)).to_be_attached(timeout=60_000)  # decoding, tokens on screen

@@ -29,9 +29,16 @@ IGNORE = -100
 
 
 def read_examples(data_dir: Path) -> list[tuple[list[int], list[int]]]:
-    """[(prompt_ids, answer_ids)] from the distilled data set."""
-    rows = [json.loads(line) for line in (data_dir / "data.jsonl").read_text().splitlines() if line.strip()]
-    return [(r["prompt_ids"], r["answer_ids"]) for r in rows if r["answer_ids"]]
+    """[(prompt_ids, answer_ids)] from data.jsonl; a partial last line (a writer still running) is skipped."""
+    examples = []
+    for line in (data_dir / "data.jsonl").read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("answer_ids"):
+            examples.append((row["prompt_ids"], row["answer_ids"]))
+    return examples
 
 
 def build_vocab_map(examples, size: int, always: set[int]) -> torch.Tensor:

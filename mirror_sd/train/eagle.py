@@ -29,24 +29,10 @@ from tqdm import tqdm
 
 from ..models.eagle import EagleHead, save_head
 from ..models.loading import cache_root, embedded_model_dir, load_model, load_tokenizer
-from .draft import build_vocab_map
+from .draft import IGNORE, build_vocab_map, read_examples
 from .loop import fit, run_evaluation
 
 SHARD_EXAMPLES = 64
-IGNORE = -100
-
-
-def read_examples(data_dir: Path) -> list[tuple[list[int], list[int]]]:
-    """[(prompt_ids, answer_ids)] from data.jsonl; a partial last line (a writer still running) is skipped."""
-    examples = []
-    for line in (data_dir / "data.jsonl").read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if row.get("answer_ids"):
-            examples.append((row["prompt_ids"], row["answer_ids"]))
-    return examples
 
 
 # -- stage 1: the target's features --------------------------------------------------------------
