@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = Path(__file__).parent
-SWEEPS = [("sd_gamma.csv", "gamma", "sd (earlier draft): gamma"), ("sd_streams.csv", "streams", "sd: streams"),
+SWEEPS = [("sd_gamma.csv", "gamma", "sd: gamma"), ("sd_streams.csv", "streams", "sd: streams"),
           ("mirror_gamma.csv", "gamma", "mirror: gamma"), ("mirror_branch_budget.csv", "branch_budget", "mirror: branch budget"),
           ("mirror_streams.csv", "streams", "mirror: streams"), ("eagle.csv", "total_tokens", "eagle: total tokens")]
 
