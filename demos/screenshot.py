@@ -1,0 +1,57 @@
+"""Retake the README's screenshots of the app (docs/app.png, docs/app-steps.png) from a real race.
+
+    python demos/screenshot.py ["prompt"]
+
+Serves the app on the embedded default pair, drives Debian's Chromium with Playwright (no
+`playwright install`), runs the race with every method on, and captures the race and the
+step-through tabs. Every number in the pictures comes from that run on this machine.
+"""
+import os
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def main():
+    from playwright.sync_api import expect, sync_playwright
+
+    from app.ui import build_demo
+    from mirror_sd import METHODS
+
+    prompt = sys.argv[1] if len(sys.argv) > 1 else "Why is the sky blue?"
+    demo = build_demo()
+    _, url, _ = demo.queue().launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.goto(url)
+            page.get_by_label("Prompt").fill(prompt)
+            page.locator("#run").click()
+            for name in METHODS:
+                expect(page.locator(f"#card-{name} .card")).not_to_have_attribute("data-state", "waiting", timeout=600_000)
+                expect(page.locator(f"#card-{name} .card")).not_to_have_attribute("data-state", "running", timeout=600_000)
+            expect(page.locator("#timeline .js-plotly-plot")).to_be_visible(timeout=60_000)
+            page.wait_for_timeout(1000)
+            page.screenshot(path=DOCS / "app.png", full_page=True)
+            page.get_by_role("tab", name="Step-through").click()
+            expect(page.locator("#sentence")).to_contain_text("Step 0", timeout=60_000)
+            page.locator("#next").click()
+            expect(page.locator("#sentence")).to_contain_text("Step 1", timeout=60_000)
+            page.wait_for_timeout(1000)
+            page.screenshot(path=DOCS / "app-steps.png", full_page=True)
+            browser.close()
+    finally:
+        demo.close()
+    print(f"wrote {DOCS / 'app.png'} and {DOCS / 'app-steps.png'}")
+
+
+if __name__ == "__main__":
+    main()
