@@ -42,6 +42,14 @@ class Sampler:
             return int(logits.argmax())
         return self.sample(self.probs(logits))
 
+    def draw(self, logits: torch.Tensor) -> tuple[list[int], torch.Tensor | None]:
+        """One token per row of logits [n, V], each drawn independently: (tokens, probs [n, V]),
+        probs None at temperature 0 (argmax)."""
+        if self.greedy:
+            return logits.argmax(-1).tolist(), None
+        probs = self.probs(logits)
+        return [self.sample(p) for p in probs], probs
+
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator))
 

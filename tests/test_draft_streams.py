@@ -12,8 +12,7 @@ import torch
 
 from mirror_sd import generate, load_pair
 from mirror_sd.errors import MirrorSDError
-from mirror_sd.methods.ss import split_forward
-from mirror_sd.models.streams import StreamConfig, Streams, draft_streams
+from mirror_sd.models.streams import StreamConfig, Streams, draft_streams, split_forward
 
 from test_distribution import PROMPT, chi_square_p, exact_joint_law, sample_counts
 

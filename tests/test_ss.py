@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from mirror_sd import generate, load_pair
-from mirror_sd.methods.ss import split_forward
-from mirror_sd.models.streams import StreamConfig, Streams, stream_mask, use_streams
+from mirror_sd.models.streams import StreamConfig, Streams, split_forward, stream_mask, use_streams
 from mirror_sd.train.ss import train
 
 from test_distribution import PROMPT, chi_square_p, exact_law_of_tokens_2_and_3, sample_counts

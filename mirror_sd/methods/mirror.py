@@ -39,10 +39,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.streams import draft_streams
+from ..models.streams import draft_streams, split_forward
 from ..trace import Step
 from .sd import draft_window, prefill, streamed_window
-from .ss import split_forward
 from .verify import verify
 
 
@@ -167,11 +166,8 @@ def rollout_streamed(run, cache, draft: list[int], branches: list[Branch], gamma
                     seen=mask[None, -B:].to(dev))[0, :, :gamma - 1]  # [B, gamma - 1, V_d]
     logits = run.as_target_vocab(torch.cat([main[0, -B:, None], ahead], dim=1))  # [B, gamma, V]
     for b, rows in zip(branches, logits):
-        if sampler.greedy:
-            b.tokens = rows.argmax(-1).tolist()
-        else:
-            b.q = list(sampler.probs(rows))
-            b.tokens = [sampler.sample(q) for q in b.q]
+        b.tokens, q = sampler.draw(rows)
+        b.q = list(q) if q is not None else []
     return branches
 
 

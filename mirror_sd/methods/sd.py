@@ -15,9 +15,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import MirrorSDError
-from ..models.streams import draft_streams
+from ..models.streams import draft_streams, split_forward
 from ..trace import Step
-from .ss import split_forward
 from .verify import verify
 
 
@@ -75,11 +74,7 @@ def streamed_window(run, cache, gamma: int):
     cache.length += len(pending)
     at = torch.tensor([[cache.length - 1]], device=draft.device)  # [1, 1]
     ahead = streams(draft, cache, h0[:, -1:], at)[0, 0, :gamma - 1]  # [gamma - 1, V_d]
-    logits = run.as_target_vocab(torch.cat([main[0, -1:], ahead]))  # [gamma, V]
-    if sampler.greedy:
-        return logits.argmax(-1).tolist(), None
-    q = sampler.probs(logits)
-    return [sampler.sample(q_j) for q_j in q], q
+    return sampler.draw(run.as_target_vocab(torch.cat([main[0, -1:], ahead])))  # from logits [gamma, V]
 
 
 def check_streams(pair, options):

@@ -25,18 +25,9 @@ from __future__ import annotations
 import torch
 
 from ..sampling import to_target_vocab
-from ..models.streams import target_streams
+from ..models.streams import split_forward, target_streams
 from ..trace import Step
 from .verify import verify
-
-
-def split_forward(target, ids, cache, first_layer: int, positions=None, tree_mask=None):
-    """Logits [1, T, V] for ids [1, T] after the cache, and the hidden states entering layer
-    first_layer [1, T, d] (where streams start). The caller advances cache.length."""
-    win = target.window(cache, ids.shape[1], positions=positions, tree_mask=tree_mask)
-    h0 = target.forward_layers(target.embed(ids), cache, win, 0, first_layer)
-    logits = target.head(target.forward_layers(h0, cache, win, first_layer))
-    return logits, h0
 
 
 def draft_from_streams(run, streams, cache, h0_row, gamma: int):

@@ -146,6 +146,15 @@ class Streams(nn.Module):
         return streams
 
 
+def split_forward(model, ids, cache, first_layer: int, positions=None, tree_mask=None):
+    """Logits [1, T, V] for ids [1, T] after the cache, and the hidden states entering layer
+    first_layer [1, T, d] (where streams start). The caller advances cache.length."""
+    win = model.window(cache, ids.shape[1], positions=positions, tree_mask=tree_mask)
+    h0 = model.forward_layers(model.embed(ids), cache, win, 0, first_layer)
+    logits = model.head(model.forward_layers(h0, cache, win, first_layer))
+    return logits, h0
+
+
 def _key(layer: int, name: str) -> str:
     return f"layer{layer}_{name}"  # ParameterDict keys cannot contain dots
 
