@@ -93,7 +93,8 @@ def _opacity(span, step: int | None) -> float:
 
 
 def utilisation(traces: dict[str, Trace]) -> go.Figure:
-    """Per lane, busy share of the whole run (left) and over time (right, per method)."""
+    """Per lane, busy share of the whole run (left) and over time (right, per method), from the spans;
+    on NVIDIA GPUs the GPU's own NVML readings too (a dotted line)."""
     names = list(traces)
     fig = make_subplots(rows=max(len(names), 1), cols=2, column_widths=[0.35, 0.65], shared_xaxes="columns",
                         subplot_titles=[t for n in names for t in (f"{n}: busy share of the run",
@@ -114,6 +115,12 @@ def utilisation(traces: dict[str, Trace]) -> go.Figure:
                                      name=lane, legendgroup=lane, showlegend=False,
                                      hovertemplate=f"{lane}<br>%{{x:.0f}} ms: busy %{{y:.0f}}%<extra></extra>"),
                           row=row, col=2)
+        for device, (times, shares) in nvml_over_time(trace).items():
+            fig.add_trace(go.Scatter(x=times, y=shares, mode="lines", line=dict(color="#f59e0b", dash="dot"),
+                                     name=f"{device} (NVML)", showlegend=False,
+                                     hovertemplate=f"{device}, NVML<br>%{{x:.0f}} ms: GPU busy %{{y:.0f}}%"
+                                                   "<extra></extra>"),
+                          row=row, col=2)
         fig.update_xaxes(range=[0, 100], row=row, col=1)
         fig.update_yaxes(range=[0, 105], title_text="% busy", row=row, col=2)
         fig.update_xaxes(range=[0, x_max or 1], row=row, col=2)
@@ -121,6 +128,16 @@ def utilisation(traces: dict[str, Trace]) -> go.Figure:
     fig.update_xaxes(title_text="time since the run began (ms)", row=len(names), col=2)
     fig.update_layout(height=100 + 170 * len(names), margin=dict(l=10, r=10, t=40, b=40))
     return fig
+
+
+def nvml_over_time(trace: Trace) -> dict[str, tuple[list, list]]:
+    """Per GPU, the NVML utilisation readings (ms since the run began, %); empty off NVIDIA GPUs."""
+    series: dict[str, tuple[list, list]] = {}
+    for g in trace.gpu_samples:
+        times, shares = series.setdefault(g.device, ([], []))
+        times.append(1000 * g.t)
+        shares.append(g.percent)
+    return series
 
 
 def busy_over_time(trace: Trace, lane: str, horizon_s: float, bins: int = 60) -> tuple[list, list]:

@@ -6,7 +6,6 @@ and their options in the "Advanced" drawer, come from the registry ``mirror_sd.M
 """
 from __future__ import annotations
 
-import importlib.util
 from functools import lru_cache
 from types import SimpleNamespace
 
@@ -118,7 +117,8 @@ def build_demo(pair_factory=None) -> gr.Blocks:
             race = race_tab(names)
         with gr.Tab("Utilisation"):
             gr.Markdown("Per lane: the share of the run it spent working, and how that share moved over time. "
-                        "Computed from the spans of each run.")
+                        "Computed from the spans of each run; on NVIDIA GPUs a dotted line adds the GPU's own "
+                        "busy readings (NVML), sampled while the run went on.")
             utilisation = gr.Plot(label="Utilisation", elem_id="utilisation")
         with gr.Tab("Step-through"):
             steps = steps_tab()
@@ -170,11 +170,15 @@ def notice_for(get_pair) -> str:
 
 
 def _on_gpu(fn):
-    """On a Hugging Face ZeroGPU Space, ask for a GPU while ``fn`` runs; elsewhere ``fn`` unchanged."""
-    if importlib.util.find_spec("spaces") is None:
-        return fn
-    import spaces
+    """On a Hugging Face ZeroGPU Space, ask for a GPU while ``fn`` runs; elsewhere ``fn`` unchanged.
 
+    ZeroGPU runs the decorated function in a forked process (lanes start new workers there, see
+    mirror_sd.devices); ``spaces.GPU`` does nothing on other Space hardware.
+    """
+    try:
+        import spaces
+    except ImportError:  # not on a Space
+        return fn
     return spaces.GPU(fn)
 
 

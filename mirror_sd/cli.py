@@ -24,7 +24,8 @@ def _add_model_args(p: argparse.ArgumentParser):
     g.add_argument("--target", default=None, help="target model: HF id, local folder, or the embedded default")
     g.add_argument("--draft", default=None, help="draft model: HF id, local folder, or 'self:N' (default: the project's draft for the embedded "
                         "target; none for other targets)")
-    g.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, npu (default: this machine's best)")
+    g.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, npu, or GPUs to shard the target "
+                                                             "over: cuda:0,cuda:1 (default: this machine's best)")
     g.add_argument("--draft-device", default=None, help="device of the draft lane (default: see README)")
     g.add_argument("--dtype", default=None, help="fp32, fp16 or bf16 (default: fp32 on CPU, bf16 on GPU)")
 

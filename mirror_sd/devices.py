@@ -10,6 +10,10 @@ Default placement (:func:`default_devices`):
   split the cores between them; serial methods give every lane all cores when it works.
 * one CUDA GPU: the target takes it; the draft runs on the same GPU on a second CUDA stream.
 * two or more CUDA GPUs: target on cuda:0, draft on cuda:1.
+* a target too big for one GPU: sharded over several (``cuda:0,cuda:1``; see models/sharding.py).
+
+A lane works in a forked child too (Hugging Face ZeroGPU runs each GPU call in one): its worker
+thread did not survive the fork, so the lane starts a new one there.
 """
 from __future__ import annotations
 
@@ -62,6 +66,15 @@ def resolve_device(name: str) -> torch.device:
     raise MirrorSDError(f"unsupported device {name!r}: use cpu, cuda, cuda:N, mps or npu")
 
 
+def resolve_devices(names: str) -> list[torch.device]:
+    """One device, or a comma-separated list of CUDA GPUs to shard a model over (models/sharding.py)."""
+    devices = [resolve_device(name) for name in (names or "").split(",")]
+    if len(devices) > 1 and (any(d.type != "cuda" for d in devices) or len(set(devices)) < len(devices)):
+        raise MirrorSDError(f"device list {names!r}: a model is sharded over distinct CUDA GPUs only "
+                            f"(e.g. cuda:0,cuda:1)")
+    return devices
+
+
 def default_devices() -> tuple[str, str]:
     """(target device, draft device) for this machine, as documented in the module docstring."""
     if torch.cuda.is_available():
@@ -81,12 +94,17 @@ class Lane:
     def __init__(self, name: str, device: torch.device, display: str | None = None):
         self.name = name  # "target" or "draft"
         self.role = ROLES.get(name, name)
-        self.device = device
+        self.device = device  # where inputs go; a sharded model's first device
+        self.devices = [device]  # every device the lane's model runs on (several when sharded)
         self.display_device = display or str(device)
         self.threads: int | None = None  # CPU threads while working; set by allot_cpu_threads
         self.trace = None  # the Trace that spans go to; set per generation
         self.stream = None
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lane-{name}")
+        self._start_worker()
+
+    def _start_worker(self):
+        self._pid = os.getpid()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lane-{self.name}")
 
     @property
     def label(self) -> str:
@@ -96,6 +114,8 @@ class Lane:
     def submit(self, kind: str, fn, *args, label: str = "", step: int | None = None,
                tokens: int = 0, **kwargs) -> Future:
         """Run fn(*args, **kwargs) on this lane; the future gives its result (or its error)."""
+        if os.getpid() != self._pid:  # a forked child (a ZeroGPU call, say) has none of the parent's threads
+            self._start_worker()
         return self._worker.submit(self._run, kind, label, step, tokens, fn, args, kwargs)
 
     def run(self, kind: str, fn, *args, **kwargs):
@@ -120,6 +140,8 @@ class Lane:
     def synchronize(self):
         if self.device.type == "cuda":
             (self.stream or torch.cuda.current_stream(self.device)).synchronize()
+            for other in self.devices[1:]:  # the later shards of a sharded model
+                torch.cuda.current_stream(other).synchronize()
         elif self.device.type == "mps":
             torch.mps.synchronize()
 
@@ -130,8 +152,8 @@ class Lane:
 def make_lanes(target_device: str | None, draft_device: str | None) -> tuple[Lane, Lane]:
     """The target and draft lanes, on the given devices or this machine's defaults."""
     default_target, default_draft = default_devices()
-    target = resolve_device(target_device or default_target)
-    draft = resolve_device(draft_device or default_draft)
+    targets = resolve_devices(target_device or default_target)
+    target, draft = targets[0], resolve_device(draft_device or default_draft)
     if target.type == draft.type == "cpu":  # two core groups of one CPU
         target_lane, draft_lane = Lane("target", target, "cpu:0"), Lane("draft", draft, "cpu:1")
     else:
@@ -139,7 +161,15 @@ def make_lanes(target_device: str | None, draft_device: str | None) -> tuple[Lan
     if draft.type == "cuda" and draft == target:  # one GPU: the draft gets its own stream
         draft_lane.stream = torch.cuda.Stream(draft)
         draft_lane.display_device = f"{draft}, 2nd stream"
+    if len(targets) > 1:
+        shard_lane(target_lane, targets)
     return target_lane, draft_lane
+
+
+def shard_lane(lane: Lane, devices: list[torch.device]):
+    """The lane's model is sharded over ``devices``: the lane waits for all of them."""
+    lane.device, lane.devices = devices[0], list(devices)
+    lane.display_device = "+".join(str(d) for d in devices)
 
 
 def allot_cpu_threads(lanes: list[Lane], parallel: bool):

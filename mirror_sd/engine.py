@@ -18,6 +18,7 @@ from .devices import allot_cpu_threads
 from .errors import MirrorSDError
 from .methods import get_method
 from .models.pair import ModelPair
+from .nvml import GpuSampler
 from .sampling import Sampler, to_target_vocab
 from .trace import Step, Trace
 
@@ -136,6 +137,7 @@ def stream(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 12
         for lane in lanes:
             lane.trace = trace
         run = Decoding(pair, prompt_ids, max_new_tokens, temperature, top_p, seed, trace)
+        gpu_sampler = GpuSampler(trace, lanes)  # NVML readings on NVIDIA GPUs; nothing elsewhere
         start = time.perf_counter()
         error, finished = None, None
         try:
@@ -151,6 +153,7 @@ def stream(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 12
         except Exception as e:  # a device or kernel failure mid-run: keep what was committed
             error = f"decoding failed after {len(run.tokens)} tokens: {type(e).__name__}: {e}"
         finally:
+            gpu_sampler.close()
             for lane in lanes:
                 lane.trace = None
             run.finished = finished or ("error" if error else run.finished)

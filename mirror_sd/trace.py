@@ -48,6 +48,13 @@ class Step:
         return self.proposed[self.accepted:]
 
 
+@dataclass
+class GpuSample:
+    device: str  # e.g. "cuda:0"
+    t: float  # seconds since the trace began
+    percent: float  # NVML: share of the last sample period with a kernel running
+
+
 class Trace:
     def __init__(self, method: str, meta: dict | None = None):
         self.method = method
@@ -55,6 +62,7 @@ class Trace:
         self.lanes: dict[str, str] = {}  # lane label -> lane name ("target" / "draft")
         self.spans: list[Span] = []
         self.steps: list[Step] = []
+        self.gpu_samples: list[GpuSample] = []  # NVML readings, on NVIDIA GPUs only (mirror_sd/nvml.py)
         self.t0 = time.perf_counter()
         self._lock = threading.Lock()
 
@@ -64,6 +72,11 @@ class Trace:
         with self._lock:
             self.lanes.setdefault(lane.label, lane.name)
             self.spans.append(span)
+
+    def add_gpu_sample(self, device: str, now: float, percent: float):
+        """Record an NVML utilisation reading taken at perf_counter() time ``now``."""
+        with self._lock:
+            self.gpu_samples.append(GpuSample(device, now - self.t0, percent))
 
     def add_step(self, step: Step):
         self.steps.append(step)
@@ -107,7 +120,8 @@ class Trace:
     # -- export --------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return dict(method=self.method, meta=self.meta, lanes=self.lanes,
-                    spans=[asdict(s) for s in self.spans], steps=[asdict(s) for s in self.steps])
+                    spans=[asdict(s) for s in self.spans], steps=[asdict(s) for s in self.steps],
+                    gpu_samples=[asdict(g) for g in self.gpu_samples])
 
     def to_json(self, **kwargs) -> str:
         return json.dumps(self.to_dict(), **kwargs)
@@ -118,6 +132,7 @@ class Trace:
         trace.lanes = dict(data.get("lanes", {}))
         trace.spans = [Span(**s) for s in data.get("spans", [])]
         trace.steps = [Step(**s) for s in data.get("steps", [])]
+        trace.gpu_samples = [GpuSample(**g) for g in data.get("gpu_samples", [])]
         return trace
 
     @classmethod
@@ -125,7 +140,8 @@ class Trace:
         return cls.from_dict(json.loads(text))
 
     def to_chrome_trace(self) -> dict:
-        """Chrome trace-event JSON ("X" events, one tid per lane, microseconds) for Perfetto."""
+        """Chrome trace-event JSON for Perfetto: "X" events, one tid per lane, microseconds; NVML
+        readings (when any) as "C" counter events."""
         tids = {lane: i + 1 for i, lane in enumerate(self.lanes)}
         events = [dict(name="process_name", ph="M", pid=1, tid=0, args=dict(name=f"mirror-sd: {self.method}"))]
         events += [dict(name="thread_name", ph="M", pid=1, tid=tid, args=dict(name=lane))
@@ -134,4 +150,6 @@ class Trace:
             events.append(dict(name=s.label or s.kind, cat=s.kind, ph="X", pid=1, tid=tids[s.lane],
                                ts=round(s.start * 1e6, 3), dur=round(s.duration * 1e6, 3),
                                args=dict(step=s.step, kind=s.kind, tokens=s.tokens)))
+        events += [dict(name=f"{g.device} busy (NVML)", ph="C", pid=1, ts=round(g.t * 1e6, 3),
+                        args=dict(percent=g.percent)) for g in self.gpu_samples]
         return dict(traceEvents=events, displayTimeUnit="ms")

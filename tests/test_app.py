@@ -1,6 +1,9 @@
 """The app's builders on real runs of a tiny pair: race, cards, token HTML, sentences, figures, trees, export."""
+import inspect
 import json
+import sys
 import threading
+import types
 
 import pandas as pd
 import pytest
@@ -186,3 +189,19 @@ def test_page_says_when_both_lanes_are_one_kind_of_hardware(tiny_pair):
     notice = hardware_notice(tiny_pair)
     assert "target, GPU role, cpu:0" in notice and "stand in for the two separate devices" in notice
     assert check_prompt("", ["sd"]).startswith("the prompt is empty") and check_prompt("hi", []) is not None
+
+
+def test_the_race_asks_for_a_gpu_only_where_spaces_is_installed(tiny_pair, monkeypatch):
+    """On a ZeroGPU Space, ``spaces.GPU`` wraps the Run handler; elsewhere nothing is wrapped."""
+    from app import ui
+
+    wrapped = []
+    fake = types.ModuleType("spaces")
+    fake.GPU = lambda fn: wrapped.append(fn) or fn
+    monkeypatch.setitem(sys.modules, "spaces", fake)
+    ui.build_demo(lambda **devices: tiny_pair)
+    assert [fn.__name__ for fn in wrapped] == ["race"] and inspect.isgeneratorfunction(wrapped[0])
+
+    monkeypatch.setitem(sys.modules, "spaces", None)  # import spaces -> ImportError
+    runner = lambda: None  # noqa: E731
+    assert ui._on_gpu(runner) is runner

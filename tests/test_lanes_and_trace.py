@@ -1,5 +1,7 @@
 """Lanes run work at the same time and record real spans; traces export faithfully."""
 import json
+import os
+import select
 import time
 
 import pytest
@@ -47,6 +49,25 @@ def test_lane_errors_reach_the_caller():
     lane = Lane("draft", torch.device("cpu"))
     with pytest.raises(ZeroDivisionError):
         lane.run("boom", lambda: 1 / 0)
+
+
+def test_a_lane_works_in_a_forked_child():
+    """ZeroGPU runs each GPU call in a forked process, where the parent's worker thread is gone."""
+    lane = Lane("target", torch.device("cpu"))
+    assert lane.run("warm", lambda: 1) == 1  # the parent's worker thread now exists
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: without a fresh worker this would wait forever
+        try:
+            os.write(write, str(lane.run("add", lambda a, b: a + b, 2, 3)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    ready, _, _ = select.select([read], [], [], 20)
+    answer = os.read(read, 16).decode() if ready else "no answer within 20 s"
+    os.waitpid(pid, 0) if ready else os.kill(pid, 9)
+    assert answer == "5"
+    assert lane.run("again", lambda: 7) == 7  # the parent's lane is untouched
 
 
 @pytest.mark.parametrize("name", ["cuda:7", "npu", "tpu", "", "mps"])

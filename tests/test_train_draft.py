@@ -4,7 +4,8 @@ import json
 import torch
 
 from mirror_sd import generate, load_pair
-from mirror_sd.train.draft import build_vocab_map, train
+from mirror_sd.train.draft import IGNORE, build_vocab_map, read_examples, target_labels, train
+from mirror_sd.train.features import extract_features, load_sequences
 
 
 def _distilled_data(tiny_pair, folder, n=48):
@@ -39,3 +40,23 @@ def test_short_training_run_lowers_the_loss_and_loads(tiny_dirs, tiny_pair, tmp_
 def test_vocab_map_keeps_the_most_frequent_tokens_and_always_eos():
     examples = [([1], [5, 5, 5, 7, 7, 9]), ([2], [5, 7, 3])]
     assert build_vocab_map(examples, 3, {0}).tolist() == [0, 5, 7]
+
+
+def test_target_labels_are_the_targets_argmax_at_every_position(tiny_dirs, tiny_pair, tmp_path):
+    """--labels target: prompt positions are labelled too, each with the target's own next-token choice."""
+    data = _distilled_data(tiny_pair, tmp_path / "data", n=24)
+    examples = read_examples(data)
+    vocab_map = torch.arange(16)
+    seqs = load_sequences(extract_features(tiny_pair.target, examples, tmp_path / "features", max_len=64), feats=False)
+    for (prompt, answer), (ids, labels) in zip(examples, target_labels(seqs, vocab_map)):
+        assert ids == prompt + answer and labels[-1] == IGNORE
+        logits = tiny_pair.target(torch.tensor([ids]), None)[0]  # [L, V], causal, no cache
+        assert labels[:-1] == logits.argmax(-1)[:-1].tolist()
+        assert labels[len(prompt) - 1:len(ids) - 1] == answer  # on answers: the greedy tokens themselves
+
+    out = tmp_path / "draft"
+    card = train(data, out, layers=[0], vocab_size=12, epochs=20, lr=3e-3, batch_tokens=512, eval_every=10,
+                 holdout=0.2, threads=1, target_dir=tiny_dirs["target"], labels="target", features=tmp_path / "features")
+    evals = [h["eval_loss"] for h in json.loads((out / "metrics.json").read_text()) if "eval_loss" in h]
+    assert evals[-1] < 0.8 * evals[0]
+    assert card["labels"] == "target" and card["labelled_tokens"] > 0

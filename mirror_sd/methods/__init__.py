@@ -89,9 +89,21 @@ def _check_mirror(pair, options):
     sd.check_streams(pair, options)
 
 
+def _one_device_target(pair, method: str):
+    if pair.target.layer_devices:
+        raise MirrorSDError(f"method {method!r} does not support a target sharded over several devices "
+                            f"({pair.target_lane.display_device}); vanilla, sd and mirror do")
+
+
+def _check_eagle(pair, options):
+    _one_device_target(pair, "eagle")
+    eagle.check(pair, options)
+
+
 def _check_streams(pair, options):
     from ..models.streams import target_streams
 
+    _one_device_target(pair, "ss")
     trained = target_streams(pair).num_streams
     if options["gamma"] > trained:
         raise MirrorSDError(f"gamma must be at most {trained} for method 'ss' (its trained streams), "
@@ -112,4 +124,4 @@ register(Method("mirror", "Mirror-SD", "the target's early exit steers branch ro
                 parallel_lanes=True, options=(MIRROR_GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, STREAMS), check=_check_mirror))
 register(Method("eagle", "EAGLE-2", "a feature-level head on the target's lane drafts a dynamic tree; "
                 "the target verifies the whole tree in one forward", eagle.decode, needs_draft=False,
-                parallel_lanes=False, options=(DEPTH, TOP_K, TOTAL_TOKENS), check=eagle.check))
+                parallel_lanes=False, options=(DEPTH, TOP_K, TOTAL_TOKENS), check=_check_eagle))

@@ -15,7 +15,7 @@ Shapes: B batch, T window length, S cache slots in use, H query heads, K kv head
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -64,9 +64,10 @@ class ModelArgs:
 class KVCache(nn.Module):
     """Keys and values of every layer for the tokens decoded so far, in preallocated slots."""
 
-    def __init__(self, args: ModelArgs, max_slots: int, batch: int = 1, dtype=torch.float32, device="cpu"):
+    def __init__(self, args: ModelArgs, max_slots: int, batch: int = 1, dtype=torch.float32, device="cpu",
+                 num_layers: int | None = None):
         super().__init__()
-        shape = (args.num_layers, batch, args.num_kv_heads, max_slots, args.head_dim)
+        shape = (num_layers or args.num_layers, batch, args.num_kv_heads, max_slots, args.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, K, max_slots, D]
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.length = 0  # slots [0, length) hold committed tokens
@@ -106,6 +107,50 @@ class KVCache(nn.Module):
         self.k[:, :, :, at:at + n] = self.k[:, :, :, slots]
         self.v[:, :, :, at:at + n] = self.v[:, :, :, slots]
         self.length = at + n
+
+
+class ShardedKVCache:
+    """The KV cache of a model sharded over devices: one :class:`KVCache` per device, each holding
+    the layers that device runs, behind the same interface (layer indices are the model's)."""
+
+    def __init__(self, args: ModelArgs, max_slots: int, batch: int, dtype, layer_devices: list[torch.device]):
+        self.parts: list[KVCache] = []
+        self.part_of: list[tuple[KVCache, int]] = []  # model layer -> (its device's cache, index there)
+        for layer, device in enumerate(layer_devices):
+            if layer == 0 or device != layer_devices[layer - 1]:
+                count = next((j for j in range(layer, len(layer_devices)) if layer_devices[j] != device),
+                             len(layer_devices)) - layer
+                self.parts.append(KVCache(args, max_slots, batch, dtype, device, num_layers=count))
+            self.part_of.append((self.parts[-1], layer - sum(p.k.shape[0] for p in self.parts[:-1])))
+
+    @property
+    def length(self) -> int:
+        return self.parts[0].length
+
+    @length.setter
+    def length(self, value: int):
+        for part in self.parts:
+            part.length = value
+
+    @property
+    def max_slots(self) -> int:
+        return self.parts[0].max_slots
+
+    def write(self, layer: int, start: int, k, v):
+        part, i = self.part_of[layer]
+        return part.write(i, start, k, v)
+
+    def read_with(self, layer: int, start: int, k, v):
+        part, i = self.part_of[layer]
+        return part.read_with(i, start, k, v)
+
+    def rollback(self, length: int):
+        for part in self.parts:
+            part.rollback(length)
+
+    def keep(self, slots, at: int):
+        for part in self.parts:
+            part.keep(slots, at)
 
 
 class RMSNorm(nn.Module):
@@ -217,6 +262,12 @@ class Window:
     store: bool = True
     adapter: Callable | None = None
 
+    def to(self, device: torch.device) -> "Window":
+        """The same window with its tensors on ``device`` (a sharded model's next device)."""
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return replace(self, positions=move(self.positions), mask=move(self.mask), cos=move(self.cos),
+                       sin=move(self.sin))
+
     def project(self, linear: nn.Linear, x: torch.Tensor, layer: int, name: str) -> torch.Tensor:
         y = linear(x)
         delta = None if self.adapter is None else self.adapter(layer, name, x)
@@ -234,6 +285,8 @@ class Transformer(nn.Module):
         # A draft may predict over a reduced vocabulary (as in EAGLE-3): head row i is target token
         # vocab_map[i]. None means the head covers the full vocabulary in order.
         self.vocab_map: torch.Tensor | None = None
+        # Sharded over devices (see models/sharding.py): the device of each layer; None: one device.
+        self.layer_devices: list[torch.device] | None = None
         self.init_rope(rope_config)
 
     def init_rope(self, rope_config=None, device=None):
@@ -247,13 +300,16 @@ class Transformer(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        """Where inputs go (the embedding's device) and where logits come back."""
+        return self.model.embed_tokens.weight.device if self.layer_devices else self.lm_head.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def new_cache(self, max_slots: int, batch: int = 1) -> KVCache:
+    def new_cache(self, max_slots: int, batch: int = 1) -> KVCache | ShardedKVCache:
+        if self.layer_devices:
+            return ShardedKVCache(self.args, max_slots, batch, self.dtype, self.layer_devices)
         return KVCache(self.args, max_slots, batch, self.dtype, self.device)
 
     # -- the forward pass, in pieces ---------------------------------------------------------
@@ -296,11 +352,16 @@ class Transformer(nn.Module):
         """Run decoder layers [start_layer, end_layer) on hidden states h [B, T, hidden]."""
         end_layer = self.num_layers if end_layer is None else end_layer
         for i in range(start_layer, end_layer):
+            if self.layer_devices:  # sharded: hidden states and window follow the layers' devices
+                h, win = h.to(self.layer_devices[i]), win.to(self.layer_devices[i])
             h = self.model.layers[i](h, win, cache, i)
         return h
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
-        """Final norm + LM head: hidden [B, T, hidden] -> logits [B, T, vocab] (fp32)."""
+        """Final norm + LM head: hidden [B, T, hidden] -> logits [B, T, vocab] (fp32, on ``device``)."""
+        if self.layer_devices:
+            h = self.model.norm(h.to(self.model.norm.weight.device))
+            return self.lm_head(h.to(self.lm_head.weight.device)).float().to(self.device)
         return self.lm_head(self.model.norm(h)).float()
 
     def forward(self, ids, cache: KVCache | None, positions=None, tree_mask=None, commit: bool = True):

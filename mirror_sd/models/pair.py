@@ -7,10 +7,11 @@ from pathlib import Path
 
 import torch
 
-from ..devices import Lane, default_dtype, make_lanes
+from ..devices import Lane, default_dtype, make_lanes, shard_lane
 from ..errors import MirrorSDError
 from .llama import Transformer
 from .loading import EMBEDDED_NAME, load_model, load_tokenizer, resolve_model_dir
+from .sharding import needs_sharding, shard_over
 
 # The default draft of the embedded target: the project's own, trained by `python -m mirror_sd.train
 # draft` and shipped in the package (model card in its README.md). Other targets have no default
@@ -72,10 +73,12 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     draft: the same kinds of name, "self:N" (the target's first N layers), None for no draft, or
     "default": the project's draft for the embedded target, and no draft for any other target.
     devices: "cpu", "cuda[:N]", "mps", "npu"; None picks this machine's defaults (see devices.py).
+    target_device may list several GPUs ("cuda:0,cuda:1") to shard a target too big for one
+    (models/sharding.py); with None, a target too big for the first GPU is sharded over all of them.
     """
     target_lane, draft_lane = make_lanes(target_device, draft_device)
     target_dir = resolve_model_dir(target)
-    target_model, target_config = load_model(target_dir, target_lane.device, _dtype(dtype, target_lane.device))
+    target_model, target_config = _load_target(target_dir, target_lane, dtype, may_shard=target_device is None)
     tokenizer = load_tokenizer(target_dir)
     draft_model, draft_name, draft_dir = None, None, None
     embedded = target in (None, "", "default", EMBEDDED_NAME)
@@ -88,6 +91,21 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     return ModelPair(target_model, draft_model, tokenizer, target_lane, draft_lane,
                      target_name=EMBEDDED_NAME if embedded else target, draft_name=draft_name,
                      eos_ids=frozenset(i for i in eos if i is not None), draft_dir=draft_dir)
+
+
+def _load_target(target_dir: Path, lane: Lane, dtype, may_shard: bool):
+    """The target on its lane; sharded over the lane's GPUs when it has several, or (may_shard) over
+    every GPU when it is too big for its own."""
+    dtype = _dtype(dtype, lane.device)
+    gpus = torch.cuda.device_count() if lane.device.type == "cuda" else 0
+    if len(lane.devices) == 1 and not (may_shard and gpus > 1):
+        return load_model(target_dir, lane.device, dtype)
+    model, config = load_model(target_dir, torch.device("cpu"), dtype)  # placed once its size is known
+    if len(lane.devices) == 1:
+        if not needs_sharding(model, lane.device):
+            return model.to(lane.device), config
+        shard_lane(lane, [torch.device("cuda", i) for i in range(gpus)])
+    return shard_over(model, lane.devices), config
 
 
 def _load_draft(draft: str, target_dir: Path, tokenizer, lane: Lane, dtype, target_embedding):

@@ -5,7 +5,9 @@ embedding, so that is not shipped, and has a few decoder layers, initialised fro
 own layers. Its LM head covers a reduced vocabulary: the most frequent tokens of the target's
 answers, with a ``vocab_map`` to target ids, as in EAGLE-3. Training is cross-entropy on the
 target's greedy answers (the distilled data from ``python -m mirror_sd.train data``), so the draft
-learns the target's argmax, which is what greedy verification accepts.
+learns the target's argmax, which is what greedy verification accepts. With ``--labels target`` every
+position is labelled with the target's argmax (prompt tokens too), from one target pass over the data
+(``train/features.py``, the cache the EAGLE trainer uses).
 
 Outputs in --out: model.safetensors (fp16, no embedding) + config.json + tokenizer files (a
 loadable draft), checkpoint/ (resumable, safetensors + JSON, no pickle), loss.png, metrics.json.
@@ -22,7 +24,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from ..models.llama import Transformer
-from ..models.loading import EMBED_FROM_TARGET, VOCAB_MAP_KEY, embedded_model_dir, load_model, load_tokenizer
+from ..models.loading import EMBED_FROM_TARGET, VOCAB_MAP_KEY, cache_root, embedded_model_dir, load_model, load_tokenizer
+from .features import extract_features, load_sequences
 from .loop import fit, run_evaluation
 
 IGNORE = -100
@@ -64,21 +67,39 @@ def init_draft(target: Transformer, layers: list[int], vocab_map: torch.Tensor) 
     return draft
 
 
-def make_batches(examples, vocab_map: torch.Tensor, batch_tokens: int, max_len: int, rng: random.Random):
-    """Shuffled batches of similar length: ids [B, T] and labels [B, T] (head-row index or IGNORE).
-
-    Labels cover answer tokens only: the draft learns to predict what the target said.
-    """
+def answer_labels(examples, vocab_map: torch.Tensor, max_len: int) -> list[tuple[list[int], list[int]]]:
+    """[(ids, labels)]: labels on answer tokens only (head-row index of the next token, or IGNORE)."""
     row_of = {int(t): i for i, t in enumerate(vocab_map)}
-    seqs = []
+    labelled = []
     for prompt, answer in examples:
         ids = (prompt + answer)[-max_len:]
         first_answer = len(ids) - len(answer)
         labels = [IGNORE] * len(ids)
         for i in range(max(first_answer, 1), len(ids)):
             labels[i - 1] = row_of.get(ids[i], IGNORE)
-        seqs.append((ids, labels))
-    seqs.sort(key=lambda s: len(s[0]))
+        labelled.append((ids, labels))
+    return labelled
+
+
+def target_labels(seqs: list[dict], vocab_map: torch.Tensor) -> list[tuple[list[int], list[int]]]:
+    """[(ids, labels)]: at every position the target's argmax (from train/features.py), prompt included.
+
+    On answer tokens it is the next token (the answers are the target's greedy choices); on prompt
+    tokens it is what the target would have said there, which teaches the draft the target's habits
+    on far more contexts than its answers alone.
+    """
+    row_of = {int(t): i for i, t in enumerate(vocab_map)}
+    labelled = []
+    for seq in seqs:
+        ids, argmax = seq["ids"].tolist(), seq["argmax"].tolist()
+        labels = [row_of.get(a, IGNORE) for a in argmax[:-1]] + [IGNORE]  # the last predicts past the end
+        labelled.append((ids, labels))
+    return labelled
+
+
+def make_batches(labelled, batch_tokens: int, rng: random.Random):
+    """Shuffled batches of similar length from [(ids, labels)]: ids [B, T] and labels [B, T]."""
+    seqs = sorted(labelled, key=lambda s: len(s[0]))
     batches, current = [], []
     for seq in seqs:
         if current and (len(current) + 1) * len(seq[0]) > batch_tokens:
@@ -103,10 +124,10 @@ def loss_and_accuracy(draft: Transformer, ids: torch.Tensor, labels: torch.Tenso
     return loss, correct, mask.sum().item()
 
 
-def evaluate(draft, examples, vocab_map, batch_tokens, max_len) -> dict:
+def evaluate(draft, labelled, batch_tokens) -> dict:
     """Held-out loss and top-1 agreement with the target (a proxy for per-token acceptance)."""
     total_loss, correct, count = 0.0, 0, 0
-    for ids, labels in make_batches(examples, vocab_map, batch_tokens, max_len, random.Random(0)):
+    for ids, labels in make_batches(labelled, batch_tokens, random.Random(0)):
         loss, c, n = loss_and_accuracy(draft, ids, labels)
         total_loss += loss.item() * n
         correct, count = correct + c, count + n
@@ -131,33 +152,48 @@ def save_draft(draft: Transformer, out: Path, target_dir: Path, card: dict):
 
 def train(data_dir: Path, out: Path, layers: list[int], vocab_size: int = 8192, epochs: float = 2.0,
           lr: float = 5e-4, batch_tokens: int = 4096, max_len: int = 512, eval_every: int = 50,
-          holdout: float = 0.03, seed: int = 0, threads: int = 2, target_dir: Path | None = None) -> dict:
-    """Train a draft for the target in ``target_dir`` (default: the embedded target); see module docstring."""
+          holdout: float = 0.03, seed: int = 0, threads: int = 2, target_dir: Path | None = None,
+          labels: str = "answers", features: Path | None = None) -> dict:
+    """Train a draft for the target in ``target_dir`` (default: the embedded target); see module docstring.
+
+    labels: "answers" (the next token on answer tokens) or "target" (the target's argmax at every
+    position, from the features cache ``features``; see :func:`target_labels`). The held-out
+    evaluation is on answer tokens either way.
+    """
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     rng = random.Random(seed)
     target_dir = Path(target_dir) if target_dir else embedded_model_dir()
     target, _ = load_model(target_dir, torch.device("cpu"), torch.float32)
     examples = read_examples(data_dir)
-    rng.shuffle(examples)
+    order = list(range(len(examples)))
+    rng.shuffle(order)
     n_eval = max(1, int(len(examples) * holdout))
-    held_out, train_set = examples[:n_eval], examples[n_eval:]
+    held_out, train_ids = [examples[i] for i in order[:n_eval]], order[n_eval:]
     eos = load_tokenizer(target_dir).eos_token_id
-    vocab_map = build_vocab_map(train_set, vocab_size, {eos} - {None})
+    vocab_map = build_vocab_map([examples[i] for i in train_ids], vocab_size, {eos} - {None})
+    if labels == "target":
+        features = Path(features) if features else cache_root() / "eagle-features" / target_dir.name
+        seqs = load_sequences(extract_features(target, examples, features, max_len), feats=False)
+        train_set = target_labels([seqs[i] for i in train_ids], vocab_map)
+    else:
+        train_set = answer_labels([examples[i] for i in train_ids], vocab_map, max_len)
+    held_out = answer_labels(held_out, vocab_map, max_len)
     draft = init_draft(target, layers, vocab_map)
     del target
-    epoch_batches = lambda epoch: list(make_batches(train_set, vocab_map, batch_tokens, max_len,
-                                                    random.Random(seed + epoch)))
+    epoch_batches = lambda epoch: list(make_batches(train_set, batch_tokens, random.Random(seed + epoch)))
 
     def loss_of(batch):
         loss, correct, count = loss_and_accuracy(draft, *batch)
         return loss, dict(loss=loss.item(), top1=correct / max(count, 1))
 
-    state = fit(draft, epoch_batches, loss_of, lambda: evaluate(draft, held_out, vocab_map, batch_tokens, max_len),
+    state = fit(draft, epoch_batches, loss_of, lambda: evaluate(draft, held_out, batch_tokens),
                 out, epochs, lr, eval_every, desc="train draft")
-    final = run_evaluation(draft, lambda: evaluate(draft, held_out, vocab_map, batch_tokens, max_len))
+    final = run_evaluation(draft, lambda: evaluate(draft, held_out, batch_tokens))
     card = dict(target=target_dir.name, layers_from_target=layers, head_vocabulary=len(vocab_map),
-                examples_train=len(train_set), examples_held_out=len(held_out), steps=state["step"], epochs=epochs,
+                examples_train=len(train_set), examples_held_out=len(held_out), labels=labels,
+                labelled_tokens=sum(sum(x != IGNORE for x in lab) for _, lab in train_set),
+                steps=state["step"], epochs=epochs,
                 lr=lr, batch_tokens=batch_tokens, seed=seed, wall_s=round(state["wall_s"], 1),
                 held_out_loss=round(final["loss"], 4), held_out_top1=round(final["top1"], 4),
                 trainable_parameters=sum(p.numel() for p in draft.parameters() if p.requires_grad))
@@ -191,7 +227,7 @@ offline corpora (QA, multi-turn, translation, math, summarization, RAG). Sources
 `docs/corpora.md`. The bench prompts (`mirror_sd/data/bench_prompts.jsonl`) are excluded.
 
 ## Training
-Cross-entropy on the target's answer tokens, AdamW lr {c['lr']} (warm-up + cosine), {c['batch_tokens']} tokens
+Cross-entropy against {"the target's argmax at every position, prompts included (" + f"{c['labelled_tokens']:,}" + " labelled tokens)" if c.get('labels') == 'target' else "the target's answer tokens"}, AdamW lr {c['lr']} (warm-up + cosine), {c['batch_tokens']} tokens
 per batch, {c['steps']} steps ({c['epochs']} epochs), seed {c['seed']}, {c['wall_s'] / 60:.1f} min on 2 CPU cores.
 Loss curve: loss.png.
 
@@ -216,13 +252,19 @@ def add_parser(sub):
     p.add_argument("--batch-tokens", type=int, default=4096)
     p.add_argument("--max-len", type=int, default=512, help="tokens of context per example (the end is kept)")
     p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--labels", choices=("answers", "target"), default="answers",
+                   help="answers: next token on answer tokens; target: the target's argmax at every position "
+                        "(prompts too; runs the target over the data once, cached in --features)")
+    p.add_argument("--features", default=None, help="target features/argmax cache (default: "
+                                                    "~/.cache/mirror-sd/eagle-features/<target>, shared with eagle)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
 
     def run(args):
         layers = [int(x) for x in args.layers.split(",")]
         card = train(Path(args.data), Path(args.out), layers, args.vocab, args.epochs, args.lr, args.batch_tokens,
-                     max_len=args.max_len, eval_every=args.eval_every, seed=args.seed, threads=args.threads)
+                     max_len=args.max_len, eval_every=args.eval_every, seed=args.seed, threads=args.threads,
+                     labels=args.labels, features=args.features)
         print(json.dumps(card, indent=2))
         return 0
 

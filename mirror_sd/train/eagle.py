@@ -2,10 +2,11 @@
 
 Two stages, both resumable (rerun the same command to continue):
 
-1. Features. The target runs once, causally and with no cache, over every distilled example
-   (prompt + answer, the last ``--max-len`` tokens kept). Per token it stores the feature f_i (the
-   final-normed hidden state the LM head reads, fp16) and the target's argmax at that position
-   (full head, exact). Shards go to ``--features`` (default ~/.cache/mirror-sd/eagle-features).
+1. Features (``train/features.py``). The target runs once, causally and with no cache, over every
+   distilled example (prompt + answer, the last ``--max-len`` tokens kept). Per token it stores the
+   feature f_i (the final-normed hidden state the LM head reads, fp16) and the target's argmax at
+   that position (full head, exact). Shards go to ``--features`` (default
+   ~/.cache/mirror-sd/eagle-features).
 2. Head. Input at position i: (f_i + noise, x_{i+1}); the head predicts f_{i+1}. Loss, as in
    EAGLE-1: smooth-L1(f^_{i+1}, f_{i+1}) + ``--ce-weight`` * cross-entropy of the reduced head's
    logits against the target's argmax at i+1 (the token greedy verification accepts). Prompt
@@ -24,68 +25,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
-from tqdm import tqdm
 
 from ..models.eagle import EagleHead, save_head
 from ..models.loading import cache_root, embedded_model_dir, load_model, load_tokenizer
 from .draft import IGNORE, build_vocab_map, read_examples
+from .features import extract_features, load_sequences
 from .loop import fit, run_evaluation
-
-SHARD_EXAMPLES = 64
-
-
-# -- stage 1: the target's features --------------------------------------------------------------
-@torch.no_grad()
-def target_features(target, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids [B, T] -> features [B, T, d] (final-normed hidden states) and the target's argmax [B, T]."""
-    win = target.window(None, ids.shape[1], batch=ids.shape[0])
-    feats = target.model.norm(target.forward_layers(target.embed(ids), None, win))
-    return feats, target.lm_head(feats).argmax(-1)
-
-
-def extract_features(target, examples, folder: Path, max_len: int, batch_tokens: int = 4096) -> list[Path]:
-    """Write shards of SHARD_EXAMPLES examples: ids, argmax (int32), feats (fp16), offsets. Resumable."""
-    folder.mkdir(parents=True, exist_ok=True)
-    shards = []
-    starts = range(0, len(examples), SHARD_EXAMPLES)
-    for n, start in enumerate(tqdm(starts, desc="target features", unit="shard")):
-        chunk = examples[start:start + SHARD_EXAMPLES]
-        path = folder / f"shard-{n:04d}-{len(chunk)}-{max_len}.safetensors"  # a grown data set: new names
-        shards.append(path)
-        if path.exists():
-            continue
-        seqs = [(p + a)[-max_len:] for p, a in chunk]
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-        feats, argmax = [None] * len(seqs), [None] * len(seqs)
-        i = 0
-        while i < len(order):  # batches of similar length, right-padded (causal: padding is harmless)
-            T = len(seqs[order[i]])
-            group = order[i:i + max(1, batch_tokens // max(T, 1))]
-            T = max(len(seqs[j]) for j in group)
-            ids = torch.tensor([seqs[j] + [0] * (T - len(seqs[j])) for j in group])
-            f, a = target_features(target, ids)
-            for row, j in enumerate(group):
-                feats[j] = f[row, :len(seqs[j])].half()
-                argmax[j] = a[row, :len(seqs[j])].int()
-            i += len(group)
-        offsets = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
-        save_file(dict(ids=torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
-                       argmax=torch.cat(argmax), feats=torch.cat(feats).contiguous(), offsets=offsets),
-                  str(path))
-    return shards
-
-
-def load_sequences(shards: list[Path]) -> list[dict]:
-    """One dict per example: ids [L], argmax [L], feats [L, d] (fp16)."""
-    seqs = []
-    for path in shards:
-        s = load_file(str(path))
-        off = s["offsets"].tolist()
-        for a, b in zip(off[:-1], off[1:]):
-            seqs.append(dict(ids=s["ids"][a:b].long(), argmax=s["argmax"][a:b].long(), feats=s["feats"][a:b]))
-    return seqs
-
 
 # -- stage 2: the head ---------------------------------------------------------------------------
 def make_batches(seqs: list[dict], row_of: torch.Tensor, batch_tokens: int, rng: random.Random):
