@@ -13,15 +13,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 HERE = Path(__file__).parent
 SWEEPS = [("sd_gamma.csv", "gamma", "sd: gamma"), ("sd_streams.csv", "streams", "sd: streams"),
           ("mirror_gamma.csv", "gamma", "mirror: gamma"), ("mirror_branch_budget.csv", "branch_budget", "mirror: branch budget"),
-          ("mirror_streams.csv", "streams", "mirror: streams"), ("eagle.csv", "total_tokens", "eagle: total tokens")]
+          ("mirror_streams.csv", "streams", "mirror: streams"), ("mirror_kappa.csv", "kappa", "mirror: kappa (exit layer 22)"),
+          ("mirror_exit_layer.csv", "exit_layer", "mirror: exit layer (kappa 8)"),
+          ("eagle.csv", "total_tokens", "eagle: total tokens")]
 
 
 def main():
-    fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
+    fig, axes = plt.subplots(2, 4, figsize=(15, 6.5))
     for ax, (file, option, title) in zip(axes.flat, SWEEPS):
         table = pd.read_csv(HERE / file)
         if file == "eagle.csv":  # three sweeps in one file: keep the total_tokens one (depth 3, top-k 4)
             table = table[(table.depth == 3) & (table.top_k == 4)]
+        if file == "mirror_kappa.csv":  # two sweeps: keep the one at the default exit layer
+            table = table[table.exit_layer == 22]
         ax.plot(table[option], table["speedup"], "o-", label="speedup over vanilla")
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
         ax.set_title(title, fontsize=10)

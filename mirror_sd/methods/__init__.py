@@ -64,8 +64,10 @@ def get_method(name: str) -> Method:
 
 
 GAMMA = Option("gamma", 4, 1, 32, "draft tokens per step (window length); 4: best in docs/sweeps/sd_gamma.csv")
-KAPPA = Option("kappa", 8, 1, 64, "early-exit candidates per window position (token channel width)")
-EXIT_LAYER = Option("exit_layer", 0, 0, 1024, "target layer feeding the token channel (0 = half the target's layers)")
+KAPPA = Option("kappa", 2, 1, 64, "early-exit candidates per window position (token channel width); "
+                                   "2: best in docs/sweeps/mirror_kappa.csv")
+EXIT_LAYER = Option("exit_layer", 0, 0, 1024, "target layer feeding the token channel (0 = three quarters of the "
+                                              "target's layers: best in docs/sweeps/mirror_exit_layer.csv)")
 DEPTH = Option("depth", 3, 1, 16, "EAGLE tree levels (draft tokens along a path); 3: best in docs/sweeps/eagle.csv")
 TOP_K = Option("top_k", 4, 1, 16, "EAGLE: children per expanded node, and nodes expanded per level")
 TOTAL_TOKENS = Option("total_tokens", 8, 1, 64, "EAGLE: draft tree nodes the target verifies in one forward "
@@ -80,7 +82,7 @@ MIRROR_GAMMA = Option("gamma", 3, 1, 32, "draft tokens per step (window length);
 def _check_exit_layer(pair, options):
     layers = pair.target.num_layers
     if not options["exit_layer"] < layers:
-        raise MirrorSDError(f"exit_layer must be below the target's {layers} layers (0 = {layers // 2}), "
+        raise MirrorSDError(f"exit_layer must be below the target's {layers} layers (0 = {mirror.default_exit_layer(layers)}), "
                             f"got {options['exit_layer']}")
 
 
