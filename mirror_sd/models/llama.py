@@ -16,6 +16,7 @@ Shapes: B batch, T window length, S cache slots in use, H query heads, K kv head
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import groupby
 from typing import Callable
 
 import torch
@@ -116,12 +117,11 @@ class ShardedKVCache:
     def __init__(self, args: ModelArgs, max_slots: int, batch: int, dtype, layer_devices: list[torch.device]):
         self.parts: list[KVCache] = []
         self.part_of: list[tuple[KVCache, int]] = []  # model layer -> (its device's cache, index there)
-        for layer, device in enumerate(layer_devices):
-            if layer == 0 or device != layer_devices[layer - 1]:
-                count = next((j for j in range(layer, len(layer_devices)) if layer_devices[j] != device),
-                             len(layer_devices)) - layer
-                self.parts.append(KVCache(args, max_slots, batch, dtype, device, num_layers=count))
-            self.part_of.append((self.parts[-1], layer - sum(p.k.shape[0] for p in self.parts[:-1])))
+        for device, run in groupby(layer_devices):  # runs of consecutive layers on one device
+            count = len(list(run))
+            part = KVCache(args, max_slots, batch, dtype, device, num_layers=count)
+            self.parts.append(part)
+            self.part_of += [(part, i) for i in range(count)]
 
     @property
     def length(self) -> int:
