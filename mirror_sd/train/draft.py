@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from ..models.llama import Transformer
-from ..models.loading import EMBED_FROM_TARGET, VOCAB_MAP_KEY, cache_root, embedded_model_dir, load_model, load_tokenizer
-from .features import extract_features, load_sequences
+from ..models.loading import EMBED_FROM_TARGET, VOCAB_MAP_KEY, embedded_model_dir, load_model, load_tokenizer
+from .features import extract_features, features_dir, load_sequences
 from .loop import fit, run_evaluation
 
 IGNORE = -100
@@ -173,7 +173,7 @@ def train(data_dir: Path, out: Path, layers: list[int], vocab_size: int = 8192, 
     eos = load_tokenizer(target_dir).eos_token_id
     vocab_map = build_vocab_map([examples[i] for i in train_ids], vocab_size, {eos} - {None})
     if labels == "target":
-        features = Path(features) if features else cache_root() / "eagle-features" / target_dir.name
+        features = features_dir(features, target_dir)
         seqs = load_sequences(extract_features(target, examples, features, max_len), feats=False)
         train_set = target_labels([seqs[i] for i in train_ids], vocab_map)
     else:

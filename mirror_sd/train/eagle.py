@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from ..models.eagle import EagleHead, save_head
-from ..models.loading import cache_root, embedded_model_dir, load_model, load_tokenizer
+from ..models.loading import embedded_model_dir, load_model, load_tokenizer
 from .draft import IGNORE, build_vocab_map, read_examples
-from .features import extract_features, load_sequences
+from .features import extract_features, features_dir, load_sequences
 from .loop import fit, run_evaluation
 
 # -- stage 2: the head ---------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def train(data_dir: Path, out: Path, features: Path | None = None, vocab_size: i
     target_dir = Path(target_dir) if target_dir else embedded_model_dir()
     target, _ = load_model(target_dir, torch.device("cpu"), torch.float32)
     examples = read_examples(data_dir)
-    features = Path(features) if features else cache_root() / "eagle-features" / target_dir.name
+    features = features_dir(features, target_dir)
     seqs = load_sequences(extract_features(target, examples, features, max_len, batch_tokens))
     feature_s = time.time() - start
     rng = random.Random(seed)

@@ -14,7 +14,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from ..models.loading import cache_root
+
 SHARD_EXAMPLES = 64
+
+
+def features_dir(features: Path | None, target_dir: Path) -> Path:
+    """``features``, or the default cache for the target: ~/.cache/mirror-sd/eagle-features/<target>."""
+    return Path(features) if features else cache_root() / "eagle-features" / target_dir.name
 
 
 @torch.no_grad()
