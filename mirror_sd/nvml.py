@@ -30,7 +30,7 @@ class GpuSampler:
 
     def __init__(self, trace, lanes, period_s: float = PERIOD_S):
         self.trace, self.period_s = trace, period_s
-        indices = sorted({lane.device.index or 0 for lane in lanes if lane.device.type == "cuda"})
+        indices = sorted({d.index or 0 for lane in lanes for d in lane.devices if d.type == "cuda"})  # shards too
         self.nvml = _nvml() if indices else None
         self.handles = {f"cuda:{i}": self.nvml.nvmlDeviceGetHandleByIndex(i) for i in indices} if self.nvml else {}
         self._stop = threading.Event()

@@ -11,7 +11,7 @@ import types
 import torch
 
 from app import figures
-from mirror_sd.devices import Lane
+from mirror_sd.devices import Lane, shard_lane
 from mirror_sd.nvml import GpuSampler
 from mirror_sd.trace import Trace
 
@@ -73,3 +73,14 @@ def test_cpu_lanes_or_no_driver_record_nothing(monkeypatch):
     assert trace.gpu_samples == []
     fig = figures.utilisation({"sd": trace})
     assert not [t for t in fig.data if t.name and "NVML" in t.name]
+
+
+def test_every_gpu_of_a_sharded_lane_is_sampled(monkeypatch):
+    module, calls = fake_pynvml({0: 60, 1: 20, 2: 90})
+    monkeypatch.setitem(sys.modules, "pynvml", module)
+    trace = Trace("sd")
+    target = Lane("target", torch.device("cuda", 0))
+    shard_lane(target, [torch.device("cuda", 0), torch.device("cuda", 2)])
+    with GpuSampler(trace, [target], period_s=0.01):
+        time.sleep(0.05)
+    assert {g.device for g in trace.gpu_samples} == {"cuda:0", "cuda:2"}
