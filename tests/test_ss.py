@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from mirror_sd import generate, load_pair
+from mirror_sd.methods.ss import stream_tree
 from mirror_sd.models.streams import StreamConfig, Streams, split_forward, stream_mask, use_streams
 from mirror_sd.train.ss import train
 
@@ -99,16 +100,35 @@ def ss_pair(trained_tiny, tiny_dirs):
     return pair
 
 
-def test_ss_equals_vanilla_on_tiny_prompts(ss_pair):
+def test_stream_tree_takes_each_streams_top_k_under_the_best_nodes():
+    logp = torch.tensor([[0.6, 0.3, 0.1], [0.7, 0.2, 0.1]]).log()  # [gamma 2, 3 head rows]
+    tree = stream_tree(logp, lambda rows: rows + 10, top_k=2, total_tokens=4)
+    # level 1: 10 (0.6), 11 (0.3); level 2 under each: 10 (x0.7), 11 (x0.2). Best four by path
+    # probability: 10 (.6), 10>10 (.42), 11 (.3), 11>10 (.21).
+    assert tree.tokens == [10, 11, 10, 10]
+    assert tree.parents == [-1, -1, 0, 1]
+    assert tree.depths == [1, 1, 2, 2]
+    assert tree.scores == pytest.approx(torch.tensor([0.6, 0.3, 0.42, 0.21]).log().tolist(), abs=1e-4)
+    flat = stream_tree(logp, lambda rows: rows, top_k=1, total_tokens=4)
+    assert (flat.tokens, flat.parents, flat.depths) == ([0, 0], [-1, 0], [1, 2])  # top_k 1: a chain
+
+
+@pytest.mark.parametrize("top_k,total_tokens", [(1, 4), (3, 8)])
+def test_ss_equals_vanilla_on_tiny_prompts(ss_pair, top_k, total_tokens):
     gen = torch.Generator().manual_seed(1)
-    accepted = 0
+    accepted, off_chain = 0, 0
     for _ in range(20):
         prompt = " ".join(f"t{int(t)}" for t in torch.randint(0, 16, (5,), generator=gen))
         vanilla = generate(ss_pair, prompt, method="vanilla", max_new_tokens=24, raw=True)
-        ss = generate(ss_pair, prompt, method="ss", max_new_tokens=24, raw=True, gamma=3)
+        ss = generate(ss_pair, prompt, method="ss", max_new_tokens=24, raw=True, gamma=3, top_k=top_k,
+                      total_tokens=total_tokens)
         assert ss.token_ids == vanilla.token_ids
         accepted += sum(step.accepted for step in ss.trace.steps)
+        paths = [step.extras["tree"]["path"] for step in ss.trace.steps[1:]]
+        off_chain += sum(path != list(range(len(path))) for path in paths)  # kept entries moved in the cache
     assert accepted > 20  # the streams' drafts were really used, not all rejected
+    if top_k > 1:
+        assert off_chain > 0  # paths through later siblings were accepted, so KVCache.keep really moved entries
 
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])

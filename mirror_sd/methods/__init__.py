@@ -72,6 +72,10 @@ DEPTH = Option("depth", 3, 1, 16, "EAGLE tree levels (draft tokens along a path)
 TOP_K = Option("top_k", 4, 1, 16, "EAGLE: children per expanded node, and nodes expanded per level")
 TOTAL_TOKENS = Option("total_tokens", 8, 1, 64, "EAGLE: draft tree nodes the target verifies in one forward "
                       "(greedy only; T > 0 verifies a chain of depth tokens)")
+SS_TOP_K = Option("top_k", 1, 1, 16, "ss: candidates per stream in the draft tree (1: a flat chain of the streams' "
+                  "argmaxes); 1: best in docs/sweeps/ss_tree.csv")
+SS_TOTAL_TOKENS = Option("total_tokens", 4, 1, 64, "ss: draft tree nodes the target verifies in one forward "
+                         "(greedy only; T > 0 verifies a chain of gamma tokens)")
 STREAMS = Option("streams", 0, 0, 1, "1: the draft proposes each window (each branch) in one forward with its "
                  "trained speculative streams; 0: token by token")
 BRANCH_BUDGET = Option("branch_budget", 16, 1, 256, "branches the draft rolls out per step; 16: best in "
@@ -120,7 +124,7 @@ register(Method("sd", "Speculative decoding", "a draft model proposes gamma toke
                 sd.decode, needs_draft=True, parallel_lanes=False, options=(GAMMA, STREAMS), check=sd.check_streams))
 register(Method("ss", "Speculative Streaming", "the target drafts for itself: trained streams on its top layers "
                 "propose the next gamma tokens while its main stream verifies", ss.decode, needs_draft=False,
-                parallel_lanes=False, options=(GAMMA,), check=_check_streams))
+                parallel_lanes=False, options=(GAMMA, SS_TOP_K, SS_TOTAL_TOKENS), check=_check_streams))
 register(Method("mirror", "Mirror-SD", "the target's early exit steers branch rollouts on the draft lane, "
                 "which run while the target finishes its layers", mirror.decode, needs_draft=True,
                 parallel_lanes=True, options=(MIRROR_GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, STREAMS), check=_check_mirror))

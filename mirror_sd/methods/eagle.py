@@ -30,7 +30,6 @@ p given the prefix. tests/test_eagle.py checks this with a chi-square test again
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
 import torch
@@ -39,6 +38,7 @@ from ..errors import MirrorSDError
 from ..models.eagle import EMBEDDED_HEAD, EagleHead, load_head
 from ..models.loading import EMBEDDED_NAME
 from ..trace import Step
+from .tree import Tree, best_subtree, chain, tree_mask, tree_positions
 from .verify import verify_sampling, walk_tree_greedy
 
 # The head's matmuls are tiny (at most top_k rows): on a CPU, one thread beats two, whose
@@ -68,38 +68,6 @@ def attach_head(pair, head: EagleHead):
 
 def check(pair, options):
     head_for(pair)  # load now: a missing head is an input error, not a failure mid-run
-
-
-@dataclass
-class Tree:
-    """Draft nodes in creation order (a parent before its children). Node i sits at window index i + 1."""
-
-    tokens: list[int]  # target token ids
-    parents: list[int]  # index of the parent node; -1 for the root (the last committed token)
-    depths: list[int]  # 1 for children of the root
-    scores: list[float]  # sum of draft log-probs along the path
-    q: torch.Tensor | None = None  # [nodes, V] draft distributions (sampled chains only)
-
-    def children(self) -> dict[int, list[int]]:
-        kids: dict[int, list[int]] = {}
-        for i, p in enumerate(self.parents):
-            kids.setdefault(p, []).append(i)
-        return kids
-
-
-def tree_mask(parents: list[int]) -> torch.Tensor:
-    """[N + 1, N + 1] bool over [root, nodes]: True where a row may attend (its ancestors and itself)."""
-    N = len(parents)
-    mask = torch.eye(N + 1, dtype=torch.bool)
-    mask[:, 0] = True
-    for i, p in enumerate(parents):  # parents come first, so their rows are complete
-        mask[i + 1] |= mask[p + 1]
-    return mask
-
-
-def tree_positions(depths: list[int], root_position: int) -> torch.Tensor:
-    """[1, N + 1] rotary positions of [root, nodes]: the root's, plus each node's depth."""
-    return torch.tensor([[root_position] + [root_position + d for d in depths]])
 
 
 # -- drafting (target lane) ----------------------------------------------------------------------
@@ -159,10 +127,7 @@ def draft_tree(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, t
         out = head_step(head, cache, feats, [tokens[i] for i in frontier], positions, mask)  # [k, d]
         predicted.update({i: out[row] for row, i in enumerate(frontier)})
         level = add_children(frontier, out, d)
-    keep = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:total_tokens])
-    index = {old: new for new, old in enumerate(keep)}
-    return Tree([tokens[i] for i in keep], [index[parents[i]] if parents[i] >= 0 else -1 for i in keep],
-                [depths[i] for i in keep], [round(scores[i], 4) for i in keep])
+    return best_subtree(tokens, parents, depths, scores, total_tokens)
 
 
 def draft_chain(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, sampler, vocab_size: int) -> Tree:
@@ -174,8 +139,7 @@ def draft_chain(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, 
         if d < depth:
             feat = head_step(head, cache, feat[None], [tokens[-1]], torch.tensor([[n - 2 + d]]))[0]
     scores = torch.log(torch.stack([qi[t] for qi, t in zip(q, tokens)])).cumsum(0).tolist()
-    return Tree(tokens, list(range(-1, depth - 1)), list(range(1, depth + 1)), [round(s, 4) for s in scores],
-                torch.stack(q))
+    return chain(tokens, [round(s, 4) for s in scores], torch.stack(q))
 
 
 def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_tokens: int) -> Tree:
@@ -250,6 +214,5 @@ def decode(run, depth: int, top_k: int, total_tokens: int):
         leaf = (path[-1] if path else -1) not in tree.children()  # all of a branch accepted: a bonus
         origins = ["accepted"] * len(path) + ["bonus" if leaf else "correction"]
         pending = (feats, committed)  # f_{n-1} .. f_{n-1+A} with x_n .. x_{n+A}
-        extras = dict(tree=dict(tokens=tree.tokens, parents=tree.parents, depths=tree.depths, scores=tree.scores,
-                                path=path))
-        yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path), extras=extras))
+        yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path),
+                              extras=dict(tree=tree.record(path))))

@@ -3,11 +3,18 @@
 No draft model. The frozen target carries trained speculative streams (models/streams.py) on its
 top N_s layers. Each step, on the target lane alone:
 
-1. verify: one target forward over [last committed token, draft_1..draft_g]; the main stream's
-   logits verify the draft with the shared rule (verify.py): accepted prefix + correction/bonus;
+1. verify: one target forward over [last committed token, draft tree] with the tree mask and depth
+   positions (tree.py); the main stream's logits walk the tree (verify.py): the accepted path and
+   the correction (or the bonus after a leaf). ``KVCache.keep`` moves the path's entries into place.
 2. stream: the streams at the last accepted position (its layer-L0 hidden state, kept from that
    forward) re-enter the top N_s layers as g extra rows that see the cache up to that position,
    and propose the next draft: stream j gives the token j places after the correction.
+
+The draft tree (temperature 0): the top_k tokens of stream 1 are children of the root; the top_k
+tokens of stream j + 1 are children of each of the top_k best nodes of level j, scored by the sum
+of their streams' log-probs; the best ``total_tokens`` nodes are verified. Every child of a level
+carries the same stream's candidates (the streams see only the committed context, not the draft),
+as in the paper's tree drafting. top_k = 1 is a flat chain of the streams' argmaxes.
 
 Stream rows only pass through the top N_s layers and only at the accepted position (on a GPU
 they would ride in the verify forward at every window position for free; on a CPU every row
@@ -27,52 +34,89 @@ import torch
 from ..sampling import to_target_vocab
 from ..models.streams import split_forward, target_streams
 from ..trace import Step
-from .verify import verify
+from .tree import Tree, best_subtree, chain, tree_mask, tree_positions
+from .verify import verify_sampling, walk_tree_greedy
 
 
-def draft_from_streams(run, streams, cache, h0_row, gamma: int):
-    """The next draft: gamma tokens from the streams of one main row h0_row [1, 1, d] whose token sits
-    in the cache's last slot. Returns (tokens, q [gamma, V] or None at temperature 0)."""
+def stream_tree(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> Tree:
+    """The draft tree from the streams' log-probs logp [gamma, head rows] (module docstring)."""
+    top = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
+    rows, values = to_ids(top.indices).tolist(), top.values.tolist()  # [gamma, k] target ids, log-probs
+    tokens, parents, depths, scores = [], [], [], []
+    level = [-1]
+    for d, (ids, lps) in enumerate(zip(rows, values), start=1):
+        frontier = sorted(level, key=lambda i: (-scores[i] if i >= 0 else 0.0, i))[:top_k]
+        level = []
+        for parent in frontier:
+            for token, lp in zip(ids, lps):
+                tokens.append(token)
+                parents.append(parent)
+                depths.append(d)
+                scores.append((scores[parent] if parent >= 0 else 0.0) + lp)
+                level.append(len(tokens) - 1)
+    return best_subtree(tokens, parents, depths, scores, total_tokens)
+
+
+def draft_from_streams(run, streams, cache, h0_row, gamma: int, top_k: int, total_tokens: int) -> Tree:
+    """The next draft from the streams of one main row h0_row [1, 1, d] whose token sits in the
+    cache's last slot: a tree at temperature 0, else a chain of gamma tokens sampled from the streams."""
     at = torch.tensor([[cache.length - 1]], device=h0_row.device)  # [1, 1]
     logits = streams(run.pair.target, cache, h0_row, at)[0, 0, :gamma]  # [gamma, head rows]
     sampler = run.draft_sampler
     if sampler.greedy:
-        return streams.to_target_ids(logits.argmax(-1)).tolist(), None
+        return stream_tree(torch.log_softmax(logits, -1).cpu(), streams.to_target_ids, top_k, total_tokens)
     q = sampler.probs(to_target_vocab(logits, streams.vocab_map, run.pair.target.args.vocab_size))  # [gamma, V]
-    return [sampler.sample(q_j) for q_j in q], q
+    tokens = [sampler.sample(q_j) for q_j in q]
+    scores = torch.log(torch.stack([q_j[t] for q_j, t in zip(q, tokens)])).cumsum(0).tolist()
+    return chain(tokens, [round(x, 4) for x in scores], q)
 
 
-def prefill(run, streams, gamma: int):
+def verify_tree(run, streams, cache, tree: Tree):
+    """One target forward over [root, nodes]: the accepted path, the next token, and the layer-L0
+    hidden state of the path's last node [1, 1, d]; the cache keeps the root and the path."""
+    target, n = run.pair.target, len(run.sequence)
+    ids = torch.tensor([[run.sequence[-1], *tree.tokens]], device=target.device)  # [1, N + 1]
+    positions = tree_positions(tree.depths, n - 1).to(target.device)
+    logits, h0 = split_forward(target, ids, cache, streams.first_layer, positions, tree_mask(tree.parents))
+    logits = logits[0]  # [N + 1, V]
+    if run.target_sampler.greedy:
+        path, token = walk_tree_greedy(tree.tokens, tree.children(), lambda node: logits[node + 1])
+    else:  # a sampled chain: nodes 0 .. gamma-1 in order
+        verdict = verify_sampling(tree.tokens, tree.q, run.target_sampler.probs(logits), run.target_sampler)
+        path, token = list(range(verdict.accepted)), verdict.token
+    cache.keep([n - 1] + [n + i for i in path], at=n - 1)  # root + accepted path -> slots n-1 .. n-1+A
+    last = path[-1] + 1 if path else 0  # window index of the last accepted token
+    return path, token, h0[:, last:last + 1]
+
+
+def prefill(run, streams, options):
     target, lane = run.pair.target, run.pair.target_lane
-    cache = target.new_cache(run.cache_slots)
+    cache = target.new_cache(run.cache_slots + options["total_tokens"])
     ids = torch.tensor([run.prompt_ids], device=target.device)  # [1, P]
     n = ids.shape[1]
     logits, h0 = lane.run("prefill", split_forward, target, ids, cache, streams.first_layer,
                           label=f"prefill {n} tokens", step=0, tokens=n)
     cache.length = n
     token = run.target_sampler.pick(logits[0, -1])
-    draft, q = lane.run("draft", draft_from_streams, run, streams, cache, h0[:, -1:], gamma,
-                        label=f"streams: draft {gamma} tokens", step=0, tokens=gamma)
-    return cache, draft, q, run.commit(Step(0, [token], ["target"]))
+    record = run.commit(Step(0, [token], ["target"]))
+    return cache, h0[:, -1:], record
 
 
-def decode(run, gamma: int):
-    target, lane = run.pair.target, run.pair.target_lane
+def decode(run, gamma: int, top_k: int, total_tokens: int):
+    lane = run.pair.target_lane
     streams = target_streams(run.pair)
-    cache, draft, q, first = prefill(run, streams, gamma)
+    options = dict(gamma=gamma, top_k=top_k, total_tokens=total_tokens)
+    cache, h0_row, first = prefill(run, streams, options)
     yield first
     while not run.done:
         step = run.next_step
-        committed = len(run.sequence)
-        window = torch.tensor([[run.sequence[-1], *draft]], device=target.device)  # [1, gamma + 1]
-        logits, h0 = lane.run("verify", split_forward, target, window, cache, streams.first_layer,
-                              label=f"verify {gamma + 1} tokens", step=step, tokens=gamma + 1)
-        verdict = verify(draft, q, logits[0], run.target_sampler)
-        tokens, origins = verdict.committed(draft)
-        record = run.commit(Step(step, tokens, origins, proposed=draft, accepted=verdict.accepted))
-        cache.rollback(committed + verdict.accepted)  # the last committed token + accepted drafts
-        if not run.done:
-            h0_row = h0[:, verdict.accepted:verdict.accepted + 1]  # [1, 1, d]: the last accepted position
-            draft, q = lane.run("draft", draft_from_streams, run, streams, cache, h0_row, gamma,
-                                label=f"streams: draft {gamma} tokens", step=step, tokens=gamma)
-        yield record
+        tree = lane.run("draft", draft_from_streams, run, streams, cache, h0_row, gamma, top_k, total_tokens,
+                        label=f"streams: draft {gamma} levels", step=step, tokens=gamma)
+        path, token, h0_row = lane.run("verify", verify_tree, run, streams, cache, tree,
+                                       label=f"verify {len(tree.tokens) + 1} tokens", step=step,
+                                       tokens=len(tree.tokens) + 1)
+        committed = [tree.tokens[i] for i in path] + [token]
+        leaf = (path[-1] if path else -1) not in tree.children()  # a whole branch accepted: a bonus
+        origins = ["accepted"] * len(path) + ["bonus" if leaf else "correction"]
+        yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path),
+                              extras=dict(tree=tree.record(path))))

@@ -40,6 +40,7 @@ class StreamConfig:
     stream_layers: int = 4  # N_s: top layers where streams run (multi-stream attention)
     rank: int = 16  # LoRA rank on stream rows (0: stream embeddings only, as in the paper)
     alpha: float = 32.0  # LoRA scale = alpha / rank
+    embedding_scale: float | None = None  # P_j = scale * trained vector; None: 1, or the hidden RMS when training
 
 
 def _linear_shapes(args: ModelArgs) -> dict[str, tuple[int, int]]:
@@ -58,7 +59,10 @@ class Streams(nn.Module):
             raise MirrorSDError(f"stream_layers must be between 1 and {args.num_layers}, got {config.stream_layers}")
         self.config = config
         self.first_layer = args.num_layers - config.stream_layers  # L0
-        self.embeddings = nn.Parameter(torch.randn(config.num_streams, args.hidden_size) * 0.02)  # P [G, d]
+        # P = embedding_scale * embeddings [G, d]. Hidden states entering L0 are large (RMS about 20 in
+        # SmolLM2): at scale 1 an optimiser step of size lr barely moves P relative to M_t, and the
+        # streams stay near-identical. The trainer sets the scale to the features' RMS.
+        self.embeddings = nn.Parameter(torch.randn(config.num_streams, args.hidden_size) * 0.02)
         self.lora_a, self.lora_b = nn.ParameterDict(), nn.ParameterDict()
         if config.rank:
             for layer in range(self.first_layer, args.num_layers):
@@ -106,7 +110,8 @@ class Streams(nn.Module):
         """
         B, R, d = h.shape
         G = self.num_streams
-        rows = (h[:, :, None, :] + self.embeddings).reshape(B, R * G, d)  # S_j = M_t + P_j
+        P = self.embeddings * (self.config.embedding_scale or 1.0)  # [G, d]
+        rows = (h[:, :, None, :] + P).reshape(B, R * G, d)  # S_j = M_t + P_j
         offsets = torch.arange(1, G + 1, device=h.device)
         positions = at if positions is None else positions
         positions = (positions[:, :, None] + offsets).reshape(B, R * G)  # stream j at t sits at t + j

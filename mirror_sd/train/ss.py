@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -71,6 +72,12 @@ def main_features(target: Transformer, seqs, first_layer: int, path: Path, batch
     bar.close()
     save_file({**features, "key": torch.tensor(list(key.encode()), dtype=torch.uint8)}, str(path))
     return [features[str(i)] for i in range(len(seqs))]
+
+
+def hidden_rms(features: list[torch.Tensor]) -> float:
+    """Median root-mean-square size of the main stream's hidden states entering L0: the scale of the
+    stream embeddings, so that training moves them at the same relative rate as it would unit-size ones."""
+    return torch.cat([f.float().pow(2).mean(-1).sqrt() for f in features]).median().item()
 
 
 def stream_labels(ids: list[int], at: list[int], G: int, row_of: dict[int, int]) -> list[list[int]]:
@@ -165,6 +172,8 @@ def train(data_dir: Path, out: Path, config: StreamConfig, vocab_size: int = 819
     streams = Streams(target.args, config, vocab_map).attach(target)
     seqs = sequences(examples, max_len)
     features = main_features(target, seqs, streams.first_layer, out / f"features-L{streams.first_layer}.safetensors")
+    if config.embedding_scale is None:
+        config = streams.config = replace(config, embedding_scale=round(hidden_rms(features), 2))
     held_out, train_index = list(range(n_eval)), list(range(n_eval, len(seqs)))
     G = config.num_streams
 
@@ -248,6 +257,9 @@ def add_parser(sub):
     p.add_argument("--streams", type=int, default=4, help="number of streams γ (default 4)")
     p.add_argument("--stream-layers", type=int, default=4, help="top layers with streams, N_s (default 4)")
     p.add_argument("--rank", type=int, default=16, help="LoRA rank on stream rows (0: embeddings only; default 16)")
+    p.add_argument("--embedding-scale", type=float, default=None,
+                   help="stream embeddings are this times the trained vectors (default: the RMS size of the "
+                        "hidden states entering the stream layers)")
     p.add_argument("--vocab", type=int, default=8192, help="stream head vocabulary size (default 8192)")
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -259,7 +271,7 @@ def add_parser(sub):
     p.add_argument("--threads", type=int, default=2)
 
     def run(args):
-        config = StreamConfig(args.streams, args.stream_layers, args.rank)
+        config = StreamConfig(args.streams, args.stream_layers, args.rank, embedding_scale=args.embedding_scale)
         card = train(Path(args.data), Path(args.out), config, args.vocab, args.epochs, args.lr, args.batch_size,
                      args.positions, args.max_len, args.eval_every, seed=args.seed, threads=args.threads,
                      target_dir=args.model)

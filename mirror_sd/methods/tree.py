@@ -1,0 +1,65 @@
+"""Draft trees, shared by the tree-drafting methods (eagle, ss): the nodes, how the target sees them
+in its one verification forward (tree mask, depth positions), and the best-scoring subtree.
+
+A tree hangs from a root: the last committed token, which sits at window index 0; node i sits at
+window index i + 1. Parents come before their children.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Tree:
+    """Draft nodes in creation order (a parent before its children). Node i sits at window index i + 1."""
+
+    tokens: list[int]  # target token ids
+    parents: list[int]  # index of the parent node; -1 for the root (the last committed token)
+    depths: list[int]  # 1 for children of the root
+    scores: list[float]  # sum of draft log-probs along the path
+    q: torch.Tensor | None = None  # [nodes, V] draft distributions (sampled chains only)
+
+    def children(self) -> dict[int, list[int]]:
+        kids: dict[int, list[int]] = {}
+        for i, p in enumerate(self.parents):
+            kids.setdefault(p, []).append(i)
+        return kids
+
+    def record(self, path: list[int]) -> dict:
+        """What a step record keeps of the tree (the app draws it): nodes and the accepted path."""
+        return dict(tokens=self.tokens, parents=self.parents, depths=self.depths, scores=self.scores, path=path)
+
+
+def chain(tokens: list[int], scores: list[float], q: torch.Tensor | None = None) -> Tree:
+    """A tree with one branch: token i is the parent of token i + 1."""
+    n = len(tokens)
+    return Tree(tokens, list(range(-1, n - 1)), list(range(1, n + 1)), scores, q)
+
+
+def best_subtree(tokens: list[int], parents: list[int], depths: list[int], scores: list[float], total: int) -> Tree:
+    """The ``total`` best-scoring nodes, re-indexed in creation order.
+
+    Scores are sums of log-probs, so a child never outscores its parent, and ties go to the earlier
+    node: every kept node's parent is kept, and the result is a tree.
+    """
+    keep = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:total])
+    index = {old: new for new, old in enumerate(keep)}
+    return Tree([tokens[i] for i in keep], [index[parents[i]] if parents[i] >= 0 else -1 for i in keep],
+                [depths[i] for i in keep], [round(scores[i], 4) for i in keep])
+
+
+def tree_mask(parents: list[int]) -> torch.Tensor:
+    """[N + 1, N + 1] bool over [root, nodes]: True where a row may attend (its ancestors and itself)."""
+    N = len(parents)
+    mask = torch.eye(N + 1, dtype=torch.bool)
+    mask[:, 0] = True
+    for i, p in enumerate(parents):  # parents come first, so their rows are complete
+        mask[i + 1] |= mask[p + 1]
+    return mask
+
+
+def tree_positions(depths: list[int], root_position: int) -> torch.Tensor:
+    """[1, N + 1] rotary positions of [root, nodes]: the root's, plus each node's depth."""
+    return torch.tensor([[root_position] + [root_position + d for d in depths]])
