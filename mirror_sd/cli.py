@@ -11,12 +11,26 @@ import sys
 from pathlib import Path
 
 from .errors import MirrorSDError
-from .methods import METHODS
+from .methods import METHODS, Option
 
 
-def _all_options():
-    """Every method option, once: name -> Option."""
-    return {o.name: o for m in METHODS.values() for o in m.options}
+def _all_options() -> dict[str, list[tuple[str, Option]]]:
+    """Every method option name -> the (method, Option) pairs that take it."""
+    options: dict[str, list] = {}
+    for m in METHODS.values():
+        for o in m.options:
+            options.setdefault(o.name, []).append((m.name, o))
+    return options
+
+
+def _option_help(users: list[tuple[str, Option]]) -> str:
+    """One help text per distinct option; methods named where several share the flag."""
+    texts: dict[str, list[str]] = {}
+    for method, o in users:
+        texts.setdefault(f"{o.help} (default {o.default})", []).append(method)
+    if len(texts) == 1:
+        return next(iter(texts))
+    return "; ".join(f"{'/'.join(methods)}: {text}" for text, methods in texts.items())
 
 
 def _add_model_args(p: argparse.ArgumentParser):
@@ -37,9 +51,8 @@ def _add_decoding_args(p: argparse.ArgumentParser):
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    for opt in _all_options().values():
-        g.add_argument(f"--{opt.name.replace('_', '-')}", type=opt.kind, default=None,
-                       help=f"{opt.help} (default {opt.default})")
+    for name, users in _all_options().items():
+        g.add_argument(f"--{name.replace('_', '-')}", type=users[0][1].kind, default=None, help=_option_help(users))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -106,7 +106,7 @@ def equality_prompts(bench_prompts) -> list[str]:
     return [p for prompts in by_category.values() for p in prompts[:4]]
 
 
-EQUALITY_TOKENS = 32
+EQUALITY_TOKENS = 24
 
 
 @pytest.fixture(scope="session")

@@ -51,3 +51,15 @@ def test_python_dash_m_entry_point_reports_unknown_model():
     assert proc.returncode == 2
     assert "error: could not fetch 'nobody/nothing'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_help_gives_each_methods_default_for_a_shared_option():
+    from mirror_sd.cli import build_parser
+    from mirror_sd.methods import METHODS
+
+    text = " ".join(build_parser()._subparsers._group_actions[0].choices["generate"].format_help().split())
+    defaults = {m: {o.name: o.default for o in METHODS[m].options} for m in ("sd", "mirror", "ss", "eagle")}
+    assert defaults["sd"]["gamma"] != defaults["mirror"]["gamma"]  # so the help must name both
+    assert "sd/ss: draft tokens per step" in text and f"(default {defaults['sd']['gamma']})" in text
+    assert "mirror: draft tokens per step" in text and f"(default {defaults['mirror']['gamma']})" in text
+    assert "ss: candidates per stream" in text and "eagle: children per expanded node" in text

@@ -69,12 +69,12 @@ KAPPA = Option("kappa", 2, 1, 64, "early-exit candidates per window position (to
 EXIT_LAYER = Option("exit_layer", 0, 0, 1024, "target layer feeding the token channel (0 = three quarters of the "
                                               "target's layers: best in docs/sweeps/mirror_exit_layer.csv)")
 DEPTH = Option("depth", 3, 1, 16, "EAGLE tree levels (draft tokens along a path); 3: best in docs/sweeps/eagle.csv")
-TOP_K = Option("top_k", 4, 1, 16, "EAGLE: children per expanded node, and nodes expanded per level")
-TOTAL_TOKENS = Option("total_tokens", 8, 1, 64, "EAGLE: draft tree nodes the target verifies in one forward "
+TOP_K = Option("top_k", 4, 1, 16, "children per expanded node, and nodes expanded per level")
+TOTAL_TOKENS = Option("total_tokens", 8, 1, 64, "draft tree nodes the target verifies in one forward "
                       "(greedy only; T > 0 verifies a chain of depth tokens)")
-SS_TOP_K = Option("top_k", 1, 1, 16, "ss: candidates per stream in the draft tree (1: a flat chain of the streams' "
+SS_TOP_K = Option("top_k", 1, 1, 16, "candidates per stream in the draft tree (1: a flat chain of the streams' "
                   "argmaxes); 1: best in docs/sweeps/ss_tree.csv")
-SS_TOTAL_TOKENS = Option("total_tokens", 4, 1, 64, "ss: draft tree nodes the target verifies in one forward "
+SS_TOTAL_TOKENS = Option("total_tokens", 4, 1, 64, "draft tree nodes the target verifies in one forward "
                          "(greedy only; T > 0 verifies a chain of gamma tokens)")
 STREAMS = Option("streams", 0, 0, 1, "1: the draft proposes each window (each branch) in one forward with its "
                  "trained speculative streams; 0: token by token")
