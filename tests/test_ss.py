@@ -76,7 +76,8 @@ def trained_tiny(tiny_dirs, tiny_pair, tmp_path_factory):
     root = tmp_path_factory.mktemp("ss")
     data = _distilled_data(tiny_pair, root / "data")
     out = root / "streams"
-    card = train(data, out, StreamConfig(num_streams=3, stream_layers=1, rank=4), vocab_size=16, epochs=40,
+    config = StreamConfig(num_streams=3, stream_layers=1, rank=4, next_token_rank=4)  # streams see x[t+1] too
+    card = train(data, out, config, vocab_size=16, epochs=40,
                  lr=1e-2, batch_size=8, positions=16, eval_every=20, holdout=0.2, threads=1,
                  target_dir=tiny_dirs["target"])
     return out, card

@@ -8,7 +8,8 @@ top N_s layers. Each step, on the target lane alone:
    the correction (or the bonus after a leaf). ``KVCache.keep`` moves the path's entries into place.
 2. stream: the streams at the last accepted position (its layer-L0 hidden state, kept from that
    forward) re-enter the top N_s layers as g extra rows that see the cache up to that position,
-   and propose the next draft: stream j gives the token j places after the correction.
+   and propose the next draft: stream j gives the token j places after the correction. Streams
+   trained with ``next_token_rank`` also see the correction itself (it is committed by then).
 
 The draft tree (temperature 0): the top_k tokens of stream 1 are children of the root; the top_k
 tokens of stream j + 1 are children of each of the top_k best nodes of level j, scored by the sum
@@ -22,7 +23,8 @@ costs time, so we run the one that is used). Their keys and values are never sto
 
 Lossless: the main stream is the target's own computation, untouched by the streams, so at
 temperature 0 the committed tokens are vanilla's. At temperature > 0 the draft is a chain whose
-token j is drawn from stream j's distribution q_j, which depends only on the committed context:
+token j is drawn from stream j's distribution q_j, which depends only on the committed context
+(the correction included):
 drawn independently of the earlier draft tokens, it is a valid proposal for the standard
 speculative-sampling rule (accept with min(1, p/q), resample from norm(max(0, p - q))), which
 makes each committed token exactly target-distributed whatever q is.
@@ -61,7 +63,8 @@ def draft_from_streams(run, streams, cache, h0_row, gamma: int, top_k: int, tota
     """The next draft from the streams of one main row h0_row [1, 1, d] whose token sits in the
     cache's last slot: a tree at temperature 0, else a chain of gamma tokens sampled from the streams."""
     at = torch.tensor([[cache.length - 1]], device=h0_row.device)  # [1, 1]
-    logits = streams(run.pair.target, cache, h0_row, at)[0, 0, :gamma]  # [gamma, head rows]
+    next_ids = torch.tensor([[run.sequence[-1]]], device=h0_row.device)  # [1, 1]: the step's correction/bonus
+    logits = streams(run.pair.target, cache, h0_row, at, next_ids=next_ids)[0, 0, :gamma]  # [gamma, head rows]
     sampler = run.draft_sampler
     if sampler.greedy:
         return stream_tree(torch.log_softmax(logits, -1).cpu(), streams.to_target_ids, top_k, total_tokens)

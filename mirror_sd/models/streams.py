@@ -41,6 +41,7 @@ class StreamConfig:
     rank: int = 16  # LoRA rank on stream rows (0: stream embeddings only, as in the paper)
     alpha: float = 32.0  # LoRA scale = alpha / rank
     embedding_scale: float | None = None  # P_j = scale * trained vector; None: 1, or the hidden RMS when training
+    next_token_rank: int = 0  # >0: streams also see the next token's embedding through a rank-r map (see below)
 
 
 def _linear_shapes(args: ModelArgs) -> dict[str, tuple[int, int]]:
@@ -70,6 +71,9 @@ class Streams(nn.Module):
                     a = torch.randn(config.rank, n_in) / math.sqrt(n_in)  # [r, in]
                     self.lora_a[_key(layer, name)] = nn.Parameter(a)
                     self.lora_b[_key(layer, name)] = nn.Parameter(torch.zeros(n_out, config.rank))  # [out, r]
+        if config.next_token_rank:  # U = token_b @ token_a [d, d], starts at zero
+            self.token_a = nn.Parameter(torch.randn(config.next_token_rank, args.hidden_size) / math.sqrt(args.hidden_size))
+            self.token_b = nn.Parameter(torch.zeros(args.hidden_size, config.next_token_rank))
         self.register_buffer("vocab_map", vocab_map, persistent=False)
         self.head_weight = None  # rows of the model's LM head for vocab_map (set by attach)
 
@@ -99,7 +103,8 @@ class Streams(nn.Module):
         return (x @ self.lora_a[key].T) @ self.lora_b[key].T * scale  # [B, T, out]
 
     def forward(self, model: Transformer, cache: KVCache, h: torch.Tensor, at: torch.Tensor,
-                positions: torch.Tensor | None = None, seen: torch.Tensor | None = None) -> torch.Tensor:
+                positions: torch.Tensor | None = None, seen: torch.Tensor | None = None,
+                next_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Stream logits [B, R, G, head rows] for main rows h [B, R, d] entering layer L0.
 
         at [B, R]: cache slot of each row's main token. The cache must hold the main stream's keys
@@ -107,11 +112,20 @@ class Streams(nn.Module):
         position = slot; a tree laid out in the cache passes the main token's ``positions`` [B, R]
         and the slots each main row ``seen`` [B, R, cache.length] instead. The streams' own keys
         and values are not stored.
+
+        next_ids [B, R] (streams with ``next_token_rank``): the token after each main row, already
+        committed when the streams run (in ``ss``, the step's correction or bonus). Its embedding,
+        through a learned rank-r map U, joins every stream: S_j = M_t + P_j + U e(x_{t+1}). Stream 1
+        then predicts x_{t+2} knowing x_{t+1}, as an EAGLE head does.
         """
         B, R, d = h.shape
         G = self.num_streams
         P = self.embeddings * (self.config.embedding_scale or 1.0)  # [G, d]
-        rows = (h[:, :, None, :] + P).reshape(B, R * G, d)  # S_j = M_t + P_j
+        if self.config.next_token_rank:
+            if next_ids is None:
+                raise MirrorSDError("these streams were trained to see the next token: pass next_ids")
+            h = h + model.embed(next_ids) @ self.token_a.T @ self.token_b.T  # [B, R, d]
+        rows = (h[:, :, None, :] + P).reshape(B, R * G, d)  # S_j = M_t + P_j (+ U e(x_{t+1}))
         offsets = torch.arange(1, G + 1, device=h.device)
         positions = at if positions is None else positions
         positions = (positions[:, :, None] + offsets).reshape(B, R * G)  # stream j at t sits at t + j

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from ..errors import MirrorSDError
 from ..models.llama import Transformer
 from ..models.loading import EMBED_FROM_TARGET, embedded_model_dir, load_model, load_tokenizer, read_config
 from ..models.streams import StreamConfig, Streams
@@ -87,13 +88,15 @@ def stream_labels(ids: list[int], at: list[int], G: int, row_of: dict[int, int])
 
 
 def make_batch(seqs, features, index: list[int], G: int, row_of, positions: int, rng: random.Random):
-    """Padded main features [B, T, d], stream positions at [B, R] and labels [B, R, G]."""
+    """Padded main features [B, T, d], token ids [B, T], stream positions at [B, R] and labels [B, R, G]."""
     T = max(len(seqs[i][0]) for i in index)
     h0 = torch.zeros(len(index), T, features[index[0]].shape[-1])
+    tokens = torch.zeros(len(index), T, dtype=torch.long)
     at_rows, label_rows = [], []
     for row, i in enumerate(index):
         ids, first = seqs[i]
         h0[row, :len(ids)] = features[i].float()
+        tokens[row, :len(ids)] = torch.tensor(ids)
         candidates = list(range(max(first - 1, 0), len(ids) - 2))  # main at t predicts an answer token
         at = sorted(rng.sample(candidates, min(positions, len(candidates)))) if candidates else [0]
         labels = stream_labels(ids, at, G, row_of)
@@ -101,10 +104,10 @@ def make_batch(seqs, features, index: list[int], G: int, row_of, positions: int,
         labels += [[IGNORE] * G] * (positions - len(labels))
         at_rows.append(at)
         label_rows.append(labels)
-    return h0, torch.tensor(at_rows), torch.tensor(label_rows)
+    return h0, tokens, torch.tensor(at_rows), torch.tensor(label_rows)
 
 
-def stream_loss(target: Transformer, streams: Streams, h0, at, labels):
+def stream_loss(target: Transformer, streams: Streams, h0, tokens, at, labels):
     """Mean stream cross-entropy, and per-stream (correct, counted) and leading-run stats."""
     B, T, _ = h0.shape
     cache = target.new_cache(T, batch=B)
@@ -112,7 +115,8 @@ def stream_loss(target: Transformer, streams: Streams, h0, at, labels):
         target.forward_layers(h0, cache, target.window(cache, T, batch=B), streams.first_layer)
         cache.length = T
     rows = torch.gather(h0, 1, at[:, :, None].expand(-1, -1, h0.shape[-1]))  # [B, R, d]
-    logits = streams(target, cache, rows, at)  # [B, R, G, V_s]
+    next_ids = torch.gather(tokens, 1, (at + 1).clamp_max(T - 1))  # [B, R]: x[t+1], the target's own next token
+    logits = streams(target, cache, rows, at, next_ids=next_ids)  # [B, R, G, V_s]
     loss = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), ignore_index=IGNORE)
     valid = labels != IGNORE
     correct = (logits.argmax(-1) == labels) & valid  # [B, R, G]
@@ -127,8 +131,8 @@ def evaluate(target, streams, seqs, features, index, G, row_of) -> dict:
     rng = random.Random(0)
     losses, correct, valid, leading = [], torch.zeros(G), torch.zeros(G), []
     for i in index:
-        h0, at, labels = make_batch(seqs, features, [i], G, row_of, positions=512, rng=rng)
-        loss, c, v = stream_loss(target, streams, h0, at, labels)
+        h0, tokens, at, labels = make_batch(seqs, features, [i], G, row_of, positions=512, rng=rng)
+        loss, c, v = stream_loss(target, streams, h0, tokens, at, labels)
         losses.append((loss.item(), v.sum().item()))
         correct += c.flatten(0, 1).sum(0)
         valid += v.flatten(0, 1).sum(0)
@@ -184,8 +188,8 @@ def train(data_dir: Path, out: Path, config: StreamConfig, vocab_size: int = 819
         return batches
 
     def loss_of(index):
-        h0, at, labels = make_batch(seqs, features, index, G, row_of, positions, rng)
-        loss, correct, valid = stream_loss(target, streams, h0, at, labels)
+        h0, tokens, at, labels = make_batch(seqs, features, index, G, row_of, positions, rng)
+        loss, correct, valid = stream_loss(target, streams, h0, tokens, at, labels)
         top1 = (correct[..., 0].sum() / valid[..., 0].sum().clamp_min(1)).item()
         return ALPHA_STREAM * G * loss, dict(loss=loss.item(), top1=top1)  # Σ_j α_j CE_j (loss: mean over streams)
 
@@ -217,7 +221,8 @@ the target) or by `sd` and `mirror` with `streams=1` (streams on a draft).
   streams 1..j at t, and keeps no KV cache.
 - LoRA rank {config.rank} (scale {config.alpha / max(config.rank, 1):g}) on q, k, v, o, gate, up, down of those layers,
   applied to stream rows only.
-- Stream head: the model's own LM head restricted to the {card["head_vocabulary"]} most frequent answer
+- Stream embeddings scaled by {config.embedding_scale or 1:g} (the RMS size of the hidden states entering layer {card["first_stream_layer"]}).
+{next_token_line(config)}- Stream head: the model's own LM head restricted to the {card["head_vocabulary"]} most frequent answer
   tokens (exact map to target ids in `vocab_map`).
 - Trainable parameters: {card["trainable_parameters"]:,} (fp16 file: streams.safetensors).
 
@@ -244,6 +249,13 @@ n-gram objective (alpha_0 = 1 on the frozen main stream, alpha_j = 0.1 per strea
     (out / "README.md").write_text(text)
 
 
+def next_token_line(config: StreamConfig) -> str:
+    if not config.next_token_rank:
+        return "- The streams see only the main stream (the paper's form).\n"
+    return (f"- Every stream also sees the next token x[t+1] (committed when `ss` runs the streams: the step's\n"
+            f"  correction or bonus) through a rank-{config.next_token_rank} map of its input embedding.\n")
+
+
 def add_parser(sub):
     """``python -m mirror_sd.train ss ...``"""
     p = sub.add_parser("ss", help="train speculative streams for the frozen embedded target",
@@ -260,6 +272,9 @@ def add_parser(sub):
     p.add_argument("--embedding-scale", type=float, default=None,
                    help="stream embeddings are this times the trained vectors (default: the RMS size of the "
                         "hidden states entering the stream layers)")
+    p.add_argument("--next-token-rank", type=int, default=0,
+                   help="rank of a learned map that adds the next token's embedding (committed when ss runs the "
+                        "streams) to every stream; 0: the paper's streams (default 0; not for a draft's streams)")
     p.add_argument("--vocab", type=int, default=8192, help="stream head vocabulary size (default 8192)")
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -271,7 +286,11 @@ def add_parser(sub):
     p.add_argument("--threads", type=int, default=2)
 
     def run(args):
-        config = StreamConfig(args.streams, args.stream_layers, args.rank, embedding_scale=args.embedding_scale)
+        if args.next_token_rank and args.model:
+            raise MirrorSDError("--next-token-rank is for the target's streams (method ss); a draft's streams "
+                                "draft the next token themselves")
+        config = StreamConfig(args.streams, args.stream_layers, args.rank, embedding_scale=args.embedding_scale,
+                              next_token_rank=args.next_token_rank)
         card = train(Path(args.data), Path(args.out), config, args.vocab, args.epochs, args.lr, args.batch_size,
                      args.positions, args.max_len, args.eval_every, seed=args.seed, threads=args.threads,
                      target_dir=args.model)
