@@ -166,11 +166,12 @@ def cmd_sweep(args) -> int:
     from .bench import sweep
     from .methods import get_method
 
-    get_method(args.method)  # fail fast on an unknown method
+    method = get_method(args.method)  # fail fast on an unknown method
     option = args.option.replace("-", "_")
-    kind = _all_options().get(option)
+    kind = {o.name: o for o in method.options}.get(option)
     if kind is None:
-        raise MirrorSDError(f"unknown option {args.option!r}")
+        takes = ", ".join(o.name for o in method.options) or "none"
+        raise MirrorSDError(f"method {method.name!r} has no option {args.option!r} (its options: {takes})")
     try:
         values = [kind.kind(v) for v in args.values.split(",") if v.strip()]
     except ValueError:

@@ -72,8 +72,8 @@ DEPTH = Option("depth", 3, 1, 16, "EAGLE tree levels (draft tokens along a path)
 TOP_K = Option("top_k", 4, 1, 16, "children per expanded node, and nodes expanded per level")
 TOTAL_TOKENS = Option("total_tokens", 8, 1, 64, "draft tree nodes the target verifies in one forward "
                       "(greedy only; T > 0 verifies a chain of depth tokens)")
-SS_TOP_K = Option("top_k", 1, 1, 16, "candidates per stream in the draft tree (1: a flat chain of the streams' "
-                  "argmaxes); 1: best in docs/sweeps/ss_tree.csv")
+SS_TOP_K = Option("top_k", 2, 1, 16, "candidates per stream in the draft tree (1: a flat chain of the streams' "
+                  "argmaxes); 2 with total_tokens 4: fastest in docs/sweeps/ss_tree.csv")
 SS_TOTAL_TOKENS = Option("total_tokens", 4, 1, 64, "draft tree nodes the target verifies in one forward "
                          "(greedy only; T > 0 verifies a chain of gamma tokens)")
 STREAMS = Option("streams", 0, 0, 1, "1: the draft proposes each window (each branch) in one forward with its "
