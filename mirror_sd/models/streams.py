@@ -60,9 +60,8 @@ class Streams(nn.Module):
             raise MirrorSDError(f"stream_layers must be between 1 and {args.num_layers}, got {config.stream_layers}")
         self.config = config
         self.first_layer = args.num_layers - config.stream_layers  # L0
-        # P = embedding_scale * embeddings [G, d]. Hidden states entering L0 are large (RMS about 20 in
-        # SmolLM2): at scale 1 an optimiser step of size lr barely moves P relative to M_t, and the
-        # streams stay near-identical. The trainer sets the scale to the features' RMS.
+        # P = embedding_scale * embeddings [G, d]: the trainer sets the scale to the RMS size of the hidden
+        # states entering L0 (about 12-22 in SmolLM2), so P trains at the rate of the states it is added to.
         self.embeddings = nn.Parameter(torch.randn(config.num_streams, args.hidden_size) * 0.02)
         self.lora_a, self.lora_b = nn.ParameterDict(), nn.ParameterDict()
         if config.rank:

@@ -2,7 +2,8 @@
 draft (``--model DRAFT_FOLDER``: its streams let sd and mirror draft a window in one forward).
 
 The target's weights stay frozen; only the streams train: γ stream embeddings and low-rank
-adapters on stream rows of the top N_s layers. The objective is the paper's n-gram loss,
+adapters on stream rows of the top N_s layers (and, with ``--next-token-rank``, a low-rank map of
+the next token's embedding into every stream; the default for the target). The objective is the paper's n-gram loss,
 L = -α_0 Σ_t log p(y_t | y_<t) - Σ_j α_j Σ_t log p(y_{t+j} | y_<t) with α_0 = 1, α_j = 0.1: with a
 frozen main stream the α_0 term is a constant, so we minimise 0.1 · Σ_j CE_j over the target's
 own greedy answers (the distilled data from ``python -m mirror_sd.train data``).
@@ -221,7 +222,7 @@ the target) or by `sd` and `mirror` with `streams=1` (streams on a draft).
   streams 1..j at t, and keeps no KV cache.
 - LoRA rank {config.rank} (scale {config.alpha / max(config.rank, 1):g}) on q, k, v, o, gate, up, down of those layers,
   applied to stream rows only.
-- Stream embeddings scaled by {config.embedding_scale or 1:g} (the RMS size of the hidden states entering layer {card["first_stream_layer"]}).
+- Stream embeddings scaled by {config.embedding_scale or 1:g} (`--embedding-scale`; by default the RMS size of the hidden states entering layer {card["first_stream_layer"]}).
 {next_token_line(config)}- Stream head: the model's own LM head restricted to the {card["head_vocabulary"]} most frequent answer
   tokens (exact map to target ids in `vocab_map`).
 - Trainable parameters: {card["trainable_parameters"]:,} (fp16 file: streams.safetensors).
@@ -267,14 +268,16 @@ def add_parser(sub):
     p.add_argument("--model", default=None, help="the frozen model that carries the streams: a draft folder "
                                                  "(default: the embedded target)")
     p.add_argument("--streams", type=int, default=4, help="number of streams γ (default 4)")
-    p.add_argument("--stream-layers", type=int, default=4, help="top layers with streams, N_s (default 4)")
+    p.add_argument("--stream-layers", type=int, default=8, help="top layers with streams, N_s (default 8: better than 4 "
+                                                                "in docs/sweeps/ss_stream_layers.csv)")
     p.add_argument("--rank", type=int, default=16, help="LoRA rank on stream rows (0: embeddings only; default 16)")
     p.add_argument("--embedding-scale", type=float, default=None,
                    help="stream embeddings are this times the trained vectors (default: the RMS size of the "
                         "hidden states entering the stream layers)")
-    p.add_argument("--next-token-rank", type=int, default=0,
+    p.add_argument("--next-token-rank", type=int, default=None,
                    help="rank of a learned map that adds the next token's embedding (committed when ss runs the "
-                        "streams) to every stream; 0: the paper's streams (default 0; not for a draft's streams)")
+                        "streams) to every stream; 0: the paper's streams (default 64 for the target, 0 and the "
+                        "only choice for a draft's streams)")
     p.add_argument("--vocab", type=int, default=8192, help="stream head vocabulary size (default 8192)")
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -286,6 +289,8 @@ def add_parser(sub):
     p.add_argument("--threads", type=int, default=2)
 
     def run(args):
+        if args.next_token_rank is None:
+            args.next_token_rank = 0 if args.model else 64
         if args.next_token_rank and args.model:
             raise MirrorSDError("--next-token-rank is for the target's streams (method ss); a draft's streams "
                                 "draft the next token themselves")
