@@ -14,16 +14,16 @@ One step:
    and ties go to the earlier node, so the kept set is a tree.
 2. Verify (target lane, span kind "verify"). ONE target forward over [x_{n-1}, tree nodes] with the
    tree mask (each node sees the prefix, its ancestors and itself) and positions n-1 + depth. Then
-   ``verify.walk_tree_greedy`` follows the children that match the target's argmax from the root:
-   the accepted path, plus the target's token after it.
+   ``tree.accept`` (greedy: ``verify.walk_tree_greedy``) follows the children that match the
+   target's argmax from the root: the accepted path, plus the target's token after it.
 3. ``KVCache.keep`` moves the root and the accepted path's entries into place; the target's features
    there become the head's pending pairs. The head's tree entries are dropped (rollback).
 
 Temperature > 0: the head samples a chain of ``depth`` tokens from its distribution q (the top_k /
 total_tokens tree is a greedy device, and a deterministic top-k tree has no exact sampling rule),
-and ``verify.verify_sampling`` checks it with the standard speculative-sampling rule: accept x_i
-with probability min(1, p_i(x_i) / q_i(x_i)), else draw from norm(max(0, p_i - q_i)); if all pass,
-draw the bonus from p. Each draft token is a draw from q given exactly the committed prefix (the
+and ``tree.accept`` (``verify.verify_sampling``) checks it with the standard speculative-sampling
+rule: accept x_i with probability min(1, p_i(x_i) / q_i(x_i)), else draw from
+norm(max(0, p_i - q_i)); if all pass, draw the bonus from p. Each draft token is a draw from q given exactly the committed prefix (the
 head sees only committed tokens, their target features, and its own earlier draws), which is all
 the Leviathan/Chen proof needs, so every committed token is distributed exactly as the target's
 p given the prefix. tests/test_eagle.py checks this with a chi-square test against the exact law.
@@ -38,8 +38,7 @@ from ..errors import MirrorSDError
 from ..models.eagle import EMBEDDED_HEAD, EagleHead, load_head
 from ..models.loading import EMBEDDED_NAME
 from ..trace import Step
-from .tree import Tree, best_subtree, chain, tree_mask, tree_positions
-from .verify import verify_sampling, walk_tree_greedy
+from .tree import Tree, accept, best_subtree, sampled_chain, tree_mask, tree_positions
 
 # The head's matmuls are tiny (at most top_k rows): on a CPU, one thread beats two, whose
 # synchronisation costs more than the work (measured: 48 vs 960 ms per depth-5 tree on 2 busy cores).
@@ -138,8 +137,7 @@ def draft_chain(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, 
         tokens.append(sampler.sample(q[-1]))
         if d < depth:
             feat = head_step(head, cache, feat[None], [tokens[-1]], torch.tensor([[n - 2 + d]]))[0]
-    scores = torch.log(torch.stack([qi[t] for qi, t in zip(q, tokens)])).cumsum(0).tolist()
-    return chain(tokens, [round(s, 4) for s in scores], torch.stack(q))
+    return sampled_chain(tokens, torch.stack(q))
 
 
 def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_tokens: int) -> Tree:
@@ -184,12 +182,7 @@ def verify_tree(run, cache, tree: Tree):
     feats = target_features(target, ids, cache, tree_positions(tree.depths, n - 1).to(target.device),
                             tree_mask(tree.parents))
     logits = target.lm_head(feats).float()  # [N + 1, V]: one pass over the head's weights for every node
-    if run.target_sampler.greedy:
-        path, token = walk_tree_greedy(tree.tokens, tree.children(), lambda node: logits[node + 1])
-    else:  # a chain: nodes 0 .. depth-1 in order
-        verdict = verify_sampling(tree.tokens, tree.q, run.target_sampler.probs(logits), run.target_sampler)
-        path, token = list(range(verdict.accepted)), verdict.token
-    n = len(run.sequence)
+    path, token = accept(tree, logits, run.target_sampler)
     cache.keep([n - 1] + [n + i for i in path], at=n - 1)  # root + accepted path -> slots n-1 .. n-1+A
     return path, token, feats[[0] + [i + 1 for i in path]]
 
@@ -205,14 +198,12 @@ def decode(run, depth: int, top_k: int, total_tokens: int):
     pending = (feats, run.prompt_ids[1:] + [token])  # f_0 .. f_{P-1} with x_1 .. x_P
     size = depth if not run.draft_sampler.greedy else total_tokens
     while not run.done:
-        step, n = run.next_step, len(run.sequence)
+        step = run.next_step
         tree = lane.run("draft", draft, run, head, head_cache, pending, depth, top_k, total_tokens,
                         label=f"draft tree of {size} tokens, depth {depth}", step=step, tokens=len(pending[1]))
         path, token, feats = lane.run("verify", verify_tree, run, cache, tree, label=f"verify {len(tree.tokens) + 1} tokens",
                                       step=step, tokens=len(tree.tokens) + 1)
-        committed = [tree.tokens[i] for i in path] + [token]
-        leaf = (path[-1] if path else -1) not in tree.children()  # all of a branch accepted: a bonus
-        origins = ["accepted"] * len(path) + ["bonus" if leaf else "correction"]
+        committed, origins = tree.committed(path, token)
         pending = (feats, committed)  # f_{n-1} .. f_{n-1+A} with x_n .. x_{n+A}
         yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path),
                               extras=dict(tree=tree.record(path))))

@@ -4,7 +4,7 @@ No draft model. The frozen target carries trained speculative streams (models/st
 top N_s layers. Each step, on the target lane alone:
 
 1. verify: one target forward over [last committed token, draft tree] with the tree mask and depth
-   positions (tree.py); the main stream's logits walk the tree (verify.py): the accepted path and
+   positions; the main stream's logits walk the tree (tree.accept): the accepted path and
    the correction (or the bonus after a leaf). ``KVCache.keep`` moves the path's entries into place.
 2. stream: the streams at the last accepted position (its layer-L0 hidden state, kept from that
    forward) re-enter the top N_s layers as g extra rows that see the cache up to that position,
@@ -36,8 +36,7 @@ import torch
 from ..sampling import to_target_vocab
 from ..models.streams import split_forward, target_streams
 from ..trace import Step
-from .tree import Tree, best_subtree, chain, tree_mask, tree_positions
-from .verify import verify_sampling, walk_tree_greedy
+from .tree import Tree, accept, best_subtree, sampled_chain, tree_mask, tree_positions
 
 
 def stream_tree(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> Tree:
@@ -69,9 +68,7 @@ def draft_from_streams(run, streams, cache, h0_row, gamma: int, top_k: int, tota
     if sampler.greedy:
         return stream_tree(torch.log_softmax(logits, -1).cpu(), streams.to_target_ids, top_k, total_tokens)
     q = sampler.probs(to_target_vocab(logits, streams.vocab_map, run.pair.target.args.vocab_size))  # [gamma, V]
-    tokens = [sampler.sample(q_j) for q_j in q]
-    scores = torch.log(torch.stack([q_j[t] for q_j, t in zip(q, tokens)])).cumsum(0).tolist()
-    return chain(tokens, [round(x, 4) for x in scores], q)
+    return sampled_chain([sampler.sample(q_j) for q_j in q], q)
 
 
 def verify_tree(run, streams, cache, tree: Tree):
@@ -81,20 +78,15 @@ def verify_tree(run, streams, cache, tree: Tree):
     ids = torch.tensor([[run.sequence[-1], *tree.tokens]], device=target.device)  # [1, N + 1]
     positions = tree_positions(tree.depths, n - 1).to(target.device)
     logits, h0 = split_forward(target, ids, cache, streams.first_layer, positions, tree_mask(tree.parents))
-    logits = logits[0]  # [N + 1, V]
-    if run.target_sampler.greedy:
-        path, token = walk_tree_greedy(tree.tokens, tree.children(), lambda node: logits[node + 1])
-    else:  # a sampled chain: nodes 0 .. gamma-1 in order
-        verdict = verify_sampling(tree.tokens, tree.q, run.target_sampler.probs(logits), run.target_sampler)
-        path, token = list(range(verdict.accepted)), verdict.token
+    path, token = accept(tree, logits[0], run.target_sampler)  # logits [1, N + 1, V]
     cache.keep([n - 1] + [n + i for i in path], at=n - 1)  # root + accepted path -> slots n-1 .. n-1+A
     last = path[-1] + 1 if path else 0  # window index of the last accepted token
     return path, token, h0[:, last:last + 1]
 
 
-def prefill(run, streams, options):
+def prefill(run, streams, total_tokens: int):
     target, lane = run.pair.target, run.pair.target_lane
-    cache = target.new_cache(run.cache_slots + options["total_tokens"])
+    cache = target.new_cache(run.cache_slots + total_tokens)
     ids = torch.tensor([run.prompt_ids], device=target.device)  # [1, P]
     n = ids.shape[1]
     logits, h0 = lane.run("prefill", split_forward, target, ids, cache, streams.first_layer,
@@ -108,8 +100,7 @@ def prefill(run, streams, options):
 def decode(run, gamma: int, top_k: int, total_tokens: int):
     lane = run.pair.target_lane
     streams = target_streams(run.pair)
-    options = dict(gamma=gamma, top_k=top_k, total_tokens=total_tokens)
-    cache, h0_row, first = prefill(run, streams, options)
+    cache, h0_row, first = prefill(run, streams, total_tokens)
     yield first
     while not run.done:
         step = run.next_step
@@ -118,8 +109,6 @@ def decode(run, gamma: int, top_k: int, total_tokens: int):
         path, token, h0_row = lane.run("verify", verify_tree, run, streams, cache, tree,
                                        label=f"verify {len(tree.tokens) + 1} tokens", step=step,
                                        tokens=len(tree.tokens) + 1)
-        committed = [tree.tokens[i] for i in path] + [token]
-        leaf = (path[-1] if path else -1) not in tree.children()  # a whole branch accepted: a bonus
-        origins = ["accepted"] * len(path) + ["bonus" if leaf else "correction"]
+        committed, origins = tree.committed(path, token)
         yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path),
                               extras=dict(tree=tree.record(path))))

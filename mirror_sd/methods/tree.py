@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..sampling import Sampler
+from .verify import verify_sampling, walk_tree_greedy
+
 
 @dataclass
 class Tree:
@@ -27,15 +30,34 @@ class Tree:
             kids.setdefault(p, []).append(i)
         return kids
 
+    def committed(self, path: list[int], token: int) -> tuple[list[int], list[str]]:
+        """The tokens a verdict (accepted path, next token) commits, and their origins: the next
+        token is a bonus after a leaf (a whole branch accepted), else a correction."""
+        leaf = (path[-1] if path else -1) not in self.children()
+        return [self.tokens[i] for i in path] + [token], ["accepted"] * len(path) + ["bonus" if leaf else "correction"]
+
     def record(self, path: list[int]) -> dict:
         """What a step record keeps of the tree (the app draws it): nodes and the accepted path."""
         return dict(tokens=self.tokens, parents=self.parents, depths=self.depths, scores=self.scores, path=path)
 
 
-def chain(tokens: list[int], scores: list[float], q: torch.Tensor | None = None) -> Tree:
-    """A tree with one branch: token i is the parent of token i + 1."""
+def sampled_chain(tokens: list[int], q: torch.Tensor) -> Tree:
+    """A tree with one branch, token i the parent of token i + 1, each drawn from its row of q [n, V]."""
     n = len(tokens)
-    return Tree(tokens, list(range(-1, n - 1)), list(range(1, n + 1)), scores, q)
+    scores = torch.log(q[torch.arange(n), tokens]).cumsum(0).tolist()
+    return Tree(tokens, list(range(-1, n - 1)), list(range(1, n + 1)), [round(x, 4) for x in scores], q)
+
+
+def accept(tree: Tree, logits: torch.Tensor, sampler: Sampler) -> tuple[list[int], int]:
+    """The lossless rule over a verified tree; logits [N + 1, V], row i + 1 for node i (row 0: the root).
+
+    Greedy: walk the children that match the target's argmax. Sampling: the tree is a sampled chain,
+    checked with the speculative-sampling rule. Returns the accepted path (nodes) and the next token.
+    """
+    if sampler.greedy:
+        return walk_tree_greedy(tree.tokens, tree.children(), lambda node: logits[node + 1])
+    verdict = verify_sampling(tree.tokens, tree.q, sampler.probs(logits), sampler)
+    return list(range(verdict.accepted)), verdict.token
 
 
 def best_subtree(tokens: list[int], parents: list[int], depths: list[int], scores: list[float], total: int) -> Tree:
