@@ -5,6 +5,7 @@ import transformers
 
 from conftest import make_tiny_model
 from mirror_sd import load_pair
+from mirror_sd.models.linear import Linear, uses_prepacked
 from mirror_sd.models.loading import embedded_model_dir
 
 
@@ -23,7 +24,8 @@ def test_logits_match_transformers_on_embedded_target(target, prompt_ids):
     with torch.no_grad():
         reference = hf(prompt_ids).logits
         ours = target(prompt_ids, target.new_cache(prompt_ids.shape[1]))
-    assert (reference - ours).abs().max().item() < 1e-4
+    assert torch.allclose(reference, ours, atol=1e-4, rtol=1e-5)  # fp32 rounding (prepacked products)
+    assert torch.equal(reference.argmax(-1), ours.argmax(-1))
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "mistral"])
@@ -86,3 +88,32 @@ def test_tree_mask_and_positions_match_sequential_branches(target, prompt_ids):
         expected = target(torch.tensor([[5]]), alone)
     assert cache.length == n + 2
     assert torch.allclose(next_after_c, expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 16])
+def test_prepacked_linear_matches_f_linear(rows):
+    """Decoding's products (a few rows) through oneDNN's prepacked weights give F.linear's result."""
+    torch.manual_seed(0)
+    layer = Linear(24, 40, bias=True)
+    x = torch.randn(2, rows, 24)
+    with torch.no_grad():
+        expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
+        assert torch.allclose(layer(x), expected, atol=1e-5)
+        assert uses_prepacked(x, layer.weight)  # more than one row (here 2 x rows) is prepacked
+        layer.weight.mul_(2)  # an in-place change (as an optimiser step makes) repacks the weight
+        assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-5)
+
+
+def test_one_row_is_prepacked_only_for_big_matrices():
+    with torch.no_grad():
+        assert not uses_prepacked(torch.randn(1, 1, 576), torch.randn(1536, 576))  # a decoder-layer weight
+        assert uses_prepacked(torch.randn(1, 1, 576), torch.randn(49152, 576))  # an LM head
+
+
+def test_prepacked_linear_trains_like_nn_linear():
+    torch.manual_seed(0)
+    layer = Linear(8, 4)
+    x = torch.randn(3, 8, requires_grad=True)
+    layer(x).sum().backward()  # with gradients it is F.linear
+    assert torch.allclose(x.grad, layer.weight.sum(0).expand(3, 8))
+    assert torch.allclose(layer.weight.grad, x.detach().sum(0).expand(4, 8))

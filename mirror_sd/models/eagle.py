@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import MirrorSDError
+from .linear import Linear, linear
 from .llama import DecoderLayer, KVCache, ModelArgs, Transformer
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -32,7 +33,7 @@ class EagleHead(nn.Module):
         super().__init__()
         self.args = ModelArgs(**{**args.__dict__, "num_layers": 1})
         d = args.hidden_size
-        self.fc = nn.Linear(2 * d, d, bias=True)
+        self.fc = Linear(2 * d, d, bias=True)
         self.layer = DecoderLayer(self.args)
         self.register_buffer("vocab_map", vocab_map.clone(), persistent=True)  # [rows] target ids
         # borrowed from the target, frozen, never saved:
@@ -76,7 +77,7 @@ class EagleHead(nn.Module):
 
     def logits(self, feats: torch.Tensor) -> torch.Tensor:
         """Predicted features [..., d] -> logits over the head's rows [..., rows] (fp32)."""
-        return (feats @ self.head_rows.T).float()
+        return linear(feats, self.head_rows).float()
 
 
 def save_head(head: EagleHead, out: Path, card: dict):

@@ -25,6 +25,8 @@ from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from .linear import Linear
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -176,10 +178,10 @@ class Attention(nn.Module):
         super().__init__()
         h, d = args.hidden_size, args.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, d
-        self.q_proj = nn.Linear(h, args.num_heads * d, bias=args.attention_bias)
-        self.k_proj = nn.Linear(h, args.num_kv_heads * d, bias=args.attention_bias)
-        self.v_proj = nn.Linear(h, args.num_kv_heads * d, bias=args.attention_bias)
-        self.o_proj = nn.Linear(args.num_heads * d, h, bias=False)
+        self.q_proj = Linear(h, args.num_heads * d, bias=args.attention_bias)
+        self.k_proj = Linear(h, args.num_kv_heads * d, bias=args.attention_bias)
+        self.v_proj = Linear(h, args.num_kv_heads * d, bias=args.attention_bias)
+        self.o_proj = Linear(args.num_heads * d, h, bias=False)
         if args.qk_norm:
             self.q_norm = RMSNorm(d, args.rms_norm_eps)
             self.k_norm = RMSNorm(d, args.rms_norm_eps)
@@ -207,9 +209,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+        self.gate_proj = Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.up_proj = Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x, win: "Window", layer: int):
         gate = win.project(self.gate_proj, x, layer, "gate_proj")
@@ -268,7 +270,7 @@ class Window:
         return replace(self, positions=move(self.positions), mask=move(self.mask), cos=move(self.cos),
                        sin=move(self.sin))
 
-    def project(self, linear: nn.Linear, x: torch.Tensor, layer: int, name: str) -> torch.Tensor:
+    def project(self, linear: Linear, x: torch.Tensor, layer: int, name: str) -> torch.Tensor:
         y = linear(x)
         delta = None if self.adapter is None else self.adapter(layer, name, x)
         return y if delta is None else y + delta
@@ -279,7 +281,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = args
         self.model = Backbone(args)
-        self.lm_head = nn.Linear(args.hidden_size, head_size or args.vocab_size, bias=False)
+        self.lm_head = Linear(args.hidden_size, head_size or args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         # A draft may predict over a reduced vocabulary (as in EAGLE-3): head row i is target token

@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import MirrorSDError
+from .linear import linear
 from .llama import KVCache, ModelArgs, Transformer
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -131,7 +132,7 @@ class Streams(nn.Module):
         mask = stream_mask(at, cache.length, G, seen)
         win = model.window(cache, R * G, positions, mask, batch=B, store=False, adapter=self.adapter)
         out = model.forward_layers(rows, cache, win, self.first_layer)  # [B, R*G, d]
-        logits = F.linear(model.model.norm(out), self.head_weight).float()
+        logits = linear(model.model.norm(out), self.head_weight).float()
         return logits.view(B, R, G, -1)
 
     def to_target_ids(self, rows: torch.Tensor) -> torch.Tensor:
