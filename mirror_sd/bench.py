@@ -1,9 +1,11 @@
 """Benchmark methods on a prompt set, Spec-Bench style: one run, same machine, same prompts.
 
-Vanilla runs first on every prompt; every other method is compared to it token for token, and its
-wall-time speedup is measured against vanilla in the same run. Outputs in ``out_dir``:
-results.csv (one row per method and prompt), summary.csv and summary.md (one row per method),
-by_category.csv (per method and category; Mirror-SD's hit rate per category among them).
+The runs go prompt by prompt: on each prompt vanilla first, then every other method (or every
+value of a swept option), so a slow spell of a shared machine slows all of them alike. Every run
+is compared to vanilla token for token, and its wall-time speedup is measured against vanilla's
+on the same prompts. Outputs in ``out_dir``: results.csv (one row per method and prompt),
+summary.csv and summary.md (one row per method), by_category.csv (per method and category;
+Mirror-SD's hit rate per category among them); a sweep writes results.csv, sweep.csv and sweep.html.
 """
 from __future__ import annotations
 
@@ -79,33 +81,30 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -
                 overlap=overlap_s / draft_busy_s if draft_busy_s else None, token_ids=token_ids)
 
 
-def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 128, out_dir: str | Path = "bench-out",
-          options: dict | None = None, reference: pd.DataFrame | None = None, **settings) -> pd.DataFrame:
-    """Run every method on every prompt; write results.csv, summary.csv, summary.md; return the summary.
-
-    reference: vanilla's rows from an earlier bench of the same run (a sweep), instead of rerunning it.
-    """
-    methods = ["vanilla"] + [m for m in methods if m != "vanilla"]  # vanilla first: the reference
-    per_method_options = {m: _options_for(m, options or {}) for m in methods}
+def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max_new_tokens: int,
+                    desc: str = "bench", **settings) -> pd.DataFrame:
+    """Rows of :func:`run_prompt` for every (method, options) in ``runs`` (the first is vanilla, the
+    reference) on every prompt, prompt by prompt; column ``run`` is the index in ``runs``."""
     rows, reference_ids = [], {}
-    if reference is not None:
-        methods = methods[1:]
-        rows = reference.drop(columns="token_ids").to_dict("records")
-        reference_ids = dict(zip(reference.id, reference.token_ids))
-    with tqdm(total=len(methods) * len(prompts), desc="bench", unit="run") as bar:
-        for method in methods:
-            for item in prompts:
-                bar.set_postfix_str(f"{method} {item['id']}")
-                row = run_prompt(pair, item, method, max_new_tokens, **settings, **per_method_options[method])
+    with tqdm(total=len(runs) * len(prompts), desc=desc, unit="run") as bar:
+        for item in prompts:
+            for index, (method, options) in enumerate(runs):
+                bar.set_postfix_str(f"{item['id']} {method}")
+                row = run_prompt(pair, item, method, max_new_tokens, **settings, **options)
                 reference_ids.setdefault(item["id"], row["token_ids"])
-                row["equal_to_vanilla"] = row["token_ids"] == reference_ids[item["id"]]
-                rows.append(row)
+                row["equal_to_vanilla"] = row.pop("token_ids") == reference_ids[item["id"]]
+                rows.append(dict(row, run=index))
                 bar.update()
-    results = pd.DataFrame(rows)
+    return pd.DataFrame(rows).sort_values("run", kind="stable").reset_index(drop=True)
+
+
+def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 128, out_dir: str | Path = "bench-out",
+          options: dict | None = None, **settings) -> pd.DataFrame:
+    """Run every method on every prompt; write results.csv, summary.csv, summary.md; return the summary."""
+    methods = ["vanilla"] + [m for m in methods if m != "vanilla"]  # vanilla first: the reference
+    runs = [(m, _options_for(m, options or {})) for m in methods]
+    results = run_interleaved(pair, prompts, runs, max_new_tokens, **settings).drop(columns="run")
     summary = summarise(results)
-    summary.attrs["vanilla_results"] = results[results.method == "vanilla"].assign(
-        token_ids=[reference_ids[i] for i in results[results.method == "vanilla"].id])
-    results = results.drop(columns="token_ids")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results.to_csv(out / "results.csv", index=False)
@@ -148,23 +147,27 @@ def sweep(pair, prompts: list[dict], method: str, option: str, values: list, max
           out_dir: str | Path = "sweep-out", options: dict | None = None, **settings) -> pd.DataFrame:
     """Bench one method at several values of one option, against vanilla in the same run.
 
-    Writes sweep.csv (one row per value: tau, tokens/s, speedup, equality) and sweep.html (plotly).
+    Writes results.csv (one row per run and prompt; column ``option`` holds the value),
+    sweep.csv (one row per value: tau, tokens/s, speedup, equality) and sweep.html (plotly).
     """
     names = _option_names(method)
     if option not in names:
         raise MirrorSDError(f"method {method!r} has no option {option!r} (it has: {', '.join(sorted(names)) or 'none'})")
+    base = _options_for(method, options or {})
+    runs = [("vanilla", {})] + [(method, {**base, option: value}) for value in values]
+    results = run_interleaved(pair, prompts, runs, max_new_tokens, desc=f"sweep {option}", **settings)
+    results.insert(1, option, [None if r == 0 else values[r - 1] for r in results.run])
+    vanilla = results[results.run == 0]
     rows = []
-    vanilla = None
-    for value in values:
-        opts = dict(options or {}, **{option: value})
-        summary = bench(pair, prompts, [method], max_new_tokens, Path(out_dir) / f"{option}={value}", opts,
-                        reference=vanilla, **settings)
-        vanilla = summary.attrs["vanilla_results"] if vanilla is None else vanilla
-        row = summary.set_index("method").loc[method].to_dict()
-        rows.append({option: value, **row})
+    for index, value in enumerate(values, start=1):
+        summary = summarise(pd.concat([vanilla, results[results.run == index]]).drop(columns=["run", option]))
+        rows.append({option: value, **summary.set_index("method").loc[method].to_dict()})
     table = pd.DataFrame(rows)
-    table.to_csv(Path(out_dir) / "sweep.csv", index=False)
-    _plot_sweep(table, option, method, Path(out_dir) / "sweep.html")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results.drop(columns="run").to_csv(out / "results.csv", index=False)
+    table.to_csv(out / "sweep.csv", index=False)
+    _plot_sweep(table, option, method, out / "sweep.html")
     return table
 
 

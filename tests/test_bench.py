@@ -67,8 +67,9 @@ def test_sweep_runs_vanilla_once_and_each_value(tiny_dirs, tmp_path, capsys):
     table = pd.read_csv(out / "sweep.csv")
     assert list(table.gamma) == [1, 3] and (table.equal_to_vanilla == 1.0).all()
     assert (out / "sweep.html").exists()
-    second = pd.read_csv(out / "gamma=3" / "results.csv")
-    assert list(second.method) == ["vanilla", "sd"]  # vanilla's row is reused, not rerun
+    results = pd.read_csv(out / "results.csv")
+    assert list(results.method) == ["vanilla", "sd", "sd"]  # vanilla once, then each value
+    assert list(results.gamma.fillna(0)) == [0, 1, 3]
 
 
 def test_sweep_rejects_options_the_method_lacks(tiny_dirs, tmp_path, capsys):
@@ -82,3 +83,20 @@ def test_first_per_category(bench_prompts):
 
     picked = first_per_category(bench_prompts, 2)
     assert len(picked) == 12 and pd.Series([p["category"] for p in picked]).value_counts().eq(2).all()
+
+
+def test_runs_go_prompt_by_prompt(monkeypatch):
+    """On each prompt vanilla, then every other run: a slow spell of the machine hits them alike."""
+    import mirror_sd.bench as bench_module
+    calls = []
+
+    def fake_run_prompt(pair, item, method, max_new_tokens, **options):
+        calls.append((item["id"], method, options.get("gamma")))
+        return dict(method=method, id=item["id"], category="qa", new_tokens=4, steps=4, mean_accepted=1.0, wall_s=1.0,
+                    tokens_per_s=4.0, hit_rate=None, overlap=None, token_ids=[1, 2, 3, 4])
+
+    monkeypatch.setattr(bench_module, "run_prompt", fake_run_prompt)
+    prompts = [dict(id="a", category="qa", turns=["x"]), dict(id="b", category="qa", turns=["y"])]
+    results = bench_module.run_interleaved(None, prompts, [("vanilla", {}), ("sd", {"gamma": 2})], 4)
+    assert calls == [("a", "vanilla", None), ("a", "sd", 2), ("b", "vanilla", None), ("b", "sd", 2)]
+    assert list(results.method) == ["vanilla", "vanilla", "sd", "sd"] and results.equal_to_vanilla.all()
