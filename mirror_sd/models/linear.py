@@ -36,7 +36,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``F.linear(x, weight, bias)``: x [..., in], weight [out, in] -> [..., out]; prepacked on CPU."""
     if not uses_prepacked(x, weight, bias):
         return F.linear(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), _packed(weight), bias, "none", [], "")
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), prepacked_weight(weight), bias, "none", [], "")
 
 
 def uses_prepacked(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
@@ -47,7 +47,7 @@ def uses_prepacked(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
             and rows > 0 and (rows > 1 or weight.numel() >= ONE_ROW_PACKED_FROM))
 
 
-def _packed(weight: torch.Tensor) -> torch.Tensor:
+def prepacked_weight(weight: torch.Tensor) -> torch.Tensor:
     """The weight in oneDNN's blocked layout, kept on the tensor and remade when it changes."""
     version = 0 if weight.is_inference() else weight._version  # inference tensors keep no version
     kept = getattr(weight, "_onednn_packed", None)
