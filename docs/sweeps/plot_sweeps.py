@@ -11,19 +11,22 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = Path(__file__).parent
-SWEEPS = [("sd_gamma.csv", "gamma", "sd: gamma"), ("sd_streams.csv", "streams", "sd: streams"),
-          ("mirror_gamma.csv", "gamma", "mirror: gamma"), ("mirror_branch_budget.csv", "branch_budget", "mirror: branch budget"),
-          ("mirror_streams.csv", "streams", "mirror: streams"), ("mirror_kappa.csv", "kappa", "mirror: kappa (exit layer 22)"),
-          ("mirror_exit_layer.csv", "exit_layer", "mirror: exit layer (kappa 8)"),
-          ("eagle.csv", "total_tokens", "eagle: total tokens")]
+OLD = " [F.linear]"  # measured before models/linear.py (prepacked linears); the others after it
+SWEEPS = [("sd_gamma.csv", "gamma", "sd: gamma"), ("sd_streams.csv", "streams", "sd: streams" + OLD),
+          ("mirror_gamma.csv", "gamma", "mirror: gamma"),
+          ("mirror_branch_budget.csv", "branch_budget", "mirror: branch budget" + OLD),
+          ("mirror_streams.csv", "streams", "mirror: streams" + OLD),
+          ("mirror_kappa.csv", "kappa", "mirror: kappa (exit 22)" + OLD),
+          ("mirror_exit_layer.csv", "exit_layer", "mirror: exit layer (kappa 8)" + OLD),
+          ("eagle_total_tokens.csv", "total_tokens", "eagle: total tokens (depth 3)"),
+          ("eagle_depth4.csv", "total_tokens", "eagle: total tokens (depth 4)"),
+          ("ss_total_tokens.csv", "total_tokens", "ss: total tokens (top-k 4)")]
 
 
 def main():
-    fig, axes = plt.subplots(2, 4, figsize=(15, 6.5))
+    fig, axes = plt.subplots(2, 5, figsize=(19, 6.5))
     for ax, (file, option, title) in zip(axes.flat, SWEEPS):
         table = pd.read_csv(HERE / file)
-        if file == "eagle.csv":  # three sweeps in one file: keep the total_tokens one (depth 3, top-k 4)
-            table = table[(table.depth == 3) & (table.top_k == 4)]
         if file == "mirror_kappa.csv":  # two sweeps: keep the one at the default exit layer
             table = table[table.exit_layer == 22]
         ax.plot(table[option], table["speedup"], "o-", label="speedup over vanilla")
@@ -36,7 +39,8 @@ def main():
         twin.plot(table[option], table["mean_accepted"], "s--", color="tab:green", label="mean accepted (τ)")
         twin.set_ylim(1, max(2.0, table["mean_accepted"].max() * 1.1))
     axes.flat[0].legend(loc="lower left", fontsize=8)
-    fig.suptitle("Measured sweeps on 2 CPU cores (speedup: left axis, τ: right axis, dashed)", fontsize=11)
+    fig.suptitle("Measured sweeps on 2 CPU cores (speedup: left axis, τ: right axis, dashed; [F.linear]: measured before "
+                 "the prepacked linears of models/linear.py)", fontsize=11)
     fig.tight_layout()
     fig.savefig(HERE / "sweeps.png", dpi=90)
 

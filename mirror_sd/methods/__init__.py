@@ -63,12 +63,14 @@ def get_method(name: str) -> Method:
     return METHODS[name]
 
 
-GAMMA = Option("gamma", 4, 1, 32, "draft tokens per step (window length); 4: best in docs/sweeps/sd_gamma.csv")
+SD_GAMMA = Option("gamma", 2, 1, 32, "draft tokens per step (window length); 2: best in docs/sweeps/sd_gamma.csv")
+SS_GAMMA = Option("gamma", 4, 1, 32, "stream levels in the draft (at most the trained streams, 4 for the shipped ones)")
 KAPPA = Option("kappa", 2, 1, 64, "early-exit candidates per window position (token channel width); "
                                    "2: best in docs/sweeps/mirror_kappa.csv")
 EXIT_LAYER = Option("exit_layer", 0, 0, 1024, "target layer feeding the token channel (0 = three quarters of the "
                                               "target's layers: best in docs/sweeps/mirror_exit_layer.csv)")
-DEPTH = Option("depth", 3, 1, 16, "EAGLE tree levels (draft tokens along a path); 3: best in docs/sweeps/eagle.csv")
+DEPTH = Option("depth", 3, 1, 16, "EAGLE tree levels (draft tokens along a path); 3: best in docs/sweeps/eagle.csv "
+                                  "and eagle_depth4.csv")
 TOP_K = Option("top_k", 4, 1, 16, "children per expanded node, and nodes expanded per level")
 TOTAL_TOKENS = Option("total_tokens", 8, 1, 64, "draft tree nodes the target verifies in one forward "
                       "(greedy only; T > 0 verifies a chain of depth tokens)")
@@ -80,7 +82,7 @@ STREAMS = Option("streams", 0, 0, 1, "1: the draft proposes each window (each br
                  "trained speculative streams; 0: token by token")
 BRANCH_BUDGET = Option("branch_budget", 16, 1, 256, "branches the draft rolls out per step; 16: best in "
                        "docs/sweeps/mirror_branch_budget.csv")
-MIRROR_GAMMA = Option("gamma", 3, 1, 32, "draft tokens per step (window length); 3: best in docs/sweeps/mirror_gamma.csv")
+MIRROR_GAMMA = Option("gamma", 2, 1, 32, "draft tokens per step (window length); 2: best in docs/sweeps/mirror_gamma.csv")
 
 
 def _check_exit_layer(pair, options):
@@ -121,10 +123,10 @@ from . import eagle, mirror, sd, ss, vanilla  # noqa: E402  (modules use Option/
 register(Method("vanilla", "Vanilla", "autoregressive: one target forward per token",
                 vanilla.decode, needs_draft=False, parallel_lanes=False))
 register(Method("sd", "Speculative decoding", "a draft model proposes gamma tokens, the target verifies them in one forward",
-                sd.decode, needs_draft=True, parallel_lanes=False, options=(GAMMA, STREAMS), check=sd.check_streams))
+                sd.decode, needs_draft=True, parallel_lanes=False, options=(SD_GAMMA, STREAMS), check=sd.check_streams))
 register(Method("ss", "Speculative Streaming", "the target drafts for itself: trained streams on its top layers "
                 "propose the next gamma tokens while its main stream verifies", ss.decode, needs_draft=False,
-                parallel_lanes=False, options=(GAMMA, SS_TOP_K, SS_TOTAL_TOKENS), check=_check_streams))
+                parallel_lanes=False, options=(SS_GAMMA, SS_TOP_K, SS_TOTAL_TOKENS), check=_check_streams))
 register(Method("mirror", "Mirror-SD", "the target's early exit steers branch rollouts on the draft lane, "
                 "which run while the target finishes its layers", mirror.decode, needs_draft=True,
                 parallel_lanes=True, options=(MIRROR_GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, STREAMS), check=_check_mirror))
