@@ -12,8 +12,9 @@ layers of linears plus its LM head, ms per pass; ``python docs/linear_kernels.py
     prepacked   31   38   38   49   43   52
 
 For a single row and a small matrix (every decoder-layer weight) oneDNN's call overhead eats its
-gain: vanilla decoding of the embedded target ran at 15.2 tokens/s with ``F.linear`` there against
-13.0 with every product prepacked (median of 3 runs, 3 prompts, 40 tokens, one process). So one
+gain: the embedded target's one-token forward took 1.07x as long with every product prepacked
+(``python docs/linear_kernels.py --forward``), and vanilla decoding ran at 13.0 tokens/s that way
+against 15.2 with ``F.linear`` there (median of 3 runs, 3 prompts, 40 tokens, one process). So one
 row goes through ``F.linear`` unless the matrix is at least ``ONE_ROW_PACKED_FROM`` elements (the
 LM head, 113 MB in fp32, which prepacked reads in half the time): each call takes the faster path.
 
