@@ -116,6 +116,28 @@ def test_eagle_needs_a_head_for_other_targets(tiny_dirs):
         generate(pair, "t1 t2", method="eagle", max_new_tokens=4, raw=True)
 
 
+def test_unrolled_training_passes_are_what_drafting_computes(tiny_eagle):
+    """Training-time test: pass s at position p equals the head's output at depth s of a chain
+    drafted from anchor p - s + 1 with the cache the decoder keeps (true tokens on the way)."""
+    from mirror_sd.methods.eagle import head_step
+    from mirror_sd.train.eagle import unrolled_predictions
+
+    head = head_for(tiny_eagle)
+    torch.manual_seed(1)
+    T, anchor = 9, 4
+    feats = torch.randn(1, T, head.args.hidden_size)
+    ids = torch.randint(0, 16, (1, T))
+    with torch.no_grad():
+        passes = unrolled_predictions(head, feats, ids, unroll=3)
+        cache = head.new_cache(T + 4)
+        out = head_step(head, cache, feats[0, :anchor + 1], ids[0, :anchor + 1].tolist())[-1]  # true pairs
+        torch.testing.assert_close(out, passes[0][0, anchor])
+        for s in (2, 3):  # the chain: its own prediction, the true next token, position anchor + s - 1
+            p = anchor + s - 1
+            out = head_step(head, cache, out[None], [int(ids[0, p])], torch.tensor([[p]]))[0]
+            torch.testing.assert_close(out, passes[s - 1][0, p], atol=1e-5, rtol=1e-4)
+
+
 def test_short_eagle_training_lowers_the_loss(tiny_dirs, tiny_pair, tmp_path):
     from mirror_sd.train.eagle import train
 
@@ -131,6 +153,14 @@ def test_short_eagle_training_lowers_the_loss(tiny_dirs, tiny_pair, tmp_path):
     attach_head(pair, load_head(out, pair.target))
     vanilla = generate(pair, "t3 t1 t4", method="vanilla", max_new_tokens=16, raw=True).token_ids
     assert generate(pair, "t3 t1 t4", method="eagle", max_new_tokens=16, raw=True).token_ids == vanilla
+
+    # training-time test, going on from that head: it keeps the head's rows, and the unrolled objective falls
+    card = train(data, tmp_path / "ttt", features=tmp_path / "features", epochs=6, lr=3e-3, batch_tokens=512,
+                 eval_every=5, holdout=0.2, threads=1, target_dir=tiny_dirs["target"], unroll=2, init=out)
+    history = json.loads((tmp_path / "ttt" / "metrics.json").read_text())
+    objective = [h["train_loss"] for h in history if "train_loss" in h]
+    assert card["unroll"] == 2 and card["head_vocabulary"] == 12 and len(card["held_out_top1_by_depth"]) == 3
+    assert sum(objective[-3:]) < sum(objective[:3])
 
 
 @pytest.mark.skipif(not (EMBEDDED_HEAD / "model.safetensors").exists(), reason="the trained head is not shipped yet")

@@ -12,6 +12,14 @@ Two stages, both resumable (rerun the same command to continue):
    logits against the target's argmax at i+1 (the token greedy verification accepts). Prompt
    positions count too (the target's argmax is a valid label there).
 
+   Training-time test (``--unroll U``, as in HASS / EAGLE-3): when drafting, depth s > 1 reads the
+   head's *own* predicted features, which it never saw in plain training. With U > 1 the head is
+   unrolled: pass s feeds every position p the pass-(s-1) prediction of f_p with the true next
+   token, and its query sees what it would see at depth s of a draft (``unroll_mask``): the pass-1
+   entries up to its anchor p-s+1 (true features) and, from each pass k = 2..s, the one entry of
+   the same anchor. Pass s's loss is weighted ``UNROLL_DECAY`` ** (s-1); gradients flow through
+   the predicted features. Held-out evaluation reports top-1 per depth (top1, top1_d2, ...).
+
 Outputs in --out: model.safetensors (fp16: fc, the decoder layer and the vocab_map; the embedding
 and LM-head rows are the target's and are not stored), config.json, training.json (the model card
 numbers), loss.png, metrics.json, checkpoint/ (resumable).
@@ -26,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..models.eagle import EagleHead, save_head
+from ..models.eagle import EagleHead, load_head, save_head
 from ..models.loading import embedded_model_dir, load_model, load_tokenizer
 from .draft import IGNORE, build_vocab_map, read_examples
 from .features import extract_features, features_dir, load_sequences
@@ -64,34 +72,101 @@ def make_batches(seqs: list[dict], row_of: torch.Tensor, batch_tokens: int, rng:
         yield feats, ids, target, labels, valid
 
 
-def head_loss(head: EagleHead, batch, noise: float, ce_weight: float):
-    """(loss, feature loss, correct top-1, labelled tokens) for one batch."""
+UNROLL_DECAY = 0.8  # weight of unrolled pass s: UNROLL_DECAY ** (s - 1)
+
+
+class GrowingCache:
+    """The head's keys and values over unrolled passes, grown by concatenation so that gradients
+    flow through every pass (``KVCache`` writes in place, which autograd cannot differentiate)."""
+
+    max_slots = float("inf")
+
+    def __init__(self):
+        self.k = self.v = None
+        self.length = 0
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)  # [B, K, start + T, D]
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
+def unroll_mask(T: int, s: int) -> torch.Tensor:
+    """What pass s (1-based) at position p may attend to: [T, s * T] over the slots of passes 1..s.
+
+    Pass 1 is causal. Pass s > 1 at p (anchor a = p - s + 1, its last true feature) sees pass-1
+    slots j <= a and, in each pass k = 2..s, the slot of position a + k - 1: itself for k = s.
+    """
+    p = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    blocks = [j <= p - s + 1] + [j == p - s + k for k in range(2, s + 1)]
+    return torch.cat(blocks, dim=1)
+
+
+def unrolled_predictions(head: EagleHead, feats: torch.Tensor, ids: torch.Tensor, unroll: int) -> list[torch.Tensor]:
+    """The head's predicted features [B, T, d] for passes 1..unroll (module docstring).
+
+    Pass s at position p is what the head outputs at depth s of a draft anchored at p - s + 1
+    (its last true feature) when the tokens on the way are the true ones.
+    """
+    B, T = ids.shape
+    if unroll == 1:
+        return [head(feats, ids, None)]  # plain causal pass, no cache
+    cache, positions, preds = GrowingCache(), torch.arange(T).expand(B, T), []
+    for s in range(1, unroll + 1):
+        if s > 1:  # position p reads the previous pass's prediction of f_p (made at p - 1)
+            feats = torch.cat([torch.zeros_like(preds[-1][:, :1]), preds[-1][:, :-1]], dim=1)
+        preds.append(head(feats, ids, cache, positions, unroll_mask(T, s)))
+    return preds
+
+
+def head_loss(head: EagleHead, batch, noise: float, ce_weight: float, unroll: int = 1):
+    """(objective, per-pass stats) for one batch; stats: loss, feature_loss, correct top-1 and
+    labelled tokens, each a list over passes 1..unroll."""
     feats, ids, target, labels, valid = batch
     if noise > 0:
         feats = feats + (torch.rand_like(feats) - 0.5) * noise
-    pred = head(feats, ids, None)  # [B, T, d]
-    feature_loss = F.smooth_l1_loss(pred[valid], target[valid])
-    logits = head.logits(pred)  # [B, T, rows]
-    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
-    mask = labels != IGNORE
-    correct = ((logits.argmax(-1) == labels) & mask).sum().item()
-    return feature_loss + ce_weight * ce, feature_loss.item(), correct, mask.sum().item()
+    objective, stats = 0.0, dict(loss=[], feature_loss=[], correct=[], count=[])
+    for s, pred in enumerate(unrolled_predictions(head, feats, ids, unroll), start=1):
+        ok = valid.clone()
+        ok[:, :s - 1] = False  # no anchor before position 0
+        feature_loss = F.smooth_l1_loss(pred[ok], target[ok])
+        logits = head.logits(pred)  # [B, T, rows]
+        step_labels = labels.masked_fill(~ok, IGNORE)
+        loss = feature_loss + ce_weight * F.cross_entropy(logits.flatten(0, 1), step_labels.flatten(),
+                                                          ignore_index=IGNORE)
+        objective = objective + UNROLL_DECAY ** (s - 1) * loss
+        labelled = step_labels != IGNORE
+        stats["loss"].append(loss.item())
+        stats["feature_loss"].append(feature_loss.item())
+        stats["correct"].append(((logits.argmax(-1) == step_labels) & labelled).sum().item())
+        stats["count"].append(labelled.sum().item())
+    return objective, stats
 
 
-def evaluate(head, seqs, row_of, batch_tokens: int, ce_weight: float) -> dict:
-    """Held-out loss and top-1 agreement with the target's argmax (per-token greedy acceptance at depth 1)."""
-    total, correct, count = 0.0, 0, 0
+def evaluate(head, seqs, row_of, batch_tokens: int, ce_weight: float, depths: int = 3) -> dict:
+    """Held-out loss (pass 1) and top-1 agreement with the target's argmax at draft depths 1..``depths``
+    (depth s: the head fed its own predictions s - 1 times; true tokens, as on an accepted path)."""
+    loss, correct, count = 0.0, [0] * depths, [0] * depths
     for batch in make_batches(seqs, row_of, batch_tokens, random.Random(0)):
-        loss, _, c, n = head_loss(head, batch, 0.0, ce_weight)
-        total, correct, count = total + loss.item() * n, correct + c, count + n
-    return dict(loss=total / max(count, 1), top1=correct / max(count, 1), tokens=count)
+        _, stats = head_loss(head, batch, 0.0, ce_weight, unroll=depths)
+        loss += stats["loss"][0] * stats["count"][0]
+        correct = [a + b for a, b in zip(correct, stats["correct"])]
+        count = [a + b for a, b in zip(count, stats["count"])]
+    top1 = [c / max(n, 1) for c, n in zip(correct, count)]
+    return dict(loss=loss / max(count[0], 1), top1=top1[0], **{f"top1_d{s}": top1[s - 1] for s in range(2, depths + 1)},
+                tokens=count[0])
 
 
 def train(data_dir: Path, out: Path, features: Path | None = None, vocab_size: int = 8192, epochs: float = 4.0,
           lr: float = 1e-3, batch_tokens: int = 4096, max_len: int = 512, eval_every: int = 50,
           holdout: float = 0.03, noise: float = 0.2, ce_weight: float = 0.1, seed: int = 0, threads: int = 2,
-          target_dir: Path | None = None) -> dict:
-    """Train an EAGLE head for the target in ``target_dir`` (default: the embedded target)."""
+          target_dir: Path | None = None, unroll: int = 1, init: Path | None = None) -> dict:
+    """Train an EAGLE head for the target in ``target_dir`` (default: the embedded target).
+
+    unroll: passes of training-time test (module docstring; 1: plain EAGLE-1 training).
+    init: a head folder to start from (its vocab_map is kept) instead of a fresh head.
+    """
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     start = time.time()
@@ -106,19 +181,24 @@ def train(data_dir: Path, out: Path, features: Path | None = None, vocab_size: i
     rng.shuffle(order)
     n_eval = max(1, int(len(seqs) * holdout))
     held_out, train_set = [seqs[i] for i in order[:n_eval]], [seqs[i] for i in order[n_eval:]]
-    eos = load_tokenizer(target_dir).eos_token_id
-    held_ids = {i for i in order[:n_eval]}
-    vocab_map = build_vocab_map([(e[0], e[1]) for i, e in enumerate(examples) if i not in held_ids],
-                                vocab_size, {eos} - {None})
-    row_of = torch.full((target.args.vocab_size,), IGNORE, dtype=torch.long)
+    if init is not None:  # go on from a trained head, with its own rows
+        head = load_head(Path(init), target).requires_grad_(True)
+        vocab_map = head.vocab_map
+    else:
+        eos = load_tokenizer(target_dir).eos_token_id
+        held_ids = set(order[:n_eval])
+        vocab_map = build_vocab_map([(e[0], e[1]) for i, e in enumerate(examples) if i not in held_ids],
+                                    vocab_size, {eos} - {None})
+        head = EagleHead.from_target(target, vocab_map)
+    row_of = torch.full((target.args.vocab_size,), IGNORE, dtype=torch.long)  # target id -> head row
     row_of[vocab_map] = torch.arange(len(vocab_map))
-    head = EagleHead.from_target(target, vocab_map)
     del target
     epoch_batches = lambda epoch: list(make_batches(train_set, row_of, batch_tokens, random.Random(seed + epoch)))
 
     def loss_of(batch):
-        loss, feature_loss, correct, count = head_loss(head, batch, noise, ce_weight)
-        return loss, dict(loss=loss.item(), feature_loss=feature_loss, top1=correct / max(count, 1))
+        objective, stats = head_loss(head, batch, noise, ce_weight, unroll)
+        return objective, dict(loss=objective.item(), feature_loss=stats["feature_loss"][0],
+                               top1=stats["correct"][0] / max(stats["count"][0], 1))
 
     state = fit(head, epoch_batches, loss_of, lambda: evaluate(head, held_out, row_of, batch_tokens, ce_weight),
                 out, epochs, lr, eval_every, desc="train eagle head")
@@ -126,13 +206,33 @@ def train(data_dir: Path, out: Path, features: Path | None = None, vocab_size: i
     card = dict(target=target_dir.name, hidden_size=head.args.hidden_size, head_vocabulary=len(vocab_map), examples_train=len(train_set),
                 examples_held_out=len(held_out), tokens_train=sum(len(s["ids"]) for s in train_set),
                 tokens_held_out=final["tokens"], max_len=max_len, steps=state["step"], epochs=epochs, lr=lr,
-                batch_tokens=batch_tokens, noise=noise, ce_weight=ce_weight, seed=seed,
+                batch_tokens=batch_tokens, noise=noise, ce_weight=ce_weight, seed=seed, unroll=unroll,
+                init=str(init) if init else None,
                 feature_extraction_s=round(feature_s, 1), train_wall_s=round(state["wall_s"], 1),
                 held_out_loss=round(final["loss"], 4), held_out_top1=round(final["top1"], 4),
+                held_out_top1_by_depth=[round(final[k], 4) for k in ("top1", "top1_d2", "top1_d3")],
                 trainable_parameters=sum(p.numel() for p in head.parameters() if p.requires_grad))
+    earlier = json.loads((Path(init) / "training.json").read_text()) if init else None
+    card["stages"] = (earlier.get("stages") or [stage_of(earlier)] if earlier else []) + [stage_of(card)]
     save_head(head, out, card)
     write_card(out, card)
     return card
+
+
+def stage_of(card: dict) -> dict:
+    """One training run's line in the model card (a head trained in stages lists each)."""
+    keys = ("steps", "epochs", "lr", "train_wall_s", "held_out_top1", "held_out_top1_by_depth")
+    return dict({k: card.get(k) for k in keys}, unroll=card.get("unroll", 1))
+
+
+def stage_line(stage: dict) -> str:
+    unroll = stage["unroll"]
+    kind = f"training-time test over {unroll} passes" if unroll > 1 else "plain (true features only)"
+    depths = stage.get("held_out_top1_by_depth")
+    reached = f"top-1 by depth {' / '.join(f'{t:.3f}' for t in depths)}" if depths else \
+        f"top-1 {stage['held_out_top1']:.3f}"
+    return (f"  - {kind}: {stage['steps']} steps ({stage['epochs']} epochs, lr {stage['lr']}) in "
+            f"{stage['train_wall_s'] / 60:.1f} min; held-out {reached}")
 
 
 def write_card(out: Path, card: dict):
@@ -167,13 +267,17 @@ CPU with `python -m mirror_sd.train eagle` (code: `mirror_sd/train/eagle.py`, mo
 
 ## Training
 - Loss: smooth-L1(f^, f) + {c['ce_weight']} x cross-entropy against the target's argmax; uniform noise of width
-  {c['noise']} on input features; AdamW, lr {c['lr']}, warmup + cosine, {c['batch_tokens']} tokens per batch.
-- {c['steps']} steps ({c['epochs']} epochs) in {c['train_wall_s'] / 60:.1f} min on 2 shared CPU cores, after
-  {c['feature_extraction_s'] / 60:.1f} min of feature extraction (one causal target forward per example).
+  {c['noise']} on input features; AdamW, warmup + cosine, {c['batch_tokens']} tokens per batch. Training-time
+  test (`--unroll U`): the head is also run on its own predicted features, as at draft depths 2..U, with
+  pass s weighted {UNROLL_DECAY} ** (s - 1) (see `mirror_sd/train/eagle.py`).
+- On 2 shared CPU cores, in {len(c['stages'])} stage(s), each going on from the one before (`--init`):
+{chr(10).join(stage_line(stage) for stage in c['stages'])}
+- Feature extraction: one causal target forward per example, cached (this run: {c['feature_extraction_s'] / 60:.1f} min).
 
 ## Held-out results
-- Top-1 agreement of the head's first token with the target's argmax, given true features:
-  **{c['held_out_top1']:.3f}** ({c['tokens_held_out']:,} held-out tokens; loss {c['held_out_loss']:.4f}).
+- Top-1 agreement with the target's argmax at draft depths 1 / 2 / 3 (depth s: the head fed its own
+  predicted features s - 1 times, true tokens on the way): **{' / '.join(f'{t:.3f}' for t in c['held_out_top1_by_depth'])}**
+  ({c['tokens_held_out']:,} held-out tokens; depth-1 loss {c['held_out_loss']:.4f}).
 - Decoding numbers (tau, speedup) are in the project README, with the command that measures them.
 """
     (out / "README.md").write_text(text)
@@ -194,6 +298,9 @@ def add_parser(sub):
     p.add_argument("--max-len", type=int, default=512, help="tokens per example (the end is kept)")
     p.add_argument("--noise", type=float, default=0.2, help="width of uniform noise on input features")
     p.add_argument("--ce-weight", type=float, default=0.1, help="weight of the token loss (feature loss: 1)")
+    p.add_argument("--unroll", type=int, default=1,
+                   help="training-time test: passes over the head's own predicted features (default 1: off)")
+    p.add_argument("--init", default=None, help="start from the head in this folder instead of a fresh one")
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
@@ -201,7 +308,7 @@ def add_parser(sub):
     def run(args):
         card = train(Path(args.data), Path(args.out), args.features, args.vocab, args.epochs, args.lr,
                      args.batch_tokens, args.max_len, args.eval_every, noise=args.noise, ce_weight=args.ce_weight,
-                     seed=args.seed, threads=args.threads)
+                     seed=args.seed, threads=args.threads, unroll=args.unroll, init=args.init)
         print(json.dumps(card, indent=2))
         return 0
 
