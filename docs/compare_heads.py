@@ -1,10 +1,15 @@
 """Compare EAGLE heads on the bench prompts, interleaved: per prompt, vanilla, then eagle with each head.
 
     python docs/compare_heads.py HEAD_DIR [HEAD_DIR ...] [--per-category 2] [--max-new-tokens 64]
+                                 [--data ~/.cache/mirror-sd/distill]
 
 A head folder is what ``python -m mirror_sd.train eagle`` writes (the shipped one:
-mirror_sd/assets/eagle-smollm2-135m). Prints, per head, tau, tokens/s and the speedup over vanilla
-on the same prompts in the same run (``bench.summarise``), and checks every run against vanilla.
+mirror_sd/assets/eagle-smollm2-135m). Prints, per head:
+- tau, tokens/s and the speedup over vanilla on the same prompts in the same run
+  (``bench.summarise``), every run checked against vanilla;
+- its top-1 agreement with the target by draft depth on the vanilla answers to those prompts (first
+  turn; answer positions only), and how many of those answer tokens lie outside its rows;
+- with --data, the same on the held-out split the trainer uses (every position / answers only).
 """
 from __future__ import annotations
 
@@ -12,12 +17,46 @@ import argparse
 from pathlib import Path
 
 import pandas as pd
+import torch
 from tqdm import tqdm
 
-from mirror_sd import load_pair
+from mirror_sd import generate, load_pair
 from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts, run_prompt, summarise
 from mirror_sd.methods.eagle import attach_head
 from mirror_sd.models.eagle import load_head
+from mirror_sd.models.loading import embedded_model_dir
+from mirror_sd.train.draft import IGNORE, read_examples
+from mirror_sd.train.eagle import evaluate, example_sequences, split_order
+from mirror_sd.train.features import features_dir, target_features
+
+DEPTHS = ("top1", "top1_d2", "top1_d3")
+
+
+def answer_sequences(pair, prompts: list[dict], max_new_tokens: int) -> list[dict]:
+    """The target's features over each prompt's first turn + its vanilla answer (``answer_start`` set)."""
+    seqs = []
+    for item in prompts:
+        messages = [{"role": "user", "content": item["turns"][0]}]
+        prompt_ids = pair.encode(messages)
+        answer = generate(pair, messages, method="vanilla", max_new_tokens=max_new_tokens).token_ids
+        feats, argmax = target_features(pair.target, torch.tensor([prompt_ids + answer]))
+        seqs.append(dict(ids=torch.tensor(prompt_ids + answer), argmax=argmax[0], feats=feats[0].half(),
+                         answer_start=len(prompt_ids)))
+    return seqs
+
+
+def agreement(head, seqs: list[dict]) -> dict:
+    """``train.eagle.evaluate`` for this head, plus the answer tokens its rows cannot propose."""
+    row_of = torch.full((head.args.vocab_size,), IGNORE, dtype=torch.long)
+    row_of[head.vocab_map] = torch.arange(len(head.vocab_map))
+    with torch.no_grad():
+        result = evaluate(head, seqs, row_of, 2048, ce_weight=0.5, depths=len(DEPTHS))
+    answers = torch.cat([s["argmax"][s["answer_start"]:] for s in seqs])  # the labels of answer positions
+    return dict(result, outside_rows=int((row_of[answers] == IGNORE).sum()), answers=len(answers))
+
+
+def by_depth(result: dict, prefix: str) -> str:
+    return " / ".join(f"{result[prefix + k]:.3f}" for k in DEPTHS)
 
 
 def main():
@@ -25,8 +64,10 @@ def main():
     parser.add_argument("heads", nargs="+", help="EAGLE head folders")
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--data", default=None, help="distilled data folder: also score the trainer's held-out split")
     parser.add_argument("--out", default="compare-heads.csv", help="per-prompt results (CSV)")
     args = parser.parse_args()
+    torch.manual_seed(0)
     pair = load_pair()
     heads = {str(folder): load_head(Path(folder), pair.target) for folder in args.heads}
     prompts = first_per_category(read_prompts(DEFAULT_PROMPTS), args.per_category)
@@ -41,6 +82,23 @@ def main():
     results = pd.DataFrame(rows).drop(columns="token_ids")
     results.to_csv(args.out, index=False)
     print(summarise(results).to_markdown(index=False, floatfmt=".3f"))
+
+    bench_answers = answer_sequences(pair, prompts, args.max_new_tokens)
+    held_out = None
+    if args.data:  # the trainer's held-out split (train/eagle.py: seed 0, 3%)
+        examples = read_examples(Path(args.data).expanduser())
+        seqs = example_sequences(pair.target, examples, features_dir(None, embedded_model_dir()), 512, 2048)
+        order, n_eval = split_order(len(seqs), 0.03, 0)
+        held_out = [seqs[i] for i in order[:n_eval]]
+    print("\ntop-1 agreement with the target by draft depth (1 / 2 / 3):")
+    for name, head in heads.items():
+        bench = agreement(head, bench_answers)
+        line = (f"{name}: bench answers {by_depth(bench, 'answer_')} ({bench['answer_tokens']} tokens, "
+                f"{bench['outside_rows']} of {bench['answers']} outside the head's rows)")
+        if held_out is not None:
+            held = agreement(head, held_out)
+            line += f"; held-out all {by_depth(held, '')}, answers {by_depth(held, 'answer_')}"
+        print(line)
 
 
 if __name__ == "__main__":

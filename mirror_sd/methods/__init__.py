@@ -69,8 +69,8 @@ KAPPA = Option("kappa", 2, 1, 64, "early-exit candidates per window position (to
                                    "2: best in docs/sweeps/mirror_kappa.csv")
 EXIT_LAYER = Option("exit_layer", 0, 0, 1024, "target layer feeding the token channel (0 = three quarters of the "
                                               "target's layers: best in docs/sweeps/mirror_exit_layer.csv)")
-DEPTH = Option("depth", 3, 1, 16, "EAGLE tree levels (draft tokens along a path); 3: best in docs/sweeps/eagle.csv "
-                                  "and eagle_depth4.csv")
+DEPTH = Option("depth", 3, 1, 16, "EAGLE tree levels (draft tokens along a path); 3: best in "
+                                  "docs/sweeps/eagle_ttt_depth.csv")
 TOP_K = Option("top_k", 4, 1, 16, "children per expanded node, and nodes expanded per level")
 TOTAL_TOKENS = Option("total_tokens", 8, 1, 64, "draft tree nodes the target verifies in one forward "
                       "(greedy only; T > 0 verifies a chain of depth tokens)")

@@ -42,11 +42,13 @@ from .loop import fit, run_evaluation
 
 # -- stage 2: the head ---------------------------------------------------------------------------
 def make_batches(seqs: list[dict], row_of: torch.Tensor, batch_tokens: int, rng: random.Random):
-    """Batches of similar length: feats [B, T, d], next ids [B, T], target feats [B, T, d], labels [B, T].
+    """Batches of similar length: feats [B, T, d], next ids [B, T], target feats [B, T, d], labels [B, T],
+    valid [B, T] and answer [B, T].
 
     Position i holds input (f_i, x_{i+1}), target f_{i+1} and label row_of[argmax_{i+1}] (or IGNORE).
-    Padded positions have label IGNORE and a zero regression weight (``labels`` doubles as the mask
-    via ``valid``).
+    Padded positions are not ``valid`` (no regression weight, label IGNORE). ``answer`` marks the
+    positions whose label predicts an answer token (i + 1 >= the sequence's ``answer_start``, 0 if
+    it has none): the positions a draft predicts when decoding.
     """
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["ids"]))
     batches, current = [], []
@@ -65,11 +67,13 @@ def make_batches(seqs: list[dict], row_of: torch.Tensor, batch_tokens: int, rng:
         ids = torch.zeros(len(batch), T, dtype=torch.long)
         labels = torch.full((len(batch), T), IGNORE, dtype=torch.long)
         valid = torch.zeros(len(batch), T, dtype=torch.bool)
+        answer = torch.zeros(len(batch), T, dtype=torch.bool)
         for row, i in enumerate(batch):
             s, n = seqs[i], len(seqs[i]["ids"]) - 1
             feats[row, :n], target[row, :n] = s["feats"][:-1].float(), s["feats"][1:].float()
             ids[row, :n], labels[row, :n], valid[row, :n] = s["ids"][1:], row_of[s["argmax"][1:]], True
-        yield feats, ids, target, labels, valid
+            answer[row, max(0, s.get("answer_start", 0) - 1):n] = True
+        yield feats, ids, target, labels, valid, answer
 
 
 UNROLL_DECAY = 0.8  # weight of unrolled pass s: UNROLL_DECAY ** (s - 1)
@@ -122,11 +126,11 @@ def unrolled_predictions(head: EagleHead, feats: torch.Tensor, ids: torch.Tensor
 
 def head_loss(head: EagleHead, batch, noise: float, ce_weight: float, unroll: int = 1):
     """(objective, per-pass stats) for one batch; stats: loss, feature_loss, correct top-1 and
-    labelled tokens, each a list over passes 1..unroll."""
-    feats, ids, target, labels, valid = batch
+    labelled tokens (all positions, and answer positions only), each a list over passes 1..unroll."""
+    feats, ids, target, labels, valid, answer = batch
     if noise > 0:
         feats = feats + (torch.rand_like(feats) - 0.5) * noise
-    objective, stats = 0.0, dict(loss=[], feature_loss=[], correct=[], count=[])
+    objective, stats = 0.0, dict(loss=[], feature_loss=[], correct=[], count=[], answer_correct=[], answer_count=[])
     for s, pred in enumerate(unrolled_predictions(head, feats, ids, unroll), start=1):
         ok = valid.clone()
         ok[:, :s - 1] = False  # no anchor before position 0
@@ -139,23 +143,44 @@ def head_loss(head: EagleHead, batch, noise: float, ce_weight: float, unroll: in
         labelled = step_labels != IGNORE
         stats["loss"].append(loss.item())
         stats["feature_loss"].append(feature_loss.item())
-        stats["correct"].append(((logits.argmax(-1) == step_labels) & labelled).sum().item())
+        hit = (logits.argmax(-1) == step_labels) & labelled
+        stats["correct"].append(hit.sum().item())
         stats["count"].append(labelled.sum().item())
+        stats["answer_correct"].append((hit & answer).sum().item())
+        stats["answer_count"].append((labelled & answer).sum().item())
     return objective, stats
 
 
 def evaluate(head, seqs, row_of, batch_tokens: int, ce_weight: float, depths: int = 3) -> dict:
     """Held-out loss (pass 1) and top-1 agreement with the target's argmax at draft depths 1..``depths``
-    (depth s: the head fed its own predictions s - 1 times; true tokens, as on an accepted path)."""
-    loss, correct, count = 0.0, [0] * depths, [0] * depths
+    (depth s: the head fed its own predictions s - 1 times; true tokens, as on an accepted path), over
+    every position (top1, top1_d2, ...) and over answer positions only (answer_top1, ...)."""
+    loss, sums = 0.0, {k: [0] * depths for k in ("correct", "count", "answer_correct", "answer_count")}
     for batch in make_batches(seqs, row_of, batch_tokens, random.Random(0)):
         _, stats = head_loss(head, batch, 0.0, ce_weight, unroll=depths)
         loss += stats["loss"][0] * stats["count"][0]
-        correct = [a + b for a, b in zip(correct, stats["correct"])]
-        count = [a + b for a, b in zip(count, stats["count"])]
-    top1 = [c / max(n, 1) for c, n in zip(correct, count)]
-    return dict(loss=loss / max(count[0], 1), top1=top1[0], **{f"top1_d{s}": top1[s - 1] for s in range(2, depths + 1)},
-                tokens=count[0])
+        sums = {k: [a + b for a, b in zip(v, stats[k])] for k, v in sums.items()}
+    result = dict(loss=loss / max(sums["count"][0], 1), tokens=sums["count"][0], answer_tokens=sums["answer_count"][0])
+    for prefix in ("", "answer_"):
+        for s in range(1, depths + 1):
+            name = f"{prefix}top1" + (f"_d{s}" if s > 1 else "")
+            result[name] = sums[f"{prefix}correct"][s - 1] / max(sums[f"{prefix}count"][s - 1], 1)
+    return result
+
+
+def example_sequences(target, examples, features: Path, max_len: int, batch_tokens: int) -> list[dict]:
+    """The target's features over every example (cached in ``features``), with ``answer_start``."""
+    seqs = load_sequences(extract_features(target, examples, features, max_len, batch_tokens))
+    for seq, (_, answer) in zip(seqs, examples):  # where the answer starts in the kept tokens
+        seq["answer_start"] = max(0, len(seq["ids"]) - len(answer))
+    return seqs
+
+
+def split_order(count: int, holdout: float, seed: int) -> tuple[list[int], int]:
+    """A seeded shuffle of the examples and how many of its first ones are held out."""
+    order = list(range(count))
+    random.Random(seed).shuffle(order)
+    return order, max(1, int(count * holdout))
 
 
 def train(data_dir: Path, out: Path, features: Path | None = None, vocab_size: int = 8192, epochs: float = 4.0,
@@ -174,12 +199,9 @@ def train(data_dir: Path, out: Path, features: Path | None = None, vocab_size: i
     target, _ = load_model(target_dir, torch.device("cpu"), torch.float32)
     examples = read_examples(data_dir)
     features = features_dir(features, target_dir)
-    seqs = load_sequences(extract_features(target, examples, features, max_len, batch_tokens))
+    seqs = example_sequences(target, examples, features, max_len, batch_tokens)
     feature_s = time.time() - start
-    rng = random.Random(seed)
-    order = list(range(len(seqs)))
-    rng.shuffle(order)
-    n_eval = max(1, int(len(seqs) * holdout))
+    order, n_eval = split_order(len(seqs), holdout, seed)
     held_out, train_set = [seqs[i] for i in order[:n_eval]], [seqs[i] for i in order[n_eval:]]
     if init is not None:  # go on from a trained head, with its own rows
         head = load_head(Path(init), target).requires_grad_(True)
@@ -211,6 +233,9 @@ def train(data_dir: Path, out: Path, features: Path | None = None, vocab_size: i
                 feature_extraction_s=round(feature_s, 1), train_wall_s=round(state["wall_s"], 1),
                 held_out_loss=round(final["loss"], 4), held_out_top1=round(final["top1"], 4),
                 held_out_top1_by_depth=[round(final[k], 4) for k in ("top1", "top1_d2", "top1_d3")],
+                held_out_answer_top1_by_depth=[round(final[k], 4) for k in ("answer_top1", "answer_top1_d2",
+                                                                            "answer_top1_d3")],
+                answer_tokens_held_out=final["answer_tokens"],
                 trainable_parameters=sum(p.numel() for p in head.parameters() if p.requires_grad))
     earlier = json.loads((Path(init) / "training.json").read_text()) if init else None
     card["stages"] = (earlier.get("stages") or [stage_of(earlier)] if earlier else []) + [stage_of(card)]
@@ -277,7 +302,10 @@ CPU with `python -m mirror_sd.train eagle` (code: `mirror_sd/train/eagle.py`, mo
 ## Held-out results
 - Top-1 agreement with the target's argmax at draft depths 1 / 2 / 3 (depth s: the head fed its own
   predicted features s - 1 times, true tokens on the way): **{' / '.join(f'{t:.3f}' for t in c['held_out_top1_by_depth'])}**
-  ({c['tokens_held_out']:,} held-out tokens; depth-1 loss {c['held_out_loss']:.4f}).
+  over every held-out position ({c['tokens_held_out']:,} tokens; depth-1 loss {c['held_out_loss']:.4f}), and
+  **{' / '.join(f'{t:.3f}' for t in c['held_out_answer_top1_by_depth'])}** over the positions that predict answer
+  tokens only ({c['answer_tokens_held_out']:,} tokens: what drafting meets; the prompts share a system prompt,
+  which is easy to predict).
 - Decoding numbers (tau, speedup) are in the project README, with the command that measures them.
 """
     (out / "README.md").write_text(text)
