@@ -160,6 +160,7 @@ def test_short_eagle_training_lowers_the_loss(tiny_dirs, tiny_pair, tmp_path):
     history = json.loads((tmp_path / "ttt" / "metrics.json").read_text())
     objective = [h["train_loss"] for h in history if "train_loss" in h]
     assert card["unroll"] == 2 and card["head_vocabulary"] == 12 and len(card["held_out_top1_by_depth"]) == 3
+    assert [stage["unroll"] for stage in card["stages"]] == [1, 2]  # the model card lists both stages
     assert sum(objective[-3:]) < sum(objective[:3])
 
 

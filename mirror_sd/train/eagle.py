@@ -18,7 +18,8 @@ Two stages, both resumable (rerun the same command to continue):
    token, and its query sees what it would see at depth s of a draft (``unroll_mask``): the pass-1
    entries up to its anchor p-s+1 (true features) and, from each pass k = 2..s, the one entry of
    the same anchor. Pass s's loss is weighted ``UNROLL_DECAY`` ** (s-1); gradients flow through
-   the predicted features. Held-out evaluation reports top-1 per depth (top1, top1_d2, ...).
+   the predicted features. Held-out evaluation reports top-1 per depth (top1, top1_d2, ...), over
+   every position and over answer positions only (answer_top1, ...: what drafting meets).
 
 Outputs in --out: model.safetensors (fp16: fc, the decoder layer and the vocab_map; the embedding
 and LM-head rows are the target's and are not stored), config.json, training.json (the model card
