@@ -26,10 +26,10 @@ from mirror_sd.methods.eagle import attach_head
 from mirror_sd.models.eagle import load_head
 from mirror_sd.models.loading import embedded_model_dir
 from mirror_sd.train.draft import IGNORE, read_examples
-from mirror_sd.train.eagle import evaluate, example_sequences, split_order
+from mirror_sd.train.eagle import evaluate, example_sequences, rows_of, split_order
 from mirror_sd.train.features import features_dir, target_features
 
-DEPTHS = ("top1", "top1_d2", "top1_d3")
+DEPTHS = 3
 
 
 def answer_sequences(pair, prompts: list[dict], max_new_tokens: int) -> list[dict]:
@@ -47,16 +47,15 @@ def answer_sequences(pair, prompts: list[dict], max_new_tokens: int) -> list[dic
 
 def agreement(head, seqs: list[dict]) -> dict:
     """``train.eagle.evaluate`` for this head, plus the answer tokens its rows cannot propose."""
-    row_of = torch.full((head.args.vocab_size,), IGNORE, dtype=torch.long)
-    row_of[head.vocab_map] = torch.arange(len(head.vocab_map))
+    row_of = rows_of(head.vocab_map, head.args.vocab_size)
     with torch.no_grad():
-        result = evaluate(head, seqs, row_of, 2048, ce_weight=0.5, depths=len(DEPTHS))
+        result = evaluate(head, seqs, row_of, 2048, ce_weight=0.5, depths=DEPTHS)
     answers = torch.cat([s["argmax"][s["answer_start"]:] for s in seqs])  # the labels of answer positions
     return dict(result, outside_rows=int((row_of[answers] == IGNORE).sum()), answers=len(answers))
 
 
 def by_depth(result: dict, prefix: str) -> str:
-    return " / ".join(f"{result[prefix + k]:.3f}" for k in DEPTHS)
+    return " / ".join(f"{t:.3f}" for t in result[f"{prefix}top1_by_depth"])
 
 
 def main():

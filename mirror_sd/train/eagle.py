@@ -18,8 +18,8 @@ Two stages, both resumable (rerun the same command to continue):
    token, and its query sees what it would see at depth s of a draft (``unroll_mask``): the pass-1
    entries up to its anchor p-s+1 (true features) and, from each pass k = 2..s, the one entry of
    the same anchor. Pass s's loss is weighted ``UNROLL_DECAY`` ** (s-1); gradients flow through
-   the predicted features. Held-out evaluation reports top-1 per depth (top1, top1_d2, ...), over
-   every position and over answer positions only (answer_top1, ...: what drafting meets).
+   the predicted features. Held-out evaluation reports top-1 per depth over every position and
+   over answer positions only (what drafting meets).
 
 Outputs in --out: model.safetensors (fp16: fc, the decoder layer and the vocab_map; the embedding
 and LM-head rows are the target's and are not stored), config.json, training.json (the model card
@@ -155,18 +155,24 @@ def head_loss(head: EagleHead, batch, noise: float, ce_weight: float, unroll: in
 def evaluate(head, seqs, row_of, batch_tokens: int, ce_weight: float, depths: int = 3) -> dict:
     """Held-out loss (pass 1) and top-1 agreement with the target's argmax at draft depths 1..``depths``
     (depth s: the head fed its own predictions s - 1 times; true tokens, as on an accepted path), over
-    every position (top1, top1_d2, ...) and over answer positions only (answer_top1, ...)."""
+    every position (top1_by_depth; top1 is its first entry) and over answer positions only
+    (answer_top1_by_depth)."""
     loss, sums = 0.0, {k: [0] * depths for k in ("correct", "count", "answer_correct", "answer_count")}
     for batch in make_batches(seqs, row_of, batch_tokens, random.Random(0)):
         _, stats = head_loss(head, batch, 0.0, ce_weight, unroll=depths)
         loss += stats["loss"][0] * stats["count"][0]
         sums = {k: [a + b for a, b in zip(v, stats[k])] for k, v in sums.items()}
-    result = dict(loss=loss / max(sums["count"][0], 1), tokens=sums["count"][0], answer_tokens=sums["answer_count"][0])
-    for prefix in ("", "answer_"):
-        for s in range(1, depths + 1):
-            name = f"{prefix}top1" + (f"_d{s}" if s > 1 else "")
-            result[name] = sums[f"{prefix}correct"][s - 1] / max(sums[f"{prefix}count"][s - 1], 1)
-    return result
+    top1, answer_top1 = ([c / max(n, 1) for c, n in zip(sums[f"{prefix}correct"], sums[f"{prefix}count"])]
+                         for prefix in ("", "answer_"))
+    return dict(loss=loss / max(sums["count"][0], 1), top1=top1[0], top1_by_depth=top1,
+                answer_top1_by_depth=answer_top1, tokens=sums["count"][0], answer_tokens=sums["answer_count"][0])
+
+
+def rows_of(vocab_map: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Target id -> head row [vocab_size] (IGNORE for ids outside the head's rows)."""
+    row_of = torch.full((vocab_size,), IGNORE, dtype=torch.long)
+    row_of[vocab_map] = torch.arange(len(vocab_map))
+    return row_of
 
 
 def example_sequences(target, examples, features: Path, max_len: int, batch_tokens: int) -> list[dict]:
@@ -213,8 +219,7 @@ def train(data_dir: Path, out: Path, features: Path | None = None, vocab_size: i
         vocab_map = build_vocab_map([(e[0], e[1]) for i, e in enumerate(examples) if i not in held_ids],
                                     vocab_size, {eos} - {None})
         head = EagleHead.from_target(target, vocab_map)
-    row_of = torch.full((target.args.vocab_size,), IGNORE, dtype=torch.long)  # target id -> head row
-    row_of[vocab_map] = torch.arange(len(vocab_map))
+    row_of = rows_of(vocab_map, target.args.vocab_size)
     del target
     epoch_batches = lambda epoch: list(make_batches(train_set, row_of, batch_tokens, random.Random(seed + epoch)))
 
@@ -233,9 +238,8 @@ def train(data_dir: Path, out: Path, features: Path | None = None, vocab_size: i
                 init=str(init) if init else None,
                 feature_extraction_s=round(feature_s, 1), train_wall_s=round(state["wall_s"], 1),
                 held_out_loss=round(final["loss"], 4), held_out_top1=round(final["top1"], 4),
-                held_out_top1_by_depth=[round(final[k], 4) for k in ("top1", "top1_d2", "top1_d3")],
-                held_out_answer_top1_by_depth=[round(final[k], 4) for k in ("answer_top1", "answer_top1_d2",
-                                                                            "answer_top1_d3")],
+                held_out_top1_by_depth=[round(t, 4) for t in final["top1_by_depth"]],
+                held_out_answer_top1_by_depth=[round(t, 4) for t in final["answer_top1_by_depth"]],
                 answer_tokens_held_out=final["answer_tokens"],
                 trainable_parameters=sum(p.numel() for p in head.parameters() if p.requires_grad))
     earlier = json.loads((Path(init) / "training.json").read_text()) if init else None
