@@ -1,7 +1,7 @@
 """Compare EAGLE heads on the bench prompts, interleaved: per prompt, vanilla, then eagle with each head.
 
     python docs/compare_heads.py HEAD_DIR [HEAD_DIR ...] [--per-category 2] [--max-new-tokens 64]
-                                 [--data ~/.cache/mirror-sd/distill]
+                                 [--data ~/.cache/mirror-sd/distill [~/.cache/mirror-sd/instruct]]
 
 A head folder is what ``python -m mirror_sd.train eagle`` writes (the shipped one:
 mirror_sd/assets/eagle-smollm2-135m). Prints, per head:
@@ -63,7 +63,8 @@ def main():
     parser.add_argument("heads", nargs="+", help="EAGLE head folders")
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--data", default=None, help="distilled data folder: also score the trainer's held-out split")
+    parser.add_argument("--data", default=None, nargs="+",
+                        help="distilled data folder(s), as given to the trainer: also score its held-out split")
     parser.add_argument("--out", default="compare-heads.csv", help="per-prompt results (CSV)")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -85,7 +86,7 @@ def main():
     bench_answers = answer_sequences(pair, prompts, args.max_new_tokens)
     held_out = None
     if args.data:  # the trainer's held-out split (train/eagle.py: seed 0, 3%)
-        examples = read_examples(Path(args.data).expanduser())
+        examples = read_examples([Path(d).expanduser() for d in args.data])
         seqs = example_sequences(pair.target, examples, features_dir(None, embedded_model_dir()), 512, 2048)
         order, n_eval = split_order(len(seqs), 0.03, 0)
         held_out = [seqs[i] for i in order[:n_eval]]

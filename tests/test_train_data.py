@@ -1,8 +1,13 @@
-"""Distillation prompts: reproducible from a seed, all six categories, none from the bench set."""
+"""Distillation data: prompts reproducible from a seed (corpora: all six categories; self-instruct:
+written by the target), none from the bench set; batched greedy answers equal transformers' generate."""
 import json
 
+import pytest
+
 from mirror_sd.bench import DEFAULT_PROMPTS
-from mirror_sd.train.prompts import CATEGORIES, build_prompts
+from mirror_sd.train.distill import _encode, _generate_batch, _generate_batch_hf, load_target
+from mirror_sd.train.instruct import rejection, self_instruct_prompts, user_turn_prefix
+from mirror_sd.train.prompts import CATEGORIES, BenchFilter, build_prompts
 
 
 def test_prompts_are_reproducible_cover_every_category_and_avoid_the_bench_set():
@@ -15,3 +20,44 @@ def test_prompts_are_reproducible_cover_every_category_and_avoid_the_bench_set()
                    for t in (json.loads(line).get("turns") or [json.loads(line)["prompt"]])]
     users = [m["content"] for p in prompts for m in p["messages"] if m["role"] == "user"]
     assert not any(b in u or u in b for b in bench_texts for u in users)
+
+
+@pytest.fixture(scope="module")
+def hf_target():
+    _, model, tokenizer = load_target(threads=2)
+    return model, tokenizer
+
+
+def test_batched_greedy_answers_equal_transformers_generate(hf_target):
+    model, tokenizer = hf_target
+    prompts = [_encode(tokenizer, [{"role": "user", "content": text}])
+               for text in ("Name a colour.", "What is two plus two? Answer in one word.", "Say hello.")]
+    ours = _generate_batch(model, tokenizer, prompts, max_new_tokens=12)
+    assert ours == _generate_batch_hf(model, tokenizer, prompts, max_new_tokens=12)
+    assert all(0 < len(a) <= 12 for a in ours)
+
+
+def test_self_instruct_prompts_are_reproducible_single_user_turns_and_avoid_the_bench_set(hf_target):
+    model, tokenizer = hf_target
+    prefix = tokenizer.decode(user_turn_prefix(tokenizer))
+    assert prefix.endswith("<|im_start|>user\n") and "<|im_start|>system" in prefix
+    stats = {}
+    prompts = self_instruct_prompts(model, tokenizer, 2, seed=0, stats=stats, round_size=4)
+    assert prompts == self_instruct_prompts(model, tokenizer, 2, seed=0, round_size=4)
+    assert prompts != self_instruct_prompts(model, tokenizer, 2, seed=1, round_size=4)
+    assert [p["id"] for p in prompts] == [f"instruction-{k:06d}" for k in range(1, 3)]
+    bench = BenchFilter()
+    for p in prompts:
+        assert [m["role"] for m in p["messages"]] == ["user"]
+        text = p["messages"][0]["content"]
+        assert 4 <= len(text.split()) <= 80 and not bench.overlaps(text)
+    assert stats["sampled"] >= 2 + sum(v for k, v in stats.items() if k.startswith("dropped_"))
+
+
+def test_self_instruct_rejects_unfinished_duplicate_and_bench_text():
+    bench, seen = BenchFilter(), {"can you help me plan a party"}
+    assert rejection("Can you help me plan a trip?", True, bench, seen) is None
+    assert rejection("Can you help me plan a trip?", False, bench, seen) == "dropped_unfinished"
+    assert rejection("Can you help me plan a party?", True, bench, seen) == "dropped_duplicate"
+    assert rejection("Hi", True, bench, seen) == "dropped_length"
+    assert rejection("Translate to English: Le chat dort sur le canapé.", True, bench, seen) == "dropped_bench_overlap"

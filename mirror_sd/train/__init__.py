@@ -1,7 +1,9 @@
-"""Training tools for mirror-sd: distillation data for draft models, and draft training.
+"""Training tools for mirror-sd: distillation data, and the drafts trained on it.
 
 Run ``python -m mirror_sd.train --help``. The ``data`` subcommand builds prompts from offline corpora
-(:mod:`mirror_sd.train.prompts`) and records the target model's own greedy answers
-(:mod:`mirror_sd.train.distill`); ``draft`` trains the draft on them (:mod:`mirror_sd.train.draft`).
+(:mod:`mirror_sd.train.prompts`) or has the target write them (:mod:`mirror_sd.train.instruct`), and
+records the target model's own greedy answers (:mod:`mirror_sd.train.distill`); ``draft``, ``eagle``
+and ``ss`` train the draft model, the EAGLE head and the speculative streams on them
+(:mod:`mirror_sd.train.draft`, :mod:`mirror_sd.train.eagle`, :mod:`mirror_sd.train.ss`).
 Corpus packages are pinned in ``requirements-train.txt``.
 """

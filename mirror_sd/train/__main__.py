@@ -1,14 +1,13 @@
 """``python -m mirror_sd.train <subcommand>``: training tools.
 
 Subcommands:
-  data   build prompts from offline corpora and record the target's greedy answers
-         (distillation data for draft models); see mirror_sd/train/distill.py.
+  data   build prompts (offline corpora, or written by the target: --source self-instruct) and
+         record the target's greedy answers (distillation data); see mirror_sd/train/distill.py.
   draft  train the draft for the embedded target on that data; see mirror_sd/train/draft.py.
   ss     train speculative streams for the frozen embedded target; see mirror_sd/train/ss.py.
   eagle  train the EAGLE head for the embedded target on its features; see mirror_sd/train/eagle.py.
 
-Add further subcommands (eagle, ss, ...) with a function that registers a subparser and sets
-``func``.
+Each subcommand is a function that registers a subparser and sets ``func``.
 """
 from __future__ import annotations
 
@@ -18,11 +17,14 @@ import sys
 
 def _add_data(sub) -> None:
     p = sub.add_parser("data", help="distillation data: prompts from offline corpora + target answers",
-                       description="Build --num-prompts prompts (evenly over the six Spec-Bench categories) "
-                                   "from offline corpora and write the target's greedy answers to "
+                       description="Build --num-prompts prompts (from offline corpora, evenly over the six "
+                                   "Spec-Bench categories, or written by the target: --source) and write the target's greedy answers to "
                                    "OUT/data.jsonl. Resumable: rerun the same command to continue.")
     p.add_argument("--out", required=True, help="output folder (data.jsonl, sources.json, README.md, ...)")
-    p.add_argument("--seed", type=int, default=0, help="prompt selection seed (default 0)")
+    p.add_argument("--source", choices=("corpora", "self-instruct"), default="corpora",
+                   help="where prompts come from: offline corpora, evenly over the six Spec-Bench categories "
+                        "(default), or user requests the target writes itself (mirror_sd/train/instruct.py)")
+    p.add_argument("--seed", type=int, default=0, help="prompt selection / sampling seed (default 0)")
     p.add_argument("--num-prompts", type=int, required=True, help="number of prompts (multi-turn ones give 2 examples)")
     p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap per turn (default 192)")
     p.add_argument("--batch-size", type=int, default=32,

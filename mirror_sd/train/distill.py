@@ -1,8 +1,9 @@
-"""Distillation data: the target model's own greedy answers to the prompts of :mod:`.prompts`.
+"""Distillation data: the target model's own greedy answers to prompts.
 
-``python -m mirror_sd.train data --out DIR --seed S --num-prompts N`` writes
+``python -m mirror_sd.train data --out DIR --seed S --num-prompts N [--source self-instruct]`` writes
 
-* ``DIR/prompts.jsonl``: the prompts (messages, sources), as built;
+* ``DIR/prompts.jsonl``: the prompts (messages, sources), as built from offline corpora
+  (:mod:`.prompts`, the default) or sampled from the target itself (:mod:`.instruct`);
 * ``DIR/data.jsonl``: one line per generated turn, ``{"id", "category", "source", "turn",
   "prompt_ids", "answer_ids"}``; ``prompt_ids`` is the chat-templated prompt (system prompt of
   the tokenizer's template + messages + ``<|im_start|>assistant\\n``), ``answer_ids`` the greedy
@@ -16,7 +17,7 @@ single-turn prompts keep their id.
 
 Greedy decoding (temperature 0), fp32 (bf16 crashes on this CPU), with the transformers model's
 forward and KV cache in a continuous-batching loop (:func:`generate_stream`; token-identical to
-``generate(do_sample=False)``, checked on the test set). Prompts are sorted by length before
+``generate(do_sample=False)``, checked in ``tests/test_train_data.py``). Prompts are sorted by length before
 batching. Resumable: lines already in ``DIR/data.jsonl`` are skipped and new ones appended.
 
 Throughput on the 2-core dev box (fp32, 192 new tokens, 64-96 prompts, answer tokens/s):
@@ -37,7 +38,7 @@ from pathlib import Path
 
 from . import prompts as P
 
-CONFIG_KEYS = ("seed", "max_new_tokens")  # must match to resume into the same folder
+CONFIG_KEYS = ("source", "seed", "max_new_tokens")  # must match to resume into the same folder
 
 
 def _turn_ids(prompt: dict) -> list[str]:
@@ -114,7 +115,7 @@ def _left_pad(t, length: int, dim: int):
 class _Rows:
     """The decoding state of a batch of rows: KV cache, attention mask, next tokens and positions."""
 
-    def __init__(self, model, prompts: list[list[int]], ids: list[int], pad: int):
+    def __init__(self, model, prompts: list[list[int]], ids: list[int], pad: int, pick):
         import torch
         from transformers import DynamicCache
 
@@ -128,7 +129,8 @@ class _Rows:
         self.cache = DynamicCache(config=model.config)
         out = model(input_ids=input_ids, attention_mask=self.mask, position_ids=pos,
                     past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-        self.next = out.logits[:, -1].argmax(-1)   # greedy token not yet recorded, per row
+        self.pick = pick                            # logits [B, V] -> next tokens [B]
+        self.next = pick(out.logits[:, -1])         # the token not yet recorded, per row
         self.pos = pos[:, -1] + 1                   # its position
         self.ids = list(ids)                        # which prompt each row is
 
@@ -167,18 +169,31 @@ class _Rows:
         self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.ids), 1))], dim=1)
         out = model(input_ids=self.next[:, None], attention_mask=self.mask, position_ids=self.pos[:, None],
                     past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-        self.next = out.logits[:, -1].argmax(-1)
+        self.next = self.pick(out.logits[:, -1])
         self.pos = self.pos + 1
 
 
-def generate_stream(model, tokenizer, prompts: list[list[int]], batch_size: int, max_new_tokens: int):
+def greedy(logits):
+    return logits.argmax(-1)
+
+
+def sampler(generator):
+    """Sampling at temperature 1 from the full distribution, drawn from a seeded torch.Generator."""
+    import torch
+
+    return lambda logits: torch.multinomial(logits.float().softmax(-1), 1, generator=generator)[:, 0]
+
+
+def generate_stream(model, tokenizer, prompts: list[list[int]], batch_size: int, max_new_tokens: int,
+                    pick=greedy):
     """Greedy answers to prompts (token id lists), yielded as (index, answer_ids) when each finishes.
 
     A greedy loop over the model's forward with a KV cache (token for token what ``generate`` does
     with do_sample=False), with continuous batching: finished rows leave the batch at once, and when
     half of the batch has left, the next prompts (in the given order) are prefilled and join it, so
     the batch stays full instead of idling on its longest answer. Answers end with the eos token
-    unless cut at max_new_tokens.
+    unless cut at max_new_tokens. ``pick`` chooses each next token from the logits (``sampler(g)``
+    samples instead).
     """
     import torch
 
@@ -194,7 +209,7 @@ def generate_stream(model, tokenizer, prompts: list[list[int]], batch_size: int,
             if queue < len(prompts) and active <= refill_below:
                 take = list(range(queue, min(len(prompts), queue + batch_size - active)))
                 queue += len(take)
-                new = _Rows(model, [prompts[i] for i in take], take, pad)
+                new = _Rows(model, [prompts[i] for i in take], take, pad, pick)
                 for i in take:
                     answers[i] = []
                 if rows is None:
@@ -265,17 +280,30 @@ def load_target(threads: int):
     return folder, model, tokenizer
 
 
+def _self_instruct(path: Path, model, tokenizer, args, stats: dict) -> list[dict]:
+    """The first --num-prompts self-instruct prompts: read back from an earlier run's prompts.jsonl
+    when it holds enough of them (sampling is the slow part), else sampled afresh."""
+    from .instruct import self_instruct_prompts
+
+    if path.exists():
+        old = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if len(old) >= args.num_prompts:
+            stats.update(read_from=str(path))
+            return old[:args.num_prompts]
+    return self_instruct_prompts(model, tokenizer, args.num_prompts, args.seed, stats)
+
+
 def run_data(args) -> int:
     from tqdm import tqdm
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data_path = out / "data.jsonl"
-    config = dict(seed=args.seed, num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens,
-                  batch_size=args.batch_size, threads=args.threads)
+    config = dict(source=args.source, seed=args.seed, num_prompts=args.num_prompts,
+                  max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, threads=args.threads)
     cfg_path = out / "config.json"
     if cfg_path.exists() and data_path.exists():
-        old = json.loads(cfg_path.read_text())
+        old = {"source": "corpora", **json.loads(cfg_path.read_text())}   # folders from before --source
         bad = [k for k in CONFIG_KEYS if old.get(k) != config[k]]
         if bad:
             print(f"error: {out} was built with " + ", ".join(f"{k}={old.get(k)}" for k in bad)
@@ -285,13 +313,16 @@ def run_data(args) -> int:
 
     t0 = time.time()
     stats: dict = {}
-    prompts = P.build_prompts(args.num_prompts, args.seed, stats=stats)
+    folder, model, tokenizer = load_target(args.threads)
+    if args.source == "self-instruct":
+        prompts = _self_instruct(out / "prompts.jsonl", model, tokenizer, args, stats)
+    else:
+        prompts = P.build_prompts(args.num_prompts, args.seed, stats=stats)
     with (out / "prompts.jsonl").open("w", encoding="utf-8") as f:
         for p in prompts:
             f.write(json.dumps(p, ensure_ascii=False) + "\n")
-    print(f"built {len(prompts)} prompts in {time.time() - t0:.1f}s ({stats})", flush=True)
+    print(f"{len(prompts)} prompts in {time.time() - t0:.1f}s ({stats})", flush=True)
 
-    folder, model, tokenizer = load_target(args.threads)
     done = _read_done(data_path)
     wanted = {i for p in prompts for i in _turn_ids(p)}
     total = len(wanted)
@@ -339,7 +370,8 @@ def run_data(args) -> int:
 
 def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, tokenizer, folder):
     eos = tokenizer.eos_token_id
-    cats = {c: dict(prompts=0, examples=0, prompt_tokens=0, answer_tokens=0, cut_at_max=0) for c in P.CATEGORIES}
+    names = P.CATEGORIES if args.source == "corpora" else sorted({p["category"] for p in prompts})
+    cats = {c: dict(prompts=0, examples=0, prompt_tokens=0, answer_tokens=0, cut_at_max=0) for c in names}
     for p in prompts:
         cats[p["category"]]["prompts"] += 1
     for r in rows:
@@ -372,7 +404,9 @@ def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, toke
     lines = [
         "# Distillation data for SmolLM2-135M-Instruct",
         "",
-        "Prompts from offline corpora (`mirror_sd/train/prompts.py`), answers written by the target "
+        ("Prompts from offline corpora (`mirror_sd/train/prompts.py`)" if args.source == "corpora" else
+         "Prompts written by the target itself from its chat template (`mirror_sd/train/instruct.py`)")
+        + ", answers written by the target "
         "model itself: greedy (temperature 0), fp32, transformers model + KV cache with continuous batching "
         "(token-identical to `generate(do_sample=False)`), "
         f"at most {args.max_new_tokens} new tokens per turn, stop at `<|im_end|>`.",
@@ -380,7 +414,8 @@ def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, toke
         "Built with:",
         "",
         "```",
-        f"python -m mirror_sd.train data --out {out} --seed {args.seed} --num-prompts {args.num_prompts} "
+        f"python -m mirror_sd.train data --out {out} --source {args.source} --seed {args.seed} "
+        f"--num-prompts {args.num_prompts} "
         f"--max-new-tokens {args.max_new_tokens} --batch-size {args.batch_size} --threads {args.threads}",
         "```",
         "",
@@ -414,6 +449,8 @@ def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, toke
     ]
     for name, row in sources.items():
         n = sum(row["prompts_per_category"].values())
+        if not n:
+            continue
         lines.append(f"| {name} | {row.get('installed_version') or row['version'] or '-'} | {row['licence']} | {n} |")
     lines += ["", "Held-out: no prompt equals, contains or shares an 8-word sequence with "
               "`mirror_sd/data/bench_prompts.jsonl`.", ""]

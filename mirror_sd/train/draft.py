@@ -31,16 +31,25 @@ from .loop import fit, run_evaluation
 IGNORE = -100
 
 
-def read_examples(data_dir: Path) -> list[tuple[list[int], list[int]]]:
-    """[(prompt_ids, answer_ids)] from data.jsonl; a partial last line (a writer still running) is skipped."""
+def data_folders(data_dirs: Path | list[Path]) -> list[Path]:
+    """One data folder or several, as a list."""
+    return [Path(data_dirs)] if isinstance(data_dirs, (str, Path)) else [Path(d) for d in data_dirs]
+
+
+def read_examples(data_dirs: Path | list[Path]) -> list[tuple[list[int], list[int]]]:
+    """[(prompt_ids, answer_ids)] from each folder's data.jsonl, folder after folder.
+
+    A partial last line (a writer still running) is skipped.
+    """
     examples = []
-    for line in (data_dir / "data.jsonl").read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if row.get("answer_ids"):
-            examples.append((row["prompt_ids"], row["answer_ids"]))
+    for data_dir in data_folders(data_dirs):
+        for line in (data_dir / "data.jsonl").read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if row.get("answer_ids"):
+                examples.append((row["prompt_ids"], row["answer_ids"]))
     return examples
 
 
@@ -150,7 +159,7 @@ def save_draft(draft: Transformer, out: Path, target_dir: Path, card: dict):
     (out / "training.json").write_text(json.dumps(card, indent=2))
 
 
-def train(data_dir: Path, out: Path, layers: list[int], vocab_size: int = 8192, epochs: float = 2.0,
+def train(data_dirs: Path | list[Path], out: Path, layers: list[int], vocab_size: int = 8192, epochs: float = 2.0,
           lr: float = 5e-4, batch_tokens: int = 4096, max_len: int = 512, eval_every: int = 50,
           holdout: float = 0.03, seed: int = 0, threads: int = 2, target_dir: Path | None = None,
           labels: str = "answers", features: Path | None = None) -> dict:
@@ -165,7 +174,7 @@ def train(data_dir: Path, out: Path, layers: list[int], vocab_size: int = 8192, 
     rng = random.Random(seed)
     target_dir = Path(target_dir) if target_dir else embedded_model_dir()
     target, _ = load_model(target_dir, torch.device("cpu"), torch.float32)
-    examples = read_examples(data_dir)
+    examples = read_examples(data_dirs)
     order = list(range(len(examples)))
     rng.shuffle(order)
     n_eval = max(1, int(len(examples) * holdout))
@@ -191,6 +200,7 @@ def train(data_dir: Path, out: Path, layers: list[int], vocab_size: int = 8192, 
                 out, epochs, lr, eval_every, desc="train draft")
     final = run_evaluation(draft, lambda: evaluate(draft, held_out, batch_tokens))
     card = dict(target=target_dir.name, layers_from_target=layers, head_vocabulary=len(vocab_map),
+                data=[d.name for d in data_folders(data_dirs)],
                 examples_train=len(train_set), examples_held_out=len(held_out), labels=labels,
                 labelled_tokens=sum(sum(x != IGNORE for x in lab) for _, lab in train_set),
                 steps=state["step"], epochs=epochs,
@@ -243,7 +253,8 @@ def add_parser(sub):
     p = sub.add_parser("draft", help="train the draft for the embedded target by distillation",
                        description="Train a small draft on distilled data (python -m mirror_sd.train data). "
                                    "Resumable: rerun the same command to continue from OUT/checkpoint.")
-    p.add_argument("--data", required=True, help="folder with data.jsonl from the data subcommand")
+    p.add_argument("--data", required=True, nargs="+",
+                   help="folder(s) with data.jsonl from the data subcommand, read in the order given")
     p.add_argument("--out", required=True, help="output folder: the loadable draft, loss.png, checkpoint/")
     p.add_argument("--layers", default="0,1", help="target layers that initialise the draft's layers (default 0,1)")
     p.add_argument("--vocab", type=int, default=8192, help="draft head vocabulary size (default 8192)")
@@ -262,7 +273,7 @@ def add_parser(sub):
 
     def run(args):
         layers = [int(x) for x in args.layers.split(",")]
-        card = train(Path(args.data), Path(args.out), layers, args.vocab, args.epochs, args.lr, args.batch_tokens,
+        card = train([Path(d) for d in args.data], Path(args.out), layers, args.vocab, args.epochs, args.lr, args.batch_tokens,
                      max_len=args.max_len, eval_every=args.eval_every, seed=args.seed, threads=args.threads,
                      labels=args.labels, features=args.features)
         print(json.dumps(card, indent=2))

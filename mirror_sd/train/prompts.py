@@ -53,6 +53,11 @@ SOURCES = {
         licence="Apache-2.0 (package); the gsm_symbolic templates are Apple's GSM-Symbolic, "
                 "derived from GSM8K (MIT)",
         url="https://pypi.org/project/reasoning-gym/0.1.25/"),
+    "self-instruct": dict(
+        module=None, version=None,
+        licence="user requests written by the target, SmolLM2-135M-Instruct (Apache-2.0), from its own "
+                "chat template (mirror_sd/train/instruct.py)",
+        url=None),
     "mirror-sd-templates": dict(
         module=None, version=None,
         licence="this repository's own instruction templates, follow-up questions and arithmetic "

@@ -33,7 +33,7 @@ from ..errors import MirrorSDError
 from ..models.llama import Transformer
 from ..models.loading import EMBED_FROM_TARGET, embedded_model_dir, load_model, load_tokenizer, read_config
 from ..models.streams import StreamConfig, Streams
-from .draft import IGNORE, build_vocab_map, read_examples
+from .draft import IGNORE, build_vocab_map, data_folders, read_examples
 from .loop import fit, run_evaluation
 
 ALPHA_STREAM = 0.1  # α_j of the n-gram loss
@@ -156,7 +156,7 @@ def load_frozen(model_dir: Path | None) -> tuple[Transformer, Path]:
     return model.requires_grad_(False), model_dir
 
 
-def train(data_dir: Path, out: Path, config: StreamConfig, vocab_size: int = 8192, epochs: float = 2.0,
+def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_size: int = 8192, epochs: float = 2.0,
           lr: float = 2e-3, batch_size: int = 8, positions: int = 64, max_len: int = 512, eval_every: int = 100,
           holdout: float = 0.03, seed: int = 0, threads: int = 2, target_dir: Path | None = None) -> dict:
     """Train streams for the model in ``target_dir`` (default: the embedded target); see module docstring.
@@ -167,7 +167,7 @@ def train(data_dir: Path, out: Path, config: StreamConfig, vocab_size: int = 819
     rng = random.Random(seed)
     out.mkdir(parents=True, exist_ok=True)
     target, target_dir = load_frozen(target_dir)
-    examples = read_examples(data_dir)
+    examples = read_examples(data_dirs)
     rng.shuffle(examples)
     n_eval = max(1, int(len(examples) * holdout))
     eos = load_tokenizer(target_dir).eos_token_id
@@ -197,7 +197,8 @@ def train(data_dir: Path, out: Path, config: StreamConfig, vocab_size: int = 819
     held = lambda: evaluate(target, streams, seqs, features, held_out, G, row_of)
     state = fit(streams, epoch_batches, loss_of, held, out, epochs, lr, eval_every, desc="train streams")
     final = run_evaluation(streams, held)
-    card = dict(target=target_dir.name, examples_train=len(train_index), examples_held_out=len(held_out),
+    card = dict(target=target_dir.name, data=[d.name for d in data_folders(data_dirs)],
+                examples_train=len(train_index), examples_held_out=len(held_out),
                 steps=state["step"], epochs=epochs, lr=lr, batch_size=batch_size, positions_per_sequence=positions,
                 max_len=max_len, seed=seed, wall_s=round(state["wall_s"], 1), head_vocabulary=len(vocab_map),
                 trainable_parameters=streams.num_parameters(), first_stream_layer=streams.first_layer, held_out_loss=round(final["loss"], 4),
@@ -262,7 +263,8 @@ def add_parser(sub):
     p = sub.add_parser("ss", help="train speculative streams for the frozen embedded target",
                        description="Train speculative streams (stream embeddings + LoRA on stream rows) for the "
                                    "frozen target on distilled data. Resumable: rerun the same command.")
-    p.add_argument("--data", required=True, help="folder with data.jsonl from the data subcommand")
+    p.add_argument("--data", required=True, nargs="+",
+                   help="folder(s) with data.jsonl from the data subcommand, read in the order given")
     p.add_argument("--out", required=True, help="output folder: streams.safetensors/.json, loss.png, checkpoint/ "
                                                 "(for a draft: DRAFT_FOLDER/streams, where the engine looks)")
     p.add_argument("--model", default=None, help="the frozen model that carries the streams: a draft folder "
@@ -296,7 +298,7 @@ def add_parser(sub):
                                 "draft the next token themselves")
         config = StreamConfig(args.streams, args.stream_layers, args.rank, embedding_scale=args.embedding_scale,
                               next_token_rank=args.next_token_rank)
-        card = train(Path(args.data), Path(args.out), config, args.vocab, args.epochs, args.lr, args.batch_size,
+        card = train([Path(d) for d in args.data], Path(args.out), config, args.vocab, args.epochs, args.lr, args.batch_size,
                      args.positions, args.max_len, args.eval_every, seed=args.seed, threads=args.threads,
                      target_dir=args.model)
         print(json.dumps(card, indent=2))

@@ -1,0 +1,89 @@
+"""Self-instruct prompts: user requests written by the target itself (the Magpie recipe).
+
+An instruction-tuned model that is given its chat template only up to the start of a user turn
+(default system prompt + ``<|im_start|>user\\n``) writes a user message of the kind it was tuned on,
+then closes the turn with ``<|im_end|>`` (Xu et al., 2024, "Magpie: Alignment Data Synthesis from
+Scratch by Prompting Aligned LLMs with Nothing"). Sampled at temperature 1, SmolLM2-135M-Instruct
+writes everyday requests ("Can you help me prepare for a wedding party?"): the kind of prompt a user
+types into the demo and the benchmark holds, which the corpora of :mod:`.prompts` (Wikipedia
+extracts, chit-chat, maths templates) lack.
+
+:func:`self_instruct_prompts` samples rounds of :data:`ROUND` requests (``round_size``). Round r draws from
+``torch.Generator().manual_seed(seed * 1_000_003 + r)``, so a seed gives the same prompts on the
+same software (and the prompts for N are the first N of any larger run). A sample is kept when the
+model closed the turn itself within :data:`MAX_TOKENS` tokens, has 4-80 words, holds no special
+token, is not a duplicate and shares no text with the benchmark prompts (:class:`.prompts.BenchFilter`).
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+from tqdm import tqdm
+
+from . import prompts as P
+from .distill import generate_stream, sampler
+
+ROUND = 64          # requests sampled together
+MAX_TOKENS = 64     # a request the model has not closed by then is dropped
+SOURCE = "self-instruct"
+
+
+def user_turn_prefix(tokenizer) -> list[int]:
+    """Token ids of the chat template (default system prompt) up to the content of a user turn."""
+    marker = "\x00MARK\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
+    return tokenizer(text[:text.index(marker)], add_special_tokens=False)["input_ids"]
+
+
+def rejection(text: str, closed: bool, bench: P.BenchFilter, seen: set[str]) -> str | None:
+    """Why a sampled request is dropped (a stats key), or None to keep it."""
+    if not closed:
+        return "dropped_unfinished"
+    if not 4 <= P._words(text) <= 80:
+        return "dropped_length"
+    if re.search(r"<\|[a-z_]+\|>", text):
+        return "dropped_special_token"
+    if P._norm(text) in seen:
+        return "dropped_duplicate"
+    if bench.overlaps(text):
+        return "dropped_bench_overlap"
+    return None
+
+
+def self_instruct_prompts(model, tokenizer, num_prompts: int, seed: int = 0, stats: dict | None = None,
+                          round_size: int = ROUND) -> list[dict]:
+    """``num_prompts`` single-turn prompts ({"id", "category", "source", "ref", "messages"})."""
+    prefix = user_turn_prefix(tokenizer)
+    eos = tokenizer.eos_token_id
+    bench = P.BenchFilter()
+    st = stats if stats is not None else {}
+    st.update(sampled=0, dropped_unfinished=0, dropped_length=0, dropped_special_token=0,
+              dropped_duplicate=0, dropped_bench_overlap=0)
+    out: list[dict] = []
+    seen: set[str] = set()
+    bar = tqdm(total=num_prompts, desc="self-instruct prompts", unit="prompt", mininterval=10)
+    for r in range(100 * (num_prompts // round_size + 1)):
+        if len(out) >= num_prompts:
+            break
+        g = torch.Generator().manual_seed(seed * 1_000_003 + r)
+        answers = dict(generate_stream(model, tokenizer, [prefix] * round_size, round_size, MAX_TOKENS,
+                                       pick=sampler(g)))
+        for i in range(round_size):
+            ids = answers[i]
+            text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+            st["sampled"] += 1
+            why = rejection(text, ids[-1] == eos, bench, seen)
+            if why:
+                st[why] += 1
+                continue
+            seen.add(P._norm(text))
+            out.append(dict(id=f"instruction-{len(out) + 1:06d}", category="instruction", source=SOURCE,
+                            ref=f"seed {seed}, round {r}, sample {i}", messages=P._user(text)))
+            bar.update(1)
+            if len(out) == num_prompts:
+                break
+    bar.close()
+    if len(out) < num_prompts:
+        raise RuntimeError(f"self-instruct kept only {len(out)} of {st['sampled']} samples ({st})")
+    return out
