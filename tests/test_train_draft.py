@@ -62,7 +62,7 @@ def test_target_labels_are_the_targets_argmax_at_every_position(tiny_dirs, tiny_
     assert card["labels"] == "target" and card["labelled_tokens"] > 0
 
 
-def test_several_data_folders_are_read_in_order_and_named_in_the_card(tmp_path):
+def test_several_data_folders_are_read_in_order(tmp_path):
     for name, n in (("a", 2), ("b", 3)):
         (tmp_path / name).mkdir()
         rows = [dict(id=f"{name}{i}", prompt_ids=[i], answer_ids=[i, 7]) for i in range(n)]
