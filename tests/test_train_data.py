@@ -61,3 +61,28 @@ def test_self_instruct_rejects_unfinished_duplicate_and_bench_text():
     assert rejection("Can you help me plan a party?", True, bench, seen) == "dropped_duplicate"
     assert rejection("Hi", True, bench, seen) == "dropped_length"
     assert rejection("Translate to English: Le chat dort sur le canapé.", True, bench, seen) == "dropped_bench_overlap"
+
+
+def test_data_readme_lists_the_categories_present_and_mentions_turns_only_for_multi_turn_data(tmp_path):
+    from types import SimpleNamespace
+
+    from mirror_sd.train.distill import _write_reports
+
+    eos = 2
+    tokenizer = SimpleNamespace(eos_token_id=eos)
+    args = SimpleNamespace(source="self-instruct", seed=0, num_prompts=2, max_new_tokens=8, batch_size=2, threads=1)
+    prompts = [dict(id=f"instruction-{i}", category="instruction", source="self-instruct",
+                    messages=[{"role": "user", "content": "Name a colour."}]) for i in (1, 2)]
+    rows = [dict(id=p["id"], category="instruction", prompt_ids=[5, 6], answer_ids=[7, eos]) for p in prompts]
+    _write_reports(tmp_path, args, prompts, rows, {}, 1.0, 4, tokenizer, "target")
+    readme = (tmp_path / "README.md").read_text()
+    assert "| instruction | 2 | 2 | 4 | 4 | 0 |" in readme and "| qa |" not in readme
+    assert "Multi-turn" not in readme
+
+    two_turns = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": None},
+                 {"role": "user", "content": "And?"}]
+    prompts = [dict(id="multi-turn-1", category="multi-turn", source="chitchat-dataset", messages=two_turns)]
+    rows = [dict(id=f"multi-turn-1/t{k}", category="multi-turn", prompt_ids=[5], answer_ids=[7]) for k in (1, 2)]
+    _write_reports(tmp_path, SimpleNamespace(**{**vars(args), "source": "corpora"}), prompts, rows, {}, 1.0, 2, tokenizer, "t")
+    readme = (tmp_path / "README.md").read_text()
+    assert "| multi-turn | 1 | 2 | 2 | 2 | 2 |" in readme and "Multi-turn prompts are answered turn by turn" in readme

@@ -370,7 +370,8 @@ def run_data(args) -> int:
 
 def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, tokenizer, folder):
     eos = tokenizer.eos_token_id
-    names = P.CATEGORIES if args.source == "corpora" else sorted({p["category"] for p in prompts})
+    present = {p["category"] for p in prompts}   # the six categories in their order, then any others
+    names = [c for c in P.CATEGORIES if c in present] + sorted(present - set(P.CATEGORIES))
     cats = {c: dict(prompts=0, examples=0, prompt_tokens=0, answer_tokens=0, cut_at_max=0) for c in names}
     for p in prompts:
         cats[p["category"]]["prompts"] += 1
@@ -420,8 +421,9 @@ def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, toke
         "```",
         "",
         f"Target: `{folder}` (the engine's cached safetensors of the embedded GGUF). Chat template "
-        "with its default system prompt; multi-turn prompts are answered turn by turn, each later "
-        "turn seeing the target's own decoded earlier answers (as `mirror_sd/bench.py` does).",
+        "with its default system prompt."
+        + (" Multi-turn prompts are answered turn by turn, each later turn seeing the target's own decoded "
+           "earlier answers (as `mirror_sd/bench.py` does)." if any(len(_turn_ids(p)) > 1 for p in prompts) else ""),
         "",
         "Files: `data.jsonl` (one line per generated turn: id, category, source, turn, prompt_ids, "
         "answer_ids), `prompts.jsonl` (the prompts as messages), `sources.json` (packages, versions, "
