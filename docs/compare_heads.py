@@ -9,7 +9,8 @@ mirror_sd/assets/eagle-smollm2-135m). Prints, per head:
   (``bench.summarise``), every run checked against vanilla;
 - its top-1 agreement with the target by draft depth on the vanilla answers to those prompts (first
   turn; answer positions only), and how many of those answer tokens lie outside its rows; the same
-  per bench category;
+  per bench category; and the target's own mean top-1 probability on those answers (how predictable
+  they are);
 - with --data, the same on the held-out split the trainer uses (every position / answers only).
 """
 from __future__ import annotations
@@ -55,6 +56,14 @@ def agreement(head, seqs: list[dict]) -> dict:
     return dict(result, outside_rows=int((row_of[answers] == IGNORE).sum()), answers=len(answers))
 
 
+def target_confidence(pair, seqs: list[dict]) -> float:
+    """The target's mean top-1 probability where it predicts an answer token: how predictable the answers are."""
+    with torch.no_grad():
+        tops = [torch.softmax(pair.target.lm_head(s["feats"][max(s["answer_start"] - 1, 0):-1].to(pair.target.dtype)).float(), -1)
+                .amax(-1) for s in seqs]
+    return torch.cat(tops).mean().item()
+
+
 def by_depth(result: dict, prefix: str) -> str:
     return " / ".join(f"{t:.3f}" for t in result[f"{prefix}top1_by_depth"])
 
@@ -91,7 +100,9 @@ def main():
         seqs = example_sequences(pair.target, examples, features_dir(None, embedded_model_dir()), 512, 2048)
         order, n_eval = split_order(len(seqs), 0.03, 0)
         held_out = [seqs[i] for i in order[:n_eval]]
-    print("\ntop-1 agreement with the target by draft depth (1 / 2 / 3):")
+    print(f"\nthe target's mean top-1 probability on the answers: bench {target_confidence(pair, bench_answers):.3f}"
+          + (f", held-out {target_confidence(pair, held_out):.3f}" if held_out is not None else ""))
+    print("top-1 agreement with the target by draft depth (1 / 2 / 3):")
     for name, head in heads.items():
         bench = agreement(head, bench_answers)
         line = (f"{name}: bench answers {by_depth(bench, 'answer_')} ({bench['answer_tokens']} tokens, "

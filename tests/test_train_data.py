@@ -6,7 +6,7 @@ import pytest
 
 from mirror_sd.bench import DEFAULT_PROMPTS
 from mirror_sd.train.distill import _encode, _generate_batch, _generate_batch_hf, load_target
-from mirror_sd.train.instruct import rejection, self_instruct_prompts, user_turn_prefix
+from mirror_sd.train.instruct import rejection, resume_point, self_instruct_prompts, user_turn_prefix
 from mirror_sd.train.prompts import CATEGORIES, BenchFilter, build_prompts
 
 
@@ -52,6 +52,17 @@ def test_self_instruct_prompts_are_reproducible_single_user_turns_and_avoid_the_
         text = p["messages"][0]["content"]
         assert 4 <= len(text.split()) <= 80 and not bench.overlaps(text)
     assert stats["sampled"] >= 2 + sum(v for k, v in stats.items() if k.startswith("dropped_"))
+
+
+def test_self_instruct_sampling_goes_on_from_an_earlier_run_as_if_run_from_scratch(hf_target):
+    model, tokenizer = hf_target
+    whole = self_instruct_prompts(model, tokenizer, 5, seed=0, round_size=3)
+    for first in (whole[:2], whole[:3]):
+        assert self_instruct_prompts(model, tokenizer, 5, seed=0, round_size=3, earlier=first) == whole
+    assert resume_point([dict(ref="seed 0, round 4, sample 2")], 0, round_size=3) == (5, 0)
+    assert resume_point([dict(ref="seed 0, round 4, sample 1")], 0, round_size=3) == (4, 2)
+    with pytest.raises(ValueError, match="seed 1"):
+        resume_point(whole, 1, round_size=3)
 
 
 def test_self_instruct_rejects_unfinished_duplicate_and_bench_text():

@@ -281,16 +281,18 @@ def load_target(threads: int):
 
 
 def _self_instruct(path: Path, model, tokenizer, args, stats: dict) -> list[dict]:
-    """The first --num-prompts self-instruct prompts: read back from an earlier run's prompts.jsonl
-    when it holds enough of them (sampling is the slow part), else sampled afresh."""
+    """The first --num-prompts self-instruct prompts: an earlier run's prompts.jsonl (same seed: the
+    config check) is read back, and sampling goes on after its last prompt if it holds too few."""
     from .instruct import self_instruct_prompts
 
+    old = []
     if path.exists():
         old = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         if len(old) >= args.num_prompts:
             stats.update(read_from=str(path))
             return old[:args.num_prompts]
-    return self_instruct_prompts(model, tokenizer, args.num_prompts, args.seed, stats)
+        stats.update(went_on_from=f"{path} ({len(old)} prompts)")
+    return self_instruct_prompts(model, tokenizer, args.num_prompts, args.seed, stats, earlier=old)
 
 
 def run_data(args) -> int:

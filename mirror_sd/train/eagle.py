@@ -280,8 +280,8 @@ CPU with `python -m mirror_sd.train eagle` (code: `mirror_sd/train/eagle.py`, mo
   -> one Llama decoder layer (the target's shape: d = {c['hidden_size']}, GQA attention, SwiGLU MLP)
   -> predicted feature f^_(i+1). A feature is the target's final-normed hidden state.
 - Tokens: the target's own frozen LM head, restricted to {c['head_vocabulary']} rows (the most frequent
-  tokens of the training answers plus end-of-sequence; `vocab_map` maps rows to target ids). Verification
-  always uses the target's full head, so decoding stays lossless.
+  tokens of the first stage's training answers plus end-of-sequence, kept by later stages; `vocab_map`
+  maps rows to target ids). Verification always uses the target's full head, so decoding stays lossless.
 - Stored here (fp16): fc, the decoder layer and `vocab_map`: {c['trainable_parameters']:,} trained
   parameters. The embedding and LM-head rows are borrowed from the target at load time.
 

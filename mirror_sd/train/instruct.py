@@ -10,7 +10,8 @@ extracts, chit-chat, maths templates) lack.
 
 :func:`self_instruct_prompts` samples rounds of :data:`ROUND` requests (``round_size``). Round r draws from
 ``torch.Generator().manual_seed(seed * 1_000_003 + r)``, so a seed gives the same prompts on the
-same software (and the prompts for N are the first N of any larger run). A sample is kept when the
+same software (and the prompts for N are the first N of any larger run, which can go on from them:
+``earlier``). A sample is kept when the
 model closed the turn itself within :data:`MAX_TOKENS` tokens, has 4-80 words, holds no special
 token, is not a duplicate and shares no text with the benchmark prompts (:class:`.prompts.BenchFilter`).
 """
@@ -51,25 +52,42 @@ def rejection(text: str, closed: bool, bench: P.BenchFilter, seen: set[str]) -> 
     return None
 
 
+def resume_point(earlier: list[dict], seed: int, round_size: int) -> tuple[int, int]:
+    """(round, first sample) where sampling goes on after ``earlier``, the prompts of a run with this seed."""
+    if not earlier:
+        return 0, 0
+    m = re.fullmatch(r"seed (-?\d+), round (\d+), sample (\d+)", earlier[-1]["ref"])
+    if m is None or int(m[1]) != seed:
+        raise ValueError(f"cannot go on from prompts sampled as {earlier[-1]['ref']!r} with seed {seed}")
+    r, i = int(m[2]), int(m[3]) + 1
+    return (r + 1, 0) if i >= round_size else (r, i)
+
+
 def self_instruct_prompts(model, tokenizer, num_prompts: int, seed: int = 0, stats: dict | None = None,
-                          round_size: int = ROUND) -> list[dict]:
-    """``num_prompts`` single-turn prompts ({"id", "category", "source", "ref", "messages"})."""
+                          round_size: int = ROUND, earlier: list[dict] | None = None) -> list[dict]:
+    """``num_prompts`` single-turn prompts ({"id", "category", "source", "ref", "messages"}).
+
+    earlier: the first prompts of a run with the same seed and round size (an earlier, smaller run):
+    kept, and sampling goes on after the last of them, so the result equals a run from scratch
+    (``stats`` then counts the new samples only).
+    """
     prefix = user_turn_prefix(tokenizer)
     eos = tokenizer.eos_token_id
     bench = P.BenchFilter()
     st = stats if stats is not None else {}
     st.update(sampled=0, dropped_unfinished=0, dropped_length=0, dropped_special_token=0,
               dropped_duplicate=0, dropped_bench_overlap=0)
-    out: list[dict] = []
-    seen: set[str] = set()
-    bar = tqdm(total=num_prompts, desc="self-instruct prompts", unit="prompt", mininterval=10)
-    for r in range(100 * (num_prompts // round_size + 1)):
+    out: list[dict] = list(earlier or [])[:num_prompts]
+    seen: set[str] = {P.normalise(p["messages"][0]["content"]) for p in out}
+    first_round, first_sample = resume_point(out, seed, round_size)
+    bar = tqdm(total=num_prompts, initial=len(out), desc="self-instruct prompts", unit="prompt", mininterval=10)
+    for r in range(first_round, first_round + 100 * (num_prompts // round_size + 1)):
         if len(out) >= num_prompts:
             break
         g = torch.Generator().manual_seed(seed * 1_000_003 + r)
         answers = dict(generate_stream(model, tokenizer, [prefix] * round_size, round_size, MAX_TOKENS,
                                        pick=sampler(g)))
-        for i in range(round_size):
+        for i in range(first_sample if r == first_round else 0, round_size):
             ids = answers[i]
             text = tokenizer.decode(ids, skip_special_tokens=True).strip()
             st["sampled"] += 1
