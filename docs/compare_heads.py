@@ -2,6 +2,7 @@
 
     python docs/compare_heads.py HEAD_DIR [HEAD_DIR ...] [--per-category 2] [--max-new-tokens 64]
                                  [--data ~/.cache/mirror-sd/distill [~/.cache/mirror-sd/instruct]]
+                                 [--rows 16384 49152]
 
 A head folder is what ``python -m mirror_sd.train eagle`` writes (the shipped one:
 mirror_sd/assets/eagle-smollm2-135m). Prints, per head:
@@ -11,11 +12,13 @@ mirror_sd/assets/eagle-smollm2-135m). Prints, per head:
   turn; answer positions only), and how many of those answer tokens lie outside its rows; the same
   per bench category; and the target's own mean top-1 probability on those answers (how predictable
   they are);
-- with --data, the same on the held-out split the trainer uses (every position / answers only).
+- with --data, the same on the held-out split the trainer uses (every position / answers only);
+- with --rows N, the same again for each head with N LM-head rows (the head's own rows first).
 """
 from __future__ import annotations
 
 import argparse
+import copy
 from pathlib import Path
 
 import pandas as pd
@@ -47,6 +50,17 @@ def answer_sequences(pair, prompts: list[dict], max_new_tokens: int) -> list[dic
     return seqs
 
 
+def with_rows(head, target, count: int):
+    """The same head with ``count`` LM-head rows: its own, then the lowest other target ids."""
+    own = torch.zeros(target.args.vocab_size, dtype=torch.bool)
+    own[head.vocab_map] = True
+    vocab_map = torch.cat([head.vocab_map, (~own).nonzero()[:, 0]])[:count].sort().values
+    wider = copy.deepcopy(head)
+    wider.vocab_map = vocab_map
+    wider.head_rows = target.lm_head.weight[vocab_map].detach().clone()
+    return wider
+
+
 def agreement(head, seqs: list[dict]) -> dict:
     """``train.eagle.evaluate`` for this head, plus the answer tokens its rows cannot propose."""
     row_of = rows_of(head.vocab_map, head.args.vocab_size)
@@ -75,11 +89,16 @@ def main():
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--data", default=None, nargs="+",
                         help="distilled data folder(s), as given to the trainer: also score its held-out split")
+    parser.add_argument("--rows", type=int, nargs="*", default=[],
+                        help="also run each head with this many LM-head rows (its own rows, then the lowest "
+                             "other target ids; the target's vocabulary size: all rows)")
     parser.add_argument("--out", default="compare-heads.csv", help="per-prompt results (CSV)")
     args = parser.parse_args()
     torch.manual_seed(0)
     pair = load_pair()
     heads = {str(folder): load_head(Path(folder), pair.target) for folder in args.heads}
+    heads.update({f"{name} ({count} rows)": with_rows(head, pair.target, count)
+                  for name, head in list(heads.items()) for count in args.rows})
     prompts = first_per_category(read_prompts(DEFAULT_PROMPTS), args.per_category)
     rows = []
     for item in tqdm(prompts, desc="compare heads", unit="prompt"):
