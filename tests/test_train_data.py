@@ -56,9 +56,8 @@ def test_self_instruct_prompts_are_reproducible_single_user_turns_and_avoid_the_
 
 def test_self_instruct_sampling_goes_on_from_an_earlier_run_as_if_run_from_scratch(hf_target):
     model, tokenizer = hf_target
-    whole = self_instruct_prompts(model, tokenizer, 5, seed=0, round_size=3)
-    for first in (whole[:2], whole[:3]):
-        assert self_instruct_prompts(model, tokenizer, 5, seed=0, round_size=3, earlier=first) == whole
+    whole = self_instruct_prompts(model, tokenizer, 4, seed=0, round_size=3)
+    assert self_instruct_prompts(model, tokenizer, 4, seed=0, round_size=3, earlier=whole[:2]) == whole
     assert resume_point([dict(ref="seed 0, round 4, sample 2")], 0, round_size=3) == (5, 0)
     assert resume_point([dict(ref="seed 0, round 4, sample 1")], 0, round_size=3) == (4, 2)
     with pytest.raises(ValueError, match="seed 1"):
