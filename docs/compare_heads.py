@@ -18,7 +18,6 @@ mirror_sd/assets/eagle-smollm2-135m). Prints, per head:
 from __future__ import annotations
 
 import argparse
-import copy
 from pathlib import Path
 
 import pandas as pd
@@ -28,7 +27,7 @@ from tqdm import tqdm
 from mirror_sd import generate, load_pair
 from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts, run_prompt, summarise
 from mirror_sd.methods.eagle import attach_head
-from mirror_sd.models.eagle import load_head
+from mirror_sd.models.eagle import EagleHead, load_head
 from mirror_sd.models.loading import embedded_model_dir
 from mirror_sd.train.draft import IGNORE, read_examples
 from mirror_sd.train.eagle import evaluate, example_sequences, rows_of, split_order
@@ -55,10 +54,9 @@ def with_rows(head, target, count: int):
     own = torch.zeros(target.args.vocab_size, dtype=torch.bool)
     own[head.vocab_map] = True
     vocab_map = torch.cat([head.vocab_map, (~own).nonzero()[:, 0]])[:count].sort().values
-    wider = copy.deepcopy(head)
-    wider.vocab_map = vocab_map
-    wider.head_rows = target.lm_head.weight[vocab_map].detach().clone()
-    return wider
+    wider = EagleHead.from_target(target, vocab_map)  # borrows the target's rows, as load_head does
+    wider.load_state_dict({**head.state_dict(), "vocab_map": vocab_map})
+    return wider.eval().requires_grad_(False)
 
 
 def agreement(head, seqs: list[dict]) -> dict:
@@ -122,6 +120,7 @@ def main():
     print(f"\nthe target's mean top-1 probability on the answers: bench {target_confidence(pair, bench_answers):.3f}"
           + (f", held-out {target_confidence(pair, held_out):.3f}" if held_out is not None else ""))
     print("top-1 agreement with the target by draft depth (1 / 2 / 3):")
+    categories = sorted({s["category"] for s in bench_answers})
     for name, head in heads.items():
         bench = agreement(head, bench_answers)
         line = (f"{name}: bench answers {by_depth(bench, 'answer_')} ({bench['answer_tokens']} tokens, "
@@ -130,7 +129,6 @@ def main():
             held = agreement(head, held_out)
             line += f"; held-out all {by_depth(held, '')}, answers {by_depth(held, 'answer_')}"
         print(line)
-        categories = sorted({s["category"] for s in bench_answers})
         per_category = {c: agreement(head, [s for s in bench_answers if s["category"] == c]) for c in categories}
         print("  bench answers by category: " + "; ".join(
             f"{c} {by_depth(r, 'answer_')} ({r['answer_tokens']} tokens)" for c, r in per_category.items()))
