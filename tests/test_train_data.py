@@ -96,3 +96,40 @@ def test_data_readme_lists_the_categories_present_and_mentions_turns_only_for_mu
     _write_reports(tmp_path, SimpleNamespace(**{**vars(args), "source": "corpora"}), prompts, rows, {}, 1.0, 2, tokenizer, "t")
     readme = (tmp_path / "README.md").read_text()
     assert "| multi-turn | 1 | 2 | 2 | 2 | 2 |" in readme and "Multi-turn prompts are answered turn by turn" in readme
+
+
+def test_reference_data_pairs_each_prompt_with_corpus_text_and_tokenizes_like_the_distilled_data(tmp_path):
+    from transformers import AutoTokenizer
+
+    from mirror_sd.models.loading import embedded_model_dir
+    from mirror_sd.train.reference import CATEGORIES as REF_CATEGORIES, build_reference_prompts, reference_rows
+
+    prompts = build_reference_prompts(18, seed=0)
+    assert prompts == build_reference_prompts(18, seed=0)
+    assert build_reference_prompts(12, seed=0) == [p for p in prompts if int(p["id"][-6:]) <= 2]  # a prefix per category
+    assert {p["category"] for p in prompts} == set(REF_CATEGORIES)
+    bench = BenchFilter()
+    for p in prompts:
+        users = [m["content"] for m in p["messages"] if m["role"] == "user"]
+        assert len(p["answers"]) == len(users) and all(a.strip() for a in p["answers"])
+        assert not any(bench.overlaps(t) for t in users + p["answers"])
+        if p["category"] == "math":
+            assert p["answers"][0].endswith(f"The answer is {p['answer']}.") and "####" not in p["answers"][0]
+        if p["category"] in ("summarization", "rag"):   # the lead sentence of the passage in the prompt
+            first = p["answers"][0].removeprefix("- ").split("\n")[0].split(". ")[0]
+            assert first in users[0]
+        if p["category"] == "multi-turn":
+            assert p["messages"][1] == {"role": "assistant", "content": p["answers"][0]}
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
+    multi = next(p for p in prompts if p["category"] == "multi-turn")
+    rows = reference_rows([multi], tokenizer, max_answer_tokens=512)
+    assert [r["id"] for r in rows] == [multi["id"] + "/t1", multi["id"] + "/t2"]
+    # turn 2's prompt + answer is the chat template of the whole conversation with both answers
+    whole = multi["messages"] + [{"role": "assistant", "content": multi["answers"][1]}]
+    templated = tokenizer.apply_chat_template(whole, tokenize=True, return_dict=True)["input_ids"]
+    assert list(templated[:len(rows[1]["prompt_ids"]) + len(rows[1]["answer_ids"])]) == rows[1]["prompt_ids"] + rows[1]["answer_ids"]
+    assert rows[0]["answer_ids"][-1] == tokenizer.eos_token_id
+    assert rows[1]["prompt_ids"][:len(rows[0]["prompt_ids"])] == rows[0]["prompt_ids"]
+    cut = reference_rows([multi], tokenizer, max_answer_tokens=4)
+    assert all(len(r["answer_ids"]) == 4 and r["answer_ids"][-1] != tokenizer.eos_token_id for r in cut)

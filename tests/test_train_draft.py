@@ -1,9 +1,11 @@
 """Draft training: a short run on a tiny model lowers the held-out loss, and the result loads."""
 import json
 
+import pytest
 import torch
 
 from mirror_sd import generate, load_pair
+from mirror_sd.errors import MirrorSDError
 from mirror_sd.train.draft import IGNORE, build_vocab_map, data_folders, read_examples, target_labels, train
 from mirror_sd.train.features import extract_features, load_sequences
 
@@ -71,3 +73,9 @@ def test_several_data_folders_are_read_in_order(tmp_path):
     assert read_examples([a, b]) == read_examples(a) + read_examples(b)
     assert read_examples([a, b]) == [([0], [0, 7]), ([1], [1, 7]), ([0], [0, 7]), ([1], [1, 7]), ([2], [2, 7])]
     assert [d.name for d in data_folders([a, b])] == ["a", "b"] and data_folders(a) == [a]
+    (b / "config.json").write_text(json.dumps({"source": "reference", "seed": 0}))
+    assert read_examples([a, b]) == read_examples([a, b], targets_answers=False)  # eagle reads any text
+    with pytest.raises(MirrorSDError, match="reference answers"):  # the draft and streams learn answer tokens
+        read_examples([a, b], targets_answers=True)
+    from mirror_sd.train.__main__ import main
+    assert main(["ss", "--data", str(a), str(b), "--out", str(tmp_path / "streams")]) == 2

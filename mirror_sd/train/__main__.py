@@ -3,6 +3,7 @@
 Subcommands:
   data   build prompts (offline corpora, or written by the target: --source self-instruct) and
          record the target's greedy answers (distillation data); see mirror_sd/train/distill.py.
+         --source reference takes the answers from the corpora too (mirror_sd/train/reference.py).
   draft  train the draft for the embedded target on that data; see mirror_sd/train/draft.py.
   ss     train speculative streams for the frozen embedded target; see mirror_sd/train/ss.py.
   eagle  train the EAGLE head for the embedded target on its features; see mirror_sd/train/eagle.py.
@@ -21,9 +22,11 @@ def _add_data(sub) -> None:
                                    "Spec-Bench categories, or written by the target: --source) and write the target's greedy answers to "
                                    "OUT/data.jsonl. Resumable: rerun the same command to continue.")
     p.add_argument("--out", required=True, help="output folder (data.jsonl, sources.json, README.md, ...)")
-    p.add_argument("--source", choices=("corpora", "self-instruct"), default="corpora",
+    p.add_argument("--source", choices=("corpora", "self-instruct", "reference"), default="corpora",
                    help="where prompts come from: offline corpora, evenly over the six Spec-Bench categories "
-                        "(default), or user requests the target writes itself (mirror_sd/train/instruct.py)")
+                        "(default), or user requests the target writes itself (mirror_sd/train/instruct.py); "
+                        "reference: corpus prompts with answers from the corpora too, nothing generated "
+                        "(off-policy data for the EAGLE head: mirror_sd/train/reference.py)")
     p.add_argument("--seed", type=int, default=0, help="prompt selection / sampling seed (default 0)")
     p.add_argument("--num-prompts", type=int, required=True, help="number of prompts (multi-turn ones give 2 examples)")
     p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap per turn (default 192)")
@@ -57,8 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..errors import MirrorSDError
+
     args = build_parser().parse_args(argv)
-    return args.func(args) or 0
+    try:
+        return args.func(args) or 0
+    except MirrorSDError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
 * ``DIR/data.jsonl``: one line per generated turn, ``{"id", "category", "source", "turn",
   "prompt_ids", "answer_ids"}``; ``prompt_ids`` is the chat-templated prompt (system prompt of
   the tokenizer's template + messages + ``<|im_start|>assistant\\n``), ``answer_ids`` the greedy
-  continuation, ending with ``<|im_end|>`` (the eos) unless it was cut at ``--max-new-tokens``;
+  continuation, ending with ``<|im_end|>`` (the eos) unless it was cut at ``--max-new-tokens``
+  (``--source reference``: the corpus's own answer instead, nothing generated; see :mod:`.reference`);
 * ``DIR/sources.json``: corpus packages, versions, licences, counts per category;
 * ``DIR/README.md``: how the set was built (command, seed, counts, token totals, wall time).
 
@@ -315,6 +316,8 @@ def run_data(args) -> int:
 
     t0 = time.time()
     stats: dict = {}
+    if args.source == "reference":
+        return _run_reference(args, out, stats)
     folder, model, tokenizer = load_target(args.threads)
     if args.source == "self-instruct":
         prompts = _self_instruct(out / "prompts.jsonl", model, tokenizer, args, stats)
@@ -370,6 +373,34 @@ def run_data(args) -> int:
     return 0
 
 
+def _run_reference(args, out: Path, stats: dict) -> int:
+    """--source reference: prompts with reference answers from the corpora; no model writes anything."""
+    from transformers import AutoTokenizer
+
+    from ..models.loading import embedded_model_dir
+    from .reference import build_reference_prompts, reference_rows
+
+    t0 = time.time()
+    folder = embedded_model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    prompts = build_reference_prompts(args.num_prompts, args.seed, stats=stats)
+    rows = reference_rows(prompts, tokenizer, args.max_new_tokens)
+    for name, items in (("prompts.jsonl", prompts), ("data.jsonl", rows)):
+        with (out / name).open("w", encoding="utf-8") as f:
+            f.writelines(json.dumps(x, ensure_ascii=False) + "\n" for x in items)
+    wall = time.time() - t0
+    _write_reports(out, args, prompts, rows, stats, wall, 0, tokenizer, folder)
+    print(f"done: {len(rows)} examples in {out} ({wall:.1f}s, reference answers: nothing generated)", flush=True)
+    return 0
+
+
+ORIGIN = {  # --source -> the data README's first sentence
+    "corpora": "Prompts from offline corpora (`mirror_sd/train/prompts.py`), answers written by the target model itself",
+    "self-instruct": "Prompts written by the target itself from its chat template (`mirror_sd/train/instruct.py`), "
+                     "answers written by the target model itself",
+}
+
+
 def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, tokenizer, folder):
     eos = tokenizer.eos_token_id
     present = {p["category"] for p in prompts}   # the six categories in their order, then any others
@@ -407,12 +438,12 @@ def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, toke
     lines = [
         "# Distillation data for SmolLM2-135M-Instruct",
         "",
-        ("Prompts from offline corpora (`mirror_sd/train/prompts.py`)" if args.source == "corpora" else
-         "Prompts written by the target itself from its chat template (`mirror_sd/train/instruct.py`)")
-        + ", answers written by the target "
-        "model itself: greedy (temperature 0), fp32, transformers model + KV cache with continuous batching "
-        "(token-identical to `generate(do_sample=False)`), "
-        f"at most {args.max_new_tokens} new tokens per turn, stop at `<|im_end|>`.",
+        ORIGIN[args.source] + ": greedy (temperature 0), fp32, transformers model + KV cache with continuous "
+        "batching (token-identical to `generate(do_sample=False)`), "
+        f"at most {args.max_new_tokens} new tokens per turn, stop at `<|im_end|>`." if args.source in ORIGIN else
+        "Off-policy data: prompts from offline corpora, each with a reference answer taken from the same corpus "
+        "(`mirror_sd/train/reference.py`); no model wrote anything. Answers end with `<|im_end|>`, "
+        f"cut at {args.max_new_tokens} tokens. For the EAGLE head, which learns the target's features over any text.",
         "",
         "Built with:",
         "",
@@ -424,10 +455,12 @@ def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, toke
         "",
         f"Target: `{folder}` (the engine's cached safetensors of the embedded GGUF). Chat template "
         "with its default system prompt."
-        + (" Multi-turn prompts are answered turn by turn, each later turn seeing the target's own decoded "
-           "earlier answers (as `mirror_sd/bench.py` does)." if any(len(_turn_ids(p)) > 1 for p in prompts) else ""),
+        + ("" if not any(len(_turn_ids(p)) > 1 for p in prompts) else
+           " Multi-turn prompts hold the reference answers of their earlier turns." if args.source == "reference" else
+           " Multi-turn prompts are answered turn by turn, each later turn seeing the target's own decoded "
+           "earlier answers (as `mirror_sd/bench.py` does)."),
         "",
-        "Files: `data.jsonl` (one line per generated turn: id, category, source, turn, prompt_ids, "
+        "Files: `data.jsonl` (one line per turn: id, category, source, turn, prompt_ids, "
         "answer_ids), `prompts.jsonl` (the prompts as messages), `sources.json` (packages, versions, "
         "licences, counts), `config.json`, `runs.json` (each invocation).",
         "",
@@ -442,6 +475,7 @@ def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, toke
     lines += [
         "",
         f"Longest prompt: {max_prompt} tokens. Prompts dropped while building: {stats}.",
+        f"Built in {wall:.0f} s (nothing generated)." if args.source == "reference" else
         f"Wall time: {total_wall / 60:.1f} min over {len(runs)} invocation(s) "
         f"(last: {wall / 60:.1f} min, {new_tokens} answer tokens, "
         f"{new_tokens / max(wall, 1e-9):.1f} tok/s, batch {args.batch_size}, {args.threads} threads).",

