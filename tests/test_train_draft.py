@@ -79,3 +79,17 @@ def test_several_data_folders_are_read_in_order(tmp_path):
         read_examples([a, b], targets_answers=True)
     from mirror_sd.train.__main__ import main
     assert main(["ss", "--data", str(a), str(b), "--out", str(tmp_path / "streams")]) == 2
+
+
+def test_feature_shards_are_shared_by_equal_examples_only(tiny_pair, tmp_path):
+    """One cache serves every data set: a shard is reused for the same examples, never for others."""
+    a = [([1, 2, 3], [4, 5]), ([6, 7], [8])]
+    b = [([1, 2, 3], [4, 6]), ([6, 7], [8])]  # same count and lengths, one token differs
+    folder = tmp_path / "features"
+    shards_a = extract_features(tiny_pair.target, a, folder, max_len=64)
+    shards_b = extract_features(tiny_pair.target, b, folder, max_len=64)
+    assert shards_a != shards_b
+    assert [s["ids"].tolist() for s in load_sequences(shards_b, feats=False)] == [p + q for p, q in b]
+    written = shards_a[0].stat().st_mtime_ns
+    assert extract_features(tiny_pair.target, a, folder, max_len=64) == shards_a
+    assert shards_a[0].stat().st_mtime_ns == written and not list(folder.glob("*.partial"))
