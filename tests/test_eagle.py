@@ -161,6 +161,9 @@ def test_short_eagle_training_lowers_the_loss(tiny_dirs, tiny_pair, tmp_path):
     objective = [h["train_loss"] for h in history if "train_loss" in h]
     assert card["unroll"] == 2 and card["head_vocabulary"] == 12 and len(card["held_out_top1_by_depth"]) == 3
     assert [stage["unroll"] for stage in card["stages"]] == [1, 2]  # the model card lists both stages
+    assert [stage["data"] for stage in card["stages"]] == [["data"], ["data"]]  # ... with the data each read
+    readme = (tmp_path / "ttt" / "README.md").read_text()
+    assert "`data`: prompts built from offline corpora" in readme and readme.count(" on `data`: ") == 2
     assert sum(objective[-3:]) < sum(objective[:3])
 
 

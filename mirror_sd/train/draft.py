@@ -37,6 +37,12 @@ def data_folders(data_dirs: Path | list[Path]) -> list[Path]:
     return [Path(data_dirs)] if isinstance(data_dirs, (str, Path)) else [Path(d) for d in data_dirs]
 
 
+def data_source(data_dir: Path) -> str:
+    """The ``--source`` a data folder was built from (its config.json; "corpora" when it names none)."""
+    config = Path(data_dir) / "config.json"
+    return json.loads(config.read_text()).get("source", "corpora") if config.exists() else "corpora"
+
+
 def read_examples(data_dirs: Path | list[Path], targets_answers: bool = False) -> list[tuple[list[int], list[int]]]:
     """[(prompt_ids, answer_ids)] from each folder's data.jsonl, folder after folder.
 
@@ -46,8 +52,7 @@ def read_examples(data_dirs: Path | list[Path], targets_answers: bool = False) -
     """
     examples = []
     for data_dir in data_folders(data_dirs):
-        config = data_dir / "config.json"
-        if targets_answers and config.exists() and json.loads(config.read_text()).get("source") == "reference":
+        if targets_answers and data_source(data_dir) == "reference":
             raise MirrorSDError(f"{data_dir} holds reference answers, not the target's: this trainer learns the "
                                 "answer tokens themselves (use it for `eagle`, or `draft --labels target`)")
         for line in (data_dir / "data.jsonl").read_text().splitlines():

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from ..models.eagle import EagleHead, load_head, save_head
 from ..models.loading import embedded_model_dir, load_model, load_tokenizer
-from .draft import IGNORE, build_vocab_map, data_folders, read_examples
+from .draft import IGNORE, build_vocab_map, data_folders, data_source, read_examples
 from .features import extract_features, features_dir, load_sequences
 from .loop import fit, run_evaluation
 
@@ -231,7 +231,8 @@ def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None,
     state = fit(head, epoch_batches, loss_of, lambda: evaluate(head, held_out, row_of, batch_tokens, ce_weight),
                 out, epochs, lr, eval_every, desc="train eagle head")
     final = run_evaluation(head, lambda: evaluate(head, held_out, row_of, batch_tokens, ce_weight))
-    card = dict(target=target_dir.name, data=[d.name for d in data_folders(data_dirs)],
+    folders = data_folders(data_dirs)
+    card = dict(target=target_dir.name, data=[d.name for d in folders], sources=[data_source(d) for d in folders],
                 hidden_size=head.args.hidden_size, head_vocabulary=len(vocab_map), examples_train=len(train_set),
                 examples_held_out=len(held_out), tokens_train=sum(len(s["ids"]) for s in train_set),
                 tokens_held_out=final["tokens"], max_len=max_len, steps=state["step"], epochs=epochs, lr=lr,
@@ -252,7 +253,7 @@ def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None,
 
 def stage_of(card: dict) -> dict:
     """One training run's line in the model card (a head trained in stages lists each)."""
-    keys = ("steps", "epochs", "lr", "train_wall_s", "held_out_top1", "held_out_top1_by_depth")
+    keys = ("data", "steps", "epochs", "lr", "train_wall_s", "held_out_top1", "held_out_top1_by_depth")
     return dict({k: card.get(k) for k in keys}, unroll=card.get("unroll", 1))
 
 
@@ -262,8 +263,25 @@ def stage_line(stage: dict) -> str:
     depths = stage.get("held_out_top1_by_depth")
     reached = f"top-1 by depth {' / '.join(f'{t:.3f}' for t in depths)}" if depths else \
         f"top-1 {stage['held_out_top1']:.3f}"
-    return (f"  - {kind}: {stage['steps']} steps ({stage['epochs']} epochs, lr {stage['lr']}) in "
+    data = f" on {', '.join(f'`{d}`' for d in stage['data'])}" if stage.get("data") else ""
+    return (f"  - {kind}{data}: {stage['steps']} steps ({stage['epochs']} epochs, lr {stage['lr']}) in "
             f"{stage['train_wall_s'] / 60:.1f} min; held-out {reached}")
+
+
+SOURCE_TEXT = {  # `data --source` -> what such a folder holds, for the model card
+    "corpora": "prompts built from offline corpora (QA, multi-turn, translation, math, summarization, RAG) "
+               "with the target's own greedy answers",
+    "self-instruct": "user requests written by the target itself from its chat template, with the target's own "
+                     "greedy answers",
+    "reference": "prompts built from offline corpora with reference answers taken from the same corpora "
+                 "(Wikipedia extracts, worked solutions): off-policy text, nothing generated",
+}
+
+
+def data_line(card: dict) -> str:
+    """The card's sentence on this run's data: each folder and what it holds."""
+    sources = card.get("sources") or ["corpora"] * len(card["data"])
+    return "; ".join(f"`{d}`: {SOURCE_TEXT.get(s, s)}" for d, s in zip(card["data"], sources))
 
 
 def write_card(out: Path, card: dict):
@@ -286,10 +304,9 @@ CPU with `python -m mirror_sd.train eagle` (code: `mirror_sd/train/eagle.py`, mo
   parameters. The embedding and LM-head rows are borrowed from the target at load time.
 
 ## Data and licences
-- {c['examples_train']} training / {c['examples_held_out']} held-out examples of the project's distilled data
-  (`python -m mirror_sd.train data`; folders {', '.join(f'`{d}`' for d in c.get('data', []))}): prompts built
-  from offline corpora (QA, multi-turn, translation, math, summarization, RAG) or, with `--source self-instruct`,
-  user requests written by the target itself, and the target's own greedy answers. Sources and licences are in `docs/corpora.md`
+- This run: {c['examples_train']} training / {c['examples_held_out']} held-out examples built by
+  `python -m mirror_sd.train data` ({data_line(c)}). Earlier stages' folders are named in
+  Training below. Sources and licences are in `docs/corpora.md`
   (Wikipedia extracts CC BY-SA 4.0, chitchat-dataset MIT, chatterbot-corpus BSD, reasoning-gym Apache-2.0 /
   GSM8K MIT, this repository's templates). The target,
   SmolLM2-135M-Instruct, is Apache-2.0. The bench prompts (`mirror_sd/data/bench_prompts.jsonl`) are excluded
