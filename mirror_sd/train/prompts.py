@@ -29,7 +29,7 @@ import unicodedata
 from functools import cached_property
 from pathlib import Path
 from random import Random
-from typing import Iterator
+from typing import Callable, Iterator
 
 CATEGORIES = ("multi-turn", "translation", "summarization", "qa", "math", "rag")
 
@@ -624,45 +624,64 @@ class Builder:
 
 # ---------------------------------------------------------------------------------- build all
 
-def quotas(num_prompts: int) -> dict[str, int]:
-    base, extra = divmod(num_prompts, len(CATEGORIES))
-    return {c: base + (i < extra) for i, c in enumerate(CATEGORIES)}
+def collect(builder, categories, num_prompts: int, key_of: Callable[[str, list[str]], tuple],
+            bench_path: Path = BENCH_PATH, stats: dict | None = None,
+            checks: dict[str, Callable[[dict], bool]] | None = None) -> list[dict]:
+    """``num_prompts`` prompts from ``builder.stream(category)``, evenly over ``categories`` in order.
 
-
-def build_prompts(num_prompts: int, seed: int = 0, bench_path: Path = BENCH_PATH,
-                  stats: dict | None = None) -> list[dict]:
-    """``num_prompts`` prompts, evenly over CATEGORIES; deterministic for a given seed."""
-    builder = Builder(seed)
+    A drawn prompt is dropped (and counted in ``stats`` as ``dropped_<why>``) when its user turns are
+    too long (``MAX_CHARS``), when one of ``checks`` (why -> predicate) holds for it, when
+    ``key_of(category, user_turns)`` was kept before (duplicate), or when a user turn or answer shares
+    text with the bench prompts (bench_overlap). Deterministic for a given builder seed, and the
+    prompts for N are a prefix of those for a larger N per category.
+    """
+    checks = checks or {}
     bench = BenchFilter(bench_path)
-    out, seen = [], set()
     st = stats if stats is not None else {}
-    st.update(dropped_bench_overlap=0, dropped_duplicate=0, dropped_too_long=0)
-    for category, n in quotas(num_prompts).items():
-        stream = builder.stream(category)
-        made, tries = 0, 0
+    st.update({f"dropped_{why}": 0 for why in ("bench_overlap", "duplicate", "too_long", *checks)})
+    out, seen = [], set()
+
+    def why_dropped(p: dict, users: list[str], key: tuple) -> str | None:
+        if sum(len(u) for u in users) > MAX_CHARS:
+            return "too_long"
+        for why, check in checks.items():
+            if check(p):
+                return why
+        if key in seen:
+            return "duplicate"
+        if any(bench.overlaps(t) for t in users + p.get("answers", [])):
+            return "bench_overlap"
+        return None
+
+    base, extra = divmod(num_prompts, len(categories))
+    for i, category in enumerate(categories):
+        n, made, tries, stream = base + (i < extra), 0, 0, builder.stream(category)
         while made < n:
             tries += 1
             if tries > 50 * n + 1000:
                 raise RuntimeError(f"could not build {n} {category} prompts (made {made})")
             p = next(stream)
             users = [m["content"] for m in p["messages"] if m["role"] == "user"]
-            if sum(len(u) for u in users) > MAX_CHARS:
-                st["dropped_too_long"] += 1
-                continue
-            # multi-turn: one prompt per opener (they repeat with other follow-ups otherwise)
-            key = (category, normalise(users[0])) if category == "multi-turn" else (category, *map(normalise, users))
-            if key in seen:
-                st["dropped_duplicate"] += 1
-                continue
-            if any(bench.overlaps(u) for u in users):
-                st["dropped_bench_overlap"] += 1
+            key = key_of(category, users)
+            why = why_dropped(p, users, key)
+            if why:
+                st[f"dropped_{why}"] += 1
                 continue
             seen.add(key)
             made += 1
-            row = {"id": f"{category}-{made:06d}", "category": category}
-            row.update(p)
-            out.append(row)
+            out.append({"id": f"{category}-{made:06d}", "category": category, **p})
     return out
+
+
+def prompt_key(category: str, users: list[str]) -> tuple:
+    """Duplicates share a key. Multi-turn: one prompt per opener (they repeat with other follow-ups)."""
+    return (category, normalise(users[0])) if category == "multi-turn" else (category, *map(normalise, users))
+
+
+def build_prompts(num_prompts: int, seed: int = 0, bench_path: Path = BENCH_PATH,
+                  stats: dict | None = None) -> list[dict]:
+    """``num_prompts`` prompts, evenly over CATEGORIES; deterministic for a given seed."""
+    return collect(Builder(seed), CATEGORIES, num_prompts, prompt_key, bench_path, stats)
 
 
 def source_counts(prompts: list[dict]) -> dict:

@@ -148,38 +148,10 @@ class ReferenceBuilder:
 
 def build_reference_prompts(num_prompts: int, seed: int = 0, bench_path=P.BENCH_PATH,
                             stats: dict | None = None) -> list[dict]:
-    """``num_prompts`` prompts with reference answers, evenly over :data:`CATEGORIES`; deterministic."""
-    builder = ReferenceBuilder(seed)
-    bench = P.BenchFilter(bench_path)
-    st = stats if stats is not None else {}
-    st.update(dropped_bench_overlap=0, dropped_duplicate=0, dropped_too_long=0, dropped_short_answer=0)
-    out, seen = [], set()
-    for i, category in enumerate(CATEGORIES):
-        n = num_prompts // len(CATEGORIES) + (i < num_prompts % len(CATEGORIES))
-        stream, made, tries = builder.stream(category), 0, 0
-        while made < n:
-            tries += 1
-            if tries > 50 * n + 1000:
-                raise RuntimeError(f"could not build {n} {category} prompts with reference answers (made {made})")
-            p = next(stream)
-            users = [m["content"] for m in p["messages"] if m["role"] == "user"]
-            if sum(len(u) for u in users) > P.MAX_CHARS:
-                st["dropped_too_long"] += 1
-                continue
-            if any(P.word_count(a) < 5 for a in p["answers"]):
-                st["dropped_short_answer"] += 1
-                continue
-            key = (category, *map(P.normalise, users))
-            if key in seen:
-                st["dropped_duplicate"] += 1
-                continue
-            if any(bench.overlaps(t) for t in users + p["answers"]):
-                st["dropped_bench_overlap"] += 1
-                continue
-            seen.add(key)
-            made += 1
-            out.append({"id": f"{category}-{made:06d}", "category": category, **p})
-    return out
+    """``num_prompts`` prompts with reference answers, evenly over :data:`CATEGORIES`; deterministic.
+    Prompts whose answers are too short to teach anything (under 5 words) are dropped."""
+    return P.collect(ReferenceBuilder(seed), CATEGORIES, num_prompts, lambda c, users: (c, *map(P.normalise, users)),
+                     bench_path, stats, checks={"short_answer": lambda p: any(P.word_count(a) < 5 for a in p["answers"])})
 
 
 def reference_rows(prompts: list[dict], tokenizer, max_answer_tokens: int) -> list[dict]:
