@@ -18,8 +18,8 @@ SWEEPS = [("sd_gamma.csv", "gamma", "sd: gamma"), ("sd_streams.csv", "streams", 
           ("mirror_streams.csv", "streams", "mirror: streams" + OLD),
           ("mirror_kappa.csv", "kappa", "mirror: kappa (exit 22)" + OLD),
           ("mirror_exit_layer.csv", "exit_layer", "mirror: exit layer (kappa 8)" + OLD),
-          ("eagle_ttt_depth.csv", "depth", "eagle: depth (8 nodes)"),
-          ("eagle_ttt_depth4.csv", "total_tokens", "eagle: total tokens (depth 4)"),
+          ("eagle_stage5_depth.csv", "depth", "eagle: depth (8 nodes)"),
+          ("eagle_stage5_depth4.csv", "total_tokens", "eagle: total tokens (depth 4)"),
           ("ss_total_tokens.csv", "total_tokens", "ss: total tokens (top-k 4)")]
 
 
