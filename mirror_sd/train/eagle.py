@@ -287,6 +287,7 @@ def data_line(card: dict) -> str:
 def write_card(out: Path, card: dict):
     """README.md for the head folder: what it is, what it was trained on, what it reached."""
     c = card
+    earlier = " Earlier stages' folders are named in Training below." if len(c["stages"]) > 1 else ""
     text = f"""# EAGLE head for {c['target']}
 
 An EAGLE-1 style draft head for `method="eagle"` (EAGLE-2 dynamic trees), trained on this project's
@@ -305,8 +306,7 @@ CPU with `python -m mirror_sd.train eagle` (code: `mirror_sd/train/eagle.py`, mo
 
 ## Data and licences
 - This run: {c['examples_train']} training / {c['examples_held_out']} held-out examples built by
-  `python -m mirror_sd.train data` ({data_line(c)}). Earlier stages' folders are named in
-  Training below. Sources and licences are in `docs/corpora.md`
+  `python -m mirror_sd.train data` ({data_line(c)}).{earlier} Sources and licences are in `docs/corpora.md`
   (Wikipedia extracts CC BY-SA 4.0, chitchat-dataset MIT, chatterbot-corpus BSD, reasoning-gym Apache-2.0 /
   GSM8K MIT, this repository's templates). The target,
   SmolLM2-135M-Instruct, is Apache-2.0. The bench prompts (`mirror_sd/data/bench_prompts.jsonl`) are excluded
