@@ -163,7 +163,7 @@ def test_short_eagle_training_lowers_the_loss(tiny_dirs, tiny_pair, tmp_path):
     assert [stage["unroll"] for stage in card["stages"]] == [1, 2]  # the model card lists both stages
     assert [stage["data"] for stage in card["stages"]] == [["data"], ["data"]]  # ... with the data each read
     readme = (tmp_path / "ttt" / "README.md").read_text()
-    assert "`data`: prompts built from offline corpora" in readme and readme.count(" on `data`: ") == 2
+    assert "`data`: Prompts from offline corpora (`mirror_sd/train/prompts.py`), answers written by the target" in readme and readme.count(" on `data`: ") == 2
     assert sum(objective[-3:]) < sum(objective[:3])
 
 

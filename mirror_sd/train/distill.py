@@ -394,10 +394,12 @@ def _run_reference(args, out: Path, stats: dict) -> int:
     return 0
 
 
-ORIGIN = {  # --source -> the data README's first sentence
+ORIGIN = {  # --source -> what such a folder holds: the data README's first sentence, the EAGLE card's data line
     "corpora": "Prompts from offline corpora (`mirror_sd/train/prompts.py`), answers written by the target model itself",
     "self-instruct": "Prompts written by the target itself from its chat template (`mirror_sd/train/instruct.py`), "
                      "answers written by the target model itself",
+    "reference": "Off-policy data: prompts from offline corpora, each with a reference answer taken from the same "
+                 "corpus (`mirror_sd/train/reference.py`); no model wrote anything",
 }
 
 
@@ -438,12 +440,12 @@ def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, toke
     lines = [
         "# Distillation data for SmolLM2-135M-Instruct",
         "",
-        ORIGIN[args.source] + ": greedy (temperature 0), fp32, transformers model + KV cache with continuous "
-        "batching (token-identical to `generate(do_sample=False)`), "
-        f"at most {args.max_new_tokens} new tokens per turn, stop at `<|im_end|>`." if args.source in ORIGIN else
-        "Off-policy data: prompts from offline corpora, each with a reference answer taken from the same corpus "
-        "(`mirror_sd/train/reference.py`); no model wrote anything. Answers end with `<|im_end|>`, "
-        f"cut at {args.max_new_tokens} tokens. For the EAGLE head, which learns the target's features over any text.",
+        ORIGIN[args.source] + (
+            f". Answers end with `<|im_end|>`, cut at {args.max_new_tokens} tokens. For the EAGLE head, which "
+            "learns the target's features over any text." if args.source == "reference" else
+            ": greedy (temperature 0), fp32, transformers model + KV cache with continuous batching "
+            f"(token-identical to `generate(do_sample=False)`), at most {args.max_new_tokens} new tokens per turn, "
+            "stop at `<|im_end|>`."),
         "",
         "Built with:",
         "",

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from ..models.eagle import EagleHead, load_head, save_head
 from ..models.loading import embedded_model_dir, load_model, load_tokenizer
+from .distill import ORIGIN
 from .draft import IGNORE, build_vocab_map, data_folders, data_source, read_examples
 from .features import extract_features, features_dir, load_sequences
 from .loop import fit, run_evaluation
@@ -268,20 +269,9 @@ def stage_line(stage: dict) -> str:
             f"{stage['train_wall_s'] / 60:.1f} min; held-out {reached}")
 
 
-SOURCE_TEXT = {  # `data --source` -> what such a folder holds, for the model card
-    "corpora": "prompts built from offline corpora (QA, multi-turn, translation, math, summarization, RAG) "
-               "with the target's own greedy answers",
-    "self-instruct": "user requests written by the target itself from its chat template, with the target's own "
-                     "greedy answers",
-    "reference": "prompts built from offline corpora with reference answers taken from the same corpora "
-                 "(Wikipedia extracts, worked solutions): off-policy text, nothing generated",
-}
-
-
 def data_line(card: dict) -> str:
     """The card's sentence on this run's data: each folder and what it holds."""
-    sources = card.get("sources") or ["corpora"] * len(card["data"])
-    return "; ".join(f"`{d}`: {SOURCE_TEXT.get(s, s)}" for d, s in zip(card["data"], sources))
+    return "; ".join(f"`{d}`: {ORIGIN[s]}" for d, s in zip(card["data"], card["sources"]))
 
 
 def write_card(out: Path, card: dict):
