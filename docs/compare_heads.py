@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from mirror_sd import generate, load_pair
 from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts, run_prompt, summarise
+from mirror_sd.devices import single_threaded
 from mirror_sd.methods.eagle import attach_head
 from mirror_sd.models.eagle import EagleHead, load_head
 from mirror_sd.models.loading import embedded_model_dir
@@ -94,9 +95,10 @@ def main():
     args = parser.parse_args()
     torch.manual_seed(0)
     pair = load_pair()
-    heads = {str(folder): load_head(Path(folder), pair.target) for folder in args.heads}
-    heads.update({f"{name} ({count} rows)": with_rows(head, pair.target, count)
-                  for name, head in list(heads.items()) for count in args.rows})
+    with single_threaded():  # no OpenMP pool in this thread before the timed runs (mirror_sd/devices.py)
+        heads = {str(folder): load_head(Path(folder), pair.target) for folder in args.heads}
+        heads.update({f"{name} ({count} rows)": with_rows(head, pair.target, count)
+                      for name, head in list(heads.items()) for count in args.rows})
     prompts = first_per_category(read_prompts(DEFAULT_PROMPTS), args.per_category)
     rows = []
     for item in tqdm(prompts, desc="compare heads", unit="prompt"):

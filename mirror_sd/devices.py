@@ -1,9 +1,25 @@
-"""Device lanes: a torch device plus the one worker thread that runs work on it.
+"""Device lanes: a torch device plus the worker thread that runs work on it.
 
 Work submitted to two lanes runs at the same time: PyTorch releases the GIL inside its kernels, so
 two CPU lanes use two cores, and two CUDA lanes (or two streams of one GPU) overlap on the device.
+
 Every piece of work records a :class:`~mirror_sd.trace.Span` measured on one monotonic clock
 (``time.perf_counter``), after synchronising the device, so spans are real measurements.
+
+CPU lanes run on shared CPU workers, not on threads of their own. PyTorch's CPU kernels split work
+over an OpenMP thread team, and each OS thread that ever ran a team keeps its own pool of team
+threads. Once two threads hold pools of all the cores, the pools oversubscribe the cores and every
+parallel kernel pays for it. Measured on this project's 2-core machine, on a worker thread
+(``python docs/cpu_workers.py``): with a second pool in the process, a small product chain took
+184 us against 11, the ``ss`` streams' pass 21.5 ms against 9.4, its 5-token tree verify 37.4
+against 27.7, and vanilla's one-token step 33.2 against 32.3. So CPU lanes that work one after
+another (every method but Mirror-SD) share one worker thread, and model loading
+(:func:`on_cpu_worker`) runs there too. Lanes that work at the same time get one worker each and
+split the cores (one thread each on 2 cores: no team at all). The thread that drives a decode loop
+(the caller's) does its own small torch work (allocating caches, say) on one thread
+(:func:`single_threaded`), so it never starts a pool either. A caller thread that ran a
+multi-threaded kernel before (a script's own torch work) already holds a pool: decoding then runs
+at the slower speed above.
 
 Default placement (:func:`default_devices`):
 * no accelerator: both lanes on the CPU. Methods whose lanes run at the same time (Mirror-SD)
@@ -18,15 +34,54 @@ thread did not survive the fork, so the lane starts a new one there.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 
 from .errors import MirrorSDError
 
 ROLES = {"target": "GPU role", "draft": "NPU role"}
+
+
+_cpu_workers: dict[int, ThreadPoolExecutor] = {}  # slot -> worker thread, shared by CPU lanes
+_cpu_workers_lock = threading.Lock()
+_cpu_workers_pid = os.getpid()
+
+
+def cpu_worker(slot: int = 0) -> ThreadPoolExecutor:
+    """The shared CPU worker thread number ``slot`` (module docstring); started on first use, and
+    started afresh in a forked child, which has none of its parent's threads."""
+    global _cpu_workers_pid
+    with _cpu_workers_lock:
+        if _cpu_workers_pid != os.getpid():
+            _cpu_workers.clear()
+            _cpu_workers_pid = os.getpid()
+        if slot not in _cpu_workers:
+            _cpu_workers[slot] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cpu-worker-{slot}")
+        return _cpu_workers[slot]
+
+
+def on_cpu_worker(fn, *args, **kwargs):
+    """fn(*args, **kwargs) on CPU worker 0, for heavy CPU work outside lanes (loading models), so
+    that the caller's thread never starts an OpenMP pool of its own (module docstring)."""
+    if threading.current_thread().name.startswith("cpu-worker-0_"):
+        return fn(*args, **kwargs)
+    return cpu_worker(0).submit(fn, *args, **kwargs).result()
+
+
+@contextmanager
+def single_threaded():
+    """Torch work in this block runs on the calling thread alone, which then starts no OpenMP pool
+    (module docstring); the thread's own setting comes back afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def cpu_cores() -> int:
@@ -98,13 +153,11 @@ class Lane:
         self.devices = [device]  # every device the lane's model runs on (several when sharded)
         self.display_device = display or str(device)
         self.threads: int | None = None  # CPU threads while working; set by allot_cpu_threads
+        self.cpu_slot = 0  # which shared CPU worker runs a CPU lane's work; set by allot_cpu_threads
         self.trace = None  # the Trace that spans go to; set per generation
         self.stream = None
-        self._start_worker()
-
-    def _start_worker(self):
+        self._worker: ThreadPoolExecutor | None = None  # a non-CPU lane's own thread, started on first use
         self._pid = os.getpid()
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lane-{self.name}")
 
     @property
     def label(self) -> str:
@@ -114,9 +167,17 @@ class Lane:
     def submit(self, kind: str, fn, *args, label: str = "", step: int | None = None,
                tokens: int = 0, **kwargs) -> Future:
         """Run fn(*args, **kwargs) on this lane; the future gives its result (or its error)."""
-        if os.getpid() != self._pid:  # a forked child (a ZeroGPU call, say) has none of the parent's threads
-            self._start_worker()
-        return self._worker.submit(self._run, kind, label, step, tokens, fn, args, kwargs)
+        return self.worker.submit(self._run, kind, label, step, tokens, fn, args, kwargs)
+
+    @property
+    def worker(self) -> ThreadPoolExecutor:
+        """The thread that runs this lane's work: a shared CPU worker for a CPU lane, else its own."""
+        if self.device.type == "cpu":
+            return cpu_worker(self.cpu_slot)
+        if self._worker is None or os.getpid() != self._pid:  # a forked child (a ZeroGPU call, say)
+            self._pid = os.getpid()                            # has none of the parent's threads
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lane-{self.name}")
+        return self._worker
 
     def run(self, kind: str, fn, *args, **kwargs):
         """Submit and wait: for work that nothing else on the host can overlap with."""
@@ -146,7 +207,8 @@ class Lane:
             torch.mps.synchronize()
 
     def close(self):
-        self._worker.shutdown(wait=False)
+        if self._worker is not None:
+            self._worker.shutdown(wait=False)
 
 
 def make_lanes(target_device: str | None, draft_device: str | None) -> tuple[Lane, Lane]:
@@ -173,9 +235,11 @@ def shard_lane(lane: Lane, devices: list[torch.device]):
 
 
 def allot_cpu_threads(lanes: list[Lane], parallel: bool):
-    """Share the CPU cores: split between CPU lanes that work at the same time, else all to each."""
+    """Share the CPU cores: split between CPU lanes that work at the same time, each on a worker of
+    its own; else all cores to each, and one shared worker for all (module docstring)."""
     cpu_lanes = [lane for lane in lanes if lane.device.type == "cpu"]
     cores = cpu_cores()
     share = max(1, cores // len(cpu_lanes)) if parallel and cpu_lanes else cores
-    for lane in cpu_lanes:
+    for slot, lane in enumerate(cpu_lanes):
         lane.threads = share
+        lane.cpu_slot = slot if parallel else 0

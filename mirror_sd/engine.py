@@ -14,7 +14,7 @@ from typing import Iterator
 
 import torch
 
-from .devices import allot_cpu_threads
+from .devices import allot_cpu_threads, single_threaded
 from .errors import MirrorSDError
 from .methods import get_method
 from .models.pair import ModelPair
@@ -124,9 +124,10 @@ def stream(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 12
     if spec.needs_draft and pair.draft is None:
         raise MirrorSDError(f"method {method!r} needs a draft model: pass one (--draft, or load_pair(draft=...)); "
                             f"only the embedded target has a default draft")
-    if spec.check is not None:
-        spec.check(pair, opts)
-    prompt_ids = encode_prompt(pair, prompt, raw, max_new_tokens)
+    with single_threaded():  # this thread's own torch work (devices.py says why)
+        if spec.check is not None:
+            spec.check(pair, opts)
+        prompt_ids = encode_prompt(pair, prompt, raw, max_new_tokens)
     lanes = [pair.target_lane, pair.draft_lane] if spec.needs_draft else [pair.target_lane]
     meta = dict(pair.describe(), method=method, options=opts, max_new_tokens=max_new_tokens,
                 temperature=temperature, top_p=top_p, seed=seed, prompt_tokens=len(prompt_ids))
@@ -141,10 +142,12 @@ def stream(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 12
         start = time.perf_counter()
         error, finished = None, None
         try:
-            for _ in spec.decode(run, **opts):
+            steps = spec.decode(run, **opts)
+            while not run.done:
+                with single_threaded():  # the decode loop's own work here; the lanes' work on their workers
+                    if next(steps, None) is None:
+                        break
                 yield _output(run, spec.name, time.perf_counter() - start)
-                if run.done:
-                    break
         except GeneratorExit:  # the consumer stopped listening: a user's stop
             finished = "stopped"
             raise

@@ -2,13 +2,14 @@
 import json
 import os
 import select
+import threading
 import time
 
 import pytest
 import torch
 
 from mirror_sd import MirrorSDError, Trace, generate
-from mirror_sd.devices import Lane, allot_cpu_threads, resolve_device
+from mirror_sd.devices import Lane, allot_cpu_threads, cpu_cores, on_cpu_worker, resolve_device
 
 
 def _matmuls(n=60):
@@ -31,6 +32,36 @@ def test_two_lanes_overlap_in_time():
     assert a.duration > 0 and b.duration > 0
     overlap = min(a.end, b.end) - max(a.start, b.start)
     assert overlap > 0.5 * min(a.duration, b.duration), "work on two lanes should run at the same time"
+
+
+def test_cpu_lanes_share_a_worker_unless_they_work_at_the_same_time():
+    """Every OS thread that runs torch's multi-threaded kernels keeps an OpenMP pool, and two pools of
+    all the cores slow each other down (devices.py): serial CPU lanes share one thread."""
+    lanes = [Lane("target", torch.device("cpu"), "cpu:0"), Lane("draft", torch.device("cpu"), "cpu:1")]
+    allot_cpu_threads(lanes, parallel=False)
+    serial = [lane.run("where", threading.get_ident) for lane in lanes]
+    assert serial[0] == serial[1] != threading.get_ident()
+    assert on_cpu_worker(threading.get_ident) == serial[0]  # model loading runs there too
+    allot_cpu_threads(lanes, parallel=True)
+    parallel = [lane.run("where", threading.get_ident) for lane in lanes]
+    assert parallel[0] != parallel[1]
+    assert lanes[0].threads == lanes[1].threads == max(1, cpu_cores() // 2)
+
+
+def test_the_decoding_thread_runs_its_own_torch_work_on_one_thread(tiny_pair, monkeypatch):
+    """The caller's thread allocates caches and builds windows between lane calls: it must not start
+    an OpenMP pool of its own, and gets its thread setting back afterwards."""
+    seen = []
+    new_cache = type(tiny_pair.target).new_cache
+    def recording_new_cache(model, *args, **kwargs):
+        seen.append((threading.get_ident(), torch.get_num_threads()))
+        return new_cache(model, *args, **kwargs)
+    monkeypatch.setattr(type(tiny_pair.target), "new_cache", recording_new_cache)
+    before = torch.get_num_threads()
+    out = generate(tiny_pair, "t1 t2 t3", method="sd", max_new_tokens=6, raw=True, gamma=3)
+    assert out.error is None and len(out.token_ids) == 6
+    assert (threading.get_ident(), 1) in seen
+    assert torch.get_num_threads() == before
 
 
 def test_spans_are_measured_on_the_lane_clock():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..devices import Lane, default_dtype, make_lanes, shard_lane
+from ..devices import Lane, default_dtype, make_lanes, on_cpu_worker, shard_lane
 from ..errors import MirrorSDError
 from .llama import Transformer
 from .loading import EMBEDDED_NAME, load_model, load_tokenizer, resolve_model_dir
@@ -75,7 +75,12 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     devices: "cpu", "cuda[:N]", "mps", "npu"; None picks this machine's defaults (see devices.py).
     target_device may list several GPUs ("cuda:0,cuda:1") to shard a target too big for one
     (models/sharding.py); with None, a target too big for the first GPU is sharded over all of them.
+    Loading runs on the CPU lanes' shared worker thread (devices.on_cpu_worker says why).
     """
+    return on_cpu_worker(_load_pair, target, draft, target_device, draft_device, dtype)
+
+
+def _load_pair(target, draft, target_device, draft_device, dtype) -> ModelPair:
     target_lane, draft_lane = make_lanes(target_device, draft_device)
     target_dir = resolve_model_dir(target)
     target_model, target_config = _load_target(target_dir, target_lane, dtype, may_shard=target_device is None)
