@@ -1,9 +1,10 @@
 """Time one pass over SmolLM2-135M-sized fp32 weights (30 layers of linears and the LM head) with
 PyTorch's F.linear and with oneDNN's prepacked product (what mirror_sd.models.linear uses for more
 than one row, and for the LM head), for the row counts decoding uses. With --forward: the embedded
-target's whole forward for windows of 1-25 tokens after a 150-token prefix, on a worker thread as
-on a lane, window lengths interleaved (medians), and the one-token forward with every product
-prepacked instead of only the LM head.
+target's whole forward for windows of 1-25 tokens after a 150-token prefix, on the CPU lanes'
+shared worker thread (the only thread that runs torch work here, as in decoding: see
+mirror_sd/devices.py), window lengths interleaved (medians), and the one-token forward with every
+product prepacked instead of only the LM head.
 
     python docs/linear_kernels.py
     python docs/linear_kernels.py --forward
@@ -11,7 +12,6 @@ prepacked instead of only the LM head.
 import statistics
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mirror_sd.models.linear as linear_module  # noqa: E402
+from mirror_sd.devices import on_cpu_worker  # noqa: E402
 from mirror_sd.models.linear import prepacked_weight  # noqa: E402
 
 LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # q k v o gate up down
@@ -50,9 +51,14 @@ def forward(windows=(1, 5, 9, 17, 25), rounds: int = 6, per_round: int = 6):
 
     target = load_pair(draft=None).target
     ids = torch.randint(0, 1000, (1, 150 + max(windows)))
-    cache = target.new_cache(ids.shape[1])
-    with torch.inference_mode():
-        target(ids[:, :150], cache)
+
+    def prefill():
+        cache = target.new_cache(ids.shape[1])
+        with torch.inference_mode():
+            target(ids[:, :150], cache)
+        return cache
+
+    cache = on_cpu_worker(prefill)
 
     def timed(T: int) -> list[float]:
         with torch.inference_mode():
@@ -64,14 +70,13 @@ def forward(windows=(1, 5, 9, 17, 25), rounds: int = 6, per_round: int = 6):
                 out.append((time.perf_counter() - start) * 1000)
         return out
 
-    lane = ThreadPoolExecutor(max_workers=1)
     cases = [(T, "default") for T in windows] + [(1, "all prepacked")]
     times: dict = {case: [] for case in cases}
     default_threshold = linear_module.ONE_ROW_PACKED_FROM
     for _ in range(rounds):
         for T, policy in cases:
             linear_module.ONE_ROW_PACKED_FROM = default_threshold if policy == "default" else 0
-            times[(T, policy)] += lane.submit(timed, T).result()
+            times[(T, policy)] += on_cpu_worker(timed, T)
     linear_module.ONE_ROW_PACKED_FROM = default_threshold
     one = statistics.median(times[(1, "default")])
     print("window  policy         ms (median)  x one-token forward")

@@ -15,7 +15,8 @@ parallel kernel pays for it. Measured on this project's 2-core machine, on a wor
 against 27.7, and vanilla's one-token step 33.2 against 32.3. So CPU lanes that work one after
 another (every method but Mirror-SD) share one worker thread, and model loading
 (:func:`on_cpu_worker`) runs there too. Lanes that work at the same time get one worker each and
-split the cores (one thread each on 2 cores: no team at all). The thread that drives a decode loop
+split the cores (one thread each on 2 cores: no team at all); work that one of them runs while the
+other waits (``submit(..., alone=True)``) may use every core on worker 0. The thread that drives a decode loop
 (the caller's) does its own small torch work (allocating caches, say) on one thread
 (:func:`single_threaded`), so it never starts a pool either. A caller thread that ran a
 multi-threaded kernel before (a script's own torch work) already holds a pool: decoding then runs
@@ -153,6 +154,7 @@ class Lane:
         self.devices = [device]  # every device the lane's model runs on (several when sharded)
         self.display_device = display or str(device)
         self.threads: int | None = None  # CPU threads while working; set by allot_cpu_threads
+        self.alone_threads: int | None = None  # CPU threads for work no other lane runs beside (``alone``)
         self.cpu_slot = 0  # which shared CPU worker runs a CPU lane's work; set by allot_cpu_threads
         self.trace = None  # the Trace that spans go to; set per generation
         self.stream = None
@@ -165,9 +167,12 @@ class Lane:
         return f"{self.name}, {self.role}, {self.display_device}"
 
     def submit(self, kind: str, fn, *args, label: str = "", step: int | None = None,
-               tokens: int = 0, **kwargs) -> Future:
-        """Run fn(*args, **kwargs) on this lane; the future gives its result (or its error)."""
-        return self.worker.submit(self._run, kind, label, step, tokens, fn, args, kwargs)
+               tokens: int = 0, alone: bool = False, **kwargs) -> Future:
+        """Run fn(*args, **kwargs) on this lane; the future gives its result (or its error).
+
+        alone: the caller promises that no other lane works meanwhile, so a CPU lane may use the
+        cores it otherwise shares (``alone_threads``)."""
+        return self.worker.submit(self._run, kind, label, step, tokens, alone, fn, args, kwargs)
 
     @property
     def worker(self) -> ThreadPoolExecutor:
@@ -183,9 +188,10 @@ class Lane:
         """Submit and wait: for work that nothing else on the host can overlap with."""
         return self.submit(kind, fn, *args, **kwargs).result()
 
-    def _run(self, kind, label, step, tokens, fn, args, kwargs):
-        if self.device.type == "cpu" and self.threads:
-            torch.set_num_threads(self.threads)  # per worker thread
+    def _run(self, kind, label, step, tokens, alone, fn, args, kwargs):
+        threads = self.alone_threads if alone else self.threads
+        if self.device.type == "cpu" and threads:
+            torch.set_num_threads(threads)  # per worker thread
         stream = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
         start = time.perf_counter()
         try:
@@ -243,3 +249,6 @@ def allot_cpu_threads(lanes: list[Lane], parallel: bool):
     for slot, lane in enumerate(cpu_lanes):
         lane.threads = share
         lane.cpu_slot = slot if parallel else 0
+        # Work a lane runs alone may take every core, but only on worker 0, whose pool is already
+        # that size: a second worker with such a pool would slow both (module docstring).
+        lane.alone_threads = cores if lane.cpu_slot == 0 else share

@@ -46,6 +46,10 @@ def test_cpu_lanes_share_a_worker_unless_they_work_at_the_same_time():
     parallel = [lane.run("where", threading.get_ident) for lane in lanes]
     assert parallel[0] != parallel[1]
     assert lanes[0].threads == lanes[1].threads == max(1, cpu_cores() // 2)
+    # work one lane runs while the other waits may use every core, on worker 0 only
+    assert lanes[0].run("alone", torch.get_num_threads, alone=True) == cpu_cores()
+    assert lanes[1].run("alone", torch.get_num_threads, alone=True) == lanes[1].threads
+    assert lanes[0].run("shared", torch.get_num_threads) == lanes[0].threads
 
 
 def test_the_decoding_thread_runs_its_own_torch_work_on_one_thread(tiny_pair, monkeypatch):

@@ -212,7 +212,8 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
             draft_cache.rollback(min(draft_cache.length, n - 1))
         hidden, win, top_ids, top_logp, window_logp = pair.target_lane.run(
             "target-prefix", token_channel, run, target_cache, [run.sequence[-1], *window], exit_layer, kappa,
-            label=f"layers 1-{exit_layer} + early exit, {gamma + 1} tokens", step=step, tokens=gamma + 1)
+            label=f"layers 1-{exit_layer} + early exit, {gamma + 1} tokens", step=step, tokens=gamma + 1,
+            alone=True)  # the draft lane waits for the token channel: the prefix may use its cores too
         branches = choose_branches(window, top_ids, top_logp, window_logp, branch_budget)
         suffix = pair.target_lane.submit("target-suffix", target_suffix, run, target_cache, hidden, win, exit_layer,
                                          label=f"layers {exit_layer + 1}-{pair.target.num_layers}, {gamma + 1} tokens",
