@@ -1,10 +1,11 @@
 """Time one pass over SmolLM2-135M-sized fp32 weights (30 layers of linears and the LM head) with
-PyTorch's F.linear and with oneDNN's prepacked product (what mirror_sd.models.linear uses for more
-than one row, and for the LM head), for the row counts decoding uses. With --forward: the embedded
+PyTorch's F.linear and with oneDNN's prepacked product (what mirror_sd.models.linear uses at
+inference), for the row counts decoding uses. With --forward: the embedded
 target's whole forward for windows of 1-25 tokens after a 150-token prefix, on the CPU lanes'
 shared worker thread (the only thread that runs torch work here, as in decoding: see
-mirror_sd/devices.py), window lengths interleaved (medians), and the one-token forward with every
-product prepacked instead of only the LM head.
+mirror_sd/devices.py), window lengths interleaved (medians), and the one-token forward with
+``F.linear`` for one-row products with matrices under 4M elements, every one but the LM head
+(what models/linear.py did before).
 
     python docs/linear_kernels.py
     python docs/linear_kernels.py --forward
@@ -70,15 +71,18 @@ def forward(windows=(1, 5, 9, 17, 25), rounds: int = 6, per_round: int = 6):
                 out.append((time.perf_counter() - start) * 1000)
         return out
 
-    cases = [(T, "default") for T in windows] + [(1, "all prepacked")]
+    cases = [(T, "prepacked") for T in windows] + [(1, "F.linear")]
     times: dict = {case: [] for case in cases}
-    default_threshold = linear_module.ONE_ROW_PACKED_FROM
+    prepacked_policy = linear_module.uses_prepacked
+    def one_row_plain(x, weight, bias=None):  # the policy before: one row through F.linear but the LM head's
+        return prepacked_policy(x, weight, bias) and (x.numel() > x.shape[-1] or weight.numel() >= 1 << 22)
+
     for _ in range(rounds):
         for T, policy in cases:
-            linear_module.ONE_ROW_PACKED_FROM = default_threshold if policy == "default" else 0
+            linear_module.uses_prepacked = prepacked_policy if policy == "prepacked" else one_row_plain
             times[(T, policy)] += on_cpu_worker(timed, T)
-    linear_module.ONE_ROW_PACKED_FROM = default_threshold
-    one = statistics.median(times[(1, "default")])
+    linear_module.uses_prepacked = prepacked_policy
+    one = statistics.median(times[(1, "prepacked")])
     print("window  policy         ms (median)  x one-token forward")
     for (T, policy), values in times.items():
         ms = statistics.median(values)

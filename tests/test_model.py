@@ -104,10 +104,12 @@ def test_prepacked_linear_matches_f_linear(rows):
         assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-5)
 
 
-def test_one_row_is_prepacked_only_for_big_matrices():
+def test_inference_products_are_prepacked_even_for_one_row_and_training_ones_are_not():
+    weight = torch.randn(1536, 576, requires_grad=True)  # a decoder-layer weight
     with torch.no_grad():
-        assert not uses_prepacked(torch.randn(1, 1, 576), torch.randn(1536, 576))  # a decoder-layer weight
-        assert uses_prepacked(torch.randn(1, 1, 576), torch.randn(49152, 576))  # an LM head
+        assert uses_prepacked(torch.randn(1, 1, 576), weight)  # one token: vanilla's every product
+        assert uses_prepacked(torch.randn(1, 5, 576), weight)  # a draft window
+    assert not uses_prepacked(torch.randn(1, 5, 576), weight)  # gradients needed: plain F.linear
 
 
 def test_prepacked_linear_trains_like_nn_linear():

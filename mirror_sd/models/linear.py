@@ -11,12 +11,12 @@ layers of linears plus its LM head, ms per pass; ``python docs/linear_kernels.py
     F.linear    47   77  101   63   75   74
     prepacked   31   38   38   49   43   52
 
-For a single row and a small matrix (every decoder-layer weight) oneDNN's call overhead eats its
-gain: the embedded target's one-token forward took 1.07x as long with every product prepacked
-(``python docs/linear_kernels.py --forward``), and vanilla decoding ran at 13.0 tokens/s that way
-against 15.2 with ``F.linear`` there (median of 3 runs, 3 prompts, 40 tokens, one process). So one
-row goes through ``F.linear`` unless the matrix is at least ``ONE_ROW_PACKED_FROM`` elements (the
-LM head, 113 MB in fp32, which prepacked reads in half the time): each call takes the faster path.
+Every product goes through the prepacked weight at inference, one row included: the embedded
+target's one-token forward took 22.2 ms that way against 29.9 ms with ``F.linear`` for one-row
+products (``python docs/linear_kernels.py --forward``, on the CPU lanes' worker as in decoding).
+An earlier measurement had found the opposite (1.07x as long with every product prepacked); it was
+taken while a second OpenMP pool slowed every kernel (see mirror_sd/devices.py), so one-row
+products then took ``F.linear``, and vanilla decoding with them.
 
 The prepacked copy is made on first use and remade if the weight changes in place (an optimiser
 step bumps the tensor's version), so training, which needs gradients, and state dicts see a plain
@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from torch import nn
 
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-ONE_ROW_PACKED_FROM = 1 << 22  # weight elements; SmolLM2-135M: layer weights <= 0.9M, LM head 28M
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -43,9 +42,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def uses_prepacked(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether :func:`linear` takes oneDNN's prepacked path for these operands (module docstring)."""
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    rows = x.numel() // max(x.shape[-1], 1)
     return (ONEDNN and not needs_grad and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
-            and rows > 0 and (rows > 1 or weight.numel() >= ONE_ROW_PACKED_FROM))
+            and x.numel() > 0)
 
 
 def prepacked_weight(weight: torch.Tensor) -> torch.Tensor:
