@@ -11,8 +11,8 @@ over an OpenMP thread team, and each OS thread that ever ran a team keeps its ow
 threads. Once two threads hold pools of all the cores, the pools oversubscribe the cores and every
 parallel kernel pays for it. Measured on this project's 2-core machine, on a worker thread
 (``python docs/cpu_workers.py``): with a second pool in the process, a small product chain took
-184 us against 11, the ``ss`` streams' pass 21.5 ms against 9.4, its 5-token tree verify 37.4
-against 27.7, and vanilla's one-token step 33.2 against 32.3. So CPU lanes that work one after
+161 us against 9, the ``ss`` streams' pass 20.9 ms against 9.2, its 5-token tree verify 36.6
+against 27.1, and vanilla's one-token step 30.5 against 22.0. So CPU lanes that work one after
 another (every method but Mirror-SD) share one worker thread, and model loading
 (:func:`on_cpu_worker`) runs there too. Lanes that work at the same time get one worker each and
 split the cores (one thread each on 2 cores: no team at all); work that one of them runs while the

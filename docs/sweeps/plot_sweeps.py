@@ -11,16 +11,18 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = Path(__file__).parent
-OLD = " [F.linear]"  # measured before models/linear.py (prepacked linears); the others after it
-SWEEPS = [("sd_gamma.csv", "gamma", "sd: gamma"), ("sd_streams.csv", "streams", "sd: streams" + OLD),
-          ("mirror_gamma.csv", "gamma", "mirror: gamma"),
+OLD = " [F.linear]"  # measured before models/linear.py (prepacked linears)
+BEFORE = " [before fixes]"  # measured before the shared CPU workers and prepacked one-row products
+WORKERS = " [workers only]"  # with the shared CPU workers, before prepacked one-row products
+SWEEPS = [("sd_gamma_prepacked.csv", "gamma", "sd: gamma"), ("sd_streams.csv", "streams", "sd: streams" + OLD),
+          ("mirror_gamma.csv", "gamma", "mirror: gamma" + BEFORE),
           ("mirror_branch_budget.csv", "branch_budget", "mirror: branch budget" + OLD),
           ("mirror_streams.csv", "streams", "mirror: streams" + OLD),
           ("mirror_kappa.csv", "kappa", "mirror: kappa (exit 22)" + OLD),
           ("mirror_exit_layer.csv", "exit_layer", "mirror: exit layer (kappa 8)" + OLD),
-          ("eagle_stage5_depth.csv", "depth", "eagle: depth (8 nodes)"),
-          ("eagle_stage5_depth4.csv", "total_tokens", "eagle: total tokens (depth 4)"),
-          ("ss_total_tokens.csv", "total_tokens", "ss: total tokens (top-k 4)")]
+          ("eagle_workers_depth.csv", "depth", "eagle: depth (8 nodes)" + WORKERS),
+          ("eagle_total_tokens_depth3.csv", "total_tokens", "eagle: total tokens (depth 3)"),
+          ("ss_total_tokens_top2_prepacked.csv", "total_tokens", "ss: total tokens (top-k 2)")]
 
 
 def main():
@@ -39,8 +41,9 @@ def main():
         twin.plot(table[option], table["mean_accepted"], "s--", color="tab:green", label="mean accepted (τ)")
         twin.set_ylim(1, max(2.0, table["mean_accepted"].max() * 1.1))
     axes.flat[0].legend(loc="lower left", fontsize=8)
-    fig.suptitle("Measured sweeps on 2 CPU cores (speedup: left axis, τ: right axis, dashed; [F.linear]: measured before "
-                 "the prepacked linears of models/linear.py)", fontsize=11)
+    fig.suptitle("Measured sweeps on 2 CPU cores (speedup: left axis, τ: right axis, dashed; [F.linear]: before the "
+                 "prepacked linears; [before fixes] / [workers only]: before the shared CPU workers / before prepacked "
+                 "one-row products; see README)", fontsize=10)
     fig.tight_layout()
     fig.savefig(HERE / "sweeps.png", dpi=90)
 

@@ -63,7 +63,7 @@ def get_method(name: str) -> Method:
     return METHODS[name]
 
 
-SD_GAMMA = Option("gamma", 2, 1, 32, "draft tokens per step (window length); 2: best in docs/sweeps/sd_gamma.csv")
+SD_GAMMA = Option("gamma", 2, 1, 32, "draft tokens per step (window length); 2: docs/sweeps/sd_gamma_prepacked.csv")
 SS_GAMMA = Option("gamma", 4, 1, 32, "stream levels in the draft (at most the trained streams, 4 for the shipped ones)")
 KAPPA = Option("kappa", 2, 1, 64, "early-exit candidates per window position (token channel width); "
                                    "2: best in docs/sweeps/mirror_kappa.csv")
