@@ -12,10 +12,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = Path(__file__).parent
 OLD = " [F.linear]"  # measured before models/linear.py (prepacked linears)
-BEFORE = " [before fixes]"  # measured before the shared CPU workers and prepacked one-row products
 WORKERS = " [workers only]"  # with the shared CPU workers, before prepacked one-row products
 SWEEPS = [("sd_gamma_prepacked.csv", "gamma", "sd: gamma"), ("sd_streams.csv", "streams", "sd: streams" + OLD),
-          ("mirror_gamma.csv", "gamma", "mirror: gamma" + BEFORE),
+          ("mirror_gamma_prepacked.csv", "gamma", "mirror: gamma"),
           ("mirror_branch_budget.csv", "branch_budget", "mirror: branch budget" + OLD),
           ("mirror_streams.csv", "streams", "mirror: streams" + OLD),
           ("mirror_kappa.csv", "kappa", "mirror: kappa (exit 22)" + OLD),
@@ -42,7 +41,7 @@ def main():
         twin.set_ylim(1, max(2.0, table["mean_accepted"].max() * 1.1))
     axes.flat[0].legend(loc="lower left", fontsize=8)
     fig.suptitle("Measured sweeps on 2 CPU cores (speedup: left axis, τ: right axis, dashed; [F.linear]: before the "
-                 "prepacked linears; [before fixes] / [workers only]: before the shared CPU workers / before prepacked "
+                 "prepacked linears; [workers only]: with the shared CPU workers, before prepacked "
                  "one-row products; see README)", fontsize=10)
     fig.tight_layout()
     fig.savefig(HERE / "sweeps.png", dpi=90)

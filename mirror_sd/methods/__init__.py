@@ -82,7 +82,7 @@ STREAMS = Option("streams", 0, 0, 1, "1: the draft proposes each window (each br
                  "trained speculative streams; 0: token by token")
 BRANCH_BUDGET = Option("branch_budget", 16, 1, 256, "branches the draft rolls out per step; 16: best in "
                        "docs/sweeps/mirror_branch_budget.csv")
-MIRROR_GAMMA = Option("gamma", 2, 1, 32, "draft tokens per step (window length); 2: best in docs/sweeps/mirror_gamma.csv")
+MIRROR_GAMMA = Option("gamma", 2, 1, 32, "draft tokens per step (window length); 2: docs/sweeps/mirror_gamma_prepacked.csv")
 
 
 def _check_exit_layer(pair, options):
