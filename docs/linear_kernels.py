@@ -5,7 +5,8 @@ target's whole forward for windows of 1-25 tokens after a 150-token prefix, on t
 shared worker thread (the only thread that runs torch work here, as in decoding: see
 mirror_sd/devices.py), window lengths interleaved (medians), and the one-token forward with
 ``F.linear`` for one-row products with matrices under 4M elements, every one but the LM head
-(what models/linear.py did before).
+(what models/linear.py did before), and windows of 1 and 3 tokens on one core instead of all
+(as Mirror-SD's target lane runs beside its draft lane).
 
     python docs/linear_kernels.py
     python docs/linear_kernels.py --forward
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mirror_sd.models.linear as linear_module  # noqa: E402
-from mirror_sd.devices import on_cpu_worker  # noqa: E402
+from mirror_sd.devices import cpu_cores, on_cpu_worker  # noqa: E402
 from mirror_sd.models.linear import prepacked_weight  # noqa: E402
 
 LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # q k v o gate up down
@@ -47,7 +48,7 @@ def main(rows=(1, 2, 3, 5, 9, 16), repeats: int = 5):
         print(f"{n:4d}  {times[0]:8.1f}  {times[1]:9.1f}")
 
 
-def forward(windows=(1, 5, 9, 17, 25), rounds: int = 6, per_round: int = 6):
+def forward(windows=(1, 3, 5, 9, 17, 25), rounds: int = 6, per_round: int = 6):
     from mirror_sd import load_pair
 
     target = load_pair(draft=None).target
@@ -61,7 +62,8 @@ def forward(windows=(1, 5, 9, 17, 25), rounds: int = 6, per_round: int = 6):
 
     cache = on_cpu_worker(prefill)
 
-    def timed(T: int) -> list[float]:
+    def timed(T: int, threads: int) -> list[float]:
+        torch.set_num_threads(threads)
         with torch.inference_mode():
             target(ids[:, 150:150 + T], cache, commit=False)  # warm up (and pack)
             out = []
@@ -71,7 +73,7 @@ def forward(windows=(1, 5, 9, 17, 25), rounds: int = 6, per_round: int = 6):
                 out.append((time.perf_counter() - start) * 1000)
         return out
 
-    cases = [(T, "prepacked") for T in windows] + [(1, "F.linear")]
+    cases = [(T, "prepacked") for T in windows] + [(1, "F.linear"), (1, "one core"), (3, "one core")]
     times: dict = {case: [] for case in cases}
     prepacked_policy = linear_module.uses_prepacked
     def one_row_plain(x, weight, bias=None):  # the policy before: one row through F.linear but the LM head's
@@ -79,8 +81,8 @@ def forward(windows=(1, 5, 9, 17, 25), rounds: int = 6, per_round: int = 6):
 
     for _ in range(rounds):
         for T, policy in cases:
-            linear_module.uses_prepacked = prepacked_policy if policy == "prepacked" else one_row_plain
-            times[(T, policy)] += on_cpu_worker(timed, T)
+            linear_module.uses_prepacked = one_row_plain if policy == "F.linear" else prepacked_policy
+            times[(T, policy)] += on_cpu_worker(timed, T, 1 if policy == "one core" else cpu_cores())
     linear_module.uses_prepacked = prepacked_policy
     one = statistics.median(times[(1, "prepacked")])
     print("window  policy         ms (median)  x one-token forward")

@@ -12,7 +12,7 @@ layers of linears plus its LM head, ms per pass; ``python docs/linear_kernels.py
     prepacked   31   38   38   49   43   52
 
 Every product goes through the prepacked weight at inference, one row included: the embedded
-target's one-token forward took 22.2 ms that way against 29.9 ms with ``F.linear`` for one-row
+target's one-token forward took 22.7 ms that way against 31.2 ms with ``F.linear`` for one-row
 products (``python docs/linear_kernels.py --forward``, on the CPU lanes' worker as in decoding).
 An earlier measurement had found the opposite (1.07x as long with every product prepacked); it was
 taken while a second OpenMP pool slowed every kernel (see mirror_sd/devices.py), so one-row
