@@ -68,6 +68,17 @@ def test_the_decoding_thread_runs_its_own_torch_work_on_one_thread(tiny_pair, mo
     assert torch.get_num_threads() == before
 
 
+def test_the_consumers_time_between_steps_is_not_decoding_time(tiny_pair):
+    """An app redraws after every step while the stream waits: that time is not the method's."""
+    from mirror_sd import stream
+    pause, steps = 0.05, 0
+    for out in stream(tiny_pair, "t1 t2 t3", method="vanilla", max_new_tokens=6, raw=True):
+        steps += 1
+        time.sleep(pause)
+    assert steps >= 6 and out.finished == "length"
+    assert 0 < out.metrics["wall_s"] < pause * steps / 2
+
+
 def test_spans_are_measured_on_the_lane_clock():
     trace = Trace("test")
     lane = Lane("target", torch.device("cpu"))
