@@ -29,9 +29,11 @@ import torch
 sys.path.insert(0, ROOT)
 second_pool, what = sys.argv[1] == "1", sys.argv[2]
 
+from mirror_sd.devices import cpu_cores
+
 def chain():
     x, a, b = torch.randn(4, 576), torch.randn(16, 576), torch.randn(1536, 16)
-    torch.set_num_threads(len(__import__("os").sched_getaffinity(0)))
+    torch.set_num_threads(cpu_cores())
     with torch.inference_mode():
         for _ in range(200):
             (x @ a.T) @ b.T

@@ -15,10 +15,10 @@ parallel kernel pays for it. Measured on this project's 2-core machine, on a wor
 against 27.1, and vanilla's one-token step 30.5 against 22.0. So CPU lanes that work one after
 another (every method but Mirror-SD) share one worker thread, and model loading
 (:func:`on_cpu_worker`) runs there too. Lanes that work at the same time get one worker each and
-split the cores (one thread each on 2 cores: no team at all); work that one of them runs while the
-other waits (``submit(..., alone=True)``) may use every core on worker 0. The thread that drives a decode loop
-(the caller's) does its own small torch work (allocating caches, say) on one thread
-(:func:`single_threaded`), so it never starts a pool either. A caller thread that ran a
+split the cores (one thread each on 2 cores: no team at all); work that one of them runs while
+the other waits (``submit(..., alone=True)``) may use every core on worker 0. The thread that
+drives a decode loop (the caller's) does its own small torch work (allocating caches, say) on one
+thread (:func:`single_threaded`), so it never starts a pool either. A caller thread that ran a
 multi-threaded kernel before (a script's own torch work) already holds a pool: decoding then runs
 at the slower speed above.
 
