@@ -24,7 +24,7 @@ def explain(trace: Trace, index: int, pieces: dict) -> str:
         return f"Step 0{took}: the target read {prompt} and produced its first token {', '.join(words)}."
     if not step.proposed:
         return f"Step {index}{took}: the target produced {', '.join(words) or 'nothing'} on its own, one forward pass."
-    return f"Step {index}{took}: " + _verdict(step, pieces) + _mirror(step, pieces)
+    return f"Step {index}{took}: " + _verdict(step, pieces) + _copied(step) + _mirror(step, pieces)
 
 
 def _verdict(step, pieces: dict) -> str:
@@ -36,6 +36,17 @@ def _verdict(step, pieces: dict) -> str:
     if last == "correction":
         return f"the target accepted {a} of {n} draft tokens; its correction was {token}."
     return f"the target accepted {a} of {n} draft tokens and the run ended here."
+
+
+def _copied(step) -> str:
+    """Context lookup detail (eagle, ss): how many tree nodes were copied from the context, and used."""
+    tree = (step.extras or {}).get("tree") or {}
+    copied = set(tree.get("copied") or [])
+    if not copied:
+        return ""
+    used = sum(1 for i in tree.get("path") or [] if i in copied)
+    return (f" {len(copied)} of the draft tokens were copied from the context (not drafted by a model); "
+            f"{used} of them {'was' if used == 1 else 'were'} accepted.")
 
 
 def _mirror(step, pieces: dict) -> str:

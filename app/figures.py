@@ -164,6 +164,7 @@ NODE_STYLES = {  # tree node kind -> (colour, size)
     "used": ("#7c3aed", 14),
     "target token, no branch": ("#ef4444", 14),
     "draft node": ("#60a5fa", 11),
+    "copied from context": ("#2dd4bf", 11),
 }
 
 

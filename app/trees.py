@@ -6,16 +6,18 @@ Two shapes are understood, so new methods need no app change:
   chain, the early-exit candidates hanging off each window position, the branches the draft lane
   rolled out, and the one used at the rendezvous (a hit) or the target's token that no branch
   foresaw (a miss: fallback).
-* Any draft tree (``tokens`` and ``parents``, parent -1 or None for a root; optional ``scores``
-  and ``accepted_path``, the node indices the target accepted), as EAGLE-style methods record.
+* Any draft tree (``tokens`` and ``parents``, parent -1 or None for a root; optional ``scores``,
+  ``path``, the node indices the target accepted, and ``copied``, the nodes copied from the
+  context), as EAGLE-style methods record.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 # Node kinds, from the step's point of view (figures.NODE_STYLES gives each a colour and a legend name).
-ROOT, ACCEPTED, REJECTED, CANDIDATE, ROLLED, USED, TARGET_MISS, NODE = (
-    "root", "accepted", "rejected", "candidate", "rolled out", "used", "target token, no branch", "draft node")
+ROOT, ACCEPTED, REJECTED, CANDIDATE, ROLLED, USED, TARGET_MISS, NODE, COPIED = (
+    "root", "accepted", "rejected", "candidate", "rolled out", "used", "target token, no branch", "draft node",
+    "copied from context")
 
 
 @dataclass
@@ -66,12 +68,15 @@ def mirror_tree(step) -> list[Node]:
 
 
 def draft_tree(tree: dict) -> list[Node]:
-    """A drafted tree: node tokens, parents (-1 for children of the root), scores, accepted path."""
-    path = set(tree.get("path") or [])
+    """A drafted tree: node tokens, parents (-1 for children of the root), scores, accepted path,
+    nodes copied from the context."""
+    path, copied = set(tree.get("path") or []), set(tree.get("copied") or [])
     scores = tree.get("scores") or []
     nodes = [Node(None, None, ROOT, "committed prefix")]
     for i, (token, parent) in enumerate(zip(tree["tokens"], tree["parents"])):
-        note = f"node {i}" + (f", score {scores[i]:.3g}" if i < len(scores) else "")
-        kind = ACCEPTED if i in path else NODE
+        score = scores[i] if i < len(scores) else None
+        note = f"node {i}" + (", copied from the context" if i in copied else "") + \
+            (f", score {score:.3g}" if score is not None else "")
+        kind = ACCEPTED if i in path else COPIED if i in copied else NODE
         nodes.append(Node(int(token), 0 if parent is None or parent < 0 else int(parent) + 1, kind, note))
     return nodes

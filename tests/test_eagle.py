@@ -78,22 +78,26 @@ def test_kv_keep_moves_a_non_contiguous_tree_path_into_place(tiny_eagle):
         assert torch.allclose(a, b, atol=1e-4)
 
 
-@pytest.mark.parametrize("depth,top_k,total_tokens", [(3, 4, 10), (5, 8, 30), (1, 1, 1)])
-def test_eagle_equals_vanilla_on_a_tiny_target(tiny_eagle, depth, top_k, total_tokens):
-    origins = set()
+@pytest.mark.parametrize("depth,top_k,total_tokens,lookup", [(3, 4, 10, 0), (5, 8, 30, 0), (1, 1, 1, 0), (2, 2, 3, 6)])
+def test_eagle_equals_vanilla_on_a_tiny_target(tiny_eagle, depth, top_k, total_tokens, lookup):
+    origins, copied_accepted = set(), 0
     for prompt in ["t1 t2 t3", "t9", "t4 t4 t4 t4", "t15 t0 t7"]:
         expected = generate(tiny_eagle, prompt, method="vanilla", max_new_tokens=24, raw=True).token_ids
         out = generate(tiny_eagle, prompt, method="eagle", max_new_tokens=24, raw=True, depth=depth, top_k=top_k,
-                       total_tokens=total_tokens)
+                       total_tokens=total_tokens, lookup=lookup)
         assert out.error is None and out.token_ids == expected
         for step in out.trace.steps[1:]:
             tree = step.extras["tree"]
-            assert len(tree["tokens"]) <= total_tokens and max(tree["depths"]) <= depth
+            drafted = [i for i in range(len(tree["tokens"])) if i not in tree["copied"]]
+            assert len(drafted) <= total_tokens and max(tree["depths"][i] for i in drafted) <= depth
+            assert len(tree["copied"]) <= lookup
             assert step.committed[:step.accepted] == [tree["tokens"][i] for i in tree["path"]]
+            copied_accepted += sum(i in tree["copied"] for i in tree["path"])
         origins |= {o for s in out.trace.steps for o in s.origins}
         assert {s.kind for s in out.trace.spans} == {"prefill", "draft", "verify"}
         assert len({s.lane for s in out.trace.spans}) == 1  # everything on the target's lane
     assert {"accepted", "correction"} <= origins
+    assert (copied_accepted > 0) == (lookup > 0)  # copied tokens were verified and some accepted
 
 
 def test_eagle_samples_the_target_distribution(tiny_dirs, tiny_eagle):

@@ -114,22 +114,24 @@ def test_stream_tree_takes_each_streams_top_k_under_the_best_nodes():
     assert (flat.tokens, flat.parents, flat.depths) == ([0, 0], [-1, 0], [1, 2])  # top_k 1: a chain
 
 
-@pytest.mark.parametrize("top_k,total_tokens", [(1, 4), (3, 8)])
-def test_ss_equals_vanilla_on_tiny_prompts(ss_pair, top_k, total_tokens):
+@pytest.mark.parametrize("top_k,total_tokens,lookup", [(1, 4, 0), (3, 8, 0), (2, 4, 6)])
+def test_ss_equals_vanilla_on_tiny_prompts(ss_pair, top_k, total_tokens, lookup):
     gen = torch.Generator().manual_seed(1)
-    accepted, off_chain = 0, 0
+    accepted, off_chain, copied_accepted = 0, 0, 0
     for _ in range(20):
         prompt = " ".join(f"t{int(t)}" for t in torch.randint(0, 16, (5,), generator=gen))
         vanilla = generate(ss_pair, prompt, method="vanilla", max_new_tokens=24, raw=True)
         ss = generate(ss_pair, prompt, method="ss", max_new_tokens=24, raw=True, gamma=3, top_k=top_k,
-                      total_tokens=total_tokens)
+                      total_tokens=total_tokens, lookup=lookup)
         assert ss.token_ids == vanilla.token_ids
         accepted += sum(step.accepted for step in ss.trace.steps)
-        paths = [step.extras["tree"]["path"] for step in ss.trace.steps[1:]]
-        off_chain += sum(path != list(range(len(path))) for path in paths)  # kept entries moved in the cache
+        trees = [step.extras["tree"] for step in ss.trace.steps[1:]]
+        off_chain += sum(t["path"] != list(range(len(t["path"]))) for t in trees)  # kept entries moved in the cache
+        copied_accepted += sum(i in t["copied"] for t in trees for i in t["path"])
     assert accepted > 20  # the streams' drafts were really used, not all rejected
     if top_k > 1:
         assert off_chain > 0  # paths through later siblings were accepted, so KVCache.keep really moved entries
+    assert (copied_accepted > 0) == (lookup > 0)  # copied tokens were verified and some accepted
 
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])

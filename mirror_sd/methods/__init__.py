@@ -78,6 +78,9 @@ SS_TOP_K = Option("top_k", 2, 1, 16, "candidates per stream in the draft tree (1
                   "argmaxes); 2 with total_tokens 4: fastest in docs/sweeps/ss_tree.csv")
 SS_TOTAL_TOKENS = Option("total_tokens", 4, 1, 64, "draft tree nodes the target verifies in one forward "
                          "(greedy only; T > 0 verifies a chain of gamma tokens)")
+LOOKUP = Option("lookup", 8, 0, 64, "tokens copied from the context into the draft tree as one more branch "
+                "(prompt lookup, methods/lookup.py; 0: off; greedy only); 8: docs/sweeps/eagle_lookup.csv, "
+                "ss_lookup.csv")
 STREAMS = Option("streams", 0, 0, 1, "1: the draft proposes each window (each branch) in one forward with its "
                  "trained speculative streams; 0: token by token")
 BRANCH_BUDGET = Option("branch_budget", 16, 1, 256, "branches the draft rolls out per step; 16: best in "
@@ -126,10 +129,10 @@ register(Method("sd", "Speculative decoding", "a draft model proposes gamma toke
                 sd.decode, needs_draft=True, parallel_lanes=False, options=(SD_GAMMA, STREAMS), check=sd.check_streams))
 register(Method("ss", "Speculative Streaming", "the target drafts for itself: trained streams on its top layers "
                 "propose the next gamma tokens while its main stream verifies", ss.decode, needs_draft=False,
-                parallel_lanes=False, options=(SS_GAMMA, SS_TOP_K, SS_TOTAL_TOKENS), check=_check_streams))
+                parallel_lanes=False, options=(SS_GAMMA, SS_TOP_K, SS_TOTAL_TOKENS, LOOKUP), check=_check_streams))
 register(Method("mirror", "Mirror-SD", "the target's early exit steers branch rollouts on the draft lane, "
                 "which run while the target finishes its layers", mirror.decode, needs_draft=True,
                 parallel_lanes=True, options=(MIRROR_GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, STREAMS), check=_check_mirror))
 register(Method("eagle", "EAGLE-2", "a feature-level head on the target's lane drafts a dynamic tree; "
                 "the target verifies the whole tree in one forward", eagle.decode, needs_draft=False,
-                parallel_lanes=False, options=(DEPTH, TOP_K, TOTAL_TOKENS), check=_check_eagle))
+                parallel_lanes=False, options=(DEPTH, TOP_K, TOTAL_TOKENS, LOOKUP), check=_check_eagle))

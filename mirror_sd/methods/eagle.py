@@ -11,7 +11,8 @@ One step:
    node seeing the committed positions and its ancestors (tree mask, depth position ids), and every
    frontier node gets its top_k children. Score = product of draft probabilities along the path
    (sum of log-probs). The best ``total_tokens`` nodes are kept; a child never outscores its parent
-   and ties go to the earlier node, so the kept set is a tree.
+   and ties go to the earlier node, so the kept set is a tree. With ``lookup`` > 0, up to that many
+   tokens copied from the context (``lookup.py``) join the tree as one more branch from the root.
 2. Verify (target lane, span kind "verify"). ONE target forward over [x_{n-1}, tree nodes] with the
    tree mask (each node sees the prefix, its ancestors and itself) and positions n-1 + depth. Then
    ``tree.accept`` (greedy: ``verify.walk_tree_greedy``) follows the children that match the
@@ -38,7 +39,8 @@ from ..errors import MirrorSDError
 from ..models.eagle import EMBEDDED_HEAD, EagleHead, load_head
 from ..models.loading import EMBEDDED_NAME
 from ..trace import Step
-from .tree import Tree, accept, best_subtree, sampled_chain, tree_mask, tree_positions
+from .lookup import copy_from_context
+from .tree import Tree, accept, best_subtree, graft, sampled_chain, tree_mask, tree_positions
 
 # The head's matmuls are tiny (at most top_k rows): on a CPU, one thread beats two, whose
 # synchronisation costs more than the work (measured: 48 vs 960 ms per depth-5 tree on 2 busy cores).
@@ -140,7 +142,7 @@ def draft_chain(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, 
     return sampled_chain(tokens, torch.stack(q))
 
 
-def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_tokens: int) -> Tree:
+def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_tokens: int, lookup: int) -> Tree:
     """Feed the pending (feature, token) pairs, then draft; the head's cache ends at n - 1 slots."""
     n = len(run.sequence)
     feats, ids = pending
@@ -150,7 +152,8 @@ def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_to
     try:
         last = head_step(head, cache, feats, ids)[-1]  # f^_{n-1} [d]
         if run.draft_sampler.greedy:
-            tree = draft_tree(head, cache, last, n, depth, top_k, total_tokens)
+            tree = graft(draft_tree(head, cache, last, n, depth, top_k, total_tokens),
+                         copy_from_context(run.sequence, lookup))
         else:
             tree = draft_chain(head, cache, last, n, depth, run.draft_sampler, run.pair.target.args.vocab_size)
     finally:
@@ -187,20 +190,21 @@ def verify_tree(run, cache, tree: Tree):
     return path, token, feats[[0] + [i + 1 for i in path]]
 
 
-def decode(run, depth: int, top_k: int, total_tokens: int):
+def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
     pair = run.pair
     target, lane, head = pair.target, pair.target_lane, head_for(pair)
-    cache = target.new_cache(run.cache_slots + total_tokens)
+    cache = target.new_cache(run.cache_slots + total_tokens + lookup)
     head_cache = head.new_cache(run.cache_slots + total_tokens + depth * top_k)
     P = len(run.prompt_ids)
     feats, token = lane.run("prefill", prefill, run, cache, label=f"prefill {P} tokens", step=0, tokens=P)
     yield run.commit(Step(0, [token], ["target"]))
     pending = (feats, run.prompt_ids[1:] + [token])  # f_0 .. f_{P-1} with x_1 .. x_P
-    size = depth if not run.draft_sampler.greedy else total_tokens
+    greedy = run.draft_sampler.greedy
+    size = f"{total_tokens} tokens" + (f" + up to {lookup} copied" if lookup else "") if greedy else f"{depth} tokens"
     while not run.done:
         step = run.next_step
-        tree = lane.run("draft", draft, run, head, head_cache, pending, depth, top_k, total_tokens,
-                        label=f"draft tree of {size} tokens, depth {depth}", step=step, tokens=len(pending[1]))
+        tree = lane.run("draft", draft, run, head, head_cache, pending, depth, top_k, total_tokens, lookup,
+                        label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]))
         path, token, feats = lane.run("verify", verify_tree, run, cache, tree, label=f"verify {len(tree.tokens) + 1} tokens",
                                       step=step, tokens=len(tree.tokens) + 1)
         committed, origins = tree.committed(path, token)

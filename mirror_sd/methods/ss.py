@@ -36,7 +36,8 @@ import torch
 from ..sampling import to_target_vocab
 from ..models.streams import split_forward, target_streams
 from ..trace import Step
-from .tree import Tree, accept, best_subtree, sampled_chain, tree_mask, tree_positions
+from .lookup import copy_from_context
+from .tree import Tree, accept, best_subtree, graft, sampled_chain, tree_mask, tree_positions
 
 
 def stream_tree(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> Tree:
@@ -58,15 +59,17 @@ def stream_tree(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> Tr
     return best_subtree(tokens, parents, depths, scores, total_tokens)
 
 
-def draft_from_streams(run, streams, cache, h0_row, gamma: int, top_k: int, total_tokens: int) -> Tree:
+def draft_from_streams(run, streams, cache, h0_row, gamma: int, top_k: int, total_tokens: int, lookup: int) -> Tree:
     """The next draft from the streams of one main row h0_row [1, 1, d] whose token sits in the
-    cache's last slot: a tree at temperature 0, else a chain of gamma tokens sampled from the streams."""
+    cache's last slot: a tree at temperature 0 (with up to ``lookup`` tokens copied from the context
+    as one more branch), else a chain of gamma tokens sampled from the streams."""
     at = torch.tensor([[cache.length - 1]], device=h0_row.device)  # [1, 1]
     next_ids = torch.tensor([[run.sequence[-1]]], device=h0_row.device)  # [1, 1]: the step's correction/bonus
     logits = streams(run.pair.target, cache, h0_row, at, next_ids=next_ids)[0, 0, :gamma]  # [gamma, head rows]
     sampler = run.draft_sampler
     if sampler.greedy:
-        return stream_tree(torch.log_softmax(logits, -1).cpu(), streams.to_target_ids, top_k, total_tokens)
+        tree = stream_tree(torch.log_softmax(logits, -1).cpu(), streams.to_target_ids, top_k, total_tokens)
+        return graft(tree, copy_from_context(run.sequence, lookup))
     q = sampler.probs(to_target_vocab(logits, streams.vocab_map, run.pair.target.args.vocab_size))  # [gamma, V]
     return sampled_chain([sampler.sample(q_j) for q_j in q], q)
 
@@ -84,9 +87,9 @@ def verify_tree(run, streams, cache, tree: Tree):
     return path, token, h0[:, last:last + 1]
 
 
-def prefill(run, streams, total_tokens: int):
+def prefill(run, streams, window: int):
     target, lane = run.pair.target, run.pair.target_lane
-    cache = target.new_cache(run.cache_slots + total_tokens)
+    cache = target.new_cache(run.cache_slots + window)
     ids = torch.tensor([run.prompt_ids], device=target.device)  # [1, P]
     n = ids.shape[1]
     logits, h0 = lane.run("prefill", split_forward, target, ids, cache, streams.first_layer,
@@ -97,15 +100,16 @@ def prefill(run, streams, total_tokens: int):
     return cache, h0[:, -1:], record
 
 
-def decode(run, gamma: int, top_k: int, total_tokens: int):
+def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int):
     lane = run.pair.target_lane
     streams = target_streams(run.pair)
-    cache, h0_row, first = prefill(run, streams, total_tokens)
+    cache, h0_row, first = prefill(run, streams, total_tokens + lookup)
     yield first
     while not run.done:
         step = run.next_step
-        tree = lane.run("draft", draft_from_streams, run, streams, cache, h0_row, gamma, top_k, total_tokens,
-                        label=f"streams: draft {gamma} levels", step=step, tokens=gamma)
+        tree = lane.run("draft", draft_from_streams, run, streams, cache, h0_row, gamma, top_k, total_tokens, lookup,
+                        label=f"streams: draft {gamma} levels" + (f" + up to {lookup} copied" if lookup else ""),
+                        step=step, tokens=gamma)
         path, token, h0_row = lane.run("verify", verify_tree, run, streams, cache, tree,
                                        label=f"verify {len(tree.tokens) + 1} tokens", step=step,
                                        tokens=len(tree.tokens) + 1)

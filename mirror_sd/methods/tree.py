@@ -6,7 +6,7 @@ window index i + 1. Parents come before their children.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,8 +21,9 @@ class Tree:
     tokens: list[int]  # target token ids
     parents: list[int]  # index of the parent node; -1 for the root (the last committed token)
     depths: list[int]  # 1 for children of the root
-    scores: list[float]  # sum of draft log-probs along the path
+    scores: list[float | None]  # sum of draft log-probs along the path (None: copied from the context)
     q: torch.Tensor | None = None  # [nodes, V] draft distributions (sampled chains only)
+    copied: list[int] = field(default_factory=list)  # nodes copied from the context (methods/lookup.py)
 
     def children(self) -> dict[int, list[int]]:
         kids: dict[int, list[int]] = {}
@@ -38,7 +39,8 @@ class Tree:
 
     def record(self, path: list[int]) -> dict:
         """What a step record keeps of the tree (the app draws it): nodes and the accepted path."""
-        return dict(tokens=self.tokens, parents=self.parents, depths=self.depths, scores=self.scores, path=path)
+        return dict(tokens=self.tokens, parents=self.parents, depths=self.depths, scores=self.scores, path=path,
+                    copied=self.copied)
 
 
 def sampled_chain(tokens: list[int], q: torch.Tensor) -> Tree:
@@ -70,6 +72,27 @@ def best_subtree(tokens: list[int], parents: list[int], depths: list[int], score
     index = {old: new for new, old in enumerate(keep)}
     return Tree([tokens[i] for i in keep], [index[parents[i]] if parents[i] >= 0 else -1 for i in keep],
                 [depths[i] for i in keep], [round(scores[i], 4) for i in keep])
+
+
+def graft(tree: Tree, chain: list[int]) -> Tree:
+    """``tree`` with ``chain`` as a path from the root: where the chain follows the tree's own nodes
+    they are reused, and the rest of it becomes new nodes (appended, so parents still come first,
+    and listed in ``copied``). A greedy tree only: a sampled chain keeps its law (``q``) unmixed."""
+    assert tree.q is None, "graft onto greedy trees only"
+    tokens, parents, depths, scores = list(tree.tokens), list(tree.parents), list(tree.depths), list(tree.scores)
+    kids, node, copied = tree.children(), -1, list(tree.copied)
+    for depth, token in enumerate(chain, start=1):
+        same = [k for k in kids.get(node, []) if tokens[k] == token]
+        if same:
+            node = same[0]
+            continue
+        tokens.append(token)
+        parents.append(node)
+        depths.append(depth)
+        scores.append(None)
+        node = len(tokens) - 1
+        copied.append(node)
+    return Tree(tokens, parents, depths, scores, copied=copied)
 
 
 def tree_mask(parents: list[int]) -> torch.Tensor:

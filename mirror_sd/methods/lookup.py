@@ -1,0 +1,28 @@
+"""Context lookup (prompt lookup decoding, Saxena 2023): draft tokens copied from the context.
+
+Answers often repeat what the context already holds: a name or a sentence from the prompt's
+passage, a phrase of an earlier turn, a pattern of their own. So find the latest earlier place
+where the sequence's last n tokens occur (n = 3, else 2) and propose the tokens that followed it.
+It costs no model work, only a scan of the token ids. The tree methods (eagle, ss) graft the
+copied tokens onto their draft tree as one more branch (``tree.graft``), and the target verifies
+them with the rest, so decoding stays lossless: a copied token is committed only where it equals
+the target's own choice.
+"""
+from __future__ import annotations
+
+NGRAM_SIZES = (3, 2)  # longest first; single tokens match too often by chance to be worth a verify row
+
+
+def copy_from_context(sequence: list[int], max_tokens: int) -> list[int]:
+    """Up to ``max_tokens`` tokens that followed the latest earlier occurrence of the sequence's last
+    n tokens (n from NGRAM_SIZES, longest first); [] when there is none or max_tokens is 0."""
+    if max_tokens < 1:
+        return []
+    for n in NGRAM_SIZES:
+        if len(sequence) <= n:
+            continue
+        tail = sequence[-n:]
+        for start in range(len(sequence) - n - 1, -1, -1):  # latest first; the tail itself excluded
+            if sequence[start] == tail[0] and sequence[start:start + n] == tail:
+                return sequence[start + n:start + n + max_tokens]
+    return []

@@ -1,0 +1,60 @@
+"""Context lookup (methods/lookup.py) and grafting its copy onto a draft tree (tree.graft)."""
+import torch
+
+from mirror_sd.methods.lookup import copy_from_context
+from mirror_sd.methods.tree import Tree, graft, tree_mask, tree_positions
+
+
+def test_copy_takes_what_followed_the_latest_longest_match():
+    seq = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    # the last 3 tokens (5 2 3) never occurred before; the last 2 (2 3) did, latest at index 6
+    assert copy_from_context(seq, 4) == [7, 8, 5, 2]
+    assert copy_from_context(seq + [7], 3) == [8, 5, 2]  # 2 3 7 occurred: the 3-gram wins
+    assert copy_from_context(seq, 1) == [7]
+    assert copy_from_context(seq, 0) == []
+    assert copy_from_context([4, 5, 6, 7], 3) == []  # nothing repeats
+    assert copy_from_context([1, 2], 3) == []  # too short for any n-gram with something after it
+    assert copy_from_context([5, 5, 5, 5], 3) == [5]  # a repeat copies up to the sequence's end
+
+
+def test_graft_reuses_the_trees_nodes_and_appends_the_rest():
+    # root -> 10, 11;  10 -> 20
+    tree = Tree([10, 11, 20], [-1, -1, 0], [1, 1, 2], [-0.1, -1.0, -0.5])
+    grafted = graft(tree, [10, 20, 30, 40])  # follows 10 -> 20, then two new nodes
+    assert grafted.tokens == [10, 11, 20, 30, 40]
+    assert grafted.parents == [-1, -1, 0, 2, 3]
+    assert grafted.depths == [1, 1, 2, 3, 4]
+    assert grafted.copied == [3, 4] and grafted.scores[3:] == [None, None]
+    assert tree.tokens == [10, 11, 20]  # the original is untouched
+
+    fresh = graft(tree, [12, 13])  # no shared prefix: a new branch from the root
+    assert fresh.parents[3:] == [-1, 3] and fresh.depths[3:] == [1, 2] and fresh.copied == [3, 4]
+    assert graft(tree, [11]).tokens == tree.tokens and graft(tree, []).copied == []  # nothing new
+
+    # the verify window sees the copied branch as a tree: node 40 attends to root, 10, 20, 30 and itself
+    mask = tree_mask(grafted.parents)
+    assert mask[5].tolist() == [True, True, False, True, True, True]
+    assert tree_positions(grafted.depths, 7).tolist() == [[7, 8, 8, 9, 10, 11]]
+    assert grafted.children() == {-1: [0, 1], 0: [2], 2: [3], 3: [4]}
+    assert grafted.record([0, 2, 3])["copied"] == [3, 4]
+
+
+def test_the_app_draws_and_explains_copied_nodes():
+    from app import figures
+    from app.explain import explain
+    from app.trees import ACCEPTED, COPIED, step_tree
+    from mirror_sd.trace import Step, Trace
+
+    tree = graft(Tree([10, 11], [-1, -1], [1, 1], [-0.1, -1.0]), [10, 12, 13])
+    step = Step(1, [10, 12, 5], ["accepted", "accepted", "correction"], proposed=tree.tokens, accepted=2,
+                extras=dict(tree=tree.record([0, 2])))
+    kinds = [n.kind for n in step_tree(step)]
+    assert kinds == ["root", ACCEPTED, "draft node", ACCEPTED, COPIED]
+    fig = figures.tree(step, {t: f"t{t}" for t in range(16)})
+    assert COPIED in {d.name for d in fig.data}
+    trace = Trace("eagle", {})
+    trace.add_step(Step(0, [10], ["target"]))
+    trace.add_step(step)
+    assert "2 of the draft tokens were copied from the context" in explain(trace, 1, {})
+    assert "1 of them was accepted" in explain(trace, 1, {})
+    assert torch.equal(tree_mask(tree.parents)[4], torch.tensor([True, True, False, True, True]))
