@@ -2,12 +2,13 @@
 
     python docs/compare_heads.py HEAD_DIR [HEAD_DIR ...] [--per-category 2] [--max-new-tokens 64]
                                  [--data ~/.cache/mirror-sd/distill [~/.cache/mirror-sd/instruct]]
-                                 [--rows 16384 49152]
+                                 [--rows 16384 49152] [--lookup 8]
 
 A head folder is what ``python -m mirror_sd.train eagle`` writes (the shipped one:
 mirror_sd/assets/eagle-smollm2-135m). Prints, per head:
 - tau, tokens/s and the speedup over vanilla on the same prompts in the same run
-  (``bench.summarise``), every run checked against vanilla;
+  (``bench.summarise``), every run checked against vanilla; eagle runs with ``--lookup`` tokens
+  copied from the context (default 0: the head alone, which is what the comparison is about);
 - its top-1 agreement with the target by draft depth on the vanilla answers to those prompts (first
   turn; answer positions only), and how many of those answer tokens lie outside its rows; the same
   per bench category; and the target's own mean top-1 probability on those answers (how predictable
@@ -92,6 +93,7 @@ def main():
                         help="also run each head with this many LM-head rows (its own rows, then the lowest "
                              "other target ids; the target's vocabulary size: all rows)")
     parser.add_argument("--out", default="compare-heads.csv", help="per-prompt results (CSV)")
+    parser.add_argument("--lookup", type=int, default=0, help="tokens copied from the context into each tree (0: the head alone)")
     args = parser.parse_args()
     torch.manual_seed(0)
     pair = load_pair()
@@ -106,7 +108,7 @@ def main():
         rows.append(dict(vanilla, equal_to_vanilla=True))
         for name, head in heads.items():
             attach_head(pair, head)
-            row = run_prompt(pair, item, "eagle", args.max_new_tokens)
+            row = run_prompt(pair, item, "eagle", args.max_new_tokens, lookup=args.lookup)
             rows.append(dict(row, method=f"eagle {name}", equal_to_vanilla=row["token_ids"] == vanilla["token_ids"]))
     results = pd.DataFrame(rows).drop(columns="token_ids")
     results.to_csv(args.out, index=False)
