@@ -42,9 +42,6 @@ from ..trace import Step
 from .lookup import copy_from_context
 from .tree import Tree, accept, best_subtree, graft, sampled_chain, tree_mask, tree_positions
 
-# The head's matmuls are tiny (at most top_k rows): on a CPU, one thread beats two, whose
-# synchronisation costs more than the work (measured: 48 vs 960 ms per depth-5 tree on 2 busy cores).
-DRAFT_CPU_THREADS = 1
 HEADS: "WeakKeyDictionary" = WeakKeyDictionary()  # target Transformer -> its EagleHead
 
 
@@ -146,18 +143,11 @@ def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_to
     """Feed the pending (feature, token) pairs, then draft; the head's cache ends at n - 1 slots."""
     n = len(run.sequence)
     feats, ids = pending
-    threads = torch.get_num_threads()
-    if head.device.type == "cpu":
-        torch.set_num_threads(DRAFT_CPU_THREADS)
-    try:
-        last = head_step(head, cache, feats, ids)[-1]  # f^_{n-1} [d]
-        if run.draft_sampler.greedy:
-            tree = graft(draft_tree(head, cache, last, n, depth, top_k, total_tokens),
-                         copy_from_context(run.sequence, lookup))
-        else:
-            tree = draft_chain(head, cache, last, n, depth, run.draft_sampler, run.pair.target.args.vocab_size)
-    finally:
-        torch.set_num_threads(threads)
+    last = head_step(head, cache, feats, ids)[-1]  # f^_{n-1} [d]
+    if run.draft_sampler.greedy:
+        tree = graft(draft_tree(head, cache, last, n, depth, top_k, total_tokens), copy_from_context(run.sequence, lookup))
+    else:
+        tree = draft_chain(head, cache, last, n, depth, run.draft_sampler, run.pair.target.args.vocab_size)
     cache.rollback(n - 1)
     return tree
 
