@@ -55,6 +55,7 @@ def _mirror(step, pieces: dict) -> str:
     if "hit" not in extras:
         return ""
     opening = " This window came from a fallback draft." if extras.get("fallback") else \
+        " This window was copied from the context (no draft work)." if extras.get("copied") else \
         " This window was a branch drafted during the previous step."
     if extras["hit"]:
         return opening + (" The outcome was among the early-exit candidates and its branch was rolled out, "
@@ -64,4 +65,4 @@ def _mirror(step, pieces: dict) -> str:
     at = candidates[step.accepted] if step.accepted < len(candidates) else []
     why = "was among the early-exit candidates but its branch was not rolled out" if token in at else \
         f"{piece(pieces, token)!r} was not among the early-exit candidates"
-    return opening + f" The outcome {why}, so the next window must be drafted afresh (miss)."
+    return opening + f" The outcome {why}, so the next window is copied from the context or drafted afresh (miss)."

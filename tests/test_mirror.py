@@ -7,22 +7,23 @@ from mirror_sd.devices import cpu_cores
 
 
 def test_mirror_equals_vanilla_on_varied_prompts(embedded_pair, equality_prompts, vanilla_reference):
-    hits = fallbacks = 0
+    hits = fallbacks = copies = 0
     for i, (prompt, expected) in enumerate(zip(equality_prompts, vanilla_reference)):
         out = generate(embedded_pair, prompt, method="mirror", max_new_tokens=EQUALITY_TOKENS, gamma=3, kappa=4,
                        branch_budget=4, streams=i % 2)  # every other prompt: rollouts from the draft's streams
         assert out.error is None
         assert out.token_ids == expected, f"mirror differs from vanilla on {prompt[:60]!r}"
         hits += sum(s.extras["hit"] for s in out.trace.steps if s.index > 0)
+        copies += sum(s.extras["copied"] for s in out.trace.steps if s.index > 0)
         fallbacks += out.metrics["fallbacks"]
-    assert hits > 0 and fallbacks > 0  # both paths ran
+    assert hits > 0 and fallbacks > 0 and copies > 0  # every path ran: hit, fallback draft, copied window
 
 
 def test_hit_and_miss_paths(tiny_pair):
     """On a hit the next window is the used branch's continuation with no fresh draft; on a miss
     the next step starts with a fallback draft on the draft lane."""
     out = generate(tiny_pair, "t1 t2 t3", method="mirror", max_new_tokens=40, raw=True, gamma=3, kappa=2,
-                   branch_budget=3)
+                   branch_budget=3, lookup=0)
     expected = generate(tiny_pair, "t1 t2 t3", method="vanilla", max_new_tokens=40, raw=True).token_ids
     assert out.token_ids == expected
     steps = [s for s in out.trace.steps if s.index > 0]
@@ -40,6 +41,34 @@ def test_hit_and_miss_paths(tiny_pair):
     assert seen == {"hit", "miss"}
     m = out.metrics
     assert 0 < m["hit_rate"] < 1 and m["fallbacks"] >= 1 and m["rendezvous_ms"] > 0
+
+
+def test_a_miss_copies_the_next_window_from_the_context_when_it_can(tiny_pair):
+    """With lookup, a miss is followed by a window copied from the context (no fallback draft)
+    whenever the context holds a continuation of the last tokens, else by a fallback draft."""
+    from app.explain import explain
+    from mirror_sd.methods.lookup import copy_from_context
+
+    prompt = "t1 t2 t3"  # the tiny target soon repeats itself: copies to make; kappa 1 leaves misses to copy after
+    out = generate(tiny_pair, prompt, method="mirror", max_new_tokens=40, raw=True, gamma=2, kappa=1,
+                   branch_budget=1, lookup=5)
+    assert out.token_ids == generate(tiny_pair, prompt, method="vanilla", max_new_tokens=40, raw=True).token_ids
+    fallback_steps = {s.step for s in out.trace.spans if s.kind == "fallback-draft"}
+    sequence = tiny_pair.encode(prompt, raw=True) + out.trace.steps[0].committed
+    steps = [s for s in out.trace.steps if s.index > 0]
+    copied_accepted = 0
+    for before, after in zip(steps, steps[1:]):
+        sequence = sequence + before.committed
+        if before.extras["hit"]:
+            continue
+        copy = copy_from_context(sequence, 5)
+        assert after.extras["copied"] == bool(copy) and after.extras["fallback"] == (not copy)
+        assert (after.index in fallback_steps) == (not copy)
+        if copy:
+            assert after.proposed == copy
+            assert "copied from the context (no draft work)" in explain(out.trace, after.index, {})  # the app says so
+            copied_accepted += after.accepted
+    assert copied_accepted > 0
 
 
 def test_rollout_overlaps_target_suffix_in_time(embedded_pair):

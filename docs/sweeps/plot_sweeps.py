@@ -23,11 +23,13 @@ SWEEPS = [("sd_gamma_prepacked.csv", "gamma", "sd: gamma"), ("sd_streams.csv", "
           ("eagle_total_tokens_depth3.csv", "total_tokens", "eagle: total tokens (depth 3)"),
           ("ss_total_tokens_top2_prepacked.csv", "total_tokens", "ss: total tokens (top-k 2)"),
           ("eagle_lookup.csv", "lookup", "eagle: tokens copied from context"),
-          ("ss_lookup.csv", "lookup", "ss: tokens copied from context")]
+          ("ss_lookup.csv", "lookup", "ss: tokens copied from context"),
+          ("mirror_lookup.csv", "lookup", "mirror: copied window after a miss"),
+          ("mirror_gamma_lookup.csv", "gamma", "mirror: gamma (lookup 8)")]
 
 
 def main():
-    fig, axes = plt.subplots(2, 6, figsize=(22, 6.5))
+    fig, axes = plt.subplots(2, 7, figsize=(25, 6.5))
     for ax, (file, option, title) in zip(axes.flat, SWEEPS):
         table = pd.read_csv(HERE / file)
         if file == "mirror_kappa.csv":  # two sweeps: keep the one at the default exit layer

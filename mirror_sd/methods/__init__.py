@@ -81,6 +81,9 @@ SS_TOTAL_TOKENS = Option("total_tokens", 4, 1, 64, "draft tree nodes the target 
 LOOKUP = Option("lookup", 8, 0, 64, "tokens copied from the context into the draft tree as one more branch "
                 "(prompt lookup, methods/lookup.py; 0: off; greedy only); 8: docs/sweeps/eagle_lookup.csv, "
                 "ss_lookup.csv")
+MIRROR_LOOKUP = Option("lookup", 8, 0, 64, "after a miss, copy up to this many tokens from the context as the next "
+                       "window instead of a fallback draft, when the context holds a continuation (methods/lookup.py; "
+                       "0: off; greedy only); 8: docs/sweeps/mirror_lookup.csv")
 STREAMS = Option("streams", 0, 0, 1, "1: the draft proposes each window (each branch) in one forward with its "
                  "trained speculative streams; 0: token by token")
 BRANCH_BUDGET = Option("branch_budget", 16, 1, 256, "branches the draft rolls out per step; 16: best in "
@@ -132,7 +135,7 @@ register(Method("ss", "Speculative Streaming", "the target drafts for itself: tr
                 parallel_lanes=False, options=(SS_GAMMA, SS_TOP_K, SS_TOTAL_TOKENS, LOOKUP), check=_check_streams))
 register(Method("mirror", "Mirror-SD", "the target's early exit steers branch rollouts on the draft lane, "
                 "which run while the target finishes its layers", mirror.decode, needs_draft=True,
-                parallel_lanes=True, options=(MIRROR_GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, STREAMS), check=_check_mirror))
+                parallel_lanes=True, options=(MIRROR_GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, STREAMS, MIRROR_LOOKUP), check=_check_mirror))
 register(Method("eagle", "EAGLE-2", "a feature-level head on the target's lane drafts a dynamic tree; "
                 "the target verifies the whole tree in one forward", eagle.decode, needs_draft=False,
                 parallel_lanes=False, options=(DEPTH, TOP_K, TOTAL_TOKENS, LOOKUP), check=_check_eagle))

@@ -14,7 +14,9 @@ One step, with the window W = [last committed token, d1 .. d_gamma]:
      stream gives each branch's first token and its speculative streams the rest.
 3. Rendezvous: verification gives (accepted A, token c). If branch (A, c) was rolled out, its
    continuation is the next window, ready with no draft time on the critical path (a hit).
-   Otherwise the next step starts with a fresh draft on the draft lane (a miss: draft time exposed).
+   Otherwise the next step starts with a fresh draft on the draft lane (a miss: draft time exposed),
+   unless (temperature 0, ``lookup`` > 0) the context holds a continuation to copy (``lookup.py``):
+   then up to ``lookup`` copied tokens are the next window, with no draft time at all.
 4. Commit d1..dA + c and roll both KV caches back to the committed length.
 
 All-accepted case (left open by the paper): c is then the bonus token at position gamma, drawn
@@ -41,6 +43,7 @@ import torch
 
 from ..models.streams import draft_streams, split_forward
 from ..trace import Step
+from .lookup import copy_from_context
 from .sd import draft_window, prefill, streamed_window
 from .verify import verify
 
@@ -194,30 +197,34 @@ def rendezvous(draft, q, logits, sampler, branches: list[Branch]):
     return verdict, hit
 
 
-def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, streams: int = 0):
+def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, streams: int = 0, lookup: int = 0):
     pair = run.pair
     fresh_draft, roll_out = (streamed_window, rollout_streamed) if streams else (draft_window, rollout)
     exit_layer = exit_layer or default_exit_layer(pair.target.num_layers)
-    target_cache, draft_cache, first = prefill(run, extra_draft_slots=branch_budget * gamma)
+    target_cache, draft_cache, first = prefill(run, extra_draft_slots=branch_budget * gamma + lookup)
     yield first
     window, q = None, None
     while not run.done:
         step = run.next_step
         n = len(run.sequence)
         draft_cache.rollback(min(draft_cache.length, n - 1))
+        copied = window is None and run.draft_sampler.greedy and bool(copy_from_context(run.sequence, lookup))
+        if copied:  # the last step missed, and the context holds a continuation: copy it, no draft work
+            window, q = copy_from_context(run.sequence, lookup), None
         fallback = window is None
         if fallback:  # the first step, or the last one missed: draft afresh, on the critical path
             window, q = pair.draft_lane.run("fallback-draft", fresh_draft, run, draft_cache, gamma,
                                             label=f"fallback draft {gamma} tokens", step=step, tokens=gamma)
             draft_cache.rollback(min(draft_cache.length, n - 1))
+        T = len(window) + 1
         hidden, win, top_ids, top_logp, window_logp = pair.target_lane.run(
             "target-prefix", token_channel, run, target_cache, [run.sequence[-1], *window], exit_layer, kappa,
-            label=f"layers 1-{exit_layer} + early exit, {gamma + 1} tokens", step=step, tokens=gamma + 1,
+            label=f"layers 1-{exit_layer} + early exit, {T} tokens", step=step, tokens=T,
             alone=True)  # the draft lane waits for the token channel: the prefix may use its cores too
         branches = choose_branches(window, top_ids, top_logp, window_logp, branch_budget)
         suffix = pair.target_lane.submit("target-suffix", target_suffix, run, target_cache, hidden, win, exit_layer,
-                                         label=f"layers {exit_layer + 1}-{pair.target.num_layers}, {gamma + 1} tokens",
-                                         step=step, tokens=gamma + 1)
+                                         label=f"layers {exit_layer + 1}-{pair.target.num_layers}, {T} tokens",
+                                         step=step, tokens=T)
         rolled = pair.draft_lane.submit("draft-rollout", roll_out, run, draft_cache, window, branches, gamma,
                                         label=f"{len(branches)} branches x {gamma} tokens", step=step,
                                         tokens=len(branches) * gamma)
@@ -229,7 +236,7 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
         target_cache.rollback(n + verdict.accepted)
         draft_cache.rollback(min(draft_cache.length, n + verdict.accepted))
         extras = dict(exit_candidates=top_ids.tolist(), branches=[(b.accepted, b.root, b.tokens) for b in branches],
-                      hit=hit is not None, branch_used=hit, fallback=fallback)
+                      hit=hit is not None, branch_used=hit, fallback=fallback, copied=copied)
         yield run.commit(Step(step, tokens, origins, proposed=window, accepted=verdict.accepted, extras=extras))
         if hit is None:
             window, q = None, None
