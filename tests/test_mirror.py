@@ -94,3 +94,29 @@ def test_rollout_overlaps_target_suffix_in_time(embedded_pair):
 def test_exit_layer_must_be_inside_the_target(tiny_pair):
     with pytest.raises(MirrorSDError, match="exit_layer must be below the target's 2 layers"):
         generate(tiny_pair, "t1", method="mirror", raw=True, exit_layer=2)
+
+
+def test_early_exit_scores_only_a_reduced_drafts_tokens(tiny_dirs):
+    """With a reduced-vocabulary draft the early exit computes the head rows of the draft's tokens
+    only: their log-probs renormalised over those rows, -inf elsewhere; mirror stays lossless."""
+    import torch
+
+    from mirror_sd import load_pair
+    from mirror_sd.methods.mirror import early_exit
+
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["reduced_draft"]))
+    rows = pair.draft.vocab_map
+    hidden = torch.randn(1, 3, pair.target.args.hidden_size)
+    with torch.inference_mode():
+        logp = early_exit(pair, hidden)  # [3, 16]
+        full = pair.target.head(hidden)[0]  # [3, 16]
+    assert logp.shape == full.shape
+    torch.testing.assert_close(logp[:, rows], torch.log_softmax(full[:, rows], dim=-1), atol=1e-5, rtol=1e-5)
+    others = torch.ones(16, dtype=torch.bool)
+    others[rows] = False
+    assert torch.isneginf(logp[:, others]).all()
+    for prompt in ["t1 t2 t3", "t4 t4 t4 t4"]:
+        expected = generate(pair, prompt, method="vanilla", max_new_tokens=24, raw=True).token_ids
+        out = generate(pair, prompt, method="mirror", max_new_tokens=24, raw=True, gamma=2, kappa=2, branch_budget=4)
+        assert out.token_ids == expected
+        assert all(v in rows.tolist() for s in out.trace.steps[1:] for c in s.extras["exit_candidates"] for v in c)

@@ -3,7 +3,8 @@
 One step, with the window W = [last committed token, d1 .. d_gamma]:
 
 1. Target lane, layers [0, exit_layer) over W, then the target's own final norm + LM head on those
-   hidden states (an early exit): the top-kappa tokens and log-probs at every window position.
+   hidden states (an early exit; only the rows of the draft's vocabulary when it has a reduced
+   one: ``early_exit``): the top-kappa tokens and log-probs at every window position.
    This token channel is all that crosses to the draft lane (ids and log-probs, O(gamma * kappa)).
 2. At the same time, on two lanes:
    - target lane: layers [exit_layer, N) over W -> final logits -> verification;
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..models.linear import linear
 from ..models.streams import draft_streams, split_forward
 from ..trace import Step
 from .lookup import copy_from_context
@@ -64,6 +66,26 @@ def default_exit_layer(num_layers: int) -> int:
     return max(1, num_layers * 3 // 4)
 
 
+def early_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
+    """The target's final norm and LM head on early-exit hidden states [1, T, d]: log-probs [T, V].
+
+    With a reduced-vocabulary draft (a ``vocab_map``) only the head rows of the draft's tokens are
+    computed, and the other tokens get -inf: for the shipped draft 7,802 of 49,152 rows, a ninth of
+    the cost (0.33 against 3.65 ms for a 3-token window here), while the early-exit candidates
+    it loses are rare tokens. Interleaved on 12 bench prompts, mirror ran at 0.91x vanilla against
+    0.83x with the full head, hit rate 0.227 against 0.221 (``python docs/early_exit_rows.py``).
+    """
+    target, vocab_map = pair.target, pair.draft.vocab_map
+    if vocab_map is None or target.layer_devices:
+        return torch.log_softmax(target.head(hidden)[0], dim=-1)
+    vocab_map = vocab_map.to(target.device)
+    rows = pair.addons.get("early_exit_rows")
+    if rows is None:  # [rows, d]: the target's LM-head rows of the draft's tokens
+        rows = pair.addons["early_exit_rows"] = target.lm_head.weight.detach()[vocab_map].clone()
+    logp = torch.log_softmax(linear(target.model.norm(hidden[0]), rows).float(), dim=-1)  # [T, rows]
+    return logp.new_full((logp.shape[0], target.args.vocab_size), float("-inf")).index_copy_(-1, vocab_map, logp)
+
+
 def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int):
     """Target lane: layers [0, exit_layer) over the window and the early-exit head.
 
@@ -75,7 +97,7 @@ def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int):
     ids = torch.tensor([window], device=target.device)  # [1, T]
     win = target.window(cache, len(window))
     hidden = target.forward_layers(target.embed(ids), cache, win, 0, exit_layer)
-    exit_logp = torch.log_softmax(target.head(hidden)[0], dim=-1)  # [T, V]
+    exit_logp = early_exit(run.pair, hidden)  # [T, V]
     top = exit_logp.topk(kappa, dim=-1)
     drafted = torch.tensor(window[1:], device=exit_logp.device)
     window_logp = exit_logp[:-1].gather(-1, drafted[:, None])[:, 0]

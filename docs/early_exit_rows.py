@@ -1,0 +1,61 @@
+"""Mirror-SD's early exit over the draft's vocabulary rows against the target's full LM head.
+
+    python docs/early_exit_rows.py [--per-category 2] [--max-new-tokens 64]
+
+Interleaved on the bench prompts: per prompt, vanilla, then mirror with the early exit as shipped
+(``methods/mirror.py: early_exit``, only the LM-head rows of the draft's tokens), then with the
+target's full LM head (the order of the two alternates by prompt). Prints each one's speed against
+vanilla and mirror's hit rate, and checks every run against vanilla token for token.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mirror_sd import load_pair  # noqa: E402
+from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts, run_prompt  # noqa: E402
+from mirror_sd.methods import mirror  # noqa: E402
+
+SHIPPED = mirror.early_exit
+
+
+def full_head(pair, hidden):
+    return torch.log_softmax(pair.target.head(hidden)[0], dim=-1)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--per-category", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    pair = load_pair()
+    prompts = first_per_category(read_prompts(DEFAULT_PROMPTS), args.per_category)
+    runs = {"vanilla": None, "draft rows": SHIPPED, "full head": full_head}
+    totals = {name: dict(tokens=0, wall=0.0, hits=[]) for name in runs}
+    run_prompt(pair, prompts[0], "mirror", 8)  # warm up
+    for i, item in enumerate(prompts):
+        names = ["vanilla", "draft rows", "full head"] if i % 2 == 0 else ["vanilla", "full head", "draft rows"]
+        reference = None
+        for name in names:
+            if runs[name] is not None:
+                mirror.early_exit = runs[name]
+            row = run_prompt(pair, item, "vanilla" if name == "vanilla" else "mirror", args.max_new_tokens)
+            reference = reference or row["token_ids"]
+            assert row["token_ids"] == reference, f"{name} differs from vanilla on {item['id']}"
+            totals[name]["tokens"] += row["new_tokens"]
+            totals[name]["wall"] += row["wall_s"]
+            if row["hit_rate"] is not None:
+                totals[name]["hits"].append(row["hit_rate"])
+    mirror.early_exit = SHIPPED
+    base = totals["vanilla"]["tokens"] / totals["vanilla"]["wall"]
+    for name, t in totals.items():
+        rate = t["tokens"] / t["wall"]
+        hits = f", hit rate {sum(t['hits']) / len(t['hits']):.3f}" if t["hits"] else ""
+        print(f"{name:11s} {rate:6.2f} tokens/s, {rate / base:.3f}x vanilla{hits}")
+
+
+if __name__ == "__main__":
+    main()
