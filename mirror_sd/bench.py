@@ -20,6 +20,7 @@ from .errors import MirrorSDError
 from .methods import get_method
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "bench_prompts.jsonl"
+SPAN_PREFIX = "span_s_"  # results columns: seconds of spans of one kind over a prompt's decoding steps
 
 
 def read_prompts(path: str | Path) -> list[dict]:
@@ -56,7 +57,7 @@ def first_per_category(prompts: list[dict], n: int) -> list[dict]:
 
 def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -> dict:
     """Decode every turn of one prompt (later turns see this method's own earlier answers)."""
-    messages, token_ids, rows, hits, overlap_s, draft_busy_s = [], [], [], [], 0.0, 0.0
+    messages, token_ids, rows, hits, overlap_s, draft_busy_s, span_s = [], [], [], [], 0.0, 0.0, {}
     for turn in item["turns"]:
         messages.append({"role": "user", "content": turn})
         out = generate(pair, list(messages), method=method, max_new_tokens=max_new_tokens, **settings)
@@ -66,6 +67,9 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -
         token_ids += out.token_ids
         rows.append(out.metrics)
         hits += [st.extras["hit"] for st in out.trace.steps if "hit" in st.extras]
+        for span in out.trace.spans:  # decoding steps only: step 0 is the prefill
+            if span.step:
+                span_s[span.kind] = span_s.get(span.kind, 0.0) + span.duration
         target_lane, draft_lane = out.trace.lane_label("target"), out.trace.lane_label("draft")
         if target_lane and draft_lane:
             overlap_s += out.trace.overlap_seconds(draft_lane, target_lane)
@@ -78,7 +82,8 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -
                 mean_accepted=committed_in_steps / steps if steps else 1.0, wall_s=wall_s,
                 tokens_per_s=new_tokens / wall_s if wall_s else 0.0,
                 hit_rate=sum(hits) / len(hits) if hits else None,
-                overlap=overlap_s / draft_busy_s if draft_busy_s else None, token_ids=token_ids)
+                overlap=overlap_s / draft_busy_s if draft_busy_s else None, token_ids=token_ids,
+                **{f"{SPAN_PREFIX}{kind}": seconds for kind, seconds in span_s.items()})
 
 
 def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max_new_tokens: int,
@@ -95,12 +100,15 @@ def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max
                 row["equal_to_vanilla"] = row.pop("token_ids") == reference_ids[item["id"]]
                 rows.append(dict(row, run=index))
                 bar.update()
-    return pd.DataFrame(rows).sort_values("run", kind="stable").reset_index(drop=True)
+    table = pd.DataFrame(rows).sort_values("run", kind="stable").reset_index(drop=True)
+    spans = [c for c in table.columns if c.startswith(SPAN_PREFIX)]
+    return table[[c for c in table.columns if c not in spans] + spans]  # span seconds last
 
 
 def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 128, out_dir: str | Path = "bench-out",
           options: dict | None = None, **settings) -> pd.DataFrame:
-    """Run every method on every prompt; write results.csv, summary.csv, summary.md; return the summary."""
+    """Run every method on every prompt; write results.csv, summary.csv, by_category.csv, step_ms.csv and
+    summary.md; return the summary."""
     methods = ["vanilla"] + [m for m in methods if m != "vanilla"]  # vanilla first: the reference
     runs = [(m, _options_for(m, options or {})) for m in methods]
     results = run_interleaved(pair, prompts, runs, max_new_tokens, **settings).drop(columns="run")
@@ -113,9 +121,22 @@ def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 1
         mean_accepted=("mean_accepted", "mean"), tokens_per_s=("tokens_per_s", "mean"),
         hit_rate=("hit_rate", "mean"), equal_to_vanilla=("equal_to_vanilla", "mean")).reset_index()
     by_category.to_csv(out / "by_category.csv", index=False)
-    (out / "summary.md").write_text(summary.to_markdown(index=False, floatfmt=".3f") + "\n\nPer category:\n\n"
-                                    + by_category.to_markdown(index=False, floatfmt=".3f") + "\n")
+    steps = step_ms(results)
+    steps.to_csv(out / "step_ms.csv", index=False)
+    (out / "summary.md").write_text(
+        summary.to_markdown(index=False, floatfmt=".3f") + "\n\nPer category:\n\n"
+        + by_category.to_markdown(index=False, floatfmt=".3f") + "\n\nMean time per decoding step by span kind, "
+        "in ms (spans on lanes that work at the same time both count):\n\n"
+        + steps.to_markdown(index=False, floatfmt=".2f") + "\n")
     return summary
+
+
+def step_ms(results: pd.DataFrame) -> pd.DataFrame:
+    """Per method: mean milliseconds per decoding step spent in each kind of span (prefill excluded)."""
+    kinds = [c for c in results.columns if c.startswith(SPAN_PREFIX)]
+    per = results.groupby("method", sort=False)[kinds + ["steps"]].sum(min_count=1)
+    table = 1000 * per[kinds].div(per["steps"], axis=0)
+    return table.rename(columns=lambda c: c[len(SPAN_PREFIX):]).reset_index()
 
 
 def summarise(results: pd.DataFrame) -> pd.DataFrame:

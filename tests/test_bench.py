@@ -21,8 +21,9 @@ def test_bench_writes_results_and_summary(tiny_dirs, tmp_path, capsys):
                "--out", str(out), "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"])])
     assert rc == 0
     results = pd.read_csv(out / "results.csv")
-    assert list(results.columns) == ["method", "id", "category", "new_tokens", "steps", "mean_accepted", "wall_s",
-                                     "tokens_per_s", "hit_rate", "overlap", "equal_to_vanilla"]
+    assert list(results.columns)[:11] == ["method", "id", "category", "new_tokens", "steps", "mean_accepted",
+                                          "wall_s", "tokens_per_s", "hit_rate", "overlap", "equal_to_vanilla"]
+    assert {"span_s_decode", "span_s_draft", "span_s_verify", "span_s_target-suffix"} <= set(results.columns)
     assert list(results.method) == ["vanilla"] * 3 + ["sd"] * 3 + ["mirror"] * 3  # vanilla runs first
     assert results.equal_to_vanilla.all()
     assert results.loc[results.id == "c", "new_tokens"].iloc[0] == 16  # two turns of 8
@@ -36,6 +37,13 @@ def test_bench_writes_results_and_summary(tiny_dirs, tmp_path, capsys):
     assert results[results.method != "mirror"].hit_rate.isna().all()
     by_category = pd.read_csv(out / "by_category.csv")
     assert set(by_category.category) == {"qa", "math", "multi-turn"} and "hit_rate" in by_category
+    step_ms = pd.read_csv(out / "step_ms.csv").set_index("method")  # mean ms per decoding step, by span kind
+    spans = results.filter(like="span_s_").groupby(results.method).sum()
+    steps = results.groupby("method").steps.sum()
+    assert step_ms.loc["vanilla", "decode"] == pytest.approx(1000 * spans.loc["vanilla", "span_s_decode"] / steps["vanilla"])
+    assert step_ms.loc["sd", "draft"] > 0 and step_ms.loc["sd", "verify"] > 0 and pd.isna(step_ms.loc["sd", "decode"])
+    assert step_ms.loc["mirror", "target-suffix"] > 0 and step_ms.loc["mirror", "draft-rollout"] > 0
+    assert "Mean time per decoding step by span kind" in (out / "summary.md").read_text()
 
 
 def test_bad_prompt_files(tmp_path):
