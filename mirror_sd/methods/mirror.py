@@ -230,9 +230,10 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
         step = run.next_step
         n = len(run.sequence)
         draft_cache.rollback(min(draft_cache.length, n - 1))
-        copied = window is None and run.draft_sampler.greedy and bool(copy_from_context(run.sequence, lookup))
+        copy = copy_from_context(run.sequence, lookup) if window is None and run.draft_sampler.greedy else []
+        copied = bool(copy)
         if copied:  # the last step missed, and the context holds a continuation: copy it, no draft work
-            window, q = copy_from_context(run.sequence, lookup), None
+            window, q = copy, None
         fallback = window is None
         if fallback:  # the first step, or the last one missed: draft afresh, on the critical path
             window, q = pair.draft_lane.run("fallback-draft", fresh_draft, run, draft_cache, gamma,
