@@ -189,7 +189,7 @@ def cmd_sweep(args) -> int:
 
 def cmd_methods(args) -> int:
     for m in METHODS.values():
-        opts = ", ".join(f"--{o.name} (default {o.default})" for o in m.options) or "no options"
+        opts = ", ".join(f"--{o.name.replace('_', '-')} (default {o.default})" for o in m.options) or "no options"
         print(f"{m.name:10s} {m.title}: {m.summary}. Options: {opts}")
     return 0
 

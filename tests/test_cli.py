@@ -63,3 +63,15 @@ def test_help_gives_each_methods_default_for_a_shared_option():
     assert "ss: stream levels in the draft" in text and f"(default {defaults['ss']['gamma']})" in text
     assert "mirror: draft tokens per step" in text and f"(default {defaults['mirror']['gamma']})" in text
     assert "ss: candidates per stream" in text and "eagle: children per expanded node" in text
+
+
+def test_methods_lists_each_option_as_its_command_line_flag(capsys):
+    from mirror_sd.methods import METHODS
+
+    assert main(["methods"]) == 0
+    listing = capsys.readouterr().out
+    for method in METHODS.values():
+        line = next(row for row in listing.splitlines() if row.startswith(method.name + " "))
+        for opt in method.options:
+            assert f"--{opt.name.replace('_', '-')} (default {opt.default})" in line
+    assert "--top-k" in listing and "--top_k" not in listing
