@@ -19,21 +19,24 @@ mirror_sd/assets/eagle-smollm2-135m). Prints, per head:
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pandas as pd
 import torch
 from tqdm import tqdm
 
-from mirror_sd import generate, load_pair
-from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts, run_prompt, summarise
-from mirror_sd.devices import single_threaded
-from mirror_sd.methods.eagle import attach_head
-from mirror_sd.models.eagle import EagleHead, load_head
-from mirror_sd.models.loading import embedded_model_dir
-from mirror_sd.train.draft import IGNORE, read_examples
-from mirror_sd.train.eagle import evaluate, example_sequences, rows_of, split_order
-from mirror_sd.train.features import features_dir, target_features
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mirror_sd import generate, load_pair  # noqa: E402
+from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts, run_prompt, summarise  # noqa: E402
+from mirror_sd.devices import single_threaded  # noqa: E402
+from mirror_sd.methods.eagle import attach_head  # noqa: E402
+from mirror_sd.models.eagle import EagleHead, load_head  # noqa: E402
+from mirror_sd.models.loading import embedded_model_dir  # noqa: E402
+from mirror_sd.train.draft import IGNORE, read_examples  # noqa: E402
+from mirror_sd.train.eagle import evaluate, example_sequences, rows_of, split_order  # noqa: E402
+from mirror_sd.train.features import features_dir, target_features  # noqa: E402
 
 DEPTHS = 3
 
