@@ -38,6 +38,7 @@ import torch
 from ..errors import MirrorSDError
 from ..models.eagle import EMBEDDED_HEAD, EagleHead, load_head
 from ..models.loading import EMBEDDED_NAME
+from ..sampling import to_target_vocab
 from ..trace import Step
 from .lookup import copy_from_context
 from .tree import Tree, accept, best_subtree, graft, sampled_chain, tree_mask, tree_positions
@@ -80,9 +81,7 @@ def head_step(head: EagleHead, cache, feats, ids, positions=None, mask=None) -> 
 
 def to_target_logits(head: EagleHead, feats: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Head logits [T, rows] laid out on the target vocabulary [T, V] (-inf outside the head's rows)."""
-    rows = head.logits(feats)
-    full = rows.new_full((rows.shape[0], vocab_size), float("-inf"))
-    return full.index_copy_(-1, head.vocab_map.to(rows.device), rows)
+    return to_target_vocab(head.logits(feats), head.vocab_map, vocab_size)
 
 
 def draft_tree(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, top_k: int, total_tokens: int) -> Tree:

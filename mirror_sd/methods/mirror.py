@@ -44,6 +44,7 @@ import torch
 
 from ..models.linear import linear
 from ..models.streams import draft_streams, split_forward
+from ..sampling import to_target_vocab
 from ..trace import Step
 from .lookup import copy_from_context
 from .sd import draft_window, prefill, streamed_window
@@ -72,8 +73,9 @@ def early_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
     With a reduced-vocabulary draft (a ``vocab_map``) only the head rows of the draft's tokens are
     computed, and the other tokens get -inf: for the shipped draft 7,802 of 49,152 rows (in one
     microbenchmark on this machine, 0.33 against 3.65 ms for a 3-token window), while the
-    early-exit candidates it loses are rare tokens. Interleaved on 12 bench prompts, mirror ran at 0.91x vanilla against
-    0.83x with the full head, hit rate 0.227 against 0.221 (``python docs/early_exit_rows.py``).
+    early-exit candidates it loses are rare tokens. Interleaved on 12 bench prompts, mirror ran at
+    0.91x vanilla against 0.83x with the full head, hit rate 0.227 against 0.221
+    (``python docs/early_exit_rows.py``).
     """
     target, vocab_map = pair.target, pair.draft.vocab_map
     if vocab_map is None or target.layer_devices:
@@ -83,7 +85,7 @@ def early_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
     if rows is None:  # [rows, d]: the target's LM-head rows of the draft's tokens
         rows = pair.addons["early_exit_rows"] = target.lm_head.weight.detach()[vocab_map].clone()
     logp = torch.log_softmax(linear(target.model.norm(hidden[0]), rows).float(), dim=-1)  # [T, rows]
-    return logp.new_full((logp.shape[0], target.args.vocab_size), float("-inf")).index_copy_(-1, vocab_map, logp)
+    return to_target_vocab(logp, vocab_map, target.args.vocab_size)
 
 
 def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int):
