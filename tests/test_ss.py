@@ -94,6 +94,21 @@ def test_short_training_run_lowers_the_loss_and_loads(trained_tiny, tiny_dirs):
     assert streams.num_parameters() == card["trainable_parameters"] and streams.num_streams == 3
 
 
+def test_training_goes_on_from_trained_streams(trained_tiny, tiny_dirs, tmp_path):
+    """--init: a second stage starts from the trained streams (their config and head rows), not from scratch,
+    and the card lists both stages."""
+    first, card = trained_tiny
+    data = first.parent / "data"
+    other = StreamConfig(num_streams=2, stream_layers=1, rank=2)  # ignored: the init's config is kept
+    again = train(data, tmp_path / "stage2", other, epochs=1, lr=1e-9, batch_size=8, positions=16, eval_every=100,
+                  holdout=0.2, threads=1, target_dir=tiny_dirs["target"], init=first)
+    before, after = (json.loads((d / "streams.json").read_text()) for d in (first, tmp_path / "stage2"))
+    assert after["config"] == before["config"]
+    assert [s["steps"] for s in again["stages"]] == [card["steps"], again["steps"]]
+    assert again["held_out_loss"] == pytest.approx(card["held_out_loss"], rel=1e-3)  # lr ~0: the same streams
+    assert "Stages" in (tmp_path / "stage2" / "README.md").read_text()
+
+
 @pytest.fixture(scope="module")
 def ss_pair(trained_tiny, tiny_dirs):
     pair = load_pair(target=str(tiny_dirs["target"]), draft=None)

@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..devices import on_cpu_worker
 from ..errors import MirrorSDError
 from .linear import linear
 from .llama import KVCache, ModelArgs, Transformer
@@ -222,7 +223,11 @@ def draft_streams(pair) -> Streams:
 
 
 def use_streams(pair, folder: Path | str) -> Streams:
-    """Attach streams trained for the pair's target (``python -m mirror_sd.train ss --out folder``)."""
-    streams = Streams.load(Path(folder), pair.target.args).attach(pair.target)
+    """Attach streams trained for the pair's target (``python -m mirror_sd.train ss --out folder``).
+
+    They load on the CPU worker, as load_pair's models do (devices.on_cpu_worker): loaded on the
+    caller's thread, they would start an OpenMP pool there, and decoding would slow down (by a
+    quarter for vanilla, in one run of docs/compare_streams.py before this)."""
+    streams = on_cpu_worker(lambda: Streams.load(Path(folder), pair.target.args).attach(pair.target))
     pair.addons["streams"] = streams
     return streams

@@ -158,10 +158,12 @@ def load_frozen(model_dir: Path | None) -> tuple[Transformer, Path]:
 
 def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_size: int = 8192, epochs: float = 2.0,
           lr: float = 2e-3, batch_size: int = 8, positions: int = 64, max_len: int = 512, eval_every: int = 100,
-          holdout: float = 0.03, seed: int = 0, threads: int = 2, target_dir: Path | None = None) -> dict:
+          holdout: float = 0.03, seed: int = 0, threads: int = 2, target_dir: Path | None = None,
+          init: Path | None = None) -> dict:
     """Train streams for the model in ``target_dir`` (default: the embedded target); see module docstring.
 
-    A model with a reduced-vocabulary head (a draft) keeps its own head rows: ``vocab_size`` is unused."""
+    A model with a reduced-vocabulary head (a draft) keeps its own head rows: ``vocab_size`` is unused.
+    init: a streams folder to go on from (its config and head rows are kept; ``config`` is unused)."""
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     rng = random.Random(seed)
@@ -171,10 +173,14 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
     rng.shuffle(examples)
     n_eval = max(1, int(len(examples) * holdout))
     eos = load_tokenizer(target_dir).eos_token_id
-    vocab_map = target.vocab_map if target.vocab_map is not None else \
-        build_vocab_map(examples[n_eval:], vocab_size, {eos} - {None})
+    if init is not None:  # go on from trained streams, with their own config and rows
+        streams = Streams.load(Path(init), target.args).attach(target)
+        config, vocab_map = streams.config, streams.vocab_map
+    else:
+        vocab_map = target.vocab_map if target.vocab_map is not None else \
+            build_vocab_map(examples[n_eval:], vocab_size, {eos} - {None})
+        streams = Streams(target.args, config, vocab_map).attach(target)
     row_of = {int(t): i for i, t in enumerate(vocab_map)}
-    streams = Streams(target.args, config, vocab_map).attach(target)
     seqs = sequences(examples, max_len)
     features = main_features(target, seqs, streams.first_layer, out / f"features-L{streams.first_layer}.safetensors")
     if config.embedding_scale is None:
@@ -202,10 +208,26 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
                 steps=state["step"], epochs=epochs, lr=lr, batch_size=batch_size, positions_per_sequence=positions,
                 max_len=max_len, seed=seed, wall_s=round(state["wall_s"], 1), head_vocabulary=len(vocab_map),
                 trainable_parameters=streams.num_parameters(), first_stream_layer=streams.first_layer, held_out_loss=round(final["loss"], 4),
-                held_out_top1_per_stream=final["top1_per_stream"], held_out_greedy_chain_tau=round(final["tau"], 3))
+                held_out_top1_per_stream=final["top1_per_stream"], held_out_greedy_chain_tau=round(final["tau"], 3),
+                init=str(init) if init else None)
+    earlier = json.loads((Path(init) / "streams.json").read_text()).get("training") if init else None
+    card["stages"] = (earlier.get("stages") or [stage_of(earlier)] if earlier else []) + [stage_of(card)]
     streams.save(out, meta=dict(training=card))
     write_model_card(out, config, card)
     return card
+
+
+def stage_of(card: dict) -> dict:
+    """One training run's line in the model card (streams trained in stages list each)."""
+    keys = ("data", "examples_train", "steps", "epochs", "lr", "wall_s", "held_out_top1_per_stream")
+    return {k: card.get(k) for k in keys}
+
+
+def stage_line(stage: dict) -> str:
+    top1 = ", ".join(f"{x:.3f}" for x in stage["held_out_top1_per_stream"])
+    return (f"  - {', '.join(stage['data'])} ({stage['examples_train']} examples): {stage['steps']} steps "
+            f"({stage['epochs']} epochs), lr {stage['lr']}, {stage['wall_s'] / 60:.1f} min; held-out top-1 per "
+            f"stream {top1}")
 
 
 def write_model_card(out: Path, config: StreamConfig, card: dict):
@@ -241,6 +263,8 @@ n-gram objective (alpha_0 = 1 on the frozen main stream, alpha_j = 0.1 per strea
 {card["steps"]} steps ({card["epochs"]} epochs) of {card["batch_size"]} sequences with
 {card["positions_per_sequence"]} answer positions each, context up to {card["max_len"]} tokens, seed {card["seed"]},
 {card["wall_s"] / 60:.1f} min on 2 CPU cores. Loss curve: loss.png in the training folder.
+Stages, each going on from the one before (`--init`):
+{chr(10).join(stage_line(stage) for stage in card["stages"])}
 
 ## Held-out results (teacher-forced on the target's answers)
 - Stream cross-entropy: {card["held_out_loss"]:.3f}
@@ -289,6 +313,8 @@ def add_parser(sub):
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--init", default=None, help="go on from the trained streams in this folder (their config and "
+                                                "head rows are kept)")
 
     def run(args):
         if args.next_token_rank is None:
@@ -300,7 +326,7 @@ def add_parser(sub):
                               next_token_rank=args.next_token_rank)
         card = train([Path(d) for d in args.data], Path(args.out), config, args.vocab, args.epochs, args.lr, args.batch_size,
                      args.positions, args.max_len, args.eval_every, seed=args.seed, threads=args.threads,
-                     target_dir=args.model)
+                     target_dir=args.model, init=args.init)
         print(json.dumps(card, indent=2))
         return 0
 

@@ -1,0 +1,56 @@
+"""Compare the target's speculative streams on the bench prompts, interleaved: per prompt, vanilla, then
+``ss`` with each streams folder.
+
+    python docs/compare_streams.py STREAMS_DIR [STREAMS_DIR ...] [--per-category 2] [--max-new-tokens 64]
+                                   [--lookup 8]
+
+A streams folder is what ``python -m mirror_sd.train ss`` writes (the shipped one:
+mirror_sd/assets/ss-smollm2-135m). Prints tau, tokens/s and the speedup over vanilla on the same
+prompts in the same run (``bench.summarise``), every run checked against vanilla, then tau per bench
+category. ``ss`` runs with ``--lookup`` tokens copied from the context (default 8, the method's
+default; 0: the streams alone).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mirror_sd import load_pair  # noqa: E402
+from mirror_sd import bench  # noqa: E402
+from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts, run_interleaved, summarise  # noqa: E402
+from mirror_sd.models.streams import use_streams  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("streams", nargs="+", help="folders with streams.safetensors + streams.json")
+    parser.add_argument("--per-category", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--lookup", type=int, default=8)
+    args = parser.parse_args()
+    pair = load_pair()
+    prompts = first_per_category(read_prompts(DEFAULT_PROMPTS), args.per_category)
+    folders = [None] + args.streams  # run 0: vanilla
+    run_prompt, calls = bench.run_prompt, iter(range(10 ** 9))
+
+    def with_streams(pair, item, method, max_new_tokens, **settings):  # run_interleaved's runs, in order
+        folder = folders[next(calls) % len(folders)]
+        if folder is not None:
+            use_streams(pair, folder)
+        return run_prompt(pair, item, method, max_new_tokens, **settings)
+
+    bench.run_prompt = with_streams
+    runs = [("vanilla", {})] + [("ss", dict(lookup=args.lookup))] * len(args.streams)
+    table = run_interleaved(pair, prompts, runs, args.max_new_tokens, desc="compare streams")
+    table["method"] = ["vanilla" if r == 0 else f"ss {folders[r]}" for r in table["run"]]
+    summary = summarise(table).set_index("method")
+    print(summary[["mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla"]].round(3).to_markdown())
+    print()
+    print(table.groupby(["method", "category"], sort=False).mean_accepted.mean().unstack().round(2).to_markdown())
+
+
+if __name__ == "__main__":
+    main()
