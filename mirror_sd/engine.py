@@ -80,6 +80,7 @@ class Decoding:
                 self.finished = "eos"
                 break
         step.committed, step.origins = keep, step.origins[:len(keep)]
+        step.accepted = min(step.accepted, len(keep))  # drafts cut at the end are not committed either
         self.tokens += keep
         if not self.done and len(self.tokens) >= self.max_new_tokens:
             self.finished = "length"

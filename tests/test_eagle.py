@@ -91,7 +91,9 @@ def test_eagle_equals_vanilla_on_a_tiny_target(tiny_eagle, depth, top_k, total_t
             drafted = [i for i in range(len(tree["tokens"])) if i not in tree["copied"]]
             assert len(drafted) <= total_tokens and max(tree["depths"][i] for i in drafted) <= depth
             assert len(tree["copied"]) <= lookup
-            assert step.committed[:step.accepted] == [tree["tokens"][i] for i in tree["path"]]
+            path_tokens = [tree["tokens"][i] for i in tree["path"]]
+            assert step.committed[:step.accepted] == path_tokens[:step.accepted]
+            assert len(path_tokens) == step.accepted or step is out.trace.steps[-1]  # the last step may be cut
             copied_accepted += sum(i in tree["copied"] for i in tree["path"])
         origins |= {o for s in out.trace.steps for o in s.origins}
         assert {s.kind for s in out.trace.spans} == {"prefill", "draft", "verify"}

@@ -145,3 +145,16 @@ def test_trace_exports(tiny_pair):
     first = trace.spans[0]
     match = [e for e in events if abs(e["ts"] - first.start * 1e6) < 1]
     assert match and abs(match[0]["dur"] - first.duration * 1e6) < 1
+
+
+def test_a_step_cut_at_max_new_tokens_counts_only_the_drafts_it_commits(tiny_pair):
+    """The last step may verify more drafts than there is room for: it commits what fits, and its
+    ``accepted`` counts only the committed drafts (so acceptance rates stay true)."""
+    from mirror_sd.engine import Decoding
+    from mirror_sd.trace import Step, Trace
+
+    run = Decoding(tiny_pair, [1, 2, 3], max_new_tokens=3, temperature=0.0, top_p=1.0, seed=0, trace=Trace("sd"))
+    run.commit(Step(0, [5], ["target"]))
+    last = run.commit(Step(1, [6, 7, 8, 9], ["accepted"] * 3 + ["bonus"], proposed=[6, 7, 8], accepted=3))
+    assert run.tokens == [5, 6, 7] and run.finished == "length"
+    assert last.committed == [6, 7] and last.accepted == 2 and last.origins == ["accepted", "accepted"]

@@ -15,6 +15,7 @@ def test_copy_takes_what_followed_the_latest_longest_match():
     assert copy_from_context([4, 5, 6, 7], 3) == []  # nothing repeats
     assert copy_from_context([1, 2], 3) == []  # too short for any n-gram with something after it
     assert copy_from_context([5, 5, 5, 5], 3) == [5]  # a repeat copies up to the sequence's end
+    assert copy_from_context([1, 7, 9, 4, 2, 7], 2) == [9, 4]  # no 2-gram repeats: the last token alone matches
 
 
 def test_graft_reuses_the_trees_nodes_and_appends_the_rest():

@@ -2,7 +2,7 @@
 
 Answers often repeat what the context already holds: a name or a sentence from the prompt's
 passage, a phrase of an earlier turn, a pattern of their own. So find the latest earlier place
-where the sequence's last n tokens occur (n = 3, else 2) and propose the tokens that followed it.
+where the sequence's last n tokens occur (n = 3, else 2, else 1) and propose the tokens that followed it.
 It costs no model work, only a scan of the token ids. The tree methods (eagle, ss) graft the
 copied tokens onto their draft tree as one more branch (``tree.graft``), and the target verifies
 them with the rest, so decoding stays lossless: a copied token is committed only where it equals
@@ -10,7 +10,9 @@ the target's own choice.
 """
 from __future__ import annotations
 
-NGRAM_SIZES = (3, 2)  # longest first; single tokens match too often by chance to be worth a verify row
+# Longest first. Matching the last token alone as well raised tau by 0.07-0.10 for eagle, ss and mirror
+# on 12 and on 24 bench prompts, and speed by 1-5% (python docs/lookup_ngrams.py).
+NGRAM_SIZES = (3, 2, 1)
 
 
 def copy_from_context(sequence: list[int], max_tokens: int) -> list[int]:

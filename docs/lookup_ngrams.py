@@ -1,0 +1,51 @@
+"""Context lookup matching the last 3, else 2, else 1 tokens (as shipped) against 3, else 2.
+
+    python docs/lookup_ngrams.py [--per-category 2] [--max-new-tokens 64]
+
+Interleaved on the bench prompts: per prompt, vanilla, then eagle, ss, mirror and sd, each of the
+first three with both n-gram lists (``methods/lookup.py: NGRAM_SIZES``). Prints tau, tokens/s, the
+speedup over vanilla and mirror's hit rate (``bench.summarise``); every run is checked against
+vanilla token for token.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mirror_sd import bench, load_pair  # noqa: E402
+from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts, run_interleaved, summarise  # noqa: E402
+from mirror_sd.methods import lookup  # noqa: E402
+
+SHIPPED = lookup.NGRAM_SIZES
+WITHOUT_ONE = (3, 2)
+RUNS = [("vanilla", SHIPPED), ("eagle", WITHOUT_ONE), ("eagle", SHIPPED), ("ss", WITHOUT_ONE), ("ss", SHIPPED),
+        ("mirror", WITHOUT_ONE), ("mirror", SHIPPED), ("sd", SHIPPED)]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--per-category", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    pair = load_pair()
+    prompts = first_per_category(read_prompts(DEFAULT_PROMPTS), args.per_category)
+    run_prompt, calls = bench.run_prompt, iter(range(10 ** 9))
+
+    def with_ngrams(pair, item, method, max_new_tokens, **settings):  # run_interleaved's runs, in order
+        lookup.NGRAM_SIZES = RUNS[next(calls) % len(RUNS)][1]
+        return run_prompt(pair, item, method, max_new_tokens, **settings)
+
+    bench.run_prompt = with_ngrams
+    try:
+        table = run_interleaved(pair, prompts, [(method, {}) for method, _ in RUNS], args.max_new_tokens,
+                                desc="lookup n-grams")
+    finally:
+        bench.run_prompt, lookup.NGRAM_SIZES = run_prompt, SHIPPED
+    table["method"] = ["vanilla" if r == 0 else f"{RUNS[r][0]} {RUNS[r][1]}" for r in table["run"]]
+    summary = summarise(table).set_index("method")
+    print(summary[["mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "hit_rate"]].round(3).to_markdown())
+
+
+if __name__ == "__main__":
+    main()
