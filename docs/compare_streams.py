@@ -19,7 +19,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mirror_sd import load_pair  # noqa: E402
-from mirror_sd import bench  # noqa: E402
 from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts, run_interleaved, summarise  # noqa: E402
 from mirror_sd.models.streams import use_streams  # noqa: E402
 
@@ -34,17 +33,13 @@ def main():
     pair = load_pair()
     prompts = first_per_category(read_prompts(DEFAULT_PROMPTS), args.per_category)
     folders = [None] + args.streams  # run 0: vanilla
-    run_prompt, calls = bench.run_prompt, iter(range(10 ** 9))
 
-    def with_streams(pair, item, method, max_new_tokens, **settings):  # run_interleaved's runs, in order
-        folder = folders[next(calls) % len(folders)]
-        if folder is not None:
-            use_streams(pair, folder)
-        return run_prompt(pair, item, method, max_new_tokens, **settings)
+    def attach(index: int):
+        if folders[index] is not None:
+            use_streams(pair, folders[index])
 
-    bench.run_prompt = with_streams
     runs = [("vanilla", {})] + [("ss", dict(lookup=args.lookup))] * len(args.streams)
-    table = run_interleaved(pair, prompts, runs, args.max_new_tokens, desc="compare streams")
+    table = run_interleaved(pair, prompts, runs, args.max_new_tokens, desc="compare streams", before_run=attach)
     table["method"] = ["vanilla" if r == 0 else f"ss {folders[r]}" for r in table["run"]]
     summary = summarise(table).set_index("method")
     print(summary[["mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla"]].round(3).to_markdown())

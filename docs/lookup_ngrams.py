@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mirror_sd import bench, load_pair  # noqa: E402
+from mirror_sd import load_pair  # noqa: E402
 from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts, run_interleaved, summarise  # noqa: E402
 from mirror_sd.methods import lookup  # noqa: E402
 
@@ -30,18 +30,15 @@ def main():
     args = parser.parse_args()
     pair = load_pair()
     prompts = first_per_category(read_prompts(DEFAULT_PROMPTS), args.per_category)
-    run_prompt, calls = bench.run_prompt, iter(range(10 ** 9))
 
-    def with_ngrams(pair, item, method, max_new_tokens, **settings):  # run_interleaved's runs, in order
-        lookup.NGRAM_SIZES = RUNS[next(calls) % len(RUNS)][1]
-        return run_prompt(pair, item, method, max_new_tokens, **settings)
+    def use_ngrams(index: int):
+        lookup.NGRAM_SIZES = RUNS[index][1]
 
-    bench.run_prompt = with_ngrams
     try:
         table = run_interleaved(pair, prompts, [(method, {}) for method, _ in RUNS], args.max_new_tokens,
-                                desc="lookup n-grams")
+                                desc="lookup n-grams", before_run=use_ngrams)
     finally:
-        bench.run_prompt, lookup.NGRAM_SIZES = run_prompt, SHIPPED
+        lookup.NGRAM_SIZES = SHIPPED
     table["method"] = ["vanilla" if r == 0 else f"{RUNS[r][0]} {RUNS[r][1]}" for r in table["run"]]
     summary = summarise(table).set_index("method")
     print(summary[["mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "hit_rate"]].round(3).to_markdown())

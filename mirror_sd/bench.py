@@ -87,14 +87,19 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -
 
 
 def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max_new_tokens: int,
-                    desc: str = "bench", **settings) -> pd.DataFrame:
+                    desc: str = "bench", before_run=None, **settings) -> pd.DataFrame:
     """Rows of :func:`run_prompt` for every (method, options) in ``runs`` (the first is vanilla, the
-    reference) on every prompt, prompt by prompt; column ``run`` is the index in ``runs``."""
+    reference) on every prompt, prompt by prompt; column ``run`` is the index in ``runs``.
+
+    before_run(index): called before each run with its index in ``runs``, to set up what that run
+    needs beyond its options (other trained streams, say: docs/compare_streams.py)."""
     rows, reference_ids = [], {}
     with tqdm(total=len(runs) * len(prompts), desc=desc, unit="run") as bar:
         for item in prompts:
             for index, (method, options) in enumerate(runs):
                 bar.set_postfix_str(f"{item['id']} {method}")
+                if before_run is not None:
+                    before_run(index)
                 row = run_prompt(pair, item, method, max_new_tokens, **settings, **options)
                 reference_ids.setdefault(item["id"], row["token_ids"])
                 row["equal_to_vanilla"] = row.pop("token_ids") == reference_ids[item["id"]]

@@ -105,6 +105,8 @@ def test_runs_go_prompt_by_prompt(monkeypatch):
 
     monkeypatch.setattr(bench_module, "run_prompt", fake_run_prompt)
     prompts = [dict(id="a", category="qa", turns=["x"]), dict(id="b", category="qa", turns=["y"])]
-    results = bench_module.run_interleaved(None, prompts, [("vanilla", {}), ("sd", {"gamma": 2})], 4)
-    assert calls == [("a", "vanilla", None), ("a", "sd", 2), ("b", "vanilla", None), ("b", "sd", 2)]
+    results = bench_module.run_interleaved(None, prompts, [("vanilla", {}), ("sd", {"gamma": 2})], 4,
+                                           before_run=lambda index: calls.append(("before", index)))
+    assert calls == [("before", 0), ("a", "vanilla", None), ("before", 1), ("a", "sd", 2),
+                     ("before", 0), ("b", "vanilla", None), ("before", 1), ("b", "sd", 2)]
     assert list(results.method) == ["vanilla", "vanilla", "sd", "sd"] and results.equal_to_vanilla.all()
