@@ -45,7 +45,14 @@ class Step:
 
     @property
     def rejected(self) -> list[int]:
-        return self.proposed[self.accepted:]
+        """Draft tokens the target turned down where the step stopped accepting: the rest of a chain
+        window, or, for a draft tree (``extras["tree"]``), the candidates at that position (the children
+        of the last accepted node): the tree's other nodes hang off other positions."""
+        tree = self.extras.get("tree")
+        if tree is None:
+            return self.proposed[self.accepted:]
+        last = tree["path"][self.accepted - 1] if self.accepted else -1
+        return [token for token, parent in zip(tree["tokens"], tree["parents"]) if parent == last]
 
 
 @dataclass

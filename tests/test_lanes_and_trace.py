@@ -158,3 +158,18 @@ def test_a_step_cut_at_max_new_tokens_counts_only_the_drafts_it_commits(tiny_pai
     last = run.commit(Step(1, [6, 7, 8, 9], ["accepted"] * 3 + ["bonus"], proposed=[6, 7, 8], accepted=3))
     assert run.tokens == [5, 6, 7] and run.finished == "length"
     assert last.committed == [6, 7] and last.accepted == 2 and last.origins == ["accepted", "accepted"]
+
+
+def test_rejected_tokens_of_a_chain_and_of_a_tree():
+    """A chain window's rejected tokens are its rest; a tree's are the candidates where acceptance stopped
+    (the children of the last accepted node), not the nodes of other branches."""
+    from mirror_sd.trace import Step
+
+    chain = Step(1, [6, 9], ["accepted", "correction"], proposed=[6, 7, 8], accepted=1)
+    assert chain.rejected == [7, 8]
+    # root -> 10, 11; 10 -> 20, 21; 11 -> 22. Accepted 10, then the target said 30 (a correction).
+    tree = dict(tokens=[10, 11, 20, 21, 22], parents=[-1, -1, 0, 0, 1], path=[0])
+    step = Step(1, [10, 30], ["accepted", "correction"], proposed=tree["tokens"], accepted=1, extras=dict(tree=tree))
+    assert step.rejected == [20, 21]
+    none = Step(2, [40], ["correction"], proposed=tree["tokens"], accepted=0, extras=dict(tree=dict(tree, path=[])))
+    assert none.rejected == [10, 11]
