@@ -11,8 +11,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mirror_sd import load_pair  # noqa: E402
@@ -22,10 +20,6 @@ from mirror_sd.methods import mirror  # noqa: E402
 SHIPPED = mirror.early_exit
 
 
-def full_head(pair, hidden):
-    return torch.log_softmax(pair.target.head(hidden)[0], dim=-1)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-category", type=int, default=2)
@@ -33,7 +27,7 @@ def main():
     args = parser.parse_args()
     pair = load_pair()
     prompts = first_per_category(read_prompts(DEFAULT_PROMPTS), args.per_category)
-    runs = {"vanilla": None, "draft rows": SHIPPED, "full head": full_head}
+    runs = {"vanilla": None, "draft rows": SHIPPED, "full head": mirror.full_head_exit}
     totals = {name: dict(tokens=0, wall=0.0, hits=[]) for name in runs}
     run_prompt(pair, prompts[0], "mirror", 8)  # warm up
     for i, item in enumerate(prompts):

@@ -79,13 +79,18 @@ def early_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
     """
     target, vocab_map = pair.target, pair.draft.vocab_map
     if vocab_map is None or target.layer_devices:
-        return torch.log_softmax(target.head(hidden)[0], dim=-1)
+        return full_head_exit(pair, hidden)
     vocab_map = vocab_map.to(target.device)
     rows = pair.addons.get("early_exit_rows")
     if rows is None:  # [rows, d]: the target's LM-head rows of the draft's tokens
         rows = pair.addons["early_exit_rows"] = target.lm_head.weight.detach()[vocab_map].clone()
     logp = torch.log_softmax(linear(target.model.norm(hidden[0]), rows).float(), dim=-1)  # [T, rows]
     return to_target_vocab(logp, vocab_map, target.args.vocab_size)
+
+
+def full_head_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
+    """The early exit over the target's whole LM head: log-probs [T, V] of hidden states [1, T, d]."""
+    return torch.log_softmax(pair.target.head(hidden)[0], dim=-1)
 
 
 def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int):

@@ -40,7 +40,7 @@ from ..models.loading import embedded_model_dir, load_model, load_tokenizer
 from .distill import ORIGIN
 from .draft import IGNORE, build_vocab_map, data_folders, data_source, read_examples
 from .features import extract_features, features_dir, load_sequences
-from .loop import fit, run_evaluation
+from .loop import fit, run_evaluation, stage_history
 
 # -- stage 2: the head ---------------------------------------------------------------------------
 def make_batches(seqs: list[dict], row_of: torch.Tensor, batch_tokens: int, rng: random.Random):
@@ -246,7 +246,7 @@ def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None,
                 answer_tokens_held_out=final["answer_tokens"],
                 trainable_parameters=sum(p.numel() for p in head.parameters() if p.requires_grad))
     earlier = json.loads((Path(init) / "training.json").read_text()) if init else None
-    card["stages"] = (earlier.get("stages") or [stage_of(earlier)] if earlier else []) + [stage_of(card)]
+    card["stages"] = stage_history(earlier, card, stage_of)
     save_head(head, out, card)
     write_card(out, card)
     return card

@@ -34,7 +34,7 @@ from ..models.llama import Transformer
 from ..models.loading import EMBED_FROM_TARGET, embedded_model_dir, load_model, load_tokenizer, read_config
 from ..models.streams import StreamConfig, Streams
 from .draft import IGNORE, build_vocab_map, data_folders, read_examples
-from .loop import fit, run_evaluation
+from .loop import fit, run_evaluation, stage_history
 
 ALPHA_STREAM = 0.1  # α_j of the n-gram loss
 
@@ -211,7 +211,7 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
                 held_out_top1_per_stream=final["top1_per_stream"], held_out_greedy_chain_tau=round(final["tau"], 3),
                 init=str(init) if init else None)
     earlier = json.loads((Path(init) / "streams.json").read_text()).get("training") if init else None
-    card["stages"] = (earlier.get("stages") or [stage_of(earlier)] if earlier else []) + [stage_of(card)]
+    card["stages"] = stage_history(earlier, card, stage_of)
     streams.save(out, meta=dict(training=card))
     write_model_card(out, config, card)
     return card
