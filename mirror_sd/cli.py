@@ -41,7 +41,7 @@ def _add_model_args(p: argparse.ArgumentParser):
     g.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, npu, or GPUs to shard the target "
                                                              "over: cuda:0,cuda:1 (default: this machine's best)")
     g.add_argument("--draft-device", default=None, help="device of the draft lane (default: see README)")
-    g.add_argument("--dtype", default=None, help="fp32, fp16 or bf16 (default: fp32 on CPU, bf16 on GPU)")
+    g.add_argument("--dtype", default=None, help="fp32, fp16 or bf16 (default fp32 on every device: bf16 and fp16 can break token-for-token equality with vanilla at temperature 0)")
 
 
 def _add_decoding_args(p: argparse.ArgumentParser):

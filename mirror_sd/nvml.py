@@ -2,7 +2,7 @@
 
 Spans say when a lane was working; NVML says how busy the GPU itself was: the share of each sample
 period (1/6 s to 1 s, the driver's choice) during which a kernel was running. While a generation
-runs with a CUDA lane, :class:`GpuSampler` reads ``nvmlDeviceGetUtilizationGraphs`` every
+runs with a CUDA lane, :class:`GpuSampler` reads ``nvmlDeviceGetUtilizationRates`` every
 ``period_s`` on a background thread and adds each reading to the trace as ``(device, t, percent)``.
 Elsewhere (no CUDA lane, no NVIDIA driver, or ``nvidia-ml-py`` not installed) it does nothing.
 """
@@ -40,9 +40,14 @@ class GpuSampler:
 
     def _loop(self):
         while not self._stop.is_set():
-            for device, handle in self.handles.items():
-                percent = self.nvml.nvmlDeviceGetUtilizationGraphs(handle).gpu
-                self.trace.add_gpu_sample(device, time.perf_counter(), percent)
+            try:
+                readings = {device: self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                            for device, handle in self.handles.items()}
+            except Exception:  # NVML failed mid-run (a driver reset, say): keep what was read, stop reading
+                return
+            now = time.perf_counter()
+            for device, percent in readings.items():
+                self.trace.add_gpu_sample(device, now, percent)
             self._stop.wait(self.period_s)
 
     def close(self):

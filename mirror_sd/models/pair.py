@@ -101,7 +101,7 @@ def _load_pair(target, draft, target_device, draft_device, dtype) -> ModelPair:
 def _load_target(target_dir: Path, lane: Lane, dtype, may_shard: bool):
     """The target on its lane; sharded over the lane's GPUs when it has several, or (may_shard) over
     every GPU when it is too big for its own."""
-    dtype = _dtype(dtype, lane.device)
+    dtype = _dtype(dtype)
     gpus = torch.cuda.device_count() if lane.device.type == "cuda" else 0
     if len(lane.devices) == 1 and not (may_shard and gpus > 1):
         return load_model(target_dir, lane.device, dtype)
@@ -114,7 +114,7 @@ def _load_target(target_dir: Path, lane: Lane, dtype, may_shard: bool):
 
 
 def _load_draft(draft: str, target_dir: Path, tokenizer, lane: Lane, dtype, target_embedding):
-    dtype = _dtype(dtype, lane.device)
+    dtype = _dtype(dtype)
     if draft.startswith("self:"):
         layers = _self_draft_layers(draft, target_dir)
         model, _ = load_model(target_dir, lane.device, dtype, num_layers=layers)
@@ -152,9 +152,9 @@ def check_same_vocabulary(target_tokenizer, draft_tokenizer, draft_name: str):
         f"e.g. {example!r}); speculative decoding needs a draft that shares the target's vocabulary")
 
 
-def _dtype(dtype, device: torch.device) -> torch.dtype:
+def _dtype(dtype) -> torch.dtype:
     if dtype is None:
-        return default_dtype(device)
+        return default_dtype()
     if isinstance(dtype, torch.dtype):
         return dtype
     names = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,

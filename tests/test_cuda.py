@@ -1,0 +1,94 @@
+"""The CUDA paths, on a real NVIDIA GPU: skipped on machines without one (CI has none).
+
+With one GPU the target runs on cuda:0 and the draft on a second CUDA stream of it (devices.py).
+Tiny random models stand in for the embedded pair, so these tests need no weights; every method
+must commit vanilla's tokens there as it does on the CPU, the two lanes' streams must really
+overlap, sampling must keep the target's law, and NVML readings must reach the trace.
+"""
+import pytest
+import torch
+
+from mirror_sd import generate, load_pair
+from mirror_sd.methods.eagle import attach_head
+from mirror_sd.models.eagle import EagleHead
+
+from test_distribution import PROMPT, chi_square_p, exact_law_of_tokens_2_and_3, sample_counts
+from test_ss import random_streams
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+PROMPTS = ["t1 t2 t3", "t9", "t4 t4 t4 t4", "t15 t0 t7", "t3 t1 t4 t1 t5 t9 t2 t6"]
+METHODS = {  # method -> options; lookup 0 keeps context copies out, so the draft's own paths run
+    "sd": dict(gamma=3),
+    "eagle": dict(depth=3, top_k=3, total_tokens=8, lookup=0),
+    "ss": dict(gamma=3, top_k=2, total_tokens=6, lookup=0),
+    "mirror": dict(gamma=3, kappa=2, branch_budget=3, lookup=0),
+}
+
+
+def cuda_pair(tiny_dirs, dtype: str | None):
+    """The tiny pair on this machine's default devices (one GPU: cuda:0 and its second stream),
+    with an untrained EAGLE head and random streams for the target."""
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), dtype=dtype)
+    assert pair.target.device.type == pair.draft.device.type == "cuda"
+    torch.manual_seed(0)
+    attach_head(pair, EagleHead.from_target(pair.target, torch.arange(16)))
+    pair.addons["streams"] = random_streams(pair.target, layers=1, G=3)
+    return pair
+
+
+@pytest.fixture(scope="module")
+def fp32_pair(tiny_dirs):
+    pair = cuda_pair(tiny_dirs, None)  # no dtype: the default, fp32 on a GPU too (devices.default_dtype)
+    assert pair.target.dtype == pair.draft.dtype == torch.float32
+    return pair
+
+
+def test_one_gpu_gives_the_draft_a_second_stream(fp32_pair):
+    target, draft = fp32_pair.target_lane, fp32_pair.draft_lane
+    assert target.device.type == draft.device.type == "cuda" and target.device == draft.device
+    assert draft.stream is not None and target.stream is None
+    assert fp32_pair.target.device.type == "cuda" and fp32_pair.draft.device.type == "cuda"
+    assert "2nd stream" in draft.label
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_method_equals_vanilla_on_the_gpu(fp32_pair, method):
+    accepted = 0
+    for prompt in PROMPTS:
+        expected = generate(fp32_pair, prompt, method="vanilla", max_new_tokens=32, raw=True).token_ids
+        out = generate(fp32_pair, prompt, method=method, max_new_tokens=32, raw=True, **METHODS[method])
+        assert out.error is None, out.error
+        assert out.token_ids == expected, f"{method} differs from vanilla on {prompt!r}"
+        accepted += sum(s.accepted for s in out.trace.steps)
+    assert accepted > 0  # drafts were really verified and some used
+
+
+def test_mirror_rollouts_overlap_the_target_suffix_on_two_streams(fp32_pair):
+    out = generate(fp32_pair, PROMPTS[4], method="mirror", max_new_tokens=48, raw=True, **METHODS["mirror"])
+    spans = out.trace.spans_frame()
+    overlapping = 0
+    for _, group in spans.groupby("step"):
+        suffix, rollout = group[group.kind == "target-suffix"], group[group.kind == "draft-rollout"]
+        if len(suffix) and len(rollout):
+            s, r = suffix.iloc[0], rollout.iloc[0]
+            overlapping += min(s.end, r.end) - max(s.start, r.start) > 0
+    assert overlapping >= 1 and out.metrics["overlap"] > 0
+
+
+@pytest.mark.parametrize("method", ["sd", "mirror"])
+def test_sampling_on_the_gpu_keeps_the_target_law(tiny_dirs, fp32_pair, method):
+    prompt_ids = fp32_pair.encode(PROMPT, raw=True)
+    target_cpu = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
+    law = exact_law_of_tokens_2_and_3(target_cpu, prompt_ids, 1.0, 1.0)
+    options = dict(METHODS[method], lookup=0) if method == "mirror" else dict(gamma=2)
+    counts = sample_counts(fp32_pair, method, 1.0, 1.0, **options)
+    assert chi_square_p(counts, law) > 1e-3
+
+
+def test_nvml_readings_reach_the_trace(fp32_pair):
+    pytest.importorskip("pynvml")
+    out = generate(fp32_pair, PROMPTS[4], method="mirror", max_new_tokens=160, raw=True, **METHODS["mirror"])
+    samples = out.trace.gpu_samples
+    assert samples and {g.device for g in samples} == {"cuda:0"}
+    assert all(0 <= g.percent <= 100 for g in samples)
