@@ -86,13 +86,25 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -
                 **{f"{SPAN_PREFIX}{kind}": seconds for kind, seconds in span_s.items()})
 
 
+WARMUP_TOKENS = 8  # new tokens of each untimed warm-up run (run_interleaved)
+
+
 def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max_new_tokens: int,
-                    desc: str = "bench", before_run=None, **settings) -> pd.DataFrame:
+                    desc: str = "bench", before_run=None, warmup: bool = True, **settings) -> pd.DataFrame:
     """Rows of :func:`run_prompt` for every (method, options) in ``runs`` (the first is vanilla, the
     reference) on every prompt, prompt by prompt; column ``run`` is the index in ``runs``.
 
-    before_run(index): called before each run with its index in ``runs``, to set up what that run
-    needs beyond its options (other trained streams, say: docs/compare_streams.py)."""
+    warmup: first run each once, untimed, for WARMUP_TOKENS on the first turn of the first prompt,
+    so that one-time costs (weights packed for oneDNN on first use, a head or streams loaded, the
+    first kernels set up: 0.2-0.3 s for vanilla, eagle and mirror on this project's CPU) are charged
+    to no method. before_run(index): called before each run with its index in ``runs``, to set up
+    what that run needs beyond its options (other trained streams, say: docs/compare_streams.py)."""
+    if warmup and prompts:
+        first = dict(prompts[0], turns=prompts[0]["turns"][:1])
+        for index, (method, options) in enumerate(runs):
+            if before_run is not None:
+                before_run(index)
+            run_prompt(pair, first, method, min(WARMUP_TOKENS, max_new_tokens), **settings, **options)
     rows, reference_ids = [], {}
     with tqdm(total=len(runs) * len(prompts), desc=desc, unit="run") as bar:
         for item in prompts:
