@@ -50,6 +50,7 @@ def test_one_gpu_gives_the_draft_a_second_stream(fp32_pair):
     assert draft.stream is not None and target.stream is None
     assert fp32_pair.target.device.type == "cuda" and fp32_pair.draft.device.type == "cuda"
     assert "2nd stream" in draft.label
+    assert not torch.backends.cuda.cudnn_sdp_enabled()  # devices.avoid_cudnn_attention: a plan per length
 
 
 @pytest.mark.parametrize("method", list(METHODS))
