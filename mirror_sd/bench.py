@@ -171,6 +171,21 @@ def summarise(results: pd.DataFrame) -> pd.DataFrame:
     return per[cols].reset_index()
 
 
+def equality_warning(summary: pd.DataFrame, temperature: float) -> str | None:
+    """A warning naming the methods that committed other tokens than vanilla at temperature 0
+    (at T > 0 the tokens differ by design: only their law must match); None when all agree."""
+    if temperature > 0:
+        return None
+    off = summary[summary.equal_to_vanilla < 1]
+    if off.empty:
+        return None
+    which = ", ".join(f"{row.method} on {round((1 - row.equal_to_vanilla) * row.prompts)} of {row.prompts} prompts"
+                      for row in off.itertuples())
+    return (f"warning: at temperature 0 these methods committed other tokens than vanilla: {which}. "
+            "In fp32 that is a fault; in bf16 or fp16 (--dtype), rounding that depends on how many "
+            "tokens a forward holds can flip near-ties, so use fp32 to compare methods.")
+
+
 def _option_names(method: str) -> set[str]:
     return {o.name for o in get_method(method).options}
 

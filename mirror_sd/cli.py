@@ -148,7 +148,7 @@ def _prompts(args) -> list[dict]:
 
 
 def cmd_bench(args) -> int:
-    from .bench import bench
+    from .bench import bench, equality_warning
     from .methods import get_method
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -159,6 +159,9 @@ def cmd_bench(args) -> int:
     summary = bench(pair, prompts, methods, out_dir=args.out, options=_method_options(args), **_settings(args))
     print(summary.to_markdown(index=False, floatfmt=".3f"))
     print(f"\nwrote {args.out}/results.csv, summary.csv, summary.md")
+    warning = equality_warning(summary, args.temperature)
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
 
 

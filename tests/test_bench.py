@@ -112,3 +112,16 @@ def test_runs_go_prompt_by_prompt(monkeypatch):
     assert calls == warmup + [("before", 0), ("a", "vanilla", None), ("before", 1), ("a", "sd", 2),
                               ("before", 0), ("b", "vanilla", None), ("before", 1), ("b", "sd", 2)]
     assert list(results.method) == ["vanilla", "vanilla", "sd", "sd"] and results.equal_to_vanilla.all()
+
+
+def test_a_method_off_vanillas_tokens_at_temperature_0_is_named():
+    import pandas as pd
+
+    from mirror_sd.bench import equality_warning
+
+    summary = pd.DataFrame(dict(method=["vanilla", "sd", "eagle"], prompts=[6, 6, 6],
+                                equal_to_vanilla=[1.0, 5 / 6, 1.0]))
+    warning = equality_warning(summary, temperature=0.0)
+    assert "sd on 1 of 6 prompts" in warning and "eagle" not in warning and "fp32" in warning
+    assert equality_warning(summary, temperature=0.8) is None  # sampling: tokens differ by design
+    assert equality_warning(summary[summary.method != "sd"], temperature=0.0) is None
