@@ -144,8 +144,8 @@ def default_dtype() -> torch.dtype:
     promise of temperature 0: its rounding depends on how many tokens one forward holds, so a
     window's verify and vanilla's one-token step can pick different argmaxes where two logits
     nearly tie. On an H100 (README, "On a GPU"), every speculative method differed from vanilla on
-    1 or 2 of 6 prompts in bf16 and on none of 12 in fp32, and fp32 was the faster of the two for
-    the embedded target. Ask for bf16 or fp16 (``dtype=``, ``--dtype``) to halve a big model's memory."""
+    1 or 2 of 6 prompts in bf16 and on none of 12 in fp32. Ask for bf16 or fp16 (``dtype=``,
+    ``--dtype``) to halve a big model's memory."""
     return torch.float32
 
 
