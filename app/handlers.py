@@ -45,7 +45,12 @@ def hardware_notice(pair) -> str:
     lanes = f"Target lane: **{target.label}**; draft lane: **{draft.label}**."
     if target.device.type != draft.device.type:
         return lanes
-    where = " They are two groups of one CPU's cores." if target.device.type == "cpu" else ""
+    where = ""
+    if target.device.type == "cpu":
+        where = " They are two groups of one CPU's cores."
+    elif target.device == draft.device:
+        where = (f" They are two CUDA streams of one GPU ({target.device}): the draft's kernels run beside the "
+                 "target's on the same chip, sharing its compute units and memory bandwidth.")
     return (f"{lanes} Both lanes are on the same kind of hardware ({target.device.type}): here they stand in for "
             f"the two separate devices Mirror-SD is designed for (a GPU and an NPU).{where}")
 

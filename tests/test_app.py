@@ -7,6 +7,7 @@ import types
 
 import pandas as pd
 import pytest
+import torch
 
 from app import figures
 from app.cards import baseline, card_html
@@ -18,6 +19,7 @@ from app.replay import commit_times, last_step_at
 from app.tokens import ORIGIN_COLOURS, legend_html, text_html
 from app.trees import ACCEPTED, REJECTED, ROOT, TARGET_MISS, USED, step_tree
 from mirror_sd import METHODS
+from mirror_sd.devices import Lane
 from mirror_sd.trace import Step, Trace
 
 PROMPT = "t1 t2 t3"
@@ -189,6 +191,12 @@ def test_page_says_when_both_lanes_are_one_kind_of_hardware(tiny_pair):
     notice = hardware_notice(tiny_pair)
     assert "target, GPU role, cpu:0" in notice and "stand in for the two separate devices" in notice
     assert check_prompt("", ["sd"]).startswith("the prompt is empty") and check_prompt("hi", []) is not None
+    one_gpu = types.SimpleNamespace(target_lane=Lane("target", torch.device("cuda", 0)),
+                                    draft_lane=Lane("draft", torch.device("cuda", 0)))  # as make_lanes, one GPU
+    assert "two CUDA streams of one GPU (cuda:0)" in hardware_notice(one_gpu)
+    two_gpus = types.SimpleNamespace(target_lane=one_gpu.target_lane, draft_lane=Lane("draft", torch.device("cuda", 1)))
+    notice = hardware_notice(two_gpus)
+    assert "stand in for the two separate devices" in notice and "streams" not in notice
 
 
 def test_the_race_asks_for_a_gpu_only_where_spaces_is_installed(tiny_pair, monkeypatch):
