@@ -109,6 +109,16 @@ def test_training_goes_on_from_trained_streams(trained_tiny, tiny_dirs, tmp_path
     assert "Stages" in (tmp_path / "stage2" / "README.md").read_text()
 
 
+def test_a_card_from_before_data_was_recorded_still_lists_its_stage():
+    """--init from streams whose card has no data line (the shipped draft's streams) once failed
+    writing the new card, after training."""
+    from mirror_sd.train.ss import stage_line, stage_of
+
+    old = dict(examples_train=1093, steps=411, epochs=3, lr=0.002, wall_s=600.0,
+               held_out_top1_per_stream=[0.209, 0.121])
+    assert stage_line(stage_of(old)).startswith("  - data not recorded (1093 examples): 411 steps")
+
+
 @pytest.fixture(scope="module")
 def ss_pair(trained_tiny, tiny_dirs):
     pair = load_pair(target=str(tiny_dirs["target"]), draft=None)

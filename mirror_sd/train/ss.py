@@ -225,7 +225,8 @@ def stage_of(card: dict) -> dict:
 
 def stage_line(stage: dict) -> str:
     top1 = ", ".join(f"{x:.3f}" for x in stage["held_out_top1_per_stream"])
-    return (f"  - {', '.join(stage['data'])} ({stage['examples_train']} examples): {stage['steps']} steps "
+    data = ", ".join(stage["data"]) if stage.get("data") else "data not recorded"  # cards from before it was
+    return (f"  - {data} ({stage['examples_train']} examples): {stage['steps']} steps "
             f"({stage['epochs']} epochs), lr {stage['lr']}, {stage['wall_s'] / 60:.1f} min; held-out top-1 per "
             f"stream {top1}")
 
