@@ -80,7 +80,8 @@ def test_data_readme_lists_the_categories_present_and_mentions_turns_only_for_mu
 
     eos = 2
     tokenizer = SimpleNamespace(eos_token_id=eos)
-    args = SimpleNamespace(source="self-instruct", seed=0, num_prompts=2, max_new_tokens=8, batch_size=2, threads=1)
+    args = SimpleNamespace(source="self-instruct", seed=0, num_prompts=2, max_new_tokens=8, batch_size=2, threads=1,
+                           device="cpu")
     prompts = [dict(id=f"instruction-{i}", category="instruction", source="self-instruct",
                     messages=[{"role": "user", "content": "Name a colour."}]) for i in (1, 2)]
     rows = [dict(id=p["id"], category="instruction", prompt_ids=[5, 6], answer_ids=[7, eos]) for p in prompts]
@@ -133,3 +134,14 @@ def test_reference_data_pairs_each_prompt_with_corpus_text_and_tokenizes_like_th
     assert rows[1]["prompt_ids"][:len(rows[0]["prompt_ids"])] == rows[0]["prompt_ids"]
     cut = reference_rows([multi], tokenizer, max_answer_tokens=4)
     assert all(len(r["answer_ids"]) == 4 and r["answer_ids"][-1] != tokenizer.eos_token_id for r in cut)
+
+
+def test_data_on_a_device_this_machine_lacks_is_a_clear_error(tmp_path, capsys):
+    import torch
+
+    from mirror_sd.train.__main__ import main
+
+    if torch.cuda.device_count() > 3:
+        pytest.skip("this machine has a cuda:3")
+    rc = main(["data", "--out", str(tmp_path), "--num-prompts", "2", "--device", "cuda:3"])
+    assert rc == 2 and "device 'cuda:3' is not available" in capsys.readouterr().err

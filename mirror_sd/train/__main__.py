@@ -34,6 +34,9 @@ def _add_data(sub) -> None:
                    help="rows decoded together, refilled as answers finish (default 32: best measured)")
     p.add_argument("--threads", type=int, default=2,
                    help="torch CPU threads (default 2; use 1 for a niced background run on a shared box)")
+    p.add_argument("--device", default="cpu",
+                   help="where the target runs: cpu (default) or cuda[:N], in fp32 either way; a GPU answers "
+                        "far faster with a large --batch-size (not yet run on a GPU)")
 
     def run(args):
         from .distill import run_data

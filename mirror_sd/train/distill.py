@@ -122,10 +122,11 @@ class _Rows:
 
         width = max(len(x) for x in prompts)
         input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        self.mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, x in enumerate(prompts):  # left padding
             input_ids[i, width - len(x):] = torch.tensor(x, dtype=torch.long)
-            self.mask[i, width - len(x):] = 1
+            mask[i, width - len(x):] = 1
+        input_ids, self.mask = input_ids.to(model.device), mask.to(model.device)
         pos = (self.mask.cumsum(-1) - 1).clamp(min=0)
         self.cache = DynamicCache(config=model.config)
         out = model(input_ids=input_ids, attention_mask=self.mask, position_ids=pos,
@@ -153,7 +154,7 @@ class _Rows:
         import torch
 
         if len(rows) < len(self.ids):
-            idx = torch.tensor(rows, dtype=torch.long)
+            idx = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
             self.cache.batch_select_indices(idx)
             self.mask, self.next, self.pos = self.mask[idx], self.next[idx], self.pos[idx]
             self.ids = [self.ids[j] for j in rows]
@@ -179,10 +180,12 @@ def greedy(logits):
 
 
 def sampler(generator):
-    """Sampling at temperature 1 from the full distribution, drawn from a seeded torch.Generator."""
+    """Sampling at temperature 1 from the full distribution, drawn from a seeded CPU torch.Generator
+    (so a seed draws the same tokens whatever device computed the logits)."""
     import torch
 
-    return lambda logits: torch.multinomial(logits.float().softmax(-1), 1, generator=generator)[:, 0]
+    return lambda logits: torch.multinomial(logits.float().softmax(-1).cpu(), 1,
+                                            generator=generator)[:, 0].to(logits.device)
 
 
 def generate_stream(model, tokenizer, prompts: list[list[int]], batch_size: int, max_new_tokens: int,
@@ -265,19 +268,23 @@ def _generate_batch_hf(model, tokenizer, batch: list[list[int]], max_new_tokens:
     return answers
 
 
-def load_target(threads: int):
+def load_target(threads: int, device: str = "cpu"):
+    """The embedded target as a transformers model in fp32 on ``device`` (cpu, cuda[:N], ...), and
+    its tokenizer, left-padding for batches."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ..devices import resolve_device
     from ..models.loading import embedded_model_dir
 
     torch.set_num_threads(threads)
+    where = resolve_device(device)  # a clear error for a device this machine lacks
     folder = embedded_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(where).eval()
     return folder, model, tokenizer
 
 
@@ -303,7 +310,8 @@ def run_data(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     data_path = out / "data.jsonl"
     config = dict(source=args.source, seed=args.seed, num_prompts=args.num_prompts,
-                  max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, threads=args.threads)
+                  max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, threads=args.threads,
+                  device=args.device)
     cfg_path = out / "config.json"
     if cfg_path.exists() and data_path.exists():
         old = {"source": "corpora", **json.loads(cfg_path.read_text())}   # folders from before --source
@@ -318,7 +326,7 @@ def run_data(args) -> int:
     stats: dict = {}
     if args.source == "reference":
         return _run_reference(args, out, stats)
-    folder, model, tokenizer = load_target(args.threads)
+    folder, model, tokenizer = load_target(args.threads, args.device)
     if args.source == "self-instruct":
         prompts = _self_instruct(out / "prompts.jsonl", model, tokenizer, args, stats)
     else:
@@ -424,7 +432,7 @@ def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, toke
     runs.append(dict(finished=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                      command="python -m mirror_sd.train " + " ".join(shlex.quote(a) for a in sys.argv[1:]), wall_s=round(wall, 1),
                      new_answer_tokens=new_tokens, batch_size=args.batch_size, threads=args.threads,
-                     host=platform.node(), cpus=os.cpu_count()))
+                     device=args.device, host=platform.node(), cpus=os.cpu_count()))
     runs_path.write_text(json.dumps(runs, indent=2) + "\n")
 
     sources = P.source_versions()
@@ -452,7 +460,8 @@ def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, toke
         "```",
         f"python -m mirror_sd.train data --out {out} --source {args.source} --seed {args.seed} "
         f"--num-prompts {args.num_prompts} "
-        f"--max-new-tokens {args.max_new_tokens} --batch-size {args.batch_size} --threads {args.threads}",
+        f"--max-new-tokens {args.max_new_tokens} --batch-size {args.batch_size} --threads {args.threads} "
+        f"--device {args.device}",
         "```",
         "",
         f"Target: `{folder}` (the engine's cached safetensors of the embedded GGUF). Chat template "
@@ -480,7 +489,7 @@ def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, toke
         f"Built in {wall:.0f} s (nothing generated)." if args.source == "reference" else
         f"Wall time: {total_wall / 60:.1f} min over {len(runs)} invocation(s) "
         f"(last: {wall / 60:.1f} min, {new_tokens} answer tokens, "
-        f"{new_tokens / max(wall, 1e-9):.1f} tok/s, batch {args.batch_size}, {args.threads} threads).",
+        f"{new_tokens / max(wall, 1e-9):.1f} tok/s, batch {args.batch_size}, {args.threads} threads, on {args.device}).",
         "",
         "## Sources",
         "",
