@@ -144,6 +144,15 @@ def test_unrolled_training_passes_are_what_drafting_computes(tiny_eagle):
             torch.testing.assert_close(out, passes[s - 1][0, p], atol=1e-5, rtol=1e-4)
 
 
+def test_training_on_a_device_this_machine_lacks_is_a_clear_error(tiny_dirs, tmp_path):
+    from mirror_sd.train.eagle import train
+
+    if torch.cuda.device_count() > 3:
+        pytest.skip("this machine has a cuda:3")
+    with pytest.raises(MirrorSDError, match="device 'cuda:3' is not available"):
+        train(tmp_path, tmp_path / "head", target_dir=tiny_dirs["target"], device="cuda:3")
+
+
 def test_short_eagle_training_lowers_the_loss(tiny_dirs, tiny_pair, tmp_path):
     from mirror_sd.train.eagle import train
 

@@ -83,7 +83,8 @@ class EagleHead(nn.Module):
 def save_head(head: EagleHead, out: Path, card: dict):
     """fp16 weights (fc, layer, vocab_map), config.json and training.json in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: (v.to(torch.float16) if v.is_floating_point() else v).contiguous() for k, v in head.state_dict().items()}
+    state = {k: (v.to(torch.float16) if v.is_floating_point() else v).contiguous().cpu()
+             for k, v in head.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     a = head.args
     config = dict(architecture="eagle-1 head: fc(2d->d) + 1 Llama decoder layer, target's frozen LM head rows",

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..devices import resolve_device
 from ..models.eagle import EagleHead, load_head, save_head
 from ..models.loading import embedded_model_dir, load_model, load_tokenizer
 from .distill import ORIGIN
@@ -118,7 +119,7 @@ def unrolled_predictions(head: EagleHead, feats: torch.Tensor, ids: torch.Tensor
     B, T = ids.shape
     if unroll == 1:
         return [head(feats, ids, None)]  # plain causal pass, no cache
-    cache, positions, preds = GrowingCache(), torch.arange(T).expand(B, T), []
+    cache, positions, preds = GrowingCache(), torch.arange(T, device=ids.device).expand(B, T), []
     for s in range(1, unroll + 1):
         if s > 1:  # position p reads the previous pass's prediction of f_p (made at p - 1)
             feats = torch.cat([torch.zeros_like(preds[-1][:, :1]), preds[-1][:, :-1]], dim=1)
@@ -129,7 +130,7 @@ def unrolled_predictions(head: EagleHead, feats: torch.Tensor, ids: torch.Tensor
 def head_loss(head: EagleHead, batch, noise: float, ce_weight: float, unroll: int = 1):
     """(objective, per-pass stats) for one batch; stats: loss, feature_loss, correct top-1 and
     labelled tokens (all positions, and answer positions only), each a list over passes 1..unroll."""
-    feats, ids, target, labels, valid, answer = batch
+    feats, ids, target, labels, valid, answer = (t.to(head.device) for t in batch)
     if noise > 0:
         feats = feats + (torch.rand_like(feats) - 0.5) * noise
     objective, stats = 0.0, dict(loss=[], feature_loss=[], correct=[], count=[], answer_correct=[], answer_count=[])
@@ -172,7 +173,7 @@ def evaluate(head, seqs, row_of, batch_tokens: int, ce_weight: float, depths: in
 def rows_of(vocab_map: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Target id -> head row [vocab_size] (IGNORE for ids outside the head's rows)."""
     row_of = torch.full((vocab_size,), IGNORE, dtype=torch.long)
-    row_of[vocab_map] = torch.arange(len(vocab_map))
+    row_of[vocab_map.cpu()] = torch.arange(len(vocab_map))  # on the CPU, where batches are built
     return row_of
 
 
@@ -194,17 +195,18 @@ def split_order(count: int, holdout: float, seed: int) -> tuple[list[int], int]:
 def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None, vocab_size: int = 8192, epochs: float = 4.0,
           lr: float = 1e-3, batch_tokens: int = 4096, max_len: int = 512, eval_every: int = 50,
           holdout: float = 0.03, noise: float = 0.2, ce_weight: float = 0.1, seed: int = 0, threads: int = 2,
-          target_dir: Path | None = None, unroll: int = 1, init: Path | None = None) -> dict:
+          target_dir: Path | None = None, unroll: int = 1, init: Path | None = None, device: str = "cpu") -> dict:
     """Train an EAGLE head for the target in ``target_dir`` (default: the embedded target).
 
     unroll: passes of training-time test (module docstring; 1: plain EAGLE-1 training).
     init: a head folder to start from (its vocab_map is kept) instead of a fresh head.
+    device: where the target computes features and the head trains (fp32 either way).
     """
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     start = time.time()
     target_dir = Path(target_dir) if target_dir else embedded_model_dir()
-    target, _ = load_model(target_dir, torch.device("cpu"), torch.float32)
+    target, _ = load_model(target_dir, resolve_device(device), torch.float32)
     examples = read_examples(data_dirs)
     features = features_dir(features, target_dir)
     seqs = example_sequences(target, examples, features, max_len, batch_tokens)
@@ -351,11 +353,13 @@ def add_parser(sub):
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="where the target computes features and the head trains: "
+                                                    "cpu (default) or cuda[:N]; fp32 either way (not yet run on a GPU)")
 
     def run(args):
         card = train([Path(d) for d in args.data], Path(args.out), args.features, args.vocab, args.epochs, args.lr,
                      args.batch_tokens, args.max_len, args.eval_every, noise=args.noise, ce_weight=args.ce_weight,
-                     seed=args.seed, threads=args.threads, unroll=args.unroll, init=args.init)
+                     seed=args.seed, threads=args.threads, unroll=args.unroll, init=args.init, device=args.device)
         print(json.dumps(card, indent=2))
         return 0
 

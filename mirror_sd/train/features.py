@@ -59,11 +59,12 @@ def extract_features(target, examples, folder: Path, max_len: int, batch_tokens:
             T = len(seqs[order[i]])
             group = order[i:i + max(1, batch_tokens // max(T, 1))]
             T = max(len(seqs[j]) for j in group)
-            ids = torch.tensor([seqs[j] + [0] * (T - len(seqs[j])) for j in group])
+            ids = torch.tensor([seqs[j] + [0] * (T - len(seqs[j])) for j in group], device=target.device)
             f, a = target_features(target, ids)
+            f, a = f.half().cpu(), a.int().cpu()  # shards are kept on the CPU, whatever computed them
             for row, j in enumerate(group):
-                feats[j] = f[row, :len(seqs[j])].half()
-                argmax[j] = a[row, :len(seqs[j])].int()
+                feats[j] = f[row, :len(seqs[j])]
+                argmax[j] = a[row, :len(seqs[j])]
             i += len(group)
         offsets = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
         partial = path.with_suffix(".partial")  # a killed run leaves no half-written shard behind

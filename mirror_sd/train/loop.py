@@ -106,7 +106,7 @@ def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer, state: dict
     for i, st in optimizer.state_dict()["state"].items():
         for k, v in st.items():
             tensors[f"optim.{i}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "state.safetensors"))
+    save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(folder / "state.safetensors"))
     (folder / "state.json").write_text(json.dumps(state))
 
 
