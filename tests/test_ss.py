@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from mirror_sd import generate, load_pair
+from mirror_sd import MirrorSDError, generate, load_pair
 from mirror_sd.methods.ss import stream_tree
 from mirror_sd.models.streams import StreamConfig, Streams, split_forward, stream_mask, use_streams
 from mirror_sd.train.ss import train
@@ -109,6 +109,15 @@ def test_training_goes_on_from_trained_streams(trained_tiny, tiny_dirs, tmp_path
     assert "Stages" in (tmp_path / "stage2" / "README.md").read_text()
 
 
+def test_training_on_a_device_this_machine_lacks_is_a_clear_error(trained_tiny, tiny_dirs, tmp_path):
+    if torch.cuda.device_count() > 3:
+        pytest.skip("this machine has a cuda:3")
+    data = trained_tiny[0].parent / "data"
+    with pytest.raises(MirrorSDError, match="device 'cuda:3' is not available"):
+        train(data, tmp_path / "streams", StreamConfig(num_streams=2, stream_layers=1, rank=2), epochs=1,
+              target_dir=tiny_dirs["target"], device="cuda:3")
+
+
 def test_a_card_from_before_data_was_recorded_still_lists_its_stage():
     """--init from streams whose card has no data line (the shipped draft's streams) once failed
     writing the new card, after training."""
@@ -169,8 +178,6 @@ def test_ss_samples_the_target_distribution(ss_pair, temperature, top_p):
 
 
 def test_ss_refuses_a_target_without_streams_and_a_gamma_beyond_them(tiny_dirs, ss_pair):
-    from mirror_sd import MirrorSDError
-
     bare = load_pair(target=str(tiny_dirs["target"]), draft=None)
     with pytest.raises(MirrorSDError, match="needs speculative streams"):
         generate(bare, "t1 t2", method="ss", raw=True)

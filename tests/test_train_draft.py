@@ -93,3 +93,10 @@ def test_feature_shards_are_shared_by_equal_examples_only(tiny_pair, tmp_path):
     written = shards_a[0].stat().st_mtime_ns
     assert extract_features(tiny_pair.target, a, folder, max_len=64) == shards_a
     assert shards_a[0].stat().st_mtime_ns == written and not list(folder.glob("*.partial"))
+
+
+def test_training_on_a_device_this_machine_lacks_is_a_clear_error(tiny_dirs, tmp_path):
+    if torch.cuda.device_count() > 3:
+        pytest.skip("this machine has a cuda:3")
+    with pytest.raises(MirrorSDError, match="device 'cuda:3' is not available"):
+        train(tmp_path, tmp_path / "draft", [0], target_dir=tiny_dirs["target"], device="cuda:3")

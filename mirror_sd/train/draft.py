@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+from ..devices import resolve_device
 from ..errors import MirrorSDError
 from ..models.llama import Transformer
 from ..models.loading import EMBED_FROM_TARGET, VOCAB_MAP_KEY, embedded_model_dir, load_model, load_tokenizer
@@ -73,12 +74,12 @@ def build_vocab_map(examples, size: int, always: set[int]) -> torch.Tensor:
 
 
 def init_draft(target: Transformer, layers: list[int], vocab_map: torch.Tensor) -> Transformer:
-    """A draft whose layers, final norm and head rows start as copies of the target's."""
+    """A draft whose layers, final norm and head rows start as copies of the target's, on its device."""
     args = type(target.args)(**{**target.args.__dict__, "num_layers": len(layers), "tie_word_embeddings": False})
-    draft = Transformer(args, head_size=len(vocab_map))
+    draft = Transformer(args, head_size=len(vocab_map)).to(target.device)
     state = {"model.embed_tokens.weight": target.model.embed_tokens.weight,
              "model.norm.weight": target.model.norm.weight,
-             "lm_head.weight": target.lm_head.weight[vocab_map]}
+             "lm_head.weight": target.lm_head.weight[vocab_map.to(target.device)]}
     for new, old in enumerate(layers):
         for k, v in target.model.layers[old].state_dict().items():
             state[f"model.layers.{new}.{k}"] = v
@@ -138,6 +139,7 @@ def make_batches(labelled, batch_tokens: int, rng: random.Random):
 
 
 def loss_and_accuracy(draft: Transformer, ids: torch.Tensor, labels: torch.Tensor):
+    ids, labels = ids.to(draft.device), labels.to(draft.device)  # batches are built on the CPU
     logits = draft(ids, None)  # [B, T, head rows]
     loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
     mask = labels != IGNORE
@@ -158,9 +160,9 @@ def evaluate(draft, labelled, batch_tokens) -> dict:
 def save_draft(draft: Transformer, out: Path, target_dir: Path, card: dict):
     """A loadable draft folder: fp16 weights without the borrowed embedding, config, tokenizer."""
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(torch.float16).contiguous() for k, v in draft.state_dict().items()
+    state = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in draft.state_dict().items()
              if k != "model.embed_tokens.weight"}
-    state[VOCAB_MAP_KEY] = draft.vocab_map.clone()
+    state[VOCAB_MAP_KEY] = draft.vocab_map.cpu().clone()
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((target_dir / "config.json").read_text())
     config.update(num_hidden_layers=draft.num_layers, tie_word_embeddings=False, torch_dtype="float16",
@@ -174,18 +176,19 @@ def save_draft(draft: Transformer, out: Path, target_dir: Path, card: dict):
 def train(data_dirs: Path | list[Path], out: Path, layers: list[int], vocab_size: int = 8192, epochs: float = 2.0,
           lr: float = 5e-4, batch_tokens: int = 4096, max_len: int = 512, eval_every: int = 50,
           holdout: float = 0.03, seed: int = 0, threads: int = 2, target_dir: Path | None = None,
-          labels: str = "answers", features: Path | None = None) -> dict:
+          labels: str = "answers", features: Path | None = None, device: str = "cpu") -> dict:
     """Train a draft for the target in ``target_dir`` (default: the embedded target); see module docstring.
 
     labels: "answers" (the next token on answer tokens) or "target" (the target's argmax at every
     position, from the features cache ``features``; see :func:`target_labels`). The held-out
-    evaluation is on answer tokens either way.
+    evaluation is on answer tokens either way. device: where the target and the draft compute
+    (fp32 either way).
     """
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     rng = random.Random(seed)
     target_dir = Path(target_dir) if target_dir else embedded_model_dir()
-    target, _ = load_model(target_dir, torch.device("cpu"), torch.float32)
+    target, _ = load_model(target_dir, resolve_device(device), torch.float32)
     examples = read_examples(data_dirs, targets_answers=labels == "answers")
     order = list(range(len(examples)))
     rng.shuffle(order)
@@ -282,12 +285,14 @@ def add_parser(sub):
                                                     "~/.cache/mirror-sd/eagle-features/<target>, shared with eagle)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="where the target and the draft compute: cpu (default) "
+                                                    "or cuda[:N]; fp32 either way (not yet run on a GPU)")
 
     def run(args):
         layers = [int(x) for x in args.layers.split(",")]
         card = train([Path(d) for d in args.data], Path(args.out), layers, args.vocab, args.epochs, args.lr, args.batch_tokens,
                      max_len=args.max_len, eval_every=args.eval_every, seed=args.seed, threads=args.threads,
-                     labels=args.labels, features=args.features)
+                     labels=args.labels, features=args.features, device=args.device)
         print(json.dumps(card, indent=2))
         return 0
 

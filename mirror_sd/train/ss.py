@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from ..devices import resolve_device
 from ..errors import MirrorSDError
 from ..models.llama import Transformer
 from ..models.loading import EMBED_FROM_TARGET, embedded_model_dir, load_model, load_tokenizer, read_config
@@ -64,11 +65,12 @@ def main_features(target: Transformer, seqs, first_layer: int, path: Path, batch
             batch.append(i)
             continue
         T = max(len(seqs[j][0]) for j in batch)
-        ids = torch.tensor([seqs[j][0] + [0] * (T - len(seqs[j][0])) for j in batch])  # [B, T], padded at the end
+        ids = torch.tensor([seqs[j][0] + [0] * (T - len(seqs[j][0])) for j in batch],
+                           device=target.device)  # [B, T], padded at the end
         win = target.window(None, T, batch=len(batch))
         h0 = target.forward_layers(target.embed(ids), None, win, 0, first_layer)  # [B, T, d]
         for row, j in enumerate(batch):
-            features[str(j)] = h0[row, :len(seqs[j][0])].to(torch.float16).contiguous()
+            features[str(j)] = h0[row, :len(seqs[j][0])].to("cpu", torch.float16).contiguous()
         bar.update(len(batch))
         batch = [i] if i is not None else []
     bar.close()
@@ -110,6 +112,7 @@ def make_batch(seqs, features, index: list[int], G: int, row_of, positions: int,
 
 def stream_loss(target: Transformer, streams: Streams, h0, tokens, at, labels):
     """Mean stream cross-entropy, and per-stream (correct, counted) and leading-run stats."""
+    h0, tokens, at, labels = (t.to(target.device) for t in (h0, tokens, at, labels))  # batches are built on the CPU
     B, T, _ = h0.shape
     cache = target.new_cache(T, batch=B)
     with torch.no_grad():  # the main stream through the top layers: frozen, no gradient
@@ -135,8 +138,8 @@ def evaluate(target, streams, seqs, features, index, G, row_of) -> dict:
         h0, tokens, at, labels = make_batch(seqs, features, [i], G, row_of, positions=512, rng=rng)
         loss, c, v = stream_loss(target, streams, h0, tokens, at, labels)
         losses.append((loss.item(), v.sum().item()))
-        correct += c.flatten(0, 1).sum(0)
-        valid += v.flatten(0, 1).sum(0)
+        correct += c.flatten(0, 1).sum(0).cpu()
+        valid += v.flatten(0, 1).sum(0).cpu()
         full = v.all(-1).flatten()  # positions where every stream has a label
         leading += (c.flatten(0, 1)[full].cumprod(-1).sum(-1) + 1).tolist()
     top1 = [round(x, 4) for x in (correct / valid.clamp_min(1)).tolist()]
@@ -144,32 +147,33 @@ def evaluate(target, streams, seqs, features, index, G, row_of) -> dict:
                 top1_per_stream=top1, tau=sum(leading) / max(len(leading), 1))
 
 
-def load_frozen(model_dir: Path | None) -> tuple[Transformer, Path]:
-    """The model that will carry the streams, frozen: the embedded target, or a model folder (a
-    draft trained here borrows the embedded target's input embedding)."""
-    cpu = torch.device("cpu")
+def load_frozen(model_dir: Path | None, device: str = "cpu") -> tuple[Transformer, Path]:
+    """The model that will carry the streams, frozen, on ``device``: the embedded target, or a model
+    folder (a draft trained here borrows the embedded target's input embedding)."""
+    where = resolve_device(device)
     model_dir = Path(model_dir) if model_dir else embedded_model_dir()
     embedding = None
     if getattr(read_config(model_dir), EMBED_FROM_TARGET, False):
-        embedding = load_model(embedded_model_dir(), cpu, torch.float32)[0].model.embed_tokens.weight
-    model, _ = load_model(model_dir, cpu, torch.float32, target_embedding=embedding)
+        embedding = load_model(embedded_model_dir(), where, torch.float32)[0].model.embed_tokens.weight
+    model, _ = load_model(model_dir, where, torch.float32, target_embedding=embedding)
     return model.requires_grad_(False), model_dir
 
 
 def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_size: int = 8192, epochs: float = 2.0,
           lr: float = 2e-3, batch_size: int = 8, positions: int = 64, max_len: int = 512, eval_every: int = 100,
           holdout: float = 0.03, seed: int = 0, threads: int = 2, target_dir: Path | None = None,
-          init: Path | None = None) -> dict:
+          init: Path | None = None, device: str = "cpu") -> dict:
     """Train streams for the model in ``target_dir`` (default: the embedded target); see module docstring.
 
     A model with a reduced-vocabulary head (a draft) keeps its own head rows: ``vocab_size`` is unused.
-    init: a streams folder to go on from (its config and head rows are kept; ``config`` is unused)."""
+    init: a streams folder to go on from (its config and head rows are kept; ``config`` is unused).
+    device: where the frozen model and the streams compute (fp32 either way)."""
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     rng = random.Random(seed)
     examples = read_examples(data_dirs, targets_answers=True)  # first: a refused folder fails fast
     out.mkdir(parents=True, exist_ok=True)
-    target, target_dir = load_frozen(target_dir)
+    target, target_dir = load_frozen(target_dir, device)
     rng.shuffle(examples)
     n_eval = max(1, int(len(examples) * holdout))
     eos = load_tokenizer(target_dir).eos_token_id
@@ -315,6 +319,8 @@ def add_parser(sub):
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="where the frozen model and the streams compute: cpu "
+                                                    "(default) or cuda[:N]; fp32 either way (not yet run on a GPU)")
     p.add_argument("--init", default=None, help="go on from the trained streams in this folder (their config and "
                                                 "head rows are kept)")
 
@@ -328,7 +334,7 @@ def add_parser(sub):
                               next_token_rank=args.next_token_rank)
         card = train([Path(d) for d in args.data], Path(args.out), config, args.vocab, args.epochs, args.lr, args.batch_size,
                      args.positions, args.max_len, args.eval_every, seed=args.seed, threads=args.threads,
-                     target_dir=args.model, init=args.init)
+                     target_dir=args.model, init=args.init, device=args.device)
         print(json.dumps(card, indent=2))
         return 0
 
