@@ -18,7 +18,6 @@ mirror_sd/assets/eagle-smollm2-135m). Prints, per head:
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -28,8 +27,9 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from comparison import bench_prompts, comparison_parser  # noqa: E402
 from mirror_sd import generate, load_pair  # noqa: E402
-from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts, run_prompt, summarise  # noqa: E402
+from mirror_sd.bench import run_prompt, summarise  # noqa: E402
 from mirror_sd.devices import single_threaded  # noqa: E402
 from mirror_sd.methods.eagle import attach_head  # noqa: E402
 from mirror_sd.models.eagle import EagleHead, load_head  # noqa: E402
@@ -86,10 +86,8 @@ def by_depth(result: dict, prefix: str) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = comparison_parser(__doc__)
     parser.add_argument("heads", nargs="+", help="EAGLE head folders")
-    parser.add_argument("--per-category", type=int, default=2)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--data", default=None, nargs="+",
                         help="distilled data folder(s), as given to the trainer: also score its held-out split")
     parser.add_argument("--rows", type=int, nargs="*", default=[],
@@ -104,7 +102,7 @@ def main():
         heads = {str(folder): load_head(Path(folder), pair.target) for folder in args.heads}
         heads.update({f"{name} ({count} rows)": with_rows(head, pair.target, count)
                       for name, head in list(heads.items()) for count in args.rows})
-    prompts = first_per_category(read_prompts(DEFAULT_PROMPTS), args.per_category)
+    prompts = bench_prompts(args.per_category)
     rows = []
     for item in tqdm(prompts, desc="compare heads", unit="prompt"):
         vanilla = run_prompt(pair, item, "vanilla", args.max_new_tokens)

@@ -12,26 +12,24 @@ default; 0: the streams alone).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from comparison import bench_prompts, comparison_parser  # noqa: E402
 from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts, run_interleaved, summarise  # noqa: E402
+from mirror_sd.bench import run_interleaved, summarise  # noqa: E402
 from mirror_sd.models.streams import use_streams  # noqa: E402
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = comparison_parser(__doc__)
     parser.add_argument("streams", nargs="+", help="folders with streams.safetensors + streams.json")
-    parser.add_argument("--per-category", type=int, default=2)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--lookup", type=int, default=8)
     args = parser.parse_args()
     pair = load_pair()
-    prompts = first_per_category(read_prompts(DEFAULT_PROMPTS), args.per_category)
+    prompts = bench_prompts(args.per_category)
     folders = [None] + args.streams  # run 0: vanilla
 
     def attach(index: int):

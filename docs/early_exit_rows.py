@@ -7,26 +7,24 @@ Interleaved on the bench prompts: per prompt, vanilla, then mirror with the earl
 target's full LM head (the order of the two alternates by prompt). Prints each one's speed against
 vanilla and mirror's hit rate, and checks every run against vanilla token for token.
 """
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from comparison import bench_prompts, comparison_parser  # noqa: E402
 from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts, run_prompt  # noqa: E402
+from mirror_sd.bench import run_prompt  # noqa: E402
 from mirror_sd.methods import mirror  # noqa: E402
 
 SHIPPED = mirror.early_exit
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--per-category", type=int, default=2)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser = comparison_parser(__doc__)
     args = parser.parse_args()
     pair = load_pair()
-    prompts = first_per_category(read_prompts(DEFAULT_PROMPTS), args.per_category)
+    prompts = bench_prompts(args.per_category)
     runs = {"vanilla": None, "draft rows": SHIPPED, "full head": mirror.full_head_exit}
     totals = {name: dict(tokens=0, wall=0.0, hits=[]) for name in runs}
     run_prompt(pair, prompts[0], "mirror", 8)  # warm up

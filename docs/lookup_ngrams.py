@@ -7,14 +7,14 @@ first three with both n-gram lists (``methods/lookup.py: NGRAM_SIZES``). Prints 
 speedup over vanilla and mirror's hit rate (``bench.summarise``); every run is checked against
 vanilla token for token.
 """
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from comparison import bench_prompts, comparison_parser  # noqa: E402
 from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts, run_interleaved, summarise  # noqa: E402
+from mirror_sd.bench import run_interleaved, summarise  # noqa: E402
 from mirror_sd.methods import lookup  # noqa: E402
 
 SHIPPED = lookup.NGRAM_SIZES
@@ -24,12 +24,10 @@ RUNS = [("vanilla", SHIPPED), ("eagle", WITHOUT_ONE), ("eagle", SHIPPED), ("ss",
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--per-category", type=int, default=2)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser = comparison_parser(__doc__)
     args = parser.parse_args()
     pair = load_pair()
-    prompts = first_per_category(read_prompts(DEFAULT_PROMPTS), args.per_category)
+    prompts = bench_prompts(args.per_category)
 
     def use_ngrams(index: int):
         lookup.NGRAM_SIZES = RUNS[index][1]
