@@ -36,7 +36,7 @@ from mirror_sd.models.eagle import EagleHead, load_head  # noqa: E402
 from mirror_sd.models.loading import embedded_model_dir  # noqa: E402
 from mirror_sd.train.draft import IGNORE, read_examples  # noqa: E402
 from mirror_sd.train.eagle import evaluate, example_sequences, rows_of, split_order  # noqa: E402
-from mirror_sd.train.features import features_dir, target_features  # noqa: E402
+from mirror_sd.train.features import causal_features, features_dir  # noqa: E402
 
 DEPTHS = 3
 
@@ -48,7 +48,7 @@ def answer_sequences(pair, prompts: list[dict], max_new_tokens: int) -> list[dic
         messages = [{"role": "user", "content": item["turns"][0]}]
         prompt_ids = pair.encode(messages)
         answer = generate(pair, messages, method="vanilla", max_new_tokens=max_new_tokens).token_ids
-        feats, argmax = target_features(pair.target, torch.tensor([prompt_ids + answer]))
+        feats, argmax, _ = causal_features(pair.target, torch.tensor([prompt_ids + answer]))
         seqs.append(dict(ids=torch.tensor(prompt_ids + answer), argmax=argmax[0], feats=feats[0].half(),
                          answer_start=len(prompt_ids), category=item["category"]))
     return seqs
@@ -59,13 +59,21 @@ def with_rows(head, target, count: int):
     own = torch.zeros(target.args.vocab_size, dtype=torch.bool)
     own[head.vocab_map] = True
     vocab_map = torch.cat([head.vocab_map, (~own).nonzero()[:, 0]])[:count].sort().values
-    wider = EagleHead.from_target(target, vocab_map)  # borrows the target's rows, as load_head does
+    wider = EagleHead.from_target(target, vocab_map, head.early_layers)  # borrows the target's rows, as load_head does
     wider.load_state_dict({**head.state_dict(), "vocab_map": vocab_map})
     return wider.eval().requires_grad_(False)
 
 
-def agreement(head, seqs: list[dict]) -> dict:
+def with_early(target, head, seqs: list[dict]) -> list[dict]:
+    """The sequences with the early features this head reads (``models/eagle.py``), if it reads any."""
+    if not head.early_layers:
+        return seqs
+    return [dict(s, early=causal_features(target, s["ids"][None], head.early_layers)[2][0].half()) for s in seqs]
+
+
+def agreement(target, head, seqs: list[dict]) -> dict:
     """``train.eagle.evaluate`` for this head, plus the answer tokens its rows cannot propose."""
+    seqs = with_early(target, head, seqs)
     row_of = rows_of(head.vocab_map, head.args.vocab_size)
     with torch.no_grad():
         result = evaluate(head, seqs, row_of, 2048, ce_weight=0.5, depths=DEPTHS)
@@ -127,14 +135,15 @@ def main():
     print("top-1 agreement with the target by draft depth (1 / 2 / 3):")
     categories = sorted({s["category"] for s in bench_answers})
     for name, head in heads.items():
-        bench = agreement(head, bench_answers)
+        bench = agreement(pair.target, head, bench_answers)
         line = (f"{name}: bench answers {by_depth(bench, 'answer_')} ({bench['answer_tokens']} tokens, "
                 f"{bench['outside_rows']} of {bench['answers']} outside the head's rows)")
         if held_out is not None:
-            held = agreement(head, held_out)
+            held = agreement(pair.target, head, held_out)
             line += f"; held-out all {by_depth(held, '')}, answers {by_depth(held, 'answer_')}"
         print(line)
-        per_category = {c: agreement(head, [s for s in bench_answers if s["category"] == c]) for c in categories}
+        per_category = {c: agreement(pair.target, head, [s for s in bench_answers if s["category"] == c])
+                        for c in categories}
         print("  bench answers by category: " + "; ".join(
             f"{c} {by_depth(r, 'answer_')} ({r['answer_tokens']} tokens)" for c, r in per_category.items()))
 

@@ -144,6 +144,50 @@ def test_unrolled_training_passes_are_what_drafting_computes(tiny_eagle):
             torch.testing.assert_close(out, passes[s - 1][0, p], atol=1e-5, rtol=1e-4)
 
 
+def test_early_features_are_the_hidden_state_entering_the_layer_through_its_norm(tiny_dirs):
+    """Checked against transformers' own forward (``output_hidden_states``): hidden_states[l] is what
+    enters layer l; the final feature is unchanged by reading early layers on the way."""
+    from transformers import AutoModelForCausalLM
+
+    from mirror_sd.train.features import causal_features
+
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=None)
+    ids = torch.tensor([[1, 5, 2, 9, 4, 4, 7]])
+    feats, argmax, early = causal_features(pair.target, ids, (1,))
+    plain, _, none = causal_features(pair.target, ids)
+    assert none is None and torch.equal(feats, plain)
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_dirs["target"]), torch_dtype=torch.float32)
+    with torch.no_grad():
+        hidden = hf(ids, output_hidden_states=True).hidden_states
+        expected = hf.model.layers[1].input_layernorm(hidden[1])
+    torch.testing.assert_close(early, expected, atol=1e-5, rtol=1e-4)
+    with pytest.raises(MirrorSDError, match="early layers must be increasing"):
+        EagleHead.from_target(pair.target, torch.arange(8), (2,))  # the tiny target has layers 0 and 1
+
+
+def test_a_head_reading_early_features_starts_as_it_was_and_stays_lossless(tiny_dirs, tmp_path):
+    from mirror_sd.models.eagle import save_head
+
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=None)
+    torch.manual_seed(3)
+    plain = EagleHead.from_target(pair.target, torch.tensor([0, 1, 2, 3, 4, 5, 7, 8, 11, 13])).eval()
+    fused = plain.with_early_layers(pair.target, (1,)).eval()
+    d = plain.args.hidden_size
+    feats, ids, early = torch.randn(1, 6, d), torch.randint(0, 16, (1, 6)), torch.randn(1, 6, d)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(feats, ids, None, early=early), plain(feats, ids, None))  # fuse starts at 0
+        torch.nn.init.normal_(fused.fuse.weight, std=0.5)
+        assert not torch.allclose(fused(feats, ids, None, early=early), plain(feats, ids, None))  # now it reads them
+    save_head(fused, tmp_path / "fused", dict(target="tiny"))
+    loaded = load_head(tmp_path / "fused", pair.target)
+    assert loaded.early_layers == (1,) and json.loads((tmp_path / "fused" / "config.json").read_text())["early_layers"] == [1]
+    attach_head(pair, loaded)
+    for prompt in ["t1 t2 t3", "t4 t4 t4 t4", "t15 t0 t7"]:
+        expected = generate(pair, prompt, method="vanilla", max_new_tokens=20, raw=True).token_ids
+        out = generate(pair, prompt, method="eagle", max_new_tokens=20, raw=True, depth=3, top_k=3, total_tokens=8)
+        assert out.error is None and out.token_ids == expected
+
+
 def test_training_on_a_device_this_machine_lacks_is_a_clear_error(tiny_dirs, tmp_path):
     from mirror_sd.train.eagle import train
 
@@ -180,6 +224,23 @@ def test_short_eagle_training_lowers_the_loss(tiny_dirs, tiny_pair, tmp_path):
     readme = (tmp_path / "ttt" / "README.md").read_text()
     assert "`data`: Prompts from offline corpora (`mirror_sd/train/prompts.py`), answers written by the target" in readme and readme.count(" on `data`: ") == 2
     assert sum(objective[-3:]) < sum(objective[:3])
+
+    # early features (EAGLE-3's fusion), going on from the trained head: the fuse weights learn
+    card = train(data, tmp_path / "early", features=tmp_path / "features", epochs=4, lr=3e-3, batch_tokens=512,
+                 eval_every=5, holdout=0.2, threads=1, target_dir=tiny_dirs["target"], unroll=2, init=tmp_path / "ttt",
+                 early_layers=[1])
+    fused = load_head(tmp_path / "early", pair.target)
+    assert card["early_layers"] == [1] and fused.early_layers == (1,) and fused.fuse.weight.abs().sum() > 0
+    assert "Early features" in (tmp_path / "early" / "README.md").read_text()
+    attach_head(pair, fused)
+    assert generate(pair, "t3 t1 t4", method="eagle", max_new_tokens=16, raw=True).token_ids == vanilla
+    with pytest.raises(MirrorSDError, match="cannot go on with"):
+        train(data, tmp_path / "other", features=tmp_path / "features", epochs=1, target_dir=tiny_dirs["target"],
+              init=tmp_path / "early", early_layers=[])
+    with pytest.raises(MirrorSDError, match="early layers must be increasing"):  # before any feature is computed
+        train(data, tmp_path / "bad", features=tmp_path / "bad-features", epochs=1, target_dir=tiny_dirs["target"],
+              early_layers=[5])
+    assert not (tmp_path / "bad-features").exists()
 
 
 @pytest.mark.skipif(not (EMBEDDED_HEAD / "model.safetensors").exists(), reason="the trained head is not shipped yet")

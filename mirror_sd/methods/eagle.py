@@ -2,7 +2,8 @@
 
 State between steps, with n committed tokens x_0 .. x_{n-1}: the target's KV cache holds x_0 ..
 x_{n-2} (x_{n-1} is the root of the next tree); the head's cache holds its positions i < n-1 - p,
-and ``pending`` holds the p (target feature f_i, next token x_{i+1}) pairs it has not seen yet.
+and ``pending`` holds the p (target feature f_i, next token x_{i+1}) pairs it has not seen yet,
+with their early features if the head reads any (``models/eagle.py``).
 
 One step:
 1. Draft (target lane, span kind "draft"). The head takes the pending pairs; its last output
@@ -36,7 +37,7 @@ from weakref import WeakKeyDictionary
 import torch
 
 from ..errors import MirrorSDError
-from ..models.eagle import EMBEDDED_HEAD, EagleHead, load_head
+from ..models.eagle import EMBEDDED_HEAD, EagleHead, load_head, target_features
 from ..models.loading import EMBEDDED_NAME
 from ..sampling import to_target_vocab
 from ..trace import Step
@@ -70,13 +71,16 @@ def check(pair, options):
 
 
 # -- drafting (target lane) ----------------------------------------------------------------------
-def head_step(head: EagleHead, cache, feats, ids, positions=None, mask=None) -> torch.Tensor:
-    """Run the head on T (feature, token) pairs; returns its predicted features [T, d]."""
+def head_step(head: EagleHead, cache, feats, ids, positions=None, mask=None, early=None) -> torch.Tensor:
+    """Run the head on T (feature, token) pairs; returns its predicted features [T, d].
+
+    early [T, n * d]: the pairs' early features (true target features only)."""
     dev = head.device
     feats = feats.to(dev)[None]  # [1, T, d]
     ids = torch.tensor([ids], device=dev)  # [1, T]
     positions = positions.to(dev) if positions is not None else None
-    return head(feats, ids, cache, positions, mask.to(dev) if mask is not None else None)[0]
+    early = early.to(dev)[None] if early is not None else None
+    return head(feats, ids, cache, positions, mask.to(dev) if mask is not None else None, early)[0]
 
 
 def to_target_logits(head: EagleHead, feats: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -139,10 +143,10 @@ def draft_chain(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, 
 
 
 def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_tokens: int, lookup: int) -> Tree:
-    """Feed the pending (feature, token) pairs, then draft; the head's cache ends at n - 1 slots."""
+    """Feed the pending (feature, token, early) triples, then draft; the head's cache ends at n - 1 slots."""
     n = len(run.sequence)
-    feats, ids = pending
-    last = head_step(head, cache, feats, ids)[-1]  # f^_{n-1} [d]
+    feats, ids, early = pending
+    last = head_step(head, cache, feats, ids, early=early)[-1]  # f^_{n-1} [d]
     if run.draft_sampler.greedy:
         tree = graft(draft_tree(head, cache, last, n, depth, top_k, total_tokens), copy_from_context(run.sequence, lookup))
     else:
@@ -152,31 +156,35 @@ def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_to
 
 
 # -- verification (target lane) ------------------------------------------------------------------
-def target_features(target, ids, cache, positions=None, mask=None) -> torch.Tensor:
-    """Features [T, d] (final-normed hidden states) of ids [1, T] written after the cache's slots."""
+def features_of(target, ids, cache, early_layers, positions=None, mask=None):
+    """Features [T, d] (final-normed hidden states) of ids [1, T] written after the cache's slots,
+    and their early features [T, n * d] (None if ``early_layers`` is empty)."""
     win = target.window(cache, ids.shape[1], positions, mask)
-    return target.model.norm(target.forward_layers(target.embed(ids), cache, win))[0]
+    feats, early = target_features(target, target.embed(ids), cache, win, early_layers)
+    return feats[0], (early[0] if early is not None else None)
 
 
-def prefill(run, cache):
-    """The prompt through the target: its features [P, d] and the first token."""
+def prefill(run, cache, early_layers=()):
+    """The prompt through the target: its features [P, d], their early features and the first token."""
     target = run.pair.target
-    feats = target_features(target, torch.tensor([run.prompt_ids], device=target.device), cache)
+    feats, early = features_of(target, torch.tensor([run.prompt_ids], device=target.device), cache, early_layers)
     cache.length = len(run.prompt_ids)
-    return feats, run.target_sampler.pick(target.lm_head(feats[-1]).float())
+    return feats, early, run.target_sampler.pick(target.lm_head(feats[-1]).float())
 
 
-def verify_tree(run, cache, tree: Tree):
+def verify_tree(run, cache, tree: Tree, early_layers=()):
     """One target forward over [root, nodes]; the accepted path (nodes), the next token, and the
-    features of the root and the path [A + 1, d]; the cache keeps the root and the path."""
+    features of the root and the path [A + 1, d] with their early features; the cache keeps the
+    root and the path."""
     target, n = run.pair.target, len(run.sequence)
     ids = torch.tensor([[run.sequence[-1], *tree.tokens]], device=target.device)  # [1, N + 1]
-    feats = target_features(target, ids, cache, tree_positions(tree.depths, n - 1).to(target.device),
-                            tree_mask(tree.parents))
+    feats, early = features_of(target, ids, cache, early_layers, tree_positions(tree.depths, n - 1).to(target.device),
+                               tree_mask(tree.parents))
     logits = target.lm_head(feats).float()  # [N + 1, V]: one pass over the head's weights for every node
     path, token = accept(tree, logits, run.target_sampler)
     cache.keep([n - 1] + [n + i for i in path], at=n - 1)  # root + accepted path -> slots n-1 .. n-1+A
-    return path, token, feats[[0] + [i + 1 for i in path]]
+    rows = [0] + [i + 1 for i in path]
+    return path, token, feats[rows], (early[rows] if early is not None else None)
 
 
 def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
@@ -185,18 +193,21 @@ def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
     cache = target.new_cache(run.cache_slots + total_tokens + lookup)
     head_cache = head.new_cache(run.cache_slots + total_tokens + depth * top_k)
     P = len(run.prompt_ids)
-    feats, token = lane.run("prefill", prefill, run, cache, label=f"prefill {P} tokens", step=0, tokens=P)
+    early_layers = head.early_layers
+    feats, early, token = lane.run("prefill", prefill, run, cache, early_layers, label=f"prefill {P} tokens",
+                                   step=0, tokens=P)
     yield run.commit(Step(0, [token], ["target"]))
-    pending = (feats, run.prompt_ids[1:] + [token])  # f_0 .. f_{P-1} with x_1 .. x_P
+    pending = (feats, run.prompt_ids[1:] + [token], early)  # f_0 .. f_{P-1} with x_1 .. x_P
     greedy = run.draft_sampler.greedy
     size = f"{total_tokens} tokens" + (f" + up to {lookup} copied" if lookup else "") if greedy else f"{depth} tokens"
     while not run.done:
         step = run.next_step
         tree = lane.run("draft", draft, run, head, head_cache, pending, depth, top_k, total_tokens, lookup,
                         label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]))
-        path, token, feats = lane.run("verify", verify_tree, run, cache, tree, label=f"verify {len(tree.tokens) + 1} tokens",
-                                      step=step, tokens=len(tree.tokens) + 1)
+        path, token, feats, early = lane.run("verify", verify_tree, run, cache, tree, early_layers,
+                                             label=f"verify {len(tree.tokens) + 1} tokens", step=step,
+                                             tokens=len(tree.tokens) + 1)
         committed, origins = tree.committed(path, token)
-        pending = (feats, committed)  # f_{n-1} .. f_{n-1+A} with x_n .. x_{n+A}
+        pending = (feats, committed, early)  # f_{n-1} .. f_{n-1+A} with x_n .. x_{n+A}
         yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path),
                               extras=dict(tree=tree.record(path))))

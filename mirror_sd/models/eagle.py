@@ -6,7 +6,13 @@ layer (``llama.DecoderLayer``) -> f^_{i+1}, a prediction of the next feature. To
 target's own frozen LM head, restricted to ``vocab_map`` (head row r is target token vocab_map[r]):
 logits = f^ @ W_lm[vocab_map]^T. Deeper drafts feed the head its own predicted features.
 
-Only fc and the decoder layer are trained and shipped (fp16); the embedding and the LM-head rows are
+Early features (``early_layers``, EAGLE-3's idea of reading more than the last layer): the hidden
+state entering target layer l, through that layer's own input norm, for each l listed. A head with
+early layers adds fuse(early features) to f_i wherever f_i is a true target feature (never where the
+head reads its own prediction); fuse is a Linear(len(early_layers) * d -> d) that starts at zero, so
+a head given early layers starts as exactly the head it was.
+
+Only fc, fuse and the decoder layer are trained and shipped (fp16); the embedding and the LM-head rows are
 borrowed from the target at load time. The head has its own :class:`KVCache` (one layer), with the
 same rollback / keep as the target's, and takes the same position ids and tree masks.
 """
@@ -27,13 +33,40 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_HEAD = ASSETS / "eagle-smollm2-135m"
 
 
+def target_features(target: Transformer, h: torch.Tensor, cache, win, early_layers=()):
+    """The target's layers over h [B, T, d] (its embeddings): features [B, T, d] (final-normed hidden
+    states) and early features [B, T, len(early_layers) * d] (None without early layers)."""
+    early, start = [], 0
+    for layer in early_layers:
+        h = target.forward_layers(h, cache, win, start, layer)
+        norm = target.model.layers[layer].input_layernorm
+        early.append(norm(h.to(norm.weight.device)).to(target.device))
+        start = layer
+    h = target.forward_layers(h, cache, win, start)
+    feats = target.model.norm(h.to(target.model.norm.weight.device)).to(target.device)
+    return feats, (torch.cat(early, dim=-1) if early else None)
+
+
+def check_early_layers(target: Transformer, early_layers) -> tuple[int, ...]:
+    """``early_layers`` as a tuple, or a clear error if the target has no such layers."""
+    early_layers = tuple(early_layers)
+    if any(not 0 < l < target.num_layers for l in early_layers) or list(early_layers) != sorted(set(early_layers)):
+        raise MirrorSDError(f"early layers must be increasing, in 1..{target.num_layers - 1} (the target has "
+                            f"{target.num_layers} layers); got {list(early_layers)}")
+    return early_layers
+
+
 class EagleHead(nn.Module):
     def __init__(self, args: ModelArgs, vocab_map: torch.Tensor, embed_weight: torch.Tensor,
-                 head_rows: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float):
+                 head_rows: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, early_layers=()):
         super().__init__()
         self.args = ModelArgs(**{**args.__dict__, "num_layers": 1})
         d = args.hidden_size
         self.fc = Linear(2 * d, d, bias=True)
+        self.early_layers = tuple(early_layers)
+        if self.early_layers:
+            self.fuse = Linear(len(self.early_layers) * d, d, bias=False)
+            nn.init.zeros_(self.fuse.weight)
         self.layer = DecoderLayer(self.args)
         self.register_buffer("vocab_map", vocab_map.clone(), persistent=True)  # [rows] target ids
         # borrowed from the target, frozen, never saved:
@@ -43,12 +76,20 @@ class EagleHead(nn.Module):
         self.rope_scale = rope_scale
 
     @classmethod
-    def from_target(cls, target: Transformer, vocab_map: torch.Tensor) -> "EagleHead":
+    def from_target(cls, target: Transformer, vocab_map: torch.Tensor, early_layers=()) -> "EagleHead":
         """A fresh, randomly initialised head for ``target`` (copying a target layer starts far worse:
         the last layers of SmolLM2 write very large activations into the residual stream)."""
+        early_layers = check_early_layers(target, early_layers)
         head = cls(target.args, vocab_map, target.model.embed_tokens.weight,
-                   target.lm_head.weight[vocab_map.to(target.device)], target.inv_freq, target.rope_scale)
+                   target.lm_head.weight[vocab_map.to(target.device)], target.inv_freq, target.rope_scale,
+                   early_layers)
         return head.to(target.device, target.dtype)
+
+    def with_early_layers(self, target: Transformer, early_layers) -> "EagleHead":
+        """This head with (zero-initialised) fuse weights for ``early_layers``: the same outputs at first."""
+        head = EagleHead.from_target(target, self.vocab_map, early_layers)
+        head.load_state_dict(self.state_dict(), strict=False)
+        return head
 
     @property
     def device(self) -> torch.device:
@@ -63,11 +104,15 @@ class EagleHead(nn.Module):
     def new_cache(self, max_slots: int) -> KVCache:
         return KVCache(self.args, max_slots, 1, self.dtype, self.device)
 
-    def forward(self, feats, ids, cache: KVCache | None, positions=None, tree_mask=None) -> torch.Tensor:
+    def forward(self, feats, ids, cache: KVCache | None, positions=None, tree_mask=None, early=None) -> torch.Tensor:
         """feats [B, T, d] (f_i), ids [B, T] (x_{i+1}) -> predicted features [B, T, d] (f^_{i+1}).
 
-        With a cache, the T entries go to the slots after ``cache.length``, which moves past them.
+        early [B, T, len(early_layers) * d]: the early features of true target features (None where
+        feats are the head's own predictions). With a cache, the T entries go to the slots after
+        ``cache.length``, which moves past them.
         """
+        if early is not None and self.early_layers:
+            feats = feats.to(self.dtype) + self.fuse(early.to(self.dtype))
         x = self.fc(torch.cat([feats.to(self.dtype), nn.functional.embedding(ids, self.embed_weight)], dim=-1))
         win = self.window(cache, ids.shape[1], positions, tree_mask, batch=ids.shape[0])
         h = self.layer(x, win, cache, 0)
@@ -87,8 +132,10 @@ def save_head(head: EagleHead, out: Path, card: dict):
              for k, v in head.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     a = head.args
-    config = dict(architecture="eagle-1 head: fc(2d->d) + 1 Llama decoder layer, target's frozen LM head rows",
-                  target=card.get("target"), hidden_size=a.hidden_size, num_heads=a.num_heads,
+    config = dict(architecture="eagle-1 head: fc(2d->d) + 1 Llama decoder layer, target's frozen LM head rows"
+                               + (", fuse(early features) added to true features" if head.early_layers else ""),
+                  target=card.get("target"), early_layers=list(head.early_layers),
+                  hidden_size=a.hidden_size, num_heads=a.num_heads,
                   num_kv_heads=a.num_kv_heads, head_dim=a.head_dim, intermediate_size=a.intermediate_size,
                   target_vocab_size=a.vocab_size, head_vocabulary=len(head.vocab_map), torch_dtype="float16")
     (out / "config.json").write_text(json.dumps(config, indent=2))
@@ -108,6 +155,6 @@ def load_head(folder: Path, target: Transformer) -> EagleHead:
     if wrong:
         raise MirrorSDError(f"the EAGLE head in {folder} was made for another target: (head, target) differ in {wrong}")
     state = load_file(str(folder / "model.safetensors"))
-    head = EagleHead.from_target(target, state["vocab_map"].long())
+    head = EagleHead.from_target(target, state["vocab_map"].long(), config.get("early_layers", ()))
     head.load_state_dict({k: v.to(target.dtype) if v.is_floating_point() else v for k, v in state.items()})
     return head.eval().requires_grad_(False)

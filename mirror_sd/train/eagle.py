@@ -6,7 +6,8 @@ Two stages, both resumable (rerun the same command to continue):
    distilled example (prompt + answer, the last ``--max-len`` tokens kept). Per token it stores the
    feature f_i (the final-normed hidden state the LM head reads, fp16) and the target's argmax at
    that position (full head, exact). Shards go to ``--features`` (default
-   ~/.cache/mirror-sd/eagle-features).
+   ~/.cache/mirror-sd/eagle-features). With ``--early-layers`` the shards also hold the target's
+   early features at those layers (``models/eagle.py``).
 2. Head. Input at position i: (f_i + noise, x_{i+1}); the head predicts f_{i+1}. Loss, as in
    EAGLE-1: smooth-L1(f^_{i+1}, f_{i+1}) + ``--ce-weight`` * cross-entropy of the reduced head's
    logits against the target's argmax at i+1 (the token greedy verification accepts). Prompt
@@ -36,7 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from ..devices import resolve_device
-from ..models.eagle import EagleHead, load_head, save_head
+from ..errors import MirrorSDError
+from ..models.eagle import EagleHead, check_early_layers, load_head, save_head
 from ..models.loading import embedded_model_dir, load_model, load_tokenizer
 from .distill import ORIGIN
 from .draft import IGNORE, build_vocab_map, data_folders, data_source, read_examples
@@ -46,7 +48,7 @@ from .loop import fit, run_evaluation, stage_history
 # -- stage 2: the head ---------------------------------------------------------------------------
 def make_batches(seqs: list[dict], row_of: torch.Tensor, batch_tokens: int, rng: random.Random):
     """Batches of similar length: feats [B, T, d], next ids [B, T], target feats [B, T, d], labels [B, T],
-    valid [B, T] and answer [B, T].
+    valid [B, T], answer [B, T] and early [B, T, n * d] (None where the sequences hold no early features).
 
     Position i holds input (f_i, x_{i+1}), target f_{i+1} and label row_of[argmax_{i+1}] (or IGNORE).
     Padded positions are not ``valid`` (no regression weight, label IGNORE). ``answer`` marks the
@@ -71,12 +73,15 @@ def make_batches(seqs: list[dict], row_of: torch.Tensor, batch_tokens: int, rng:
         labels = torch.full((len(batch), T), IGNORE, dtype=torch.long)
         valid = torch.zeros(len(batch), T, dtype=torch.bool)
         answer = torch.zeros(len(batch), T, dtype=torch.bool)
+        early = torch.zeros(len(batch), T, seqs[batch[0]]["early"].shape[-1]) if "early" in seqs[batch[0]] else None
         for row, i in enumerate(batch):
             s, n = seqs[i], len(seqs[i]["ids"]) - 1
             feats[row, :n], target[row, :n] = s["feats"][:-1].float(), s["feats"][1:].float()
             ids[row, :n], labels[row, :n], valid[row, :n] = s["ids"][1:], row_of[s["argmax"][1:]], True
             answer[row, max(0, s.get("answer_start", 0) - 1):n] = True
-        yield feats, ids, target, labels, valid, answer
+            if early is not None:
+                early[row, :n] = s["early"][:-1].float()
+        yield feats, ids, target, labels, valid, answer, early
 
 
 UNROLL_DECAY = 0.8  # weight of unrolled pass s: UNROLL_DECAY ** (s - 1)
@@ -110,31 +115,35 @@ def unroll_mask(T: int, s: int) -> torch.Tensor:
     return torch.cat(blocks, dim=1)
 
 
-def unrolled_predictions(head: EagleHead, feats: torch.Tensor, ids: torch.Tensor, unroll: int) -> list[torch.Tensor]:
+def unrolled_predictions(head: EagleHead, feats: torch.Tensor, ids: torch.Tensor, unroll: int,
+                         early: torch.Tensor | None = None) -> list[torch.Tensor]:
     """The head's predicted features [B, T, d] for passes 1..unroll (module docstring).
 
     Pass s at position p is what the head outputs at depth s of a draft anchored at p - s + 1
-    (its last true feature) when the tokens on the way are the true ones.
+    (its last true feature) when the tokens on the way are the true ones. Early features go with
+    the true features of pass 1 only.
     """
     B, T = ids.shape
     if unroll == 1:
-        return [head(feats, ids, None)]  # plain causal pass, no cache
+        return [head(feats, ids, None, early=early)]  # plain causal pass, no cache
     cache, positions, preds = GrowingCache(), torch.arange(T, device=ids.device).expand(B, T), []
     for s in range(1, unroll + 1):
         if s > 1:  # position p reads the previous pass's prediction of f_p (made at p - 1)
             feats = torch.cat([torch.zeros_like(preds[-1][:, :1]), preds[-1][:, :-1]], dim=1)
-        preds.append(head(feats, ids, cache, positions, unroll_mask(T, s)))
+        preds.append(head(feats, ids, cache, positions, unroll_mask(T, s), early=early if s == 1 else None))
     return preds
 
 
 def head_loss(head: EagleHead, batch, noise: float, ce_weight: float, unroll: int = 1):
     """(objective, per-pass stats) for one batch; stats: loss, feature_loss, correct top-1 and
     labelled tokens (all positions, and answer positions only), each a list over passes 1..unroll."""
-    feats, ids, target, labels, valid, answer = (t.to(head.device) for t in batch)
+    feats, ids, target, labels, valid, answer, early = (t if t is None else t.to(head.device) for t in batch)
+    if early is None and head.early_layers:
+        raise ValueError("this head reads early features, and the batch has none")
     if noise > 0:
         feats = feats + (torch.rand_like(feats) - 0.5) * noise
     objective, stats = 0.0, dict(loss=[], feature_loss=[], correct=[], count=[], answer_correct=[], answer_count=[])
-    for s, pred in enumerate(unrolled_predictions(head, feats, ids, unroll), start=1):
+    for s, pred in enumerate(unrolled_predictions(head, feats, ids, unroll, early), start=1):
         ok = valid.clone()
         ok[:, :s - 1] = False  # no anchor before position 0
         feature_loss = F.smooth_l1_loss(pred[ok], target[ok])
@@ -177,9 +186,10 @@ def rows_of(vocab_map: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return row_of
 
 
-def example_sequences(target, examples, features: Path, max_len: int, batch_tokens: int) -> list[dict]:
+def example_sequences(target, examples, features: Path, max_len: int, batch_tokens: int,
+                      early_layers=()) -> list[dict]:
     """The target's features over every example (cached in ``features``), with ``answer_start``."""
-    seqs = load_sequences(extract_features(target, examples, features, max_len, batch_tokens))
+    seqs = load_sequences(extract_features(target, examples, features, max_len, batch_tokens, early_layers))
     for seq, (_, answer) in zip(seqs, examples):  # where the answer starts in the kept tokens
         seq["answer_start"] = max(0, len(seq["ids"]) - len(answer))
     return seqs
@@ -195,11 +205,14 @@ def split_order(count: int, holdout: float, seed: int) -> tuple[list[int], int]:
 def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None, vocab_size: int = 8192, epochs: float = 4.0,
           lr: float = 1e-3, batch_tokens: int = 4096, max_len: int = 512, eval_every: int = 50,
           holdout: float = 0.03, noise: float = 0.2, ce_weight: float = 0.1, seed: int = 0, threads: int = 2,
-          target_dir: Path | None = None, unroll: int = 1, init: Path | None = None, device: str = "cpu") -> dict:
+          target_dir: Path | None = None, unroll: int = 1, init: Path | None = None, device: str = "cpu",
+          early_layers=None) -> dict:
     """Train an EAGLE head for the target in ``target_dir`` (default: the embedded target).
 
     unroll: passes of training-time test (module docstring; 1: plain EAGLE-1 training).
     init: a head folder to start from (its vocab_map is kept) instead of a fresh head.
+    early_layers: target layers whose early features the head reads (``models/eagle.py``); None:
+    those of the ``init`` head (none for a fresh head). A head given new early layers starts as it was.
     device: where the target computes features and the head trains (fp32 either way).
     """
     torch.manual_seed(seed)
@@ -208,20 +221,29 @@ def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None,
     target_dir = Path(target_dir) if target_dir else embedded_model_dir()
     target, _ = load_model(target_dir, resolve_device(device), torch.float32)
     examples = read_examples(data_dirs)
+    head = load_head(Path(init), target) if init is not None else None
+    if early_layers is None:
+        early_layers = head.early_layers if head is not None else ()
+    early_layers = check_early_layers(target, early_layers)  # before any feature is computed
+    if head is not None and tuple(early_layers) != head.early_layers:
+        if head.early_layers:
+            raise MirrorSDError(f"the head in {init} reads early layers {list(head.early_layers)}; "
+                                f"it cannot go on with {list(early_layers)}")
+        head = head.with_early_layers(target, early_layers)
     features = features_dir(features, target_dir)
-    seqs = example_sequences(target, examples, features, max_len, batch_tokens)
+    seqs = example_sequences(target, examples, features, max_len, batch_tokens, early_layers)
     feature_s = time.time() - start
     order, n_eval = split_order(len(seqs), holdout, seed)
     held_out, train_set = [seqs[i] for i in order[:n_eval]], [seqs[i] for i in order[n_eval:]]
-    if init is not None:  # go on from a trained head, with its own rows
-        head = load_head(Path(init), target).requires_grad_(True)
+    if head is not None:  # go on from a trained head, with its own rows
+        head.requires_grad_(True)
         vocab_map = head.vocab_map
     else:
         eos = load_tokenizer(target_dir).eos_token_id
         held_ids = set(order[:n_eval])
         vocab_map = build_vocab_map([(e[0], e[1]) for i, e in enumerate(examples) if i not in held_ids],
                                     vocab_size, {eos} - {None})
-        head = EagleHead.from_target(target, vocab_map)
+        head = EagleHead.from_target(target, vocab_map, early_layers)
     row_of = rows_of(vocab_map, target.args.vocab_size)
     del target
     epoch_batches = lambda epoch: list(make_batches(train_set, row_of, batch_tokens, random.Random(seed + epoch)))
@@ -240,7 +262,7 @@ def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None,
                 examples_held_out=len(held_out), tokens_train=sum(len(s["ids"]) for s in train_set),
                 tokens_held_out=final["tokens"], max_len=max_len, steps=state["step"], epochs=epochs, lr=lr,
                 batch_tokens=batch_tokens, noise=noise, ce_weight=ce_weight, seed=seed, unroll=unroll,
-                init=str(init) if init else None,
+                early_layers=list(head.early_layers), init=str(init) if init else None,
                 feature_extraction_s=round(feature_s, 1), train_wall_s=round(state["wall_s"], 1),
                 held_out_loss=round(final["loss"], 4), held_out_top1=round(final["top1"], 4),
                 held_out_top1_by_depth=[round(t, 4) for t in final["top1_by_depth"]],
@@ -276,6 +298,16 @@ def data_line(card: dict) -> str:
     return "; ".join(f"`{d}`: {ORIGIN[s]}" for d, s in zip(card["data"], card["sources"]))
 
 
+def early_line(card: dict) -> str:
+    """The card's architecture line on early features, if the head reads any."""
+    layers = card.get("early_layers")
+    if not layers:
+        return ""
+    return (f"\n- Early features (EAGLE-3's fusion): the hidden states entering target layers {', '.join(map(str, layers))}, "
+            f"each through that layer's input norm, go through fuse (Linear({len(layers)}d -> d), started at zero) "
+            f"and are added to f_i wherever f_i is a true target feature.")
+
+
 def write_card(out: Path, card: dict):
     """README.md for the head folder: what it is, what it was trained on, what it reached."""
     c = card
@@ -289,7 +321,7 @@ CPU with `python -m mirror_sd.train eagle` (code: `mirror_sd/train/eagle.py`, mo
 ## Architecture
 - Input at position i: concat(target feature f_i, target embedding of x_(i+1)) -> Linear(2d -> d, bias)
   -> one Llama decoder layer (the target's shape: d = {c['hidden_size']}, GQA attention, SwiGLU MLP)
-  -> predicted feature f^_(i+1). A feature is the target's final-normed hidden state.
+  -> predicted feature f^_(i+1). A feature is the target's final-normed hidden state.{early_line(c)}
 - Tokens: the target's own frozen LM head, restricted to {c['head_vocabulary']} rows (the most frequent
   tokens of the first stage's training answers plus end-of-sequence, kept by later stages; `vocab_map`
   maps rows to target ids). Verification always uses the target's full head, so decoding stays lossless.
@@ -350,6 +382,9 @@ def add_parser(sub):
     p.add_argument("--unroll", type=int, default=1,
                    help="training-time test: passes over the head's own predicted features (default 1: off)")
     p.add_argument("--init", default=None, help="start from the head in this folder instead of a fresh one")
+    p.add_argument("--early-layers", default=None, type=lambda v: [int(x) for x in v.split(",") if x.strip()],
+                   help="comma-separated target layers whose early features the head also reads (EAGLE-3's "
+                        "fusion; e.g. 2,15); default: those of --init, none for a fresh head")
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
@@ -359,7 +394,8 @@ def add_parser(sub):
     def run(args):
         card = train([Path(d) for d in args.data], Path(args.out), args.features, args.vocab, args.epochs, args.lr,
                      args.batch_tokens, args.max_len, args.eval_every, noise=args.noise, ce_weight=args.ce_weight,
-                     seed=args.seed, threads=args.threads, unroll=args.unroll, init=args.init, device=args.device)
+                     seed=args.seed, threads=args.threads, unroll=args.unroll, init=args.init, device=args.device,
+                     early_layers=args.early_layers)
         print(json.dumps(card, indent=2))
         return 0
 
