@@ -100,3 +100,16 @@ def test_training_on_a_device_this_machine_lacks_is_a_clear_error(tiny_dirs, tmp
         pytest.skip("this machine has a cuda:3")
     with pytest.raises(MirrorSDError, match="device 'cuda:3' is not available"):
         train(tmp_path, tmp_path / "draft", [0], target_dir=tiny_dirs["target"], device="cuda:3")
+
+
+def test_bad_layers_are_clear_errors(tiny_dirs, tmp_path, capsys):
+    """Layers the target lacks fail before any work, and the command line refuses non-numbers."""
+    from mirror_sd.train.__main__ import main
+
+    with pytest.raises(MirrorSDError, match=r"--layers must name target layers in 0\.\.1"):
+        train(tmp_path, tmp_path / "draft", [0, 2], target_dir=tiny_dirs["target"])
+    for command in (["draft", "--layers", "a,b"], ["eagle", "--early-layers", "x"]):
+        with pytest.raises(SystemExit) as exit_:
+            main([*command, "--data", str(tmp_path), "--out", str(tmp_path / "out")])
+        assert exit_.value.code == 2  # argparse: one line naming the option
+        assert "expected comma-separated layer numbers" in capsys.readouterr().err

@@ -14,6 +14,8 @@ loadable draft), checkpoint/ (resumable, safetensors + JSON, no pickle), loss.pn
 """
 from __future__ import annotations
 
+import argparse
+
 import json
 import random
 from collections import Counter
@@ -189,6 +191,9 @@ def train(data_dirs: Path | list[Path], out: Path, layers: list[int], vocab_size
     rng = random.Random(seed)
     target_dir = Path(target_dir) if target_dir else embedded_model_dir()
     target, _ = load_model(target_dir, resolve_device(device), torch.float32)
+    if not layers or any(not 0 <= layer < target.num_layers for layer in layers):
+        raise MirrorSDError(f"--layers must name target layers in 0..{target.num_layers - 1} (the target has "
+                            f"{target.num_layers} layers); got {list(layers)}")
     examples = read_examples(data_dirs, targets_answers=labels == "answers")
     order = list(range(len(examples)))
     rng.shuffle(order)
@@ -263,6 +268,14 @@ Loss curve: loss.png.
     (out / "README.md").write_text(text)
 
 
+def layer_list(text: str) -> list[int]:
+    """A command-line list of layer numbers, "0,1" -> [0, 1] (argparse type; "" -> [])."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers such as 0,1; got {text!r}") from None
+
+
 def add_parser(sub):
     """``python -m mirror_sd.train draft ...``"""
     p = sub.add_parser("draft", help="train the draft for the embedded target by distillation",
@@ -271,7 +284,8 @@ def add_parser(sub):
     p.add_argument("--data", required=True, nargs="+",
                    help="folder(s) with data.jsonl from the data subcommand, read in the order given")
     p.add_argument("--out", required=True, help="output folder: the loadable draft, loss.png, checkpoint/")
-    p.add_argument("--layers", default="0,1", help="target layers that initialise the draft's layers (default 0,1)")
+    p.add_argument("--layers", default=[0, 1], type=layer_list,
+                   help="target layers that initialise the draft's layers (default 0,1)")
     p.add_argument("--vocab", type=int, default=8192, help="draft head vocabulary size (default 8192)")
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--lr", type=float, default=5e-4)
@@ -289,8 +303,7 @@ def add_parser(sub):
                                                     "or cuda[:N]; fp32 either way (not yet run on a GPU)")
 
     def run(args):
-        layers = [int(x) for x in args.layers.split(",")]
-        card = train([Path(d) for d in args.data], Path(args.out), layers, args.vocab, args.epochs, args.lr, args.batch_tokens,
+        card = train([Path(d) for d in args.data], Path(args.out), args.layers, args.vocab, args.epochs, args.lr, args.batch_tokens,
                      max_len=args.max_len, eval_every=args.eval_every, seed=args.seed, threads=args.threads,
                      labels=args.labels, features=args.features, device=args.device)
         print(json.dumps(card, indent=2))

@@ -41,7 +41,7 @@ from ..errors import MirrorSDError
 from ..models.eagle import EagleHead, check_early_layers, load_head, save_head
 from ..models.loading import embedded_model_dir, load_model, load_tokenizer
 from .distill import ORIGIN
-from .draft import IGNORE, build_vocab_map, data_folders, data_source, read_examples
+from .draft import IGNORE, build_vocab_map, data_folders, data_source, layer_list, read_examples
 from .features import extract_features, features_dir, load_sequences
 from .loop import fit, run_evaluation, stage_history
 
@@ -382,7 +382,7 @@ def add_parser(sub):
     p.add_argument("--unroll", type=int, default=1,
                    help="training-time test: passes over the head's own predicted features (default 1: off)")
     p.add_argument("--init", default=None, help="start from the head in this folder instead of a fresh one")
-    p.add_argument("--early-layers", default=None, type=lambda v: [int(x) for x in v.split(",") if x.strip()],
+    p.add_argument("--early-layers", default=None, type=layer_list,
                    help="comma-separated target layers whose early features the head also reads (EAGLE-3's "
                         "fusion; e.g. 2,15); default: those of --init, none for a fresh head")
     p.add_argument("--eval-every", type=int, default=50)
