@@ -113,3 +113,26 @@ def test_bad_layers_are_clear_errors(tiny_dirs, tmp_path, capsys):
             main([*command, "--data", str(tmp_path), "--out", str(tmp_path / "out")])
         assert exit_.value.code == 2  # argparse: one line naming the option
         assert "expected comma-separated layer numbers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [
+    ["data", "--num-prompts", "0"], ["data", "--num-prompts", "4", "--batch-size", "-2"],
+    ["draft", "--epochs", "0"], ["draft", "--lr", "nan"], ["draft", "--batch-tokens", "x"],
+    ["eagle", "--vocab", "0"], ["eagle", "--unroll", "0"], ["eagle", "--noise", "-1"], ["eagle", "--epochs", "inf"],
+    ["ss", "--streams", "0"], ["ss", "--rank", "-1"], ["ss", "--positions", "0"],
+])
+def test_training_commands_refuse_bad_numbers_in_one_line(command, tmp_path, capsys):
+    from mirror_sd.train.__main__ import main
+
+    data = [] if command[0] == "data" else ["--data", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, *data, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"argument {command[-2]}: expected" in err and "Traceback" not in err
+
+
+def test_a_missing_data_folder_is_a_clear_error(tmp_path, capsys):
+    from mirror_sd.train.__main__ import main
+
+    assert main(["eagle", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 2
+    assert "no data.jsonl in" in capsys.readouterr().err

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .options import positive_int
+
 
 def _add_data(sub) -> None:
     p = sub.add_parser("data", help="distillation data: prompts from offline corpora + target answers",
@@ -28,11 +30,11 @@ def _add_data(sub) -> None:
                         "reference: corpus prompts with answers from the corpora too, nothing generated "
                         "(off-policy data for the EAGLE head: mirror_sd/train/reference.py)")
     p.add_argument("--seed", type=int, default=0, help="prompt selection / sampling seed (default 0)")
-    p.add_argument("--num-prompts", type=int, required=True, help="number of prompts (multi-turn ones give 2 examples)")
-    p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap per turn (default 192)")
-    p.add_argument("--batch-size", type=int, default=32,
+    p.add_argument("--num-prompts", type=positive_int, required=True, help="number of prompts (multi-turn ones give 2 examples)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=192, help="answer length cap per turn (default 192)")
+    p.add_argument("--batch-size", type=positive_int, default=32,
                    help="rows decoded together, refilled as answers finish (default 32: best measured)")
-    p.add_argument("--threads", type=int, default=2,
+    p.add_argument("--threads", type=positive_int, default=2,
                    help="torch CPU threads (default 2; use 1 for a niced background run on a shared box)")
     p.add_argument("--device", default="cpu",
                    help="where the target runs: cpu (default) or cuda[:N], in fp32 either way; a GPU answers "

@@ -14,7 +14,6 @@ loadable draft), checkpoint/ (resumable, safetensors + JSON, no pickle), loss.pn
 """
 from __future__ import annotations
 
-import argparse
 
 import json
 import random
@@ -31,6 +30,7 @@ from ..models.llama import Transformer
 from ..models.loading import EMBED_FROM_TARGET, VOCAB_MAP_KEY, embedded_model_dir, load_model, load_tokenizer
 from .features import extract_features, features_dir, load_sequences
 from .loop import fit, run_evaluation
+from .options import layer_list, positive_float, positive_int
 
 IGNORE = -100
 
@@ -58,6 +58,8 @@ def read_examples(data_dirs: Path | list[Path], targets_answers: bool = False) -
         if targets_answers and data_source(data_dir) == "reference":
             raise MirrorSDError(f"{data_dir} holds reference answers, not the target's: this trainer learns the "
                                 "answer tokens themselves (use it for `eagle`, or `draft --labels target`)")
+        if not (data_dir / "data.jsonl").exists():
+            raise MirrorSDError(f"no data.jsonl in {data_dir}: build it with python -m mirror_sd.train data --out {data_dir}")
         for line in (data_dir / "data.jsonl").read_text().splitlines():
             try:
                 row = json.loads(line)
@@ -268,14 +270,6 @@ Loss curve: loss.png.
     (out / "README.md").write_text(text)
 
 
-def layer_list(text: str) -> list[int]:
-    """A command-line list of layer numbers, "0,1" -> [0, 1] (argparse type; "" -> [])."""
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated layer numbers such as 0,1; got {text!r}") from None
-
-
 def add_parser(sub):
     """``python -m mirror_sd.train draft ...``"""
     p = sub.add_parser("draft", help="train the draft for the embedded target by distillation",
@@ -286,19 +280,19 @@ def add_parser(sub):
     p.add_argument("--out", required=True, help="output folder: the loadable draft, loss.png, checkpoint/")
     p.add_argument("--layers", default=[0, 1], type=layer_list,
                    help="target layers that initialise the draft's layers (default 0,1)")
-    p.add_argument("--vocab", type=int, default=8192, help="draft head vocabulary size (default 8192)")
-    p.add_argument("--epochs", type=float, default=2.0)
-    p.add_argument("--lr", type=float, default=5e-4)
-    p.add_argument("--batch-tokens", type=int, default=4096)
-    p.add_argument("--max-len", type=int, default=512, help="tokens of context per example (the end is kept)")
-    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--vocab", type=positive_int, default=8192, help="draft head vocabulary size (default 8192)")
+    p.add_argument("--epochs", type=positive_float, default=2.0)
+    p.add_argument("--lr", type=positive_float, default=5e-4)
+    p.add_argument("--batch-tokens", type=positive_int, default=4096)
+    p.add_argument("--max-len", type=positive_int, default=512, help="tokens of context per example (the end is kept)")
+    p.add_argument("--eval-every", type=positive_int, default=50)
     p.add_argument("--labels", choices=("answers", "target"), default="answers",
                    help="answers: next token on answer tokens; target: the target's argmax at every position "
                         "(prompts too; runs the target over the data once, cached in --features)")
     p.add_argument("--features", default=None, help="target features/argmax cache (default: "
                                                     "~/.cache/mirror-sd/eagle-features/<target>, shared with eagle)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--device", default="cpu", help="where the target and the draft compute: cpu (default) "
                                                     "or cuda[:N]; fp32 either way (not yet run on a GPU)")
 

@@ -41,9 +41,10 @@ from ..errors import MirrorSDError
 from ..models.eagle import EagleHead, check_early_layers, load_head, save_head
 from ..models.loading import embedded_model_dir, load_model, load_tokenizer
 from .distill import ORIGIN
-from .draft import IGNORE, build_vocab_map, data_folders, data_source, layer_list, read_examples
+from .draft import IGNORE, build_vocab_map, data_folders, data_source, read_examples
 from .features import extract_features, features_dir, load_sequences
 from .loop import fit, run_evaluation, stage_history
+from .options import layer_list, non_negative_float, positive_float, positive_int
 
 # -- stage 2: the head ---------------------------------------------------------------------------
 def make_batches(seqs: list[dict], row_of: torch.Tensor, batch_tokens: int, rng: random.Random):
@@ -372,22 +373,22 @@ def add_parser(sub):
                    help="folder(s) with data.jsonl from the data subcommand, read in the order given")
     p.add_argument("--out", required=True, help="output folder: the head, loss.png, checkpoint/")
     p.add_argument("--features", default=None, help="feature cache (default ~/.cache/mirror-sd/eagle-features/TARGET)")
-    p.add_argument("--vocab", type=int, default=8192, help="head vocabulary: most frequent answer tokens (default 8192)")
-    p.add_argument("--epochs", type=float, default=4.0)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--batch-tokens", type=int, default=4096)
-    p.add_argument("--max-len", type=int, default=512, help="tokens per example (the end is kept)")
-    p.add_argument("--noise", type=float, default=0.2, help="width of uniform noise on input features")
-    p.add_argument("--ce-weight", type=float, default=0.1, help="weight of the token loss (feature loss: 1)")
-    p.add_argument("--unroll", type=int, default=1,
+    p.add_argument("--vocab", type=positive_int, default=8192, help="head vocabulary: most frequent answer tokens (default 8192)")
+    p.add_argument("--epochs", type=positive_float, default=4.0)
+    p.add_argument("--lr", type=positive_float, default=1e-3)
+    p.add_argument("--batch-tokens", type=positive_int, default=4096)
+    p.add_argument("--max-len", type=positive_int, default=512, help="tokens per example (the end is kept)")
+    p.add_argument("--noise", type=non_negative_float, default=0.2, help="width of uniform noise on input features")
+    p.add_argument("--ce-weight", type=non_negative_float, default=0.1, help="weight of the token loss (feature loss: 1)")
+    p.add_argument("--unroll", type=positive_int, default=1,
                    help="training-time test: passes over the head's own predicted features (default 1: off)")
     p.add_argument("--init", default=None, help="start from the head in this folder instead of a fresh one")
     p.add_argument("--early-layers", default=None, type=layer_list,
                    help="comma-separated target layers whose early features the head also reads (EAGLE-3's "
                         "fusion; e.g. 2,15); default: those of --init, none for a fresh head")
-    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--eval-every", type=positive_int, default=50)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--device", default="cpu", help="where the target computes features and the head trains: "
                                                     "cpu (default) or cuda[:N]; fp32 either way (not yet run on a GPU)")
 

@@ -36,6 +36,7 @@ from ..models.loading import EMBED_FROM_TARGET, embedded_model_dir, load_model, 
 from ..models.streams import StreamConfig, Streams
 from .draft import IGNORE, build_vocab_map, data_folders, read_examples
 from .loop import fit, run_evaluation, stage_history
+from .options import non_negative_int, positive_float, positive_int
 
 ALPHA_STREAM = 0.1  # α_j of the n-gram loss
 
@@ -299,26 +300,26 @@ def add_parser(sub):
                                                 "(for a draft: DRAFT_FOLDER/streams, where the engine looks)")
     p.add_argument("--model", default=None, help="the frozen model that carries the streams: a draft folder "
                                                  "(default: the embedded target)")
-    p.add_argument("--streams", type=int, default=4, help="number of streams γ (default 4)")
-    p.add_argument("--stream-layers", type=int, default=8, help="top layers with streams, N_s (default 8: better than 4 "
+    p.add_argument("--streams", type=positive_int, default=4, help="number of streams γ (default 4)")
+    p.add_argument("--stream-layers", type=positive_int, default=8, help="top layers with streams, N_s (default 8: better than 4 "
                                                                 "in docs/sweeps/ss_stream_layers.csv)")
-    p.add_argument("--rank", type=int, default=16, help="LoRA rank on stream rows (0: embeddings only; default 16)")
-    p.add_argument("--embedding-scale", type=float, default=None,
+    p.add_argument("--rank", type=non_negative_int, default=16, help="LoRA rank on stream rows (0: embeddings only; default 16)")
+    p.add_argument("--embedding-scale", type=positive_float, default=None,
                    help="stream embeddings are this times the trained vectors (default: the RMS size of the "
                         "hidden states entering the stream layers)")
-    p.add_argument("--next-token-rank", type=int, default=None,
+    p.add_argument("--next-token-rank", type=non_negative_int, default=None,
                    help="rank of a learned map that adds the next token's embedding (committed when ss runs the "
                         "streams) to every stream; 0: the paper's streams (default 64 for the target, 0 and the "
                         "only choice for a draft's streams)")
-    p.add_argument("--vocab", type=int, default=8192, help="stream head vocabulary size (default 8192)")
-    p.add_argument("--epochs", type=float, default=2.0)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per step (default 8)")
-    p.add_argument("--positions", type=int, default=64, help="answer positions with streams per sequence (default 64)")
-    p.add_argument("--max-len", type=int, default=512, help="tokens of context per example (the end is kept)")
-    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--vocab", type=positive_int, default=8192, help="stream head vocabulary size (default 8192)")
+    p.add_argument("--epochs", type=positive_float, default=2.0)
+    p.add_argument("--lr", type=positive_float, default=2e-3)
+    p.add_argument("--batch-size", type=positive_int, default=8, help="sequences per step (default 8)")
+    p.add_argument("--positions", type=positive_int, default=64, help="answer positions with streams per sequence (default 64)")
+    p.add_argument("--max-len", type=positive_int, default=512, help="tokens of context per example (the end is kept)")
+    p.add_argument("--eval-every", type=positive_int, default=100)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--device", default="cpu", help="where the frozen model and the streams compute: cpu "
                                                     "(default) or cuda[:N]; fp32 either way (not yet run on a GPU)")
     p.add_argument("--init", default=None, help="go on from the trained streams in this folder (their config and "
