@@ -179,6 +179,8 @@ def cmd_sweep(args) -> int:
         values = [kind.kind(v) for v in args.values.split(",") if v.strip()]
     except ValueError:
         raise MirrorSDError(f"--values must be comma-separated numbers, got {args.values!r}") from None
+    if not values:
+        raise MirrorSDError("--values names no value to sweep: give comma-separated numbers, such as 1,2,4")
     for v in values:
         kind.check(v)
     prompts = _prompts(args)

@@ -84,6 +84,9 @@ def test_sweep_rejects_options_the_method_lacks(tiny_dirs, tmp_path, capsys):
     rc = main(["sweep", "--method", "vanilla", "--option", "gamma", "--values", "1", "--out", str(tmp_path),
                "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"])])
     assert rc == 2 and "has no option 'gamma'" in capsys.readouterr().err
+    rc = main(["sweep", "--method", "sd", "--option", "gamma", "--values", " , ", "--out", str(tmp_path),
+               "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"])])
+    assert rc == 2 and "--values names no value to sweep" in capsys.readouterr().err
 
 
 def test_first_per_category(bench_prompts):
