@@ -5,8 +5,9 @@ tokens kept) and stores per token the feature f_i (the final-normed hidden state
 fp16), the target's argmax at that position (full head, exact) and, for a head with early layers,
 its early features (``models/eagle.py``; fp16; such shards carry the layers in their name).
 Shards of SHARD_EXAMPLES examples, named by a hash of their token ids, so one cache serves any
-data set: a rerun, a grown data set or another mix of the same folders reuses every shard whose
-examples it holds, and never another data set's. The EAGLE head learns from the features and the
+data set: a rerun, a grown data set or a mix that starts with the same folders reuses every shard
+of the same SHARD_EXAMPLES examples, and never another data set's (a folder read after one whose
+size is not a multiple of SHARD_EXAMPLES is cut into new shards). The EAGLE head learns from the features and the
 argmax; the draft (``--labels target``) learns the argmax at every position, prompt tokens included.
 """
 from __future__ import annotations
