@@ -139,14 +139,13 @@ def default_devices() -> tuple[str, str]:
     return "cpu", "cpu"
 
 
-def default_dtype() -> torch.dtype:
-    """fp32 on every device. On many CPUs bf16 matmuls are slow or crash. On a GPU, bf16 breaks the
-    promise of temperature 0: its rounding depends on how many tokens one forward holds, so a
-    window's verify and vanilla's one-token step can pick different argmaxes where two logits
-    nearly tie. On an H100 (README, "On a GPU"), every speculative method differed from vanilla on
-    1 or 2 of 6 prompts in bf16 and on none of 12 in fp32. Ask for bf16 or fp16 (``dtype=``,
-    ``--dtype``) to halve a big model's memory."""
-    return torch.float32
+# fp32 on every device. On many CPUs bf16 matmuls are slow or crash. On a GPU, bf16 breaks the
+# promise of temperature 0: its rounding depends on how many tokens one forward holds, so a window's
+# verify and vanilla's one-token step can pick different argmaxes where two logits nearly tie. On an
+# H100 (README, "On a GPU"), every speculative method differed from vanilla on 1 or 2 of 6 prompts
+# in bf16 and on none of 12 in fp32. Ask for bf16 or fp16 (``dtype=``, ``--dtype``) to halve a big
+# model's memory.
+DEFAULT_DTYPE = torch.float32
 
 
 class Lane:

@@ -39,7 +39,7 @@ def cuda_pair(tiny_dirs, dtype: str | None):
 
 @pytest.fixture(scope="module")
 def fp32_pair(tiny_dirs):
-    pair = cuda_pair(tiny_dirs, None)  # no dtype: the default, fp32 on a GPU too (devices.default_dtype)
+    pair = cuda_pair(tiny_dirs, None)  # no dtype: the default, fp32 on a GPU too (devices.DEFAULT_DTYPE)
     assert pair.target.dtype == pair.draft.dtype == torch.float32
     return pair
 

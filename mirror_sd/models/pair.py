@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..devices import Lane, default_dtype, make_lanes, on_cpu_worker, shard_lane
+from ..devices import DEFAULT_DTYPE, Lane, make_lanes, on_cpu_worker, shard_lane
 from ..errors import MirrorSDError
 from .llama import Transformer
 from .loading import EMBEDDED_NAME, load_model, load_tokenizer, resolve_model_dir
@@ -154,7 +154,7 @@ def check_same_vocabulary(target_tokenizer, draft_tokenizer, draft_name: str):
 
 def _dtype(dtype) -> torch.dtype:
     if dtype is None:
-        return default_dtype()
+        return DEFAULT_DTYPE
     if isinstance(dtype, torch.dtype):
         return dtype
     names = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
