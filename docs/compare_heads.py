@@ -71,9 +71,9 @@ def with_early(target, head, seqs: list[dict]) -> list[dict]:
     return [dict(s, early=causal_features(target, s["ids"][None], head.early_layers)[2][0].half()) for s in seqs]
 
 
-def agreement(target, head, seqs: list[dict]) -> dict:
-    """``train.eagle.evaluate`` for this head, plus the answer tokens its rows cannot propose."""
-    seqs = with_early(target, head, seqs)
+def agreement(head, seqs: list[dict]) -> dict:
+    """``train.eagle.evaluate`` for this head, plus the answer tokens its rows cannot propose
+    (``seqs`` hold the early features the head reads: :func:`with_early`)."""
     row_of = rows_of(head.vocab_map, head.args.vocab_size)
     with torch.no_grad():
         result = evaluate(head, seqs, row_of, 2048, ce_weight=0.5, depths=DEPTHS)
@@ -135,15 +135,15 @@ def main():
     print("top-1 agreement with the target by draft depth (1 / 2 / 3):")
     categories = sorted({s["category"] for s in bench_answers})
     for name, head in heads.items():
-        bench = agreement(pair.target, head, bench_answers)
+        answers = with_early(pair.target, head, bench_answers)  # once per head, for every score below
+        bench = agreement(head, answers)
         line = (f"{name}: bench answers {by_depth(bench, 'answer_')} ({bench['answer_tokens']} tokens, "
                 f"{bench['outside_rows']} of {bench['answers']} outside the head's rows)")
         if held_out is not None:
-            held = agreement(pair.target, head, held_out)
+            held = agreement(head, with_early(pair.target, head, held_out))
             line += f"; held-out all {by_depth(held, '')}, answers {by_depth(held, 'answer_')}"
         print(line)
-        per_category = {c: agreement(pair.target, head, [s for s in bench_answers if s["category"] == c])
-                        for c in categories}
+        per_category = {c: agreement(head, [s for s in answers if s["category"] == c]) for c in categories}
         print("  bench answers by category: " + "; ".join(
             f"{c} {by_depth(r, 'answer_')} ({r['answer_tokens']} tokens)" for c, r in per_category.items()))
 

@@ -14,7 +14,6 @@ loadable draft), checkpoint/ (resumable, safetensors + JSON, no pickle), loss.pn
 """
 from __future__ import annotations
 
-
 import json
 import random
 from collections import Counter

@@ -226,7 +226,7 @@ def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None,
     if early_layers is None:
         early_layers = head.early_layers if head is not None else ()
     early_layers = check_early_layers(target, early_layers)  # before any feature is computed
-    if head is not None and tuple(early_layers) != head.early_layers:
+    if head is not None and early_layers != head.early_layers:
         if head.early_layers:
             raise MirrorSDError(f"the head in {init} reads early layers {list(head.early_layers)}; "
                                 f"it cannot go on with {list(early_layers)}")

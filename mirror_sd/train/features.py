@@ -69,11 +69,12 @@ def extract_features(target, examples, folder: Path, max_len: int, batch_tokens:
             ids = torch.tensor([seqs[j] + [0] * (T - len(seqs[j])) for j in group], device=target.device)
             f, a, e = causal_features(target, ids, early_layers)
             f, a = f.half().cpu(), a.int().cpu()  # shards are kept on the CPU, whatever computed them
+            e = e.half().cpu() if e is not None else None
             for row, j in enumerate(group):
                 feats[j] = f[row, :len(seqs[j])]
                 argmax[j] = a[row, :len(seqs[j])]
                 if e is not None:
-                    early[j] = e[row, :len(seqs[j])].half().cpu()
+                    early[j] = e[row, :len(seqs[j])]
             i += len(group)
         offsets = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
         partial = path.with_suffix(".partial")  # a killed run leaves no half-written shard behind

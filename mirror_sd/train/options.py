@@ -5,33 +5,31 @@ import argparse
 import math
 
 
-def _number(kind, text: str, smallest, what: str):
+def _number(kind, text: str, valid, what: str):
+    """``kind(text)`` if it is a finite number for which ``valid`` holds, else an argparse error."""
     try:
         value = kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if not math.isfinite(value) or value < smallest:
+    if not (math.isfinite(value) and valid(value)):
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
 
 
 def positive_int(text: str) -> int:
-    return _number(int, text, 1, "a whole number of at least 1")
+    return _number(int, text, lambda v: v >= 1, "a whole number of at least 1")
 
 
 def non_negative_int(text: str) -> int:
-    return _number(int, text, 0, "a whole number of at least 0")
+    return _number(int, text, lambda v: v >= 0, "a whole number of at least 0")
 
 
 def positive_float(text: str) -> float:
-    value = _number(float, text, 0.0, "a number above 0")
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
-    return value
+    return _number(float, text, lambda v: v > 0, "a number above 0")
 
 
 def non_negative_float(text: str) -> float:
-    return _number(float, text, 0.0, "a number of at least 0")
+    return _number(float, text, lambda v: v >= 0, "a number of at least 0")
 
 
 def layer_list(text: str) -> list[int]:
