@@ -43,6 +43,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from .errors import MirrorSDError
+from .models.linear import int8_products
 
 ROLES = {"target": "GPU role", "draft": "NPU role"}
 
@@ -160,6 +161,10 @@ class Lane:
         self.threads: int | None = None  # CPU threads while working; set by allot_cpu_threads
         self.alone_threads: int | None = None  # CPU threads for work no other lane runs beside (``alone``)
         self.cpu_slot = 0  # which shared CPU worker runs a CPU lane's work; set by allot_cpu_threads
+        # Drafting work here multiplies by int8 weight copies (models/linear.py, int8 drafting): all of
+        # the draft lane's work, which only ever runs the draft model, and target-lane work submitted
+        # with drafting=True (the EAGLE head, the speculative streams). Set by load_pair, CPU lanes only.
+        self.int8_drafting = False
         self.trace = None  # the Trace that spans go to; set per generation
         self.stream = None
         self._worker: ThreadPoolExecutor | None = None  # a non-CPU lane's own thread, started on first use
@@ -171,12 +176,14 @@ class Lane:
         return f"{self.name}, {self.role}, {self.display_device}"
 
     def submit(self, kind: str, fn, *args, label: str = "", step: int | None = None,
-               tokens: int = 0, alone: bool = False, **kwargs) -> Future:
+               tokens: int = 0, alone: bool = False, drafting: bool = False, **kwargs) -> Future:
         """Run fn(*args, **kwargs) on this lane; the future gives its result (or its error).
 
         alone: the caller promises that no other lane works meanwhile, so a CPU lane may use the
-        cores it otherwise shares (``alone_threads``)."""
-        return self.worker.submit(self._run, kind, label, step, tokens, alone, fn, args, kwargs)
+        cores it otherwise shares (``alone_threads``).
+        drafting: fn only proposes tokens (``int8_drafting``); the draft lane's work always does."""
+        int8 = self.int8_drafting and (drafting or self.name == "draft")
+        return self.worker.submit(self._run, kind, label, step, tokens, alone, int8, fn, args, kwargs)
 
     @property
     def worker(self) -> ThreadPoolExecutor:
@@ -192,14 +199,14 @@ class Lane:
         """Submit and wait: for work that nothing else on the host can overlap with."""
         return self.submit(kind, fn, *args, **kwargs).result()
 
-    def _run(self, kind, label, step, tokens, alone, fn, args, kwargs):
+    def _run(self, kind, label, step, tokens, alone, int8, fn, args, kwargs):
         threads = self.alone_threads if alone else self.threads
         if self.device.type == "cpu" and threads:
             torch.set_num_threads(threads)  # per worker thread
         stream = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
         start = time.perf_counter()
         try:
-            with torch.inference_mode(), stream:
+            with torch.inference_mode(), stream, int8_products(int8):
                 result = fn(*args, **kwargs)
                 self.synchronize()
         finally:

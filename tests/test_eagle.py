@@ -257,6 +257,10 @@ def test_shipped_head_equals_vanilla_on_varied_prompts(embedded_pair, equality_p
     assert {"accepted", "correction", "bonus"} <= origins
     # the trained head pays its way in tokens: well over one token per target forward (measured ~1.6-1.8)
     assert committed / steps > 1.4
+    if embedded_pair.int8_drafting:  # the head drafted in int8 (models/linear.py), its input map in fp32
+        head = head_for(embedded_pair)
+        assert hasattr(head.layer.mlp.down_proj.weight, "_int8_packed")
+        assert not hasattr(head.fc.weight, "_int8_packed")
 
 
 def test_the_app_draws_a_real_eagle_tree(tiny_eagle):

@@ -34,6 +34,31 @@ def test_two_lanes_overlap_in_time():
     assert overlap > 0.5 * min(a.duration, b.duration), "work on two lanes should run at the same time"
 
 
+def _int8_copies(module) -> set[str]:
+    return {name for name, p in module.named_parameters() if hasattr(p, "_int8_packed")}
+
+
+@pytest.mark.parametrize("int8", [True, False])
+def test_drafting_alone_multiplies_by_int8_weights(tiny_dirs, int8):
+    """With int8 drafting (the default) the draft's weights get int8 copies as it drafts, and the
+    target's never do (the draft lane runs only the draft model; the target lane verifies in fp32);
+    with it off, nothing is quantised. Either way sd commits vanilla's tokens."""
+    from mirror_sd import load_pair
+    from mirror_sd.models.linear import INT8
+
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), int8_drafting=int8)
+    assert pair.int8_drafting == (int8 and INT8) and pair.describe()["int8_drafting"] == pair.int8_drafting
+    reference = generate(pair, "a b c", method="vanilla", max_new_tokens=12, raw=True).token_ids
+    assert generate(pair, "a b c", method="sd", max_new_tokens=12, raw=True).token_ids == reference
+    assert generate(pair, "a b c", method="mirror", max_new_tokens=12, raw=True).token_ids == reference
+    assert not _int8_copies(pair.target)
+    drafted = _int8_copies(pair.draft)
+    if int8 and INT8:
+        assert "lm_head.weight" in drafted and "model.layers.0.mlp.down_proj.weight" in drafted
+    else:
+        assert not drafted
+
+
 def test_cpu_lanes_share_a_worker_unless_they_work_at_the_same_time():
     """Every OS thread that runs torch's multi-threaded kernels keeps an OpenMP pool, and two pools of
     all the cores slow each other down (devices.py): serial CPU lanes share one thread."""

@@ -6,7 +6,7 @@ import torch
 
 from mirror_sd import MirrorSDError, generate, load_pair
 from mirror_sd.methods.ss import stream_tree
-from mirror_sd.models.streams import StreamConfig, Streams, split_forward, stream_mask, use_streams
+from mirror_sd.models.streams import StreamConfig, Streams, split_forward, stream_mask, target_streams, use_streams
 from mirror_sd.train.ss import train
 
 from test_distribution import PROMPT, chi_square_p, exact_law_of_tokens_2_and_3, sample_counts
@@ -195,3 +195,8 @@ def test_ss_with_shipped_streams_equals_vanilla_on_the_embedded_target(embedded_
         assert out.token_ids == reference, prompt
         accepted += sum(step.accepted for step in out.trace.steps)
     assert accepted > len(equality_prompts)  # the trained streams' drafts are really accepted
+    if embedded_pair.int8_drafting:  # the streams drafted through int8 copies of the top layers only
+        layers = embedded_pair.target.model.layers
+        first = target_streams(embedded_pair).first_layer
+        assert hasattr(layers[first].mlp.down_proj.weight, "_int8_packed")
+        assert not hasattr(layers[first - 1].mlp.down_proj.weight, "_int8_packed")

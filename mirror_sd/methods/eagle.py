@@ -203,7 +203,7 @@ def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
     while not run.done:
         step = run.next_step
         tree = lane.run("draft", draft, run, head, head_cache, pending, depth, top_k, total_tokens, lookup,
-                        label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]))
+                        label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]), drafting=True)
         path, token, feats, early = lane.run("verify", verify_tree, run, cache, tree, early_layers,
                                              label=f"verify {len(tree.tokens) + 1} tokens", step=step,
                                              tokens=len(tree.tokens) + 1)

@@ -21,9 +21,12 @@ from .verify import verify
 
 
 def prefill(run, extra_draft_slots: int = 0):
-    """Prefill target and draft on their lanes at once; commit the target's first token.
+    """Prefill the target, then the draft, each alone on its lane; commit the target's first token.
 
-    extra_draft_slots: room in the draft's cache beyond the sequence (Mirror-SD's rollout trees).
+    One after the other, so that on a CPU whose cores the lanes split (Mirror-SD) the target's
+    prefill gets them all: the draft's is about a tenth of the work. Side by side, the target ran
+    on one core of two, and Mirror-SD's prefills took 1.6 s against vanilla's 1.1 on the 12 bench
+    prompts. extra_draft_slots: room in the draft's cache beyond the sequence (Mirror-SD's rollout trees).
     """
     pair = run.pair
     target_cache = pair.target.new_cache(run.cache_slots)
@@ -32,12 +35,11 @@ def prefill(run, extra_draft_slots: int = 0):
     target_ids = torch.tensor([run.prompt_ids], device=pair.target.device)  # [1, P]
     draft_ids = torch.tensor([run.prompt_ids[:-1]], device=pair.draft.device)  # last token: fed at step 1
     label = f"prefill {n} tokens"
-    target_future = pair.target_lane.submit("prefill", pair.target, target_ids, target_cache, label=label,
-                                            step=0, tokens=n)
+    logits = pair.target_lane.run("prefill", pair.target, target_ids, target_cache, label=label, step=0,
+                                  tokens=n, alone=True)
     if n > 1:
-        pair.draft_lane.submit("prefill", pair.draft, draft_ids, draft_cache, label=label, step=0,
-                               tokens=n - 1).result()
-    logits = target_future.result()
+        pair.draft_lane.run("prefill", pair.draft, draft_ids, draft_cache, label=label, step=0, tokens=n - 1,
+                            alone=True)
     token = run.target_sampler.pick(logits[0, -1])
     return target_cache, draft_cache, run.commit(Step(0, [token], ["target"]))
 

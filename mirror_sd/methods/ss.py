@@ -109,7 +109,7 @@ def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int):
         step = run.next_step
         tree = lane.run("draft", draft_from_streams, run, streams, cache, h0_row, gamma, top_k, total_tokens, lookup,
                         label=f"streams: draft {gamma} levels" + (f" + up to {lookup} copied" if lookup else ""),
-                        step=step, tokens=gamma)
+                        step=step, tokens=gamma, drafting=True)
         path, token, h0_row = lane.run("verify", verify_tree, run, streams, cache, tree,
                                        label=f"verify {len(tree.tokens) + 1} tokens", step=step,
                                        tokens=len(tree.tokens) + 1)

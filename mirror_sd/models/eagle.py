@@ -62,10 +62,11 @@ class EagleHead(nn.Module):
         super().__init__()
         self.args = ModelArgs(**{**args.__dict__, "num_layers": 1})
         d = args.hidden_size
-        self.fc = Linear(2 * d, d, bias=True)
+        # fc and fuse read raw target features: fp32 even when drafting in int8 (models/linear.py)
+        self.fc = Linear(2 * d, d, bias=True, int8=False)
         self.early_layers = tuple(early_layers)
         if self.early_layers:
-            self.fuse = Linear(len(self.early_layers) * d, d, bias=False)
+            self.fuse = Linear(len(self.early_layers) * d, d, bias=False, int8=False)
             nn.init.zeros_(self.fuse.weight)
         self.layer = DecoderLayer(self.args)
         self.register_buffer("vocab_map", vocab_map.clone(), persistent=True)  # [rows] target ids

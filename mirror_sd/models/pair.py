@@ -9,6 +9,7 @@ import torch
 
 from ..devices import DEFAULT_DTYPE, Lane, make_lanes, on_cpu_worker, shard_lane
 from ..errors import MirrorSDError
+from .linear import INT8
 from .llama import Transformer
 from .loading import EMBEDDED_NAME, load_model, load_tokenizer, resolve_model_dir
 from .sharding import needs_sharding, shard_over
@@ -57,16 +58,27 @@ class ModelPair:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    @property
+    def int8_drafting(self) -> bool:
+        """Whether drafting work on CPU lanes multiplies by int8 weight copies (models/linear.py)."""
+        return self.target_lane.int8_drafting or self.draft_lane.int8_drafting
+
+    @int8_drafting.setter
+    def int8_drafting(self, on: bool):
+        for lane in (self.target_lane, self.draft_lane):
+            lane.int8_drafting = bool(on) and lane.device.type == "cpu" and INT8
+
     def describe(self) -> dict:
         """Models and lanes, for traces and reports."""
-        return dict(target=self.target_name, draft=self.draft_name,
+        return dict(target=self.target_name, draft=self.draft_name, int8_drafting=self.int8_drafting,
                     target_lane=self.target_lane.label, draft_lane=self.draft_lane.label,
                     target_layers=self.target.num_layers,
                     draft_layers=self.draft.num_layers if self.draft is not None else None)
 
 
 def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_device: str | None = None,
-              draft_device: str | None = None, dtype: str | torch.dtype | None = None) -> ModelPair:
+              draft_device: str | None = None, dtype: str | torch.dtype | None = None,
+              int8_drafting: bool = True) -> ModelPair:
     """Load a target and a draft on their lanes. With no arguments: the embedded default pair.
 
     target: None / "smollm2-135m-instruct" (embedded), a Hugging Face id, or a local folder.
@@ -75,9 +87,14 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     devices: "cpu", "cuda[:N]", "mps", "npu"; None picks this machine's defaults (see devices.py).
     target_device may list several GPUs ("cuda:0,cuda:1") to shard a target too big for one
     (models/sharding.py); with None, a target too big for the first GPU is sharded over all of them.
+    int8_drafting: drafting work on CPU lanes (the draft model, the EAGLE head, the speculative
+    streams) multiplies by int8 weight copies; the target verifies in fp32, so this is lossless
+    (models/linear.py). ``pair.int8_drafting`` changes it later.
     Loading runs on the CPU lanes' shared worker thread (devices.on_cpu_worker says why).
     """
-    return on_cpu_worker(_load_pair, target, draft, target_device, draft_device, dtype)
+    pair = on_cpu_worker(_load_pair, target, draft, target_device, draft_device, dtype)
+    pair.int8_drafting = int8_drafting
+    return pair
 
 
 def _load_pair(target, draft, target_device, draft_device, dtype) -> ModelPair:
