@@ -3,9 +3,12 @@
 On the tiny pair, with random (untrained) streams on the draft's top layer: the window is what the
 streams compute on a fresh cache, Mirror-SD's branch rollouts in one tree equal the same rollouts
 done one branch at a time, both methods commit vanilla's tokens at T = 0, and at T > 0 mirror
-with streams samples the target's law.
+with streams samples the target's law. The first two compare drafts made two ways, so they draft
+in fp32: int8 drafting quantises each product's input as a whole (models/linear.py), so a row's
+draft may differ in a near tie with the rows beside it. The others draft in int8, the default.
 """
 import shutil
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -35,6 +38,15 @@ def streamed_pair(tiny_dirs, tmp_path_factory):
     return load_pair(target=str(tiny_dirs["target"]), draft=str(folder))
 
 
+@contextmanager
+def fp32_drafting(pair):
+    pair.int8_drafting = False
+    try:
+        yield
+    finally:
+        pair.int8_drafting = True
+
+
 def streams_alone(pair, context: list[int], gamma: int) -> list[int]:
     """The draft's greedy window after ``context``, computed on a fresh cache: main argmax, then streams."""
     draft, streams = pair.draft, draft_streams(pair)
@@ -48,6 +60,11 @@ def streams_alone(pair, context: list[int], gamma: int) -> list[int]:
 
 
 def test_sd_with_streams_drafts_what_the_streams_compute_and_equals_vanilla(streamed_pair):
+    with fp32_drafting(streamed_pair):
+        _check_sd_windows(streamed_pair)
+
+
+def _check_sd_windows(streamed_pair):
     for prompt in PROMPTS:
         expected = generate(streamed_pair, prompt, method="vanilla", max_new_tokens=20, raw=True).token_ids
         out = generate(streamed_pair, prompt, method="sd", max_new_tokens=20, raw=True, gamma=4, streams=1)
@@ -64,6 +81,11 @@ def test_sd_with_streams_drafts_what_the_streams_compute_and_equals_vanilla(stre
 def test_mirror_branches_in_one_tree_equal_each_branch_alone(streamed_pair):
     """Every rolled-out branch (accepted r, root v) holds what the streams give after
     prefix + d1..dr + v, computed alone: the tree mask, positions and stream masks are right."""
+    with fp32_drafting(streamed_pair):
+        _check_branches(streamed_pair)
+
+
+def _check_branches(streamed_pair):
     for prompt in PROMPTS[:2]:
         expected = generate(streamed_pair, prompt, method="vanilla", max_new_tokens=20, raw=True).token_ids
         out = generate(streamed_pair, prompt, method="mirror", max_new_tokens=20, raw=True, gamma=3, kappa=3,
