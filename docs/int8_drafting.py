@@ -40,14 +40,15 @@ def main():
     table["int8_drafting"] = [int8[r] for r in table["run"]]
     spans = [SPAN_PREFIX + kind for kind in DRAFTING_SPANS if SPAN_PREFIX + kind in table]
     table["drafting_s"] = table[spans].fillna(0).sum(axis=1)
+    table["committed"] = table.mean_accepted * table.steps  # tokens committed by decoding steps (not prefills)
     summary = table.groupby(["run", "method", "int8_drafting"], as_index=False).agg(
         new_tokens=("new_tokens", "sum"), steps=("steps", "sum"), wall_s=("wall_s", "sum"),
-        drafting_s=("drafting_s", "sum"), equal_to_vanilla=("equal_to_vanilla", "mean"))
-    summary["mean_accepted"] = summary.new_tokens / summary.steps
+        committed=("committed", "sum"), drafting_s=("drafting_s", "sum"), equal_to_vanilla=("equal_to_vanilla", "mean"))
+    summary["mean_accepted"] = summary.committed / summary.steps
     summary["tokens_per_s"] = summary.new_tokens / summary.wall_s
     summary["speedup"] = summary.tokens_per_s / summary.tokens_per_s[0]
     summary["drafting_ms_per_step"] = 1000 * summary.drafting_s / summary.steps
-    summary = summary.drop(columns=["run", "drafting_s"])
+    summary = summary.drop(columns=["run", "committed", "drafting_s"])
     CSV.parent.mkdir(exist_ok=True)
     summary.to_csv(CSV, index=False)
     print(summary.round(3).to_string(index=False))

@@ -27,13 +27,14 @@ Int8 drafting. Inside :func:`int8_products` (a per-thread switch that the lanes 
 drafting work: ``Lane.int8_drafting``) products take an int8 copy of the weight instead, one scale
 per output row, made on first use, with the input quantised on the fly (PyTorch's dynamic
 quantisation kernel, ``torch.ops.quantized.linear_dynamic``). A quarter of the bytes to stream,
-so a draft step costs about half as much here: on the 12 bench prompts, interleaved, the draft
-spans of ``sd``, ``eagle`` and ``ss`` fell from 4.1, 5.5, 10.1 ms to 2.0, 2.9, 5.8 ms per step and
-mirror's rollouts from 13.4 to 8.1 ms (``python docs/int8_drafting.py``). Drafts only propose, and
-the target verifies them in fp32, so every method stays lossless; what may change is which tokens
-a draft proposes (see the README for tau). A layer fed raw residual-stream features (the EAGLE
-head's input maps) stays fp32 (``Linear(..., int8=False)``): their outlier channels would crush a
-per-tensor int8 input, and the head's tau fell from 2.72 to 2.64 with them quantised.
+so a draft step costs about half as much here: on the 12 bench prompts, interleaved, the drafting
+of ``sd``, ``eagle``, ``ss`` and ``mirror`` fell from 4.4, 5.6, 9.6 and 17.0 ms per step to 2.2,
+3.0, 5.5 and 8.9 ms (``python docs/int8_drafting.py``). Drafts only propose, and the target
+verifies them in fp32, so every method stays lossless; what may change is which tokens a draft
+proposes (see the README for tau). A layer fed raw residual-stream features (the EAGLE head's input
+maps) stays fp32 (``Linear(..., int8=False)``): their outlier channels would crush a per-tensor
+int8 input, and with them quantised too the head's tau fell to 2.58, against 2.66 in fp32 and 2.72
+as shipped (an ad-hoc run).
 """
 from __future__ import annotations
 
