@@ -75,3 +75,12 @@ def test_methods_lists_each_option_as_its_command_line_flag(capsys):
         for opt in method.options:
             assert f"--{opt.name.replace('_', '-')} (default {opt.default})" in line
     assert "--top-k" in listing and "--top_k" not in listing
+
+
+def test_fp32_drafting_turns_int8_drafting_off(tiny_dirs):
+    from mirror_sd.cli import _load, build_parser
+    from mirror_sd.models.linear import INT8
+
+    parse = build_parser().parse_args
+    assert _load(parse(["generate", "--prompt", "t1", *_tiny_args(tiny_dirs)])).int8_drafting == INT8
+    assert _load(parse(["generate", "--prompt", "t1", "--fp32-drafting", *_tiny_args(tiny_dirs)])).int8_drafting is False
