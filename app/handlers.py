@@ -39,10 +39,18 @@ class Stops:
             self._flags[session].set()
 
 
+INT8_NOTE = (" On the CPU, drafting (the draft model, the EAGLE head, the speculative streams) multiplies by int8 "
+             "copies of its weights, which is faster here; the target verifies in fp32, so every method still "
+             "commits what vanilla decoding would.")
+
+
 def hardware_notice(pair) -> str:
-    """The lanes in use, and a plain warning when both are the same kind of hardware."""
+    """The lanes in use, whether drafting runs in int8, and a plain warning when both lanes are the
+    same kind of hardware."""
     target, draft = pair.target_lane, pair.draft_lane
     lanes = f"Target lane: **{target.label}**; draft lane: **{draft.label}**."
+    if getattr(pair, "int8_drafting", False):
+        lanes += INT8_NOTE
     if target.device.type != draft.device.type:
         return lanes
     where = ""
