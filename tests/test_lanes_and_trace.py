@@ -59,6 +59,25 @@ def test_drafting_alone_multiplies_by_int8_weights(tiny_dirs, int8):
         assert not drafted
 
 
+def test_a_cpu_lane_takes_the_shared_cores_once_the_work_beside_it_is_done():
+    """Mirror-SD's suffix widens to every core once the rollouts end (Lane.widen_when_done)."""
+    from concurrent.futures import Future
+
+    lanes = [Lane("target", torch.device("cpu"), "cpu:0"), Lane("draft", torch.device("cpu"), "cpu:1")]
+    allot_cpu_threads(lanes, parallel=True)
+    target = lanes[0]
+    beside = Future()
+
+    def threads_after_widening():
+        target.widen_when_done(beside)
+        return torch.get_num_threads()
+
+    assert target.submit("work", threads_after_widening).result() == target.threads  # still running beside it
+    beside.set_result(None)
+    assert target.submit("work", threads_after_widening).result() == target.alone_threads  # done: all cores
+    assert target.submit("work", torch.get_num_threads).result() == target.threads  # the next work: its share
+
+
 def test_cpu_lanes_share_a_worker_unless_they_work_at_the_same_time():
     """Every OS thread that runs torch's multi-threaded kernels keeps an OpenMP pool, and two pools of
     all the cores slow each other down (devices.py): serial CPU lanes share one thread."""

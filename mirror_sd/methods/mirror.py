@@ -7,7 +7,8 @@ One step, with the window W = [last committed token, d1 .. d_gamma]:
    one: ``early_exit``): the top-kappa tokens and log-probs at every window position.
    This token channel is all that crosses to the draft lane (ids and log-probs, O(gamma * kappa)).
 2. At the same time, on two lanes:
-   - target lane: layers [exit_layer, N) over W -> final logits -> verification;
+   - target lane: layers [exit_layer, N) over W -> final logits -> verification (on a CPU whose
+     cores the lanes split, it takes the draft lane's cores too once the rollouts are done);
    - draft lane: branch rollouts. Branch (r, v) assumes the target accepts d1..dr and then emits
      v (an early-exit candidate at position r). The draft rolls out gamma tokens after each of the
      ``branch_budget`` most likely branches, all branches batched in one tree per forward: gamma
@@ -111,10 +112,19 @@ def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int):
     return hidden, win, top.indices.cpu(), top.values.cpu(), window_logp.cpu()
 
 
-def target_suffix(run, cache, hidden, win, exit_layer: int) -> torch.Tensor:
-    """Target lane: layers [exit_layer, N) over the same window -> final logits [T, V]."""
-    target = run.pair.target
-    logits = target.head(target.forward_layers(hidden, cache, win, exit_layer, None))
+def target_suffix(run, cache, hidden, win, exit_layer: int, rollouts=None) -> torch.Tensor:
+    """Target lane: layers [exit_layer, N) over the same window -> final logits [T, V].
+
+    rollouts: the draft lane's Future; once it is done, the rest of the suffix takes the cores the
+    lanes shared (``Lane.widen_when_done``), checked before each layer and before the LM head.
+    """
+    target, lane = run.pair.target, run.pair.target_lane
+    h = hidden  # [1, T, d]
+    for layer in range(exit_layer, target.num_layers):
+        lane.widen_when_done(rollouts)
+        h = target.forward_layers(h, cache, win, layer, layer + 1)
+    lane.widen_when_done(rollouts)
+    logits = target.head(h)
     cache.length = win.start + hidden.shape[1]
     return logits[0]
 
@@ -252,12 +262,12 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
             label=f"layers 1-{exit_layer} + early exit, {T} tokens", step=step, tokens=T,
             alone=True)  # the draft lane waits for the token channel: the prefix may use its cores too
         branches = choose_branches(window, top_ids, top_logp, window_logp, branch_budget)
-        suffix = pair.target_lane.submit("target-suffix", target_suffix, run, target_cache, hidden, win, exit_layer,
-                                         label=f"layers {exit_layer + 1}-{pair.target.num_layers}, {T} tokens",
-                                         step=step, tokens=T)
         rolled = pair.draft_lane.submit("draft-rollout", roll_out, run, draft_cache, window, branches, gamma,
                                         label=f"{len(branches)} branches x {gamma} tokens", step=step,
                                         tokens=len(branches) * gamma)
+        suffix = pair.target_lane.submit("target-suffix", target_suffix, run, target_cache, hidden, win, exit_layer,
+                                         rolled, label=f"layers {exit_layer + 1}-{pair.target.num_layers}, {T} tokens",
+                                         step=step, tokens=T)
         logits = suffix.result()
         branches = rolled.result()
         verdict, hit = pair.target_lane.run("rendezvous", rendezvous, window, q, logits, run.target_sampler, branches,

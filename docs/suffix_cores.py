@@ -1,0 +1,56 @@
+"""Mirror-SD's target suffix taking the draft lane's core once the rollouts are done, against not.
+
+    python docs/suffix_cores.py [--per-category 4] [--max-new-tokens 64]
+
+On a CPU the two lanes split the cores, so the suffix runs on one core beside the rollouts; the
+rollouts usually end first, and the suffix then takes both cores for its remaining layers and its LM
+head (``Lane.widen_when_done``, called by ``methods/mirror.py: target_suffix``). Interleaved on the
+bench prompts (``bench.run_interleaved``, warmed up first): vanilla, then mirror as shipped, then
+mirror with the suffix kept on its one core. Prints each one's tau, speed against vanilla and the
+suffix's milliseconds per step, and checks every run against vanilla token for token.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from comparison import bench_prompts, comparison_parser  # noqa: E402
+from mirror_sd import load_pair  # noqa: E402
+from mirror_sd.bench import SPAN_PREFIX, run_interleaved  # noqa: E402
+from mirror_sd.devices import Lane  # noqa: E402
+
+SHIPPED = Lane.widen_when_done
+NAMES = ["vanilla", "mirror", "mirror, suffix on one core"]
+
+
+def main():
+    parser = comparison_parser(__doc__)
+    parser.set_defaults(per_category=4)
+    args = parser.parse_args()
+    pair = load_pair()
+    runs = [("vanilla", {}), ("mirror", {}), ("mirror", {})]
+
+    def before_run(index):
+        Lane.widen_when_done = SHIPPED if index < 2 else (lambda lane, beside: None)
+
+    try:
+        table = run_interleaved(pair, bench_prompts(args.per_category), runs, args.max_new_tokens,
+                                desc="suffix cores", before_run=before_run)
+    finally:
+        Lane.widen_when_done = SHIPPED
+    table["committed"] = table.mean_accepted * table.steps
+    summary = table.groupby("run").agg(new_tokens=("new_tokens", "sum"), steps=("steps", "sum"),
+                                       committed=("committed", "sum"), wall_s=("wall_s", "sum"),
+                                       suffix_s=(SPAN_PREFIX + "target-suffix", "sum"),
+                                       equal_to_vanilla=("equal_to_vanilla", "mean"))
+    summary.index = NAMES
+    summary["mean_accepted"] = summary.committed / summary.steps
+    summary["speedup"] = (summary.new_tokens / summary.wall_s) / (summary.new_tokens / summary.wall_s).iloc[0]
+    summary["suffix_ms_per_step"] = 1000 * summary.suffix_s / summary.steps
+    print(summary[["mean_accepted", "speedup", "suffix_ms_per_step", "equal_to_vanilla"]].round(3).to_string())
+    if summary.equal_to_vanilla.min() < 1:
+        raise SystemExit("a run differs from vanilla")
+
+
+if __name__ == "__main__":
+    main()
