@@ -47,8 +47,23 @@ import torch.nn.functional as F
 from torch import nn
 
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-INT8 = (hasattr(torch.ops, "quantized") and hasattr(torch.ops.quantized, "linear_dynamic")
-        and torch.backends.quantized.engine in ("x86", "fbgemm", "onednn"))
+
+
+def _int8_kernels_work() -> bool:
+    """Whether this PyTorch build and this CPU run the int8 kernel (its x86 backend needs AVX2):
+    one tiny product, at import; without it, drafting stays fp32."""
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            q = torch.quantize_per_channel(torch.ones(2, 2), torch.ones(2, dtype=torch.double),
+                                           torch.zeros(2, dtype=torch.long), 0, torch.qint8)
+            torch.ops.quantized.linear_dynamic(torch.ones(1, 2), torch.ops.quantized.linear_prepack(q, None))
+        return True
+    except (AttributeError, NotImplementedError, RuntimeError):
+        return False
+
+
+INT8 = _int8_kernels_work()
 
 _int8 = threading.local()  # _int8.on: this thread is inside int8_products()
 
