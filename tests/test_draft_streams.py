@@ -40,11 +40,11 @@ def streamed_pair(tiny_dirs, tmp_path_factory):
 
 @contextmanager
 def fp32_drafting(pair):
-    pair.int8_drafting = False
+    before, pair.int8_drafting = pair.int8_drafting, False
     try:
         yield
     finally:
-        pair.int8_drafting = True
+        pair.int8_drafting = before
 
 
 def streams_alone(pair, context: list[int], gamma: int) -> list[int]:

@@ -91,18 +91,17 @@ def int8_products(enabled: bool = True):
 
 def int8_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The weight in int8 (symmetric, one scale per output row) packed with its bias for
-    ``linear_dynamic``; kept on the tensor and remade when it changes, as ``prepacked_weight``."""
-    version = 0 if weight.is_inference() else weight._version
-    kept = getattr(weight, "_int8_packed", None)
-    if kept is None or kept[0] != version:
-        with torch.no_grad(), warnings.catch_warnings():
+    ``linear_dynamic``; kept on the tensor and remade when it changes (``_kept_on``)."""
+
+    def pack():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # PyTorch marks quantised tensors as deprecated (they work in the pinned 2.13)
             w = weight.detach().float()
             scales = (w.abs().amax(dim=1) / 127).clamp_min(1e-12).double()  # [out]
             q = torch.quantize_per_channel(w, scales, torch.zeros_like(scales, dtype=torch.long), 0, torch.qint8)
-            packed = torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float())
-        kept = weight._int8_packed = (version, packed)
-    return kept[1]
+            return torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float())
+
+    return _kept_on(weight, "_int8_packed", pack)
 
 
 def uses_prepacked(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
@@ -114,12 +113,18 @@ def uses_prepacked(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 def prepacked_weight(weight: torch.Tensor) -> torch.Tensor:
     """The weight in oneDNN's blocked layout, kept on the tensor and remade when it changes."""
+    return _kept_on(weight, "_onednn_packed", lambda: torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
+
+
+def _kept_on(weight: torch.Tensor, name: str, make):
+    """make()'s result, kept on the weight as attribute ``name`` and made again when the weight
+    changes in place (an optimiser step bumps the tensor's version)."""
     version = 0 if weight.is_inference() else weight._version  # inference tensors keep no version
-    kept = getattr(weight, "_onednn_packed", None)
+    kept = getattr(weight, name, None)
     if kept is None or kept[0] != version:
         with torch.no_grad():
-            kept = (version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1))
-        weight._onednn_packed = kept
+            kept = (version, make())
+        setattr(weight, name, kept)
     return kept[1]
 
 
