@@ -5,9 +5,9 @@
 On the bench prompts, prompt by prompt: vanilla, then each method with int8 drafting (the
 default: ``load_pair(int8_drafting=True)``, models/linear.py), then with fp32 drafting
 (``bench.run_interleaved``, warmed up first). Prints, and writes to
-docs/sweeps/int8_drafting.csv, each run's tau, speed against vanilla and milliseconds per step of
-drafting work (spans draft, fallback-draft and draft-rollout), and checks every run against
-vanilla token for token.
+docs/sweeps/int8_drafting.csv, each run's tau, speed against vanilla (``bench.summarise``) and
+milliseconds per step of drafting work (spans draft, fallback-draft and draft-rollout:
+``bench.step_ms``), and checks every run against vanilla token for token.
 """
 import sys
 from pathlib import Path
@@ -16,10 +16,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from comparison import bench_prompts, comparison_parser  # noqa: E402
 from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.bench import SPAN_PREFIX, run_interleaved  # noqa: E402
+from mirror_sd.bench import run_interleaved, step_ms, summarise  # noqa: E402
 
-DRAFTING_SPANS = ("draft", "fallback-draft", "draft-rollout")
+DRAFTING_SPANS = ["draft", "fallback-draft", "draft-rollout"]
 CSV = Path(__file__).resolve().parent / "sweeps" / "int8_drafting.csv"
+COLUMNS = ["method", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "wall_s",
+           "drafting_ms_per_step"]
 
 
 def main():
@@ -27,28 +29,23 @@ def main():
     parser.add_argument("--methods", default="sd,eagle,ss,mirror")
     args = parser.parse_args()
     pair = load_pair()
-    prompts = bench_prompts(args.per_category)
-    runs, int8 = [("vanilla", {})], [True]
+    runs, int8, labels = [("vanilla", {})], [True], ["vanilla"]
     for method in args.methods.split(","):
         runs += [(method, {}), (method, {})]
         int8 += [True, False]
+        labels += [method, f"{method}, fp32 drafting"]
 
     def before_run(index):
         pair.int8_drafting = int8[index]
 
-    table = run_interleaved(pair, prompts, runs, args.max_new_tokens, desc="int8 drafting", before_run=before_run)
-    table["int8_drafting"] = [int8[r] for r in table["run"]]
-    spans = [SPAN_PREFIX + kind for kind in DRAFTING_SPANS if SPAN_PREFIX + kind in table]
-    table["drafting_s"] = table[spans].fillna(0).sum(axis=1)
-    table["committed"] = table.mean_accepted * table.steps  # tokens committed by decoding steps (not prefills)
-    summary = table.groupby(["run", "method", "int8_drafting"], as_index=False).agg(
-        new_tokens=("new_tokens", "sum"), steps=("steps", "sum"), wall_s=("wall_s", "sum"),
-        committed=("committed", "sum"), drafting_s=("drafting_s", "sum"), equal_to_vanilla=("equal_to_vanilla", "mean"))
-    summary["mean_accepted"] = summary.committed / summary.steps
-    summary["tokens_per_s"] = summary.new_tokens / summary.wall_s
-    summary["speedup"] = summary.tokens_per_s / summary.tokens_per_s[0]
-    summary["drafting_ms_per_step"] = 1000 * summary.drafting_s / summary.steps
-    summary = summary.drop(columns=["run", "committed", "drafting_s"])
+    table = run_interleaved(pair, bench_prompts(args.per_category), runs, args.max_new_tokens,
+                            desc="int8 drafting", before_run=before_run)
+    table["method"] = [labels[r] for r in table["run"]]  # one row per run in the summaries
+    summary = summarise(table)
+    per_step = step_ms(table).set_index("method")
+    spans = [kind for kind in DRAFTING_SPANS if kind in per_step]
+    summary["drafting_ms_per_step"] = summary.method.map(per_step[spans].fillna(0).sum(axis=1))
+    summary = summary[COLUMNS]
     CSV.parent.mkdir(exist_ok=True)
     summary.to_csv(CSV, index=False)
     print(summary.round(3).to_string(index=False))

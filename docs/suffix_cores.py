@@ -7,7 +7,8 @@ rollouts usually end first, and the suffix then takes both cores for its remaini
 head (``Lane.widen_when_done``, called by ``methods/mirror.py: target_suffix``). Interleaved on the
 bench prompts (``bench.run_interleaved``, warmed up first): vanilla, then mirror as shipped, then
 mirror with the suffix kept on its one core. Prints each one's tau, speed against vanilla and the
-suffix's milliseconds per step, and checks every run against vanilla token for token.
+suffix's milliseconds per step (``bench.summarise``, ``bench.step_ms``), and checks every run
+against vanilla token for token.
 """
 import sys
 from pathlib import Path
@@ -16,11 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from comparison import bench_prompts, comparison_parser  # noqa: E402
 from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.bench import SPAN_PREFIX, run_interleaved  # noqa: E402
+from mirror_sd.bench import run_interleaved, step_ms, summarise  # noqa: E402
 from mirror_sd.devices import Lane  # noqa: E402
 
 SHIPPED = Lane.widen_when_done
-NAMES = ["vanilla", "mirror", "mirror, suffix on one core"]
+LABELS = ["vanilla", "mirror", "mirror, suffix on one core"]
 
 
 def main():
@@ -38,15 +39,9 @@ def main():
                                 desc="suffix cores", before_run=before_run)
     finally:
         Lane.widen_when_done = SHIPPED
-    table["committed"] = table.mean_accepted * table.steps
-    summary = table.groupby("run").agg(new_tokens=("new_tokens", "sum"), steps=("steps", "sum"),
-                                       committed=("committed", "sum"), wall_s=("wall_s", "sum"),
-                                       suffix_s=(SPAN_PREFIX + "target-suffix", "sum"),
-                                       equal_to_vanilla=("equal_to_vanilla", "mean"))
-    summary.index = NAMES
-    summary["mean_accepted"] = summary.committed / summary.steps
-    summary["speedup"] = (summary.new_tokens / summary.wall_s) / (summary.new_tokens / summary.wall_s).iloc[0]
-    summary["suffix_ms_per_step"] = 1000 * summary.suffix_s / summary.steps
+    table["method"] = [LABELS[r] for r in table["run"]]  # one row per run in the summaries
+    summary = summarise(table).set_index("method")
+    summary["suffix_ms_per_step"] = step_ms(table).set_index("method")["target-suffix"]
     print(summary[["mean_accepted", "speedup", "suffix_ms_per_step", "equal_to_vanilla"]].round(3).to_string())
     if summary.equal_to_vanilla.min() < 1:
         raise SystemExit("a run differs from vanilla")
