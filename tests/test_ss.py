@@ -6,7 +6,8 @@ import torch
 
 from mirror_sd import MirrorSDError, generate, load_pair
 from mirror_sd.methods.ss import stream_tree
-from mirror_sd.models.streams import StreamConfig, Streams, split_forward, stream_mask, target_streams, use_streams
+from mirror_sd.methods.tree import tree_mask, tree_positions
+from mirror_sd.models.streams import StreamConfig, Streams, forward_with_streams, split_forward, stream_mask, target_streams, use_streams
 from mirror_sd.train.ss import train
 
 from test_distribution import PROMPT, chi_square_p, exact_law_of_tokens_2_and_3, sample_counts
@@ -68,6 +69,38 @@ def test_main_stream_is_the_frozen_target(tiny_pair):
         streams(model, cache, h0[:, -1:], torch.tensor([[ids.shape[1] - 1]]))
     assert torch.equal(logits, plain)
     assert torch.equal(cache.k, before[0]) and torch.equal(cache.v, before[1]) and cache.length == ids.shape[1]
+
+
+def test_streams_in_the_verify_forward_equal_a_pass_of_their_own(tiny_pair):
+    """forward_with_streams (the single pass): over a tree window after a cached prefix, the main
+    logits and the stored keys/values are the tree-masked forward's, and each row's stream logits
+    are what the streams compute in a forward of their own against that cache."""
+    model = tiny_pair.target
+    streams = random_streams(model, layers=2, G=3)
+    prefix, window = torch.tensor([[3, 1, 4, 1, 5]]), torch.tensor([[9, 2, 6, 5, 3]])  # root + 4 tree nodes
+    parents, depths = [-1, -1, 0, 2], [1, 1, 2, 3]
+    positions = tree_positions(depths, prefix.shape[1])
+    with torch.no_grad():
+        caches = []
+        for _ in range(2):
+            cache = model.new_cache(32)
+            model(prefix, cache)
+            caches.append(cache)
+        main, h0 = split_forward(model, window, caches[0], streams.first_layer, positions, tree_mask(parents))
+        joint_main, joint_streams = forward_with_streams(model, streams, window, caches[1], gamma=3,
+                                                         positions=positions, tree_mask=tree_mask(parents))
+        torch.testing.assert_close(joint_main, main, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(caches[1].k, caches[0].k, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(caches[1].v, caches[0].v, atol=1e-6, rtol=1e-6)
+        start, T = prefix.shape[1], window.shape[1]
+        seen = model.window(caches[0], T, positions, tree_mask(parents)).mask[:, 0]  # [1, T, start + T]
+        caches[0].length = start + T
+        alone = streams(model, caches[0], h0, start + torch.arange(T)[None], positions, seen)  # [1, T, G, V]
+        torch.testing.assert_close(joint_streams, alone, atol=1e-5, rtol=1e-5)
+        two = forward_with_streams(model, streams, window, caches[1], gamma=2, rows=[0, 3],
+                                   positions=positions, tree_mask=tree_mask(parents))[1]
+        torch.testing.assert_close(two, alone[:, [0, 3], :2], atol=1e-5, rtol=1e-5)  # some rows, first streams
+        assert not torch.equal(alone[:, 0], alone[:, 3])
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +168,20 @@ def ss_pair(trained_tiny, tiny_dirs):
     return pair
 
 
+@pytest.fixture(scope="module")
+def one_forward_pair(tiny_dirs, tiny_pair, tmp_path_factory):
+    """The tiny target with streams trained without the next-token input (the paper's streams), which
+    ride in the verify forward with one_forward=1."""
+    root = tmp_path_factory.mktemp("ss-paper")
+    data = _distilled_data(tiny_pair, root / "data")
+    config = StreamConfig(num_streams=3, stream_layers=1, rank=4, next_token_rank=0)
+    train(data, root / "streams", config, vocab_size=16, epochs=40, lr=1e-2, batch_size=8, positions=16,
+          eval_every=20, holdout=0.2, threads=1, target_dir=tiny_dirs["target"])
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=None)
+    use_streams(pair, root / "streams")
+    return pair
+
+
 def test_stream_tree_takes_each_streams_top_k_under_the_best_nodes():
     logp = torch.tensor([[0.6, 0.3, 0.1], [0.7, 0.2, 0.1]]).log()  # [gamma 2, 3 head rows]
     tree = stream_tree(logp, lambda rows: rows + 10, top_k=2, total_tokens=4)
@@ -148,31 +195,41 @@ def test_stream_tree_takes_each_streams_top_k_under_the_best_nodes():
     assert (flat.tokens, flat.parents, flat.depths) == ([0, 0], [-1, 0], [1, 2])  # top_k 1: a chain
 
 
-@pytest.mark.parametrize("top_k,total_tokens,lookup", [(1, 4, 0), (3, 8, 0), (2, 4, 6)])
-def test_ss_equals_vanilla_on_tiny_prompts(ss_pair, top_k, total_tokens, lookup):
+@pytest.mark.parametrize("one_forward,top_k,total_tokens,lookup",
+                         [(0, 1, 4, 0), (0, 3, 8, 0), (0, 2, 4, 6), (1, 1, 4, 0), (1, 3, 8, 0), (1, 2, 4, 6)])
+def test_ss_equals_vanilla_on_tiny_prompts(request, one_forward, top_k, total_tokens, lookup):
+    ss_pair = request.getfixturevalue("one_forward_pair" if one_forward else "ss_pair")
     gen = torch.Generator().manual_seed(1)
     accepted, off_chain, copied_accepted = 0, 0, 0
+    top_layer_runs = []
+    hook = ss_pair.target.model.layers[-1].register_forward_hook(lambda *_: top_layer_runs.append(1))
     for _ in range(20):
         prompt = " ".join(f"t{int(t)}" for t in torch.randint(0, 16, (5,), generator=gen))
         vanilla = generate(ss_pair, prompt, method="vanilla", max_new_tokens=24, raw=True)
+        top_layer_runs.clear()
         ss = generate(ss_pair, prompt, method="ss", max_new_tokens=24, raw=True, gamma=3, top_k=top_k,
-                      total_tokens=total_tokens, lookup=lookup)
+                      total_tokens=total_tokens, lookup=lookup, one_forward=one_forward)
         assert ss.token_ids == vanilla.token_ids
+        steps = len(ss.trace.steps) - 1  # after the prefill
+        # one_forward: one pass through the target's layers per step; else a second one for the streams
+        assert len(top_layer_runs) == 1 + steps * (1 if one_forward else 2)
         accepted += sum(step.accepted for step in ss.trace.steps)
         trees = [step.extras["tree"] for step in ss.trace.steps[1:]]
         off_chain += sum(t["path"] != list(range(len(t["path"]))) for t in trees)  # kept entries moved in the cache
         copied_accepted += sum(i in t["copied"] for t in trees for i in t["path"])
+    hook.remove()
     assert accepted > 20  # the streams' drafts were really used, not all rejected
     if top_k > 1:
         assert off_chain > 0  # paths through later siblings were accepted, so KVCache.keep really moved entries
     assert (copied_accepted > 0) == (lookup > 0)  # copied tokens were verified and some accepted
 
 
-@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
-def test_ss_samples_the_target_distribution(ss_pair, temperature, top_p):
+@pytest.mark.parametrize("temperature,top_p,one_forward", [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.0, 1.0, 1)])
+def test_ss_samples_the_target_distribution(request, temperature, top_p, one_forward):
+    ss_pair = request.getfixturevalue("one_forward_pair" if one_forward else "ss_pair")
     law = exact_law_of_tokens_2_and_3(ss_pair.target, ss_pair.encode(PROMPT, raw=True), temperature, top_p)
     outputs = []
-    counts = sample_counts(ss_pair, "ss", temperature, top_p, outputs=outputs, gamma=2)
+    counts = sample_counts(ss_pair, "ss", temperature, top_p, outputs=outputs, gamma=2, one_forward=one_forward)
     assert chi_square_p(counts, law) > 1e-3
     assert sum(step.accepted for out in outputs for step in out.trace.steps) > 200  # drafts were accepted
 
@@ -183,6 +240,8 @@ def test_ss_refuses_a_target_without_streams_and_a_gamma_beyond_them(tiny_dirs, 
         generate(bare, "t1 t2", method="ss", raw=True)
     with pytest.raises(MirrorSDError, match="gamma must be at most 3"):
         generate(ss_pair, "t1 t2", method="ss", raw=True, gamma=4)
+    with pytest.raises(MirrorSDError, match="one_forward=1 needs streams trained without the next-token input"):
+        generate(ss_pair, "t1 t2", method="ss", raw=True, one_forward=1)  # these streams see the next token
 
 
 def test_ss_with_shipped_streams_equals_vanilla_on_the_embedded_target(embedded_pair, equality_prompts,

@@ -78,6 +78,9 @@ SS_TOP_K = Option("top_k", 2, 1, 16, "candidates per stream in the draft tree (1
                   "argmaxes); 2 with total_tokens 4: fastest in docs/sweeps/ss_tree.csv")
 SS_TOTAL_TOKENS = Option("total_tokens", 4, 1, 64, "draft tree nodes the target verifies in one forward "
                          "(greedy only; T > 0 verifies a chain of gamma tokens)")
+SS_ONE_FORWARD = Option("one_forward", 0, 0, 1, "1: the streams ride in the verify forward, one target forward "
+                        "per step (the paper's form, with streams trained without the next-token input); 0: the "
+                        "streams run in a pass of their own after it, and see the step's correction")
 LOOKUP = Option("lookup", 8, 0, 64, "tokens copied from the context into the draft tree as one more branch "
                 "(prompt lookup, methods/lookup.py; 0: off; greedy only); 8: docs/sweeps/eagle_lookup.csv, "
                 "ss_lookup.csv")
@@ -118,7 +121,7 @@ def _check_streams(pair, options):
     from ..models.streams import target_streams
 
     _one_device_target(pair, "ss")
-    trained = target_streams(pair).num_streams
+    trained = target_streams(pair, one_forward=bool(options["one_forward"])).num_streams
     if options["gamma"] > trained:
         raise MirrorSDError(f"gamma must be at most {trained} for method 'ss' (its trained streams), "
                             f"got {options['gamma']}")
@@ -132,7 +135,7 @@ register(Method("sd", "Speculative decoding", "a draft model proposes gamma toke
                 sd.decode, needs_draft=True, parallel_lanes=False, options=(SD_GAMMA, STREAMS), check=sd.check_streams))
 register(Method("ss", "Speculative Streaming", "the target drafts for itself: trained streams on its top layers "
                 "propose the next gamma tokens while its main stream verifies", ss.decode, needs_draft=False,
-                parallel_lanes=False, options=(SS_GAMMA, SS_TOP_K, SS_TOTAL_TOKENS, LOOKUP), check=_check_streams))
+                parallel_lanes=False, options=(SS_GAMMA, SS_TOP_K, SS_TOTAL_TOKENS, LOOKUP, SS_ONE_FORWARD), check=_check_streams))
 register(Method("mirror", "Mirror-SD", "the target's early exit steers branch rollouts on the draft lane, "
                 "which run while the target finishes its layers", mirror.decode, needs_draft=True,
                 parallel_lanes=True, options=(MIRROR_GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, STREAMS, MIRROR_LOOKUP), check=_check_mirror))

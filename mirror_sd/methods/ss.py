@@ -1,15 +1,21 @@
 """Speculative Streaming (Bhendawade et al., 2024), lossless form: the target drafts for itself.
 
 No draft model. The frozen target carries trained speculative streams (models/streams.py) on its
-top N_s layers. Each step, on the target lane alone:
+top N_s layers. Each step, on the target lane alone, in one of two forms:
 
-1. verify: one target forward over [last committed token, draft tree] with the tree mask and depth
-   positions; the main stream's logits walk the tree (tree.accept): the accepted path and
-   the correction (or the bonus after a leaf). ``KVCache.keep`` moves the path's entries into place.
-2. stream: the streams at the last accepted position (its layer-L0 hidden state, kept from that
-   forward) re-enter the top N_s layers as g extra rows that see the cache up to that position,
-   and propose the next draft: stream j gives the token j places after the correction. Streams
-   trained with ``next_token_rank`` also see the correction itself (it is committed by then).
+* ``one_forward=1``, the paper's single pass: one target forward per step. The window is
+  [last committed token, draft tree] with the tree mask and depth positions; from layer L0 on,
+  streams 1..gamma of every window row ride in the same forward (``forward_with_streams``). The
+  main stream's logits walk the tree (tree.accept): the accepted path and the correction (or the
+  bonus after a leaf), and ``KVCache.keep`` moves the path's entries into place. The streams of the
+  last accepted row are the next draft: stream j gives the token j places after the correction.
+  These streams are trained without the next-token input, since the correction is what the
+  forward decides (the shipped ``ss-paper-smollm2-135m``).
+* ``one_forward=0``: the verify forward runs the main rows only; then the streams of the last
+  accepted position re-enter the top N_s layers in a pass of their own, g rows that see the cache
+  up to that position. This pass comes after the correction is committed, so streams trained with
+  ``next_token_rank`` see it (the shipped ``ss-smollm2-135m``: stream-1 top-1 0.57 held out), and
+  on a CPU, where every row costs time, only the g rows that are used run, in int8 (lanes.py).
 
 The draft tree (temperature 0): the top_k tokens of stream 1 are children of the root; the top_k
 tokens of stream j + 1 are children of each of the top_k best nodes of level j, scored by the sum
@@ -17,14 +23,9 @@ of their streams' log-probs; the best ``total_tokens`` nodes are verified. Every
 carries the same stream's candidates (the streams see only the committed context, not the draft),
 as in the paper's tree drafting. top_k = 1 is a flat chain of the streams' argmaxes.
 
-Stream rows only pass through the top N_s layers and only at the accepted position (on a GPU
-they would ride in the verify forward at every window position for free; on a CPU every row
-costs time, so we run the one that is used). Their keys and values are never stored.
-
 Lossless: the main stream is the target's own computation, untouched by the streams, so at
 temperature 0 the committed tokens are vanilla's. At temperature > 0 the draft is a chain whose
-token j is drawn from stream j's distribution q_j, which depends only on the committed context
-(the correction included):
+token j is drawn from stream j's distribution q_j, which depends only on the committed context:
 drawn independently of the earlier draft tokens, it is a valid proposal for the standard
 speculative-sampling rule (accept with min(1, p/q), resample from norm(max(0, p - q))), which
 makes each committed token exactly target-distributed whatever q is.
@@ -34,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from ..sampling import to_target_vocab
-from ..models.streams import split_forward, target_streams
+from ..models.streams import forward_with_streams, split_forward, target_streams
 from ..trace import Step
 from .lookup import copy_from_context
 from .tree import Tree, accept, best_subtree, graft, sampled_chain, tree_mask, tree_positions
@@ -59,13 +60,10 @@ def stream_tree(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> Tr
     return best_subtree(tokens, parents, depths, scores, total_tokens)
 
 
-def draft_from_streams(run, streams, cache, h0_row, gamma: int, top_k: int, total_tokens: int, lookup: int) -> Tree:
-    """The next draft from the streams of one main row h0_row [1, 1, d] whose token sits in the
-    cache's last slot: a tree at temperature 0 (with up to ``lookup`` tokens copied from the context
-    as one more branch), else a chain of gamma tokens sampled from the streams."""
-    at = torch.tensor([[cache.length - 1]], device=h0_row.device)  # [1, 1]
-    next_ids = torch.tensor([[run.sequence[-1]]], device=h0_row.device)  # [1, 1]: the step's correction/bonus
-    logits = streams(run.pair.target, cache, h0_row, at, next_ids=next_ids)[0, 0, :gamma]  # [gamma, head rows]
+def draft_tree(run, streams, logits, top_k: int, total_tokens: int, lookup: int) -> Tree:
+    """The next draft from the streams' logits [gamma, head rows] after the last committed token: a
+    tree at temperature 0 (with up to ``lookup`` tokens copied from the context as one more
+    branch), else a chain of gamma tokens sampled from the streams."""
     sampler = run.draft_sampler
     if sampler.greedy:
         tree = stream_tree(torch.log_softmax(logits, -1).cpu(), streams.to_target_ids, top_k, total_tokens)
@@ -74,45 +72,73 @@ def draft_from_streams(run, streams, cache, h0_row, gamma: int, top_k: int, tota
     return sampled_chain([sampler.sample(q_j) for q_j in q], q)
 
 
-def verify_tree(run, streams, cache, tree: Tree):
-    """One target forward over [root, nodes]: the accepted path, the next token, and the layer-L0
-    hidden state of the path's last node [1, 1, d]; the cache keeps the root and the path."""
+def draft_from_streams(run, streams, cache, h0_row, gamma: int, top_k: int, total_tokens: int, lookup: int) -> Tree:
+    """The next draft from the streams of one main row h0_row [1, 1, d] whose token sits in the
+    cache's last slot, run in a pass of their own: they see the step's correction/bonus, committed."""
+    at = torch.tensor([[cache.length - 1]], device=h0_row.device)  # [1, 1]
+    next_ids = torch.tensor([[run.sequence[-1]]], device=h0_row.device)  # [1, 1]: the step's correction/bonus
+    logits = streams(run.pair.target, cache, h0_row, at, next_ids=next_ids)[0, 0, :gamma]  # [gamma, head rows]
+    return draft_tree(run, streams, logits, top_k, total_tokens, lookup)
+
+
+def verify_tree(run, streams, cache, tree: Tree, gamma: int, one_forward: bool):
+    """One target forward over [root, nodes]: the accepted path, the next token, and what the next
+    draft needs: with one_forward the streams' logits [gamma, head rows] at the path's last node
+    (they rode in this forward), else that node's layer-L0 hidden state [1, 1, d]. The cache keeps
+    the root and the path."""
     target, n = run.pair.target, len(run.sequence)
     ids = torch.tensor([[run.sequence[-1], *tree.tokens]], device=target.device)  # [1, N + 1]
     positions = tree_positions(tree.depths, n - 1).to(target.device)
-    logits, h0 = split_forward(target, ids, cache, streams.first_layer, positions, tree_mask(tree.parents))
-    path, token = accept(tree, logits[0], run.target_sampler)  # logits [1, N + 1, V]
+    if one_forward:
+        logits, stream_logits = forward_with_streams(target, streams, ids, cache, gamma, positions=positions,
+                                                     tree_mask=tree_mask(tree.parents))  # [1, N+1, V], [1, N+1, g, .]
+    else:
+        logits, h0 = split_forward(target, ids, cache, streams.first_layer, positions, tree_mask(tree.parents))
+    path, token = accept(tree, logits[0], run.target_sampler)
     cache.keep([n - 1] + [n + i for i in path], at=n - 1)  # root + accepted path -> slots n-1 .. n-1+A
     last = path[-1] + 1 if path else 0  # window index of the last accepted token
-    return path, token, h0[:, last:last + 1]
+    return path, token, stream_logits[0, last] if one_forward else h0[:, last:last + 1]
 
 
-def prefill(run, streams, window: int):
+def prefill(run, streams, window: int, gamma: int, one_forward: bool):
+    """The prompt through the target: the first token, and what the first draft needs (see verify_tree)."""
     target, lane = run.pair.target, run.pair.target_lane
     cache = target.new_cache(run.cache_slots + window)
     ids = torch.tensor([run.prompt_ids], device=target.device)  # [1, P]
     n = ids.shape[1]
-    logits, h0 = lane.run("prefill", split_forward, target, ids, cache, streams.first_layer,
-                          label=f"prefill {n} tokens", step=0, tokens=n)
+    if one_forward:  # the streams of the last prompt token ride in the prefill
+        logits, stream_logits = lane.run("prefill", forward_with_streams, target, streams, ids, cache, gamma,
+                                         rows=[n - 1], label=f"prefill {n} tokens", step=0, tokens=n)
+        ahead = stream_logits[0, 0]
+    else:
+        logits, h0 = lane.run("prefill", split_forward, target, ids, cache, streams.first_layer,
+                              label=f"prefill {n} tokens", step=0, tokens=n)
+        ahead = h0[:, -1:]
     cache.length = n
     token = run.target_sampler.pick(logits[0, -1])
     record = run.commit(Step(0, [token], ["target"]))
-    return cache, h0[:, -1:], record
+    return cache, ahead, record
 
 
-def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int):
+def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int, one_forward: int):
     lane = run.pair.target_lane
-    streams = target_streams(run.pair)
-    cache, h0_row, first = prefill(run, streams, total_tokens + lookup)
+    streams = target_streams(run.pair, one_forward=bool(one_forward))
+    cache, ahead, first = prefill(run, streams, total_tokens + lookup, gamma, bool(one_forward))
     yield first
+    copied = f" + up to {lookup} copied" if lookup else ""
     while not run.done:
         step = run.next_step
-        tree = lane.run("draft", draft_from_streams, run, streams, cache, h0_row, gamma, top_k, total_tokens, lookup,
-                        label=f"streams: draft {gamma} levels" + (f" + up to {lookup} copied" if lookup else ""),
-                        step=step, tokens=gamma, drafting=True)
-        path, token, h0_row = lane.run("verify", verify_tree, run, streams, cache, tree,
-                                       label=f"verify {len(tree.tokens) + 1} tokens", step=step,
-                                       tokens=len(tree.tokens) + 1)
+        if one_forward:  # the streams' logits came with the last forward: only the tree is left to build
+            tree = lane.run("draft", draft_tree, run, streams, ahead, top_k, total_tokens, lookup,
+                            label=f"tree from the streams' logits{copied}", step=step, tokens=gamma)
+        else:
+            tree = lane.run("draft", draft_from_streams, run, streams, cache, ahead, gamma, top_k, total_tokens, lookup,
+                            label=f"streams: draft {gamma} levels{copied}", step=step, tokens=gamma, drafting=True)
+        window = len(tree.tokens) + 1
+        path, token, ahead = lane.run("verify", verify_tree, run, streams, cache, tree, gamma, bool(one_forward),
+                                      label=f"verify {window} tokens" + (f" + {window * gamma} stream rows"
+                                                                         if one_forward else ""),
+                                      step=step, tokens=window)
         committed, origins = tree.committed(path, token)
         yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path),
                               extras=dict(tree=tree.record(path))))

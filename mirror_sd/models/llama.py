@@ -86,13 +86,14 @@ class KVCache(nn.Module):
         self.v[layer, :, :, start:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
-    def read_with(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
-        """Every slot before ``start`` followed by k, v [B, K, T, D], without storing k, v.
-
-        For rows whose keys and values are thrown away after one forward (speculative streams).
-        """
-        return (torch.cat([self.k[layer, :, :, :start], k], dim=2),
-                torch.cat([self.v[layer, :, :, :start], v], dim=2))
+    def attend(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, stored: int):
+        """Store the first ``stored`` rows of k, v [B, K, T, D] at slots [start, start + stored) and
+        return every slot up to there followed by the other rows, which are not stored: rows whose
+        keys and values serve one forward only (speculative streams)."""
+        k_all, v_all = self.write(layer, start, k[:, :, :stored], v[:, :, :stored])
+        if stored == k.shape[2]:
+            return k_all, v_all
+        return torch.cat([k_all, k[:, :, stored:]], dim=2), torch.cat([v_all, v[:, :, stored:]], dim=2)
 
     def rollback(self, length: int):
         """Forget every slot from ``length`` on (they are overwritten by later writes)."""
@@ -142,9 +143,9 @@ class ShardedKVCache:
         part, i = self.part_of[layer]
         return part.write(i, start, k, v)
 
-    def read_with(self, layer: int, start: int, k, v):
+    def attend(self, layer: int, start: int, k, v, stored: int):
         part, i = self.part_of[layer]
-        return part.read_with(i, start, k, v)
+        return part.attend(i, start, k, v, stored)
 
     def rollback(self, length: int):
         for part in self.parts:
@@ -197,10 +198,8 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
         q = q * win.cos + rotate_half(q) * win.sin
         k = k * win.cos + rotate_half(k) * win.sin
-        if cache is not None and win.store:
-            k, v = cache.write(layer, win.start, k, v)  # [B, K, S, D], S = start + T
-        elif cache is not None:
-            k, v = cache.read_with(layer, win.start, k, v)
+        if cache is not None:
+            k, v = cache.attend(layer, win.start, k, v, win.stored(T))  # [B, K, start + T, D]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=win.mask, is_causal=win.causal,
                                            enable_gqa=True)  # [B, H, T, D]
         return win.project(self.o_proj, y.transpose(1, 2).reshape(B, T, -1), layer, "o_proj")
@@ -250,9 +249,10 @@ class Window:
     positions: [B, T] rotary positions (default start, start+1, ...; a tree uses depths).
     mask: [B or 1, 1, T, start + T] bool, True = may attend; None with causal=False: attend to all
     (one new token); causal=True: no cache, plain causal attention within the window (training).
-    store: write the window's keys and values into the cache (False: use them for this forward only).
-    adapter: optional ``adapter(layer, name, x) -> delta or None`` added to the output of each
-    linear layer for this window's rows (the speculative streams' low-rank adapters).
+    main_rows: the first main_rows rows (None: all) are the model's own tokens: their keys and values
+    go into the cache at [start, start + main_rows). The rows after them are speculative stream rows:
+    their keys and values serve this forward only, and ``adapter(layer, name, x) -> delta or None``,
+    if given, is added to the output of each linear layer for them (the streams' low-rank adapters).
     """
 
     start: int
@@ -261,8 +261,12 @@ class Window:
     cos: torch.Tensor  # [B, 1, T, D]
     sin: torch.Tensor
     causal: bool = False
-    store: bool = True
+    main_rows: int | None = None
     adapter: Callable | None = None
+
+    def stored(self, T: int) -> int:
+        """How many of the window's T rows go into the cache."""
+        return T if self.main_rows is None else self.main_rows
 
     def to(self, device: torch.device) -> "Window":
         """The same window with its tensors on ``device`` (a sharded model's next device)."""
@@ -271,9 +275,13 @@ class Window:
                        sin=move(self.sin))
 
     def project(self, linear: Linear, x: torch.Tensor, layer: int, name: str) -> torch.Tensor:
+        """linear(x) for x [B, T, in], plus the adapter's delta on the stream rows."""
         y = linear(x)
-        delta = None if self.adapter is None else self.adapter(layer, name, x)
-        return y if delta is None else y + delta
+        first = self.stored(x.shape[1])  # first stream row
+        delta = None if self.adapter is None or first == x.shape[1] else self.adapter(layer, name, x[:, first:])
+        if delta is None:
+            return y
+        return y + delta if first == 0 else torch.cat([y[:, :first], y[:, first:] + delta], dim=1)
 
 
 class Transformer(nn.Module):
@@ -316,17 +324,18 @@ class Transformer(nn.Module):
 
     # -- the forward pass, in pieces ---------------------------------------------------------
     def window(self, cache: KVCache | None, T: int, positions=None, tree_mask=None, batch: int = 1,
-               store: bool = True, adapter: Callable | None = None) -> Window:
+               main_rows: int | None = None, adapter: Callable | None = None) -> Window:
         """Describe a window of T new tokens written right after the cache's committed slots.
 
         tree_mask: optional bool mask of what each window token sees: [T, T] (or [B, T, T]) over the
         window, the cached prefix always visible; or [T, start + T] (or [B, ...]) over every slot, for
         trees that grow over several forwards. cache=None: one causal sequence, no cache (training).
-        store, adapter: see :class:`Window`.
+        main_rows, adapter: see :class:`Window`.
         """
         start = cache.length if cache is not None else 0
-        if cache is not None and store and start + T > cache.max_slots:
-            raise ValueError(f"KV cache full: {start} + {T} tokens > {cache.max_slots} slots")
+        stored = T if main_rows is None else main_rows
+        if cache is not None and start + stored > cache.max_slots:
+            raise ValueError(f"KV cache full: {start} + {stored} tokens > {cache.max_slots} slots")
         if positions is None:
             positions = torch.arange(start, start + T, device=self.device).expand(batch, T)
         mask = None
@@ -345,7 +354,7 @@ class Transformer(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1) * self.rope_scale
         cos = emb.cos().to(self.dtype).unsqueeze(1)  # [B, 1, T, D]
         sin = emb.sin().to(self.dtype).unsqueeze(1)
-        return Window(start, positions, mask, cos, sin, causal, store, adapter)
+        return Window(start, positions, mask, cos, sin, causal, main_rows, adapter)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(ids)  # [B, T] -> [B, T, hidden]

@@ -7,8 +7,10 @@ P_j: a learned stream embedding), attend to the main stream's keys and values up
 streams 1..j at t, share the model's final norm and LM head, and keep no KV cache.
 
 Low-rank adapters (LoRA) on the top layers' linear maps act on stream rows only. Stream rows run
-in a forward of their own (``Window(store=False, adapter=...)``), after the main stream's, so the
-main stream computes exactly what the model alone computes: with a frozen target, decoding with
+either in a forward of their own after the main stream's (``Streams.forward``), or behind the main
+rows in the same forward (``forward_with_streams``, the paper's single pass); either way no main
+row sees them and their keys and values are not stored (``Window(main_rows=...)``), so the main
+stream computes exactly what the model alone computes: with a frozen target, decoding with
 streams attached is the target (the lossless form of the method).
 
 The head may cover a reduced vocabulary (``vocab_map``: target id of each head row, rows of the
@@ -102,10 +104,29 @@ class Streams(nn.Module):
         scale = self.config.alpha / self.config.rank
         return (x @ self.lora_a[key].T) @ self.lora_b[key].T * scale  # [B, T, out]
 
+    def inputs(self, model: Transformer, h: torch.Tensor, positions: torch.Tensor, gamma: int,
+               next_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows [B, R*g, d] and positions [B, R*g] of streams 1..g for main rows h [B, R, d] entering
+        layer L0 at ``positions`` [B, R]: S_j = M_t + P_j (+ U e(x_{t+1}), see forward), at t + j."""
+        B, R, d = h.shape
+        P = self.embeddings[:gamma] * (self.config.embedding_scale or 1.0)  # [g, d]
+        if self.config.next_token_rank:
+            if next_ids is None:
+                raise MirrorSDError("these streams were trained to see the next token: pass next_ids")
+            h = h + model.embed(next_ids) @ self.token_a.T @ self.token_b.T  # [B, R, d]
+        rows = (h[:, :, None, :] + P).reshape(B, R * gamma, d)
+        offsets = torch.arange(1, gamma + 1, device=h.device)
+        return rows, (positions[:, :, None] + offsets).reshape(B, R * gamma)
+
+    def logits(self, model: Transformer, out: torch.Tensor) -> torch.Tensor:
+        """The shared final norm and LM head (its rows for ``vocab_map``): [B, n, d] -> [B, n, head rows]."""
+        return linear(model.model.norm(out), self.head_weight).float()
+
     def forward(self, model: Transformer, cache: KVCache, h: torch.Tensor, at: torch.Tensor,
                 positions: torch.Tensor | None = None, seen: torch.Tensor | None = None,
                 next_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Stream logits [B, R, G, head rows] for main rows h [B, R, d] entering layer L0.
+        """Stream logits [B, R, G, head rows] for main rows h [B, R, d] entering layer L0, in a
+        forward of their own after the main stream's.
 
         at [B, R]: cache slot of each row's main token. The cache must hold the main stream's keys
         and values there in layers L0..N. By default a row sees the slots up to its own and sits at
@@ -118,22 +139,13 @@ class Streams(nn.Module):
         through a learned rank-r map U, joins every stream: S_j = M_t + P_j + U e(x_{t+1}). Stream 1
         then predicts x_{t+2} knowing x_{t+1}, as an EAGLE head does.
         """
-        B, R, d = h.shape
+        B, R, _ = h.shape
         G = self.num_streams
-        P = self.embeddings * (self.config.embedding_scale or 1.0)  # [G, d]
-        if self.config.next_token_rank:
-            if next_ids is None:
-                raise MirrorSDError("these streams were trained to see the next token: pass next_ids")
-            h = h + model.embed(next_ids) @ self.token_a.T @ self.token_b.T  # [B, R, d]
-        rows = (h[:, :, None, :] + P).reshape(B, R * G, d)  # S_j = M_t + P_j (+ U e(x_{t+1}))
-        offsets = torch.arange(1, G + 1, device=h.device)
-        positions = at if positions is None else positions
-        positions = (positions[:, :, None] + offsets).reshape(B, R * G)  # stream j at t sits at t + j
+        rows, stream_positions = self.inputs(model, h, at if positions is None else positions, G, next_ids)
         mask = stream_mask(at, cache.length, G, seen)
-        win = model.window(cache, R * G, positions, mask, batch=B, store=False, adapter=self.adapter)
+        win = model.window(cache, R * G, stream_positions, mask, batch=B, main_rows=0, adapter=self.adapter)
         out = model.forward_layers(rows, cache, win, self.first_layer)  # [B, R*G, d]
-        logits = linear(model.model.norm(out), self.head_weight).float()
-        return logits.view(B, R, G, -1)
+        return self.logits(model, out).view(B, R, G, -1)
 
     def to_target_ids(self, rows: torch.Tensor) -> torch.Tensor:
         """Head-row indices -> target token ids."""
@@ -174,6 +186,35 @@ def split_forward(model, ids, cache, first_layer: int, positions=None, tree_mask
     return logits, h0
 
 
+def forward_with_streams(model, streams: Streams, ids, cache, gamma: int, rows=None, positions=None, tree_mask=None):
+    """One forward of ids [1, T] after the cache, with streams 1..gamma riding in it (the paper's
+    single pass): the main logits [1, T, V], as split_forward gives them, and the streams' logits
+    [1, R, gamma, head rows] at window rows ``rows`` (default: all T).
+
+    Below layer L0 only the main rows run. From L0 on, the stream rows join the same window behind
+    the main rows: each sees what its main row sees (the cached prefix and the window rows the
+    tree mask allows) and streams 1..j of its own row; no main row sees a stream row, the main
+    rows' keys and values are stored and the streams' are not, and the adapters touch only stream
+    rows. So the main rows compute what the model alone computes. Only streams trained without the
+    next-token input fit here (the next token is what this forward decides). The caller advances
+    cache.length."""
+    T, start = ids.shape[1], cache.length
+    win = model.window(cache, T, positions=positions, tree_mask=tree_mask)
+    h0 = model.forward_layers(model.embed(ids), cache, win, 0, streams.first_layer)  # [1, T, d]
+    rows = torch.arange(T, device=h0.device) if rows is None else torch.as_tensor(rows, device=h0.device)
+    R = len(rows)
+    stream_in, stream_positions = streams.inputs(model, h0[:, rows], win.positions[:, rows], gamma)  # [1, R*g, .]
+    main_mask = win.mask[:, 0] if win.mask is not None else torch.ones(1, T, start + T, dtype=torch.bool,
+                                                                        device=h0.device)  # [1, T, start + T]
+    main_sees_no_stream = torch.zeros(1, T, R * gamma, dtype=torch.bool, device=h0.device)
+    stream_sees = stream_mask(start + rows[None], start + T, gamma, main_mask[:, rows])  # [1, R*g, start+T+R*g]
+    mask = torch.cat([torch.cat([main_mask, main_sees_no_stream], dim=-1), stream_sees], dim=1)
+    joint = model.window(cache, T + R * gamma, torch.cat([win.positions, stream_positions], dim=1), mask,
+                         main_rows=T, adapter=streams.adapter)
+    out = model.forward_layers(torch.cat([h0, stream_in], dim=1), cache, joint, streams.first_layer)
+    return model.head(out[:, :T]), streams.logits(model, out[:, T:]).view(1, R, gamma, -1)
+
+
 def _key(layer: int, name: str) -> str:
     return f"layer{layer}_{name}"  # ParameterDict keys cannot contain dots
 
@@ -195,18 +236,29 @@ def stream_mask(at: torch.Tensor, start: int, G: int, seen: torch.Tensor | None 
 
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
-EMBEDDED_STREAMS = ASSETS / "ss-smollm2-135m"  # trained by `python -m mirror_sd.train ss`
+EMBEDDED_STREAMS = ASSETS / "ss-smollm2-135m"  # trained by `python -m mirror_sd.train ss`, next-token input on
+EMBEDDED_ONE_FORWARD_STREAMS = ASSETS / "ss-paper-smollm2-135m"  # `... train ss --next-token-rank 0`
 
 
-def target_streams(pair) -> Streams:
-    """The trained streams of the pair's target (shipped for the embedded target), loaded once."""
-    if "streams" not in pair.addons:
+def target_streams(pair, one_forward: bool = False) -> Streams:
+    """The trained streams of the pair's target, loaded once: for ``ss`` with one_forward, streams that
+    ride in the verify forward (trained without the next-token input), else streams run in a pass of
+    their own. For the embedded target both ship; streams attached with use_streams serve either
+    form they fit."""
+    key = "streams_one_forward" if one_forward else "streams"
+    if key not in pair.addons:
         if not pair.embedded_target:
             raise MirrorSDError(f"method 'ss' needs speculative streams trained for {pair.target_name!r}; "
                                 "streams ship only for the embedded target (train others with "
                                 "`python -m mirror_sd.train ss`)")
-        pair.addons["streams"] = Streams.load(EMBEDDED_STREAMS, pair.target.args).attach(pair.target)
-    return pair.addons["streams"]
+        folder = EMBEDDED_ONE_FORWARD_STREAMS if one_forward else EMBEDDED_STREAMS
+        pair.addons[key] = Streams.load(folder, pair.target.args).attach(pair.target)
+    streams = pair.addons[key]
+    if one_forward and streams is None:
+        raise MirrorSDError("one_forward=1 needs streams trained without the next-token input (they ride in the "
+                            "verify forward, which decides the next token); the attached streams see it: train "
+                            "others with `python -m mirror_sd.train ss --next-token-rank 0`, or use one_forward=0")
+    return streams
 
 
 def draft_streams(pair) -> Streams:
@@ -223,11 +275,13 @@ def draft_streams(pair) -> Streams:
 
 
 def use_streams(pair, folder: Path | str) -> Streams:
-    """Attach streams trained for the pair's target (``python -m mirror_sd.train ss --out folder``).
+    """Attach streams trained for the pair's target (``python -m mirror_sd.train ss --out folder``),
+    for both forms of ``ss`` if they were trained without the next-token input, else for one_forward=0.
 
     They load on the CPU worker, as load_pair's models do (devices.on_cpu_worker): loaded on the
     caller's thread, they would start an OpenMP pool there, and decoding would slow down (by a
     quarter for vanilla, in one run of docs/compare_streams.py before this)."""
     streams = on_cpu_worker(lambda: Streams.load(Path(folder), pair.target.args).attach(pair.target))
     pair.addons["streams"] = streams
+    pair.addons["streams_one_forward"] = None if streams.config.next_token_rank else streams
     return streams
