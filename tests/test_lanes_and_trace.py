@@ -112,6 +112,22 @@ def test_the_decoding_thread_runs_its_own_torch_work_on_one_thread(tiny_pair, mo
     assert torch.get_num_threads() == before
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
+def test_importing_mirror_sd_starts_no_openmp_pool():
+    """The import-time int8 probe (models/linear.py) runs one thread: a pool started on the importing
+    thread would slow every kernel on the CPU workers (devices.py). The importing thread's pool is
+    the only difference between the two imports below, so the thread counts must match."""
+    import subprocess
+    import sys
+
+    count = ("import os, torch\n{}\nimport mirror_sd, mirror_sd.methods\n"
+             "print(len(os.listdir('/proc/self/task')))")
+    threads = [int(subprocess.run([sys.executable, "-c", count.format(setting)], capture_output=True, text=True,
+                                  check=True, env={**os.environ, "OMP_NUM_THREADS": "2"}).stdout)
+               for setting in ("", "torch.set_num_threads(1)")]
+    assert threads[0] == threads[1]
+
+
 def test_the_consumers_time_between_steps_is_not_decoding_time(tiny_pair):
     """An app redraws after every step while the stream waits: that time is not the method's."""
     from mirror_sd import stream
