@@ -284,7 +284,8 @@ Stages, each going on from the one before (`--init`):
 
 def next_token_line(config: StreamConfig) -> str:
     if not config.next_token_rank:
-        return "- The streams see only the main stream (the paper's form).\n"
+        return ("- The streams see only the main stream (the paper's form), so they can ride in the target's\n"
+                "  verify forward: `ss` with `one_forward=1` runs one target forward per step.\n")
     return (f"- Every stream also sees the next token x[t+1] (committed when `ss` runs the streams: the step's\n"
             f"  correction or bonus) through a rank-{config.next_token_rank} map of its input embedding.\n")
 

@@ -1,0 +1,66 @@
+"""Speculative Streaming in one target forward per step against a streams pass of its own, in one
+interleaved run.
+
+    python docs/ss_one_forward.py [--per-category 2] [--max-new-tokens 64]
+
+On the bench prompts, prompt by prompt (``bench.run_interleaved``, warmed up first): vanilla, then
+``ss`` in both forms (methods/ss.py), each at its default tree and at a wider, one-level tree:
+
+* ``one_forward=0``: the shipped streams that see the step's correction (ss-smollm2-135m), in a
+  pass of their own after the verify forward;
+* ``one_forward=1``: the streams trained without that input (ss-paper-smollm2-135m), riding in
+  the verify forward: (tree nodes + 1) x gamma stream rows through the top 8 layers.
+
+Prints, and writes to docs/sweeps/ss_one_forward_N_prompts.csv (N: 12 with the default
+``--per-category 2``, 24 with 4), each run's tau, speed against vanilla
+(``bench.summarise``) and milliseconds per step of drafting and of verification (``bench.step_ms``),
+and checks every run against vanilla token for token.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from comparison import bench_prompts, comparison_parser  # noqa: E402
+from mirror_sd import load_pair  # noqa: E402
+from mirror_sd.bench import run_interleaved, step_ms, summarise  # noqa: E402
+
+SWEEPS = Path(__file__).resolve().parent / "sweeps"
+WIDE = dict(gamma=1, top_k=8, total_tokens=8)  # the 8 best tokens of stream 1 under the root
+RUNS = {  # label -> ss options
+    "ss, streams pass (default tree)": dict(one_forward=0),
+    "ss, streams pass, gamma 1 top-k 8": dict(one_forward=0, **WIDE),
+    "ss, one forward (default tree)": dict(one_forward=1),
+    "ss, one forward, gamma 2": dict(one_forward=1, gamma=2),
+    "ss, one forward, gamma 2 top-k 4 nodes 6": dict(one_forward=1, gamma=2, top_k=4, total_tokens=6),
+    "ss, one forward, gamma 1 top-k 3": dict(one_forward=1, gamma=1, top_k=3, total_tokens=3),
+    "ss, one forward, gamma 1 top-k 4": dict(one_forward=1, gamma=1, top_k=4, total_tokens=4),
+    "ss, one forward, gamma 1 top-k 6": dict(one_forward=1, gamma=1, top_k=6, total_tokens=6),
+    "ss, one forward, gamma 1 top-k 8": dict(one_forward=1, **WIDE),
+}
+COLUMNS = ["method", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "wall_s",
+           "draft_ms_per_step", "verify_ms_per_step"]
+
+
+def main():
+    args = comparison_parser(__doc__).parse_args()
+    pair = load_pair()
+    runs = [("vanilla", {})] + [("ss", options) for options in RUNS.values()]
+    labels = ["vanilla", *RUNS]
+    prompts = bench_prompts(args.per_category)
+    table = run_interleaved(pair, prompts, runs, args.max_new_tokens, desc="ss forms")
+    table["method"] = [labels[r] for r in table["run"]]  # one row per run in the summaries
+    summary = summarise(table)
+    per_step = step_ms(table).set_index("method")
+    for kind in ("draft", "verify"):
+        summary[f"{kind}_ms_per_step"] = summary.method.map(per_step[kind])
+    summary = summary[COLUMNS]
+    csv = SWEEPS / f"ss_one_forward_{len(prompts)}_prompts.csv"
+    summary.to_csv(csv, index=False)
+    print(summary.round(3).to_string(index=False))
+    if summary.equal_to_vanilla.min() < 1:
+        raise SystemExit("a run differs from vanilla: ss must stay lossless in both forms")
+
+
+if __name__ == "__main__":
+    main()
