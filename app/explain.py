@@ -24,7 +24,7 @@ def explain(trace: Trace, index: int, pieces: dict) -> str:
         return f"Step 0{took}: the target read {prompt} and produced its first token {', '.join(words)}."
     if not step.proposed:
         return f"Step {index}{took}: the target produced {', '.join(words) or 'nothing'} on its own, one forward pass."
-    return f"Step {index}{took}: " + _verdict(step, pieces) + _copied(step) + _mirror(step, pieces)
+    return f"Step {index}{took}: " + _verdict(step, pieces) + _copied(step) + _streams(step) + _mirror(step, pieces)
 
 
 def _verdict(step, pieces: dict) -> str:
@@ -47,6 +47,15 @@ def _copied(step) -> str:
     used = sum(1 for i in tree.get("path") or [] if i in copied)
     return (f" {len(copied)} of the draft tokens were copied from the context (not drafted by a model); "
             f"{used} of them {'was' if used == 1 else 'were'} accepted.")
+
+
+def _streams(step) -> str:
+    """Speculative Streaming in one forward per step: the streams rode in the verify forward."""
+    rows = (step.extras or {}).get("stream_rows")
+    if not rows:
+        return ""
+    return (f" In that same target forward, {rows} speculative stream rows beside the verified tokens drafted the "
+            "next tree: one forward per step.")
 
 
 def _mirror(step, pieces: dict) -> str:

@@ -118,6 +118,19 @@ def test_sentences_follow_the_trace(race):
     assert "one forward pass" in explain(race["vanilla"].trace, 3, race["vanilla"].pieces)
 
 
+def test_sentences_say_when_the_streams_rode_in_the_verify_forward(tiny_dirs):
+    from mirror_sd import generate, load_pair
+    from test_ss import random_streams
+
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=None)
+    pair.addons["streams_one_forward"] = random_streams(pair.target, layers=1, G=3)  # no next-token input
+    out = generate(pair, PROMPT, method="ss", max_new_tokens=8, raw=True, gamma=2, top_k=2, total_tokens=3,
+                   lookup=0, one_forward=1)
+    pieces = {t: f"t{t}" for t in out.token_ids}
+    for step in out.trace.steps[1:]:  # 3 tree nodes + the root, 2 streams each
+        assert "8 speculative stream rows" in explain(out.trace, step.index, pieces)
+
+
 def test_mirror_tree_marks_the_window_candidates_and_the_branch_used(race):
     steps = race["mirror"].trace.steps[1:]
     for step in steps:

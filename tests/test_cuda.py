@@ -18,10 +18,11 @@ from test_ss import random_streams
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 PROMPTS = ["t1 t2 t3", "t9", "t4 t4 t4 t4", "t15 t0 t7", "t3 t1 t4 t1 t5 t9 t2 t6"]
-METHODS = {  # method -> options; lookup 0 keeps context copies out, so the draft's own paths run
+METHODS = {  # method (and a variant after a comma) -> options; lookup 0 keeps context copies out, so the draft's own paths run
     "sd": dict(gamma=3),
     "eagle": dict(depth=3, top_k=3, total_tokens=8, lookup=0),
     "ss": dict(gamma=3, top_k=2, total_tokens=6, lookup=0),
+    "ss, one forward": dict(gamma=3, top_k=2, total_tokens=6, lookup=0, one_forward=1),
     "mirror": dict(gamma=3, kappa=2, branch_budget=3, lookup=0),
 }
 
@@ -34,6 +35,7 @@ def cuda_pair(tiny_dirs, dtype: str | None):
     torch.manual_seed(0)
     attach_head(pair, EagleHead.from_target(pair.target, torch.arange(16)))
     pair.addons["streams"] = random_streams(pair.target, layers=1, G=3)
+    pair.addons["streams_one_forward"] = pair.addons["streams"]  # no next-token input: they fit both forms
     return pair
 
 
@@ -58,7 +60,7 @@ def test_every_method_equals_vanilla_on_the_gpu(fp32_pair, method):
     accepted = 0
     for prompt in PROMPTS:
         expected = generate(fp32_pair, prompt, method="vanilla", max_new_tokens=32, raw=True).token_ids
-        out = generate(fp32_pair, prompt, method=method, max_new_tokens=32, raw=True, **METHODS[method])
+        out = generate(fp32_pair, prompt, method=method.split(",")[0], max_new_tokens=32, raw=True, **METHODS[method])
         assert out.error is None, out.error
         assert out.token_ids == expected, f"{method} differs from vanilla on {prompt!r}"
         accepted += sum(s.accepted for s in out.trace.steps)

@@ -140,5 +140,5 @@ def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int, one_forw
                                                                          if one_forward else ""),
                                       step=step, tokens=window)
         committed, origins = tree.committed(path, token)
-        yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path),
-                              extras=dict(tree=tree.record(path))))
+        extras = dict(tree=tree.record(path), **(dict(stream_rows=window * gamma) if one_forward else {}))
+        yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path), extras=extras))
