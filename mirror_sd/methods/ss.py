@@ -15,7 +15,7 @@ top N_s layers. Each step, on the target lane alone, in one of two forms:
   accepted position re-enter the top N_s layers in a pass of their own, g rows that see the cache
   up to that position. This pass comes after the correction is committed, so streams trained with
   ``next_token_rank`` see it (the shipped ``ss-smollm2-135m``: stream-1 top-1 0.57 held out), and
-  on a CPU, where every row costs time, only the g rows that are used run, in int8 (lanes.py).
+  on a CPU, where every row costs time, only the g rows that are used run, in int8 (devices.Lane, drafting=True).
 
 The draft tree (temperature 0): the top_k tokens of stream 1 are children of the root; the top_k
 tokens of stream j + 1 are children of each of the top_k best nodes of level j, scored by the sum
