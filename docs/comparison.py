@@ -1,10 +1,14 @@
 """What the comparison scripts beside this file share: the command-line options that choose the
-bench prompts and the answer length, and those prompts.
+bench prompts and the answer length, those prompts, and the summary of an interleaved run.
 
     parser = comparison_parser(__doc__)   # --per-category (default 2), --max-new-tokens (default 64)
     ...                                   # the script's own options
     args = parser.parse_args()
     prompts = bench_prompts(args.per_category)
+    table = run_interleaved(...)          # mirror_sd.bench
+    summary, per_step = summarise_runs(table, labels)
+    ...                                   # the script's own columns
+    save_checked(summary, csv, "what must stay lossless")
 """
 import argparse
 import sys
@@ -12,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts  # noqa: E402
+from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts, step_ms, summarise  # noqa: E402
 
 
 def comparison_parser(doc: str) -> argparse.ArgumentParser:
@@ -26,3 +30,20 @@ def comparison_parser(doc: str) -> argparse.ArgumentParser:
 def bench_prompts(per_category: int) -> list[dict]:
     """The first ``per_category`` bench prompts of each category."""
     return first_per_category(read_prompts(DEFAULT_PROMPTS), per_category)
+
+
+def summarise_runs(table, labels: list[str]):
+    """Per run of ``bench.run_interleaved``'s table, named by ``labels`` (one per run, in order):
+    ``bench.summarise``'s row and ``bench.step_ms``'s milliseconds per step by span kind (indexed
+    by label)."""
+    table["method"] = [labels[r] for r in table["run"]]  # one row per run in the summaries
+    return summarise(table), step_ms(table).set_index("method")
+
+
+def save_checked(summary, csv: Path, lossless: str):
+    """Write the summary to ``csv`` and print it; stop with an error if a run differs from vanilla."""
+    csv.parent.mkdir(exist_ok=True)
+    summary.to_csv(csv, index=False)
+    print(summary.round(3).to_string(index=False))
+    if summary.equal_to_vanilla.min() < 1:
+        raise SystemExit(f"a run differs from vanilla: {lossless}")

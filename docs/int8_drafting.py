@@ -14,9 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from comparison import bench_prompts, comparison_parser  # noqa: E402
+from comparison import bench_prompts, comparison_parser, save_checked, summarise_runs  # noqa: E402
 from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.bench import run_interleaved, step_ms, summarise  # noqa: E402
+from mirror_sd.bench import run_interleaved  # noqa: E402
 
 DRAFTING_SPANS = ["draft", "fallback-draft", "draft-rollout"]
 CSV = Path(__file__).resolve().parent / "sweeps" / "int8_drafting.csv"
@@ -40,17 +40,10 @@ def main():
 
     table = run_interleaved(pair, bench_prompts(args.per_category), runs, args.max_new_tokens,
                             desc="int8 drafting", before_run=before_run)
-    table["method"] = [labels[r] for r in table["run"]]  # one row per run in the summaries
-    summary = summarise(table)
-    per_step = step_ms(table).set_index("method")
+    summary, per_step = summarise_runs(table, labels)
     spans = [kind for kind in DRAFTING_SPANS if kind in per_step]
     summary["drafting_ms_per_step"] = summary.method.map(per_step[spans].fillna(0).sum(axis=1))
-    summary = summary[COLUMNS]
-    CSV.parent.mkdir(exist_ok=True)
-    summary.to_csv(CSV, index=False)
-    print(summary.round(3).to_string(index=False))
-    if summary.equal_to_vanilla.min() < 1:
-        raise SystemExit("a run differs from vanilla: int8 drafting must stay lossless")
+    save_checked(summary[COLUMNS], CSV, "int8 drafting must stay lossless")
 
 
 if __name__ == "__main__":

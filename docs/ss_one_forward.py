@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from comparison import bench_prompts, comparison_parser  # noqa: E402
+from comparison import bench_prompts, comparison_parser, save_checked, summarise_runs  # noqa: E402
 from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.bench import run_interleaved, step_ms, summarise  # noqa: E402
+from mirror_sd.bench import run_interleaved  # noqa: E402
 
 SWEEPS = Path(__file__).resolve().parent / "sweeps"
 WIDE = dict(gamma=1, top_k=8, total_tokens=8)  # the 8 best tokens of stream 1 under the root
@@ -49,17 +49,11 @@ def main():
     labels = ["vanilla", *RUNS]
     prompts = bench_prompts(args.per_category)
     table = run_interleaved(pair, prompts, runs, args.max_new_tokens, desc="ss forms")
-    table["method"] = [labels[r] for r in table["run"]]  # one row per run in the summaries
-    summary = summarise(table)
-    per_step = step_ms(table).set_index("method")
+    summary, per_step = summarise_runs(table, labels)
     for kind in ("draft", "verify"):
         summary[f"{kind}_ms_per_step"] = summary.method.map(per_step[kind])
-    summary = summary[COLUMNS]
-    csv = SWEEPS / f"ss_one_forward_{len(prompts)}_prompts.csv"
-    summary.to_csv(csv, index=False)
-    print(summary.round(3).to_string(index=False))
-    if summary.equal_to_vanilla.min() < 1:
-        raise SystemExit("a run differs from vanilla: ss must stay lossless in both forms")
+    save_checked(summary[COLUMNS], SWEEPS / f"ss_one_forward_{len(prompts)}_prompts.csv",
+                 "ss must stay lossless in both forms")
 
 
 if __name__ == "__main__":

@@ -198,8 +198,11 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
         q = q * win.cos + rotate_half(q) * win.sin
         k = k * win.cos + rotate_half(k) * win.sin
-        if cache is not None:
-            k, v = cache.attend(layer, win.start, k, v, win.stored(T))  # [B, K, start + T, D]
+        stored = win.stored(T)
+        if cache is not None and stored == T:
+            k, v = cache.write(layer, win.start, k, v)  # [B, K, S, D], S = start + T
+        elif cache is not None:  # trailing stream rows: used here, not stored
+            k, v = cache.attend(layer, win.start, k, v, stored)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=win.mask, is_causal=win.causal,
                                            enable_gqa=True)  # [B, H, T, D]
         return win.project(self.o_proj, y.transpose(1, 2).reshape(B, T, -1), layer, "o_proj")
