@@ -109,11 +109,14 @@ def trained_tiny(tiny_dirs, tiny_pair, tmp_path_factory):
     root = tmp_path_factory.mktemp("ss")
     data = _distilled_data(tiny_pair, root / "data")
     out = root / "streams"
-    config = StreamConfig(num_streams=3, stream_layers=1, rank=4, next_token_rank=4)  # streams see x[t+1] too
-    card = train(data, out, config, vocab_size=16, epochs=40,
-                 lr=1e-2, batch_size=8, positions=16, eval_every=20, holdout=0.2, threads=1,
-                 target_dir=tiny_dirs["target"])
-    return out, card
+    return out, train_tiny_streams(data, out, tiny_dirs, next_token_rank=4)  # streams see x[t+1] too
+
+
+def train_tiny_streams(data, out, tiny_dirs, next_token_rank: int) -> dict:
+    """A short training run of 3 streams on the tiny target's top layer; its card."""
+    config = StreamConfig(num_streams=3, stream_layers=1, rank=4, next_token_rank=next_token_rank)
+    return train(data, out, config, vocab_size=16, epochs=40, lr=1e-2, batch_size=8, positions=16, eval_every=20,
+                 holdout=0.2, threads=1, target_dir=tiny_dirs["target"])
 
 
 def test_short_training_run_lowers_the_loss_and_loads(trained_tiny, tiny_dirs):
@@ -169,16 +172,13 @@ def ss_pair(trained_tiny, tiny_dirs):
 
 
 @pytest.fixture(scope="module")
-def one_forward_pair(tiny_dirs, tiny_pair, tmp_path_factory):
-    """The tiny target with streams trained without the next-token input (the paper's streams), which
-    ride in the verify forward with one_forward=1."""
-    root = tmp_path_factory.mktemp("ss-paper")
-    data = _distilled_data(tiny_pair, root / "data")
-    config = StreamConfig(num_streams=3, stream_layers=1, rank=4, next_token_rank=0)
-    train(data, root / "streams", config, vocab_size=16, epochs=40, lr=1e-2, batch_size=8, positions=16,
-          eval_every=20, holdout=0.2, threads=1, target_dir=tiny_dirs["target"])
+def one_forward_pair(trained_tiny, tiny_dirs, tmp_path_factory):
+    """The tiny target with streams trained on the same data without the next-token input (the
+    paper's streams), which ride in the verify forward with one_forward=1."""
+    out = tmp_path_factory.mktemp("ss-paper") / "streams"
+    train_tiny_streams(trained_tiny[0].parent / "data", out, tiny_dirs, next_token_rank=0)
     pair = load_pair(target=str(tiny_dirs["target"]), draft=None)
-    use_streams(pair, root / "streams")
+    use_streams(pair, out)
     return pair
 
 

@@ -121,9 +121,9 @@ def prefill(run, streams, window: int, gamma: int, one_forward: bool):
 
 
 def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int, one_forward: int):
-    lane = run.pair.target_lane
-    streams = target_streams(run.pair, one_forward=bool(one_forward))
-    cache, ahead, first = prefill(run, streams, total_tokens + lookup, gamma, bool(one_forward))
+    lane, one_forward = run.pair.target_lane, bool(one_forward)
+    streams = target_streams(run.pair, one_forward=one_forward)
+    cache, ahead, first = prefill(run, streams, total_tokens + lookup, gamma, one_forward)
     yield first
     copied = f" + up to {lookup} copied" if lookup else ""
     while not run.done:
@@ -135,10 +135,11 @@ def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int, one_forw
             tree = lane.run("draft", draft_from_streams, run, streams, cache, ahead, gamma, top_k, total_tokens, lookup,
                             label=f"streams: draft {gamma} levels{copied}", step=step, tokens=gamma, drafting=True)
         window = len(tree.tokens) + 1
-        path, token, ahead = lane.run("verify", verify_tree, run, streams, cache, tree, gamma, bool(one_forward),
-                                      label=f"verify {window} tokens" + (f" + {window * gamma} stream rows"
-                                                                         if one_forward else ""),
+        stream_rows = window * gamma if one_forward else 0
+        path, token, ahead = lane.run("verify", verify_tree, run, streams, cache, tree, gamma, one_forward,
+                                      label=f"verify {window} tokens" + (f" + {stream_rows} stream rows"
+                                                                         if stream_rows else ""),
                                       step=step, tokens=window)
         committed, origins = tree.committed(path, token)
-        extras = dict(tree=tree.record(path), **(dict(stream_rows=window * gamma) if one_forward else {}))
+        extras = dict(tree=tree.record(path), **(dict(stream_rows=stream_rows) if stream_rows else {}))
         yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path), extras=extras))
