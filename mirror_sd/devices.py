@@ -93,6 +93,13 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def hardware_name(device: torch.device) -> str:
+    """What a device is, for model cards: "NVIDIA H100 80GB HBM3", "2 CPU cores", ..."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{cpu_cores()} CPU cores" if device.type == "cpu" else str(device)
+
+
 def resolve_device(name: str) -> torch.device:
     """A torch device for 'cpu', 'cuda', 'cuda:N', 'mps' or 'npu[:N]', or a clear error."""
     text = (name or "").strip().lower()

@@ -145,3 +145,26 @@ def test_data_on_a_device_this_machine_lacks_is_a_clear_error(tmp_path, capsys):
         pytest.skip("this machine has a cuda:3")
     rc = main(["data", "--out", str(tmp_path), "--num-prompts", "2", "--device", "cuda:3"])
     assert rc == 2 and "device 'cuda:3' is not available" in capsys.readouterr().err
+
+
+def test_prompts_only_then_answers_them_where_the_corpora_are_missing(tmp_path, monkeypatch):
+    """--prompts-only writes the prompts and stops; the same command without it reads them back
+    (here with the corpora made unreachable, as on a GPU box) and writes one answer per turn."""
+    from mirror_sd.train import prompts as P
+    from mirror_sd.train.__main__ import main
+
+    command = ["data", "--out", str(tmp_path), "--num-prompts", "6", "--max-new-tokens", "3", "--threads", "1"]
+    assert main(command + ["--prompts-only"]) == 0
+    assert not (tmp_path / "data.jsonl").exists()
+    built = [json.loads(line) for line in (tmp_path / "prompts.jsonl").read_text().splitlines()]
+    assert built == build_prompts(6, seed=0)
+
+    def no_corpora(*args, **kwargs):
+        raise RuntimeError("corpus package is not installed")
+
+    monkeypatch.setattr(P, "build_prompts", no_corpora)
+    assert main(command) == 0
+    rows = [json.loads(line) for line in (tmp_path / "data.jsonl").read_text().splitlines()]
+    turns = sum(m["role"] == "user" for p in built for m in p["messages"])
+    assert len(rows) == turns and all(0 < len(r["answer_ids"]) <= 3 for r in rows)
+    assert main(command[:2] + [str(tmp_path), "--num-prompts", "6", "--max-new-tokens", "4"]) == 2  # other settings: refused

@@ -38,7 +38,10 @@ def _add_data(sub) -> None:
                    help="torch CPU threads (default 2; use 1 for a niced background run on a shared box)")
     p.add_argument("--device", default="cpu",
                    help="where the target runs: cpu (default) or cuda[:N], in fp32 either way; a GPU answers "
-                        "far faster with a large --batch-size (not yet run on a GPU)")
+                        "far faster with a large --batch-size")
+    p.add_argument("--prompts-only", action="store_true",
+                   help="write OUT/prompts.jsonl and stop; rerunning without this flag answers them, also on a "
+                        "machine without the corpora packages (copy OUT there)")
 
     def run(args):
         from .distill import run_data

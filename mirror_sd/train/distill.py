@@ -19,7 +19,9 @@ single-turn prompts keep their id.
 Greedy decoding (temperature 0), fp32 (bf16 crashes on this CPU), with the transformers model's
 forward and KV cache in a continuous-batching loop (:func:`generate_stream`; token-identical to
 ``generate(do_sample=False)``, checked in ``tests/test_train_data.py``). Prompts are sorted by length before
-batching. Resumable: lines already in ``DIR/data.jsonl`` are skipped and new ones appended.
+batching. Resumable: lines already in ``DIR/data.jsonl`` are skipped and new ones appended, and the
+prompts are read back from ``DIR/prompts.jsonl``. ``--prompts-only`` writes the prompts and stops, so
+they can be built where the corpora are installed and answered on another machine (a GPU).
 
 Throughput on the 2-core dev box (fp32, 192 new tokens, 64-96 prompts, answer tokens/s):
 1 thread: batch 8 42, 16 61, 32 67-72, 48 67; 2 threads are faster only on an idle machine and
@@ -303,17 +305,29 @@ def _self_instruct(path: Path, model, tokenizer, args, stats: dict) -> list[dict
     return self_instruct_prompts(model, tokenizer, args.num_prompts, args.seed, stats, earlier=old)
 
 
+def _corpus_prompts(path: Path, args, stats: dict) -> list[dict]:
+    """The corpus prompts: an earlier run's prompts.jsonl (same seed: the config check) when it holds
+    exactly --num-prompts, so a folder made with --prompts-only where the corpora are installed can be
+    answered on a machine without them (a GPU box); else built from the corpora."""
+    if path.exists():
+        old = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if len(old) == args.num_prompts:
+            stats.update(read_from=str(path))
+            return old
+    return P.build_prompts(args.num_prompts, args.seed, stats=stats)
+
+
 def run_data(args) -> int:
     from tqdm import tqdm
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    data_path = out / "data.jsonl"
+    data_path, prompts_path = out / "data.jsonl", out / "prompts.jsonl"
     config = dict(source=args.source, seed=args.seed, num_prompts=args.num_prompts,
                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, threads=args.threads,
                   device=args.device)
     cfg_path = out / "config.json"
-    if cfg_path.exists() and data_path.exists():
+    if cfg_path.exists() and (data_path.exists() or prompts_path.exists()):
         old = {"source": "corpora", **json.loads(cfg_path.read_text())}   # folders from before --source
         bad = [k for k in CONFIG_KEYS if old.get(k) != config[k]]
         if bad:
@@ -326,15 +340,21 @@ def run_data(args) -> int:
     stats: dict = {}
     if args.source == "reference":
         return _run_reference(args, out, stats)
-    folder, model, tokenizer = load_target(args.threads, args.device)
     if args.source == "self-instruct":
-        prompts = _self_instruct(out / "prompts.jsonl", model, tokenizer, args, stats)
+        folder, model, tokenizer = load_target(args.threads, args.device)
+        prompts = _self_instruct(prompts_path, model, tokenizer, args, stats)
     else:
-        prompts = P.build_prompts(args.num_prompts, args.seed, stats=stats)
-    with (out / "prompts.jsonl").open("w", encoding="utf-8") as f:
+        prompts = _corpus_prompts(prompts_path, args, stats)
+    with prompts_path.open("w", encoding="utf-8") as f:
         for p in prompts:
             f.write(json.dumps(p, ensure_ascii=False) + "\n")
     print(f"{len(prompts)} prompts in {time.time() - t0:.1f}s ({stats})", flush=True)
+    if args.prompts_only:
+        print(f"prompts only: answer them with the same command without --prompts-only (here, or on a "
+              f"machine without the corpora, given {out})", flush=True)
+        return 0
+    if args.source != "self-instruct":
+        folder, model, tokenizer = load_target(args.threads, args.device)
 
     done = _read_done(data_path)
     wanted = {i for p in prompts for i in _turn_ids(p)}

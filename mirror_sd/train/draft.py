@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from ..devices import resolve_device
+from ..devices import hardware_name, resolve_device
 from ..errors import MirrorSDError
 from ..models.llama import Transformer
 from ..models.loading import EMBED_FROM_TARGET, VOCAB_MAP_KEY, embedded_model_dir, load_model, load_tokenizer
@@ -220,7 +220,7 @@ def train(data_dirs: Path | list[Path], out: Path, layers: list[int], vocab_size
     state = fit(draft, epoch_batches, loss_of, lambda: evaluate(draft, held_out, batch_tokens),
                 out, epochs, lr, eval_every, desc="train draft")
     final = run_evaluation(draft, lambda: evaluate(draft, held_out, batch_tokens))
-    card = dict(target=target_dir.name, layers_from_target=layers, head_vocabulary=len(vocab_map),
+    card = dict(hardware=hardware_name(draft.device), target=target_dir.name, layers_from_target=layers, head_vocabulary=len(vocab_map),
                 data=[d.name for d in data_folders(data_dirs)],
                 examples_train=len(train_set), examples_held_out=len(held_out), labels=labels,
                 labelled_tokens=sum(sum(x != IGNORE for x in lab) for _, lab in train_set),
@@ -259,7 +259,7 @@ offline corpora (QA, multi-turn, translation, math, summarization, RAG). Sources
 
 ## Training
 Cross-entropy against {"the target's argmax at every position, prompts included (" + f"{c['labelled_tokens']:,}" + " labelled tokens)" if c.get('labels') == 'target' else "the target's answer tokens"}, AdamW lr {c['lr']} (warm-up + cosine), {c['batch_tokens']} tokens
-per batch, {c['steps']} steps ({c['epochs']} epochs), seed {c['seed']}, {c['wall_s'] / 60:.1f} min on 2 CPU cores.
+per batch, {c['steps']} steps ({c['epochs']} epochs), seed {c['seed']}, {c['wall_s'] / 60:.1f} min on {c.get('hardware', '2 CPU cores')}.
 Loss curve: loss.png.
 
 ## Held-out results (teacher-forced on the target's answers)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from ..devices import resolve_device
+from ..devices import hardware_name, resolve_device
 from ..errors import MirrorSDError
 from ..models.llama import Transformer
 from ..models.loading import EMBED_FROM_TARGET, embedded_model_dir, load_model, load_tokenizer, read_config
@@ -208,7 +208,7 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
     held = lambda: evaluate(target, streams, seqs, features, held_out, G, row_of)
     state = fit(streams, epoch_batches, loss_of, held, out, epochs, lr, eval_every, desc="train streams")
     final = run_evaluation(streams, held)
-    card = dict(target=target_dir.name, data=[d.name for d in data_folders(data_dirs)],
+    card = dict(hardware=hardware_name(target.device), target=target_dir.name, data=[d.name for d in data_folders(data_dirs)],
                 examples_train=len(train_index), examples_held_out=len(held_out),
                 steps=state["step"], epochs=epochs, lr=lr, batch_size=batch_size, positions_per_sequence=positions,
                 max_len=max_len, seed=seed, wall_s=round(state["wall_s"], 1), head_vocabulary=len(vocab_map),
@@ -269,7 +269,7 @@ Bench prompts (mirror_sd/data/bench_prompts.jsonl) are excluded from the data.
 n-gram objective (alpha_0 = 1 on the frozen main stream, alpha_j = 0.1 per stream), AdamW lr {card["lr"]},
 {card["steps"]} steps ({card["epochs"]} epochs) of {card["batch_size"]} sequences with
 {card["positions_per_sequence"]} answer positions each, context up to {card["max_len"]} tokens, seed {card["seed"]},
-{card["wall_s"] / 60:.1f} min on 2 CPU cores. Loss curve: loss.png in the training folder.
+{card["wall_s"] / 60:.1f} min on {card.get('hardware', '2 CPU cores')}. Loss curve: loss.png in the training folder.
 Stages, each going on from the one before (`--init`):
 {chr(10).join(stage_line(stage) for stage in card["stages"])}
 
