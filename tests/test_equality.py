@@ -42,3 +42,26 @@ def test_reduced_vocabulary_draft_equals_vanilla(tiny_dirs):
         out = generate(pair, prompt, method="sd", max_new_tokens=24, raw=True, gamma=3)
         assert out.token_ids == expected
         assert all(t in pair.draft.vocab_map.tolist() for s in out.trace.steps for t in s.proposed)
+
+
+def test_a_swapped_draft_is_the_one_that_drafts_and_swapping_back_reuses_the_first(tiny_dirs):
+    """ModelPair.use_draft (docs/compare_drafts.py): after a swap, sd and mirror draft with the new
+    draft (a reduced head proposes only its own tokens; mirror's early-exit rows follow its head)
+    and still commit vanilla's tokens; swapping back by name gives the very model loaded first."""
+    from mirror_sd import load_pair
+
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]))
+    first, first_name = pair.draft, pair.draft_name
+    expected = generate(pair, "t1 t2 t3", method="vanilla", max_new_tokens=24, raw=True).token_ids
+
+    pair.use_draft(str(tiny_dirs["reduced_draft"]))
+    assert pair.draft is not first and pair.draft.vocab_map.tolist() == [0, 2, 3, 5, 7, 8, 11, 13]
+    for method, options in (("sd", {}), ("mirror", dict(lookup=0))):
+        out = generate(pair, "t1 t2 t3", method=method, max_new_tokens=24, raw=True, gamma=3, **options)
+        assert out.token_ids == expected
+        assert all(t in pair.draft.vocab_map.tolist() for s in out.trace.steps if s.index > 0 for t in s.proposed)
+    assert pair.addons["early_exit_rows"].shape[0] == 8  # the target's head rows of the reduced draft's tokens
+
+    pair.use_draft(first_name)
+    assert pair.draft is first and "early_exit_rows" not in pair.addons  # a full head: no rows of its own
+    assert generate(pair, "t1 t2 t3", method="mirror", max_new_tokens=24, raw=True, lookup=0).token_ids == expected

@@ -58,6 +58,19 @@ class ModelPair:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def use_draft(self, draft: str | None):
+        """Swap in another draft (a folder, a hub id, "self:N" or None), loaded on the draft lane in the
+        target's dtype; drafts loaded before are kept, so swapping back costs nothing (docs/compare_drafts.py).
+        Add-ons built for the old draft (its streams, mirror's early-exit head rows) are dropped."""
+        loaded = self.addons.setdefault("drafts", {self.draft_name: (self.draft, self.draft_name, self.draft_dir)})
+        if draft not in loaded:
+            target_dir = resolve_model_dir(self.target_name)
+            loaded[draft] = on_cpu_worker(_load_draft, draft, target_dir, self.tokenizer, self.draft_lane,
+                                          self.target.dtype, self.target.model.embed_tokens.weight)
+        self.draft, self.draft_name, self.draft_dir = loaded[draft]
+        for key in ("draft_streams", "early_exit_rows"):
+            self.addons.pop(key, None)
+
     @property
     def int8_drafting(self) -> bool:
         """Whether drafting work on CPU lanes multiplies by int8 weight copies (models/linear.py)."""

@@ -1,0 +1,61 @@
+"""What one draft forward costs against one target forward on this machine's CPU.
+
+    python docs/draft_cost.py [DRAFT ...] [--context 200] [--repeats 40]
+
+For the target and each draft (a folder; default: the shipped draft), the median time of
+``--repeats`` forwards of one token after ``--context`` cached ones (the cache is rolled back after
+each), on the calling thread with torch's default thread count; drafts are timed twice, with fp32
+products and with the int8 weight copies that drafting uses on the CPU by default
+(models/linear.py). Prints milliseconds and the ratio to the target's forward: the draft issue's
+bound is 0.1.
+"""
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from mirror_sd import load_pair  # noqa: E402
+from mirror_sd.models.linear import int8_products  # noqa: E402
+
+
+def forward_ms(model, context: int, repeats: int) -> float:
+    """Median milliseconds of one one-token forward after ``context`` cached tokens."""
+    cache = model.new_cache(context + 1)
+    ids = torch.randint(0, 1000, (1, context + 1))
+    with torch.inference_mode():
+        model(ids[:, :context], cache)
+        times = []
+        for _ in range(repeats + 3):  # the first three warm up
+            start = time.perf_counter()
+            model(ids[:, context:], cache)
+            times.append(time.perf_counter() - start)
+            cache.rollback(context)
+    return 1000 * statistics.median(times[3:])
+
+
+def main():
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("drafts", nargs="*", default=["default"])
+    parser.add_argument("--context", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=40)
+    args = parser.parse_args()
+    pair = load_pair()
+    target_ms = forward_ms(pair.target, args.context, args.repeats)
+    print(f"target: {target_ms:.2f} ms")
+    for draft in args.drafts:
+        if draft != "default":
+            pair.use_draft(draft)
+        for int8 in (False, True):
+            with int8_products(int8):
+                ms = forward_ms(pair.draft, args.context, args.repeats)
+            print(f"{pair.draft_name}, {'int8' if int8 else 'fp32'}: {ms:.2f} ms, {ms / target_ms:.3f}x the target")
+
+
+if __name__ == "__main__":
+    main()
