@@ -1,13 +1,15 @@
-"""Compare drafts for `sd` on the bench prompts, interleaved: per prompt, vanilla, then `sd` with each
+"""Compare drafts on the bench prompts, interleaved: per prompt, vanilla, then each method with each
 draft at each γ, all on one loaded target.
 
-    python docs/compare_drafts.py DRAFT [DRAFT ...] [--gammas 2,5] [--per-category 2] [--max-new-tokens 64]
+    python docs/compare_drafts.py DRAFT [DRAFT ...] [--methods sd] [--gammas 2,5] [--per-category 2]
+                                  [--max-new-tokens 64] [--csv docs/sweeps/compare_drafts.csv]
 
 A draft is a folder that ``python -m mirror_sd.train draft`` writes ("default": the shipped one,
-mirror_sd/assets/draft-smollm2-135m). Prints, and writes to docs/sweeps/compare_drafts.csv, each
-run's tau, speed against vanilla in the same run (``bench.summarise``) and milliseconds per step of
-drafting (span ``draft``, int8 on the CPU as by default), and checks every run against vanilla token
-for token. The draft is swapped between runs with ``ModelPair.use_draft``.
+mirror_sd/assets/draft-smollm2-135m); the methods are those that use a draft (sd, mirror), with
+their other options at their defaults. Prints, and writes to --csv, each run's tau, speed against
+vanilla in the same run (``bench.summarise``) and milliseconds per step of drafting (span ``draft``
+for sd; mirror's are ``fallback-draft`` and ``draft-rollout``; int8 on the CPU as by default), and
+checks every run against vanilla token for token. The draft is swapped between runs with ``ModelPair.use_draft``.
 """
 import sys
 from pathlib import Path
@@ -19,24 +21,28 @@ from mirror_sd import load_pair  # noqa: E402
 from mirror_sd.bench import run_interleaved  # noqa: E402
 
 CSV = Path(__file__).resolve().parent / "sweeps" / "compare_drafts.csv"
-COLUMNS = ["method", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "wall_s",
-           "draft_ms_per_step"]
+DRAFTING_SPANS = ["draft", "fallback-draft", "draft-rollout"]
+COLUMNS = ["method", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "hit_rate",
+           "wall_s", "draft_ms_per_step"]
 
 
 def main():
     parser = comparison_parser(__doc__)
     parser.add_argument("drafts", nargs="+", help='draft folders ("default": the shipped draft)')
-    parser.add_argument("--gammas", default="2,5", help="window lengths for sd (default 2,5)")
+    parser.add_argument("--methods", default="sd", help="methods that use the draft: sd, mirror (default sd)")
+    parser.add_argument("--gammas", default="2,5", help="window lengths (default 2,5)")
+    parser.add_argument("--csv", type=Path, default=CSV, help=f"where the summary goes (default {CSV})")
     args = parser.parse_args()
     pair = load_pair()
     shipped = pair.draft_name
     drafts = [shipped if d == "default" else d for d in args.drafts]
     runs, run_drafts, labels = [("vanilla", {})], [shipped], ["vanilla"]
-    for draft in drafts:
-        for gamma in map(int, args.gammas.split(",")):
-            runs.append(("sd", dict(gamma=gamma)))
-            run_drafts.append(draft)
-            labels.append(f"sd, {Path(draft).name}, gamma {gamma}")
+    for method in args.methods.split(","):
+        for draft in drafts:
+            for gamma in map(int, args.gammas.split(",")):
+                runs.append((method, dict(gamma=gamma)))
+                run_drafts.append(draft)
+                labels.append(f"{method}, {Path(draft).name}, gamma {gamma}")
 
     def before_run(index):
         pair.use_draft(run_drafts[index])
@@ -44,8 +50,9 @@ def main():
     table = run_interleaved(pair, bench_prompts(args.per_category), runs, args.max_new_tokens,
                             desc="compare drafts", before_run=before_run)
     summary, per_step = summarise_runs(table, labels)
-    summary["draft_ms_per_step"] = summary.method.map(per_step["draft"]) if "draft" in per_step else None
-    save_checked(summary[COLUMNS], CSV, "every draft must keep sd lossless")
+    spans = [kind for kind in DRAFTING_SPANS if kind in per_step]
+    summary["draft_ms_per_step"] = summary.method.map(per_step[spans].fillna(0).sum(axis=1))
+    save_checked(summary[COLUMNS], args.csv, "every draft must keep its method lossless")
 
 
 if __name__ == "__main__":

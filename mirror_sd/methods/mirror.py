@@ -72,11 +72,11 @@ def early_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
     """The target's final norm and LM head on early-exit hidden states [1, T, d]: log-probs [T, V].
 
     With a reduced-vocabulary draft (a ``vocab_map``) only the head rows of the draft's tokens are
-    computed, and the other tokens get -inf: for the shipped draft 7,802 of 49,152 rows (in one
-    microbenchmark on this machine, 0.33 against 3.65 ms for a 3-token window), while the
-    early-exit candidates it loses are rare tokens. Interleaved on 12 bench prompts, mirror ran at
-    0.91x vanilla against 0.83x with the full head, hit rate 0.227 against 0.221
-    (``python docs/early_exit_rows.py``).
+    computed, and the other tokens get -inf: for the shipped draft 8,192 of 49,152 rows (for the
+    first draft's 7,802, in one microbenchmark on this machine, 0.33 against 3.65 ms for a 3-token
+    window), while the early-exit candidates it loses are rare tokens. Interleaved on 12 bench
+    prompts with the first draft, mirror ran at 0.91x vanilla against 0.83x with the full head, hit
+    rate 0.227 against 0.221 (``python docs/early_exit_rows.py``).
     """
     target, vocab_map = pair.target, pair.draft.vocab_map
     if vocab_map is None or target.layer_devices:

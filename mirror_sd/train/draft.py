@@ -238,8 +238,8 @@ def write_model_card(out: Path, card: dict):
     c = card
     text = f"""# Draft for {c['target']}
 
-The project's draft model (`load_pair()` uses it for `sd` and `mirror`), trained on this project's
-CPU by `python -m mirror_sd.train draft` (code: `mirror_sd/train/draft.py`).
+The project's draft model (`load_pair()` uses it for `sd` and `mirror`), trained by
+`python -m mirror_sd.train draft` (code: `mirror_sd/train/draft.py`).
 
 ## Architecture
 - A Llama with the target's width and {len(c['layers_from_target'])} decoder layers, initialised from the target's layers
@@ -253,7 +253,7 @@ CPU by `python -m mirror_sd.train draft` (code: `mirror_sd/train/draft.py`).
 
 ## Data and licences
 {c['examples_train']} training / {c['examples_held_out']} held-out examples of the distilled data
-(`python -m mirror_sd.train data --seed 0`): the target's own greedy answers to prompts built from
+(`python -m mirror_sd.train data --seed 0`, folders: {", ".join(c['data'])}): the target's own greedy answers to prompts built from
 offline corpora (QA, multi-turn, translation, math, summarization, RAG). Sources and licences:
 `docs/corpora.md`. The bench prompts (`mirror_sd/data/bench_prompts.jsonl`) are excluded.
 
@@ -293,7 +293,7 @@ def add_parser(sub):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--device", default="cpu", help="where the target and the draft compute: cpu (default) "
-                                                    "or cuda[:N]; fp32 either way (not yet run on a GPU)")
+                                                    "or cuda[:N]; fp32 either way")
 
     def run(args):
         card = train([Path(d) for d in args.data], Path(args.out), args.layers, args.vocab, args.epochs, args.lr, args.batch_tokens,

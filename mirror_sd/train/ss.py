@@ -214,7 +214,7 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
                 max_len=max_len, seed=seed, wall_s=round(state["wall_s"], 1), head_vocabulary=len(vocab_map),
                 trainable_parameters=streams.num_parameters(), first_stream_layer=streams.first_layer, held_out_loss=round(final["loss"], 4),
                 held_out_top1_per_stream=final["top1_per_stream"], held_out_greedy_chain_tau=round(final["tau"], 3),
-                init=str(init) if init else None)
+                init=str(init) if init else None, on_target=target_dir == embedded_model_dir())
     earlier = json.loads((Path(init) / "streams.json").read_text()).get("training") if init else None
     card["stages"] = stage_history(earlier, card, stage_of)
     streams.save(out, meta=dict(training=card))
@@ -252,7 +252,7 @@ the target) or by `sd` and `mirror` with `streams=1` (streams on a draft).
 - LoRA rank {config.rank} (scale {config.alpha / max(config.rank, 1):g}) on q, k, v, o, gate, up, down of those layers,
   applied to stream rows only.
 - Stream embeddings scaled by {config.embedding_scale or 1:g} (`--embedding-scale`; by default the RMS size of the hidden states entering layer {card["first_stream_layer"]}).
-{next_token_line(config)}- Stream head: the model's own LM head restricted to the {card["head_vocabulary"]} most frequent answer
+{next_token_line(config, card.get("on_target", True))}- Stream head: the model's own LM head restricted to the {card["head_vocabulary"]} most frequent answer
   tokens (exact map to target ids in `vocab_map`).
 - Trainable parameters: {card["trainable_parameters"]:,} (fp16 file: streams.safetensors).
 
@@ -282,8 +282,10 @@ Stages, each going on from the one before (`--init`):
     (out / "README.md").write_text(text)
 
 
-def next_token_line(config: StreamConfig) -> str:
+def next_token_line(config: StreamConfig, on_target: bool = True) -> str:
     if not config.next_token_rank:
+        if not on_target:
+            return ""  # a draft's streams: the target's one-forward form does not concern them
         return ("- The streams see only the main stream (the paper's form), so they can ride in the target's\n"
                 "  verify forward: `ss` with `one_forward=1` runs one target forward per step.\n")
     return (f"- Every stream also sees the next token x[t+1] (committed when `ss` runs the streams: the step's\n"
@@ -322,7 +324,7 @@ def add_parser(sub):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--device", default="cpu", help="where the frozen model and the streams compute: cpu "
-                                                    "(default) or cuda[:N]; fp32 either way (not yet run on a GPU)")
+                                                    "(default) or cuda[:N]; fp32 either way")
     p.add_argument("--init", default=None, help="go on from the trained streams in this folder (their config and "
                                                 "head rows are kept)")
 
