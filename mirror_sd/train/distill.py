@@ -290,14 +290,20 @@ def load_target(threads: int, device: str = "cpu"):
     return folder, model, tokenizer
 
 
+def _earlier_prompts(path: Path) -> list[dict]:
+    """The prompts an earlier run wrote to prompts.jsonl (none if it wrote none)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def _self_instruct(path: Path, model, tokenizer, args, stats: dict) -> list[dict]:
     """The first --num-prompts self-instruct prompts: an earlier run's prompts.jsonl (same seed: the
     config check) is read back, and sampling goes on after its last prompt if it holds too few."""
     from .instruct import self_instruct_prompts
 
-    old = []
+    old = _earlier_prompts(path)
     if path.exists():
-        old = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         if len(old) >= args.num_prompts:
             stats.update(read_from=str(path))
             return old[:args.num_prompts]
@@ -309,11 +315,10 @@ def _corpus_prompts(path: Path, args, stats: dict) -> list[dict]:
     """The corpus prompts: an earlier run's prompts.jsonl (same seed: the config check) when it holds
     exactly --num-prompts, so a folder made with --prompts-only where the corpora are installed can be
     answered on a machine without them (a GPU box); else built from the corpora."""
-    if path.exists():
-        old = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        if len(old) == args.num_prompts:
-            stats.update(read_from=str(path))
-            return old
+    old = _earlier_prompts(path)
+    if len(old) == args.num_prompts:
+        stats.update(read_from=str(path))
+        return old
     return P.build_prompts(args.num_prompts, args.seed, stats=stats)
 
 
