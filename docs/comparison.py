@@ -7,6 +7,7 @@ bench prompts and the answer length, those prompts, and the summary of an interl
     prompts = bench_prompts(args.per_category)
     table = run_interleaved(...)          # mirror_sd.bench
     summary, per_step = summarise_runs(table, labels)
+    summary["drafting_ms"] = drafting_ms_per_step(summary, per_step)   # if the script wants it
     ...                                   # the script's own columns
     save_checked(summary, csv, "what must stay lossless")
 """
@@ -47,3 +48,12 @@ def save_checked(summary, csv: Path, lossless: str):
     print(summary.round(3).to_string(index=False))
     if summary.equal_to_vanilla.min() < 1:
         raise SystemExit(f"a run differs from vanilla: {lossless}")
+
+
+DRAFTING_SPANS = ["draft", "fallback-draft", "draft-rollout"]  # what proposes tokens: sd, eagle, ss; mirror
+
+
+def drafting_ms_per_step(summary, per_step):
+    """Milliseconds per step of drafting work (spans DRAFTING_SPANS) of each run in ``summary``."""
+    spans = [kind for kind in DRAFTING_SPANS if kind in per_step]
+    return summary.method.map(per_step[spans].fillna(0).sum(axis=1))

@@ -14,11 +14,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from comparison import bench_prompts, comparison_parser, save_checked, summarise_runs  # noqa: E402
+from comparison import bench_prompts, comparison_parser, drafting_ms_per_step, save_checked, summarise_runs  # noqa: E402
 from mirror_sd import load_pair  # noqa: E402
 from mirror_sd.bench import run_interleaved  # noqa: E402
 
-DRAFTING_SPANS = ["draft", "fallback-draft", "draft-rollout"]
 CSV = Path(__file__).resolve().parent / "sweeps" / "int8_drafting.csv"
 COLUMNS = ["method", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "wall_s",
            "drafting_ms_per_step"]
@@ -41,8 +40,7 @@ def main():
     table = run_interleaved(pair, bench_prompts(args.per_category), runs, args.max_new_tokens,
                             desc="int8 drafting", before_run=before_run)
     summary, per_step = summarise_runs(table, labels)
-    spans = [kind for kind in DRAFTING_SPANS if kind in per_step]
-    summary["drafting_ms_per_step"] = summary.method.map(per_step[spans].fillna(0).sum(axis=1))
+    summary["drafting_ms_per_step"] = drafting_ms_per_step(summary, per_step)
     save_checked(summary[COLUMNS], CSV, "int8 drafting must stay lossless")
 
 
