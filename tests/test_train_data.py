@@ -81,7 +81,7 @@ def test_data_readme_lists_the_categories_present_and_mentions_turns_only_for_mu
     eos = 2
     tokenizer = SimpleNamespace(eos_token_id=eos)
     args = SimpleNamespace(source="self-instruct", seed=0, num_prompts=2, max_new_tokens=8, batch_size=2, threads=1,
-                           device="cpu")
+                           device="cpu", round_size=64)
     prompts = [dict(id=f"instruction-{i}", category="instruction", source="self-instruct",
                     messages=[{"role": "user", "content": "Name a colour."}]) for i in (1, 2)]
     rows = [dict(id=p["id"], category="instruction", prompt_ids=[5, 6], answer_ids=[7, eos]) for p in prompts]

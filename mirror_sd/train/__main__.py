@@ -39,6 +39,9 @@ def _add_data(sub) -> None:
     p.add_argument("--device", default="cpu",
                    help="where the target runs: cpu (default) or cuda[:N], in fp32 either way; a GPU answers "
                         "far faster with a large --batch-size")
+    p.add_argument("--round-size", type=positive_int, default=None,
+                   help="self-instruct: requests sampled together, one seeded round each (default 64; part of "
+                        "what a seed gives, so a folder keeps its round size; a GPU samples far faster with 512)")
     p.add_argument("--prompts-only", action="store_true",
                    help="write OUT/prompts.jsonl and stop; rerunning without this flag answers them, also on a "
                         "machine without the corpora packages (copy OUT there)")

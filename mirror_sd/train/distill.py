@@ -41,7 +41,7 @@ from pathlib import Path
 
 from . import prompts as P
 
-CONFIG_KEYS = ("source", "seed", "max_new_tokens")  # must match to resume into the same folder
+CONFIG_KEYS = ("source", "seed", "max_new_tokens", "round_size")  # must match to resume into the same folder
 
 
 def _turn_ids(prompt: dict) -> list[str]:
@@ -308,7 +308,7 @@ def _self_instruct(path: Path, model, tokenizer, args, stats: dict) -> list[dict
             stats.update(read_from=str(path))
             return old[:args.num_prompts]
         stats.update(went_on_from=f"{path} ({len(old)} prompts)")
-    return self_instruct_prompts(model, tokenizer, args.num_prompts, args.seed, stats, earlier=old)
+    return self_instruct_prompts(model, tokenizer, args.num_prompts, args.seed, stats, args.round_size, earlier=old)
 
 
 def _corpus_prompts(path: Path, args, stats: dict) -> list[dict]:
@@ -325,15 +325,18 @@ def _corpus_prompts(path: Path, args, stats: dict) -> list[dict]:
 def run_data(args) -> int:
     from tqdm import tqdm
 
+    from .instruct import ROUND
+
+    args.round_size = getattr(args, "round_size", None) or ROUND
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data_path, prompts_path = out / "data.jsonl", out / "prompts.jsonl"
     config = dict(source=args.source, seed=args.seed, num_prompts=args.num_prompts,
                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, threads=args.threads,
-                  device=args.device)
+                  device=args.device, round_size=args.round_size)
     cfg_path = out / "config.json"
     if cfg_path.exists() and (data_path.exists() or prompts_path.exists()):
-        old = {"source": "corpora", **json.loads(cfg_path.read_text())}   # folders from before --source
+        old = {"source": "corpora", "round_size": ROUND, **json.loads(cfg_path.read_text())}  # folders from before them
         bad = [k for k in CONFIG_KEYS if old.get(k) != config[k]]
         if bad:
             print(f"error: {out} was built with " + ", ".join(f"{k}={old.get(k)}" for k in bad)
@@ -485,6 +488,7 @@ def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, toke
         "```",
         f"python -m mirror_sd.train data --out {out} --source {args.source} --seed {args.seed} "
         f"--num-prompts {args.num_prompts} "
+        + (f"--round-size {args.round_size} " if args.source == "self-instruct" else "") +
         f"--max-new-tokens {args.max_new_tokens} --batch-size {args.batch_size} --threads {args.threads} "
         f"--device {args.device}",
         "```",
