@@ -81,7 +81,7 @@ def test_data_readme_lists_the_categories_present_and_mentions_turns_only_for_mu
     eos = 2
     tokenizer = SimpleNamespace(eos_token_id=eos)
     args = SimpleNamespace(source="self-instruct", seed=0, num_prompts=2, max_new_tokens=8, batch_size=2, threads=1,
-                           device="cpu", round_size=64)
+                           device="cpu", round_size=64, sampler="multinomial")
     prompts = [dict(id=f"instruction-{i}", category="instruction", source="self-instruct",
                     messages=[{"role": "user", "content": "Name a colour."}]) for i in (1, 2)]
     rows = [dict(id=p["id"], category="instruction", prompt_ids=[5, 6], answer_ids=[7, eos]) for p in prompts]
@@ -168,3 +168,34 @@ def test_prompts_only_then_answers_them_where_the_corpora_are_missing(tmp_path, 
     turns = sum(m["role"] == "user" for p in built for m in p["messages"])
     assert len(rows) == turns and all(0 < len(r["answer_ids"]) <= 3 for r in rows)
     assert main(command[:2] + [str(tmp_path), "--num-prompts", "6", "--max-new-tokens", "4"]) == 2  # other settings: refused
+
+
+@pytest.mark.parametrize("method", ["multinomial", "inverse-cdf"])
+def test_self_instruct_samplers_draw_each_token_with_its_probability_and_are_seeded(method):
+    """Both samplers (train/distill.sampler) against a known law: zero-probability tokens never come,
+    and the counts pass a chi-square test (p > 0.001); the same seed gives the same draws."""
+    import torch
+    from scipy.stats import chisquare
+
+    from mirror_sd.train.distill import sampler
+
+    probs = torch.tensor([0.5, 0.0, 0.2, 0.25, 0.0, 0.05])
+    logits = probs.log().expand(20000, -1)  # [20000, 6]: one draw per row
+    draws = sampler(torch.Generator().manual_seed(0), method)(logits)
+    counts = torch.bincount(draws, minlength=len(probs))
+    assert counts[probs == 0].sum() == 0
+    kept = probs > 0
+    assert chisquare(counts[kept].numpy(), (probs[kept] * len(draws)).numpy()).pvalue > 1e-3
+    assert torch.equal(draws, sampler(torch.Generator().manual_seed(0), method)(logits))
+
+
+@pytest.mark.parametrize("option, refused", [("--round-size=512", "round_size=64"),
+                                             ("--sampler=inverse-cdf", "sampler=multinomial")])
+def test_a_folder_keeps_its_self_instruct_round_size_and_sampler(option, refused, tmp_path, capsys):
+    """Both are part of what a seed samples, so resuming a folder with others is refused."""
+    from mirror_sd.train.__main__ import main
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(source="self-instruct", seed=0, max_new_tokens=192)))
+    (tmp_path / "prompts.jsonl").write_text("")  # a folder from before both options: rounds of 64, multinomial
+    rc = main(["data", "--out", str(tmp_path), "--source", "self-instruct", "--num-prompts", "2", option])
+    assert rc == 2 and refused in capsys.readouterr().err

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .distill import SAMPLERS
 from .options import positive_int
 
 
@@ -42,6 +43,9 @@ def _add_data(sub) -> None:
     p.add_argument("--round-size", type=positive_int, default=None,
                    help="self-instruct: requests sampled together, one seeded round each (default 64; part of "
                         "what a seed gives, so a folder keeps its round size; a GPU samples far faster with 512)")
+    p.add_argument("--sampler", choices=SAMPLERS, default=None,
+                   help="self-instruct: how tokens are drawn: multinomial (default: the draws of the project's "
+                        "earlier data) or inverse-cdf (the same law, other draws, far faster on a GPU)")
     p.add_argument("--prompts-only", action="store_true",
                    help="write OUT/prompts.jsonl and stop; rerunning without this flag answers them, also on a "
                         "machine without the corpora packages (copy OUT there)")

@@ -9,8 +9,8 @@ types into the demo and the benchmark holds, which the corpora of :mod:`.prompts
 extracts, chit-chat, maths templates) lack.
 
 :func:`self_instruct_prompts` samples rounds of :data:`ROUND` requests (``round_size``). Round r draws from
-``torch.Generator().manual_seed(seed * 1_000_003 + r)``, so a seed gives the same prompts on the
-same software (and the prompts for N are the first N of any larger run, which can go on from them:
+``torch.Generator().manual_seed(seed * 1_000_003 + r)`` (tokens drawn by ``distill.sampler``), so a
+seed, with its round size and sampler, gives the same prompts on the same software (and the prompts for N are the first N of any larger run, which can go on from them:
 ``earlier``). A sample is kept when the
 model closed the turn itself within :data:`MAX_TOKENS` tokens, has 4-80 words, holds no special
 token, is not a duplicate and shares no text with the benchmark prompts (:class:`.prompts.BenchFilter`).
@@ -64,12 +64,13 @@ def resume_point(earlier: list[dict], seed: int, round_size: int) -> tuple[int, 
 
 
 def self_instruct_prompts(model, tokenizer, num_prompts: int, seed: int = 0, stats: dict | None = None,
-                          round_size: int = ROUND, earlier: list[dict] | None = None) -> list[dict]:
+                          round_size: int = ROUND, earlier: list[dict] | None = None,
+                          sampling: str = "multinomial") -> list[dict]:
     """``num_prompts`` single-turn prompts ({"id", "category", "source", "ref", "messages"}).
 
     earlier: the first prompts of a run with the same seed and round size (an earlier, smaller run):
     kept, and sampling goes on after the last of them, so the result equals a run from scratch
-    (``stats`` then counts the new samples only).
+    (``stats`` then counts the new samples only). sampling: how tokens are drawn (``distill.sampler``).
     """
     prefix = user_turn_prefix(tokenizer)
     eos = tokenizer.eos_token_id
@@ -86,7 +87,7 @@ def self_instruct_prompts(model, tokenizer, num_prompts: int, seed: int = 0, sta
             break
         g = torch.Generator().manual_seed(seed * 1_000_003 + r)
         answers = dict(generate_stream(model, tokenizer, [prefix] * round_size, round_size, MAX_TOKENS,
-                                       pick=sampler(g)))
+                                       pick=sampler(g, sampling)))
         for i in range(first_sample if r == first_round else 0, round_size):
             ids = answers[i]
             text = tokenizer.decode(ids, skip_special_tokens=True).strip()
