@@ -40,8 +40,8 @@ def _int8_copies(module) -> set[str]:
 
 @pytest.mark.parametrize("int8", [True, False])
 def test_drafting_alone_multiplies_by_int8_weights(tiny_dirs, int8):
-    """With int8 drafting (the default) the draft's weights get int8 copies as it drafts, and the
-    target's never do (the draft lane runs only the draft model; the target lane verifies in fp32);
+    """With int8 drafting (the default) the draft's weights get int8 copies as it drafts, but for
+    its MLP down projections, and the target's never do (the draft lane runs only the draft model; the target lane verifies in fp32);
     with it off, nothing is quantised. Either way sd commits vanilla's tokens."""
     from mirror_sd import load_pair
     from mirror_sd.models.linear import INT8
@@ -53,8 +53,9 @@ def test_drafting_alone_multiplies_by_int8_weights(tiny_dirs, int8):
     assert generate(pair, "a b c", method="mirror", max_new_tokens=12, raw=True).token_ids == reference
     assert not _int8_copies(pair.target)
     drafted = _int8_copies(pair.draft)
-    if int8 and INT8:
-        assert "lm_head.weight" in drafted and "model.layers.0.mlp.down_proj.weight" in drafted
+    if int8 and INT8:  # every product but the MLP down projections (models/linear.py says why)
+        assert "lm_head.weight" in drafted and "model.layers.0.mlp.up_proj.weight" in drafted
+        assert not any("down_proj" in name for name in drafted)
     else:
         assert not drafted
 

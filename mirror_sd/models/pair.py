@@ -148,12 +148,20 @@ def _load_draft(draft: str, target_dir: Path, tokenizer, lane: Lane, dtype, targ
     if draft.startswith("self:"):
         layers = _self_draft_layers(draft, target_dir)
         model, _ = load_model(target_dir, lane.device, dtype, num_layers=layers)
-        return model, draft, None
+        return fp32_down_projections(model), draft, None
     draft_dir = resolve_model_dir(draft)
     check_same_vocabulary(tokenizer, load_tokenizer(draft_dir), draft)
     model, _ = load_model(draft_dir, lane.device, dtype, target_embedding=target_embedding)
     name = EMBEDDED_DRAFT.name if draft_dir == EMBEDDED_DRAFT else draft
-    return model, name, draft_dir
+    return fp32_down_projections(model), name, draft_dir
+
+
+def fp32_down_projections(draft: Transformer) -> Transformer:
+    """Keep the draft's MLP down projections in fp32 when drafting multiplies in int8 (their input,
+    the gated activation, has outlier channels: models/linear.py has the measurement)."""
+    for layer in draft.model.layers:
+        layer.mlp.down_proj.int8 = False
+    return draft
 
 
 def _self_draft_layers(draft: str, target_dir: Path) -> int:
