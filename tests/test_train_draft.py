@@ -33,6 +33,7 @@ def test_short_training_run_lowers_the_loss_and_loads(tiny_dirs, tiny_pair, tmp_
     evals = [h["eval_loss"] for h in history if "eval_loss" in h]
     assert evals[-1] < 0.8 * evals[0]
     assert (out / "loss.png").stat().st_size > 0 and card["head_vocabulary"] == 12 and card["data"] == ["data"]
+    assert card["data_sources"] == ["corpora"] and "prompts built from offline corpora" in (out / "README.md").read_text()
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(out))  # borrows the target's embedding
     assert pair.draft.vocab_map.numel() == 12 and pair.draft.num_layers == 1
     vanilla = generate(pair, "t3 t1 t4", method="vanilla", max_new_tokens=16, raw=True).token_ids

@@ -222,6 +222,7 @@ def train(data_dirs: Path | list[Path], out: Path, layers: list[int], vocab_size
     final = run_evaluation(draft, lambda: evaluate(draft, held_out, batch_tokens))
     card = dict(hardware=hardware_name(draft.device), target=target_dir.name, layers_from_target=layers, head_vocabulary=len(vocab_map),
                 data=[d.name for d in data_folders(data_dirs)],
+                data_sources=[data_source(d) for d in data_folders(data_dirs)],
                 examples_train=len(train_set), examples_held_out=len(held_out), labels=labels,
                 labelled_tokens=sum(sum(x != IGNORE for x in lab) for _, lab in train_set),
                 steps=state["step"], epochs=epochs,
@@ -233,9 +234,16 @@ def train(data_dirs: Path | list[Path], out: Path, layers: list[int], vocab_size
     return card
 
 
+PROMPT_ORIGINS = {"corpora": "prompts built from offline corpora (QA, multi-turn, translation, math, summarization, RAG)",
+                  "self-instruct": "user requests the target wrote itself (`--source self-instruct`)",
+                  "reference": "corpus prompts with reference answers (`--source reference`)"}
+
+
 def write_model_card(out: Path, card: dict):
     """README.md beside the weights: architecture, data, training and held-out results."""
     c = card
+    sources = dict.fromkeys(c.get("data_sources") or ["corpora"])  # in order, once each
+    origins = " and to ".join(PROMPT_ORIGINS[s] for s in sources)
     text = f"""# Draft for {c['target']}
 
 The project's draft model (`load_pair()` uses it for `sd` and `mirror`), trained by
@@ -253,9 +261,8 @@ The project's draft model (`load_pair()` uses it for `sd` and `mirror`), trained
 
 ## Data and licences
 {c['examples_train']} training / {c['examples_held_out']} held-out examples of the distilled data
-(`python -m mirror_sd.train data --seed 0`, folders: {", ".join(c['data'])}): the target's own greedy answers to prompts built from
-offline corpora (QA, multi-turn, translation, math, summarization, RAG). Sources and licences:
-`docs/corpora.md`. The bench prompts (`mirror_sd/data/bench_prompts.jsonl`) are excluded.
+(`python -m mirror_sd.train data`, folders: {", ".join(c['data'])}): the target's own greedy answers to
+{origins}. Sources and licences: `docs/corpora.md`. The bench prompts (`mirror_sd/data/bench_prompts.jsonl`) are excluded.
 
 ## Training
 Cross-entropy against {"the target's argmax at every position, prompts included (" + f"{c['labelled_tokens']:,}" + " labelled tokens)" if c.get('labels') == 'target' else "the target's answer tokens"}, AdamW lr {c['lr']} (warm-up + cosine), {c['batch_tokens']} tokens
