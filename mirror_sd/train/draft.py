@@ -262,7 +262,8 @@ The project's draft model (`load_pair()` uses it for `sd` and `mirror`), trained
 ## Data and licences
 {c['examples_train']} training / {c['examples_held_out']} held-out examples of the distilled data
 (`python -m mirror_sd.train data`, folders: {", ".join(c['data'])}): the target's own greedy answers to
-{origins}. Sources and licences: `docs/corpora.md`. The bench prompts (`mirror_sd/data/bench_prompts.jsonl`) are excluded.
+{origins}.
+Sources and licences: `docs/corpora.md`. The bench prompts (`mirror_sd/data/bench_prompts.jsonl`) are excluded.
 
 ## Training
 Cross-entropy against {"the target's argmax at every position, prompts included (" + f"{c['labelled_tokens']:,}" + " labelled tokens)" if c.get('labels') == 'target' else "the target's answer tokens"}, AdamW lr {c['lr']} (warm-up + cosine), {c['batch_tokens']} tokens
