@@ -41,8 +41,9 @@ def _int8_copies(module) -> set[str]:
 @pytest.mark.parametrize("int8", [True, False])
 def test_drafting_alone_multiplies_by_int8_weights(tiny_dirs, int8):
     """With int8 drafting (the default) the draft's weights get int8 copies as it drafts, but for
-    its MLP down projections, and the target's never do (the draft lane runs only the draft model; the target lane verifies in fp32);
-    with it off, nothing is quantised. Either way sd commits vanilla's tokens."""
+    its MLP down projections, and the target's never do (the draft lane runs only the draft model;
+    the target lane verifies in fp32); with it off, nothing is quantised. Either way sd commits
+    vanilla's tokens."""
     from mirror_sd import load_pair
     from mirror_sd.models.linear import INT8
 

@@ -10,10 +10,11 @@ extracts, chit-chat, maths templates) lack.
 
 :func:`self_instruct_prompts` samples rounds of :data:`ROUND` requests (``round_size``). Round r draws from
 ``torch.Generator().manual_seed(seed * 1_000_003 + r)`` (tokens drawn by ``distill.sampler``), so a
-seed, with its round size and sampler, gives the same prompts on the same software (and the prompts for N are the first N of any larger run, which can go on from them:
-``earlier``). A sample is kept when the
-model closed the turn itself within :data:`MAX_TOKENS` tokens, has 4-80 words, holds no special
-token, is not a duplicate and shares no text with the benchmark prompts (:class:`.prompts.BenchFilter`).
+seed, with its round size and sampler, gives the same prompts on the same software (and the
+prompts for N are the first N of any larger run, which can go on from them: ``earlier``). A
+sample is kept when the model closed the turn itself within :data:`MAX_TOKENS` tokens, has 4-80
+words, holds no special token, is not a duplicate and shares no text with the benchmark prompts
+(:class:`.prompts.BenchFilter`).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from . import prompts as P
-from .distill import generate_stream, sampler
+from .distill import SAMPLERS, generate_stream, sampler
 
 ROUND = 64          # requests sampled together
 MAX_TOKENS = 64     # a request the model has not closed by then is dropped
@@ -65,7 +66,7 @@ def resume_point(earlier: list[dict], seed: int, round_size: int) -> tuple[int, 
 
 def self_instruct_prompts(model, tokenizer, num_prompts: int, seed: int = 0, stats: dict | None = None,
                           round_size: int = ROUND, earlier: list[dict] | None = None,
-                          sampling: str = "multinomial") -> list[dict]:
+                          sampling: str = SAMPLERS[0]) -> list[dict]:
     """``num_prompts`` single-turn prompts ({"id", "category", "source", "ref", "messages"}).
 
     earlier: the first prompts of a run with the same seed and round size (an earlier, smaller run):
