@@ -184,7 +184,7 @@ def greedy(logits):
 SAMPLERS = ("multinomial", "inverse-cdf")  # how self-instruct draws tokens (--sampler)
 
 
-def sampler(generator, method: str = "multinomial"):
+def sampler(generator, method: str = SAMPLERS[0]):
     """Sampling at temperature 1 from the full distribution, with random numbers from a seeded CPU
     torch.Generator (so a seed draws the same tokens whatever device computed the logits, up to rounding).
 
@@ -345,8 +345,9 @@ def run_data(args) -> int:
 
     from .instruct import ROUND
 
-    args.round_size = getattr(args, "round_size", None) or ROUND
-    args.sampler = getattr(args, "sampler", None) or SAMPLERS[0]
+    defaults = dict(round_size=ROUND, sampler=SAMPLERS[0])  # also what folders made before these options used
+    args.round_size = args.round_size or defaults["round_size"]
+    args.sampler = args.sampler or defaults["sampler"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data_path, prompts_path = out / "data.jsonl", out / "prompts.jsonl"
@@ -355,8 +356,7 @@ def run_data(args) -> int:
                   device=args.device, round_size=args.round_size, sampler=args.sampler)
     cfg_path = out / "config.json"
     if cfg_path.exists() and (data_path.exists() or prompts_path.exists()):
-        old = {"source": "corpora", "round_size": ROUND, "sampler": SAMPLERS[0],  # folders from before them
-               **json.loads(cfg_path.read_text())}
+        old = {"source": "corpora", **defaults, **json.loads(cfg_path.read_text())}  # folders from before them
         bad = [k for k in CONFIG_KEYS if old.get(k) != config[k]]
         if bad:
             print(f"error: {out} was built with " + ", ".join(f"{k}={old.get(k)}" for k in bad)
