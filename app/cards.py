@@ -12,7 +12,8 @@ STATES = {"waiting": "waiting", "running": "decoding…", "skipped": "not run (r
 
 
 def metrics_line(result: Result, baseline_tps: float | None) -> str:
-    """tokens, tokens/s, tau, acceptance, speedup over vanilla, and Mirror-SD's hit rate and overlap."""
+    """tokens, tokens/s, tau, acceptance, speedup over vanilla, Mirror-SD's hit rate and overlap, and the
+    draft tokens per draft forward of sd drafting with streams."""
     m = result.metrics
     if not m:
         return ""
@@ -25,6 +26,8 @@ def metrics_line(result: Result, baseline_tps: float | None) -> str:
         parts.append(f"hits {100 * m['hit_rate']:.0f}%")
     if m.get("overlap") is not None:
         parts.append(f"overlap {100 * m['overlap']:.0f}%")
+    if m.get("draft_tokens_per_forward", 1.0) != 1.0:  # sd drafting with its streams
+        parts.append(f"{m['draft_tokens_per_forward']:.2f} draft tokens per draft forward")
     parts.append(f"{m['wall_s']:.2f} s")
     return " · ".join(parts)
 

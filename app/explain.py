@@ -24,7 +24,7 @@ def explain(trace: Trace, index: int, pieces: dict) -> str:
         return f"Step 0{took}: the target read {prompt} and produced its first token {', '.join(words)}."
     if not step.proposed:
         return f"Step {index}{took}: the target produced {', '.join(words) or 'nothing'} on its own, one forward pass."
-    return f"Step {index}{took}: " + _verdict(step, pieces) + _copied(step) + _streams(step) + _mirror(step, pieces)
+    return f"Step {index}{took}: " + _verdict(step, pieces) + _copied(step) + _streams(step) + _draft_forwards(step) + _mirror(step, pieces)
 
 
 def _verdict(step, pieces: dict) -> str:
@@ -56,6 +56,17 @@ def _streams(step) -> str:
         return ""
     return (f" In that same target forward, {rows} speculative stream rows beside the verified tokens drafted the "
             "next tree: one forward per step.")
+
+
+def _draft_forwards(step) -> str:
+    """sd drafting with its streams: how many draft forwards the window took."""
+    forwards, n = (step.extras or {}).get("draft_forwards"), len(step.proposed)
+    if not forwards or forwards == n:
+        return ""
+    if forwards == 1:
+        return f" The draft proposed the {n} tokens in one forward, with its speculative streams."
+    return (f" The draft proposed the {n} tokens in {forwards} forwards, not {n}: each forward checked the lookahead "
+            "its streams had proposed in the one before and kept what its main stream agreed with.")
 
 
 def _mirror(step, pieces: dict) -> str:

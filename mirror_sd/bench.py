@@ -58,6 +58,7 @@ def first_per_category(prompts: list[dict], n: int) -> list[dict]:
 def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -> dict:
     """Decode every turn of one prompt (later turns see this method's own earlier answers)."""
     messages, token_ids, rows, hits, overlap_s, draft_busy_s, span_s = [], [], [], [], 0.0, 0.0, {}
+    draft_tokens = draft_forwards = 0
     for turn in item["turns"]:
         messages.append({"role": "user", "content": turn})
         out = generate(pair, list(messages), method=method, max_new_tokens=max_new_tokens, **settings)
@@ -67,6 +68,9 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -
         token_ids += out.token_ids
         rows.append(out.metrics)
         hits += [st.extras["hit"] for st in out.trace.steps if "hit" in st.extras]
+        counted = [st for st in out.trace.steps if "draft_forwards" in st.extras]  # sd's windows
+        draft_tokens += sum(len(st.proposed) for st in counted)
+        draft_forwards += sum(st.extras["draft_forwards"] for st in counted)
         for span in out.trace.spans:  # decoding steps only: step 0 is the prefill
             if span.step:
                 span_s[span.kind] = span_s.get(span.kind, 0.0) + span.duration
@@ -82,7 +86,9 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -
                 mean_accepted=committed_in_steps / steps if steps else 1.0, wall_s=wall_s,
                 tokens_per_s=new_tokens / wall_s if wall_s else 0.0,
                 hit_rate=sum(hits) / len(hits) if hits else None,
-                overlap=overlap_s / draft_busy_s if draft_busy_s else None, token_ids=token_ids,
+                overlap=overlap_s / draft_busy_s if draft_busy_s else None,
+                draft_tokens=draft_tokens if draft_forwards else None, draft_forwards=draft_forwards or None,
+                token_ids=token_ids,
                 **{f"{SPAN_PREFIX}{kind}": seconds for kind, seconds in span_s.items()})
 
 
@@ -161,13 +167,14 @@ def summarise(results: pd.DataFrame) -> pd.DataFrame:
     per = results.groupby("method", sort=False).agg(
         prompts=("id", "count"), new_tokens=("new_tokens", "sum"), steps=("steps", "sum"),
         wall_s=("wall_s", "sum"), equal_to_vanilla=("equal_to_vanilla", "mean"), hit_rate=("hit_rate", "mean"),
-        overlap=("overlap", "mean"))
+        overlap=("overlap", "mean"), draft_tokens=("draft_tokens", "sum"), draft_forwards=("draft_forwards", "sum"))
+    per["draft_tokens_per_forward"] = per["draft_tokens"] / per["draft_forwards"].where(per["draft_forwards"] > 0)
     per["mean_accepted"] = (results.assign(c=results.mean_accepted * results.steps)
                             .groupby("method", sort=False)["c"].sum() / per["steps"])
     per["tokens_per_s"] = per["new_tokens"] / per["wall_s"]
     per["speedup"] = per["tokens_per_s"] / per.loc["vanilla", "tokens_per_s"]
     cols = ["prompts", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "hit_rate",
-            "overlap", "wall_s"]
+            "overlap", "draft_tokens_per_forward", "wall_s"]
     return per[cols].reset_index()
 
 

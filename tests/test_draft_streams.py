@@ -1,9 +1,12 @@
-"""A draft with speculative streams (streams=1): sd and mirror draft a window in one forward.
+"""A draft with speculative streams: sd and mirror draft a window in one forward (streams=1), or sd
+drafts it with the draft checking its own streams' lookahead (streams=2).
 
 On the tiny pair, with random (untrained) streams on the draft's top layer: the window is what the
 streams compute on a fresh cache, Mirror-SD's branch rollouts in one tree equal the same rollouts
 done one branch at a time, both methods commit vanilla's tokens at T = 0, and at T > 0 mirror
-with streams samples the target's law. The first two compare drafts made two ways, so they draft
+with streams samples the target's law. With streams=2, sd drafts the token-by-token windows in
+fewer forwards and samples the target's law. The own greedy continuations that streams learn for
+streams=2 (train ss --labels own) equal decoding each position alone. The first two compare drafts made two ways, so they draft
 in fp32: int8 drafting quantises each product's input as a whole (models/linear.py), so a row's
 draft may differ in a near tie with the rows beside it. The others draft in int8, the default.
 """
@@ -13,9 +16,11 @@ from contextlib import contextmanager
 import pytest
 import torch
 
+from app.explain import explain
 from mirror_sd import generate, load_pair
 from mirror_sd.errors import MirrorSDError
 from mirror_sd.models.streams import StreamConfig, Streams, draft_streams, split_forward
+from mirror_sd.train.ss import greedy_continuations
 
 from test_distribution import PROMPT, chi_square_p, exact_joint_law, sample_counts
 
@@ -115,11 +120,66 @@ def test_mirror_with_streams_equals_vanilla(streamed_pair):
 
 
 def test_streams_need_a_draft_that_has_them(tiny_pair, streamed_pair):
-    for method in ("sd", "mirror"):
+    for method, streams in (("sd", 1), ("sd", 2), ("mirror", 1)):
         with pytest.raises(MirrorSDError, match="has none"):
-            generate(tiny_pair, PROMPT, method=method, raw=True, streams=1)
+            generate(tiny_pair, PROMPT, method=method, raw=True, streams=streams)
     with pytest.raises(MirrorSDError, match="gamma must be at most 4"):
         generate(streamed_pair, PROMPT, method="sd", raw=True, gamma=5, streams=1)
+    with pytest.raises(MirrorSDError, match="between 0 and 1"):
+        generate(streamed_pair, PROMPT, method="mirror", raw=True, streams=2)
+
+
+@pytest.mark.parametrize("gamma", [3, 6])
+def test_sd_with_streams_checked_by_the_draft_drafts_the_token_by_token_windows(streamed_pair, gamma):
+    """streams=2: every window is the one streams=0 drafts, and some took fewer than gamma draft
+    forwards (the main stream accepted lookahead). gamma may exceed the trained streams + 1: a
+    forward checks at most as much lookahead as the streams give."""
+    saved = 0
+    with fp32_drafting(streamed_pair):
+        for prompt in PROMPTS:
+            expected = generate(streamed_pair, prompt, method="vanilla", max_new_tokens=24, raw=True).token_ids
+            plain = generate(streamed_pair, prompt, method="sd", max_new_tokens=24, raw=True, gamma=gamma, streams=0)
+            checked = generate(streamed_pair, prompt, method="sd", max_new_tokens=24, raw=True, gamma=gamma, streams=2)
+            assert checked.error is None and checked.token_ids == plain.token_ids == expected
+            assert [s.proposed for s in checked.trace.steps] == [s.proposed for s in plain.trace.steps]
+            forwards = [s.extras["draft_forwards"] for s in checked.trace.steps if s.proposed]
+            assert [s.extras["draft_forwards"] for s in plain.trace.steps if s.proposed] == [gamma] * len(forwards)
+            assert all(1 <= f <= gamma for f in forwards)
+            saved += sum(gamma - f for f in forwards)
+            for step in checked.trace.steps[1:]:  # the app's step sentence says what the window cost
+                f = step.extras["draft_forwards"]
+                if 1 < f < gamma:
+                    assert f"in {f} forwards, not {gamma}" in explain(checked.trace, step.index, {})
+            assert all("checked by the draft" in s.label for s in checked.trace.spans if s.kind == "draft")
+    assert saved > 0
+
+
+def test_sd_with_streams_checked_by_the_draft_samples_the_target_distribution(streamed_pair):
+    """Tokens 2 and 3 come from the first window of 3 tokens; the draft's own check of its
+    lookahead (speculative sampling against one-hot proposals) must leave the law the target's."""
+    prompt_ids = streamed_pair.encode(PROMPT, raw=True)
+    outputs = []
+    counts = sample_counts(streamed_pair, "sd", 1.0, 1.0, outputs=outputs, gamma=3, streams=2)
+    assert sum(s.extras["draft_forwards"] < 3 for out in outputs for s in out.trace.steps[1:]) > 100
+    law = exact_joint_law(streamed_pair.target, prompt_ids, 1.0, 1.0, 3).sum(0)  # P(x2, x3)
+    assert chi_square_p(counts, law) > 1e-3
+
+
+def test_own_greedy_continuations_equal_decoding_each_position_alone(streamed_pair):
+    """train ss --labels own: the chains of every position, computed together behind the sequence."""
+    draft = streamed_pair.draft
+    ids = streamed_pair.encode("t1 t2 t3 t4 t5 t6 t7 t8 t9", raw=True)
+    at = [2, 3, 6, len(ids) - 1]
+    chains = greedy_continuations(draft, ids, at, 4)
+    for t, chain in zip(at, chains):
+        alone, context = [], ids[:t + 1]
+        cache = draft.new_cache(32)
+        with torch.no_grad():
+            for _ in range(4):
+                row = int(draft(torch.tensor([context]), cache)[0, -1].argmax())
+                alone.append(int(draft.vocab_map[row]))
+                context = [alone[-1]]
+        assert chain == alone
 
 
 def test_mirror_with_streams_samples_the_target_distribution(tiny_dirs, streamed_pair):

@@ -8,16 +8,18 @@ from mirror_sd import generate
 @pytest.mark.parametrize("gamma", [4])
 def test_sd_equals_vanilla_on_varied_prompts(embedded_pair, equality_prompts, vanilla_reference, gamma):
     assert len(equality_prompts) >= 20
-    origins = set()
+    origins, saved = set(), 0
     for i, (prompt, expected) in enumerate(zip(equality_prompts, vanilla_reference)):
-        streams = i % 2  # every other prompt: the window from the draft's speculative streams
+        streams = i % 3  # one prompt in three each: token by token, the streams' window, the draft checking its streams
         out = generate(embedded_pair, prompt, method="sd", max_new_tokens=EQUALITY_TOKENS, gamma=gamma,
                        streams=streams)
         assert out.error is None
         assert out.token_ids == expected, f"sd differs from vanilla on {prompt[:60]!r}"
         origins |= {o for step in out.trace.steps for o in step.origins}
-    # the shipped draft exercises every path of the acceptance rule
-    assert {"accepted", "correction", "bonus"} <= origins
+        if streams == 2:
+            saved += sum(gamma - step.extras["draft_forwards"] for step in out.trace.steps[1:])
+    # the shipped draft exercises every path of the acceptance rule, and its streams save draft forwards
+    assert {"accepted", "correction", "bonus"} <= origins and saved > 0
 
 
 def test_default_pair_loads_and_sd_matches_vanilla():

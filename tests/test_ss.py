@@ -1,5 +1,6 @@
 """Speculative Streaming: stream masks, the untouched main stream, training, and losslessness."""
 import json
+import random
 
 import pytest
 import torch
@@ -8,7 +9,8 @@ from mirror_sd import MirrorSDError, generate, load_pair
 from mirror_sd.methods.ss import stream_tree
 from mirror_sd.methods.tree import tree_mask, tree_positions
 from mirror_sd.models.streams import StreamConfig, Streams, forward_with_streams, split_forward, stream_mask, target_streams, use_streams
-from mirror_sd.train.ss import train
+from mirror_sd.train.draft import read_examples
+from mirror_sd.train.ss import answer_positions, greedy_continuations, load_frozen, sequences, train
 
 from test_distribution import PROMPT, chi_square_p, exact_law_of_tokens_2_and_3, sample_counts
 from test_train_draft import _distilled_data
@@ -152,6 +154,29 @@ def test_training_on_a_device_this_machine_lacks_is_a_clear_error(trained_tiny, 
     with pytest.raises(MirrorSDError, match="device 'cuda:3' is not available"):
         train(data, tmp_path / "streams", StreamConfig(num_streams=2, stream_layers=1, rank=2), epochs=1,
               target_dir=tiny_dirs["target"], device="cuda:3")
+
+
+def test_streams_can_learn_the_models_own_continuation(tiny_pair, tiny_dirs, tmp_path):
+    """--labels own (a draft's streams for sd with streams=2): stream j learns the frozen model's own
+    greedy token j + 1 places ahead (train/ss.py: own_continuations), and the held-out loss falls."""
+    data = _distilled_data(tiny_pair, tmp_path / "data")
+    out = tmp_path / "streams"
+    card = train(data, out, StreamConfig(num_streams=2, stream_layers=1, rank=4), epochs=30, lr=1e-2, batch_size=8,
+                 positions=8, eval_every=20, holdout=0.2, threads=1, target_dir=tiny_dirs["reduced_draft"], labels="own")
+    evals = [h["eval_loss"] for h in json.loads((out / "metrics.json").read_text()) if "eval_loss" in h]
+    assert evals[-1] < 0.8 * evals[0]
+    assert card["labels"] == "own" and "own greedy token" in (out / "README.md").read_text()
+    saved = json.loads((out / "own-continuations.json").read_text())["after"]
+    examples = read_examples(data, targets_answers=True)
+    random.Random(0).shuffle(examples)  # the trainer's order (seed 0)
+    seqs, model = sequences(examples, 512), load_frozen(tiny_dirs["reduced_draft"])[0]
+    assert len(saved) == len(seqs)
+    differs = 0
+    for i in (0, len(seqs) - 1):  # held out (all answer positions) and trained on (8 of them)
+        at = answer_positions(*seqs[i], 512 if i == 0 else 8, random.Random(i))
+        assert saved[str(i)] == greedy_continuations(model, seqs[i][0], at, 3)
+        differs += sum(tokens != seqs[i][0][t + 1:t + 4] for t, tokens in zip(at, saved[str(i)]))
+    assert differs > 0  # the model's own continuation, not the data's tokens
 
 
 def test_a_card_from_before_data_was_recorded_still_lists_its_stage():

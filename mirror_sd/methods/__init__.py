@@ -89,6 +89,9 @@ MIRROR_LOOKUP = Option("lookup", 8, 0, 64, "after a miss, copy up to this many t
                        "0: off; greedy only); 8: docs/sweeps/mirror_lookup.csv")
 STREAMS = Option("streams", 0, 0, 1, "1: the draft proposes each window (each branch) in one forward with its "
                  "trained speculative streams; 0: token by token")
+SD_STREAMS = Option("streams", 0, 0, 2, "0: the draft proposes token by token; 1: each window in one forward with its "
+                    "trained speculative streams; 2: each draft forward checks the lookahead its streams proposed "
+                    "in the one before (the tokens of 0, in fewer forwards)")
 BRANCH_BUDGET = Option("branch_budget", 16, 1, 256, "branches the draft rolls out per step; 16: best in "
                        "docs/sweeps/mirror_branch_budget.csv")
 MIRROR_GAMMA = Option("gamma", 2, 1, 32, "draft tokens per step (window length); 2: docs/sweeps/mirror_gamma_prepacked.csv")
@@ -132,7 +135,7 @@ from . import eagle, mirror, sd, ss, vanilla  # noqa: E402  (modules use Option/
 register(Method("vanilla", "Vanilla", "autoregressive: one target forward per token",
                 vanilla.decode, needs_draft=False, parallel_lanes=False))
 register(Method("sd", "Speculative decoding", "a draft model proposes gamma tokens, the target verifies them in one forward",
-                sd.decode, needs_draft=True, parallel_lanes=False, options=(SD_GAMMA, STREAMS), check=sd.check_streams))
+                sd.decode, needs_draft=True, parallel_lanes=False, options=(SD_GAMMA, SD_STREAMS), check=sd.check_streams))
 register(Method("ss", "Speculative Streaming", "the target drafts for itself: trained streams on its top layers "
                 "propose the next gamma tokens while its main stream verifies", ss.decode, needs_draft=False,
                 parallel_lanes=False, options=(SS_GAMMA, SS_TOP_K, SS_TOTAL_TOKENS, LOOKUP, SS_ONE_FORWARD), check=_check_streams))

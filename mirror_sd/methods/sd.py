@@ -5,17 +5,23 @@ positions in one forward on the target lane; ``verify`` accepts a prefix and add
 or bonus token. Both KV caches are rolled back to what was committed. The draft sits on the
 critical path: draft and target take turns (the serial barrier that Mirror-SD removes).
 
-The draft proposes autoregressively (gamma draft forwards), or with ``streams=1`` in one forward:
-its main stream gives the first token and its trained speculative streams (models/streams.py) the
-other gamma - 1. At T > 0 that window is still a valid proposal: token j is drawn from a law that
-depends only on the committed prefix, and verify records it (the argument of methods/ss.py).
+How the draft proposes a window (option ``streams``):
+
+* 0: autoregressively, gamma draft forwards.
+* 1: in one forward: its main stream gives the first token and its trained speculative streams
+  (models/streams.py) the other gamma - 1. At T > 0 that window is still a valid proposal: token
+  j is drawn from a law that depends only on the committed prefix, and verify records it (the
+  argument of methods/ss.py).
+* 2: Speculative Streaming inside the draft (``verified_window``): each draft forward checks the
+  lookahead its streams proposed in the forward before and proposes the next. The window is the
+  one streams=0 drafts (the same tokens at T = 0, the same laws at T > 0), in fewer forwards.
 """
 from __future__ import annotations
 
 import torch
 
 from ..errors import MirrorSDError
-from ..models.streams import draft_streams, split_forward
+from ..models.streams import draft_streams, forward_with_streams, split_forward
 from ..trace import Step
 from .verify import verify
 
@@ -79,11 +85,66 @@ def streamed_window(run, cache, gamma: int):
     return sampler.draw(run.as_target_vocab(torch.cat([main[0, -1:], ahead])))  # from logits [gamma, V]
 
 
+def verified_window(run, cache, gamma: int, lookahead: list[int] | None = None):
+    """draft_window's window in fewer forwards: (tokens, q [gamma, V] or None, draft forwards,
+    the lookahead after each token).
+
+    Each forward feeds the tokens the draft has not seen (committed ones, or the last drafted one),
+    then the lookahead its streams proposed in the forward before; the streams ride in the same
+    forward (models/streams.py: forward_with_streams). The main rows check the lookahead with the
+    target's own rule (verify, with one-hot proposals): at T = 0 the longest prefix that equals
+    the main stream's argmax, at T > 0 speculative sampling, so every token is drawn from the main
+    stream's law given the tokens before it, as draft_window draws it. The main row after the last
+    accepted token gives one more token, and that row's streams the next lookahead. The cache ends
+    holding the sequence and tokens[:-1], as draft_window's does.
+
+    lookahead: tokens to check after the unseen committed ones in the first forward: the streams'
+    guess at the row that drafted the token the target replaced (``decode`` carries it over), so
+    that the first forward of a window can also yield more than one token. Returned, for each
+    window token, the streams' lookahead at the row that drafted it (what decode carries over).
+    """
+    draft, sampler = run.pair.draft, run.draft_sampler
+    streams = draft_streams(run.pair)
+    tokens, q, after, forwards = [], [], [], 0
+    lookahead = (lookahead or [])[:gamma - 1]
+    while len(tokens) < gamma:
+        unseen = (run.sequence + tokens)[cache.length:]
+        ids = torch.tensor([unseen + lookahead], device=draft.device)  # [1, U + L]
+        first = len(unseen) - 1  # the row that scores the next token; rows first.. each get streams
+        main, ahead = forward_with_streams(draft, streams, ids, cache, streams.num_streams,
+                                           rows=list(range(first, ids.shape[1])))  # [1, U + L, V_d], [1, L + 1, G, V_d]
+        forwards += 1
+        logits = run.as_target_vocab(main[0, first:])  # [L + 1, V]
+        proposals = None if sampler.greedy else torch.nn.functional.one_hot(
+            torch.tensor(lookahead, dtype=torch.long), logits.shape[-1]).to(logits)  # [L, V]
+        verdict = verify(lookahead, proposals, logits, sampler)
+        tokens += lookahead[:verdict.accepted] + [verdict.token]
+        after += streams.to_target_ids(ahead[0, :verdict.accepted + 1].argmax(-1)).tolist()  # [a + 1][G]
+        if not sampler.greedy:
+            q.append(sampler.probs(logits[:verdict.accepted + 1]))
+        cache.length += len(unseen) + verdict.accepted
+        lookahead = after[-1][:max(gamma - len(tokens) - 1, 0)]  # what the next forward can use
+    return tokens, (torch.cat(q) if q else None), forwards, after
+
+
+def propose(run, cache, gamma: int, streams: int, carried: list[int]):
+    """One window as option ``streams`` says (see the module docstring): (tokens, q, draft forwards,
+    lookahead after each token or None)."""
+    if streams == 2:
+        return verified_window(run, cache, gamma, carried)
+    if streams == 1:
+        return (*streamed_window(run, cache, gamma), 1, None)
+    return (*draft_window(run, cache, gamma), gamma, None)
+
+
+HOW = {0: "", 1: " in one forward, streams", 2: ", streams checked by the draft"}
+
+
 def check_streams(pair, options):
-    """streams=1 needs a draft with trained streams, enough of them for gamma."""
+    """streams=1 or 2 needs a draft with trained streams; streams=1 enough of them for gamma."""
     if options.get("streams"):
         trained = draft_streams(pair).num_streams
-        if options["gamma"] > trained + 1:
+        if options["streams"] == 1 and options["gamma"] > trained + 1:
             raise MirrorSDError(f"gamma must be at most {trained + 1} with streams=1 (the draft's {trained} "
                                 f"trained streams + its main stream), got {options['gamma']}")
 
@@ -91,13 +152,14 @@ def check_streams(pair, options):
 def decode(run, gamma: int, streams: int = 0):
     pair = run.pair
     target_cache, draft_cache, first = prefill(run)
-    propose, how = (streamed_window, "in one forward, streams") if streams else (draft_window, "")
     yield first
+    carried = []  # streams=2: the draft streams' lookahead after the last committed token
     while not run.done:
         step = run.next_step
         committed = len(run.sequence)
-        draft, q = pair.draft_lane.run("draft", propose, run, draft_cache, gamma,
-                                       label=f"draft {gamma} tokens {how}".strip(), step=step, tokens=gamma)
+        draft, q, forwards, after = pair.draft_lane.run("draft", propose, run, draft_cache, gamma, streams, carried,
+                                                        label=f"draft {gamma} tokens{HOW[streams]}", step=step,
+                                                        tokens=gamma)
         window = torch.tensor([[run.sequence[-1], *draft]], device=pair.target.device)  # [1, gamma + 1]
         logits = pair.target_lane.run("verify", pair.target, window, target_cache, label=f"verify {gamma + 1} tokens",
                                       step=step, tokens=gamma + 1)
@@ -105,4 +167,8 @@ def decode(run, gamma: int, streams: int = 0):
         tokens, origins = verdict.committed(draft)
         target_cache.rollback(committed + verdict.accepted)  # last committed + accepted drafts
         draft_cache.rollback(min(draft_cache.length, committed + verdict.accepted))
-        yield run.commit(Step(step, tokens, origins, proposed=draft, accepted=verdict.accepted))
+        # A correction replaced the token the draft drafted at row r: the streams' guess there (made
+        # without that token) is the next window's first lookahead. After a bonus there is none.
+        carried = after[verdict.accepted] if after and verdict.accepted < len(draft) else []
+        yield run.commit(Step(step, tokens, origins, proposed=draft, accepted=verdict.accepted,
+                              extras=dict(draft_forwards=forwards)))

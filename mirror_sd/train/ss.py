@@ -8,6 +8,12 @@ L = -α_0 Σ_t log p(y_t | y_<t) - Σ_j α_j Σ_t log p(y_{t+j} | y_<t) with α_
 frozen main stream the α_0 term is a constant, so we minimise 0.1 · Σ_j CE_j over the target's
 own greedy answers (the distilled data from ``python -m mirror_sd.train data``).
 
+With ``--labels own`` the streams learn the frozen model's own greedy continuation instead: at
+position t of an answer, stream j learns the token the model itself would draft j + 1 places on,
+continuing from x[:t+1]. A draft's main stream checks its streams against exactly that when it
+drafts with ``streams=2`` (methods/sd.py: verified_window). The continuations are computed once,
+at ``--positions`` fixed positions per sequence, and kept in OUT/own-continuations.json.
+
 The layers below L0 never see the streams, so their output on every training sequence (the main
 stream entering layer L0) is computed once and kept in OUT/features-L<L0>.safetensors. Each step
 runs the top N_s layers of the main stream (no gradient) into a KV cache, then the stream rows of a
@@ -33,12 +39,14 @@ from ..devices import hardware_name, resolve_device
 from ..errors import MirrorSDError
 from ..models.llama import Transformer
 from ..models.loading import EMBED_FROM_TARGET, embedded_model_dir, load_model, load_tokenizer, read_config
-from ..models.streams import StreamConfig, Streams
+from ..models.streams import StreamConfig, Streams, stream_mask
 from .draft import IGNORE, build_vocab_map, data_folders, read_examples
 from .loop import fit, run_evaluation, stage_history
 from .options import non_negative_int, positive_float, positive_int
 
 ALPHA_STREAM = 0.1  # α_j of the n-gram loss
+HELD_OUT_POSITIONS = 512  # answer positions evaluated per held-out sequence (at most)
+LABELS = ("answers", "own")  # what the streams learn: the data's answers, or the model's own continuation
 
 
 def sequences(examples, max_len: int) -> list[tuple[list[int], int]]:
@@ -85,42 +93,95 @@ def hidden_rms(features: list[torch.Tensor]) -> float:
     return torch.cat([f.float().pow(2).mean(-1).sqrt() for f in features]).median().item()
 
 
-def stream_labels(ids: list[int], at: list[int], G: int, row_of: dict[int, int]) -> list[list[int]]:
-    """Head-row index of x[t + 1 + j] for stream j at each position t (IGNORE past the end or off the head)."""
-    return [[row_of.get(ids[t + 1 + j], IGNORE) if t + 1 + j < len(ids) else IGNORE for j in range(1, G + 1)]
-            for t in at]
+def answer_positions(ids: list[int], first: int, count: int, rng: random.Random) -> list[int]:
+    """Up to ``count`` positions t, sorted, where the main stream predicts an answer token x[t+1]."""
+    candidates = list(range(max(first - 1, 0), len(ids) - 2))
+    return sorted(rng.sample(candidates, min(count, len(candidates)))) if candidates else [0]
 
 
-def make_batch(seqs, features, index: list[int], G: int, row_of, positions: int, rng: random.Random):
-    """Padded main features [B, T, d], token ids [B, T], stream positions at [B, R] and labels [B, R, G]."""
+def stream_labels(after: list[list[int]], G: int, row_of: dict[int, int]) -> list[list[int]]:
+    """Head-row labels [R][G] of streams 1..G from the tokens after each position (the next one
+    first; IGNORE where there are fewer than G + 1 or a token is off the head)."""
+    return [[row_of.get(tokens[j], IGNORE) if j < len(tokens) else IGNORE for j in range(1, G + 1)] for tokens in after]
+
+
+def make_batch(seqs, features, index: list[int], G: int, row_of, positions: int, rng: random.Random, own=None):
+    """Padded main features [B, T, d], stream positions at [B, R], the token after each [B, R] and
+    labels [B, R, G].
+
+    The tokens after position t are the sequence's own x[t+1..] (labels "answers": sampled positions),
+    or, with ``own`` (labels "own"), the model's own greedy continuation at fixed positions
+    (own_continuations)."""
     T = max(len(seqs[i][0]) for i in index)
     h0 = torch.zeros(len(index), T, features[index[0]].shape[-1])
-    tokens = torch.zeros(len(index), T, dtype=torch.long)
-    at_rows, label_rows = [], []
+    at_rows, next_rows, label_rows = [], [], []
     for row, i in enumerate(index):
         ids, first = seqs[i]
         h0[row, :len(ids)] = features[i].float()
-        tokens[row, :len(ids)] = torch.tensor(ids)
-        candidates = list(range(max(first - 1, 0), len(ids) - 2))  # main at t predicts an answer token
-        at = sorted(rng.sample(candidates, min(positions, len(candidates)))) if candidates else [0]
-        labels = stream_labels(ids, at, G, row_of)
-        at += [at[-1]] * (positions - len(at))  # pad with ignored repeats
+        if own is None:
+            at = answer_positions(ids, first, positions, rng)
+            after = [ids[t + 1:t + 2 + G] for t in at]
+        else:
+            at, after = own[i]
+        labels = stream_labels(after, G, row_of)
+        nexts = [tokens[0] for tokens in after]
+        at, nexts = at + [at[-1]] * (positions - len(at)), nexts + [nexts[-1]] * (positions - len(nexts))  # pad: ignored repeats
         labels += [[IGNORE] * G] * (positions - len(labels))
         at_rows.append(at)
+        next_rows.append(nexts)
         label_rows.append(labels)
-    return h0, tokens, torch.tensor(at_rows), torch.tensor(label_rows)
+    return h0, torch.tensor(at_rows), torch.tensor(next_rows), torch.tensor(label_rows)
 
 
-def stream_loss(target: Transformer, streams: Streams, h0, tokens, at, labels):
-    """Mean stream cross-entropy, and per-stream (correct, counted) and leading-run stats."""
-    h0, tokens, at, labels = (t.to(target.device) for t in (h0, tokens, at, labels))  # batches are built on the CPU
+@torch.no_grad()
+def greedy_continuations(model: Transformer, ids: list[int], at: list[int], length: int) -> list[list[int]]:
+    """The model's own greedy tokens after x[:t+1] for each t in ``at``: ``length`` target ids each.
+
+    One forward of the sequence, then one per further token: the chains of every position ride
+    together behind the cached sequence, chain row i of position t at position t + i, seeing the
+    sequence up to t and rows 1..i of its own chain (the mask of speculative streams: stream_mask).
+    Equal to decoding each position alone (tests/test_train_ss.py)."""
+    T, R = len(ids), len(at)
+    cache = model.new_cache(T)
+    logits = model(torch.tensor([ids], device=model.device), cache)  # [1, T, V]
+    slots = torch.tensor([at], device=model.device)  # [1, R]
+    chain = [logits[0, at].argmax(-1)]  # head rows [R] per step
+    for k in range(1, length):
+        rows = torch.stack(chain, 1).reshape(1, R * k)  # [1, R*k]: g_1..g_k of each position
+        positions = (slots[:, :, None] + torch.arange(1, k + 1, device=model.device)).reshape(1, R * k)
+        win = model.window(cache, R * k, positions, stream_mask(slots, T, k), main_rows=0)
+        out = model.head(model.forward_layers(model.embed(to_ids(model, rows)), cache, win))  # [1, R*k, V]
+        chain.append(out[0].view(R, k, -1)[:, -1].argmax(-1))
+    return to_ids(model, torch.stack(chain, 1)).tolist()  # [R][length]
+
+
+def to_ids(model: Transformer, rows: torch.Tensor) -> torch.Tensor:
+    """The model's head rows -> target token ids (the same for a full-vocabulary head)."""
+    return rows if model.vocab_map is None else model.vocab_map[rows]
+
+
+def own_continuations(model: Transformer, seqs, at_of: dict[int, list[int]], G: int, path: Path) -> dict:
+    """{sequence index: (positions, the model's own G + 1 greedy tokens after each)}, cached in ``path``."""
+    key = hashlib.sha256(json.dumps([[seqs[i][0], at_of[i]] for i in sorted(at_of)]).encode()).hexdigest()[:16]
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved["key"] == key:
+            return {int(i): (at_of[int(i)], after) for i, after in saved["after"].items()}
+    after = {i: greedy_continuations(model, seqs[i][0], at_of[i], G + 1)
+             for i in tqdm(sorted(at_of), desc="own greedy continuations", unit="seq")}
+    path.write_text(json.dumps(dict(key=key, after=after)))
+    return {i: (at_of[i], a) for i, a in after.items()}
+
+
+def stream_loss(target: Transformer, streams: Streams, h0, at, next_ids, labels):
+    """Mean stream cross-entropy, and per-stream correct and counted masks [B, R, G]."""
+    h0, at, next_ids, labels = (t.to(target.device) for t in (h0, at, next_ids, labels))  # batches are built on the CPU
     B, T, _ = h0.shape
     cache = target.new_cache(T, batch=B)
     with torch.no_grad():  # the main stream through the top layers: frozen, no gradient
         target.forward_layers(h0, cache, target.window(cache, T, batch=B), streams.first_layer)
         cache.length = T
     rows = torch.gather(h0, 1, at[:, :, None].expand(-1, -1, h0.shape[-1]))  # [B, R, d]
-    next_ids = torch.gather(tokens, 1, (at + 1).clamp_max(T - 1))  # [B, R]: x[t+1], the target's own next token
     logits = streams(target, cache, rows, at, next_ids=next_ids)  # [B, R, G, V_s]
     loss = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), ignore_index=IGNORE)
     valid = labels != IGNORE
@@ -129,15 +190,17 @@ def stream_loss(target: Transformer, streams: Streams, h0, tokens, at, labels):
 
 
 @torch.no_grad()
-def evaluate(target, streams, seqs, features, index, G, row_of) -> dict:
-    """Held-out: stream loss, top-1 agreement with the target's greedy answers (stream 1 and per
-    stream), and the mean accepted length of a greedy chain draft (1 + leading correct streams) at
-    every answer position."""
+def evaluate(target, streams, seqs, features, index, G, row_of, own=None) -> dict:
+    """Held-out: stream loss, top-1 agreement with the labels (the target's greedy answers, or with
+    ``own`` the model's own continuation; stream 1 and per stream), and the mean accepted length of
+    a greedy chain draft (1 + leading correct streams) at every answer position (up to
+    HELD_OUT_POSITIONS per sequence). With own labels that length is what the model's main stream
+    accepts of its streams' lookahead per forward (methods/sd.py: verified_window)."""
     rng = random.Random(0)
     losses, correct, valid, leading = [], torch.zeros(G), torch.zeros(G), []
     for i in index:
-        h0, tokens, at, labels = make_batch(seqs, features, [i], G, row_of, positions=512, rng=rng)
-        loss, c, v = stream_loss(target, streams, h0, tokens, at, labels)
+        h0, at, next_ids, labels = make_batch(seqs, features, [i], G, row_of, HELD_OUT_POSITIONS, rng, own)
+        loss, c, v = stream_loss(target, streams, h0, at, next_ids, labels)
         losses.append((loss.item(), v.sum().item()))
         correct += c.flatten(0, 1).sum(0).cpu()
         valid += v.flatten(0, 1).sum(0).cpu()
@@ -163,9 +226,12 @@ def load_frozen(model_dir: Path | None, device: str = "cpu") -> tuple[Transforme
 def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_size: int = 8192, epochs: float = 2.0,
           lr: float = 2e-3, batch_size: int = 8, positions: int = 64, max_len: int = 512, eval_every: int = 100,
           holdout: float = 0.03, seed: int = 0, threads: int = 2, target_dir: Path | None = None,
-          init: Path | None = None, device: str = "cpu") -> dict:
+          init: Path | None = None, device: str = "cpu", labels: str = "answers") -> dict:
     """Train streams for the model in ``target_dir`` (default: the embedded target); see module docstring.
 
+    labels: "answers", the tokens of the data's answers (the target's own greedy answers); "own",
+    the frozen model's own greedy continuation at each position (for a draft: what its main stream
+    checks the streams against in sd with streams=2), at ``positions`` fixed positions per sequence.
     A model with a reduced-vocabulary head (a draft) keeps its own head rows: ``vocab_size`` is unused.
     init: a streams folder to go on from (its config and head rows are kept; ``config`` is unused).
     device: where the frozen model and the streams compute (fp32 either way)."""
@@ -192,6 +258,11 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
         config = streams.config = replace(config, embedding_scale=round(hidden_rms(features), 2))
     held_out, train_index = list(range(n_eval)), list(range(n_eval, len(seqs)))
     G = config.num_streams
+    own = None
+    if labels == "own":
+        at_of = {i: answer_positions(*seqs[i], HELD_OUT_POSITIONS if i < n_eval else positions, random.Random(seed + i))
+                 for i in range(len(seqs))}
+        own = own_continuations(target, seqs, at_of, G, out / "own-continuations.json")
 
     def epoch_batches(epoch):  # similar lengths within a batch, batches shuffled
         order = sorted(train_index, key=lambda j: (len(seqs[j][0]), random.Random(seed + epoch).random()))
@@ -200,17 +271,17 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
         return batches
 
     def loss_of(index):
-        h0, tokens, at, labels = make_batch(seqs, features, index, G, row_of, positions, rng)
-        loss, correct, valid = stream_loss(target, streams, h0, tokens, at, labels)
+        loss, correct, valid = stream_loss(target, streams, *make_batch(seqs, features, index, G, row_of, positions,
+                                                                         rng, own))
         top1 = (correct[..., 0].sum() / valid[..., 0].sum().clamp_min(1)).item()
         return ALPHA_STREAM * G * loss, dict(loss=loss.item(), top1=top1)  # Σ_j α_j CE_j (loss: mean over streams)
 
-    held = lambda: evaluate(target, streams, seqs, features, held_out, G, row_of)
+    held = lambda: evaluate(target, streams, seqs, features, held_out, G, row_of, own)
     state = fit(streams, epoch_batches, loss_of, held, out, epochs, lr, eval_every, desc="train streams")
     final = run_evaluation(streams, held)
     card = dict(hardware=hardware_name(target.device), target=target_dir.name, data=[d.name for d in data_folders(data_dirs)],
                 examples_train=len(train_index), examples_held_out=len(held_out),
-                steps=state["step"], epochs=epochs, lr=lr, batch_size=batch_size, positions_per_sequence=positions,
+                labels=labels, steps=state["step"], epochs=epochs, lr=lr, batch_size=batch_size, positions_per_sequence=positions,
                 max_len=max_len, seed=seed, wall_s=round(state["wall_s"], 1), head_vocabulary=len(vocab_map),
                 trainable_parameters=streams.num_parameters(), first_stream_layer=streams.first_layer, held_out_loss=round(final["loss"], 4),
                 held_out_top1_per_stream=final["top1_per_stream"], held_out_greedy_chain_tau=round(final["tau"], 3),
@@ -224,14 +295,17 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
 
 def stage_of(card: dict) -> dict:
     """One training run's line in the model card (streams trained in stages list each)."""
-    keys = ("data", "examples_train", "steps", "epochs", "lr", "wall_s", "held_out_top1_per_stream")
+    keys = ("data", "examples_train", "steps", "epochs", "lr", "wall_s", "held_out_top1_per_stream", "labels",
+            "positions_per_sequence")
     return {k: card.get(k) for k in keys}
 
 
 def stage_line(stage: dict) -> str:
     top1 = ", ".join(f"{x:.3f}" for x in stage["held_out_top1_per_stream"])
     data = ", ".join(stage["data"]) if stage.get("data") else "data not recorded"  # cards from before it was
-    return (f"  - {data} ({stage['examples_train']} examples): {stage['steps']} steps "
+    labels = f", labels {stage['labels']}, {stage['positions_per_sequence']} positions per sequence" \
+        if stage.get("labels") else ""  # cards from before labels were recorded
+    return (f"  - {data} ({stage['examples_train']} examples{labels}): {stage['steps']} steps "
             f"({stage['epochs']} epochs), lr {stage['lr']}, {stage['wall_s'] / 60:.1f} min; held-out top-1 per "
             f"stream {top1}")
 
@@ -242,7 +316,7 @@ def write_model_card(out: Path, config: StreamConfig, card: dict):
     text = f"""# Speculative streams for {card["target"]}
 
 Trained by `python -m mirror_sd.train ss` (mirror_sd/train/ss.py); used by `method="ss"` (streams on
-the target) or by `sd` and `mirror` with `streams=1` (streams on a draft).
+the target), or by `sd` with `streams=1` or `2` and `mirror` with `streams=1` (streams on a draft).
 
 ## Architecture
 - The model is frozen and unchanged: its main stream computes exactly what it computes alone.
@@ -273,13 +347,22 @@ n-gram objective (alpha_0 = 1 on the frozen main stream, alpha_j = 0.1 per strea
 Stages, each going on from the one before (`--init`):
 {chr(10).join(stage_line(stage) for stage in card["stages"])}
 
+{labels_line(card.get("labels", "answers"), card["target"])}
 ## Held-out results (teacher-forced on the target's answers)
 - Stream cross-entropy: {card["held_out_loss"]:.3f}
-- Top-1 agreement with the target: {top1}
+- Top-1 agreement with the labels: {top1}
 - Mean accepted length of a greedy chain of {config.num_streams} stream tokens (1 + leading correct streams):
   {card["held_out_greedy_chain_tau"]:.2f}
 """
     (out / "README.md").write_text(text)
+
+
+def labels_line(labels: str, model: str) -> str:
+    if labels == "own":
+        return (f"Labels (`--labels own`): stream j at position t learns {model}'s own greedy token j + 1 places\n"
+                f"ahead, continuing from the answer's x[:t+1] (not the answer's x[t+1+j]): what the model's main\n"
+                f"stream checks the lookahead against when it drafts with `streams=2`.\n")
+    return "Labels: stream j at position t learns the answer's token x[t+1+j].\n"
 
 
 def next_token_line(config: StreamConfig, on_target: bool = True) -> str:
@@ -314,6 +397,10 @@ def add_parser(sub):
                    help="rank of a learned map that adds the next token's embedding (committed when ss runs the "
                         "streams) to every stream; 0: the paper's streams (default 64 for the target, 0 and the "
                         "only choice for a draft's streams)")
+    p.add_argument("--labels", choices=LABELS, default="answers",
+                   help="what stream j at position t learns: answers, the data's token x[t+1+j] (default); own, "
+                        "the frozen model's own greedy token there, continuing from x[:t+1] (for a draft: what it "
+                        "checks its streams against in sd with streams=2), at --positions fixed positions")
     p.add_argument("--vocab", type=positive_int, default=8192, help="stream head vocabulary size (default 8192)")
     p.add_argument("--epochs", type=positive_float, default=2.0)
     p.add_argument("--lr", type=positive_float, default=2e-3)
@@ -338,7 +425,7 @@ def add_parser(sub):
                               next_token_rank=args.next_token_rank)
         card = train([Path(d) for d in args.data], Path(args.out), config, args.vocab, args.epochs, args.lr, args.batch_size,
                      args.positions, args.max_len, args.eval_every, seed=args.seed, threads=args.threads,
-                     target_dir=args.model, init=args.init, device=args.device)
+                     target_dir=args.model, init=args.init, device=args.device, labels=args.labels)
         print(json.dumps(card, indent=2))
         return 0
 
