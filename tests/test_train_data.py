@@ -167,6 +167,10 @@ def test_prompts_only_then_answers_them_where_the_corpora_are_missing(tmp_path, 
     rows = [json.loads(line) for line in (tmp_path / "data.jsonl").read_text().splitlines()]
     turns = sum(m["role"] == "user" for p in built for m in p["messages"])
     assert len(rows) == turns and all(0 < len(r["answer_ids"]) <= 3 for r in rows)
+    dropped = {}
+    build_prompts(6, seed=0, stats=dropped)
+    reported = json.loads((tmp_path / "sources.json").read_text())["filter"]  # also in the README's line
+    assert dropped and reported == {**dropped, "read_from": str(tmp_path / "prompts.jsonl")}
     assert main(command[:2] + [str(tmp_path), "--num-prompts", "6", "--max-new-tokens", "4"]) == 2  # other settings: refused
 
 

@@ -340,6 +340,18 @@ def _corpus_prompts(path: Path, args, stats: dict) -> list[dict]:
     return P.build_prompts(args.num_prompts, args.seed, stats=stats)
 
 
+FILTER_FILE = "prompt-filter.json"  # what building the prompts dropped, for the runs that read them back
+
+
+def _keep_filter_stats(path: Path, stats: dict) -> dict:
+    """The counts of prompts dropped while building them: saved when the prompts are built, read
+    back with them (a run after --prompts-only, or a resumed one), so every report keeps them."""
+    if "read_from" in stats and path.exists():
+        return {**json.loads(path.read_text()), **stats}
+    path.write_text(json.dumps(stats) + "\n")
+    return stats
+
+
 def run_data(args) -> int:
     from tqdm import tqdm
 
@@ -373,6 +385,7 @@ def run_data(args) -> int:
         prompts = _self_instruct(prompts_path, model, tokenizer, args, stats)
     else:
         prompts = _corpus_prompts(prompts_path, args, stats)
+    stats = _keep_filter_stats(out / FILTER_FILE, stats)
     with prompts_path.open("w", encoding="utf-8") as f:
         for p in prompts:
             f.write(json.dumps(p, ensure_ascii=False) + "\n")
@@ -522,7 +535,8 @@ def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, toke
         "",
         "Files: `data.jsonl` (one line per turn: id, category, source, turn, prompt_ids, "
         "answer_ids), `prompts.jsonl` (the prompts as messages), `sources.json` (packages, versions, "
-        "licences, counts), `config.json`, `runs.json` (each invocation).",
+        "licences, counts), `config.json`, `runs.json` (each invocation), `prompt-filter.json` (what "
+        "building the prompts dropped).",
         "",
         "| category | prompts | examples | prompt tokens | answer tokens | cut at max |",
         "|---|---:|---:|---:|---:|---:|",
