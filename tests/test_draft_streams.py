@@ -192,3 +192,18 @@ def test_mirror_with_streams_samples_the_target_distribution(tiny_dirs, streamed
     assert sum(bool(s.extras["hit"]) for out in outputs for s in out.trace.steps[1:]) > 0
     law = exact_joint_law(streamed_pair.target, prompt_ids, 1.0, 1.0, 4).sum((0, 1))  # P(x3, x4)
     assert chi_square_p(counts, law) > 1e-3
+
+
+def test_the_app_card_says_how_many_draft_tokens_each_draft_forward_gave(streamed_pair):
+    import threading
+
+    from app.cards import card_html
+    from app.race import run_race
+
+    for results in run_race(streamed_pair, "t1 t2 t3", ["vanilla", "sd"], threading.Event(), max_new_tokens=24,
+                            options={"sd": dict(gamma=6, streams=2)}):
+        pass
+    metrics = results["sd"].metrics
+    assert 1 < metrics["draft_tokens_per_forward"] <= 6
+    assert f"{metrics['draft_tokens_per_forward']:.2f} draft tokens per draft forward" in card_html(results["sd"])
+    assert "draft tokens per draft forward" not in card_html(results["vanilla"])
