@@ -158,16 +158,22 @@ def test_training_on_a_device_this_machine_lacks_is_a_clear_error(trained_tiny, 
 
 def test_streams_can_learn_the_models_own_continuation(tiny_pair, tiny_dirs, tmp_path):
     """--labels own (a draft's streams for sd with streams=2): stream j learns the frozen model's own
-    greedy token j + 1 places ahead (train/ss.py: own_continuations), and the held-out loss falls."""
+    greedy token j + 1 places ahead (train/ss.py: own_continuations), and the held-out loss falls.
+    The answers are then only context, so a folder of reference answers serves."""
     data = _distilled_data(tiny_pair, tmp_path / "data")
+    (data / "config.json").write_text(json.dumps(dict(source="reference")))  # answers not the target's: context only
     out = tmp_path / "streams"
-    card = train(data, out, StreamConfig(num_streams=2, stream_layers=1, rank=4), epochs=30, lr=1e-2, batch_size=8,
-                 positions=8, eval_every=20, holdout=0.2, threads=1, target_dir=tiny_dirs["reduced_draft"], labels="own")
+    config = StreamConfig(num_streams=2, stream_layers=1, rank=4)
+    with pytest.raises(MirrorSDError, match="holds reference answers"):  # labels from the answers: refused
+        train(data, tmp_path / "refused", config, target_dir=tiny_dirs["reduced_draft"], labels="answers")
+    card = train(data, out, config, epochs=30, lr=1e-2, batch_size=8, positions=8, eval_every=20, holdout=0.2,
+                 threads=1, target_dir=tiny_dirs["reduced_draft"], labels="own")
     evals = [h["eval_loss"] for h in json.loads((out / "metrics.json").read_text()) if "eval_loss" in h]
     assert evals[-1] < 0.8 * evals[0]
-    assert card["labels"] == "own" and "own greedy token" in (out / "README.md").read_text()
+    readme = (out / "README.md").read_text()
+    assert card["labels"] == "own" and "own greedy token" in readme and "reference answers from the same corpora" in readme
     saved = json.loads((out / "own-continuations.json").read_text())["after"]
-    examples = read_examples(data, targets_answers=True)
+    examples = read_examples(data)
     random.Random(0).shuffle(examples)  # the trainer's order (seed 0)
     seqs, model = sequences(examples, 512), load_frozen(tiny_dirs["reduced_draft"])[0]
     assert len(saved) == len(seqs)

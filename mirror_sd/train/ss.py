@@ -40,7 +40,7 @@ from ..errors import MirrorSDError
 from ..models.llama import Transformer
 from ..models.loading import EMBED_FROM_TARGET, embedded_model_dir, load_model, load_tokenizer, read_config
 from ..models.streams import StreamConfig, Streams, stream_mask
-from .draft import IGNORE, build_vocab_map, data_folders, read_examples
+from .draft import IGNORE, build_vocab_map, data_folders, data_source, read_examples
 from .loop import fit, run_evaluation, stage_history
 from .options import non_negative_int, positive_float, positive_int
 
@@ -140,7 +140,7 @@ def greedy_continuations(model: Transformer, ids: list[int], at: list[int], leng
     One forward of the sequence, then one per further token: the chains of every position ride
     together behind the cached sequence, chain row i of position t at position t + i, seeing the
     sequence up to t and rows 1..i of its own chain (the mask of speculative streams: stream_mask).
-    Equal to decoding each position alone (tests/test_train_ss.py)."""
+    Equal to decoding each position alone (tests/test_draft_streams.py)."""
     T, R = len(ids), len(at)
     cache = model.new_cache(T)
     logits = model(torch.tensor([ids], device=model.device), cache)  # [1, T, V]
@@ -160,9 +160,10 @@ def to_ids(model: Transformer, rows: torch.Tensor) -> torch.Tensor:
     return rows if model.vocab_map is None else model.vocab_map[rows]
 
 
-def own_continuations(model: Transformer, seqs, at_of: dict[int, list[int]], G: int, path: Path) -> dict:
-    """{sequence index: (positions, the model's own G + 1 greedy tokens after each)}, cached in ``path``."""
-    key = hashlib.sha256(json.dumps([[seqs[i][0], at_of[i]] for i in sorted(at_of)]).encode()).hexdigest()[:16]
+def own_continuations(model: Transformer, name: str, seqs, at_of: dict[int, list[int]], G: int, path: Path) -> dict:
+    """{sequence index: (positions, the model's own G + 1 greedy tokens after each)}, cached in
+    ``path`` under a key of the model's name, G, the sequences and the positions."""
+    key = hashlib.sha256(json.dumps([name, G] + [[seqs[i][0], at_of[i]] for i in sorted(at_of)]).encode()).hexdigest()[:16]
     if path.exists():
         saved = json.loads(path.read_text())
         if saved["key"] == key:
@@ -238,7 +239,9 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     rng = random.Random(seed)
-    examples = read_examples(data_dirs, targets_answers=True)  # first: a refused folder fails fast
+    # first: a refused folder fails fast. With own labels the answers are only context, so folders of
+    # reference answers (data --source reference) serve too.
+    examples = read_examples(data_dirs, targets_answers=labels == "answers")
     out.mkdir(parents=True, exist_ok=True)
     target, target_dir = load_frozen(target_dir, device)
     rng.shuffle(examples)
@@ -262,7 +265,7 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
     if labels == "own":
         at_of = {i: answer_positions(*seqs[i], HELD_OUT_POSITIONS if i < n_eval else positions, random.Random(seed + i))
                  for i in range(len(seqs))}
-        own = own_continuations(target, seqs, at_of, G, out / "own-continuations.json")
+        own = own_continuations(target, str(target_dir), seqs, at_of, G, out / "own-continuations.json")
 
     def epoch_batches(epoch):  # similar lengths within a batch, batches shuffled
         order = sorted(train_index, key=lambda j: (len(seqs[j][0]), random.Random(seed + epoch).random()))
@@ -279,7 +282,9 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
     held = lambda: evaluate(target, streams, seqs, features, held_out, G, row_of, own)
     state = fit(streams, epoch_batches, loss_of, held, out, epochs, lr, eval_every, desc="train streams")
     final = run_evaluation(streams, held)
-    card = dict(hardware=hardware_name(target.device), target=target_dir.name, data=[d.name for d in data_folders(data_dirs)],
+    folders = data_folders(data_dirs)
+    card = dict(hardware=hardware_name(target.device), target=target_dir.name, data=[d.name for d in folders],
+                data_sources=[data_source(d) for d in folders],
                 examples_train=len(train_index), examples_held_out=len(held_out),
                 labels=labels, steps=state["step"], epochs=epochs, lr=lr, batch_size=batch_size, positions_per_sequence=positions,
                 max_len=max_len, seed=seed, wall_s=round(state["wall_s"], 1), head_vocabulary=len(vocab_map),
@@ -336,7 +341,7 @@ The target's own greedy answers (its chat template) to prompts built offline by
 extracts, CC BY-SA 4.0), chitchat-dataset (MIT), chatterbot-corpus (BSD), reasoning-gym
 GSM-Symbolic templates (Apache-2.0; GSM8K templates MIT), or to requests the target wrote itself
 (`--source self-instruct`). Details and licences: docs/corpora.md.
-Bench prompts (mirror_sd/data/bench_prompts.jsonl) are excluded from the data.
+{reference_line(card)}Bench prompts (mirror_sd/data/bench_prompts.jsonl) are excluded from the data.
 {card["examples_train"]} training examples, {card["examples_held_out"]} held out.
 
 ## Training
@@ -348,13 +353,22 @@ Stages, each going on from the one before (`--init`):
 {chr(10).join(stage_line(stage) for stage in card["stages"])}
 
 {labels_line(card.get("labels", "answers"), card["target"])}
-## Held-out results (teacher-forced on the target's answers)
+## Held-out results (teacher-forced on the data's answers)
 - Stream cross-entropy: {card["held_out_loss"]:.3f}
 - Top-1 agreement with the labels: {top1}
 - Mean accepted length of a greedy chain of {config.num_streams} stream tokens (1 + leading correct streams):
   {card["held_out_greedy_chain_tau"]:.2f}
 """
     (out / "README.md").write_text(text)
+
+
+def reference_line(card: dict) -> str:
+    """The data sentence for folders of reference answers (``data --source reference``), if any."""
+    reference = [name for name, source in zip(card["data"], card.get("data_sources") or []) if source == "reference"]
+    if not reference:
+        return ""
+    return (f"{', '.join(reference)}: corpus prompts with reference answers from the same corpora (`--source "
+            f"reference`; no model wrote them), here only context for the model's own continuation.\n")
 
 
 def labels_line(labels: str, model: str) -> str:
