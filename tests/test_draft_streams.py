@@ -25,6 +25,7 @@ from mirror_sd.train.ss import greedy_continuations
 from test_distribution import PROMPT, chi_square_p, exact_joint_law, sample_counts
 
 PROMPTS = ["t1 t2 t3", "t9", "t4 t4 t4 t4", "t15 t0 t7"]
+SAVED = {}  # (gamma, top_k, total_tokens) -> draft forwards saved over PROMPTS with streams=2
 
 
 @pytest.fixture(scope="module")
@@ -129,17 +130,21 @@ def test_streams_need_a_draft_that_has_them(tiny_pair, streamed_pair):
         generate(streamed_pair, PROMPT, method="mirror", raw=True, streams=2)
 
 
-@pytest.mark.parametrize("gamma", [3, 6])
-def test_sd_with_streams_checked_by_the_draft_drafts_the_token_by_token_windows(streamed_pair, gamma):
+@pytest.mark.parametrize("gamma, top_k, total_tokens", [(3, 1, 4), (6, 1, 4), (6, 3, 9)])
+def test_sd_with_streams_checked_by_the_draft_drafts_the_token_by_token_windows(streamed_pair, gamma, top_k,
+                                                                                 total_tokens):
     """streams=2: every window is the one streams=0 drafts, and some took fewer than gamma draft
     forwards (the main stream accepted lookahead). gamma may exceed the trained streams + 1: a
-    forward checks at most as much lookahead as the streams give."""
+    forward checks at most as much lookahead as the streams give. With top_k > 1 the lookahead is a
+    tree: the tree mask, positions and the cache's compaction of the walked path must keep the
+    windows the token-by-token ones."""
     saved = 0
     with fp32_drafting(streamed_pair):
         for prompt in PROMPTS:
             expected = generate(streamed_pair, prompt, method="vanilla", max_new_tokens=24, raw=True).token_ids
             plain = generate(streamed_pair, prompt, method="sd", max_new_tokens=24, raw=True, gamma=gamma, streams=0)
-            checked = generate(streamed_pair, prompt, method="sd", max_new_tokens=24, raw=True, gamma=gamma, streams=2)
+            checked = generate(streamed_pair, prompt, method="sd", max_new_tokens=24, raw=True, gamma=gamma, streams=2,
+                               top_k=top_k, total_tokens=total_tokens)
             assert checked.error is None and checked.token_ids == plain.token_ids == expected
             assert [s.proposed for s in checked.trace.steps] == [s.proposed for s in plain.trace.steps]
             forwards = [s.extras["draft_forwards"] for s in checked.trace.steps if s.proposed]
@@ -152,14 +157,25 @@ def test_sd_with_streams_checked_by_the_draft_drafts_the_token_by_token_windows(
                     assert f"in {f} forwards, not {gamma}" in explain(checked.trace, step.index, {})
             assert all("checked by the draft" in s.label for s in checked.trace.spans if s.kind == "draft")
     assert saved > 0
+    SAVED[(gamma, top_k, total_tokens)] = saved
 
 
-def test_sd_with_streams_checked_by_the_draft_samples_the_target_distribution(streamed_pair):
-    """Tokens 2 and 3 come from the first window of 3 tokens; the draft's own check of its
-    lookahead (speculative sampling against one-hot proposals) must leave the law the target's."""
+def test_a_lookahead_tree_saves_more_draft_forwards_than_a_chain():
+    """Run after the test above: over the same windows, top-3 candidates per stream (9 nodes) left
+    more of them to be accepted per forward than the streams' argmaxes alone."""
+    if {(6, 1, 4), (6, 3, 9)} - set(SAVED):
+        pytest.skip("needs the windows test above, in the same run")
+    assert SAVED[(6, 3, 9)] > SAVED[(6, 1, 4)]
+
+
+@pytest.mark.parametrize("top_k, total_tokens", [(1, 4), (3, 9)])
+def test_sd_with_streams_checked_by_the_draft_samples_the_target_distribution(streamed_pair, top_k, total_tokens):
+    """Tokens 2 and 3 come from the first window of 3 tokens; the draft's own walk of its lookahead
+    (a draw from each main row, matched against the children there) must leave the law the target's."""
     prompt_ids = streamed_pair.encode(PROMPT, raw=True)
     outputs = []
-    counts = sample_counts(streamed_pair, "sd", 1.0, 1.0, outputs=outputs, gamma=3, streams=2)
+    counts = sample_counts(streamed_pair, "sd", 1.0, 1.0, outputs=outputs, gamma=3, streams=2, top_k=top_k,
+                           total_tokens=total_tokens)
     assert sum(s.extras["draft_forwards"] < 3 for out in outputs for s in out.trace.steps[1:]) > 100
     law = exact_joint_law(streamed_pair.target, prompt_ids, 1.0, 1.0, 3).sum(0)  # P(x2, x3)
     assert chi_square_p(counts, law) > 1e-3

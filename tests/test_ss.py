@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mirror_sd import MirrorSDError, generate, load_pair
-from mirror_sd.methods.ss import stream_tree
+from mirror_sd.methods.tree import stream_tree
 from mirror_sd.methods.tree import tree_mask, tree_positions
 from mirror_sd.models.streams import StreamConfig, Streams, forward_with_streams, split_forward, stream_mask, target_streams, use_streams
 from mirror_sd.train.draft import read_examples

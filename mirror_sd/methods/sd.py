@@ -23,6 +23,7 @@ import torch
 from ..errors import MirrorSDError
 from ..models.streams import draft_streams, forward_with_streams, split_forward
 from ..trace import Step
+from .tree import Tree, stream_tree, tree_mask, tree_positions
 from .verify import verify
 
 
@@ -85,53 +86,89 @@ def streamed_window(run, cache, gamma: int):
     return sampler.draw(run.as_target_vocab(torch.cat([main[0, -1:], ahead])))  # from logits [gamma, V]
 
 
-def verified_window(run, cache, gamma: int, lookahead: list[int] | None = None):
+def lookahead_tree(streams, ahead: torch.Tensor | None, depth: int, top_k: int, total_tokens: int) -> Tree:
+    """The lookahead a draft forward checks: a tree from the streams' logits ahead [G, head rows] of
+    the row before (stream_tree: top_k candidates per stream, the best total_tokens nodes), at most
+    ``depth`` levels deep. top_k = 1: a chain of the streams' argmaxes."""
+    if ahead is None or depth <= 0:
+        return Tree([], [], [], [])
+    logp = torch.log_softmax(ahead[:depth].float(), -1).cpu()
+    return stream_tree(logp, streams.to_target_ids, top_k, total_tokens)
+
+
+def window_layout(start: int, unseen: int, tree: Tree):
+    """Positions [1, U + N] and mask [U + N, U + N] of a draft window [unseen tokens, tree nodes]
+    written from cache slot ``start``: the unseen tokens causal, each node seeing them and its
+    ancestors, at the depth after the last unseen token (the tree's root)."""
+    root = start + unseen - 1
+    positions = torch.cat([torch.arange(start, root)[None], tree_positions(tree.depths, root)], dim=1)
+    mask = torch.ones(unseen + len(tree.tokens), unseen + len(tree.tokens), dtype=torch.bool).tril()
+    mask[unseen - 1:, unseen - 1:] = tree_mask(tree.parents)
+    return positions, mask
+
+
+def check_lookahead(tree: Tree, logits: torch.Tensor, sampler) -> tuple[list[int], int]:
+    """Walk the lookahead tree with the draft's own main rows, logits [N + 1, V] (row 0: the root,
+    row i + 1: node i): at each row draw the token as the draft alone draws it (argmax at T = 0, a
+    sample from the row's law at T > 0) and go on to the child that carries it. Returns the path
+    (nodes) and the token drawn where no child did. Children carry distinct tokens, so each window
+    token is drawn from the main stream's law given the tokens before it: draft_window's law."""
+    kids, path, node = tree.children(), [], -1
+    while True:
+        token = sampler.pick(logits[node + 1])
+        match = [c for c in kids.get(node, []) if tree.tokens[c] == token]
+        if not match:
+            return path, token
+        path.append(match[0])
+        node = match[0]
+
+
+def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None, top_k: int = 1,
+                    total_tokens: int = 4):
     """draft_window's window in fewer forwards: (tokens, q [gamma, V] or None, draft forwards,
-    the lookahead after each token).
+    the streams' logits [G, head rows] at the row that drafted each token).
 
     Each forward feeds the tokens the draft has not seen (committed ones, or the last drafted one),
-    then the lookahead its streams proposed in the forward before; the streams ride in the same
-    forward (models/streams.py: forward_with_streams). The main rows check the lookahead with the
-    target's own rule (verify, with one-hot proposals): at T = 0 the longest prefix that equals
-    the main stream's argmax, at T > 0 speculative sampling, so every token is drawn from the main
-    stream's law given the tokens before it, as draft_window draws it. The main row after the last
-    accepted token gives one more token, and that row's streams the next lookahead. The cache ends
-    holding the sequence and tokens[:-1], as draft_window's does.
+    then a tree of lookahead from the streams of the row before (lookahead_tree); the streams ride
+    in the same forward, on the last unseen row and every node (models/streams.py:
+    forward_with_streams). The main rows walk the tree (check_lookahead): the accepted path and one
+    more token. That row's streams give the next forward's lookahead. The cache keeps the unseen
+    tokens and the path: it ends holding the sequence and tokens[:-1], as draft_window's does.
 
-    lookahead: tokens to check after the unseen committed ones in the first forward: the streams'
-    guess at the row that drafted the token the target replaced (``decode`` carries it over), so
-    that the first forward of a window can also yield more than one token. Returned, for each
-    window token, the streams' lookahead at the row that drafted it (what decode carries over).
+    carried: streams' logits to build the first forward's lookahead from, for the tokens after the
+    unseen committed ones: those at the row that drafted the token the target replaced (``decode``
+    carries them over), so that the first forward of a window can also yield more than one token.
     """
     draft, sampler = run.pair.draft, run.draft_sampler
     streams = draft_streams(run.pair)
-    tokens, q, after, forwards = [], [], [], 0
-    lookahead = (lookahead or [])[:gamma - 1]
+    tokens, rows, after, forwards, ahead = [], [], [], 0, carried
     while len(tokens) < gamma:
         unseen = (run.sequence + tokens)[cache.length:]
-        ids = torch.tensor([unseen + lookahead], device=draft.device)  # [1, U + L]
-        first = len(unseen) - 1  # the row that scores the next token; rows first.. each get streams
-        main, ahead = forward_with_streams(draft, streams, ids, cache, streams.num_streams,
-                                           rows=list(range(first, ids.shape[1])))  # [1, U + L, V_d], [1, L + 1, G, V_d]
+        tree = lookahead_tree(streams, ahead, gamma - len(tokens) - 1, top_k, total_tokens)
+        start, U = cache.length, len(unseen)
+        positions, mask = window_layout(start, U, tree)
+        ids = torch.tensor([unseen + tree.tokens], device=draft.device)  # [1, U + N]
+        main, streamed = forward_with_streams(draft, streams, ids, cache, streams.num_streams,
+                                              rows=list(range(U - 1, ids.shape[1])), positions=positions.to(draft.device),
+                                              tree_mask=mask)  # [1, U + N, V_d], [1, N + 1, G, head rows]
         forwards += 1
-        logits = run.as_target_vocab(main[0, first:])  # [L + 1, V]
-        proposals = None if sampler.greedy else torch.nn.functional.one_hot(
-            torch.tensor(lookahead, dtype=torch.long), logits.shape[-1]).to(logits)  # [L, V]
-        verdict = verify(lookahead, proposals, logits, sampler)
-        tokens += lookahead[:verdict.accepted] + [verdict.token]
-        after += streams.to_target_ids(ahead[0, :verdict.accepted + 1].argmax(-1)).tolist()  # [a + 1][G]
-        if not sampler.greedy:
-            q.append(sampler.probs(logits[:verdict.accepted + 1]))
-        cache.length += len(unseen) + verdict.accepted
-        lookahead = after[-1][:max(gamma - len(tokens) - 1, 0)]  # what the next forward can use
-    return tokens, (torch.cat(q) if q else None), forwards, after
+        logits = run.as_target_vocab(main[0, U - 1:])  # [N + 1, V]: root, then the nodes
+        path, token = check_lookahead(tree, logits, sampler)
+        drafted_at = [0] + [i + 1 for i in path]  # the row that drafted each new token
+        tokens += [tree.tokens[i] for i in path] + [token]
+        rows.append(logits[drafted_at])
+        after += list(streamed[0, drafted_at])
+        cache.keep([start + U + i for i in path], at=start + U)  # unseen tokens stay; the path follows them
+        ahead = after[-1]
+    q = None if sampler.greedy else sampler.probs(torch.cat(rows))
+    return tokens, q, forwards, after
 
 
-def propose(run, cache, gamma: int, streams: int, carried: list[int]):
+def propose(run, cache, gamma: int, streams: int, carried, top_k: int, total_tokens: int):
     """One window as option ``streams`` says (see the module docstring): (tokens, q, draft forwards,
-    lookahead after each token or None)."""
+    the streams' logits after each token or None)."""
     if streams == 2:
-        return verified_window(run, cache, gamma, carried)
+        return verified_window(run, cache, gamma, carried, top_k, total_tokens)
     if streams == 1:
         return (*streamed_window(run, cache, gamma), 1, None)
     return (*draft_window(run, cache, gamma), gamma, None)
@@ -149,15 +186,16 @@ def check_streams(pair, options):
                                 f"trained streams + its main stream), got {options['gamma']}")
 
 
-def decode(run, gamma: int, streams: int = 0):
+def decode(run, gamma: int, streams: int = 0, top_k: int = 1, total_tokens: int = 4):
     pair = run.pair
-    target_cache, draft_cache, first = prefill(run)
+    target_cache, draft_cache, first = prefill(run, extra_draft_slots=total_tokens if streams == 2 else 0)
     yield first
-    carried = []  # streams=2: the draft streams' lookahead after the last committed token
+    carried = None  # streams=2: the draft streams' logits to take the next window's first lookahead from
     while not run.done:
         step = run.next_step
         committed = len(run.sequence)
         draft, q, forwards, after = pair.draft_lane.run("draft", propose, run, draft_cache, gamma, streams, carried,
+                                                        top_k, total_tokens,
                                                         label=f"draft {gamma} tokens{HOW[streams]}", step=step,
                                                         tokens=gamma)
         window = torch.tensor([[run.sequence[-1], *draft]], device=pair.target.device)  # [1, gamma + 1]
@@ -167,8 +205,8 @@ def decode(run, gamma: int, streams: int = 0):
         tokens, origins = verdict.committed(draft)
         target_cache.rollback(committed + verdict.accepted)  # last committed + accepted drafts
         draft_cache.rollback(min(draft_cache.length, committed + verdict.accepted))
-        # A correction replaced the token the draft drafted at row r: the streams' guess there (made
-        # without that token) is the next window's first lookahead. After a bonus there is none.
-        carried = after[verdict.accepted] if after and verdict.accepted < len(draft) else []
+        # A correction replaced the token the draft drafted at row r: the streams there (made without
+        # that token) guess the tokens after it, the next window's first lookahead. After a bonus: none.
+        carried = after[verdict.accepted] if after and verdict.accepted < len(draft) else None
         yield run.commit(Step(step, tokens, origins, proposed=draft, accepted=verdict.accepted,
                               extras=dict(draft_forwards=forwards)))

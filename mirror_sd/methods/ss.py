@@ -38,26 +38,7 @@ from ..sampling import to_target_vocab
 from ..models.streams import forward_with_streams, split_forward, target_streams
 from ..trace import Step
 from .lookup import copy_from_context
-from .tree import Tree, accept, best_subtree, graft, sampled_chain, tree_mask, tree_positions
-
-
-def stream_tree(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> Tree:
-    """The draft tree from the streams' log-probs logp [gamma, head rows] (module docstring)."""
-    top = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
-    rows, values = to_ids(top.indices).tolist(), top.values.tolist()  # [gamma, k] target ids, log-probs
-    tokens, parents, depths, scores = [], [], [], []
-    level = [-1]
-    for d, (ids, lps) in enumerate(zip(rows, values), start=1):
-        frontier = sorted(level, key=lambda i: (-scores[i] if i >= 0 else 0.0, i))[:top_k]
-        level = []
-        for parent in frontier:
-            for token, lp in zip(ids, lps):
-                tokens.append(token)
-                parents.append(parent)
-                depths.append(d)
-                scores.append((scores[parent] if parent >= 0 else 0.0) + lp)
-                level.append(len(tokens) - 1)
-    return best_subtree(tokens, parents, depths, scores, total_tokens)
+from .tree import Tree, accept, graft, sampled_chain, stream_tree, tree_mask, tree_positions
 
 
 def draft_tree(run, streams, logits, top_k: int, total_tokens: int, lookup: int) -> Tree:

@@ -74,6 +74,29 @@ def best_subtree(tokens: list[int], parents: list[int], depths: list[int], score
                 [depths[i] for i in keep], [round(scores[i], 4) for i in keep])
 
 
+def stream_tree(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> Tree:
+    """A draft tree from speculative streams' log-probs logp [gamma, head rows] at one position
+    (the tree drafting of Speculative Streaming, methods/ss.py): the top_k tokens of stream 1 are
+    children of the root; the top_k tokens of stream j + 1 are children of each of the top_k best
+    nodes of level j, scored by the sum of their streams' log-probs; the best ``total_tokens``
+    nodes are kept. to_ids maps head rows to target ids."""
+    top = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
+    rows, values = to_ids(top.indices).tolist(), top.values.tolist()  # [gamma, k] target ids, log-probs
+    tokens, parents, depths, scores = [], [], [], []
+    level = [-1]
+    for d, (ids, lps) in enumerate(zip(rows, values), start=1):
+        frontier = sorted(level, key=lambda i: (-scores[i] if i >= 0 else 0.0, i))[:top_k]
+        level = []
+        for parent in frontier:
+            for token, lp in zip(ids, lps):
+                tokens.append(token)
+                parents.append(parent)
+                depths.append(d)
+                scores.append((scores[parent] if parent >= 0 else 0.0) + lp)
+                level.append(len(tokens) - 1)
+    return best_subtree(tokens, parents, depths, scores, total_tokens)
+
+
 def graft(tree: Tree, chain: list[int]) -> Tree:
     """``tree`` with ``chain`` as a path from the root: where the chain follows the tree's own nodes
     they are reused, and the rest of it becomes new nodes (appended, so parents still come first,
