@@ -23,7 +23,8 @@ import torch
 from ..errors import MirrorSDError
 from ..models.streams import draft_streams, forward_with_streams, split_forward
 from ..trace import Step
-from .tree import Tree, stream_tree, tree_mask, tree_positions
+from .lookup import copy_from_context
+from .tree import Tree, graft, stream_tree, tree_mask, tree_positions
 from .verify import verify
 
 
@@ -86,14 +87,19 @@ def streamed_window(run, cache, gamma: int):
     return sampler.draw(run.as_target_vocab(torch.cat([main[0, -1:], ahead])))  # from logits [gamma, V]
 
 
-def lookahead_tree(streams, ahead: torch.Tensor | None, depth: int, top_k: int, total_tokens: int) -> Tree:
-    """The lookahead a draft forward checks: a tree from the streams' logits ahead [G, head rows] of
-    the row before (stream_tree: top_k candidates per stream, the best total_tokens nodes), at most
-    ``depth`` levels deep. top_k = 1: a chain of the streams' argmaxes."""
-    if ahead is None or depth <= 0:
+def lookahead_tree(streams, ahead: torch.Tensor | None, context: list[int], depth: int, top_k: int,
+                   total_tokens: int, lookup: int) -> Tree:
+    """The lookahead a draft forward checks after ``context``, at most ``depth`` levels deep: a tree
+    from the streams' logits ahead [G, head rows] of the row before (stream_tree: top_k candidates
+    per stream, the best total_tokens nodes; top_k = 1: a chain of the streams' argmaxes), plus up
+    to ``lookup`` tokens copied from the context as one more branch (methods/lookup.py)."""
+    if depth <= 0:
         return Tree([], [], [], [])
-    logp = torch.log_softmax(ahead[:depth].float(), -1).cpu()
-    return stream_tree(logp, streams.to_target_ids, top_k, total_tokens)
+    tree = Tree([], [], [], [])
+    if ahead is not None:
+        logp = torch.log_softmax(ahead[:depth].float(), -1).cpu()
+        tree = stream_tree(logp, streams.to_target_ids, top_k, total_tokens)
+    return graft(tree, copy_from_context(context, min(lookup, depth)))
 
 
 def window_layout(start: int, unseen: int, tree: Tree):
@@ -124,7 +130,7 @@ def check_lookahead(tree: Tree, logits: torch.Tensor, sampler) -> tuple[list[int
 
 
 def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None, top_k: int = 1,
-                    total_tokens: int = 4):
+                    total_tokens: int = 4, lookup: int = 0):
     """draft_window's window in fewer forwards: (tokens, q [gamma, V] or None, draft forwards,
     the streams' logits [G, head rows] at the row that drafted each token).
 
@@ -144,7 +150,8 @@ def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None,
     tokens, rows, after, forwards, ahead = [], [], [], 0, carried
     while len(tokens) < gamma:
         unseen = (run.sequence + tokens)[cache.length:]
-        tree = lookahead_tree(streams, ahead, gamma - len(tokens) - 1, top_k, total_tokens)
+        tree = lookahead_tree(streams, ahead, run.sequence + tokens, gamma - len(tokens) - 1, top_k, total_tokens,
+                              lookup)
         start, U = cache.length, len(unseen)
         positions, mask = window_layout(start, U, tree)
         ids = torch.tensor([unseen + tree.tokens], device=draft.device)  # [1, U + N]
@@ -164,11 +171,11 @@ def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None,
     return tokens, q, forwards, after
 
 
-def propose(run, cache, gamma: int, streams: int, carried, top_k: int, total_tokens: int):
+def propose(run, cache, gamma: int, streams: int, carried, top_k: int, total_tokens: int, lookup: int):
     """One window as option ``streams`` says (see the module docstring): (tokens, q, draft forwards,
     the streams' logits after each token or None)."""
     if streams == 2:
-        return verified_window(run, cache, gamma, carried, top_k, total_tokens)
+        return verified_window(run, cache, gamma, carried, top_k, total_tokens, lookup)
     if streams == 1:
         return (*streamed_window(run, cache, gamma), 1, None)
     return (*draft_window(run, cache, gamma), gamma, None)
@@ -186,16 +193,16 @@ def check_streams(pair, options):
                                 f"trained streams + its main stream), got {options['gamma']}")
 
 
-def decode(run, gamma: int, streams: int = 0, top_k: int = 1, total_tokens: int = 4):
+def decode(run, gamma: int, streams: int = 0, top_k: int = 1, total_tokens: int = 4, lookup: int = 0):
     pair = run.pair
-    target_cache, draft_cache, first = prefill(run, extra_draft_slots=total_tokens if streams == 2 else 0)
+    target_cache, draft_cache, first = prefill(run, extra_draft_slots=total_tokens + lookup if streams == 2 else 0)
     yield first
     carried = None  # streams=2: the draft streams' logits to take the next window's first lookahead from
     while not run.done:
         step = run.next_step
         committed = len(run.sequence)
         draft, q, forwards, after = pair.draft_lane.run("draft", propose, run, draft_cache, gamma, streams, carried,
-                                                        top_k, total_tokens,
+                                                        top_k, total_tokens, lookup,
                                                         label=f"draft {gamma} tokens{HOW[streams]}", step=step,
                                                         tokens=gamma)
         window = torch.tensor([[run.sequence[-1], *draft]], device=pair.target.device)  # [1, gamma + 1]
