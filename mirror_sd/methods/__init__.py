@@ -97,6 +97,9 @@ SD_TOP_K = Option("top_k", 1, 1, 16, "streams=2: candidates per stream in the lo
 SD_TOTAL_TOKENS = Option("total_tokens", 4, 1, 64, "streams=2: lookahead tree nodes each draft forward checks")
 SD_LOOKUP = Option("lookup", 0, 0, 64, "streams=2: tokens copied from the context into the lookahead tree as one more "
                    "branch (methods/lookup.py; 0: off)")
+SD_OVERSHOOT = Option("overshoot", 0, 0, 1, "streams=2: 1, every draft forward checks its streams' full depth and "
+                      "the window keeps lookahead accepted past gamma (gamma to gamma + streams tokens); 0, windows "
+                      "of exactly gamma")
 BRANCH_BUDGET = Option("branch_budget", 16, 1, 256, "branches the draft rolls out per step; 16: best in "
                        "docs/sweeps/mirror_branch_budget.csv")
 MIRROR_GAMMA = Option("gamma", 2, 1, 32, "draft tokens per step (window length); 2: docs/sweeps/mirror_gamma_prepacked.csv")
@@ -140,7 +143,8 @@ from . import eagle, mirror, sd, ss, vanilla  # noqa: E402  (modules use Option/
 register(Method("vanilla", "Vanilla", "autoregressive: one target forward per token",
                 vanilla.decode, needs_draft=False, parallel_lanes=False))
 register(Method("sd", "Speculative decoding", "a draft model proposes gamma tokens, the target verifies them in one forward",
-                sd.decode, needs_draft=True, parallel_lanes=False, options=(SD_GAMMA, SD_STREAMS, SD_TOP_K, SD_TOTAL_TOKENS, SD_LOOKUP),
+                sd.decode, needs_draft=True, parallel_lanes=False, options=(SD_GAMMA, SD_STREAMS, SD_TOP_K, SD_TOTAL_TOKENS, SD_LOOKUP,
+                                                                SD_OVERSHOOT),
                 check=sd.check_streams))
 register(Method("ss", "Speculative Streaming", "the target drafts for itself: trained streams on its top layers "
                 "propose the next gamma tokens while its main stream verifies", ss.decode, needs_draft=False,

@@ -28,16 +28,17 @@ from .tree import Tree, graft, stream_tree, tree_mask, tree_positions
 from .verify import verify
 
 
-def prefill(run, extra_draft_slots: int = 0):
+def prefill(run, extra_draft_slots: int = 0, extra_target_slots: int = 0):
     """Prefill the target, then the draft, each alone on its lane; commit the target's first token.
 
     One after the other, so that on a CPU whose cores the lanes split (Mirror-SD) the target's
     prefill gets them all: the draft's is about a tenth of the work. Side by side, the target ran
     on one core of two, and Mirror-SD's prefills took 1.6 s against vanilla's 1.1 on the 12 bench
-    prompts. extra_draft_slots: room in the draft's cache beyond the sequence (Mirror-SD's rollout trees).
+    prompts. extra_draft_slots, extra_target_slots: room in the caches beyond the sequence and the
+    usual window margin (Mirror-SD's rollout trees; sd's lookahead trees and windows past gamma).
     """
     pair = run.pair
-    target_cache = pair.target.new_cache(run.cache_slots)
+    target_cache = pair.target.new_cache(run.cache_slots + extra_target_slots)
     draft_cache = pair.draft.new_cache(run.cache_slots + extra_draft_slots)
     n = len(run.prompt_ids)
     target_ids = torch.tensor([run.prompt_ids], device=pair.target.device)  # [1, P]
@@ -130,7 +131,7 @@ def check_lookahead(tree: Tree, logits: torch.Tensor, sampler) -> tuple[list[int
 
 
 def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None, top_k: int = 1,
-                    total_tokens: int = 4, lookup: int = 0):
+                    total_tokens: int = 4, lookup: int = 0, overshoot: int = 0):
     """draft_window's window in fewer forwards: (tokens, q [gamma, V] or None, draft forwards,
     the streams' logits [G, head rows] at the row that drafted each token).
 
@@ -144,14 +145,20 @@ def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None,
     carried: streams' logits to build the first forward's lookahead from, for the tokens after the
     unseen committed ones: those at the row that drafted the token the target replaced (``decode``
     carries them over), so that the first forward of a window can also yield more than one token.
+
+    overshoot: 0, each forward checks only as much lookahead as fits in gamma tokens (the last
+    forward of a window often checks none); 1, every forward checks its streams' full depth and
+    the window keeps what the main stream accepted past gamma (gamma to gamma + G tokens, G the
+    streams; still the token-by-token continuation, verified by the target with the rest).
     """
     draft, sampler = run.pair.draft, run.draft_sampler
     streams = draft_streams(run.pair)
     tokens, rows, after, forwards, ahead = [], [], [], 0, carried
     while len(tokens) < gamma:
         unseen = (run.sequence + tokens)[cache.length:]
-        tree = lookahead_tree(streams, ahead, run.sequence + tokens, gamma - len(tokens) - 1, top_k, total_tokens,
-                              lookup)
+        room = gamma - len(tokens) - 1  # lookahead that fits in the window after this forward's first token
+        tree = lookahead_tree(streams, ahead, run.sequence + tokens, max(room, streams.num_streams * overshoot),
+                              top_k, total_tokens, lookup)
         start, U = cache.length, len(unseen)
         positions, mask = window_layout(start, U, tree)
         ids = torch.tensor([unseen + tree.tokens], device=draft.device)  # [1, U + N]
@@ -171,11 +178,12 @@ def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None,
     return tokens, q, forwards, after
 
 
-def propose(run, cache, gamma: int, streams: int, carried, top_k: int, total_tokens: int, lookup: int):
+def propose(run, cache, gamma: int, streams: int, carried, top_k: int, total_tokens: int, lookup: int,
+            overshoot: int):
     """One window as option ``streams`` says (see the module docstring): (tokens, q, draft forwards,
     the streams' logits after each token or None)."""
     if streams == 2:
-        return verified_window(run, cache, gamma, carried, top_k, total_tokens, lookup)
+        return verified_window(run, cache, gamma, carried, top_k, total_tokens, lookup, overshoot)
     if streams == 1:
         return (*streamed_window(run, cache, gamma), 1, None)
     return (*draft_window(run, cache, gamma), gamma, None)
@@ -193,21 +201,24 @@ def check_streams(pair, options):
                                 f"trained streams + its main stream), got {options['gamma']}")
 
 
-def decode(run, gamma: int, streams: int = 0, top_k: int = 1, total_tokens: int = 4, lookup: int = 0):
+def decode(run, gamma: int, streams: int = 0, top_k: int = 1, total_tokens: int = 4, lookup: int = 0,
+           overshoot: int = 0):
     pair = run.pair
-    target_cache, draft_cache, first = prefill(run, extra_draft_slots=total_tokens + lookup if streams == 2 else 0)
+    past_gamma = draft_streams(pair).num_streams * overshoot if streams == 2 else 0  # window tokens past gamma
+    target_cache, draft_cache, first = prefill(run, extra_draft_slots=total_tokens + lookup + past_gamma if streams == 2
+                                               else 0, extra_target_slots=past_gamma)
     yield first
     carried = None  # streams=2: the draft streams' logits to take the next window's first lookahead from
     while not run.done:
         step = run.next_step
         committed = len(run.sequence)
         draft, q, forwards, after = pair.draft_lane.run("draft", propose, run, draft_cache, gamma, streams, carried,
-                                                        top_k, total_tokens, lookup,
-                                                        label=f"draft {gamma} tokens{HOW[streams]}", step=step,
-                                                        tokens=gamma)
-        window = torch.tensor([[run.sequence[-1], *draft]], device=pair.target.device)  # [1, gamma + 1]
-        logits = pair.target_lane.run("verify", pair.target, window, target_cache, label=f"verify {gamma + 1} tokens",
-                                      step=step, tokens=gamma + 1)
+                                                        top_k, total_tokens, lookup, overshoot,
+                                                        label=f"draft {'≥' if past_gamma else ''}{gamma} tokens"
+                                                              f"{HOW[streams]}", step=step, tokens=gamma)
+        window = torch.tensor([[run.sequence[-1], *draft]], device=pair.target.device)  # [1, len(draft) + 1]
+        logits = pair.target_lane.run("verify", pair.target, window, target_cache,
+                                      label=f"verify {len(draft) + 1} tokens", step=step, tokens=len(draft) + 1)
         verdict = verify(draft, q, logits[0], run.target_sampler)
         tokens, origins = verdict.committed(draft)
         target_cache.rollback(committed + verdict.accepted)  # last committed + accepted drafts
