@@ -14,7 +14,13 @@ How the draft proposes a window (option ``streams``):
   argument of methods/ss.py).
 * 2: Speculative Streaming inside the draft (``verified_window``): each draft forward checks the
   lookahead its streams proposed in the forward before and proposes the next. The window is the
-  one streams=0 drafts (the same tokens at T = 0, the same laws at T > 0), in fewer forwards.
+  one streams=0 drafts (the same tokens at T = 0, the same laws at T > 0), in fewer forwards. The
+  lookahead is a tree (options ``top_k`` candidates per stream, ``total_tokens`` nodes, ``lookup``
+  tokens copied from the context as one more branch). With ``overshoot=1`` every forward checks
+  the streams' full depth and the window keeps what was accepted past gamma: gamma to
+  gamma + G tokens (G streams), the draft's own continuation all the same. Its length depends only
+  on the draft's own draws (a stopping rule on the draft's side), so at T > 0 verify's rule still
+  leaves every committed token distributed as the target's.
 """
 from __future__ import annotations
 

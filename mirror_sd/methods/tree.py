@@ -1,5 +1,6 @@
-"""Draft trees, shared by the tree-drafting methods (eagle, ss): the nodes, how the target sees them
-in its one verification forward (tree mask, depth positions), and the best-scoring subtree.
+"""Draft trees, shared by the tree-drafting methods (eagle, ss, and sd's draft checking its streams'
+lookahead): the nodes, how the verifying model sees them in one forward (tree mask, depth
+positions), the best-scoring subtree and the tree of speculative streams' candidates.
 
 A tree hangs from a root: the last committed token, which sits at window index 0; node i sits at
 window index i + 1. Parents come before their children.

@@ -1,0 +1,60 @@
+"""sd with the draft checking its own streams' lookahead (streams=2): chain, tree, lookup and
+overshoot, in one interleaved run.
+
+    python docs/sd_lookahead.py [--per-category 2] [--max-new-tokens 64]
+
+On the bench prompts, prompt by prompt (``bench.run_interleaved``, warmed up first): vanilla, then
+``sd`` at gamma 5 with the shipped draft drafting token by token (streams=0), in one unchecked
+forward (streams=1), and checking its streams' lookahead (streams=2, methods/sd.py:
+verified_window) as a chain of the streams' argmaxes, as a tree (top_k candidates per stream,
+total_tokens nodes), with a branch copied from the context (lookup), and with windows that keep
+lookahead accepted past gamma (overshoot=1).
+
+Prints, and writes to docs/sweeps/sd_lookahead_N_prompts.csv (N: 12 with the default
+``--per-category 2``), each run's tau, speed against vanilla (``bench.summarise``), draft tokens
+per draft forward, mean window length, milliseconds per step of drafting and of verification
+(``bench.step_ms``), and checks every run against vanilla token for token.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from comparison import bench_prompts, comparison_parser, save_checked, summarise_runs  # noqa: E402
+from mirror_sd import load_pair  # noqa: E402
+from mirror_sd.bench import run_interleaved  # noqa: E402
+
+SWEEPS = Path(__file__).resolve().parent / "sweeps"
+TREE = dict(streams=2, top_k=8, lookup=8)
+RUNS = {  # label -> sd options (gamma 5 for all)
+    "streams 0 (token by token)": dict(streams=0),
+    "streams 1 (one forward, unchecked)": dict(streams=1),
+    "streams 2, chain": dict(streams=2),
+    "streams 2, tree 4 nodes + lookup 8": dict(TREE, total_tokens=4),
+    "streams 2, tree 8 nodes + lookup 8": dict(TREE, total_tokens=8),
+    "streams 2, tree 8 nodes + lookup 8, overshoot": dict(TREE, total_tokens=8, overshoot=1),
+    "streams 2, tree 16 nodes + lookup 8, overshoot": dict(TREE, total_tokens=16, overshoot=1),
+    "streams 2, tree 32 nodes + lookup 8, overshoot": dict(TREE, total_tokens=32, overshoot=1),
+}
+COLUMNS = ["method", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla",
+           "draft_tokens_per_forward", "window", "draft_ms_per_step", "verify_ms_per_step", "wall_s"]
+
+
+def main():
+    args = comparison_parser(__doc__).parse_args()
+    pair = load_pair()
+    runs = [("vanilla", {})] + [("sd", dict(gamma=5, **options)) for options in RUNS.values()]
+    labels = ["vanilla", *RUNS]
+    prompts = bench_prompts(args.per_category)
+    table = run_interleaved(pair, prompts, runs, args.max_new_tokens, desc="sd lookahead")
+    summary, per_step = summarise_runs(table, labels)
+    steps = table.groupby("method")["steps"].sum()
+    summary["window"] = summary.method.map(table.groupby("method")["draft_tokens"].sum() / steps)
+    for kind in ("draft", "verify"):
+        summary[f"{kind}_ms_per_step"] = summary.method.map(per_step[kind])
+    save_checked(summary[COLUMNS], SWEEPS / f"sd_lookahead_{len(prompts)}_prompts.csv",
+                 "sd must stay lossless with every form of drafting")
+
+
+if __name__ == "__main__":
+    main()
