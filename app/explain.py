@@ -65,8 +65,13 @@ def _draft_forwards(step) -> str:
         return ""
     if forwards == 1:
         return f" The draft proposed the {n} tokens in one forward, with its speculative streams."
+    checks = (step.extras or {}).get("lookahead")
+    counts = ""
+    if checks:  # (lookahead tokens checked, kept) per forward
+        counts = (f" ({', '.join(str(c) for c, _ in checks)} tokens checked, "
+                  f"{', '.join(str(k) for _, k in checks)} kept)")
     return (f" The draft proposed the {n} tokens in {forwards} forwards, not {n}: each forward checked the lookahead "
-            "its streams had proposed in the one before and kept what its main stream agreed with.")
+            f"its streams had proposed in the one before and kept what its main stream agreed with{counts}.")
 
 
 def _mirror(step, pieces: dict) -> str:

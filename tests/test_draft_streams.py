@@ -164,9 +164,13 @@ def test_sd_with_streams_checked_by_the_draft_drafts_the_token_by_token_windows(
             assert all(1 <= f <= gamma for f in forwards)
             saved += sum(gamma - f for f in forwards)
             for step in checked.trace.steps[1:]:  # the app's step sentence says what the window cost
-                f = step.extras["draft_forwards"]
+                f, checks = step.extras["draft_forwards"], step.extras["lookahead"]
+                assert len(checks) == f and sum(kept + 1 for _, kept in checks) == gamma  # a token per forward + kept
+                assert all(0 <= kept <= checked for checked, kept in checks)
                 if 1 < f < gamma:
-                    assert f"in {f} forwards, not {gamma}" in explain(checked.trace, step.index, {})
+                    sentence = explain(checked.trace, step.index, {})
+                    assert f"in {f} forwards, not {gamma}" in sentence
+                    assert f"{', '.join(str(kept) for _, kept in checks)} kept)" in sentence
             assert all("checked by the draft" in s.label for s in checked.trace.spans if s.kind == "draft")
     assert saved > 0
     SAVED[(gamma, top_k, total_tokens, lookup)] = saved

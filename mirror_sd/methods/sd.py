@@ -138,8 +138,9 @@ def check_lookahead(tree: Tree, logits: torch.Tensor, sampler) -> tuple[list[int
 
 def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None, top_k: int = 1,
                     total_tokens: int = 4, lookup: int = 0, overshoot: int = 0):
-    """draft_window's window in fewer forwards: (tokens, q [gamma, V] or None, draft forwards,
-    the streams' logits [G, head rows] at the row that drafted each token).
+    """draft_window's window in fewer forwards: (tokens, q [n, V] or None, the lookahead tokens each
+    draft forward checked and kept, the streams' logits [G, head rows] at the row that drafted each
+    token).
 
     Each forward feeds the tokens the draft has not seen (committed ones, or the last drafted one),
     then a tree of lookahead from the streams of the row before (lookahead_tree); the streams ride
@@ -159,7 +160,7 @@ def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None,
     """
     draft, sampler = run.pair.draft, run.draft_sampler
     streams = draft_streams(run.pair)
-    tokens, rows, after, forwards, ahead = [], [], [], 0, carried
+    tokens, rows, after, checks, ahead = [], [], [], [], carried
     while len(tokens) < gamma:
         unseen = (run.sequence + tokens)[cache.length:]
         room = gamma - len(tokens) - 1  # lookahead that fits in the window after this forward's first token
@@ -171,9 +172,9 @@ def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None,
         main, streamed = forward_with_streams(draft, streams, ids, cache, streams.num_streams,
                                               rows=list(range(U - 1, ids.shape[1])), positions=positions.to(draft.device),
                                               tree_mask=mask)  # [1, U + N, V_d], [1, N + 1, G, head rows]
-        forwards += 1
         logits = run.as_target_vocab(main[0, U - 1:])  # [N + 1, V]: root, then the nodes
         path, token = check_lookahead(tree, logits, sampler)
+        checks.append((len(tree.tokens), len(path)))
         drafted_at = [0] + [i + 1 for i in path]  # the row that drafted each new token
         tokens += [tree.tokens[i] for i in path] + [token]
         rows.append(logits[drafted_at])
@@ -181,18 +182,20 @@ def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None,
         cache.keep([start + U + i for i in path], at=start + U)  # unseen tokens stay; the path follows them
         ahead = after[-1]
     q = None if sampler.greedy else sampler.probs(torch.cat(rows))
-    return tokens, q, forwards, after
+    return tokens, q, checks, after
 
 
 def propose(run, cache, gamma: int, streams: int, carried, top_k: int, total_tokens: int, lookup: int,
             overshoot: int):
     """One window as option ``streams`` says (see the module docstring): (tokens, q, draft forwards,
-    the streams' logits after each token or None)."""
+    and with streams=2 the streams' logits after each token and each forward's lookahead checked
+    and kept, else None, None)."""
     if streams == 2:
-        return verified_window(run, cache, gamma, carried, top_k, total_tokens, lookup, overshoot)
+        tokens, q, checks, after = verified_window(run, cache, gamma, carried, top_k, total_tokens, lookup, overshoot)
+        return tokens, q, len(checks), after, checks
     if streams == 1:
-        return (*streamed_window(run, cache, gamma), 1, None)
-    return (*draft_window(run, cache, gamma), gamma, None)
+        return (*streamed_window(run, cache, gamma), 1, None, None)
+    return (*draft_window(run, cache, gamma), gamma, None, None)
 
 
 HOW = {0: "", 1: " in one forward, streams", 2: ", streams checked by the draft"}
@@ -218,10 +221,10 @@ def decode(run, gamma: int, streams: int = 0, top_k: int = 1, total_tokens: int 
     while not run.done:
         step = run.next_step
         committed = len(run.sequence)
-        draft, q, forwards, after = pair.draft_lane.run("draft", propose, run, draft_cache, gamma, streams, carried,
-                                                        top_k, total_tokens, lookup, overshoot,
-                                                        label=f"draft {'≥' if past_gamma else ''}{gamma} tokens"
-                                                              f"{HOW[streams]}", step=step, tokens=gamma)
+        label = f"draft {'≥' if past_gamma else ''}{gamma} tokens{HOW[streams]}"
+        draft, q, forwards, after, checks = pair.draft_lane.run(
+            "draft", propose, run, draft_cache, gamma, streams, carried, top_k, total_tokens, lookup, overshoot,
+            label=label, step=step, tokens=gamma)
         window = torch.tensor([[run.sequence[-1], *draft]], device=pair.target.device)  # [1, len(draft) + 1]
         logits = pair.target_lane.run("verify", pair.target, window, target_cache,
                                       label=f"verify {len(draft) + 1} tokens", step=step, tokens=len(draft) + 1)
@@ -232,5 +235,5 @@ def decode(run, gamma: int, streams: int = 0, top_k: int = 1, total_tokens: int 
         # A correction replaced the token the draft drafted at row r: the streams there (made without
         # that token) guess the tokens after it, the next window's first lookahead. After a bonus: none.
         carried = after[verdict.accepted] if after and verdict.accepted < len(draft) else None
-        yield run.commit(Step(step, tokens, origins, proposed=draft, accepted=verdict.accepted,
-                              extras=dict(draft_forwards=forwards)))
+        extras = dict(draft_forwards=forwards, **(dict(lookahead=checks) if checks else {}))  # checks: (checked, kept)
+        yield run.commit(Step(step, tokens, origins, proposed=draft, accepted=verdict.accepted, extras=extras))
