@@ -29,7 +29,7 @@ TREE = dict(streams=2, top_k=8, lookup=8)
 RUNS = {  # label -> sd options (gamma 5 for all)
     "streams 0 (token by token)": dict(streams=0),
     "streams 1 (one forward, unchecked)": dict(streams=1),
-    "streams 2, chain": dict(streams=2),
+    "streams 2, chain": dict(streams=2, top_k=1, lookup=0),
     "streams 2, tree 4 nodes + lookup 8": dict(TREE, total_tokens=4),
     "streams 2, tree 8 nodes + lookup 8": dict(TREE, total_tokens=8),
     "streams 2, tree 8 nodes + lookup 8, overshoot": dict(TREE, total_tokens=8, overshoot=1),

@@ -206,16 +206,17 @@ def test_sd_with_streams_overshoot_keeps_the_drafts_own_continuation_past_gamma(
     assert past > 0
 
 
-@pytest.mark.parametrize("top_k, total_tokens, overshoot", [(1, 4, 0), (3, 9, 1)])
+@pytest.mark.parametrize("top_k, total_tokens, lookup, overshoot", [(1, 4, 0, 0), (3, 9, 4, 1)])
 def test_sd_with_streams_checked_by_the_draft_samples_the_target_distribution(streamed_pair, top_k, total_tokens,
-                                                                                overshoot):
+                                                                                lookup, overshoot):
     """Tokens 2 and 3 come from the first window of at least 3 tokens; the draft's own walk of its
     lookahead (a draw from each main row, matched against the children there) must leave the law the
-    target's, also when the window's length depends on the walk (overshoot)."""
+    target's: for a chain, and for a tree with a copied branch whose window's length depends on the
+    walk (overshoot)."""
     prompt_ids = streamed_pair.encode(PROMPT, raw=True)
     outputs = []
     counts = sample_counts(streamed_pair, "sd", 1.0, 1.0, outputs=outputs, gamma=3, streams=2, top_k=top_k,
-                           total_tokens=total_tokens, overshoot=overshoot)
+                           total_tokens=total_tokens, lookup=lookup, overshoot=overshoot)
     assert sum(s.extras["draft_forwards"] < 3 for out in outputs for s in out.trace.steps[1:]) > 100
     law = exact_joint_law(streamed_pair.target, prompt_ids, 1.0, 1.0, 3).sum(0)  # P(x2, x3)
     assert chi_square_p(counts, law) > 1e-3

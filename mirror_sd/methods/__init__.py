@@ -92,10 +92,11 @@ STREAMS = Option("streams", 0, 0, 1, "1: the draft proposes each window (each br
 SD_STREAMS = Option("streams", 0, 0, 2, "0: the draft proposes token by token; 1: each window in one forward with its "
                     "trained speculative streams; 2: each draft forward checks the lookahead its streams proposed "
                     "in the one before (the tokens of 0, in fewer forwards)")
-SD_TOP_K = Option("top_k", 1, 1, 16, "streams=2: candidates per stream in the lookahead tree each draft forward "
+SD_TOP_K = Option("top_k", 8, 1, 16, "streams=2: candidates per stream in the lookahead tree each draft forward "
                   "checks (1: a chain of the streams' argmaxes)")
-SD_TOTAL_TOKENS = Option("total_tokens", 4, 1, 64, "streams=2: lookahead tree nodes each draft forward checks")
-SD_LOOKUP = Option("lookup", 0, 0, 64, "streams=2: tokens copied from the context into the lookahead tree as one more "
+SD_TOTAL_TOKENS = Option("total_tokens", 4, 1, 64, "streams=2: lookahead tree nodes each draft forward checks; 4 with "
+                         "top_k 8 and lookup 8: fastest in docs/sweeps/sd_lookahead_12_prompts.csv")
+SD_LOOKUP = Option("lookup", 8, 0, 64, "streams=2: tokens copied from the context into the lookahead tree as one more "
                    "branch (methods/lookup.py; 0: off)")
 SD_OVERSHOOT = Option("overshoot", 0, 0, 1, "streams=2: 1, every draft forward checks its streams' full depth and "
                       "the window keeps lookahead accepted past gamma (gamma to gamma + streams tokens); 0, windows "

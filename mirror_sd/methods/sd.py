@@ -100,9 +100,9 @@ def lookahead_tree(streams, ahead: torch.Tensor | None, context: list[int], dept
     from the streams' logits ahead [G, head rows] of the row before (stream_tree: top_k candidates
     per stream, the best total_tokens nodes; top_k = 1: a chain of the streams' argmaxes), plus up
     to ``lookup`` tokens copied from the context as one more branch (methods/lookup.py)."""
-    if depth <= 0:
-        return Tree([], [], [], [])
     tree = Tree([], [], [], [])
+    if depth <= 0:
+        return tree
     if ahead is not None:
         logp = torch.log_softmax(ahead[:depth].float(), -1).cpu()
         tree = stream_tree(logp, streams.to_target_ids, top_k, total_tokens)
@@ -136,8 +136,8 @@ def check_lookahead(tree: Tree, logits: torch.Tensor, sampler) -> tuple[list[int
         node = match[0]
 
 
-def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None, top_k: int = 1,
-                    total_tokens: int = 4, lookup: int = 0, overshoot: int = 0):
+def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None, top_k: int = 8,
+                    total_tokens: int = 4, lookup: int = 8, overshoot: int = 0):
     """draft_window's window in fewer forwards: (tokens, q [n, V] or None, the lookahead tokens each
     draft forward checked and kept, the streams' logits [G, head rows] at the row that drafted each
     token).
@@ -210,12 +210,12 @@ def check_streams(pair, options):
                                 f"trained streams + its main stream), got {options['gamma']}")
 
 
-def decode(run, gamma: int, streams: int = 0, top_k: int = 1, total_tokens: int = 4, lookup: int = 0,
+def decode(run, gamma: int, streams: int = 0, top_k: int = 8, total_tokens: int = 4, lookup: int = 8,
            overshoot: int = 0):
     pair = run.pair
     past_gamma = draft_streams(pair).num_streams * overshoot if streams == 2 else 0  # window tokens past gamma
-    target_cache, draft_cache, first = prefill(run, extra_draft_slots=total_tokens + lookup + past_gamma if streams == 2
-                                               else 0, extra_target_slots=past_gamma)
+    lookahead_slots = total_tokens + lookup + past_gamma if streams == 2 else 0  # a forward's tree, behind the window
+    target_cache, draft_cache, first = prefill(run, extra_draft_slots=lookahead_slots, extra_target_slots=past_gamma)
     yield first
     carried = None  # streams=2: the draft streams' logits to take the next window's first lookahead from
     while not run.done:
