@@ -27,6 +27,10 @@ from mirror_sd.engine import to_target_vocab  # noqa: E402
 from mirror_sd.train.draft import answer_labels, evaluate, read_examples  # noqa: E402
 
 
+MAX_LEN = 512  # tokens of context per data example, the end kept: train draft's default (--max-len)
+EVAL_BATCH_TOKENS = 8192  # tokens per evaluation batch (only the speed depends on it)
+
+
 def answers_to_bench_prompts(pair, prompts, max_new_tokens: int) -> list[tuple[str, list[int], int]]:
     """(category, prompt + answer ids, answer start) per turn of each prompt, answered by vanilla."""
     rows = []
@@ -85,7 +89,8 @@ def main():
         row["implied_tau"] = len(flags) / sum(steps_at(agree, args.gamma) for _, agree in per_turn)
         if examples:
             with torch.inference_mode():
-                row[f"top1_{args.data.name}"] = evaluate(pair.draft, answer_labels(examples, pair.draft.vocab_map, 512), 8192)["top1"]
+                labelled = answer_labels(examples, pair.draft.vocab_map, MAX_LEN)
+                row[f"top1_{args.data.name}"] = evaluate(pair.draft, labelled, EVAL_BATCH_TOKENS)["top1"]
         rows.append(row)
     table = pd.DataFrame(rows)
     print(table.round(3).to_string(index=False))

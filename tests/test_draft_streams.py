@@ -140,6 +140,8 @@ def test_streams_need_a_draft_that_has_them(tiny_pair, streamed_pair):
         generate(streamed_pair, PROMPT, method="sd", raw=True, gamma=5, streams=1)
     with pytest.raises(MirrorSDError, match="between 0 and 1"):
         generate(streamed_pair, PROMPT, method="mirror", raw=True, streams=2)
+    with pytest.raises(MirrorSDError, match="overshoot=1 needs streams=2"):
+        generate(streamed_pair, PROMPT, method="sd", raw=True, overshoot=1)
 
 
 @pytest.mark.parametrize("gamma, top_k, total_tokens, lookup", [(3, 1, 4, 0), (6, 1, 4, 0), (6, 3, 9, 0), (6, 3, 9, 4)])

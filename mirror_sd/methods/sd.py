@@ -202,7 +202,11 @@ HOW = {0: "", 1: " in one forward, streams", 2: ", streams checked by the draft"
 
 
 def check_streams(pair, options):
-    """streams=1 or 2 needs a draft with trained streams; streams=1 enough of them for gamma."""
+    """streams=1 or 2 needs a draft with trained streams; streams=1 enough of them for gamma;
+    overshoot only means something with streams=2."""
+    if options.get("overshoot") and options.get("streams") != 2:
+        raise MirrorSDError("overshoot=1 needs streams=2 (windows past gamma come from the draft checking its "
+                            f"streams' lookahead), got streams={options.get('streams')}")
     if options.get("streams"):
         trained = draft_streams(pair).num_streams
         if options["streams"] == 1 and options["gamma"] > trained + 1:
