@@ -8,6 +8,7 @@ bench prompts and the answer length, those prompts, and the summary of an interl
     table = run_interleaved(...)          # mirror_sd.bench
     summary, per_step = summarise_runs(table, labels)
     summary["drafting_ms"] = drafting_ms_per_step(summary, per_step)   # if the script wants it
+    add_ms_per_step(summary, per_step, ["draft", "verify"])            # or these
     ...                                   # the script's own columns
     save_checked(summary, csv, "what must stay lossless")
 """
@@ -48,6 +49,12 @@ def save_checked(summary, csv: Path, lossless: str):
     print(summary.round(3).to_string(index=False))
     if summary.equal_to_vanilla.min() < 1:
         raise SystemExit(f"a run differs from vanilla: {lossless}")
+
+
+def add_ms_per_step(summary, per_step, kinds: list[str]):
+    """Columns ``KIND_ms_per_step`` of ``summary``: each run's milliseconds per step in spans of that kind."""
+    for kind in kinds:
+        summary[f"{kind}_ms_per_step"] = summary.method.map(per_step[kind])
 
 
 DRAFTING_SPANS = ["draft", "fallback-draft", "draft-rollout"]  # what proposes tokens: sd, eagle, ss; mirror

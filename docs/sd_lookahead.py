@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from comparison import bench_prompts, comparison_parser, save_checked, summarise_runs  # noqa: E402
+from comparison import add_ms_per_step, bench_prompts, comparison_parser, save_checked, summarise_runs  # noqa: E402
 from mirror_sd import load_pair  # noqa: E402
 from mirror_sd.bench import run_interleaved  # noqa: E402
 
@@ -50,8 +50,7 @@ def main():
     summary, per_step = summarise_runs(table, labels)
     steps = table.groupby("method")["steps"].sum()
     summary["window"] = summary.method.map(table.groupby("method")["draft_tokens"].sum() / steps)
-    for kind in ("draft", "verify"):
-        summary[f"{kind}_ms_per_step"] = summary.method.map(per_step[kind])
+    add_ms_per_step(summary, per_step, ["draft", "verify"])
     save_checked(summary[COLUMNS], SWEEPS / f"sd_lookahead_{len(prompts)}_prompts.csv",
                  "sd must stay lossless with every form of drafting")
 

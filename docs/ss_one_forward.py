@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from comparison import bench_prompts, comparison_parser, save_checked, summarise_runs  # noqa: E402
+from comparison import add_ms_per_step, bench_prompts, comparison_parser, save_checked, summarise_runs  # noqa: E402
 from mirror_sd import load_pair  # noqa: E402
 from mirror_sd.bench import run_interleaved  # noqa: E402
 
@@ -50,8 +50,7 @@ def main():
     prompts = bench_prompts(args.per_category)
     table = run_interleaved(pair, prompts, runs, args.max_new_tokens, desc="ss forms")
     summary, per_step = summarise_runs(table, labels)
-    for kind in ("draft", "verify"):
-        summary[f"{kind}_ms_per_step"] = summary.method.map(per_step[kind])
+    add_ms_per_step(summary, per_step, ["draft", "verify"])
     save_checked(summary[COLUMNS], SWEEPS / f"ss_one_forward_{len(prompts)}_prompts.csv",
                  "ss must stay lossless in both forms")
 
