@@ -31,7 +31,7 @@ from ..models.streams import draft_streams, forward_with_streams, split_forward
 from ..trace import Step
 from .lookup import copy_from_context
 from .tree import Tree, graft, stream_tree, tree_mask, tree_positions
-from .verify import verify
+from .verify import verify, walk_tree
 
 
 def prefill(run, extra_draft_slots: int = 0, extra_target_slots: int = 0):
@@ -120,22 +120,6 @@ def window_layout(start: int, unseen: int, tree: Tree):
     return positions, mask
 
 
-def check_lookahead(tree: Tree, logits: torch.Tensor, sampler) -> tuple[list[int], int]:
-    """Walk the lookahead tree with the draft's own main rows, logits [N + 1, V] (row 0: the root,
-    row i + 1: node i): at each row draw the token as the draft alone draws it (argmax at T = 0, a
-    sample from the row's law at T > 0) and go on to the child that carries it. Returns the path
-    (nodes) and the token drawn where no child did. Children carry distinct tokens, so each window
-    token is drawn from the main stream's law given the tokens before it: draft_window's law."""
-    kids, path, node = tree.children(), [], -1
-    while True:
-        token = sampler.pick(logits[node + 1])
-        match = [c for c in kids.get(node, []) if tree.tokens[c] == token]
-        if not match:
-            return path, token
-        path.append(match[0])
-        node = match[0]
-
-
 def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None, top_k: int = 8,
                     total_tokens: int = 4, lookup: int = 8, overshoot: int = 0):
     """draft_window's window in fewer forwards: (tokens, q [n, V] or None, the lookahead tokens each
@@ -145,7 +129,7 @@ def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None,
     Each forward feeds the tokens the draft has not seen (committed ones, or the last drafted one),
     then a tree of lookahead from the streams of the row before (lookahead_tree); the streams ride
     in the same forward, on the last unseen row and every node (models/streams.py:
-    forward_with_streams). The main rows walk the tree (check_lookahead): the accepted path and one
+    forward_with_streams). The main rows walk the tree (verify.walk_tree): the accepted path and one
     more token. That row's streams give the next forward's lookahead. The cache keeps the unseen
     tokens and the path: it ends holding the sequence and tokens[:-1], as draft_window's does.
 
@@ -173,7 +157,10 @@ def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None,
                                               rows=list(range(U - 1, ids.shape[1])), positions=positions.to(draft.device),
                                               tree_mask=mask)  # [1, U + N, V_d], [1, N + 1, G, head rows]
         logits = run.as_target_vocab(main[0, U - 1:])  # [N + 1, V]: root, then the nodes
-        path, token = check_lookahead(tree, logits, sampler)
+        # Walk the tree with the main rows: each token drawn as the draft alone draws it (argmax at
+        # T = 0, a sample at T > 0), then the child that carries it. Children carry distinct tokens,
+        # so each window token follows the main stream's law given the tokens before it.
+        path, token = walk_tree(tree.tokens, tree.children(), lambda node: logits[node + 1], sampler.pick)
         checks.append((len(tree.tokens), len(path)))
         drafted_at = [0] + [i + 1 for i in path]  # the row that drafted each new token
         tokens += [tree.tokens[i] for i in path] + [token]

@@ -66,9 +66,17 @@ def walk_tree_greedy(tokens: list[int], children: dict[int, list[int]], logits_a
     of one parent carry distinct tokens, so at most one matches, and every committed token is the
     target's argmax given the committed prefix: exactly vanilla greedy decoding's tokens.
     """
+    return walk_tree(tokens, children, logits_at, lambda logits: int(logits.argmax()))
+
+
+def walk_tree(tokens: list[int], children: dict[int, list[int]], logits_at, pick) -> tuple[list[int], int]:
+    """walk_tree_greedy with any rule for the token at a row: pick(logits [V]) -> token. From the root,
+    pick the token after each node's path and go on to the child that carries it; return the path and
+    the token picked where no child did. With a sampler's pick (a draw at T > 0), every token is drawn
+    from its row's law given the tokens before it (sd's draft walking its own lookahead)."""
     path, node = [], -1
     while True:
-        token = int(logits_at(node).argmax())
+        token = pick(logits_at(node))
         match = [c for c in children.get(node, []) if tokens[c] == token]
         if not match:
             return path, token
