@@ -58,7 +58,6 @@ def first_per_category(prompts: list[dict], n: int) -> list[dict]:
 def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -> dict:
     """Decode every turn of one prompt (later turns see this method's own earlier answers)."""
     messages, token_ids, rows, hits, overlap_s, draft_busy_s, span_s = [], [], [], [], 0.0, 0.0, {}
-    draft_tokens = draft_forwards = 0
     for turn in item["turns"]:
         messages.append({"role": "user", "content": turn})
         out = generate(pair, list(messages), method=method, max_new_tokens=max_new_tokens, **settings)
@@ -68,9 +67,6 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -
         token_ids += out.token_ids
         rows.append(out.metrics)
         hits += [st.extras["hit"] for st in out.trace.steps if "hit" in st.extras]
-        counted = [st for st in out.trace.steps if "draft_forwards" in st.extras]  # sd's windows
-        draft_tokens += sum(len(st.proposed) for st in counted)
-        draft_forwards += sum(st.extras["draft_forwards"] for st in counted)
         for span in out.trace.spans:  # decoding steps only: step 0 is the prefill
             if span.step:
                 span_s[span.kind] = span_s.get(span.kind, 0.0) + span.duration
@@ -82,6 +78,7 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -
     steps = sum(r["steps"] for r in rows)
     wall_s = sum(r["wall_s"] for r in rows)
     committed_in_steps = sum(r["mean_accepted"] * r["steps"] for r in rows)
+    draft_tokens, draft_forwards = (sum(r.get(k, 0) for r in rows) for k in ("draft_tokens", "draft_forwards"))  # sd
     return dict(method=method, id=item["id"], category=item["category"], new_tokens=new_tokens, steps=steps,
                 mean_accepted=committed_in_steps / steps if steps else 1.0, wall_s=wall_s,
                 tokens_per_s=new_tokens / wall_s if wall_s else 0.0,

@@ -202,7 +202,7 @@ def compute_metrics(trace: Trace, new_tokens: int, wall_s: float) -> dict:
                      rendezvous_ms=1000 * sum(rendezvous) / max(len(rendezvous), 1))
     forwards = sum(s.extras.get("draft_forwards", 0) for s in decode_steps)
     if forwards:  # sd: window tokens per draft forward (1 token by token, gamma in one forward)
-        extra["draft_tokens_per_forward"] = proposed / forwards
+        extra.update(draft_tokens=proposed, draft_forwards=forwards, draft_tokens_per_forward=proposed / forwards)
     target_lane, draft_lane = trace.lane_label("target"), trace.lane_label("draft")
     if target_lane and draft_lane:
         draft_busy = busy.get(draft_lane, 0.0)
