@@ -371,6 +371,10 @@ class Transformer(nn.Module):
             h = self.model.layers[i](h, win, cache, i)
         return h
 
+    def to_target_ids(self, rows: torch.Tensor) -> torch.Tensor:
+        """Head rows -> target token ids (the same for a full-vocabulary head)."""
+        return rows if self.vocab_map is None else self.vocab_map[rows]
+
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: hidden [B, T, hidden] -> logits [B, T, vocab] (fp32, on ``device``)."""
         if self.layer_devices:

@@ -150,14 +150,9 @@ def greedy_continuations(model: Transformer, ids: list[int], at: list[int], leng
         rows = torch.stack(chain, 1).reshape(1, R * k)  # [1, R*k]: g_1..g_k of each position
         positions = (slots[:, :, None] + torch.arange(1, k + 1, device=model.device)).reshape(1, R * k)
         win = model.window(cache, R * k, positions, stream_mask(slots, T, k), main_rows=0)
-        out = model.head(model.forward_layers(model.embed(to_ids(model, rows)), cache, win))  # [1, R*k, V]
+        out = model.head(model.forward_layers(model.embed(model.to_target_ids(rows)), cache, win))  # [1, R*k, V]
         chain.append(out[0].view(R, k, -1)[:, -1].argmax(-1))
-    return to_ids(model, torch.stack(chain, 1)).tolist()  # [R][length]
-
-
-def to_ids(model: Transformer, rows: torch.Tensor) -> torch.Tensor:
-    """The model's head rows -> target token ids (the same for a full-vocabulary head)."""
-    return rows if model.vocab_map is None else model.vocab_map[rows]
+    return model.to_target_ids(torch.stack(chain, 1)).tolist()  # [R][length]
 
 
 def own_continuations(model: Transformer, name: str, seqs, at_of: dict[int, list[int]], G: int, path: Path) -> dict:
