@@ -39,12 +39,15 @@ def _verdict(step, pieces: dict) -> str:
 
 
 def _copied(step) -> str:
-    """Context lookup detail (eagle, ss): how many tree nodes were copied from the context, and used."""
-    tree = (step.extras or {}).get("tree") or {}
-    copied = set(tree.get("copied") or [])
+    """Context lookup detail: how many draft tokens were copied from the context (eagle, ss: tree
+    nodes; sd with copy_below: window positions), and how many of them were accepted."""
+    extras = step.extras or {}
+    tree = extras.get("tree") or {}
+    copied = set(tree.get("copied") or extras.get("copied") or [])
     if not copied:
         return ""
-    used = sum(1 for i in tree.get("path") or [] if i in copied)
+    path = tree.get("path") or [] if tree else range(step.accepted)
+    used = sum(1 for i in path if i in copied)
     return (f" {len(copied)} of the draft tokens were copied from the context (not drafted by a model); "
             f"{used} of them {'was' if used == 1 else 'were'} accepted.")
 

@@ -44,11 +44,12 @@ def chi_square_p(counts: torch.Tensor, law: torch.Tensor) -> float:
     return float(chisquare(f_obs.numpy(), f_exp.numpy() * f_obs.sum().item() / f_exp.sum().item()).pvalue)
 
 
-def sample_counts(pair, method, temperature, top_p, first: int = 1, outputs=None, **options) -> torch.Tensor:
+def sample_counts(pair, method, temperature, top_p, first: int = 1, outputs=None, prompt: str = PROMPT,
+                  **options) -> torch.Tensor:
     """Counts [V, V] of generated tokens (x_{first+1}, x_{first+2}) over SAMPLES seeded runs."""
     counts = torch.zeros(16, 16, dtype=torch.long)
     for seed in range(SAMPLES):
-        out = generate(pair, PROMPT, method=method, max_new_tokens=first + 2, raw=True, temperature=temperature,
+        out = generate(pair, prompt, method=method, max_new_tokens=first + 2, raw=True, temperature=temperature,
                        top_p=top_p, seed=seed, **options)
         counts[out.token_ids[first], out.token_ids[first + 1]] += 1
         if outputs is not None:

@@ -8,18 +8,23 @@ from mirror_sd import generate
 @pytest.mark.parametrize("gamma", [4])
 def test_sd_equals_vanilla_on_varied_prompts(embedded_pair, equality_prompts, vanilla_reference, gamma):
     assert len(equality_prompts) >= 20
-    origins, saved = set(), 0
+    origins, saved, copies_accepted = set(), 0, 0
+    # one prompt in four each: token by token, the streams' window, the draft checking its streams,
+    # token by token with copies from the context where the draft is unsure
+    variants = [dict(streams=0), dict(streams=1), dict(streams=2), dict(streams=0, copy_below=0.9)]
     for i, (prompt, expected) in enumerate(zip(equality_prompts, vanilla_reference)):
-        streams = i % 3  # one prompt in three each: token by token, the streams' window, the draft checking its streams
-        out = generate(embedded_pair, prompt, method="sd", max_new_tokens=EQUALITY_TOKENS, gamma=gamma,
-                       streams=streams)
+        options = variants[i % 4]
+        out = generate(embedded_pair, prompt, method="sd", max_new_tokens=EQUALITY_TOKENS, gamma=gamma, **options)
         assert out.error is None
-        assert out.token_ids == expected, f"sd differs from vanilla on {prompt[:60]!r}"
+        assert out.token_ids == expected, f"sd with {options} differs from vanilla on {prompt[:60]!r}"
         origins |= {o for step in out.trace.steps for o in step.origins}
-        if streams == 2:
+        if options["streams"] == 2:
             saved += sum(gamma - step.extras["draft_forwards"] for step in out.trace.steps[1:])
-    # the shipped draft exercises every path of the acceptance rule, and its streams save draft forwards
-    assert {"accepted", "correction", "bonus"} <= origins and saved > 0
+        if "copy_below" in options:
+            copies_accepted += sum(j < step.accepted for step in out.trace.steps[1:] for j in step.extras["copied"])
+    # the shipped draft exercises every path of the acceptance rule, its streams save draft forwards,
+    # and the target accepts tokens copied from the context
+    assert {"accepted", "correction", "bonus"} <= origins and saved > 0 and copies_accepted > 0
 
 
 def test_default_pair_loads_and_sd_matches_vanilla():

@@ -1,8 +1,15 @@
-"""Context lookup (methods/lookup.py) and grafting its copy onto a draft tree (tree.graft)."""
+"""Context lookup (methods/lookup.py): grafting its copy onto a draft tree (tree.graft), and sd's
+draft proposing it where it is unsure (``copy_below``)."""
 import torch
 
+from mirror_sd import generate
 from mirror_sd.methods.lookup import copy_from_context
+from mirror_sd.methods.sd import unsure_copy
 from mirror_sd.methods.tree import Tree, graft, tree_mask, tree_positions
+from test_distribution import chi_square_p, exact_law_of_tokens_2_and_3, sample_counts
+
+# t1 followed by every token, then t1: whatever token comes next, the last 2 tokens occurred before
+REPEATING_PROMPT = " ".join(f"t1 t{k}" for k in range(16)) + " t1"
 
 
 def test_copy_takes_what_followed_the_latest_longest_match():
@@ -59,3 +66,43 @@ def test_the_app_draws_and_explains_copied_nodes():
     assert "2 of the draft tokens were copied from the context" in explain(trace, 1, {})
     assert "1 of them was accepted" in explain(trace, 1, {})
     assert torch.equal(tree_mask(tree.parents)[4], torch.tensor([True, True, False, True, True]))
+
+
+def test_an_unsure_draft_proposes_what_the_context_continues_with():
+    seq = [1, 2, 3, 9, 1, 2]  # the last 2 tokens occurred before, followed by 3
+    logits = torch.tensor([2.0, 1.0, 0.0, 0.0])  # the draft's top-1 probability: 0.61
+    assert unsure_copy(seq, logits, None, 0.9) == 3
+    assert unsure_copy(seq, logits, None, 0.5) is None  # sure enough: its own token stands
+    assert unsure_copy(seq, logits, None, 0.0) is None  # off
+    assert unsure_copy([4, 1, 5, 1], logits, None, 0.9) is None  # only the last token repeats: no copy
+    sure = torch.tensor([0.95, 0.05, 0.0, 0.0])  # at T > 0 the law it draws from decides
+    assert unsure_copy(seq, logits, sure, 0.9) is None and unsure_copy(seq, logits, sure, 0.99) == 3
+
+
+def test_sd_with_copies_equals_vanilla_and_the_app_says_what_was_copied(tiny_pair):
+    from app.explain import explain
+
+    expected = generate(tiny_pair, REPEATING_PROMPT, method="vanilla", max_new_tokens=24, raw=True).token_ids
+    out = generate(tiny_pair, REPEATING_PROMPT, method="sd", max_new_tokens=24, raw=True, gamma=4, copy_below=1.0)
+    assert out.error is None and out.token_ids == expected
+    steps = out.trace.steps[1:]
+    assert all(0 <= i < len(s.proposed) for s in steps for i in s.extras["copied"])
+    step = next(s for s in steps if s.extras["copied"])
+    copied, used = step.extras["copied"], sum(i < step.accepted for i in step.extras["copied"])
+    sentence = explain(out.trace, step.index, {})
+    assert f"{len(copied)} of the draft tokens were copied from the context" in sentence
+    assert f"{used} of them {'was' if used == 1 else 'were'} accepted" in sentence
+    plain = generate(tiny_pair, REPEATING_PROMPT, method="sd", max_new_tokens=24, raw=True, gamma=4)
+    assert "copied" not in plain.trace.steps[1].extras  # off by default
+
+
+def test_sd_with_copies_samples_the_target_distribution(tiny_pair):
+    """At T > 0 a copied token is proposed with a one-hot law; verify's rule must still leave the
+    target's law (tokens 2 and 3 of 2,000 seeded runs, against the exact law)."""
+    law = exact_law_of_tokens_2_and_3(tiny_pair.target, tiny_pair.encode(REPEATING_PROMPT, raw=True), 1.0, 1.0)
+    outputs = []
+    counts = sample_counts(tiny_pair, "sd", 1.0, 1.0, outputs=outputs, prompt=REPEATING_PROMPT, gamma=3,
+                           copy_below=1.0)
+    assert chi_square_p(counts, law) > 1e-3
+    copies = sum(len(s.extras["copied"]) for out in outputs for s in out.trace.steps[1:])
+    assert copies >= 2 * 2000  # every run drafted its first two tokens by copying

@@ -15,12 +15,12 @@ from __future__ import annotations
 NGRAM_SIZES = (3, 2, 1)
 
 
-def copy_from_context(sequence: list[int], max_tokens: int) -> list[int]:
+def copy_from_context(sequence: list[int], max_tokens: int, ngram_sizes: tuple[int, ...] = NGRAM_SIZES) -> list[int]:
     """Up to ``max_tokens`` tokens that followed the latest earlier occurrence of the sequence's last
-    n tokens (n from NGRAM_SIZES, longest first); [] when there is none or max_tokens is 0."""
+    n tokens (n from ``ngram_sizes``, longest first); [] when there is none or max_tokens is 0."""
     if max_tokens < 1:
         return []
-    for n in NGRAM_SIZES:
+    for n in ngram_sizes:
         if len(sequence) <= n:
             continue
         tail = sequence[-n:]

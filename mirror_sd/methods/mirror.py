@@ -254,7 +254,7 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
         fallback = window is None
         if fallback:  # the first step, or the last one missed: draft afresh, on the critical path
             window, q = pair.draft_lane.run("fallback-draft", fresh_draft, run, draft_cache, gamma,
-                                            label=f"fallback draft {gamma} tokens", step=step, tokens=gamma)
+                                            label=f"fallback draft {gamma} tokens", step=step, tokens=gamma)[:2]
             draft_cache.rollback(min(draft_cache.length, n - 1))
         T = len(window) + 1
         hidden, win, top_ids, top_logp, window_logp = pair.target_lane.run(

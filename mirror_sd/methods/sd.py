@@ -7,7 +7,11 @@ critical path: draft and target take turns (the serial barrier that Mirror-SD re
 
 How the draft proposes a window (option ``streams``):
 
-* 0: autoregressively, gamma draft forwards.
+* 0: autoregressively, gamma draft forwards. With option ``copy_below`` > 0, where the draft is
+  unsure (its top-1 probability below it) and the context continues the last 3 or 2 tokens
+  somewhere, the draft proposes that copied token instead (``unsure_copy``): small drafts copy
+  names, numbers and phrases from a prompt's passage badly. At T > 0 the copied token's proposal
+  law is one-hot (a law fixed by the prefix), which verify's rule handles like any other.
 * 1: in one forward: its main stream gives the first token and its trained speculative streams
   (models/streams.py) the other gamma - 1. At T > 0 that window is still a valid proposal: token
   j is drawn from a law that depends only on the committed prefix, and verify records it (the
@@ -25,6 +29,7 @@ How the draft proposes a window (option ``streams``):
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..errors import MirrorSDError
 from ..models.streams import draft_streams, forward_with_streams, split_forward
@@ -59,25 +64,45 @@ def prefill(run, extra_draft_slots: int = 0, extra_target_slots: int = 0):
     return target_cache, draft_cache, run.commit(Step(0, [token], ["target"]))
 
 
-def draft_window(run, cache, gamma: int):
-    """Draft gamma tokens after the committed sequence: returns (tokens, q [gamma, V] or None).
+COPY_NGRAM_SIZES = (3, 2)  # the last token alone matches too often where the draft was right
+
+
+def unsure_copy(sequence: list[int], logits: torch.Tensor, probs: torch.Tensor | None, below: float) -> int | None:
+    """The token the context continues ``sequence``'s last 3 or 2 tokens with (methods/lookup.py),
+    where the draft is unsure: its top-1 probability below ``below`` (``probs`` [V], the law it draws
+    from at T > 0; at T = 0, None: the softmax of ``logits`` [V]); else None."""
+    if below <= 0 or float((logits.softmax(-1) if probs is None else probs).max()) >= below:
+        return None
+    copied = copy_from_context(sequence, 1, COPY_NGRAM_SIZES)
+    return copied[0] if copied else None
+
+
+def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
+    """Draft gamma tokens after the committed sequence: returns (tokens, q [gamma, V] or None, the
+    positions of the tokens copied from the context).
 
     The draft first catches up on committed tokens it has not seen (1 or 2), then autoregresses;
     its cache ends holding the sequence and tokens[:-1] (the last drafted token is never fed).
+    copy_below: see ``unsure_copy``.
     """
     draft, sampler = run.pair.draft, run.draft_sampler
     pending = run.sequence[cache.length:]
     ids = torch.tensor([pending], device=draft.device)  # [1, pending]
-    tokens, q = [], []
+    tokens, q, copies = [], [], []
     for i in range(gamma):
         logits = run.as_target_vocab(draft(ids, cache)[0, -1])  # [V]
-        if sampler.greedy:
-            tokens.append(int(logits.argmax()))
+        probs = None if sampler.greedy else sampler.probs(logits)  # [V]
+        copied = unsure_copy(run.sequence + tokens, logits, probs, copy_below)
+        if copied is not None:
+            copies.append(i)
+            tokens.append(copied)
+            probs = None if probs is None else F.one_hot(torch.tensor(copied), len(probs)).to(probs)  # its law
         else:
-            q.append(sampler.probs(logits))
-            tokens.append(sampler.sample(q[-1]))
+            tokens.append(int(logits.argmax()) if probs is None else sampler.sample(probs))
+        if probs is not None:
+            q.append(probs)
         ids = torch.tensor([[tokens[-1]]], device=draft.device)
-    return tokens, (torch.stack(q) if q else None)
+    return tokens, (torch.stack(q) if q else None), copies
 
 
 def streamed_window(run, cache, gamma: int):
@@ -173,16 +198,18 @@ def verified_window(run, cache, gamma: int, carried: torch.Tensor | None = None,
 
 
 def propose(run, cache, gamma: int, streams: int, carried, top_k: int, total_tokens: int, lookup: int,
-            overshoot: int):
-    """One window as option ``streams`` says (see the module docstring): (tokens, q, draft forwards,
-    and with streams=2 the streams' logits after each token and each forward's lookahead checked
-    and kept, else None, None)."""
+            overshoot: int, copy_below: float):
+    """One window as option ``streams`` says (see the module docstring): (tokens, q, with streams=2
+    the streams' logits after each token (else None), the step's extras: draft_forwards, and
+    lookahead (streams=2: each forward's lookahead tokens checked and kept) or copied (copy_below:
+    the window positions copied from the context))."""
     if streams == 2:
         tokens, q, checks, after = verified_window(run, cache, gamma, carried, top_k, total_tokens, lookup, overshoot)
-        return tokens, q, len(checks), after, checks
+        return tokens, q, after, dict(draft_forwards=len(checks), lookahead=checks)
     if streams == 1:
-        return (*streamed_window(run, cache, gamma), 1, None, None)
-    return (*draft_window(run, cache, gamma), gamma, None, None)
+        return (*streamed_window(run, cache, gamma), None, dict(draft_forwards=1))
+    tokens, q, copies = draft_window(run, cache, gamma, copy_below)
+    return tokens, q, None, dict(draft_forwards=gamma, **(dict(copied=copies) if copy_below else {}))
 
 
 HOW = {0: "", 1: " in one forward, streams", 2: ", streams checked by the draft"}
@@ -190,7 +217,10 @@ HOW = {0: "", 1: " in one forward, streams", 2: ", streams checked by the draft"
 
 def check_streams(pair, options):
     """streams=1 or 2 needs a draft with trained streams; streams=1 enough of them for gamma;
-    overshoot only means something with streams=2."""
+    overshoot only means something with streams=2, copy_below with streams=0."""
+    if options.get("copy_below") and options.get("streams"):
+        raise MirrorSDError("copy_below needs streams=0 (it replaces tokens the draft proposes one at a time), "
+                            f"got streams={options.get('streams')}")
     if options.get("overshoot") and options.get("streams") != 2:
         raise MirrorSDError("overshoot=1 needs streams=2 (windows past gamma come from the draft checking its "
                             f"streams' lookahead), got streams={options.get('streams')}")
@@ -202,7 +232,7 @@ def check_streams(pair, options):
 
 
 def decode(run, gamma: int, streams: int = 0, top_k: int = 8, total_tokens: int = 4, lookup: int = 8,
-           overshoot: int = 0):
+           overshoot: int = 0, copy_below: float = 0.0):
     pair = run.pair
     past_gamma = draft_streams(pair).num_streams * overshoot if streams == 2 else 0  # window tokens past gamma
     lookahead_slots = total_tokens + lookup + past_gamma if streams == 2 else 0  # a forward's tree, behind the window
@@ -213,9 +243,9 @@ def decode(run, gamma: int, streams: int = 0, top_k: int = 8, total_tokens: int 
         step = run.next_step
         committed = len(run.sequence)
         label = f"draft {'≥' if past_gamma else ''}{gamma} tokens{HOW[streams]}"
-        draft, q, forwards, after, checks = pair.draft_lane.run(
+        draft, q, after, extras = pair.draft_lane.run(
             "draft", propose, run, draft_cache, gamma, streams, carried, top_k, total_tokens, lookup, overshoot,
-            label=label, step=step, tokens=gamma)
+            copy_below, label=label, step=step, tokens=gamma)
         window = torch.tensor([[run.sequence[-1], *draft]], device=pair.target.device)  # [1, len(draft) + 1]
         logits = pair.target_lane.run("verify", pair.target, window, target_cache,
                                       label=f"verify {len(draft) + 1} tokens", step=step, tokens=len(draft) + 1)
@@ -226,5 +256,4 @@ def decode(run, gamma: int, streams: int = 0, top_k: int = 8, total_tokens: int 
         # A correction replaced the token the draft drafted at row r: the streams there (made without
         # that token) guess the tokens after it, the next window's first lookahead. After a bonus: none.
         carried = after[verdict.accepted] if after and verdict.accepted < len(draft) else None
-        extras = dict(draft_forwards=forwards, **(dict(lookahead=checks) if checks else {}))  # checks: (checked, kept)
         yield run.commit(Step(step, tokens, origins, proposed=draft, accepted=verdict.accepted, extras=extras))
