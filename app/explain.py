@@ -43,7 +43,7 @@ def _copied(step) -> str:
     nodes; sd with copy_below: window positions), and how many of them were accepted."""
     extras = step.extras or {}
     tree = extras.get("tree") or {}
-    copied = set(tree.get("copied") or extras.get("copied") or [])
+    copied = set(tree.get("copied") or extras.get("copied_at") or [])
     if not copied:
         return ""
     path = tree.get("path") or [] if tree else range(step.accepted)

@@ -21,7 +21,7 @@ def test_sd_equals_vanilla_on_varied_prompts(embedded_pair, equality_prompts, va
         if options["streams"] == 2:
             saved += sum(gamma - step.extras["draft_forwards"] for step in out.trace.steps[1:])
         if "copy_below" in options:
-            copies_accepted += sum(j < step.accepted for step in out.trace.steps[1:] for j in step.extras["copied"])
+            copies_accepted += sum(j < step.accepted for step in out.trace.steps[1:] for j in step.extras["copied_at"])
     # the shipped draft exercises every path of the acceptance rule, its streams save draft forwards,
     # and the target accepts tokens copied from the context
     assert {"accepted", "correction", "bonus"} <= origins and saved > 0 and copies_accepted > 0

@@ -86,14 +86,14 @@ def test_sd_with_copies_equals_vanilla_and_the_app_says_what_was_copied(tiny_pai
     out = generate(tiny_pair, REPEATING_PROMPT, method="sd", max_new_tokens=24, raw=True, gamma=4, copy_below=1.0)
     assert out.error is None and out.token_ids == expected
     steps = out.trace.steps[1:]
-    assert all(0 <= i < len(s.proposed) for s in steps for i in s.extras["copied"])
-    step = next(s for s in steps if s.extras["copied"])
-    copied, used = step.extras["copied"], sum(i < step.accepted for i in step.extras["copied"])
+    assert all(0 <= i < len(s.proposed) for s in steps for i in s.extras["copied_at"])
+    step = next(s for s in steps if s.extras["copied_at"])
+    copied, used = step.extras["copied_at"], sum(i < step.accepted for i in step.extras["copied_at"])
     sentence = explain(out.trace, step.index, {})
     assert f"{len(copied)} of the draft tokens were copied from the context" in sentence
     assert f"{used} of them {'was' if used == 1 else 'were'} accepted" in sentence
     plain = generate(tiny_pair, REPEATING_PROMPT, method="sd", max_new_tokens=24, raw=True, gamma=4)
-    assert "copied" not in plain.trace.steps[1].extras  # off by default
+    assert "copied_at" not in plain.trace.steps[1].extras  # off by default
 
 
 def test_sd_with_copies_samples_the_target_distribution(tiny_pair):
@@ -104,5 +104,5 @@ def test_sd_with_copies_samples_the_target_distribution(tiny_pair):
     counts = sample_counts(tiny_pair, "sd", 1.0, 1.0, outputs=outputs, prompt=REPEATING_PROMPT, gamma=3,
                            copy_below=1.0)
     assert chi_square_p(counts, law) > 1e-3
-    copies = sum(len(s.extras["copied"]) for out in outputs for s in out.trace.steps[1:])
+    copies = sum(len(s.extras["copied_at"]) for out in outputs for s in out.trace.steps[1:])
     assert copies >= 2 * 2000  # every run drafted its first two tokens by copying

@@ -201,15 +201,15 @@ def propose(run, cache, gamma: int, streams: int, carried, top_k: int, total_tok
             overshoot: int, copy_below: float):
     """One window as option ``streams`` says (see the module docstring): (tokens, q, with streams=2
     the streams' logits after each token (else None), the step's extras: draft_forwards, and
-    lookahead (streams=2: each forward's lookahead tokens checked and kept) or copied (copy_below:
-    the window positions copied from the context))."""
+    lookahead (streams=2: each forward's lookahead tokens checked and kept) or copied_at
+    (copy_below: the window positions copied from the context))."""
     if streams == 2:
         tokens, q, checks, after = verified_window(run, cache, gamma, carried, top_k, total_tokens, lookup, overshoot)
         return tokens, q, after, dict(draft_forwards=len(checks), lookahead=checks)
     if streams == 1:
         return (*streamed_window(run, cache, gamma), None, dict(draft_forwards=1))
     tokens, q, copies = draft_window(run, cache, gamma, copy_below)
-    return tokens, q, None, dict(draft_forwards=gamma, **(dict(copied=copies) if copy_below else {}))
+    return tokens, q, None, dict(draft_forwards=gamma, **(dict(copied_at=copies) if copy_below else {}))
 
 
 HOW = {0: "", 1: " in one forward, streams", 2: ", streams checked by the draft"}
