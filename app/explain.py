@@ -46,7 +46,7 @@ def _copied(step) -> str:
     copied = set(tree.get("copied") or extras.get("copied_at") or [])
     if not copied:
         return ""
-    path = tree.get("path") or [] if tree else range(step.accepted)
+    path = (tree.get("path") or []) if tree else range(step.accepted)  # sd: the accepted positions
     used = sum(1 for i in path if i in copied)
     return (f" {len(copied)} of the draft tokens were copied from the context (not drafted by a model); "
             f"{used} of them {'was' if used == 1 else 'were'} accepted.")

@@ -77,6 +77,17 @@ def unsure_copy(sequence: list[int], logits: torch.Tensor, probs: torch.Tensor |
     return copied[0] if copied else None
 
 
+def draft_token(sampler, logits: torch.Tensor, context: list[int] | None, copy_below: float):
+    """One draft token from ``logits`` [V] (the target's vocabulary): the draft's own pick, or where
+    it is unsure the context's copy (``unsure_copy``; ``context``: the sequence the token follows,
+    None when copy_below is 0). Returns (token, its law [V] at T > 0 else None, whether it was copied)."""
+    probs = None if sampler.greedy else sampler.probs(logits)  # [V]
+    copied = unsure_copy(context, logits, probs, copy_below) if copy_below else None
+    if copied is None:
+        return (int(logits.argmax()) if probs is None else sampler.sample(probs)), probs, False
+    return copied, None if probs is None else F.one_hot(torch.tensor(copied), len(probs)).to(probs), True
+
+
 def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
     """Draft gamma tokens after the committed sequence: returns (tokens, q [gamma, V] or None, the
     positions of the tokens copied from the context).
@@ -91,17 +102,13 @@ def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
     tokens, q, copies = [], [], []
     for i in range(gamma):
         logits = run.as_target_vocab(draft(ids, cache)[0, -1])  # [V]
-        probs = None if sampler.greedy else sampler.probs(logits)  # [V]
-        copied = unsure_copy(run.sequence + tokens, logits, probs, copy_below)
-        if copied is not None:
+        token, probs, copied = draft_token(sampler, logits, run.sequence + tokens if copy_below else None, copy_below)
+        tokens.append(token)
+        if copied:
             copies.append(i)
-            tokens.append(copied)
-            probs = None if probs is None else F.one_hot(torch.tensor(copied), len(probs)).to(probs)  # its law
-        else:
-            tokens.append(int(logits.argmax()) if probs is None else sampler.sample(probs))
         if probs is not None:
             q.append(probs)
-        ids = torch.tensor([[tokens[-1]]], device=draft.device)
+        ids = torch.tensor([[token]], device=draft.device)
     return tokens, (torch.stack(q) if q else None), copies
 
 
