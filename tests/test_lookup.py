@@ -7,7 +7,7 @@ from mirror_sd import MirrorSDError, generate
 from mirror_sd.methods.lookup import copy_from_context
 from mirror_sd.methods.sd import unsure_copy
 from mirror_sd.methods.tree import Tree, graft, tree_mask, tree_positions
-from test_distribution import chi_square_p, exact_joint_law, exact_law_of_tokens_2_and_3, sample_counts
+from test_distribution import chi_square_p, exact_law_of_tokens_2_and_3, sample_counts
 
 # t1 followed by every token, then t1: whatever token comes next, the last 2 tokens occurred before
 REPEATING_PROMPT = " ".join(f"t1 t{k}" for k in range(16)) + " t1"
@@ -109,26 +109,7 @@ def test_sd_with_copies_samples_the_target_distribution(tiny_pair):
     assert copies >= 2 * 2000  # every run drafted its first two tokens by copying
 
 
-def test_mirror_branches_copy_where_the_draft_is_unsure_and_equal_vanilla(tiny_pair):
-    expected = generate(tiny_pair, REPEATING_PROMPT, method="vanilla", max_new_tokens=24, raw=True).token_ids
-    runs = {below: generate(tiny_pair, REPEATING_PROMPT, method="mirror", max_new_tokens=24, raw=True, gamma=3,
-                            kappa=2, branch_budget=4, lookup=0, copy_below=below) for below in (0.0, 1.0)}
-    for out in runs.values():
-        assert out.error is None and out.token_ids == expected
-    rolled = {below: [b for s in out.trace.steps[1:] for b in s.extras["branches"]] for below, out in runs.items()}
-    assert rolled[0.0] != rolled[1.0]  # the copies changed what the branches rolled out
-    for method in ("sd", "mirror"):  # copies replace tokens drafted one at a time, not the streams' window
-        with pytest.raises(MirrorSDError, match="copy_below needs streams=0"):
-            generate(tiny_pair, REPEATING_PROMPT, method=method, max_new_tokens=4, raw=True, streams=1, copy_below=0.5)
 
-
-def test_mirror_branches_with_copies_sample_the_target_distribution(tiny_pair):
-    """gamma = 1 and kappa = V: from the second step on every window is a branch continuation, and
-    with copy_below = 1 a branch copies wherever its last 2 tokens occurred before (one-hot law)."""
-    outputs = []
-    counts = sample_counts(tiny_pair, "mirror", 1.0, 1.0, first=2, outputs=outputs, prompt=REPEATING_PROMPT, gamma=1,
-                           kappa=16, branch_budget=32, copy_below=1.0)
-    steps = [s for out in outputs for s in out.trace.steps if s.index >= 2]
-    assert sum(not s.extras["fallback"] for s in steps) == len(steps)  # windows came from branches
-    law = exact_joint_law(tiny_pair.target, tiny_pair.encode(REPEATING_PROMPT, raw=True), 1.0, 1.0, 4).sum((0, 1))
-    assert chi_square_p(counts, law) > 1e-3
+def test_copies_need_token_by_token_drafting(tiny_pair):
+    with pytest.raises(MirrorSDError, match="copy_below needs streams=0"):
+        generate(tiny_pair, REPEATING_PROMPT, method="sd", max_new_tokens=4, raw=True, streams=1, copy_below=0.5)

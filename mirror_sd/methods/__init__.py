@@ -101,9 +101,9 @@ SD_LOOKUP = Option("lookup", 8, 0, 64, "streams=2: tokens copied from the contex
 SD_OVERSHOOT = Option("overshoot", 0, 0, 1, "streams=2: 1, every draft forward checks its streams' full depth and "
                       "the window keeps lookahead accepted past gamma (gamma to gamma + streams tokens); 0, windows "
                       "of exactly gamma")
-COPY_BELOW = Option("copy_below", 0.0, 0.0, 1.0, "streams=0: where the draft's top-1 probability is below this "
-                    "and the context continues the last 3 or 2 tokens, it proposes the copied token instead "
-                    "(methods/lookup.py; 0: off)", kind=float)
+SD_COPY_BELOW = Option("copy_below", 0.0, 0.0, 1.0, "streams=0: where the draft's top-1 probability is below this "
+                       "and the context continues the last 3 or 2 tokens, it proposes the copied token instead "
+                       "(methods/lookup.py; 0: off)", kind=float)
 BRANCH_BUDGET = Option("branch_budget", 16, 1, 256, "branches the draft rolls out per step; 16: best in "
                        "docs/sweeps/mirror_branch_budget.csv")
 MIRROR_GAMMA = Option("gamma", 2, 1, 32, "draft tokens per step (window length); 2: docs/sweeps/mirror_gamma_prepacked.csv")
@@ -148,15 +148,14 @@ register(Method("vanilla", "Vanilla", "autoregressive: one target forward per to
                 vanilla.decode, needs_draft=False, parallel_lanes=False))
 register(Method("sd", "Speculative decoding", "a draft model proposes gamma tokens, the target verifies them in one forward",
                 sd.decode, needs_draft=True, parallel_lanes=False, options=(SD_GAMMA, SD_STREAMS, SD_TOP_K, SD_TOTAL_TOKENS, SD_LOOKUP,
-                                                                SD_OVERSHOOT, COPY_BELOW),
+                                                                SD_OVERSHOOT, SD_COPY_BELOW),
                 check=sd.check_streams))
 register(Method("ss", "Speculative Streaming", "the target drafts for itself: trained streams on its top layers "
                 "propose the next gamma tokens while its main stream verifies", ss.decode, needs_draft=False,
                 parallel_lanes=False, options=(SS_GAMMA, SS_TOP_K, SS_TOTAL_TOKENS, LOOKUP, SS_ONE_FORWARD), check=_check_streams))
 register(Method("mirror", "Mirror-SD", "the target's early exit steers branch rollouts on the draft lane, "
                 "which run while the target finishes its layers", mirror.decode, needs_draft=True,
-                parallel_lanes=True, options=(MIRROR_GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, STREAMS, MIRROR_LOOKUP,
-                                              COPY_BELOW), check=_check_mirror))
+                parallel_lanes=True, options=(MIRROR_GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, STREAMS, MIRROR_LOOKUP), check=_check_mirror))
 register(Method("eagle", "EAGLE-2", "a feature-level head on the target's lane drafts a dynamic tree; "
                 "the target verifies the whole tree in one forward", eagle.decode, needs_draft=False,
                 parallel_lanes=False, options=(DEPTH, TOP_K, TOTAL_TOKENS, LOOKUP), check=_check_eagle))

@@ -13,9 +13,7 @@ One step, with the window W = [last committed token, d1 .. d_gamma]:
      v (an early-exit candidate at position r). The draft rolls out gamma tokens after each of the
      ``branch_budget`` most likely branches, all branches batched in one tree per forward: gamma
      forwards token by token, or with ``streams=1`` a single forward, where the draft's main
-     stream gives each branch's first token and its speculative streams the rest. Token by token,
-     with ``copy_below`` > 0 a branch copies the context where the draft is unsure, as ``sd``'s
-     draft does (``sd.unsure_copy``).
+     stream gives each branch's first token and its speculative streams the rest.
 3. Rendezvous: verification gives (accepted A, token c). If branch (A, c) was rolled out, its
    continuation is the next window, ready with no draft time on the critical path (a hit).
    Otherwise the next step starts with a fresh draft on the draft lane (a miss: draft time exposed),
@@ -42,7 +40,6 @@ as well. tests/test_distribution.py checks this with a chi-square test against t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 
 import torch
 
@@ -51,7 +48,7 @@ from ..models.streams import draft_streams, split_forward
 from ..sampling import to_target_vocab
 from ..trace import Step
 from .lookup import copy_from_context
-from .sd import draft_token, draft_window, prefill, streamed_window
+from .sd import draft_window, prefill, streamed_window
 from .verify import verify
 
 
@@ -177,11 +174,10 @@ def tree_layout(run, cache, draft: list[int], branches: list[Branch]):
     return chain + [b.root for b in branches], positions, mask, owner, depth, may_see
 
 
-def rollout(run, cache, draft: list[int], branches: list[Branch], gamma: int, copy_below: float = 0.0) -> list[Branch]:
+def rollout(run, cache, draft: list[int], branches: list[Branch], gamma: int) -> list[Branch]:
     """Draft lane: gamma draft tokens after every branch, all branches in one tree per forward.
 
     Forward 1 lays out the tree (``tree_layout``); forward k feeds each branch's newest token.
-    copy_below: where the draft is unsure, a branch copies the context (``sd.unsure_copy``).
     """
     model, sampler = run.pair.draft, run.draft_sampler
     n, B = len(run.sequence), len(branches)
@@ -189,11 +185,11 @@ def rollout(run, cache, draft: list[int], branches: list[Branch], gamma: int, co
     for k in range(gamma):
         logits = _forward_rows(model, cache, ids, positions, mask, rows=B)  # [B, V_draft]
         for b, row in zip(branches, run.as_target_vocab(logits)):
-            context = run.sequence + draft[:b.accepted] + [b.root] + b.tokens if copy_below else None
-            token, probs, _ = draft_token(sampler, row, context, copy_below)
-            b.tokens.append(token)
-            if probs is not None:
-                b.q.append(probs)
+            if sampler.greedy:
+                b.tokens.append(int(row.argmax()))
+            else:
+                b.q.append(sampler.probs(row))
+                b.tokens.append(sampler.sample(b.q[-1]))
         if k == gamma - 1:
             break
         ids = [b.tokens[-1] for b in branches]
@@ -240,13 +236,9 @@ def rendezvous(draft, q, logits, sampler, branches: list[Branch]):
     return verdict, hit
 
 
-def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, streams: int = 0, lookup: int = 0,
-           copy_below: float = 0.0):
+def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, streams: int = 0, lookup: int = 0):
     pair = run.pair
-    if streams:
-        fresh_draft, roll_out = streamed_window, rollout_streamed
-    else:  # token by token, copying the context where the draft is unsure (copy_below > 0)
-        fresh_draft, roll_out = partial(draft_window, copy_below=copy_below), partial(rollout, copy_below=copy_below)
+    fresh_draft, roll_out = (streamed_window, rollout_streamed) if streams else (draft_window, rollout)
     exit_layer = exit_layer or default_exit_layer(pair.target.num_layers)
     target_cache, draft_cache, first = prefill(run, extra_draft_slots=branch_budget * gamma + lookup)
     yield first
