@@ -70,8 +70,8 @@ COPY_NGRAM_SIZES = (3, 2)  # the last token alone matches too often where the dr
 def unsure_copy(sequence: list[int], logits: torch.Tensor, probs: torch.Tensor | None, below: float) -> int | None:
     """The token the context continues ``sequence``'s last 3 or 2 tokens with (methods/lookup.py),
     where the draft is unsure: its top-1 probability below ``below`` (``probs`` [V], the law it draws
-    from at T > 0; at T = 0, None: the softmax of ``logits`` [V]); else None."""
-    if below <= 0 or float((logits.softmax(-1) if probs is None else probs).max()) >= below:
+    from at T > 0; at T = 0, None: the softmax of ``logits`` [V]); else None (always for below <= 0)."""
+    if float((logits.softmax(-1) if probs is None else probs).max()) >= below:
         return None
     copied = copy_from_context(sequence, 1, COPY_NGRAM_SIZES)
     return copied[0] if copied else None
