@@ -1,4 +1,5 @@
-"""Text of a run as HTML: each committed token coloured by origin, rejected draft tokens struck through.
+"""Text of a run as HTML: each committed token coloured by origin, rejected draft tokens struck through,
+draft tokens copied from the context (``mirror_sd/methods/lookup.py``) underlined.
 
 Token ids become text through a ``pieces`` dict (id -> text) recorded with the run (see
 :func:`collect_pieces`), so a stored run renders with no tokenizer at hand.
@@ -23,6 +24,8 @@ ORIGIN_NAMES = {
 }
 TEXT_STYLE = "overflow-wrap:anywhere;line-height:1.9;font-size:14px;"
 REJECTED_STYLE = "color:#9ca3af;text-decoration:line-through;"
+COPIED_STYLE = "box-shadow:inset 0 -3px 0 #0d9488;"  # teal underline, the draft trees' "copied from context"
+COPIED_NAME = "copied from the context (not drafted by a model)"
 
 
 def collect_pieces(trace: Trace, decode, pieces: dict[int, str] | None = None, from_step: int = 0) -> dict[int, str]:
@@ -68,16 +71,40 @@ def _span(text: str, style: str, title: str) -> str:
     return f'<span class="tok" style="{style}" title="{html.escape(title)}">{shown}</span>'
 
 
+def copied_marks(step) -> tuple[list[bool], list[bool]]:
+    """Which of a step's accepted and of its rejected draft tokens (``step.rejected``) were copied
+    from the context: tree nodes listed in ``tree["copied"]`` (eagle, ss), window positions in
+    ``copied_at`` (sd with copy_below), or a whole window (mirror's ``copied`` after a miss)."""
+    extras = step.extras or {}
+    tree = extras.get("tree")
+    if tree:
+        copied = set(tree.get("copied") or [])
+        accepted = tree["path"][:step.accepted]
+        last = accepted[-1] if accepted else -1
+        rejected = [node for node, parent in enumerate(tree["parents"]) if parent == last]
+    else:
+        whole = extras.get("copied") is True
+        copied = set(range(len(step.proposed))) if whole else set(extras.get("copied_at") or [])
+        accepted, rejected = range(step.accepted), range(step.accepted, len(step.proposed))
+    return [i in copied for i in accepted], [i in copied for i in rejected]
+
+
 def step_html(step, pieces: dict, current: bool = False) -> str:
-    """One step: accepted tokens, then rejected draft tokens (struck through), then the target's token."""
+    """One step: accepted tokens, then rejected draft tokens (struck through), then the target's token;
+    draft tokens copied from the context underlined."""
     border = "outline:2px solid #7c3aed;" if current else ""
+    accepted_copied, rejected_copied = copied_marks(step)
+    accepted_copied = iter(accepted_copied)
     parts = []
     for token, origin in zip(step.committed, step.origins):
         if origin in ("correction", "bonus"):
-            parts += [_span(piece(pieces, t), REJECTED_STYLE + border, f"step {step.index}: rejected draft token")
-                      for t in step.rejected]
-        style = f"background:{ORIGIN_COLOURS.get(origin, '#fff')};" + border
-        parts.append(_span(piece(pieces, token), style, f"step {step.index}: {ORIGIN_NAMES.get(origin, origin)}"))
+            parts += [_span(piece(pieces, t), REJECTED_STYLE + border + (COPIED_STYLE if copied else ""),
+                            f"step {step.index}: rejected draft token" + (f", {COPIED_NAME}" if copied else ""))
+                      for t, copied in zip(step.rejected, rejected_copied)]
+        copied = origin == "accepted" and next(accepted_copied, False)
+        style = f"background:{ORIGIN_COLOURS.get(origin, '#fff')};" + border + (COPIED_STYLE if copied else "")
+        name = ORIGIN_NAMES.get(origin, origin) + (f", {COPIED_NAME}" if copied else "")
+        parts.append(_span(piece(pieces, token), style, f"step {step.index}: {name}"))
     return "".join(parts)
 
 
@@ -91,4 +118,5 @@ def text_html(trace: Trace, pieces: dict, upto: int | None = None, current: int 
 def legend_html() -> str:
     items = [_span(name, f"background:{ORIGIN_COLOURS[origin]};", name) for origin, name in ORIGIN_NAMES.items()]
     items.append(_span("rejected draft token", REJECTED_STYLE, "a draft token the target did not accept"))
+    items.append(_span("copied from the context", COPIED_STYLE, "underlined: a draft token " + COPIED_NAME))
     return '<div class="legend">' + " ".join(items) + "</div>"

@@ -51,6 +51,7 @@ def test_graft_reuses_the_trees_nodes_and_appends_the_rest():
 def test_the_app_draws_and_explains_copied_nodes():
     from app import figures
     from app.explain import explain
+    from app.tokens import COPIED_STYLE, copied_marks, legend_html, step_html
     from app.trees import ACCEPTED, COPIED, step_tree
     from mirror_sd.trace import Step, Trace
 
@@ -66,6 +67,12 @@ def test_the_app_draws_and_explains_copied_nodes():
     trace.add_step(step)
     assert "2 of the draft tokens were copied from the context" in explain(trace, 1, {})
     assert "1 of them was accepted" in explain(trace, 1, {})
+    html = step_html(step, {t: f"t{t}" for t in range(16)})  # t10 drafted, t12 copied, then t13 copied, rejected
+    assert copied_marks(step) == ([False, True], [True])
+    assert html.count(COPIED_STYLE) == 2 and html.index(COPIED_STYLE) > html.index(">t10<")
+    assert COPIED_STYLE in legend_html()
+    window = Step(2, [7, 8], ["accepted", "correction"], proposed=[7, 9], accepted=1, extras=dict(copied=True))
+    assert copied_marks(window) == ([True], [True])  # mirror: a whole window copied after a miss
     assert torch.equal(tree_mask(tree.parents)[4], torch.tensor([True, True, False, True, True]))
 
 
@@ -82,6 +89,7 @@ def test_an_unsure_draft_proposes_what_the_context_continues_with():
 
 def test_sd_with_copies_equals_vanilla_and_the_app_says_what_was_copied(tiny_pair):
     from app.explain import explain
+    from app.tokens import COPIED_STYLE, copied_marks, step_html
 
     expected = generate(tiny_pair, REPEATING_PROMPT, method="vanilla", max_new_tokens=24, raw=True).token_ids
     out = generate(tiny_pair, REPEATING_PROMPT, method="sd", max_new_tokens=24, raw=True, gamma=4, copy_below=1.0)
@@ -93,6 +101,11 @@ def test_sd_with_copies_equals_vanilla_and_the_app_says_what_was_copied(tiny_pai
     sentence = explain(out.trace, step.index, {})
     assert f"{len(copied)} of the draft tokens were copied from the context" in sentence
     assert f"{used} of them {'was' if used == 1 else 'were'} accepted" in sentence
+    marks = copied_marks(step)  # the token strip underlines the same window positions
+    assert [i for i, m in enumerate(marks[0] + marks[1]) if m] == copied
+    html = step_html(step, {t: f"t{t}" for t in range(tiny_pair.target.args.vocab_size)})
+    shown = step.accepted + (len(step.rejected) if step.origins[-1] == "correction" else 0)
+    assert html.count(COPIED_STYLE) == sum(i < shown for i in copied)
     plain = generate(tiny_pair, REPEATING_PROMPT, method="sd", max_new_tokens=24, raw=True, gamma=4)
     assert "copied_at" not in plain.trace.steps[1].extras  # off by default
 
