@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from mirror_sd.trace import Trace
 
-from .tokens import piece
+from .tokens import copied_marks, piece
 
 
 def step_ms(trace: Trace, index: int) -> float:
@@ -42,12 +42,10 @@ def _copied(step) -> str:
     """Context lookup detail: how many draft tokens were copied from the context (eagle, ss: tree
     nodes; sd with copy_below: window positions), and how many of them were accepted."""
     extras = step.extras or {}
-    tree = extras.get("tree") or {}
-    copied = set(tree.get("copied") or extras.get("copied_at") or [])
+    copied = (extras.get("tree") or {}).get("copied") or extras.get("copied_at") or []
     if not copied:
         return ""
-    path = (tree.get("path") or []) if tree else range(step.accepted)  # sd: the accepted positions
-    used = sum(1 for i in path if i in copied)
+    used = sum(copied_marks(step)[0])
     return (f" {len(copied)} of the draft tokens were copied from the context (not drafted by a model); "
             f"{used} of them {'was' if used == 1 else 'were'} accepted.")
 
