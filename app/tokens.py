@@ -89,6 +89,11 @@ def copied_marks(step) -> tuple[list[bool], list[bool]]:
     return [i in copied for i in accepted], [i in copied for i in rejected]
 
 
+def _marked(style: str, title: str, copied: bool) -> tuple[str, str]:
+    """A token's style and title, with the copied-from-context underline where ``copied``."""
+    return (style + COPIED_STYLE, f"{title}, {COPIED_NAME}") if copied else (style, title)
+
+
 def step_html(step, pieces: dict, current: bool = False) -> str:
     """One step: accepted tokens, then rejected draft tokens (struck through), then the target's token;
     draft tokens copied from the context underlined."""
@@ -98,13 +103,13 @@ def step_html(step, pieces: dict, current: bool = False) -> str:
     parts = []
     for token, origin in zip(step.committed, step.origins):
         if origin in ("correction", "bonus"):
-            parts += [_span(piece(pieces, t), REJECTED_STYLE + border + (COPIED_STYLE if copied else ""),
-                            f"step {step.index}: rejected draft token" + (f", {COPIED_NAME}" if copied else ""))
-                      for t, copied in zip(step.rejected, rejected_copied)]
+            for rejected, copied in zip(step.rejected, rejected_copied):
+                style, title = _marked(REJECTED_STYLE + border, f"step {step.index}: rejected draft token", copied)
+                parts.append(_span(piece(pieces, rejected), style, title))
         copied = origin == "accepted" and next(accepted_copied, False)
-        style = f"background:{ORIGIN_COLOURS.get(origin, '#fff')};" + border + (COPIED_STYLE if copied else "")
-        name = ORIGIN_NAMES.get(origin, origin) + (f", {COPIED_NAME}" if copied else "")
-        parts.append(_span(piece(pieces, token), style, f"step {step.index}: {name}"))
+        style, title = _marked(f"background:{ORIGIN_COLOURS.get(origin, '#fff')};" + border,
+                               f"step {step.index}: {ORIGIN_NAMES.get(origin, origin)}", copied)
+        parts.append(_span(piece(pieces, token), style, title))
     return "".join(parts)
 
 

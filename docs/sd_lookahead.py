@@ -1,14 +1,15 @@
 """sd with the draft checking its own streams' lookahead (streams=2): chain, tree, lookup and
 overshoot, in one interleaved run.
 
-    python docs/sd_lookahead.py [--per-category 2] [--max-new-tokens 64]
+    python docs/sd_lookahead.py [--per-category 2] [--max-new-tokens 64] [--runs 0,6]
 
 On the bench prompts, prompt by prompt (``bench.run_interleaved``, warmed up first): vanilla, then
 ``sd`` at gamma 5 with the shipped draft drafting token by token (streams=0), in one unchecked
 forward (streams=1), and checking its streams' lookahead (streams=2, methods/sd.py:
 verified_window) as a chain of the streams' argmaxes, as a tree (top_k candidates per stream,
 total_tokens nodes), with a branch copied from the context (lookup), and with windows that keep
-lookahead accepted past gamma (overshoot=1).
+lookahead accepted past gamma (overshoot=1). ``--runs`` keeps some of them (numbers in the order
+of ``RUNS``, from 0), for a run on more prompts.
 
 Prints, and writes to docs/sweeps/sd_lookahead_N_prompts.csv (N: 12 with the default
 ``--per-category 2``), each run's tau, speed against vanilla (``bench.summarise``), draft tokens
@@ -41,10 +42,17 @@ COLUMNS = ["method", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "
 
 
 def main():
-    args = comparison_parser(__doc__).parse_args()
+    parser = comparison_parser(__doc__)
+    parser.add_argument("--runs", help=f"comma-separated numbers of the sd runs to make, from 0 to {len(RUNS) - 1} in "
+                                       "this order: " + "; ".join(RUNS) + " (default: all)")
+    args = parser.parse_args()
+    numbers = args.runs.split(",") if args.runs else [str(i) for i in range(len(RUNS))]
+    if not all(n.strip().isdigit() and int(n) < len(RUNS) for n in numbers):
+        parser.error(f"--runs takes numbers from 0 to {len(RUNS) - 1}, got {args.runs!r}")
+    chosen = [list(RUNS)[int(n)] for n in numbers]
     pair = load_pair()
-    runs = [("vanilla", {})] + [("sd", dict(gamma=5, **options)) for options in RUNS.values()]
-    labels = ["vanilla", *RUNS]
+    runs = [("vanilla", {})] + [("sd", dict(gamma=5, **RUNS[label])) for label in chosen]
+    labels = ["vanilla", *chosen]
     prompts = bench_prompts(args.per_category)
     table = run_interleaved(pair, prompts, runs, args.max_new_tokens, desc="sd lookahead")
     summary, per_step = summarise_runs(table, labels)
