@@ -72,21 +72,15 @@ def _span(text: str, style: str, title: str) -> str:
 
 
 def copied_marks(step) -> tuple[list[bool], list[bool]]:
-    """Which of a step's accepted and of its rejected draft tokens (``step.rejected``) were copied
-    from the context: tree nodes listed in ``tree["copied"]`` (eagle, ss), window positions in
+    """Which of a step's accepted and of its rejected draft tokens (at ``step.accepted_at`` and
+    ``step.rejected_at``) were copied from the context: tree nodes listed in ``tree["copied"]`` (eagle, ss), window positions in
     ``copied_at`` (sd with copy_below), or a whole window (mirror's ``copied`` after a miss)."""
     extras = step.extras or {}
-    tree = extras.get("tree")
-    if tree:
-        copied = set(tree.get("copied") or [])
-        accepted = tree["path"][:step.accepted]
-        last = accepted[-1] if accepted else -1
-        rejected = [node for node, parent in enumerate(tree["parents"]) if parent == last]
+    if extras.get("copied") is True:
+        copied = set(range(len(step.proposed)))
     else:
-        whole = extras.get("copied") is True
-        copied = set(range(len(step.proposed))) if whole else set(extras.get("copied_at") or [])
-        accepted, rejected = range(step.accepted), range(step.accepted, len(step.proposed))
-    return [i in copied for i in accepted], [i in copied for i in rejected]
+        copied = set((extras.get("tree") or {}).get("copied") or extras.get("copied_at") or [])
+    return [i in copied for i in step.accepted_at], [i in copied for i in step.rejected_at]
 
 
 def _marked(style: str, title: str, copied: bool) -> tuple[str, str]:

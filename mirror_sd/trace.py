@@ -44,15 +44,30 @@ class Step:
     extras: dict = field(default_factory=dict)  # per-method detail: branches, trees, ...
 
     @property
+    def accepted_at(self) -> list[int]:
+        """Where the accepted draft tokens sit in the draft: window positions of a chain, or the
+        accepted path's nodes of a draft tree (``extras["tree"]``)."""
+        tree = self.extras.get("tree")
+        return list(range(self.accepted)) if tree is None else tree["path"][:self.accepted]
+
+    @property
+    def rejected_at(self) -> list[int]:
+        """Where the rejected draft tokens (``rejected``) sit in the draft: window positions of a chain,
+        or node indices of a draft tree."""
+        tree = self.extras.get("tree")
+        if tree is None:
+            return list(range(self.accepted, len(self.proposed)))
+        last = tree["path"][self.accepted - 1] if self.accepted else -1
+        return [node for node, parent in enumerate(tree["parents"]) if parent == last]
+
+    @property
     def rejected(self) -> list[int]:
         """Draft tokens the target turned down where the step stopped accepting: the rest of a chain
         window, or, for a draft tree (``extras["tree"]``), the candidates at that position (the children
         of the last accepted node): the tree's other nodes hang off other positions."""
         tree = self.extras.get("tree")
-        if tree is None:
-            return self.proposed[self.accepted:]
-        last = tree["path"][self.accepted - 1] if self.accepted else -1
-        return [token for token, parent in zip(tree["tokens"], tree["parents"]) if parent == last]
+        tokens = self.proposed if tree is None else tree["tokens"]
+        return [tokens[i] for i in self.rejected_at]
 
 
 @dataclass

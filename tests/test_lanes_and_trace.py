@@ -228,10 +228,10 @@ def test_rejected_tokens_of_a_chain_and_of_a_tree():
     from mirror_sd.trace import Step
 
     chain = Step(1, [6, 9], ["accepted", "correction"], proposed=[6, 7, 8], accepted=1)
-    assert chain.rejected == [7, 8]
+    assert chain.rejected == [7, 8] and chain.accepted_at == [0] and chain.rejected_at == [1, 2]
     # root -> 10, 11; 10 -> 20, 21; 11 -> 22. Accepted 10, then the target said 30 (a correction).
     tree = dict(tokens=[10, 11, 20, 21, 22], parents=[-1, -1, 0, 0, 1], path=[0])
     step = Step(1, [10, 30], ["accepted", "correction"], proposed=tree["tokens"], accepted=1, extras=dict(tree=tree))
-    assert step.rejected == [20, 21]
+    assert step.rejected == [20, 21] and step.accepted_at == [0] and step.rejected_at == [2, 3]
     none = Step(2, [40], ["correction"], proposed=tree["tokens"], accepted=0, extras=dict(tree=dict(tree, path=[])))
-    assert none.rejected == [10, 11]
+    assert none.rejected == [10, 11] and none.accepted_at == [] and none.rejected_at == [0, 1]
