@@ -1,8 +1,8 @@
 """Compare the target's speculative streams on the bench prompts, interleaved: per prompt, vanilla, then
 ``ss`` with each streams folder.
 
-    python docs/compare_streams.py STREAMS_DIR [STREAMS_DIR ...] [--per-category 2] [--max-new-tokens 64]
-                                   [--lookup 8]
+    python -m scripts.compare_streams STREAMS_DIR [STREAMS_DIR ...] [--per-category 2] [--max-new-tokens 64]
+                                      [--lookup 8]
 
 A streams folder is what ``python -m mirror_sd.train ss`` writes (the shipped one:
 mirror_sd/assets/ss-smollm2-135m). Prints tau, tokens/s and the speedup over vanilla on the same
@@ -12,15 +12,10 @@ default; 0: the streams alone).
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from comparison import bench_prompts, comparison_parser  # noqa: E402
-from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.bench import run_interleaved, summarise  # noqa: E402
-from mirror_sd.models.streams import use_streams  # noqa: E402
+from mirror_sd import load_pair
+from mirror_sd.bench import summarise
+from mirror_sd.models.streams import use_streams
+from scripts.comparison import bench_prompts, comparison_parser, interleave
 
 
 def main():
@@ -37,7 +32,7 @@ def main():
             use_streams(pair, folders[index])
 
     runs = [("vanilla", {})] + [("ss", dict(lookup=args.lookup))] * len(args.streams)
-    table = run_interleaved(pair, prompts, runs, args.max_new_tokens, desc="compare streams", before_run=attach)
+    table = interleave(pair, prompts, runs, args.max_new_tokens, attach, desc="compare streams")
     table["method"] = ["vanilla" if r == 0 else f"ss {folders[r]}" for r in table["run"]]
     summary = summarise(table).set_index("method")
     print(summary[["mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla"]].round(3).to_markdown())

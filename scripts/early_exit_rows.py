@@ -1,21 +1,16 @@
 """Mirror-SD's early exit over the draft's vocabulary rows against the target's full LM head.
 
-    python docs/early_exit_rows.py [--per-category 2] [--max-new-tokens 64]
+    python -m scripts.early_exit_rows [--per-category 2] [--max-new-tokens 64]
 
 Interleaved on the bench prompts: per prompt, vanilla, then mirror with the early exit as shipped
 (``methods/mirror.py: early_exit``, only the LM-head rows of the draft's tokens), then with the
 target's full LM head (the order of the two alternates by prompt). Prints each one's speed against
 vanilla and mirror's hit rate, and checks every run against vanilla token for token.
 """
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from comparison import bench_prompts, comparison_parser  # noqa: E402
-from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.bench import run_prompt  # noqa: E402
-from mirror_sd.methods import mirror  # noqa: E402
+from mirror_sd import load_pair
+from mirror_sd.bench import run_prompt
+from mirror_sd.methods import mirror
+from scripts.comparison import bench_prompts, comparison_parser
 
 SHIPPED = mirror.early_exit
 

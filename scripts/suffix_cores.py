@@ -1,24 +1,19 @@
 """Mirror-SD's target suffix taking the draft lane's core once the rollouts are done, against not.
 
-    python docs/suffix_cores.py [--per-category 4] [--max-new-tokens 64]
+    python -m scripts.suffix_cores [--per-category 4] [--max-new-tokens 64]
 
 On a CPU the two lanes split the cores, so the suffix runs on one core beside the rollouts; the
 rollouts usually end first, and the suffix then takes both cores for its remaining layers and its LM
 head (``Lane.widen_when_done``, called by ``methods/mirror.py: target_suffix``). Interleaved on the
-bench prompts (``bench.run_interleaved``, warmed up first): vanilla, then mirror as shipped, then
+bench prompts (``comparison.interleave``, warmed up first): vanilla, then mirror as shipped, then
 mirror with the suffix kept on its one core. Prints each one's tau, speed against vanilla and the
 suffix's milliseconds per step (``bench.summarise``, ``bench.step_ms``), and checks every run
 against vanilla token for token.
 """
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from comparison import bench_prompts, comparison_parser  # noqa: E402
-from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.bench import run_interleaved, step_ms, summarise  # noqa: E402
-from mirror_sd.devices import Lane  # noqa: E402
+from mirror_sd import load_pair
+from mirror_sd.bench import step_ms, summarise
+from mirror_sd.devices import Lane
+from scripts.comparison import bench_prompts, comparison_parser, interleave
 
 SHIPPED = Lane.widen_when_done
 LABELS = ["vanilla", "mirror", "mirror, suffix on one core"]
@@ -35,8 +30,8 @@ def main():
         Lane.widen_when_done = SHIPPED if index < 2 else (lambda lane, beside: None)
 
     try:
-        table = run_interleaved(pair, bench_prompts(args.per_category), runs, args.max_new_tokens,
-                                desc="suffix cores", before_run=before_run)
+        table = interleave(pair, bench_prompts(args.per_category), runs, args.max_new_tokens, before_run,
+                           desc="suffix cores")
     finally:
         Lane.widen_when_done = SHIPPED
     table["method"] = [LABELS[r] for r in table["run"]]  # one row per run in the summaries

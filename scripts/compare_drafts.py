@@ -1,26 +1,24 @@
 """Compare drafts on the bench prompts, interleaved: per prompt, vanilla, then each method with each
 draft at each γ, all on one loaded target.
 
-    python docs/compare_drafts.py DRAFT [DRAFT ...] [--methods sd] [--gammas 2,5] [--per-category 2]
-                                  [--max-new-tokens 64] [--csv docs/sweeps/compare_drafts.csv]
+    python -m scripts.compare_drafts DRAFT [DRAFT ...] [--methods sd] [--gammas 2,5] [--per-category 2]
+                                     [--max-new-tokens 64] [--csv docs/sweeps/compare_drafts.csv]
 
 A draft is a folder that ``python -m mirror_sd.train draft`` writes ("default": the shipped one,
 mirror_sd/assets/draft-smollm2-135m); the methods are those that use a draft (sd, mirror), with
 their other options at their defaults. Prints, and writes to --csv, each run's tau, speed against
 vanilla in the same run (``bench.summarise``) and milliseconds per step of drafting (span ``draft``
 for sd; mirror's are ``fallback-draft`` and ``draft-rollout``; int8 on the CPU as by default), and
-checks every run against vanilla token for token. The draft is swapped between runs with ``ModelPair.use_draft``.
+checks every run against vanilla token for token. The draft is swapped between runs
+(``comparison.swap_draft``).
 """
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mirror_sd import load_pair
+from scripts.comparison import (SWEEPS, bench_prompts, comparison_parser, drafting_ms_per_step, interleave,
+                                save_checked, summarise_runs, swap_draft)
 
-from comparison import bench_prompts, comparison_parser, drafting_ms_per_step, save_checked, summarise_runs  # noqa: E402
-from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.bench import run_interleaved  # noqa: E402
-
-CSV = Path(__file__).resolve().parent / "sweeps" / "compare_drafts.csv"
+CSV = SWEEPS / "compare_drafts.csv"
 COLUMNS = ["method", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "hit_rate",
            "wall_s", "draft_ms_per_step"]
 
@@ -43,11 +41,8 @@ def main():
                 run_drafts.append(draft)
                 labels.append(f"{method}, {Path(draft).name}, gamma {gamma}")
 
-    def before_run(index):
-        pair.use_draft(run_drafts[index])
-
-    table = run_interleaved(pair, bench_prompts(args.per_category), runs, args.max_new_tokens,
-                            desc="compare drafts", before_run=before_run)
+    table = interleave(pair, bench_prompts(args.per_category), runs, args.max_new_tokens,
+                       lambda index: swap_draft(pair, run_drafts[index]), desc="compare drafts")
     summary, per_step = summarise_runs(table, labels)
     summary["draft_ms_per_step"] = drafting_ms_per_step(summary, per_step)
     save_checked(summary[COLUMNS], args.csv, "every draft must keep its method lossless")

@@ -11,7 +11,7 @@ for it. This script measures, in fresh processes, on a worker thread (as a lane 
 once as mirror-sd runs them (the calling thread never runs a multi-threaded kernel) and once after
 the calling thread ran one (``torch.zeros(1 << 24)``), which gives it a pool of its own.
 
-    python docs/cpu_workers.py
+    python -m scripts.cpu_workers
 """
 import json
 import subprocess
@@ -26,7 +26,6 @@ CHILD = r"""
 import json, sys, time
 from concurrent.futures import ThreadPoolExecutor
 import torch
-sys.path.insert(0, ROOT)
 second_pool, what = sys.argv[1] == "1", sys.argv[2]
 
 from mirror_sd.devices import cpu_cores
@@ -64,9 +63,9 @@ else:
 
 
 def measure(second_pool: bool, what: str) -> dict:
-    code = CHILD.replace("ROOT", repr(str(ROOT))).replace("PROMPTS", repr(PROMPTS))
+    code = CHILD.replace("PROMPTS", repr(PROMPTS))
     out = subprocess.run([sys.executable, "-c", code, str(int(second_pool)), what], capture_output=True,
-                         text=True, check=True)
+                         text=True, check=True, cwd=ROOT)  # python -c imports from its working folder
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

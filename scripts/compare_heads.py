@@ -1,8 +1,8 @@
 """Compare EAGLE heads on the bench prompts, interleaved: per prompt, vanilla, then eagle with each head.
 
-    python docs/compare_heads.py HEAD_DIR [HEAD_DIR ...] [--per-category 2] [--max-new-tokens 64]
-                                 [--data ~/.cache/mirror-sd/distill [~/.cache/mirror-sd/instruct]]
-                                 [--rows 16384 49152] [--lookup 8]
+    python -m scripts.compare_heads HEAD_DIR [HEAD_DIR ...] [--per-category 2] [--max-new-tokens 64]
+                                    [--data ~/.cache/mirror-sd/distill [~/.cache/mirror-sd/instruct]]
+                                    [--rows 16384 49152] [--lookup 8]
 
 A head folder is what ``python -m mirror_sd.train eagle`` writes (the shipped one:
 mirror_sd/assets/eagle-smollm2-135m). Prints, per head:
@@ -18,25 +18,22 @@ mirror_sd/assets/eagle-smollm2-135m). Prints, per head:
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from comparison import bench_prompts, comparison_parser  # noqa: E402
-from mirror_sd import generate, load_pair  # noqa: E402
-from mirror_sd.bench import run_prompt, summarise  # noqa: E402
-from mirror_sd.devices import single_threaded  # noqa: E402
-from mirror_sd.methods.eagle import attach_head  # noqa: E402
-from mirror_sd.models.eagle import EagleHead, load_head  # noqa: E402
-from mirror_sd.models.loading import embedded_model_dir  # noqa: E402
-from mirror_sd.train.draft import IGNORE, read_examples  # noqa: E402
-from mirror_sd.train.eagle import evaluate, example_sequences, rows_of, split_order  # noqa: E402
-from mirror_sd.train.features import causal_features, features_dir  # noqa: E402
+from mirror_sd import generate, load_pair
+from mirror_sd.bench import run_prompt, summarise
+from mirror_sd.devices import single_threaded
+from mirror_sd.methods.eagle import attach_head
+from mirror_sd.models.eagle import EagleHead, load_head
+from mirror_sd.models.loading import embedded_model_dir
+from mirror_sd.train.draft import IGNORE, read_examples
+from mirror_sd.train.eagle import evaluate, example_sequences, rows_of, split_order
+from mirror_sd.train.features import causal_features, features_dir
+from scripts.comparison import bench_prompts, comparison_parser
 
 DEPTHS = 3
 

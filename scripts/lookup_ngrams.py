@@ -1,21 +1,16 @@
 """Context lookup matching the last 3, else 2, else 1 tokens (as shipped) against 3, else 2.
 
-    python docs/lookup_ngrams.py [--per-category 2] [--max-new-tokens 64]
+    python -m scripts.lookup_ngrams [--per-category 2] [--max-new-tokens 64]
 
 Interleaved on the bench prompts: per prompt, vanilla, then eagle, ss, mirror and sd, each of the
 first three with both n-gram lists (``methods/lookup.py: NGRAM_SIZES``). Prints tau, tokens/s, the
 speedup over vanilla and mirror's hit rate (``bench.summarise``); every run is checked against
 vanilla token for token.
 """
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from comparison import bench_prompts, comparison_parser  # noqa: E402
-from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.bench import run_interleaved, summarise  # noqa: E402
-from mirror_sd.methods import lookup  # noqa: E402
+from mirror_sd import load_pair
+from mirror_sd.bench import summarise
+from mirror_sd.methods import lookup
+from scripts.comparison import bench_prompts, comparison_parser, interleave
 
 SHIPPED = lookup.NGRAM_SIZES
 WITHOUT_ONE = (3, 2)
@@ -33,8 +28,8 @@ def main():
         lookup.NGRAM_SIZES = RUNS[index][1]
 
     try:
-        table = run_interleaved(pair, prompts, [(method, {}) for method, _ in RUNS], args.max_new_tokens,
-                                desc="lookup n-grams", before_run=use_ngrams)
+        table = interleave(pair, prompts, [(method, {}) for method, _ in RUNS], args.max_new_tokens, use_ngrams,
+                           desc="lookup n-grams")
     finally:
         lookup.NGRAM_SIZES = SHIPPED
     table["method"] = ["vanilla" if r == 0 else f"{RUNS[r][0]} {RUNS[r][1]}" for r in table["run"]]

@@ -1,7 +1,7 @@
 """sd with the draft checking its own streams' lookahead (streams=2): chain, tree, lookup and
 overshoot, in one interleaved run.
 
-    python docs/sd_lookahead.py [--per-category 2] [--max-new-tokens 64] [--runs 0,6]
+    python -m scripts.sd_lookahead [--per-category 2] [--max-new-tokens 64] [--runs 0,6]
 
 On the bench prompts, prompt by prompt (``bench.run_interleaved``, warmed up first): vanilla, then
 ``sd`` at gamma 5 with the shipped draft drafting token by token (streams=0), in one unchecked
@@ -16,16 +16,10 @@ Prints, and writes to docs/sweeps/sd_lookahead_N_prompts.csv (N: 12 with the def
 per draft forward, mean window length, milliseconds per step of drafting and of verification
 (``bench.step_ms``), and checks every run against vanilla token for token.
 """
-import sys
-from pathlib import Path
+from mirror_sd import load_pair
+from mirror_sd.bench import run_interleaved
+from scripts.comparison import SWEEPS, add_ms_per_step, bench_prompts, comparison_parser, save_checked, summarise_runs
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from comparison import add_ms_per_step, bench_prompts, comparison_parser, save_checked, summarise_runs  # noqa: E402
-from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.bench import run_interleaved  # noqa: E402
-
-SWEEPS = Path(__file__).resolve().parent / "sweeps"
 TREE = dict(streams=2, top_k=8, lookup=8)
 RUNS = {  # label -> sd options (gamma 5 for all)
     "streams 0 (token by token)": dict(streams=0),

@@ -1,7 +1,7 @@
 """How often drafts agree with the target on its own answers to the bench prompts, by category.
 
-    python docs/draft_agreement.py DRAFT [DRAFT ...] [--per-category 2] [--max-new-tokens 64]
-                                   [--gamma 5] [--data FOLDER] [--csv FILE]
+    python -m scripts.draft_agreement DRAFT [DRAFT ...] [--per-category 2] [--max-new-tokens 64]
+                                      [--gamma 5] [--data FOLDER] [--csv FILE]
 
 The target answers each bench prompt greedily (vanilla, turn after turn as the bench does); each
 draft (a folder, or "default": the shipped draft) then reads prompt + answer in one fp32 forward,
@@ -19,20 +19,16 @@ the tokens, the draft's agreement, the share of tokens its head holds at all (``
 its misses, the share a context copy would have got right (``copy_right_of_misses``: the token after
 the latest earlier occurrence of the last 3, 2 or 1 tokens, the rule of ``methods/lookup.py``).
 """
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pandas as pd
+import torch
 
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
-
-from comparison import bench_prompts, comparison_parser  # noqa: E402
-from mirror_sd import generate, load_pair  # noqa: E402
-from mirror_sd.engine import to_target_vocab  # noqa: E402
-from mirror_sd.methods.lookup import copy_from_context  # noqa: E402
-from mirror_sd.train.draft import answer_labels, evaluate, read_examples  # noqa: E402
-
+from mirror_sd import generate, load_pair
+from mirror_sd.engine import to_target_vocab
+from mirror_sd.methods.lookup import copy_from_context
+from mirror_sd.train.draft import answer_labels, evaluate, read_examples
+from scripts.comparison import bench_prompts, comparison_parser, swap_draft
 
 MAX_LEN = 512  # tokens of context per data example, the end kept: train draft's default (--max-len)
 EVAL_BATCH_TOKENS = 8192  # tokens per evaluation batch (only the speed depends on it)
@@ -117,7 +113,7 @@ def main():
     examples = read_examples([args.data])[:300] if args.data else []
     rows, bands = [], []
     for draft in args.drafts:
-        pair.use_draft(shipped if draft == "default" else draft)
+        swap_draft(pair, shipped if draft == "default" else draft)
         tokens = token_table(pair, answers, confidence)
         row = dict(draft=draft, **tokens.groupby("category", sort=False).agree.mean())
         row["bench_top1"] = tokens.agree.mean()

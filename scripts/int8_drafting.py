@@ -1,24 +1,19 @@
 """Int8 drafting against fp32 drafting, for every speculative method, in one interleaved run.
 
-    python docs/int8_drafting.py [--per-category 2] [--max-new-tokens 64] [--methods sd,eagle,ss,mirror]
+    python -m scripts.int8_drafting [--per-category 2] [--max-new-tokens 64] [--methods sd,eagle,ss,mirror]
 
 On the bench prompts, prompt by prompt: vanilla, then each method with int8 drafting (the
 default: ``load_pair(int8_drafting=True)``, models/linear.py), then with fp32 drafting
-(``bench.run_interleaved``, warmed up first). Prints, and writes to
+(``comparison.interleave``, warmed up first). Prints, and writes to
 docs/sweeps/int8_drafting.csv, each run's tau, speed against vanilla (``bench.summarise``) and
 milliseconds per step of drafting work (spans draft, fallback-draft and draft-rollout:
 ``bench.step_ms``), and checks every run against vanilla token for token.
 """
-import sys
-from pathlib import Path
+from mirror_sd import load_pair
+from scripts.comparison import (SWEEPS, bench_prompts, comparison_parser, drafting_ms_per_step, interleave,
+                                save_checked, summarise_runs)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from comparison import bench_prompts, comparison_parser, drafting_ms_per_step, save_checked, summarise_runs  # noqa: E402
-from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.bench import run_interleaved  # noqa: E402
-
-CSV = Path(__file__).resolve().parent / "sweeps" / "int8_drafting.csv"
+CSV = SWEEPS / "int8_drafting.csv"
 COLUMNS = ["method", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "wall_s",
            "drafting_ms_per_step"]
 
@@ -37,8 +32,8 @@ def main():
     def before_run(index):
         pair.int8_drafting = int8[index]
 
-    table = run_interleaved(pair, bench_prompts(args.per_category), runs, args.max_new_tokens,
-                            desc="int8 drafting", before_run=before_run)
+    table = interleave(pair, bench_prompts(args.per_category), runs, args.max_new_tokens, before_run,
+                       desc="int8 drafting")
     summary, per_step = summarise_runs(table, labels)
     summary["drafting_ms_per_step"] = drafting_ms_per_step(summary, per_step)
     save_checked(summary[COLUMNS], CSV, "int8 drafting must stay lossless")

@@ -8,21 +8,19 @@ mirror_sd/devices.py), window lengths interleaved (medians), and the one-token f
 (what models/linear.py did before), and windows of 1 and 3 tokens on one core instead of all
 (as Mirror-SD's target lane runs beside its draft lane).
 
-    python docs/linear_kernels.py
-    python docs/linear_kernels.py --forward
+    python -m scripts.linear_kernels
+    python -m scripts.linear_kernels --forward
 """
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import mirror_sd.models.linear as linear_module  # noqa: E402
-from mirror_sd.devices import cpu_cores, on_cpu_worker  # noqa: E402
-from mirror_sd.models.linear import prepacked_weight  # noqa: E402
+import mirror_sd.models.linear as linear_module
+from mirror_sd.devices import cpu_cores, on_cpu_worker
+from mirror_sd.models.linear import prepacked_weight
 
 LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # q k v o gate up down
 

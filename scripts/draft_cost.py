@@ -1,6 +1,6 @@
 """What one draft forward costs against one target forward on this machine's CPU.
 
-    python docs/draft_cost.py [DRAFT ...] [--context 200] [--repeats 40]
+    python -m scripts.draft_cost [DRAFT ...] [--context 200] [--repeats 40]
 
 For the target and each draft (a folder; default: the shipped draft), the median time of
 ``--repeats`` forwards of one token after ``--context`` cached ones (the cache is rolled back after
@@ -10,16 +10,13 @@ products and with the int8 weight copies that drafting uses on the CPU by defaul
 bound is 0.1.
 """
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.models.linear import int8_products  # noqa: E402
+from mirror_sd import load_pair
+from mirror_sd.models.linear import int8_products
+from scripts.comparison import swap_draft
 
 
 def forward_ms(model, context: int, repeats: int) -> float:
@@ -40,7 +37,7 @@ def forward_ms(model, context: int, repeats: int) -> float:
 def main():
     import argparse
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.draft_cost", description=__doc__.splitlines()[0])
     parser.add_argument("drafts", nargs="*", default=["default"])
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=40)
@@ -50,7 +47,7 @@ def main():
     print(f"target: {target_ms:.2f} ms")
     for draft in args.drafts:
         if draft != "default":
-            pair.use_draft(draft)
+            swap_draft(pair, draft)
         for int8 in (False, True):
             with int8_products(int8):
                 ms = forward_ms(pair.draft, args.context, args.repeats)

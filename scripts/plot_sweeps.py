@@ -1,6 +1,6 @@
-"""Draw the sweeps in this folder (CSV files written by `python -m mirror_sd sweep`) as one PNG.
+"""Draw the sweeps in docs/sweeps (CSV files written by `python -m mirror_sd sweep`) as one PNG.
 
-    python docs/sweeps/plot_sweeps.py   # writes docs/sweeps/sweeps.png (needs matplotlib)
+    python -m scripts.plot_sweeps   # writes docs/sweeps/sweeps.png (needs matplotlib)
 """
 from pathlib import Path
 
@@ -8,9 +8,9 @@ import matplotlib
 import pandas as pd
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1] / "docs" / "sweeps"
 OLD = " [F.linear]"  # measured before models/linear.py (prepacked linears)
 WORKERS = " [workers only]"  # with the shared CPU workers, before prepacked one-row products
 SWEEPS = [("sd_gamma_prepacked.csv", "gamma", "sd: gamma"), ("sd_streams.csv", "streams", "sd: streams" + OLD),

@@ -1,7 +1,7 @@
 """Speculative Streaming in one target forward per step against a streams pass of its own, in one
 interleaved run.
 
-    python docs/ss_one_forward.py [--per-category 2] [--max-new-tokens 64]
+    python -m scripts.ss_one_forward [--per-category 2] [--max-new-tokens 64]
 
 On the bench prompts, prompt by prompt (``bench.run_interleaved``, warmed up first): vanilla, then
 ``ss`` in both forms (methods/ss.py), each at its default tree and at a wider, one-level tree:
@@ -16,16 +16,10 @@ Prints, and writes to docs/sweeps/ss_one_forward_N_prompts.csv (N: 12 with the d
 (``bench.summarise``) and milliseconds per step of drafting and of verification (``bench.step_ms``),
 and checks every run against vanilla token for token.
 """
-import sys
-from pathlib import Path
+from mirror_sd import load_pair
+from mirror_sd.bench import run_interleaved
+from scripts.comparison import SWEEPS, add_ms_per_step, bench_prompts, comparison_parser, save_checked, summarise_runs
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from comparison import add_ms_per_step, bench_prompts, comparison_parser, save_checked, summarise_runs  # noqa: E402
-from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.bench import run_interleaved  # noqa: E402
-
-SWEEPS = Path(__file__).resolve().parent / "sweeps"
 WIDE = dict(gamma=1, top_k=8, total_tokens=8)  # the 8 best tokens of stream 1 under the root
 RUNS = {  # label -> ss options
     "ss, streams pass (default tree)": dict(one_forward=0),

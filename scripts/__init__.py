@@ -1,0 +1,6 @@
+"""Research tools behind docs/experiments: the measurements the experiment records cite.
+
+Not part of the product (nothing under mirror_sd/ or app/ imports them). Run each from the
+repository root as ``python -m scripts.NAME`` (``--help`` lists its options); what they share
+is in :mod:`scripts.comparison`.
+"""
