@@ -93,28 +93,23 @@ WARMUP_TOKENS = 8  # new tokens of each untimed warm-up run (run_interleaved)
 
 
 def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max_new_tokens: int,
-                    desc: str = "bench", before_run=None, warmup: bool = True, **settings) -> pd.DataFrame:
+                    desc: str = "bench", warmup: bool = True, **settings) -> pd.DataFrame:
     """Rows of :func:`run_prompt` for every (method, options) in ``runs`` (the first is vanilla, the
     reference) on every prompt, prompt by prompt; column ``run`` is the index in ``runs``.
 
     warmup: first run each once, untimed, for WARMUP_TOKENS on the first turn of the first prompt,
     so that one-time costs (weights packed for oneDNN on first use, a head or streams loaded, the
     first kernels set up: 0.2-0.3 s for vanilla, eagle and mirror on this project's CPU) are charged
-    to no method. before_run(index): called before each run with its index in ``runs``, to set up
-    what that run needs beyond its options (other trained streams, say: docs/compare_streams.py)."""
+    to no method."""
     if warmup and prompts:
         first = dict(prompts[0], turns=prompts[0]["turns"][:1])
-        for index, (method, options) in enumerate(runs):
-            if before_run is not None:
-                before_run(index)
+        for method, options in runs:
             run_prompt(pair, first, method, min(WARMUP_TOKENS, max_new_tokens), **settings, **options)
     rows, reference_ids = [], {}
     with tqdm(total=len(runs) * len(prompts), desc=desc, unit="run") as bar:
         for item in prompts:
             for index, (method, options) in enumerate(runs):
                 bar.set_postfix_str(f"{item['id']} {method}")
-                if before_run is not None:
-                    before_run(index)
                 row = run_prompt(pair, item, method, max_new_tokens, **settings, **options)
                 reference_ids.setdefault(item["id"], row["token_ids"])
                 row["equal_to_vanilla"] = row.pop("token_ids") == reference_ids[item["id"]]

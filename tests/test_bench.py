@@ -113,12 +113,44 @@ def test_runs_go_prompt_by_prompt(monkeypatch):
 
     monkeypatch.setattr(bench_module, "run_prompt", fake_run_prompt)
     prompts = [dict(id="a", category="qa", turns=["x"]), dict(id="b", category="qa", turns=["y"])]
-    results = bench_module.run_interleaved(None, prompts, [("vanilla", {}), ("sd", {"gamma": 2})], 4,
-                                           before_run=lambda index: calls.append(("before", index)))
-    warmup = [("before", 0), ("a", "vanilla", None), ("before", 1), ("a", "sd", 2)]  # untimed, not in the rows
-    assert calls == warmup + [("before", 0), ("a", "vanilla", None), ("before", 1), ("a", "sd", 2),
-                              ("before", 0), ("b", "vanilla", None), ("before", 1), ("b", "sd", 2)]
+    results = bench_module.run_interleaved(None, prompts, [("vanilla", {}), ("sd", {"gamma": 2})], 4)
+    warmup = [("a", "vanilla", None), ("a", "sd", 2)]  # untimed, not in the rows
+    assert calls == warmup + [("a", "vanilla", None), ("a", "sd", 2), ("b", "vanilla", None), ("b", "sd", 2)]
     assert list(results.method) == ["vanilla", "vanilla", "sd", "sd"] and results.equal_to_vanilla.all()
+
+
+def test_the_scripts_interleave_sets_up_each_run_before_it(monkeypatch):
+    """scripts.comparison.interleave: as run_interleaved, with setup(index) before every run (warm-up
+    included), and each run checked against vanilla's tokens on the same prompt."""
+    import scripts.comparison as comparison
+    calls = []
+
+    def fake_run_prompt(pair, item, method, max_new_tokens, **options):
+        calls.append((item["id"], method, options.get("gamma")))
+        tokens = [1, 2, 3, 4] if options.get("gamma") != 3 or item["id"] == "a" else [1, 2, 3, 5]
+        return dict(method=method, id=item["id"], category="qa", new_tokens=4, steps=4, mean_accepted=1.0, wall_s=1.0,
+                    tokens_per_s=4.0, hit_rate=None, overlap=None, token_ids=tokens)
+
+    monkeypatch.setattr(comparison, "run_prompt", fake_run_prompt)
+    prompts = [dict(id="a", category="qa", turns=["x"]), dict(id="b", category="qa", turns=["y"])]
+    results = comparison.interleave(None, prompts, [("vanilla", {}), ("sd", {"gamma": 3})], 4,
+                                    lambda index: calls.append(("setup", index)))
+    runs = [("setup", 0), ("a", "vanilla", None), ("setup", 1), ("a", "sd", 3)]
+    assert calls == runs + runs + [("setup", 0), ("b", "vanilla", None), ("setup", 1), ("b", "sd", 3)]  # warm-up first
+    assert list(results.run) == [0, 0, 1, 1] and list(results.method) == ["vanilla", "vanilla", "sd", "sd"]
+    assert list(results.equal_to_vanilla) == [True, True, True, False] and "token_ids" not in results
+
+
+def test_the_scripts_swap_drafts_through_one_function():
+    import scripts.comparison as comparison
+
+    class Pair:
+        def use_draft(self, draft):
+            self.draft = draft
+
+    pair = Pair()
+    comparison.swap_draft(pair, "other-draft")
+    assert pair.draft == "other-draft"
 
 
 def test_a_method_off_vanillas_tokens_at_temperature_0_is_named():
