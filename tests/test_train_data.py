@@ -5,7 +5,8 @@ import json
 import pytest
 
 from mirror_sd.bench import DEFAULT_PROMPTS
-from mirror_sd.train.distill import _encode, _generate_batch, _generate_batch_hf, load_target
+from mirror_sd.train.distill import _encode, load_target
+from mirror_sd.train.generate import _generate_batch, _generate_batch_hf
 from mirror_sd.train.instruct import rejection, resume_point, self_instruct_prompts, user_turn_prefix
 from mirror_sd.train.prompts import CATEGORIES, BenchFilter, build_prompts
 
@@ -176,12 +177,12 @@ def test_prompts_only_then_answers_them_where_the_corpora_are_missing(tmp_path, 
 
 @pytest.mark.parametrize("method", ["multinomial", "inverse-cdf"])
 def test_self_instruct_samplers_draw_each_token_with_its_probability_and_are_seeded(method):
-    """Both samplers (train/distill.sampler) against a known law: zero-probability tokens never come,
+    """Both samplers (train/generate.sampler) against a known law: zero-probability tokens never come,
     and the counts pass a chi-square test (p > 0.001); the same seed gives the same draws."""
     import torch
     from scipy.stats import chisquare
 
-    from mirror_sd.train.distill import sampler
+    from mirror_sd.train.generate import sampler
 
     probs = torch.tensor([0.5, 0.0, 0.2, 0.25, 0.0, 0.05])
     logits = probs.log().expand(20000, -1)  # [20000, 6]: one draw per row

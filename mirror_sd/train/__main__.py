@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .distill import SAMPLERS
+from .generate import SAMPLERS
 from .options import positive_int
 
 
@@ -34,7 +34,7 @@ def _add_data(sub) -> None:
     p.add_argument("--num-prompts", type=positive_int, required=True, help="number of prompts (multi-turn ones give 2 examples)")
     p.add_argument("--max-new-tokens", type=positive_int, default=192, help="answer length cap per turn (default 192)")
     p.add_argument("--batch-size", type=positive_int, default=32,
-                   help="rows decoded together, refilled as answers finish (default 32: best measured)")
+                   help="rows decoded together, refilled as answers finish (default 32)")
     p.add_argument("--threads", type=positive_int, default=2,
                    help="torch CPU threads (default 2; use 1 for a niced background run on a shared box)")
     p.add_argument("--device", default="cpu",

@@ -16,17 +16,17 @@ Multi-turn prompts are generated turn by turn like the benchmark does: turn k's 
 target's own decoded answers to turns 1..k-1. Every turn is an example (id ``<prompt id>/t<k>``);
 single-turn prompts keep their id.
 
-Greedy decoding (temperature 0), fp32 (bf16 crashes on this CPU), with the transformers model's
-forward and KV cache in a continuous-batching loop (:func:`generate_stream`; token-identical to
-``generate(do_sample=False)``, checked in ``tests/test_train_data.py``). Prompts are sorted by length before
-batching. Resumable: lines already in ``DIR/data.jsonl`` are skipped and new ones appended, and the
+Greedy decoding (temperature 0), fp32 (bf16 crashes on many CPUs), with the transformers model's
+forward and KV cache in a continuous-batching loop (:func:`.generate.generate_stream`; token-identical
+to ``generate(do_sample=False)``, checked in ``tests/test_train_data.py``). Prompts are sorted by length
+before batching. Resumable: lines already in ``DIR/data.jsonl`` are skipped and new ones appended, and the
 prompts are read back from ``DIR/prompts.jsonl``. ``--prompts-only`` writes the prompts and stops, so
 they can be built where the corpora are installed and answered on another machine (a GPU).
 
-Throughput on the 2-core dev box (fp32, 192 new tokens, 64-96 prompts, answer tokens/s):
-1 thread: batch 8 42, 16 61, 32 67-72, 48 67; 2 threads are faster only on an idle machine and
-collapse (5-20 tok/s) when another process competes for a core, so use ``--threads 1`` for a
-niced background run.
+On a CPU, throughput grows with the rows decoded together up to a batch of about 32 (the
+``--batch-size`` default). Two threads are faster than one only on an otherwise idle machine, and
+far slower when another process competes for a core, so ``--threads 1`` suits a niced background
+run (measured: docs/experiments/cpu.md#distillation-data-on-the-cpu).
 """
 from __future__ import annotations
 
@@ -40,6 +40,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import prompts as P
+from .data import ORIGIN
+from .generate import SAMPLERS, generate_stream
+from .instruct import ROUND, self_instruct_prompts
 
 CONFIG_KEYS = ("source", "seed", "max_new_tokens", "round_size", "sampler")  # must match to resume into the same folder
 
@@ -103,190 +106,6 @@ def _encode(tokenizer, messages: list[dict]) -> list[int]:
     return list(enc["input_ids"])
 
 
-def _left_pad(t, length: int, dim: int):
-    """Zero-pad tensor t on the left of dimension dim up to length."""
-    import torch
-
-    missing = length - t.shape[dim]
-    if missing <= 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
-class _Rows:
-    """The decoding state of a batch of rows: KV cache, attention mask, next tokens and positions."""
-
-    def __init__(self, model, prompts: list[list[int]], ids: list[int], pad: int, pick):
-        import torch
-        from transformers import DynamicCache
-
-        width = max(len(x) for x in prompts)
-        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, x in enumerate(prompts):  # left padding
-            input_ids[i, width - len(x):] = torch.tensor(x, dtype=torch.long)
-            mask[i, width - len(x):] = 1
-        input_ids, self.mask = input_ids.to(model.device), mask.to(model.device)
-        pos = (self.mask.cumsum(-1) - 1).clamp(min=0)
-        self.cache = DynamicCache(config=model.config)
-        out = model(input_ids=input_ids, attention_mask=self.mask, position_ids=pos,
-                    past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-        self.pick = pick                            # logits [B, V] -> next tokens [B]
-        self.next = pick(out.logits[:, -1])         # the token not yet recorded, per row
-        self.pos = pos[:, -1] + 1                   # its position
-        self.ids = list(ids)                        # which prompt each row is
-
-    def merge(self, other: "_Rows"):
-        """Append other's rows (caches and masks left-padded to a common length)."""
-        import torch
-
-        length = max(self.mask.shape[1], other.mask.shape[1])
-        for mine, theirs in zip(self.cache.layers, other.cache.layers):
-            mine.keys = torch.cat([_left_pad(mine.keys, length, 2), _left_pad(theirs.keys, length, 2)])
-            mine.values = torch.cat([_left_pad(mine.values, length, 2), _left_pad(theirs.values, length, 2)])
-        self.mask = torch.cat([_left_pad(self.mask, length, 1), _left_pad(other.mask, length, 1)])
-        self.next = torch.cat([self.next, other.next])
-        self.pos = torch.cat([self.pos, other.pos])
-        self.ids += other.ids
-
-    def keep(self, rows: list[int]):
-        """Drop every row not in rows; then drop leading columns that no row attends to."""
-        import torch
-
-        if len(rows) < len(self.ids):
-            idx = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
-            self.cache.batch_select_indices(idx)
-            self.mask, self.next, self.pos = self.mask[idx], self.next[idx], self.pos[idx]
-            self.ids = [self.ids[j] for j in rows]
-        used = self.mask.any(dim=0).nonzero()
-        start = int(used[0]) if len(used) else 0
-        if start >= 8:
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
-            self.mask = self.mask[:, start:]
-
-    def step(self, model):
-        import torch
-
-        self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.ids), 1))], dim=1)
-        out = model(input_ids=self.next[:, None], attention_mask=self.mask, position_ids=self.pos[:, None],
-                    past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-        self.next = self.pick(out.logits[:, -1])
-        self.pos = self.pos + 1
-
-
-def greedy(logits):
-    return logits.argmax(-1)
-
-
-SAMPLERS = ("multinomial", "inverse-cdf")  # how self-instruct draws tokens (--sampler)
-
-
-def sampler(generator, method: str = SAMPLERS[0]):
-    """Sampling at temperature 1 from the full distribution, with random numbers from a seeded CPU
-    torch.Generator (so a seed draws the same tokens whatever device computed the logits, up to rounding).
-
-    multinomial: ``torch.multinomial`` on the CPU (the draws of the project's earlier data sets); it
-    moves the [B, V] probabilities to the CPU.
-    inverse-cdf: one uniform number per row, looked up in the cumulative probabilities where the
-    logits are: the same law, other draws. On one H100 with rounds of 512 (each run beside a corpora
-    answering job) it sampled 121 requests/s against multinomial's 8.7.
-    """
-    import torch
-
-    def multinomial(logits):  # [B, V] -> [B]
-        return torch.multinomial(logits.float().softmax(-1).cpu(), 1, generator=generator)[:, 0].to(logits.device)
-
-    def inverse_cdf(logits):  # [B, V] -> [B]
-        cdf = logits.float().softmax(-1).cumsum(-1)  # [B, V]
-        u = torch.rand(len(logits), 1, generator=generator).to(logits.device) * cdf[:, -1:]  # [B, 1]
-        return torch.searchsorted(cdf, u, right=True)[:, 0].clamp_max(logits.shape[-1] - 1)
-
-    return {"multinomial": multinomial, "inverse-cdf": inverse_cdf}[method]
-
-
-def generate_stream(model, tokenizer, prompts: list[list[int]], batch_size: int, max_new_tokens: int,
-                    pick=greedy):
-    """Greedy answers to prompts (token id lists), yielded as (index, answer_ids) when each finishes.
-
-    A greedy loop over the model's forward with a KV cache (token for token what ``generate`` does
-    with do_sample=False), with continuous batching: finished rows leave the batch at once, and when
-    half of the batch has left, the next prompts (in the given order) are prefilled and join it, so
-    the batch stays full instead of idling on its longest answer. Answers end with the eos token
-    unless cut at max_new_tokens. ``pick`` chooses each next token from the logits (``sampler(g)``
-    samples instead).
-    """
-    import torch
-
-    eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    refill_below = max(1, batch_size // 2)
-    queue = 0
-    rows: _Rows | None = None
-    answers: dict[int, list[int]] = {}
-    with torch.inference_mode():
-        while True:
-            active = len(rows.ids) if rows else 0
-            if queue < len(prompts) and active <= refill_below:
-                take = list(range(queue, min(len(prompts), queue + batch_size - active)))
-                queue += len(take)
-                new = _Rows(model, [prompts[i] for i in take], take, pad, pick)
-                for i in take:
-                    answers[i] = []
-                if rows is None:
-                    rows = new
-                else:
-                    rows.merge(new)
-            if rows is None:
-                return
-            keep = []
-            for j, t in enumerate(rows.next.tolist()):
-                i = rows.ids[j]
-                answers[i].append(t)
-                if t == eos or len(answers[i]) >= max_new_tokens:
-                    yield i, answers.pop(i)
-                else:
-                    keep.append(j)
-            if not keep:
-                rows = None
-                continue
-            rows.keep(keep)
-            rows.step(model)
-
-
-def _generate_batch(model, tokenizer, batch: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """Greedy answers for one batch (all at once), via generate_stream."""
-    out: list[list[int]] = [[] for _ in batch]
-    for i, ans in generate_stream(model, tokenizer, batch, len(batch), max_new_tokens):
-        out[i] = ans
-    return out
-
-
-def _generate_batch_hf(model, tokenizer, batch: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """The same with transformers' generate (kept as a reference for tests; slower on long tails)."""
-    import torch
-
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    width = max(len(x) for x in batch)
-    input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for i, x in enumerate(batch):
-        input_ids[i, width - len(x):] = torch.tensor(x)
-        mask[i, width - len(x):] = 1
-    with torch.inference_mode():
-        out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                             do_sample=False, temperature=None, top_p=None, top_k=None,
-                             eos_token_id=eos, pad_token_id=pad)
-    answers = []
-    for row in out[:, width:].tolist():
-        if eos in row:
-            row = row[:row.index(eos) + 1]
-        answers.append(row)
-    return answers
-
-
 def load_target(threads: int, device: str = "cpu"):
     """The embedded target as a transformers model in fp32 on ``device`` (cpu, cuda[:N], ...), and
     its tokenizer, left-padding for batches."""
@@ -317,8 +136,6 @@ def _earlier_prompts(path: Path) -> list[dict]:
 def _self_instruct(path: Path, model, tokenizer, args, stats: dict) -> list[dict]:
     """The first --num-prompts self-instruct prompts: an earlier run's prompts.jsonl (same seed: the
     config check) is read back, and sampling goes on after its last prompt if it holds too few."""
-    from .instruct import self_instruct_prompts
-
     old = _earlier_prompts(path)
     if path.exists():
         if len(old) >= args.num_prompts:
@@ -354,8 +171,6 @@ def _keep_filter_stats(path: Path, stats: dict) -> dict:
 
 def run_data(args) -> int:
     from tqdm import tqdm
-
-    from .instruct import ROUND
 
     defaults = dict(round_size=ROUND, sampler=SAMPLERS[0])  # also what folders made before these options used
     args.round_size = args.round_size or defaults["round_size"]
@@ -461,15 +276,6 @@ def _run_reference(args, out: Path, stats: dict) -> int:
     _write_reports(out, args, prompts, rows, stats, wall, 0, tokenizer, folder)
     print(f"done: {len(rows)} examples in {out} ({wall:.1f}s, reference answers: nothing generated)", flush=True)
     return 0
-
-
-ORIGIN = {  # --source -> what such a folder holds: the data README's first sentence, the EAGLE card's data line
-    "corpora": "Prompts from offline corpora (`mirror_sd/train/prompts.py`), answers written by the target model itself",
-    "self-instruct": "Prompts written by the target itself from its chat template (`mirror_sd/train/instruct.py`), "
-                     "answers written by the target model itself",
-    "reference": "Off-policy data: prompts from offline corpora, each with a reference answer taken from the same "
-                 "corpus (`mirror_sd/train/reference.py`); no model wrote anything",
-}
 
 
 def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, tokenizer, folder):

