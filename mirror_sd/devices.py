@@ -9,10 +9,8 @@ Every piece of work records a :class:`~mirror_sd.trace.Span` measured on one mon
 CPU lanes run on shared CPU workers, not on threads of their own. PyTorch's CPU kernels split work
 over an OpenMP thread team, and each OS thread that ever ran a team keeps its own pool of team
 threads. Once two threads hold pools of all the cores, the pools oversubscribe the cores and every
-parallel kernel pays for it. Measured on this project's 2-core machine, on a worker thread
-(``python docs/cpu_workers.py``): with a second pool in the process, a small product chain took
-161 us against 9, the ``ss`` streams' pass 20.9 ms against 9.2, its 5-token tree verify 36.6
-against 27.1, and vanilla's one-token step 30.5 against 22.0. So CPU lanes that work one after
+parallel kernel pays for it, small products most (measured:
+docs/experiments/devices.md#cpu-worker-threads-measured). So CPU lanes that work one after
 another (every method but Mirror-SD) share one worker thread, and model loading
 (:func:`on_cpu_worker`) runs there too. Lanes that work at the same time get one worker each and
 split the cores (one thread each on 2 cores: no team at all); work that one of them runs while
@@ -20,7 +18,7 @@ the other waits (``submit(..., alone=True)``) may use every core on worker 0. Th
 drives a decode loop (the caller's) does its own small torch work (allocating caches, say) on one
 thread (:func:`single_threaded`), so it never starts a pool either. A caller thread that ran a
 multi-threaded kernel before (a script's own torch work) already holds a pool: decoding then runs
-at the slower speed above.
+slower, as above.
 
 Default placement (:func:`default_devices`):
 * no accelerator: both lanes on the CPU. Methods whose lanes run at the same time (Mirror-SD)
@@ -149,10 +147,9 @@ def default_devices() -> tuple[str, str]:
 
 # fp32 on every device. On many CPUs bf16 matmuls are slow or crash. On a GPU, bf16 breaks the
 # promise of temperature 0: its rounding depends on how many tokens one forward holds, so a window's
-# verify and vanilla's one-token step can pick different argmaxes where two logits nearly tie. On an
-# H100 (README, "On a GPU"), every speculative method differed from vanilla on 1 or 2 of 6 prompts
-# in bf16 and on none of 12 in fp32. Ask for bf16 or fp16 (``dtype=``, ``--dtype``) to halve a big
-# model's memory.
+# verify and vanilla's one-token step can pick different argmaxes where two logits nearly tie
+# (measured: docs/experiments/devices.md#on-a-gpu-what-the-h100-session-found). Ask for bf16 or
+# fp16 (``dtype=``, ``--dtype``) to halve a big model's memory.
 DEFAULT_DTYPE = torch.float32
 
 
@@ -210,9 +207,9 @@ class Lane:
         """Called inside this lane's work: once ``beside`` (work on another lane of this CPU) is done,
         take every core this lane may use alone for the rest of the work, so that no core idles.
 
-        Mirror-SD's target suffix calls it between layers: its rollouts usually end first. On the
-        24 bench prompts of ``--per-category 4`` it took `mirror` from 0.96x to 1.00x vanilla, the
-        suffix from 16.0 to 14.9 ms per step, in one interleaved run (``python docs/suffix_cores.py``)."""
+        Mirror-SD's target suffix calls it between layers: its rollouts usually end first, and the
+        draft lane's core would idle for the rest of the suffix (measured:
+        docs/experiments/mirror.md#int8-rollouts-the-prefill-on-both-cores-and-variants-not-kept)."""
         if (beside is not None and beside.done() and self.device.type == "cpu" and self.alone_threads
                 and torch.get_num_threads() < self.alone_threads):
             torch.set_num_threads(self.alone_threads)
@@ -250,10 +247,10 @@ def avoid_cudnn_attention():
     """Turn off PyTorch's cuDNN backend for scaled_dot_product_attention, in this whole process.
 
     cuDNN builds an execution plan for each new sequence length, and decoding meets a new one at
-    every step. On an H100, with a random model shaped like the embedded target, vanilla decoding
-    in bf16 (where PyTorch picks cuDNN) ran at 8.5-10 tokens/s on new prompts and 27-30 on a prompt
-    already decoded once; with cuDNN attention off, at 28-30 on new prompts, as in fp32 (where it
-    is not picked). The flash, memory-efficient and math kernels need no such plans."""
+    every step, so with cuDNN (which PyTorch picks in bf16, not in fp32) a new prompt decodes at a
+    fraction of the speed of one decoded before (measured:
+    docs/experiments/devices.md#on-a-gpu-what-the-h100-session-found). The flash, memory-efficient
+    and math kernels need no such plans."""
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 

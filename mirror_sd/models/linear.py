@@ -4,19 +4,8 @@ Decoding multiplies a few rows (1 token, or a draft window of 2-16) by every wei
 a CPU its speed is how fast the weights stream from memory. PyTorch's default fp32 path for
 ``F.linear`` (MKL) streams them slowly for more than one row, and for 2-3 rows reads them once per
 row; oneDNN with the weight reordered once into its blocked layout streams them at about the same
-speed for any row count. Measured on this project's 2-core CI machine (fp32, SmolLM2-135M's 30
-layers of linears plus its LM head, ms per pass; ``python docs/linear_kernels.py`` repeats it):
-
-    rows         1    2    3    5    9   16
-    F.linear    47   77  101   63   75   74
-    prepacked   31   38   38   49   43   52
-
-Every product goes through the prepacked weight at inference, one row included: the embedded
-target's one-token forward took 22.7 ms that way against 31.2 ms with ``F.linear`` for one-row
-products (``python docs/linear_kernels.py --forward``, on the CPU lanes' worker as in decoding).
-An earlier measurement had found the opposite (1.07x as long with every product prepacked); it was
-taken while a second OpenMP pool slowed every kernel (see mirror_sd/devices.py), so one-row
-products then took ``F.linear``, and vanilla decoding with them.
+speed for any row count, and faster for one row too, so every product at inference goes through
+the prepacked weight (measured: docs/experiments/cpu.md#linear-kernels-by-row-count).
 
 The prepacked copy is made on first use and remade if the weight changes in place (an optimiser
 step bumps the tensor's version), so training, which needs gradients, and state dicts see a plain
@@ -27,19 +16,16 @@ Int8 drafting. Inside :func:`int8_products` (a per-thread switch that the lanes 
 drafting work: ``Lane.int8_drafting``) products take an int8 copy of the weight instead, one scale
 per output row, made on first use, with the input quantised on the fly (PyTorch's dynamic
 quantisation kernel, ``torch.ops.quantized.linear_dynamic``). A quarter of the bytes to stream,
-so a draft step costs about half as much here: on the 12 bench prompts, interleaved, the drafting
-of ``sd``, ``eagle``, ``ss`` and ``mirror`` fell from 4.4, 5.6, 9.6 and 17.0 ms per step to 2.2,
-3.0, 5.5 and 8.9 ms (``python docs/int8_drafting.py``). Drafts only propose, and the target
-verifies them in fp32, so every method stays lossless; what may change is which tokens a draft
-proposes (see the README for tau). A layer fed raw residual-stream features (the EAGLE head's input
-maps) stays fp32 (``Linear(..., int8=False)``): their outlier channels would crush a per-tensor
-int8 input, and with them quantised too the head's tau fell to 2.58, against 2.66 in fp32 and 2.72
-as shipped (an ad-hoc run). So do a draft model's MLP down projections (``pair.fp32_down_projections``):
-their input, silu(gate) * up, has outlier channels too. With every product of the shipped draft
-in int8, ``sd``'s tau at gamma = 5 on the 12 bench prompts was 1.82; with its 4 down projections in
-fp32, 2.05; with everything in fp32, 2.07 (other single groups in fp32 did not help: the LM head
-1.82, attention 1.80, layer 0 1.78). The target's speculative streams, which run the target's top
-layers in int8, did not gain from the same change (tau 2.17 to 2.16), so theirs stay int8.
+so a draft step costs about half as much (measured: docs/experiments/draft.md#int8-drafting).
+Drafts only propose, and the target verifies them in fp32, so every method stays lossless; what
+may change is which tokens a draft proposes, and so tau. The kernel quantises each input with one
+scale, which crushes an input with outlier channels, so two kinds of layer stay fp32
+(``Linear(..., int8=False)``): those fed raw residual-stream features (the EAGLE head's input maps;
+measured: docs/experiments/eagle.md#int8-drafting-and-τ--3), and a draft model's MLP down
+projections (``pair.fp32_down_projections``), whose input silu(gate) * up has outlier channels too
+(measured: docs/experiments/draft.md#self-instruct-data-and-fp32-down-projections-the-shipped-draft).
+The target's speculative streams gain nothing from fp32 down projections (same record), so theirs
+stay int8.
 """
 from __future__ import annotations
 
@@ -60,8 +46,7 @@ def _int8_kernels_work() -> bool:
 
     The product runs on one thread: a multi-threaded kernel here would start an OpenMP pool on the
     importing thread, and with a second pool in the process every kernel on the CPU workers slows
-    down (devices.py). Measured on a worker thread after this import, before the fix: a 9-row
-    product by a 1536 x 576 weight took 124 us against 78, and a LoRA pair 103 us against 13."""
+    down (devices.py; measured: docs/experiments/bench.md#a-fourth-fault-found-and-fixed-later)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
