@@ -6,15 +6,20 @@ is compared to vanilla token for token, and its wall-time speedup is measured ag
 on the same prompts. Outputs in ``out_dir``: results.csv (one row per method and prompt),
 summary.csv and summary.md (one row per method), by_category.csv (per method and category;
 Mirror-SD's hit rate per category among them); a sweep writes results.csv, sweep.csv and sweep.html.
+:func:`write_report` writes a one-page markdown report of a bench run (``bench --report``).
 """
 from __future__ import annotations
 
 import json
+import os
+import platform
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
 
+from .devices import cpu_cores, hardware_name
 from .engine import generate
 from .errors import MirrorSDError
 from .methods import get_method
@@ -183,6 +188,79 @@ def equality_warning(summary: pd.DataFrame, temperature: float) -> str | None:
     return (f"warning: at temperature 0 these methods committed other tokens than vanilla: {which}. "
             "In fp32 that is a fault; in bf16 or fp16 (--dtype), rounding that depends on how many "
             "tokens a forward holds can flip near-ties, so use fp32 to compare methods.")
+
+
+def check_writable(path: str | Path, what: str, folder: bool = False):
+    """Raise MirrorSDError unless ``path`` can be written: an existing file (or folder, with
+    ``folder``) that is writable, or a new one under a writable folder. Creates nothing, so a bench
+    can check its outputs before loading models."""
+    path = Path(path).absolute()
+    kind, other = ("folder", "file") if folder else ("file", "folder")
+    if path.exists():
+        if path.is_dir() != folder:
+            raise MirrorSDError(f"{what} {path} is a {other}, not a {kind}")
+        if not os.access(path, os.W_OK):
+            raise MirrorSDError(f"{what} {path} is not writable")
+        return
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise MirrorSDError(f"{what} {path} cannot be created: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise MirrorSDError(f"{what} {path} cannot be created: {parent} is not writable")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def write_report(path: str | Path, summary: pd.DataFrame, command: str, pair, prompts: int, max_new_tokens: int):
+    """A markdown page for one bench run: the command that produced it, the date, the machine, and
+    one row per method of ``summary`` (:func:`summarise`): τ, speedup, tokens/s, the lanes it ran on
+    and Mirror-SD's hit rate; then whether every method gave vanilla's tokens."""
+    import torch
+
+    lanes = pair.describe()  # as every trace's meta records them
+    used = {"target": [pair.target_lane], "both": [pair.target_lane, pair.draft_lane]}
+    hardware = sorted({hardware_name(d) for lane in used["both"] for d in lane.devices if d.type != "cpu"})
+    table = pd.DataFrame({
+        "method": summary.method,
+        "τ (tokens per step)": summary.mean_accepted.map("{:.3f}".format),
+        "speedup vs vanilla": summary.speedup.map("{:.2f}×".format),
+        "tokens/s": summary.tokens_per_s.map("{:.1f}".format),
+        "device": [" + ".join(f"{lane.name} {lane.display_device}"
+                              for lane in used["both" if get_method(m).needs_draft else "target"])
+                   for m in summary.method]})
+    if summary.hit_rate.notna().any():
+        table["hit rate (Mirror-SD)"] = summary.hit_rate.map(lambda r: "" if pd.isna(r) else f"{r:.3f}")
+    off = summary[summary.equal_to_vanilla < 1]
+    equality = ("Every method committed vanilla's tokens, token for token, on every prompt." if off.empty else
+                "Not token-for-token equal to vanilla: " + ", ".join(
+                    f"{row.method} on {round((1 - row.equal_to_vanilla) * row.prompts)} of {row.prompts} prompts"
+                    for row in off.itertuples()) + " (expected at temperature > 0, where only the law must match).")
+    page = "\n".join([
+        "# Benchmark", "",
+        f"Command: `{command}`", "",
+        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "",
+        f"Machine: {cpu_model()}, {cpu_cores()} CPU cores" + "".join(f", {h}" for h in hardware)
+        + f"; torch {torch.__version__}; lanes: {lanes['target_lane']}"
+        + (f"; {lanes['draft_lane']}" if pair.draft is not None else ""), "",
+        f"{prompts} prompts, at most {max_new_tokens} new tokens per answer. τ: mean tokens committed per "
+        "target step; speedup: tokens/s over vanilla's on the same prompts in the same run.", "",
+        table.to_markdown(index=False, disable_numparse=True,
+                          colalign=["left", "right", "right", "right", "left", "right"][:table.shape[1]]), "",
+        equality, ""])
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
 
 
 def _option_names(method: str) -> set[str]:

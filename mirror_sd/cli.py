@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -75,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     ben.add_argument("--per-category", type=int, default=None, help="use only the first N prompts of each category")
     ben.add_argument("--out", default="bench-out", help="output folder")
+    ben.add_argument("--report", default=None, metavar="FILE.md",
+                     help="also write a one-page markdown report: this command, the machine, one row per method")
     _add_decoding_args(ben)
     _add_model_args(ben)
 
@@ -150,17 +153,24 @@ def _prompts(args) -> list[dict]:
 
 
 def cmd_bench(args) -> int:
-    from .bench import bench, equality_warning
+    from .bench import bench, check_writable, equality_warning, write_report
     from .methods import get_method
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         get_method(m)
+    check_writable(args.out, "--out", folder=True)  # before hours of decoding, not after
+    if args.report:
+        check_writable(args.report, "--report")
     prompts = _prompts(args)
     pair = _load(args)
     summary = bench(pair, prompts, methods, out_dir=args.out, options=_method_options(args), **_settings(args))
     print(summary.to_markdown(index=False, floatfmt=".3f"))
     print(f"\nwrote {args.out}/results.csv, summary.csv, summary.md")
+    if args.report:
+        command = "python -m mirror_sd " + shlex.join(args.argv)
+        write_report(args.report, summary, command, pair, len(prompts), args.max_new_tokens)
+        print(f"wrote {args.report}")
     warning = equality_warning(summary, args.temperature)
     if warning:
         print(warning, file=sys.stderr)
@@ -168,7 +178,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from .bench import sweep
+    from .bench import check_writable, sweep
     from .methods import get_method
 
     method = get_method(args.method)  # fail fast on an unknown method
@@ -185,6 +195,7 @@ def cmd_sweep(args) -> int:
         raise MirrorSDError("--values names no value to sweep: give comma-separated numbers, such as 1,2,4")
     for v in values:
         kind.check(v)
+    check_writable(args.out, "--out", folder=True)
     prompts = _prompts(args)
     pair = _load(args)
     table = sweep(pair, prompts, args.method, option, values, out_dir=args.out, options=_method_options(args),
@@ -202,7 +213,9 @@ def cmd_methods(args) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # as given, for the report's command line
     try:
         commands = {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "methods": cmd_methods}
         return commands[args.command](args)

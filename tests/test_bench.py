@@ -50,6 +50,49 @@ def test_bench_writes_results_and_summary(tiny_dirs, tmp_path, capsys):
     assert "Mean time per decoding step by span kind" in (out / "summary.md").read_text()
 
 
+def test_bench_report_gives_the_command_and_one_row_per_method(tiny_dirs, tmp_path, capsys):
+    import shlex
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "category": "qa", "prompt": "t1 t2 t3"}))
+    report = tmp_path / "report" / "bench.md"  # its folder is made
+    argv = ["bench", "--prompts", str(prompts), "--methods", "sd,mirror", "--max-new-tokens", "6", "--out",
+            str(tmp_path / "out"), "--report", str(report), "--target", str(tiny_dirs["target"]),
+            "--draft", str(tiny_dirs["draft"])]
+    assert main(argv) == 0
+    text = report.read_text()
+    assert f"`python -m mirror_sd {shlex.join(argv)}`" in text
+    assert "Date: " in text and "CPU cores" in text and "torch " in text and "lanes: target" in text
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    header, rows = [c.strip() for c in lines[0].strip("|").split("|")], lines[2:]
+    assert header == ["method", "τ (tokens per step)", "speedup vs vanilla", "tokens/s", "device", "hit rate (Mirror-SD)"]
+    cells = {row.strip("|").split("|")[0].strip(): [c.strip() for c in row.strip("|").split("|")] for row in rows}
+    assert list(cells) == ["vanilla", "sd", "mirror"]  # one row per method, vanilla first
+    summary = pd.read_csv(tmp_path / "out" / "summary.csv").set_index("method")
+    assert cells["mirror"][1] == f"{summary.loc['mirror', 'mean_accepted']:.3f}"
+    assert cells["vanilla"][2] == "1.00×" and cells["vanilla"][4].startswith("target cpu")
+    assert "draft" in cells["sd"][4] and cells["vanilla"][5] == "" and float(cells["mirror"][5]) >= 0
+    assert "Every method committed vanilla's tokens" in text
+
+
+def test_unwritable_outputs_stop_bench_and_sweep_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    import mirror_sd.cli as cli
+
+    monkeypatch.setattr(cli, "_load", lambda args: pytest.fail("models loaded before the output paths were checked"))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    out = ["--out", str(tmp_path / "out")]
+    for argv, said in [(["bench", "--methods", "sd", *out, "--report", str(a_file / "bench.md")], "is a file, not a folder"),
+                       (["bench", "--methods", "sd", *out, "--report", str(tmp_path)], "is a folder, not a file"),
+                       (["bench", "--methods", "sd", "--out", str(a_file)], "is a file, not a folder"),
+                       (["sweep", "--method", "sd", "--option", "gamma", "--values", "1,2", "--out", str(a_file)],
+                        "is a file, not a folder")]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and said in err
+    assert not (tmp_path / "out").exists()  # the check creates nothing
+
+
 def test_bad_prompt_files(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": 1, "prompt": "fine"}\n{not json}\n')
