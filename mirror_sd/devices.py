@@ -29,6 +29,11 @@ Default placement (:func:`default_devices`):
 
 A lane works in a forked child too (Hugging Face ZeroGPU runs each GPU call in one): its worker
 thread did not survive the fork, so the lane starts a new one there.
+
+Int8 drafting is a per-thread switch (:func:`int8_products`) that a lane turns on around the
+drafting work it runs (``Lane.int8_drafting``); the linear layers (models/linear.py) read it with
+:func:`int8_products_on`. It lives here, with the lanes that set it, so that models depend on
+devices and not the reverse.
 """
 from __future__ import annotations
 
@@ -41,7 +46,6 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from .errors import MirrorSDError
-from .models.linear import int8_products
 
 ROLES = {"target": "GPU role", "draft": "NPU role"}
 
@@ -143,6 +147,26 @@ def default_devices() -> tuple[str, str]:
         count = torch.cuda.device_count()
         return ("cuda:0", "cuda:1") if count >= 2 else ("cuda:0", "cuda:0")
     return "cpu", "cpu"
+
+
+_int8 = threading.local()  # _int8.on: this thread is inside int8_products()
+
+
+@contextmanager
+def int8_products(enabled: bool = True):
+    """While inside (enabled), this thread's CPU inference products use int8 copies of their weights
+    (models/linear.py, int8 drafting); the setting before comes back on leaving."""
+    before = getattr(_int8, "on", False)
+    _int8.on = enabled
+    try:
+        yield
+    finally:
+        _int8.on = before
+
+
+def int8_products_on() -> bool:
+    """Whether this thread is inside :func:`int8_products` (enabled)."""
+    return getattr(_int8, "on", False)
 
 
 # fp32 on every device. On many CPUs bf16 matmuls are slow or crash. On a GPU, bf16 breaks the

@@ -12,11 +12,12 @@ step bumps the tensor's version), so training, which needs gradients, and state 
 ``nn.Linear``. Rows of a product may differ in the last bits with the number of rows, exactly as
 with ``F.linear``; every method, vanilla included, runs through the same layers.
 
-Int8 drafting. Inside :func:`int8_products` (a per-thread switch that the lanes turn on for
-drafting work: ``Lane.int8_drafting``) products take an int8 copy of the weight instead, one scale
-per output row, made on first use, with the input quantised on the fly (PyTorch's dynamic
-quantisation kernel, ``torch.ops.quantized.linear_dynamic``). A quarter of the bytes to stream,
-so a draft step costs about half as much (measured: docs/experiments/draft.md#int8-drafting).
+Int8 drafting. Inside :func:`mirror_sd.devices.int8_products` (a per-thread switch that the lanes
+turn on for drafting work: ``Lane.int8_drafting``) products take an int8 copy of the weight
+instead, one scale per output row, made on first use, with the input quantised on the fly
+(PyTorch's dynamic quantisation kernel, ``torch.ops.quantized.linear_dynamic``). A quarter of the
+bytes to stream, so a draft step costs about half as much (measured:
+docs/experiments/draft.md#int8-drafting).
 Drafts only propose, and the target verifies them in fp32, so every method stays lossless; what
 may change is which tokens a draft proposes, and so tau. The kernel quantises each input with one
 scale, which crushes an input with outlier channels, so two kinds of layer stay fp32
@@ -29,13 +30,14 @@ stay int8.
 """
 from __future__ import annotations
 
-import threading
 import warnings
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# int8_products is also imported from here (tests, scripts): the switch lives with the lanes that set it
+from ..devices import int8_products, int8_products_on  # noqa: F401
 
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
@@ -64,28 +66,15 @@ def _int8_kernels_work() -> bool:
 
 INT8 = _int8_kernels_work()
 
-_int8 = threading.local()  # _int8.on: this thread is inside int8_products()
-
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, int8: bool = True) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: x [..., in], weight [out, in] -> [..., out]; prepacked on CPU,
-    or through the weight's int8 copy inside :func:`int8_products` (unless int8=False)."""
+    or through the weight's int8 copy inside ``devices.int8_products`` (unless int8=False)."""
     if not uses_prepacked(x, weight, bias):
         return F.linear(x, weight, bias)
-    if int8 and INT8 and getattr(_int8, "on", False):
+    if int8 and INT8 and int8_products_on():
         return torch.ops.quantized.linear_dynamic(x.contiguous(), int8_weight(weight, bias))
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), prepacked_weight(weight), bias, "none", [], "")
-
-
-@contextmanager
-def int8_products(enabled: bool = True):
-    """While inside (enabled), this thread's CPU inference products use int8 weights (module docstring)."""
-    before = getattr(_int8, "on", False)
-    _int8.on = enabled
-    try:
-        yield
-    finally:
-        _int8.on = before
 
 
 def int8_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -130,7 +119,7 @@ def _kept_on(weight: torch.Tensor, name: str, make):
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same state dict) whose inference runs through :func:`linear`.
 
-    int8=False keeps the layer in fp32 inside :func:`int8_products` (module docstring)."""
+    int8=False keeps the layer in fp32 inside ``int8_products`` (module docstring)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, int8: bool = True):
         super().__init__(in_features, out_features, bias=bias)
