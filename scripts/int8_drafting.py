@@ -29,10 +29,10 @@ def main():
         int8 += [True, False]
         labels += [method, f"{method}, fp32 drafting"]
 
-    def before_run(index):
+    def setup(index):
         pair.int8_drafting = int8[index]
 
-    table = interleave(pair, bench_prompts(args.per_category), runs, args.max_new_tokens, before_run,
+    table = interleave(pair, bench_prompts(args.per_category), runs, args.max_new_tokens, setup,
                        desc="int8 drafting")
     summary, per_step = summarise_runs(table, labels)
     summary["drafting_ms_per_step"] = drafting_ms_per_step(summary, per_step)

@@ -26,11 +26,11 @@ def main():
     pair = load_pair()
     runs = [("vanilla", {}), ("mirror", {}), ("mirror", {})]
 
-    def before_run(index):
+    def setup(index):
         Lane.widen_when_done = SHIPPED if index < 2 else (lambda lane, beside: None)
 
     try:
-        table = interleave(pair, bench_prompts(args.per_category), runs, args.max_new_tokens, before_run,
+        table = interleave(pair, bench_prompts(args.per_category), runs, args.max_new_tokens, setup,
                            desc="suffix cores")
     finally:
         Lane.widen_when_done = SHIPPED
