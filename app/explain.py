@@ -1,4 +1,4 @@
-"""One plain sentence per step, written from what the trace recorded (tokens, spans, extras)."""
+"""One plain sentence per step, written from what the trace recorded (tokens, spans, step records)."""
 from __future__ import annotations
 
 from mirror_sd.trace import Trace
@@ -41,9 +41,8 @@ def _verdict(step, pieces: dict) -> str:
 def _copied(step) -> str:
     """Context lookup detail: how many draft tokens were copied from the context (eagle, ss: tree
     nodes; sd with copy_below: window positions), and how many of them were accepted."""
-    extras = step.extras or {}
-    copied = (extras.get("tree") or {}).get("copied") or extras.get("copied_at") or []
-    if not copied:
+    copied = step.copied
+    if not copied or step.rendezvous is not None:  # Mirror-SD's copied windows: said in _mirror
         return ""
     used = sum(copied_marks(step)[0])
     return (f" {len(copied)} of the draft tokens were copied from the context (not drafted by a model); "
@@ -52,7 +51,7 @@ def _copied(step) -> str:
 
 def _streams(step) -> str:
     """Speculative Streaming in one forward per step: the streams rode in the verify forward."""
-    rows = (step.extras or {}).get("stream_rows")
+    rows = step.tree.stream_rows if step.tree is not None else 0
     if not rows:
         return ""
     return (f" In that same target forward, {rows} speculative stream rows beside the verified tokens drafted the "
@@ -61,12 +60,14 @@ def _streams(step) -> str:
 
 def _draft_forwards(step) -> str:
     """sd drafting with its streams: how many draft forwards the window took."""
-    forwards, n = (step.extras or {}).get("draft_forwards"), len(step.proposed)
+    if step.draft is None:
+        return ""
+    forwards, n = step.draft.forwards, len(step.proposed)
     if not forwards or forwards == n:
         return ""
     if forwards == 1:
         return f" The draft proposed the {n} tokens in one forward, with its speculative streams."
-    checks = (step.extras or {}).get("lookahead")
+    checks = step.draft.lookahead
     counts = ""
     if checks:  # (lookahead tokens checked, kept) per forward
         counts = (f" ({', '.join(str(c) for c, _ in checks)} tokens checked, "
@@ -77,16 +78,16 @@ def _draft_forwards(step) -> str:
 
 def _mirror(step, pieces: dict) -> str:
     """Mirror-SD detail: did the rendezvous find the outcome among the rolled-out branches?"""
-    extras = step.extras or {}
-    if "hit" not in extras:
+    record = step.rendezvous
+    if record is None:
         return ""
-    opening = " This window came from a fallback draft." if extras.get("fallback") else \
-        " This window was copied from the context (no draft work)." if extras.get("copied") else \
+    opening = " This window came from a fallback draft." if record.fallback else \
+        " This window was copied from the context (no draft work)." if record.copied else \
         " This window was a branch drafted during the previous step."
-    if extras["hit"]:
+    if record.hit:
         return opening + (" The outcome was among the early-exit candidates and its branch was rolled out, "
                           "so the next window was already drafted (hit).")
-    candidates = extras.get("exit_candidates") or []
+    candidates = record.exit_candidates
     token = step.committed[-1] if step.committed else None
     at = candidates[step.accepted] if step.accepted < len(candidates) else []
     why = "was among the early-exit candidates but its branch was not rolled out" if token in at else \

@@ -1,5 +1,5 @@
 """Text of a run as HTML: each committed token coloured by origin, rejected draft tokens struck through,
-draft tokens copied from the context (``mirror_sd/methods/lookup.py``) underlined.
+draft tokens copied from the context (``mirror_sd/drafting/lookup.py``) underlined.
 
 Token ids become text through a ``pieces`` dict (id -> text) recorded with the run (see
 :func:`collect_pieces`), so a stored run renders with no tokenizer at hand.
@@ -7,6 +7,7 @@ Token ids become text through a ``pieces`` dict (id -> text) recorded with the r
 from __future__ import annotations
 
 import html
+from dataclasses import asdict
 
 from mirror_sd.trace import Trace
 
@@ -29,17 +30,17 @@ COPIED_NAME = "copied from the context (not drafted by a model)"
 
 
 def collect_pieces(trace: Trace, decode, pieces: dict[int, str] | None = None, from_step: int = 0) -> dict[int, str]:
-    """Add the text of every token id that steps[from_step:] mention (committed, proposed, extras)."""
+    """Add the text of every token id that steps[from_step:] mention (committed, proposed, records)."""
     pieces = {} if pieces is None else pieces
     for step in trace.steps[from_step:]:
-        for token in _ints([step.committed, step.proposed, step.extras]):
+        for token in _ints([step.committed, step.proposed, [asdict(r) for r in step.records()]]):
             if token not in pieces:
                 pieces[token] = decode([token])
     return pieces
 
 
 def _ints(value):
-    """Every non-negative int inside nested lists, tuples and dicts (ids, plus some harmless extras)."""
+    """Every non-negative int inside nested lists, tuples and dicts (ids, plus some harmless counts)."""
     if isinstance(value, bool):
         return
     if isinstance(value, int):
@@ -73,13 +74,8 @@ def _span(text: str, style: str, title: str) -> str:
 
 def copied_marks(step) -> tuple[list[bool], list[bool]]:
     """Which of a step's accepted and of its rejected draft tokens (at ``step.accepted_at`` and
-    ``step.rejected_at``) were copied from the context: tree nodes listed in ``tree["copied"]`` (eagle, ss), window positions in
-    ``copied_at`` (sd with copy_below), or a whole window (mirror's ``copied`` after a miss)."""
-    extras = step.extras or {}
-    if extras.get("copied") is True:
-        copied = set(range(len(step.proposed)))
-    else:
-        copied = set((extras.get("tree") or {}).get("copied") or extras.get("copied_at") or [])
+    ``step.rejected_at``) were copied from the context (``step.copied``)."""
+    copied = step.copied
     return [i in copied for i in step.accepted_at], [i in copied for i in step.rejected_at]
 
 

@@ -1,14 +1,12 @@
-"""Hypothesis trees from a step's recorded extras, as a flat list of nodes (drawn by figures.tree).
+"""Hypothesis trees from a step's records, as a flat list of nodes (drawn by figures.tree).
 
-Two shapes are understood, so new methods need no app change:
+Two records are drawn, so new methods that record one need no app change:
 
-* Mirror-SD (``exit_candidates``, ``branches``, ``hit``, ``branch_used``): the draft window as a
-  chain, the early-exit candidates hanging off each window position, the branches the draft lane
-  rolled out, and the one used at the rendezvous (a hit) or the target's token that no branch
-  foresaw (a miss: fallback).
-* Any draft tree (``tokens`` and ``parents``, parent -1 or None for a root; optional ``scores``,
-  ``path``, the node indices the target accepted, and ``copied``, the nodes copied from the
-  context), as EAGLE-style methods record.
+* ``step.rendezvous`` (Mirror-SD): the draft window as a chain, the early-exit candidates hanging
+  off each window position, the branches the draft lane rolled out, and the one used at the
+  rendezvous (a hit) or the target's token that no branch foresaw (a miss: fallback).
+* ``step.tree``, any draft tree (``DraftTree``: tokens, parents (-1 for children of the root),
+  scores, the accepted path and the nodes copied from the context), as eagle and ss record.
 """
 from __future__ import annotations
 
@@ -30,28 +28,27 @@ class Node:
 
 def step_tree(step) -> list[Node]:
     """The step's tree, or [] when the step recorded none."""
-    extras = step.extras or {}
-    if "exit_candidates" in extras and "branches" in extras:
+    if step.rendezvous is not None:
         return mirror_tree(step)
-    if "tree" in extras:  # eagle (and any method that drafts a tree): extras["tree"]
-        return draft_tree(extras["tree"])
+    if step.tree is not None:
+        return draft_tree(step.tree)
     return []
 
 
 def mirror_tree(step) -> list[Node]:
-    extras = step.extras
+    record = step.rendezvous
     nodes = [Node(None, None, ROOT, "committed prefix")]
     chain = [0]  # node index of window position r (after r draft tokens)
     for i, token in enumerate(step.proposed):
         kind = ACCEPTED if i < step.accepted else REJECTED
         nodes.append(Node(token, chain[-1], kind, f"draft token d{i + 1}"))
         chain.append(len(nodes) - 1)
-    rolled = {(int(b[0]), int(b[1])): list(b[2]) for b in extras["branches"]}
-    used = extras["branches"][extras["branch_used"]][:2] if extras.get("hit") else None
+    rolled = {(int(b[0]), int(b[1])): list(b[2]) for b in record.branches}
+    used = record.branches[record.branch_used][:2] if record.hit else None
     target = (step.accepted, step.committed[-1]) if step.origins and step.origins[-1] in ("correction", "bonus") \
         else None  # what the target emitted after the accepted prefix
     missed = target if used is None else None
-    for r, candidates in enumerate(extras["exit_candidates"][:len(chain)]):
+    for r, candidates in enumerate(record.exit_candidates[:len(chain)]):
         for rank, v in enumerate(candidates):
             if r < len(step.proposed) and v == step.proposed[r]:
                 continue  # the draft token itself: that is the chain, not a branch
@@ -67,13 +64,12 @@ def mirror_tree(step) -> list[Node]:
     return nodes
 
 
-def draft_tree(tree: dict) -> list[Node]:
-    """A drafted tree: node tokens, parents (-1 for children of the root), scores, accepted path,
-    nodes copied from the context."""
-    path, copied = set(tree.get("path") or []), set(tree.get("copied") or [])
-    scores = tree.get("scores") or []
+def draft_tree(tree) -> list[Node]:
+    """A drafted tree (``DraftTree``): node tokens, parents (-1 for children of the root), scores,
+    accepted path, nodes copied from the context."""
+    path, copied, scores = set(tree.path), set(tree.copied), tree.scores
     nodes = [Node(None, None, ROOT, "committed prefix")]
-    for i, (token, parent) in enumerate(zip(tree["tokens"], tree["parents"])):
+    for i, (token, parent) in enumerate(zip(tree.tokens, tree.parents)):
         score = scores[i] if i < len(scores) else None
         note = f"node {i}" + (", copied from the context" if i in copied else "") + \
             (f", score {score:.3g}" if score is not None else "")

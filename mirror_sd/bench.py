@@ -71,7 +71,7 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -
         messages.append({"role": "assistant", "content": out.text})
         token_ids += out.token_ids
         rows.append(out.metrics)
-        hits += [st.extras["hit"] for st in out.trace.steps if "hit" in st.extras]
+        hits += [st.rendezvous.hit for st in out.trace.steps if st.rendezvous is not None]
         for span in out.trace.spans:  # decoding steps only: step 0 is the prefill
             if span.step:
                 span_s[span.kind] = span_s.get(span.kind, 0.0) + span.duration
@@ -104,8 +104,8 @@ def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max
 
     warmup: first run each once, untimed, for WARMUP_TOKENS on the first turn of the first prompt,
     so that one-time costs (weights packed for oneDNN on first use, a head or streams loaded, the
-    first kernels set up: 0.2-0.3 s for vanilla, eagle and mirror on this project's CPU) are charged
-    to no method."""
+    first kernels set up) are charged to no method
+    (measured: docs/experiments/bench.md#bench-runs-warm-up-and-run-to-run-noise)."""
     if warmup and prompts:
         first = dict(prompts[0], turns=prompts[0]["turns"][:1])
         for method, options in runs:

@@ -193,7 +193,6 @@ class Lane:
         # the draft lane's work, which only ever runs the draft model, and target-lane work submitted
         # with drafting=True (the EAGLE head, the speculative streams). Set by load_pair, CPU lanes only.
         self.int8_drafting = False
-        self.trace = None  # the Trace that spans go to; set per generation
         self.stream = None
         self._worker: ThreadPoolExecutor | None = None  # a non-CPU lane's own thread, started on first use
         self._pid = os.getpid()
@@ -203,15 +202,20 @@ class Lane:
         """E.g. 'target, GPU role, cpu:0': role and real device, as the app shows lanes."""
         return f"{self.name}, {self.role}, {self.display_device}"
 
-    def submit(self, kind: str, fn, *args, label: str = "", step: int | None = None,
+    def submit(self, kind: str, fn, *args, trace=None, label: str = "", step: int | None = None,
                tokens: int = 0, alone: bool = False, drafting: bool = False, **kwargs) -> Future:
         """Run fn(*args, **kwargs) on this lane; the future gives its result (or its error).
 
+        trace: the Trace that records the work as a span (none if None).
         alone: the caller promises that no other lane works meanwhile, so a CPU lane may use the
         cores it otherwise shares (``alone_threads``).
         drafting: fn only proposes tokens (``int8_drafting``); the draft lane's work always does."""
         int8 = self.int8_drafting and (drafting or self.name == "draft")
-        return self.worker.submit(self._run, kind, label, step, tokens, alone, int8, fn, args, kwargs)
+        return self.worker.submit(self._run, trace, kind, label, step, tokens, alone, int8, fn, args, kwargs)
+
+    def recording(self, trace) -> "Recording":
+        """This lane, with every piece of work recorded in ``trace`` (one generation's)."""
+        return Recording(self, trace)
 
     @property
     def worker(self) -> ThreadPoolExecutor:
@@ -238,7 +242,7 @@ class Lane:
                 and torch.get_num_threads() < self.alone_threads):
             torch.set_num_threads(self.alone_threads)
 
-    def _run(self, kind, label, step, tokens, alone, int8, fn, args, kwargs):
+    def _run(self, trace, kind, label, step, tokens, alone, int8, fn, args, kwargs):
         threads = self.alone_threads if alone else self.threads
         if self.device.type == "cpu" and threads:
             torch.set_num_threads(threads)  # per worker thread
@@ -250,8 +254,8 @@ class Lane:
                 self.synchronize()
         finally:
             end = time.perf_counter()
-            if self.trace is not None:
-                self.trace.add_span(self, kind, label, start, end, step, tokens)
+            if trace is not None:
+                trace.add_span(self, kind, label, start, end, step, tokens)
         return result
 
     def synchronize(self):
@@ -266,6 +270,23 @@ class Lane:
         if self._worker is not None:
             self._worker.shutdown(wait=False)
 
+
+
+class Recording:
+    """A lane bound to the trace of one generation: what a decode loop submits through it is
+    recorded there (``Decoding.target_lane`` and ``draft_lane``)."""
+
+    def __init__(self, lane: Lane, trace):
+        self.lane, self.trace = lane, trace
+
+    def submit(self, kind: str, fn, *args, **kwargs) -> Future:
+        return self.lane.submit(kind, fn, *args, trace=self.trace, **kwargs)
+
+    def run(self, kind: str, fn, *args, **kwargs):
+        return self.submit(kind, fn, *args, **kwargs).result()
+
+    def widen_when_done(self, beside: Future | None):
+        self.lane.widen_when_done(beside)
 
 def avoid_cudnn_attention():
     """Turn off PyTorch's cuDNN backend for scaled_dot_product_attention, in this whole process.

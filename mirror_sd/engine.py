@@ -22,7 +22,7 @@ from .methods import get_method
 from .models.pair import ModelPair
 from .nvml import GpuSampler
 from .sampling import Sampler, to_target_vocab
-from .trace import Step, Trace
+from .trace import RECORDS, Step, Trace
 
 MAX_NEW_TOKENS_LIMIT = 4096
 WINDOW_MARGIN = 64  # cache slots beyond prompt + max_new_tokens, for the last draft window
@@ -51,6 +51,8 @@ class Decoding:
         self.target_sampler = Sampler(temperature, top_p, seed)
         self.draft_sampler = Sampler(temperature, top_p, seed + 1)  # own stream: lanes run concurrently
         self.trace = trace
+        self.target_lane = pair.target_lane.recording(trace)  # the lanes, recording into this run's trace
+        self.draft_lane = pair.draft_lane.recording(trace)
         self.tokens: list[int] = []
         self.finished = "running"
 
@@ -138,8 +140,6 @@ def stream(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 12
         allot_cpu_threads(lanes, parallel=spec.parallel_lanes)
         meta["threads"] = {lane.name: lane.threads for lane in lanes}
         trace = Trace(method, meta)
-        for lane in lanes:
-            lane.trace = trace
         run = Decoding(pair, prompt_ids, max_new_tokens, temperature, top_p, seed, trace)
         gpu_sampler = GpuSampler(trace, lanes)  # NVML readings on NVIDIA GPUs; nothing elsewhere
         decoding_s = 0.0  # time spent decoding: not the consumer's time between steps (an app redrawing, say)
@@ -165,8 +165,6 @@ def stream(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 12
             error = f"decoding failed after {len(run.tokens)} tokens: {type(e).__name__}: {e}"
         finally:
             gpu_sampler.close()
-            for lane in lanes:
-                lane.trace = None
             run.finished = finished or ("error" if error else run.finished)
         yield _output(run, spec.name, decoding_s, error)
 
@@ -194,15 +192,10 @@ def compute_metrics(trace: Trace, new_tokens: int, wall_s: float) -> dict:
     accepted = sum(s.accepted for s in decode_steps)
     busy = trace.busy_seconds()
     extra = {}
-    hits = [s.extras["hit"] for s in decode_steps if "hit" in s.extras]
-    if hits:  # Mirror-SD: how often the next window was ready at the rendezvous
-        rendezvous = [s.duration for s in trace.spans if s.kind == "rendezvous"]
-        extra = dict(hit_rate=sum(hits) / len(hits),
-                     fallbacks=sum(1 for s in trace.spans if s.kind == "fallback-draft"),
-                     rendezvous_ms=1000 * sum(rendezvous) / max(len(rendezvous), 1))
-    forwards = sum(s.extras.get("draft_forwards", 0) for s in decode_steps)
-    if forwards:  # sd: window tokens per draft forward (1 token by token, gamma in one forward)
-        extra.update(draft_tokens=proposed, draft_forwards=forwards, draft_tokens_per_forward=proposed / forwards)
+    for name, record in RECORDS.items():  # what each kind of step record adds (Mirror-SD's hit rate, ...)
+        steps = [s for s in decode_steps if getattr(s, name) is not None]
+        if steps:
+            extra.update(record.metrics(steps, trace))
     target_lane, draft_lane = trace.lane_label("target"), trace.lane_label("draft")
     if target_lane and draft_lane:
         draft_busy = busy.get(draft_lane, 0.0)

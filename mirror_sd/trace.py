@@ -8,6 +8,9 @@ Token origins in a step's ``origins`` (what the app colours):
   "accepted"   a draft token the target verified
   "correction" the target's token at the first rejected draft position
   "bonus"      the target's extra token after a fully accepted draft window
+
+What a method drafted in a step is kept in typed records on the step (``DraftTree``, ``DraftWork``,
+``Rendezvous``); each record type says how it adds to a run's metrics (``engine.compute_metrics``).
 """
 from __future__ import annotations
 
@@ -34,6 +37,86 @@ class Span:
         return self.end - self.start
 
 
+class Record:
+    """A typed part of a step record: what one kind of drafting did in the step. Each kind says how
+    it adds to a run's metrics and which columns it gives the steps table."""
+
+    @staticmethod
+    def metrics(steps: list["Step"], trace: "Trace") -> dict:
+        """Metrics over the decoding steps that carry this record."""
+        return {}
+
+    def columns(self) -> dict:
+        """Columns of this record in ``Trace.steps_frame``."""
+        return asdict(self)
+
+
+@dataclass
+class DraftTree(Record):
+    """A draft tree the target verified in one forward (eagle, ss). Nodes in creation order, a parent
+    before its children; node i sits at window index i + 1 behind the root (the last committed token)."""
+
+    tokens: list[int]
+    parents: list[int]  # index of the parent node; -1 for children of the root
+    depths: list[int]  # 1 for children of the root
+    scores: list[float | None]  # sum of draft log-probs along the path (None: copied from the context)
+    path: list[int]  # the nodes the target accepted, root to leaf
+    copied: list[int] = field(default_factory=list)  # nodes copied from the context (drafting/lookup.py)
+    stream_rows: int = 0  # ss in one forward: speculative-stream rows that rode in the verify forward
+
+    def columns(self) -> dict:
+        tree = asdict(self)
+        rows = tree.pop("stream_rows")
+        return dict(tree=tree, **(dict(stream_rows=rows) if rows else {}))
+
+
+@dataclass
+class DraftWork(Record):
+    """How a draft model made a step's window (sd)."""
+
+    forwards: int  # draft forwards the window took (gamma token by token, 1 with streams, fewer when checked)
+    lookahead: list[tuple[int, int]] = field(default_factory=list)  # per forward: lookahead tokens checked, kept
+    copied_at: list[int] = field(default_factory=list)  # window positions copied from the context
+
+    @staticmethod
+    def metrics(steps, trace) -> dict:
+        proposed = sum(len(s.proposed) for s in steps)
+        forwards = sum(s.draft.forwards for s in steps)
+        return dict(draft_tokens=proposed, draft_forwards=forwards, draft_tokens_per_forward=proposed / forwards)
+
+    def columns(self) -> dict:
+        return dict(draft_forwards=self.forwards, lookahead=self.lookahead, copied_at=self.copied_at)
+
+
+@dataclass
+class Rendezvous(Record):
+    """Mirror-SD's step: where the window came from, the early-exit candidates, the branches the draft
+    lane rolled out, and the one the verdict picked (a hit) or none (a miss)."""
+
+    exit_candidates: list[list[int]]  # top-kappa early-exit ids per window position
+    branches: list[tuple[int, int, list[int]]]  # (accepted r, root token v, the draft's continuation)
+    branch_used: int | None  # index in branches of the verdict's (accepted, token); None: a miss
+    fallback: bool  # this window was drafted afresh, on the critical path
+    copied: bool  # this window was copied from the context (after a miss)
+
+    @property
+    def hit(self) -> bool:
+        return self.branch_used is not None
+
+    @staticmethod
+    def metrics(steps, trace) -> dict:
+        rendezvous = [s.duration for s in trace.spans if s.kind == "rendezvous"]
+        return dict(hit_rate=sum(s.rendezvous.hit for s in steps) / len(steps),
+                    fallbacks=sum(1 for s in trace.spans if s.kind == "fallback-draft"),
+                    rendezvous_ms=1000 * sum(rendezvous) / max(len(rendezvous), 1))
+
+    def columns(self) -> dict:
+        return dict(asdict(self), hit=self.hit)
+
+
+RECORDS = {"tree": DraftTree, "draft": DraftWork, "rendezvous": Rendezvous}  # Step field -> its record type
+
+
 @dataclass
 class Step:
     index: int  # 0 is the prefill; 1.. are decoding steps
@@ -41,33 +124,58 @@ class Step:
     origins: list[str]  # one origin per committed token (see the module docstring)
     proposed: list[int] = field(default_factory=list)  # draft tokens the target checked
     accepted: int = 0  # how many of ``proposed`` the target accepted
-    extras: dict = field(default_factory=dict)  # per-method detail: branches, trees, ...
+    tree: DraftTree | None = None  # the draft tree verified (eagle, ss)
+    draft: DraftWork | None = None  # how the draft model made the window (sd)
+    rendezvous: Rendezvous | None = None  # Mirror-SD's branches and hit
+
+    def records(self) -> list[Record]:
+        return [r for r in (getattr(self, name) for name in RECORDS) if r is not None]
 
     @property
     def accepted_at(self) -> list[int]:
         """Where the accepted draft tokens sit in the draft: window positions of a chain, or the
-        accepted path's nodes of a draft tree (``extras["tree"]``)."""
-        tree = self.extras.get("tree")
-        return list(range(self.accepted)) if tree is None else tree["path"][:self.accepted]
+        accepted path's nodes of a draft tree."""
+        return list(range(self.accepted)) if self.tree is None else self.tree.path[:self.accepted]
 
     @property
     def rejected_at(self) -> list[int]:
         """Where the rejected draft tokens (``rejected``) sit in the draft: window positions of a chain,
         or node indices of a draft tree."""
-        tree = self.extras.get("tree")
-        if tree is None:
+        if self.tree is None:
             return list(range(self.accepted, len(self.proposed)))
-        last = tree["path"][self.accepted - 1] if self.accepted else -1
-        return [node for node, parent in enumerate(tree["parents"]) if parent == last]
+        last = self.tree.path[self.accepted - 1] if self.accepted else -1
+        return [node for node, parent in enumerate(self.tree.parents) if parent == last]
 
     @property
     def rejected(self) -> list[int]:
         """Draft tokens the target turned down where the step stopped accepting: the rest of a chain
-        window, or, for a draft tree (``extras["tree"]``), the candidates at that position (the children
-        of the last accepted node): the tree's other nodes hang off other positions."""
-        tree = self.extras.get("tree")
-        tokens = self.proposed if tree is None else tree["tokens"]
+        window, or, for a draft tree, the candidates at that position (the children of the last
+        accepted node): the tree's other nodes hang off other positions."""
+        tokens = self.proposed if self.tree is None else self.tree.tokens
         return [tokens[i] for i in self.rejected_at]
+
+    @property
+    def copied(self) -> set[int]:
+        """Where the draft tokens copied from the context sit (as in ``accepted_at``): tree nodes, sd's
+        copied window positions, or a whole Mirror-SD window copied after a miss."""
+        if self.rendezvous is not None and self.rendezvous.copied:
+            return set(range(len(self.proposed)))
+        if self.tree is not None:
+            return set(self.tree.copied)
+        return set(self.draft.copied_at) if self.draft is not None else set()
+
+    def columns(self) -> dict:
+        """The step as one row of ``Trace.steps_frame``."""
+        row = dict(index=self.index, committed=self.committed, origins=self.origins, proposed=self.proposed,
+                   accepted=self.accepted, new_tokens=len(self.committed))
+        for record in self.records():
+            row.update(record.columns())
+        return row
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Step":
+        records = {name: kind(**data[name]) for name, kind in RECORDS.items() if data.get(name) is not None}
+        return cls(**{**data, **records})
 
 
 @dataclass
@@ -111,9 +219,7 @@ class Trace:
         return df.sort_values("start", ignore_index=True)
 
     def steps_frame(self) -> pd.DataFrame:
-        rows = [dict(index=s.index, committed=s.committed, origins=s.origins, proposed=s.proposed,
-                     accepted=s.accepted, new_tokens=len(s.committed), **s.extras) for s in self.steps]
-        return pd.DataFrame(rows)
+        return pd.DataFrame([s.columns() for s in self.steps])
 
     def busy_seconds(self) -> dict[str, float]:
         """Time each lane spent working (spans on one lane never overlap: one worker each)."""
@@ -153,7 +259,7 @@ class Trace:
         trace = cls(data["method"], data.get("meta"))
         trace.lanes = dict(data.get("lanes", {}))
         trace.spans = [Span(**s) for s in data.get("spans", [])]
-        trace.steps = [Step(**s) for s in data.get("steps", [])]
+        trace.steps = [Step.from_dict(s) for s in data.get("steps", [])]
         trace.gpu_samples = [GpuSample(**g) for g in data.get("gpu_samples", [])]
         return trace
 

@@ -17,7 +17,7 @@ from each step's position gives the τ that ``sd`` would reach at ``--gamma`` wi
 top-1 probability there (the target reads the same prompt + answer), with each group's share of
 the tokens, the draft's agreement, the share of tokens its head holds at all (``in_head``) and, of
 its misses, the share a context copy would have got right (``copy_right_of_misses``: the token after
-the latest earlier occurrence of the last 3, 2 or 1 tokens, the rule of ``methods/lookup.py``).
+the latest earlier occurrence of the last 3, 2 or 1 tokens, the rule of ``drafting/lookup.py``).
 """
 from pathlib import Path
 
@@ -26,7 +26,7 @@ import torch
 
 from mirror_sd import generate, load_pair
 from mirror_sd.engine import to_target_vocab
-from mirror_sd.methods.lookup import copy_from_context
+from mirror_sd.drafting.lookup import copy_from_context
 from mirror_sd.train.draft import answer_labels, evaluate, read_examples
 from scripts.comparison import bench_prompts, comparison_parser, swap_draft
 

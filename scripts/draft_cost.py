@@ -15,7 +15,7 @@ import time
 import torch
 
 from mirror_sd import load_pair
-from mirror_sd.models.linear import int8_products
+from mirror_sd.devices import int8_products
 from scripts.comparison import swap_draft
 
 

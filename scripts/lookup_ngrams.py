@@ -3,13 +3,13 @@
     python -m scripts.lookup_ngrams [--per-category 2] [--max-new-tokens 64]
 
 Interleaved on the bench prompts: per prompt, vanilla, then eagle, ss, mirror and sd, each of the
-first three with both n-gram lists (``methods/lookup.py: NGRAM_SIZES``). Prints tau, tokens/s, the
+first three with both n-gram lists (``drafting/lookup.py: NGRAM_SIZES``). Prints tau, tokens/s, the
 speedup over vanilla and mirror's hit rate (``bench.summarise``); every run is checked against
 vanilla token for token.
 """
 from mirror_sd import load_pair
 from mirror_sd.bench import summarise
-from mirror_sd.methods import lookup
+from mirror_sd.drafting import lookup
 from scripts.comparison import bench_prompts, comparison_parser, interleave
 
 SHIPPED = lookup.NGRAM_SIZES

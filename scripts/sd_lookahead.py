@@ -5,8 +5,8 @@ overshoot, in one interleaved run.
 
 On the bench prompts, prompt by prompt (``bench.run_interleaved``, warmed up first): vanilla, then
 ``sd`` at gamma 5 with the shipped draft drafting token by token (streams=0), in one unchecked
-forward (streams=1), and checking its streams' lookahead (streams=2, methods/sd.py:
-verified_window) as a chain of the streams' argmaxes, as a tree (top_k candidates per stream,
+forward (streams=1), and checking its streams' lookahead (streams=2, drafting/streamed.py:
+checked_window) as a chain of the streams' argmaxes, as a tree (top_k candidates per stream,
 total_tokens nodes), with a branch copied from the context (lookup), and with windows that keep
 lookahead accepted past gamma (overshoot=1). ``--runs`` keeps some of them (numbers in the order
 of ``RUNS``, from 0), for a run on more prompts.

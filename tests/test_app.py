@@ -20,7 +20,7 @@ from app.tokens import ORIGIN_COLOURS, legend_html, text_html
 from app.trees import ACCEPTED, REJECTED, ROOT, TARGET_MISS, USED, step_tree
 from mirror_sd import METHODS
 from mirror_sd.devices import Lane
-from mirror_sd.trace import Step, Trace
+from mirror_sd.trace import DraftTree, Step, Trace
 
 PROMPT = "t1 t2 t3"
 MIRROR = dict(gamma=3, kappa=2, branch_budget=3)
@@ -111,7 +111,7 @@ def test_sentences_follow_the_trace(race):
     for step in sd.trace.steps[1:]:
         assert f"accepted {step.accepted} of {len(step.proposed)} draft tokens" in explain(sd.trace, step.index, sd.pieces)
     mirror = race["mirror"]
-    words = [("(hit)" if s.extras["hit"] else "(miss)") for s in mirror.trace.steps[1:]]
+    words = [("(hit)" if s.rendezvous.hit else "(miss)") for s in mirror.trace.steps[1:]]
     assert {"(hit)", "(miss)"} == set(words)
     for step, word in zip(mirror.trace.steps[1:], words):
         assert word in explain(mirror.trace, step.index, mirror.pieces)
@@ -123,7 +123,7 @@ def test_sentences_say_when_the_streams_rode_in_the_verify_forward(tiny_dirs):
     from test_ss import random_streams
 
     pair = load_pair(target=str(tiny_dirs["target"]), draft=None)
-    pair.addons["streams_one_forward"] = random_streams(pair.target, layers=1, G=3)  # no next-token input
+    pair.one_forward_streams = random_streams(pair.target, layers=1, G=3)  # no next-token input
     out = generate(pair, PROMPT, method="ss", max_new_tokens=8, raw=True, gamma=2, top_k=2, total_tokens=3,
                    lookup=0, one_forward=1)
     pieces = {t: f"t{t}" for t in out.token_ids}
@@ -140,17 +140,18 @@ def test_mirror_tree_marks_the_window_candidates_and_the_branch_used(race):
         assert [n.kind for n in chain] == [ACCEPTED] * step.accepted + [REJECTED] * (len(chain) - step.accepted)
         marked = [n for n in nodes if n.kind in (USED, TARGET_MISS) and nodes[n.parent].kind in (ROOT, ACCEPTED, REJECTED)]
         assert [n.token for n in marked] == [step.committed[-1]]  # the target's token, at the accepted depth
-        assert (marked[0].kind == USED) == step.extras["hit"]
+        assert (marked[0].kind == USED) == step.rendezvous.hit
     fig = figures.tree(steps[0], race["mirror"].pieces)
     assert {d.name for d in fig.data if d.name} >= {"root", "rolled out"}
 
 
 def test_generic_draft_tree_from_tokens_and_parents():
-    extras = dict(tree=dict(tokens=[5, 6, 7, 8], parents=[-1, 0, 0, 1], scores=[0.9, 0.5, 0.3, 0.4], path=[0, 1]))
-    nodes = step_tree(Step(1, [5, 6], ["accepted", "accepted"], extras=extras))
+    tree = DraftTree(tokens=[5, 6, 7, 8], parents=[-1, 0, 0, 1], depths=[1, 2, 2, 3], scores=[0.9, 0.5, 0.3, 0.4],
+                     path=[0, 1])
+    nodes = step_tree(Step(1, [5, 6], ["accepted", "accepted"], tree=tree))
     assert [n.parent for n in nodes] == [None, 0, 1, 1, 2]
     assert [n.kind for n in nodes[1:]] == [ACCEPTED, ACCEPTED, "draft node", "draft node"]
-    fig = figures.tree(Step(1, [5, 6], ["accepted", "accepted"], extras=extras), {5: "a", 6: "b", 7: "c", 8: "d"})
+    fig = figures.tree(Step(1, [5, 6], ["accepted", "accepted"], tree=tree), {5: "a", 6: "b", 7: "c", 8: "d"})
     assert sum(len(d.x) for d in fig.data if d.mode != "lines") == 5
 
 

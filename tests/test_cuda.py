@@ -34,8 +34,8 @@ def cuda_pair(tiny_dirs, dtype: str | None):
     assert pair.target.device.type == pair.draft.device.type == "cuda"
     torch.manual_seed(0)
     attach_head(pair, EagleHead.from_target(pair.target, torch.arange(16)))
-    pair.addons["streams"] = random_streams(pair.target, layers=1, G=3)
-    pair.addons["streams_one_forward"] = pair.addons["streams"]  # no next-token input: they fit both forms
+    pair.streams = random_streams(pair.target, layers=1, G=3)
+    pair.one_forward_streams = pair.streams  # no next-token input: they fit both forms
     return pair
 
 

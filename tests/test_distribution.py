@@ -87,8 +87,8 @@ def test_mirror_samples_the_target_distribution_through_reused_branches(tiny_dir
     outputs = []
     counts = sample_counts(pair, "mirror", 1.0, 1.0, first=2, outputs=outputs, gamma=1, kappa=16, branch_budget=32)
     steps = [s for out in outputs for s in out.trace.steps if s.index >= 2]
-    assert steps and all(s.extras["hit"] for s in outputs[0].trace.steps if s.index >= 1)
-    assert sum(not s.extras["fallback"] for s in steps) == len(steps)  # windows came from branches
+    assert steps and all(s.rendezvous.hit for s in outputs[0].trace.steps if s.index >= 1)
+    assert sum(not s.rendezvous.fallback for s in steps) == len(steps)  # windows came from branches
     law = exact_joint_law(pair.target, prompt_ids, 1.0, 1.0, 4).sum((0, 1))  # P(x3, x4)
     assert chi_square_p(counts, law) > 1e-3
     draft_law = exact_joint_law(load_pair(target=str(tiny_dirs["draft"]), draft=None).target, prompt_ids,

@@ -112,7 +112,7 @@ def _check_branches(streamed_pair):
         sequence = streamed_pair.encode(prompt, raw=True)
         checked = 0
         for step in out.trace.steps:
-            for accepted, root, tokens in (step.extras or {}).get("branches", []):
+            for accepted, root, tokens in (step.rendezvous.branches if step.rendezvous else []):
                 context = sequence + step.proposed[:accepted] + [root]
                 assert tokens == streams_alone(streamed_pair, context, 3)
                 checked += 1
@@ -128,7 +128,7 @@ def test_mirror_with_streams_equals_vanilla(streamed_pair):
             out = generate(streamed_pair, prompt, method="mirror", max_new_tokens=24, raw=True, gamma=gamma,
                            kappa=kappa, branch_budget=budget, streams=1)
             assert out.error is None and out.token_ids == expected
-            hits += sum(bool(s.extras.get("hit")) for s in out.trace.steps[1:])
+            hits += sum(bool(s.rendezvous and s.rendezvous.hit) for s in out.trace.steps[1:])
     assert hits > 0
 
 
@@ -140,7 +140,7 @@ def test_streams_need_a_draft_that_has_them(tiny_pair, streamed_pair):
         generate(streamed_pair, PROMPT, method="sd", raw=True, gamma=5, streams=1)
     with pytest.raises(MirrorSDError, match="between 0 and 1"):
         generate(streamed_pair, PROMPT, method="mirror", raw=True, streams=2)
-    with pytest.raises(MirrorSDError, match="overshoot=1 needs streams=2"):
+    with pytest.raises(MirrorSDError, match="overshoot applies with streams=2 only"):
         generate(streamed_pair, PROMPT, method="sd", raw=True, overshoot=1)
 
 
@@ -161,12 +161,12 @@ def test_sd_with_streams_checked_by_the_draft_drafts_the_token_by_token_windows(
                                top_k=top_k, total_tokens=total_tokens, lookup=lookup)
             assert checked.error is None and checked.token_ids == plain.token_ids == expected
             assert [s.proposed for s in checked.trace.steps] == [s.proposed for s in plain.trace.steps]
-            forwards = [s.extras["draft_forwards"] for s in checked.trace.steps if s.proposed]
-            assert [s.extras["draft_forwards"] for s in plain.trace.steps if s.proposed] == [gamma] * len(forwards)
+            forwards = [s.draft.forwards for s in checked.trace.steps if s.proposed]
+            assert [s.draft.forwards for s in plain.trace.steps if s.proposed] == [gamma] * len(forwards)
             assert all(1 <= f <= gamma for f in forwards)
             saved += sum(gamma - f for f in forwards)
             for step in checked.trace.steps[1:]:  # the app's step sentence says what the window cost
-                f, checks = step.extras["draft_forwards"], step.extras["lookahead"]
+                f, checks = step.draft.forwards, step.draft.lookahead
                 assert len(checks) == f and sum(kept + 1 for _, kept in checks) == gamma  # a token per forward + kept
                 assert all(0 <= kept <= checked for checked, kept in checks)
                 if 1 < f < gamma:
@@ -219,7 +219,7 @@ def test_sd_with_streams_checked_by_the_draft_samples_the_target_distribution(st
     outputs = []
     counts = sample_counts(streamed_pair, "sd", 1.0, 1.0, outputs=outputs, gamma=3, streams=2, top_k=top_k,
                            total_tokens=total_tokens, lookup=lookup, overshoot=overshoot)
-    assert sum(s.extras["draft_forwards"] < 3 for out in outputs for s in out.trace.steps[1:]) > 100
+    assert sum(s.draft.forwards < 3 for out in outputs for s in out.trace.steps[1:]) > 100
     law = exact_joint_law(streamed_pair.target, prompt_ids, 1.0, 1.0, 3).sum(0)  # P(x2, x3)
     assert chi_square_p(counts, law) > 1e-3
 
@@ -241,7 +241,7 @@ def test_mirror_with_streams_samples_the_target_distribution(tiny_dirs, streamed
     outputs = []
     counts = sample_counts(streamed_pair, "mirror", 1.0, 1.0, first=2, outputs=outputs, gamma=2, kappa=4,
                            branch_budget=6, streams=1)
-    assert sum(bool(s.extras["hit"]) for out in outputs for s in out.trace.steps[1:]) > 0
+    assert sum(bool(s.rendezvous.hit) for out in outputs for s in out.trace.steps[1:]) > 0
     law = exact_joint_law(streamed_pair.target, prompt_ids, 1.0, 1.0, 4).sum((0, 1))  # P(x3, x4)
     assert chi_square_p(counts, law) > 1e-3
 

@@ -8,7 +8,7 @@ import torch
 from conftest import EQUALITY_TOKENS
 from mirror_sd import MirrorSDError, generate, load_pair
 from mirror_sd.methods.eagle import attach_head, head_for
-from mirror_sd.methods.tree import Tree, tree_mask, tree_positions
+from mirror_sd.drafting.tree import Tree, tree_mask, tree_positions
 from mirror_sd.methods.verify import walk_tree_greedy
 from mirror_sd.models.eagle import EMBEDDED_HEAD, EagleHead, load_head
 from test_distribution import PROMPT, chi_square_p, exact_law_of_tokens_2_and_3, sample_counts
@@ -87,14 +87,14 @@ def test_eagle_equals_vanilla_on_a_tiny_target(tiny_eagle, depth, top_k, total_t
                        total_tokens=total_tokens, lookup=lookup)
         assert out.error is None and out.token_ids == expected
         for step in out.trace.steps[1:]:
-            tree = step.extras["tree"]
-            drafted = [i for i in range(len(tree["tokens"])) if i not in tree["copied"]]
-            assert len(drafted) <= total_tokens and max(tree["depths"][i] for i in drafted) <= depth
-            assert len(tree["copied"]) <= lookup
-            path_tokens = [tree["tokens"][i] for i in tree["path"]]
+            tree = step.tree
+            drafted = [i for i in range(len(tree.tokens)) if i not in tree.copied]
+            assert len(drafted) <= total_tokens and max(tree.depths[i] for i in drafted) <= depth
+            assert len(tree.copied) <= lookup
+            path_tokens = [tree.tokens[i] for i in tree.path]
             assert step.committed[:step.accepted] == path_tokens[:step.accepted]
             assert len(path_tokens) == step.accepted or step is out.trace.steps[-1]  # the last step may be cut
-            copied_accepted += sum(i in tree["copied"] for i in tree["path"])
+            copied_accepted += sum(i in tree.copied for i in tree.path)
         origins |= {o for s in out.trace.steps for o in s.origins}
         assert {s.kind for s in out.trace.spans} == {"prefill", "draft", "verify"}
         assert len({s.lane for s in out.trace.spans}) == 1  # everything on the target's lane
@@ -275,8 +275,8 @@ def test_the_app_draws_a_real_eagle_tree(tiny_eagle):
                    total_tokens=6)
     step = out.trace.steps[1]
     nodes = step_tree(step)
-    tree = step.extras["tree"]
-    assert nodes[0].kind == ROOT and len(nodes) == len(tree["tokens"]) + 1
-    assert [n.token for n in nodes if n.kind == ACCEPTED] == [tree["tokens"][i] for i in tree["path"]]
+    tree = step.tree
+    assert nodes[0].kind == ROOT and len(nodes) == len(tree.tokens) + 1
+    assert [n.token for n in nodes if n.kind == ACCEPTED] == [tree.tokens[i] for i in tree.path]
     fig = figures.tree(step, {t: f"t{t}" for t in range(16)})
     assert sum(len(d.x) for d in fig.data if d.mode != "lines") == len(nodes)

@@ -19,9 +19,9 @@ def test_sd_equals_vanilla_on_varied_prompts(embedded_pair, equality_prompts, va
         assert out.token_ids == expected, f"sd with {options} differs from vanilla on {prompt[:60]!r}"
         origins |= {o for step in out.trace.steps for o in step.origins}
         if options["streams"] == 2:
-            saved += sum(gamma - step.extras["draft_forwards"] for step in out.trace.steps[1:])
+            saved += sum(gamma - step.draft.forwards for step in out.trace.steps[1:])
         if "copy_below" in options:
-            copies_accepted += sum(j < step.accepted for step in out.trace.steps[1:] for j in step.extras["copied_at"])
+            copies_accepted += sum(j < step.accepted for step in out.trace.steps[1:] for j in step.draft.copied_at)
     # the shipped draft exercises every path of the acceptance rule, its streams save draft forwards,
     # and the target accepts tokens copied from the context
     assert {"accepted", "correction", "bonus"} <= origins and saved > 0 and copies_accepted > 0
@@ -67,8 +67,8 @@ def test_a_swapped_draft_is_the_one_that_drafts_and_swapping_back_reuses_the_fir
         out = generate(pair, "t1 t2 t3", method=method, max_new_tokens=24, raw=True, gamma=3, **options)
         assert out.token_ids == expected
         assert all(t in pair.draft.vocab_map.tolist() for s in out.trace.steps if s.index > 0 for t in s.proposed)
-    assert pair.addons["early_exit_rows"].shape[0] == 8  # the target's head rows of the reduced draft's tokens
+    assert pair.early_exit_rows.shape[0] == 8  # the target's head rows of the reduced draft's tokens
 
     pair.use_draft(first_name)
-    assert pair.draft is first and "early_exit_rows" not in pair.addons  # a full head: no rows of its own
+    assert pair.draft is first and pair.early_exit_rows is None  # a full head: no rows of its own
     assert generate(pair, "t1 t2 t3", method="mirror", max_new_tokens=24, raw=True, lookup=0).token_ids == expected

@@ -23,9 +23,7 @@ def test_two_lanes_overlap_in_time():
     trace = Trace("test")
     lanes = [Lane("target", torch.device("cpu"), "cpu:0"), Lane("draft", torch.device("cpu"), "cpu:1")]
     allot_cpu_threads(lanes, parallel=True)
-    for lane in lanes:
-        lane.trace = trace
-    futures = [lane.submit("work", _matmuls, label="matmuls", step=1) for lane in lanes]
+    futures = [lane.submit("work", _matmuls, label="matmuls", step=1, trace=trace) for lane in lanes]
     [f.result() for f in futures]
     a, b = trace.spans
     assert a.lane != b.lane
@@ -144,9 +142,8 @@ def test_the_consumers_time_between_steps_is_not_decoding_time(tiny_pair):
 def test_spans_are_measured_on_the_lane_clock():
     trace = Trace("test")
     lane = Lane("target", torch.device("cpu"))
-    lane.trace = trace
     before = time.perf_counter() - trace.t0
-    lane.run("sleep", time.sleep, 0.05, label="sleep")
+    lane.run("sleep", time.sleep, 0.05, label="sleep", trace=trace)
     after = time.perf_counter() - trace.t0
     (span,) = trace.spans
     assert before <= span.start < span.end <= after
@@ -225,13 +222,16 @@ def test_a_step_cut_at_max_new_tokens_counts_only_the_drafts_it_commits(tiny_pai
 def test_rejected_tokens_of_a_chain_and_of_a_tree():
     """A chain window's rejected tokens are its rest; a tree's are the candidates where acceptance stopped
     (the children of the last accepted node), not the nodes of other branches."""
-    from mirror_sd.trace import Step
+    from dataclasses import replace
+
+    from mirror_sd.trace import DraftTree, Step
 
     chain = Step(1, [6, 9], ["accepted", "correction"], proposed=[6, 7, 8], accepted=1)
     assert chain.rejected == [7, 8] and chain.accepted_at == [0] and chain.rejected_at == [1, 2]
     # root -> 10, 11; 10 -> 20, 21; 11 -> 22. Accepted 10, then the target said 30 (a correction).
-    tree = dict(tokens=[10, 11, 20, 21, 22], parents=[-1, -1, 0, 0, 1], path=[0])
-    step = Step(1, [10, 30], ["accepted", "correction"], proposed=tree["tokens"], accepted=1, extras=dict(tree=tree))
+    tree = DraftTree(tokens=[10, 11, 20, 21, 22], parents=[-1, -1, 0, 0, 1], depths=[1, 1, 2, 2, 2], scores=[None] * 5,
+                     path=[0])
+    step = Step(1, [10, 30], ["accepted", "correction"], proposed=tree.tokens, accepted=1, tree=tree)
     assert step.rejected == [20, 21] and step.accepted_at == [0] and step.rejected_at == [2, 3]
-    none = Step(2, [40], ["correction"], proposed=tree["tokens"], accepted=0, extras=dict(tree=dict(tree, path=[])))
+    none = Step(2, [40], ["correction"], proposed=tree.tokens, accepted=0, tree=replace(tree, path=[]))
     assert none.rejected == [10, 11] and none.accepted_at == [] and none.rejected_at == [0, 1]

@@ -1,12 +1,12 @@
-"""Context lookup (methods/lookup.py): grafting its copy onto a draft tree (tree.graft), and sd's
+"""Context lookup (drafting/lookup.py): grafting its copy onto a draft tree (tree.graft), and sd's
 draft proposing it where it is unsure (``copy_below``)."""
 import pytest
 import torch
 
 from mirror_sd import MirrorSDError, generate
-from mirror_sd.methods.lookup import copy_from_context
-from mirror_sd.methods.sd import unsure_copy
-from mirror_sd.methods.tree import Tree, graft, tree_mask, tree_positions
+from mirror_sd.drafting.lookup import copy_from_context
+from mirror_sd.drafting.token_by_token import unsure_copy
+from mirror_sd.drafting.tree import Tree, graft, tree_mask, tree_positions
 from test_distribution import chi_square_p, exact_law_of_tokens_2_and_3, sample_counts
 
 # t1 followed by every token, then t1: whatever token comes next, the last 2 tokens occurred before
@@ -45,7 +45,7 @@ def test_graft_reuses_the_trees_nodes_and_appends_the_rest():
     assert mask[5].tolist() == [True, True, False, True, True, True]
     assert tree_positions(grafted.depths, 7).tolist() == [[7, 8, 8, 9, 10, 11]]
     assert grafted.children() == {-1: [0, 1], 0: [2], 2: [3], 3: [4]}
-    assert grafted.record([0, 2, 3])["copied"] == [3, 4]
+    assert grafted.record([0, 2, 3]).copied == [3, 4]
 
 
 def test_the_app_draws_and_explains_copied_nodes():
@@ -53,11 +53,11 @@ def test_the_app_draws_and_explains_copied_nodes():
     from app.explain import explain
     from app.tokens import COPIED_STYLE, copied_marks, legend_html, step_html
     from app.trees import ACCEPTED, COPIED, step_tree
-    from mirror_sd.trace import Step, Trace
+    from mirror_sd.trace import Rendezvous, Step, Trace
 
     tree = graft(Tree([10, 11], [-1, -1], [1, 1], [-0.1, -1.0]), [10, 12, 13])
     step = Step(1, [10, 12, 5], ["accepted", "accepted", "correction"], proposed=tree.tokens, accepted=2,
-                extras=dict(tree=tree.record([0, 2])))
+                tree=tree.record([0, 2]))
     kinds = [n.kind for n in step_tree(step)]
     assert kinds == ["root", ACCEPTED, "draft node", ACCEPTED, COPIED]
     fig = figures.tree(step, {t: f"t{t}" for t in range(16)})
@@ -71,7 +71,8 @@ def test_the_app_draws_and_explains_copied_nodes():
     assert copied_marks(step) == ([False, True], [True])
     assert html.count(COPIED_STYLE) == 2 and html.index(COPIED_STYLE) > html.index(">t10<")
     assert COPIED_STYLE in legend_html()
-    window = Step(2, [7, 8], ["accepted", "correction"], proposed=[7, 9], accepted=1, extras=dict(copied=True))
+    window = Step(2, [7, 8], ["accepted", "correction"], proposed=[7, 9], accepted=1,
+                  rendezvous=Rendezvous([[7], [9]], [], None, fallback=False, copied=True))
     assert copied_marks(window) == ([True], [True])  # mirror: a whole window copied after a miss
     assert torch.equal(tree_mask(tree.parents)[4], torch.tensor([True, True, False, True, True]))
 
@@ -95,9 +96,9 @@ def test_sd_with_copies_equals_vanilla_and_the_app_says_what_was_copied(tiny_pai
     out = generate(tiny_pair, REPEATING_PROMPT, method="sd", max_new_tokens=24, raw=True, gamma=4, copy_below=1.0)
     assert out.error is None and out.token_ids == expected
     steps = out.trace.steps[1:]
-    assert all(0 <= i < len(s.proposed) for s in steps for i in s.extras["copied_at"])
-    step = next(s for s in steps if s.extras["copied_at"])
-    copied, used = step.extras["copied_at"], sum(i < step.accepted for i in step.extras["copied_at"])
+    assert all(0 <= i < len(s.proposed) for s in steps for i in s.draft.copied_at)
+    step = next(s for s in steps if s.draft.copied_at)
+    copied, used = step.draft.copied_at, sum(i < step.accepted for i in step.draft.copied_at)
     sentence = explain(out.trace, step.index, {})
     assert f"{len(copied)} of the draft tokens were copied from the context" in sentence
     assert f"{used} of them {'was' if used == 1 else 'were'} accepted" in sentence
@@ -107,7 +108,7 @@ def test_sd_with_copies_equals_vanilla_and_the_app_says_what_was_copied(tiny_pai
     shown = step.accepted + (len(step.rejected) if step.origins[-1] == "correction" else 0)
     assert html.count(COPIED_STYLE) == sum(i < shown for i in copied)
     plain = generate(tiny_pair, REPEATING_PROMPT, method="sd", max_new_tokens=24, raw=True, gamma=4)
-    assert "copied_at" not in plain.trace.steps[1].extras  # off by default
+    assert plain.trace.steps[1].draft.copied_at == []  # off by default
 
 
 def test_sd_with_copies_samples_the_target_distribution(tiny_pair):
@@ -118,11 +119,11 @@ def test_sd_with_copies_samples_the_target_distribution(tiny_pair):
     counts = sample_counts(tiny_pair, "sd", 1.0, 1.0, outputs=outputs, prompt=REPEATING_PROMPT, gamma=3,
                            copy_below=1.0)
     assert chi_square_p(counts, law) > 1e-3
-    copies = sum(len(s.extras["copied_at"]) for out in outputs for s in out.trace.steps[1:])
+    copies = sum(len(s.draft.copied_at) for out in outputs for s in out.trace.steps[1:])
     assert copies >= 2 * 2000  # every run drafted its first two tokens by copying
 
 
 
 def test_copies_need_token_by_token_drafting(tiny_pair):
-    with pytest.raises(MirrorSDError, match="copy_below needs streams=0"):
+    with pytest.raises(MirrorSDError, match="copy_below applies with streams=0 only"):
         generate(tiny_pair, REPEATING_PROMPT, method="sd", max_new_tokens=4, raw=True, streams=1, copy_below=0.5)

@@ -13,8 +13,8 @@ def test_mirror_equals_vanilla_on_varied_prompts(embedded_pair, equality_prompts
                        branch_budget=4, streams=i % 2)  # every other prompt: rollouts from the draft's streams
         assert out.error is None
         assert out.token_ids == expected, f"mirror differs from vanilla on {prompt[:60]!r}"
-        hits += sum(s.extras["hit"] for s in out.trace.steps if s.index > 0)
-        copies += sum(s.extras["copied"] for s in out.trace.steps if s.index > 0)
+        hits += sum(s.rendezvous.hit for s in out.trace.steps if s.index > 0)
+        copies += sum(s.rendezvous.copied for s in out.trace.steps if s.index > 0)
         fallbacks += out.metrics["fallbacks"]
     assert hits > 0 and fallbacks > 0 and copies > 0  # every path ran: hit, fallback draft, copied window
 
@@ -30,13 +30,13 @@ def test_hit_and_miss_paths(tiny_pair):
     fallback_steps = {s.step for s in out.trace.spans if s.kind == "fallback-draft"}
     seen = set()
     for before, after in zip(steps, steps[1:]):
-        if before.extras["hit"]:
-            r, v, continuation = before.extras["branches"][before.extras["branch_used"]]
+        if before.rendezvous.hit:
+            r, v, continuation = before.rendezvous.branches[before.rendezvous.branch_used]
             assert (r, v) == (before.accepted, before.committed[-1])
             assert after.proposed == continuation and after.index not in fallback_steps
             seen.add("hit")
         else:
-            assert after.index in fallback_steps and after.extras["fallback"]
+            assert after.index in fallback_steps and after.rendezvous.fallback
             seen.add("miss")
     assert seen == {"hit", "miss"}
     m = out.metrics
@@ -47,7 +47,7 @@ def test_a_miss_copies_the_next_window_from_the_context_when_it_can(tiny_pair):
     """With lookup, a miss is followed by a window copied from the context (no fallback draft)
     whenever the context holds a continuation of the last tokens, else by a fallback draft."""
     from app.explain import explain
-    from mirror_sd.methods.lookup import copy_from_context
+    from mirror_sd.drafting.lookup import copy_from_context
 
     prompt = "t1 t2 t3"  # the tiny target soon repeats itself: copies to make; kappa 1 leaves misses to copy after
     out = generate(tiny_pair, prompt, method="mirror", max_new_tokens=40, raw=True, gamma=2, kappa=1,
@@ -59,10 +59,10 @@ def test_a_miss_copies_the_next_window_from_the_context_when_it_can(tiny_pair):
     copied_accepted = 0
     for before, after in zip(steps, steps[1:]):
         sequence = sequence + before.committed
-        if before.extras["hit"]:
+        if before.rendezvous.hit:
             continue
         copy = copy_from_context(sequence, 5)
-        assert after.extras["copied"] == bool(copy) and after.extras["fallback"] == (not copy)
+        assert after.rendezvous.copied == bool(copy) and after.rendezvous.fallback == (not copy)
         assert (after.index in fallback_steps) == (not copy)
         if copy:
             assert after.proposed == copy
@@ -119,4 +119,4 @@ def test_early_exit_scores_only_a_reduced_drafts_tokens(tiny_dirs):
         expected = generate(pair, prompt, method="vanilla", max_new_tokens=24, raw=True).token_ids
         out = generate(pair, prompt, method="mirror", max_new_tokens=24, raw=True, gamma=2, kappa=2, branch_budget=4)
         assert out.token_ids == expected
-        assert all(v in rows.tolist() for s in out.trace.steps[1:] for c in s.extras["exit_candidates"] for v in c)
+        assert all(v in rows.tolist() for s in out.trace.steps[1:] for c in s.rendezvous.exit_candidates for v in c)

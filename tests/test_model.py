@@ -5,7 +5,8 @@ import transformers
 
 from conftest import make_tiny_model
 from mirror_sd import load_pair
-from mirror_sd.models.linear import INT8, Linear, int8_products, uses_prepacked
+from mirror_sd.devices import int8_products
+from mirror_sd.models.linear import INT8, Linear, uses_prepacked
 from mirror_sd.models.loading import embedded_model_dir
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mirror_sd import MirrorSDError, generate, load_pair
-from mirror_sd.methods.tree import stream_tree
-from mirror_sd.methods.tree import tree_mask, tree_positions
+from mirror_sd.drafting.tree import stream_tree
+from mirror_sd.drafting.tree import tree_mask, tree_positions
 from mirror_sd.models.streams import StreamConfig, Streams, forward_with_streams, split_forward, stream_mask, target_streams, use_streams
 from mirror_sd.train.draft import read_examples
 from mirror_sd.train.ss import answer_positions, greedy_continuations, load_frozen, sequences, train
@@ -245,9 +245,9 @@ def test_ss_equals_vanilla_on_tiny_prompts(request, one_forward, top_k, total_to
         # one_forward: one pass through the target's layers per step; else a second one for the streams
         assert len(top_layer_runs) == 1 + steps * (1 if one_forward else 2)
         accepted += sum(step.accepted for step in ss.trace.steps)
-        trees = [step.extras["tree"] for step in ss.trace.steps[1:]]
-        off_chain += sum(t["path"] != list(range(len(t["path"]))) for t in trees)  # kept entries moved in the cache
-        copied_accepted += sum(i in t["copied"] for t in trees for i in t["path"])
+        trees = [step.tree for step in ss.trace.steps[1:]]
+        off_chain += sum(t.path != list(range(len(t.path))) for t in trees)  # kept entries moved in the cache
+        copied_accepted += sum(i in t.copied for t in trees for i in t.path)
     hook.remove()
     assert accepted > 20  # the streams' drafts were really used, not all rejected
     if top_k > 1:

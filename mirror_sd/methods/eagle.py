@@ -16,14 +16,14 @@ One step:
    tokens copied from the context (``lookup.py``) join the tree as one more branch from the root.
 2. Verify (target lane, span kind "verify"). ONE target forward over [x_{n-1}, tree nodes] with the
    tree mask (each node sees the prefix, its ancestors and itself) and positions n-1 + depth. Then
-   ``tree.accept`` (greedy: ``verify.walk_tree_greedy``) follows the children that match the
+   ``verify.accept_tree`` (greedy: ``verify.walk_tree_greedy``) follows the children that match the
    target's argmax from the root: the accepted path, plus the target's token after it.
 3. ``KVCache.keep`` moves the root and the accepted path's entries into place; the target's features
    there become the head's pending pairs. The head's tree entries are dropped (rollback).
 
 Temperature > 0: the head samples a chain of ``depth`` tokens from its distribution q (the top_k /
 total_tokens tree is a greedy device, and a deterministic top-k tree has no exact sampling rule),
-and ``tree.accept`` (``verify.verify_sampling``) checks it with the standard speculative-sampling
+and ``verify.accept_tree`` (``verify.verify_sampling``) checks it with the standard speculative-sampling
 rule: accept x_i with probability min(1, p_i(x_i) / q_i(x_i)), else draw from
 norm(max(0, p_i - q_i)); if all pass, draw the bonus from p. Each draft token is a draw from q given exactly the committed prefix (the
 head sees only committed tokens, their target features, and its own earlier draws), which is all
@@ -36,13 +36,14 @@ from weakref import WeakKeyDictionary
 
 import torch
 
+from ..drafting.lookup import copy_from_context
+from ..drafting.tree import Tree, best_subtree, graft, sampled_chain, tree_mask, tree_positions
 from ..errors import MirrorSDError
 from ..models.eagle import EMBEDDED_HEAD, EagleHead, load_head, target_features
 from ..models.loading import EMBEDDED_NAME
 from ..sampling import to_target_vocab
 from ..trace import Step
-from .lookup import copy_from_context
-from .tree import Tree, accept, best_subtree, graft, sampled_chain, tree_mask, tree_positions
+from .verify import accept_tree
 
 HEADS: "WeakKeyDictionary" = WeakKeyDictionary()  # target Transformer -> its EagleHead
 
@@ -181,7 +182,7 @@ def verify_tree(run, cache, tree: Tree, early_layers=()):
     feats, early = features_of(target, ids, cache, early_layers, tree_positions(tree.depths, n - 1).to(target.device),
                                tree_mask(tree.parents))
     logits = target.lm_head(feats).float()  # [N + 1, V]: one pass over the head's weights for every node
-    path, token = accept(tree, logits, run.target_sampler)
+    path, token = accept_tree(tree, logits, run.target_sampler)
     cache.keep([n - 1] + [n + i for i in path], at=n - 1)  # root + accepted path -> slots n-1 .. n-1+A
     rows = [0] + [i + 1 for i in path]
     return path, token, feats[rows], (early[rows] if early is not None else None)
@@ -189,7 +190,7 @@ def verify_tree(run, cache, tree: Tree, early_layers=()):
 
 def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
     pair = run.pair
-    target, lane, head = pair.target, pair.target_lane, head_for(pair)
+    target, lane, head = pair.target, run.target_lane, head_for(pair)
     cache = target.new_cache(run.cache_slots + total_tokens + lookup)
     head_cache = head.new_cache(run.cache_slots + total_tokens + depth * top_k)
     P = len(run.prompt_ids)
@@ -210,4 +211,4 @@ def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
         committed, origins = tree.committed(path, token)
         pending = (feats, committed, early)  # f_{n-1} .. f_{n-1+A} with x_n .. x_{n+A}
         yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path),
-                              extras=dict(tree=tree.record(path))))
+                              tree=tree.record(path)))

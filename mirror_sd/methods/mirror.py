@@ -4,7 +4,8 @@ One step, with the window W = [last committed token, d1 .. d_gamma]:
 
 1. Target lane, layers [0, exit_layer) over W, then the target's own final norm + LM head on those
    hidden states (an early exit; only the rows of the draft's vocabulary when it has a reduced
-   one: ``early_exit``): the top-kappa tokens and log-probs at every window position.
+   one: ``early_exit``; with ``exit_head=1`` the hidden states first go through a trained head,
+   models/exit_head.py): the top-kappa tokens and log-probs at every window position.
    This token channel is all that crosses to the draft lane (ids and log-probs, O(gamma * kappa)).
 2. At the same time, on two lanes:
    - target lane: layers [exit_layer, N) over W -> final logits -> verification (on a CPU whose
@@ -17,7 +18,7 @@ One step, with the window W = [last committed token, d1 .. d_gamma]:
 3. Rendezvous: verification gives (accepted A, token c). If branch (A, c) was rolled out, its
    continuation is the next window, ready with no draft time on the critical path (a hit).
    Otherwise the next step starts with a fresh draft on the draft lane (a miss: draft time exposed),
-   unless (temperature 0, ``lookup`` > 0) the context holds a continuation to copy (``lookup.py``):
+   unless (temperature 0, ``lookup`` > 0) the context holds a continuation to copy (drafting/lookup.py):
    then up to ``lookup`` copied tokens are the next window, with no draft time at all.
 4. Commit d1..dA + c and roll both KV caches back to the committed length.
 
@@ -43,12 +44,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..drafting import make_drafter
+from ..drafting.lookup import copy_from_context
+from ..models.exit_head import exit_head_for
 from ..models.linear import linear
 from ..models.streams import draft_streams, split_forward
 from ..sampling import to_target_vocab
-from ..trace import Step
-from .lookup import copy_from_context
-from .sd import draft_window, prefill, streamed_window
+from ..trace import Rendezvous, Step
+from .prefill import prefill_pair
 from .verify import verify
 
 
@@ -62,9 +65,9 @@ class Branch:
 
 
 def default_exit_layer(num_layers: int) -> int:
-    """Three quarters of the way up (22 of SmolLM2-135M's 30 layers): the best of 8, 15 and 22 in
-    docs/sweeps/mirror_exit_layer.csv. A later exit sees more of the target (hit rate 0.31 against
-    0.19 at 15) and still leaves the draft a suffix to hide under."""
+    """Three quarters of the way up (22 of SmolLM2-135M's 30 layers): a later exit sees more of the
+    target (more hits) and still leaves the draft a suffix to hide under (measured:
+    docs/experiments/mirror.md#additions-options-and-sweeps)."""
     return max(1, num_layers * 3 // 4)
 
 
@@ -72,19 +75,17 @@ def early_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
     """The target's final norm and LM head on early-exit hidden states [1, T, d]: log-probs [T, V].
 
     With a reduced-vocabulary draft (a ``vocab_map``) only the head rows of the draft's tokens are
-    computed, and the other tokens get -inf: for the shipped draft 8,192 of 49,152 rows (for the
-    first draft's 7,802, in one microbenchmark on this machine, 0.33 against 3.65 ms for a 3-token
-    window), while the early-exit candidates it loses are rare tokens. Interleaved on 12 bench
-    prompts with the first draft, mirror ran at 0.91x vanilla against 0.83x with the full head, hit
-    rate 0.227 against 0.221 (``python docs/early_exit_rows.py``).
+    computed, and the other tokens get -inf: a fraction of the work (8,192 of 49,152 rows for the
+    shipped draft), while the early-exit candidates it loses are rare tokens (measured:
+    docs/experiments/mirror.md#with-copied-windows-and-the-early-exit-over-the-drafts-rows).
     """
     target, vocab_map = pair.target, pair.draft.vocab_map
     if vocab_map is None or target.layer_devices:
         return full_head_exit(pair, hidden)
     vocab_map = vocab_map.to(target.device)
-    rows = pair.addons.get("early_exit_rows")
-    if rows is None:  # [rows, d]: the target's LM-head rows of the draft's tokens
-        rows = pair.addons["early_exit_rows"] = target.lm_head.weight.detach()[vocab_map].clone()
+    if pair.early_exit_rows is None:  # [rows, d]: the target's LM-head rows of the draft's tokens
+        pair.early_exit_rows = target.lm_head.weight.detach()[vocab_map].clone()
+    rows = pair.early_exit_rows
     logp = torch.log_softmax(linear(target.model.norm(hidden[0]), rows).float(), dim=-1)  # [T, rows]
     return to_target_vocab(logp, vocab_map, target.args.vocab_size)
 
@@ -94,8 +95,9 @@ def full_head_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(pair.target.head(hidden)[0], dim=-1)
 
 
-def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int):
-    """Target lane: layers [0, exit_layer) over the window and the early-exit head.
+def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, head=None):
+    """Target lane: layers [0, exit_layer) over the window and the early exit, through the trained
+    exit head ``head`` first when one is given (its cost is the target prefix's).
 
     Returns hidden [1, T, d] and the Window (kept on the target lane for the suffix), and what
     crosses to the draft lane: top-kappa ids and log-probs [T, kappa], and the early-exit
@@ -105,7 +107,7 @@ def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int):
     ids = torch.tensor([window], device=target.device)  # [1, T]
     win = target.window(cache, len(window))
     hidden = target.forward_layers(target.embed(ids), cache, win, 0, exit_layer)
-    exit_logp = early_exit(run.pair, hidden)  # [T, V]
+    exit_logp = early_exit(run.pair, hidden if head is None else head(hidden))  # [T, V]
     top = exit_logp.topk(kappa, dim=-1)
     drafted = torch.tensor(window[1:], device=exit_logp.device)
     window_logp = exit_logp[:-1].gather(-1, drafted[:, None])[:, 0]
@@ -118,7 +120,7 @@ def target_suffix(run, cache, hidden, win, exit_layer: int, rollouts=None) -> to
     rollouts: the draft lane's Future; once it is done, the rest of the suffix takes the cores the
     lanes shared (``Lane.widen_when_done``), checked before each layer and before the LM head.
     """
-    target, lane = run.pair.target, run.pair.target_lane
+    target, lane = run.pair.target, run.target_lane
     h = hidden  # [1, T, d]
     for layer in range(exit_layer, target.num_layers):
         lane.widen_when_done(rollouts)
@@ -236,11 +238,14 @@ def rendezvous(draft, q, logits, sampler, branches: list[Branch]):
     return verdict, hit
 
 
-def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, streams: int = 0, lookup: int = 0):
+def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, streams: int = 0, lookup: int = 0,
+           exit_head: int = 0):
     pair = run.pair
-    fresh_draft, roll_out = (streamed_window, rollout_streamed) if streams else (draft_window, rollout)
+    fresh = make_drafter(streams)  # a fresh window after a miss: token by token, or the draft's streams
+    roll_out = rollout_streamed if streams else rollout
     exit_layer = exit_layer or default_exit_layer(pair.target.num_layers)
-    target_cache, draft_cache, first = prefill(run, extra_draft_slots=branch_budget * gamma + lookup)
+    head = exit_head_for(pair, exit_layer) if exit_head else None  # None: the logit lens
+    target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=branch_budget * gamma + lookup)
     yield first
     window, q = None, None
     while not run.done:
@@ -253,31 +258,32 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
             window, q = copy, None
         fallback = window is None
         if fallback:  # the first step, or the last one missed: draft afresh, on the critical path
-            window, q = pair.draft_lane.run("fallback-draft", fresh_draft, run, draft_cache, gamma,
-                                            label=f"fallback draft {gamma} tokens", step=step, tokens=gamma)[:2]  # tokens, q
+            proposal = run.draft_lane.run("fallback-draft", fresh.propose, run, draft_cache, gamma,
+                                          label=f"fallback draft {gamma} tokens", step=step, tokens=gamma)
+            window, q = proposal.tokens, proposal.q
             draft_cache.rollback(min(draft_cache.length, n - 1))
         T = len(window) + 1
-        hidden, win, top_ids, top_logp, window_logp = pair.target_lane.run(
-            "target-prefix", token_channel, run, target_cache, [run.sequence[-1], *window], exit_layer, kappa,
-            label=f"layers 1-{exit_layer} + early exit, {T} tokens", step=step, tokens=T,
+        hidden, win, top_ids, top_logp, window_logp = run.target_lane.run(
+            "target-prefix", token_channel, run, target_cache, [run.sequence[-1], *window], exit_layer, kappa, head,
+            label=f"layers 1-{exit_layer} + {'trained ' if head else ''}early exit, {T} tokens", step=step, tokens=T,
             alone=True)  # the draft lane waits for the token channel: the prefix may use its cores too
         branches = choose_branches(window, top_ids, top_logp, window_logp, branch_budget)
-        rolled = pair.draft_lane.submit("draft-rollout", roll_out, run, draft_cache, window, branches, gamma,
-                                        label=f"{len(branches)} branches x {gamma} tokens", step=step,
-                                        tokens=len(branches) * gamma)
-        suffix = pair.target_lane.submit("target-suffix", target_suffix, run, target_cache, hidden, win, exit_layer,
-                                         rolled, label=f"layers {exit_layer + 1}-{pair.target.num_layers}, {T} tokens",
-                                         step=step, tokens=T)
+        rolled = run.draft_lane.submit("draft-rollout", roll_out, run, draft_cache, window, branches, gamma,
+                                       label=f"{len(branches)} branches x {gamma} tokens", step=step,
+                                       tokens=len(branches) * gamma)
+        suffix = run.target_lane.submit("target-suffix", target_suffix, run, target_cache, hidden, win, exit_layer,
+                                        rolled, label=f"layers {exit_layer + 1}-{pair.target.num_layers}, {T} tokens",
+                                        step=step, tokens=T)
         logits = suffix.result()
         branches = rolled.result()
-        verdict, hit = pair.target_lane.run("rendezvous", rendezvous, window, q, logits, run.target_sampler, branches,
-                                            label="verify + match branch", step=step)
+        verdict, hit = run.target_lane.run("rendezvous", rendezvous, window, q, logits, run.target_sampler, branches,
+                                           label="verify + match branch", step=step)
         tokens, origins = verdict.committed(window)
         target_cache.rollback(n + verdict.accepted)
         draft_cache.rollback(min(draft_cache.length, n + verdict.accepted))
-        extras = dict(exit_candidates=top_ids.tolist(), branches=[(b.accepted, b.root, b.tokens) for b in branches],
-                      hit=hit is not None, branch_used=hit, fallback=fallback, copied=copied)
-        yield run.commit(Step(step, tokens, origins, proposed=window, accepted=verdict.accepted, extras=extras))
+        record = Rendezvous(exit_candidates=top_ids.tolist(), branches=[(b.accepted, b.root, b.tokens) for b in branches],
+                            branch_used=hit, fallback=fallback, copied=copied)
+        yield run.commit(Step(step, tokens, origins, proposed=window, accepted=verdict.accepted, rendezvous=record))
         if hit is None:
             window, q = None, None
         else:

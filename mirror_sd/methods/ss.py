@@ -6,7 +6,7 @@ top N_s layers. Each step, on the target lane alone, in one of two forms:
 * ``one_forward=1``, the paper's single pass: one target forward per step. The window is
   [last committed token, draft tree] with the tree mask and depth positions; from layer L0 on,
   streams 1..gamma of every window row ride in the same forward (``forward_with_streams``). The
-  main stream's logits walk the tree (tree.accept): the accepted path and the correction (or the
+  main stream's logits walk the tree (verify.accept_tree): the accepted path and the correction (or the
   bonus after a leaf), and ``KVCache.keep`` moves the path's entries into place. The streams of the
   last accepted row are the next draft: stream j gives the token j places after the correction.
   These streams are trained without the next-token input, since the correction is what the
@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import to_target_vocab
+from ..drafting.lookup import copy_from_context
+from ..drafting.tree import Tree, graft, sampled_chain, stream_tree, tree_mask, tree_positions
 from ..models.streams import forward_with_streams, split_forward, target_streams
+from ..sampling import to_target_vocab
 from ..trace import Step
-from .lookup import copy_from_context
-from .tree import Tree, accept, graft, sampled_chain, stream_tree, tree_mask, tree_positions
+from .verify import accept_tree
 
 
 def draft_tree(run, streams, logits, top_k: int, total_tokens: int, lookup: int) -> Tree:
@@ -75,7 +76,7 @@ def verify_tree(run, streams, cache, tree: Tree, gamma: int, one_forward: bool):
                                                      tree_mask=tree_mask(tree.parents))  # [1, N+1, V], [1, N+1, g, .]
     else:
         logits, h0 = split_forward(target, ids, cache, streams.first_layer, positions, tree_mask(tree.parents))
-    path, token = accept(tree, logits[0], run.target_sampler)
+    path, token = accept_tree(tree, logits[0], run.target_sampler)
     cache.keep([n - 1] + [n + i for i in path], at=n - 1)  # root + accepted path -> slots n-1 .. n-1+A
     last = path[-1] + 1 if path else 0  # window index of the last accepted token
     return path, token, stream_logits[0, last] if one_forward else h0[:, last:last + 1]
@@ -83,7 +84,7 @@ def verify_tree(run, streams, cache, tree: Tree, gamma: int, one_forward: bool):
 
 def prefill(run, streams, window: int, gamma: int, one_forward: bool):
     """The prompt through the target: the first token, and what the first draft needs (see verify_tree)."""
-    target, lane = run.pair.target, run.pair.target_lane
+    target, lane = run.pair.target, run.target_lane
     cache = target.new_cache(run.cache_slots + window)
     ids = torch.tensor([run.prompt_ids], device=target.device)  # [1, P]
     n = ids.shape[1]
@@ -102,7 +103,7 @@ def prefill(run, streams, window: int, gamma: int, one_forward: bool):
 
 
 def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int, one_forward: int):
-    lane, one_forward = run.pair.target_lane, bool(one_forward)
+    lane, one_forward = run.target_lane, bool(one_forward)
     streams = target_streams(run.pair, one_forward=one_forward)
     cache, ahead, first = prefill(run, streams, total_tokens + lookup, gamma, one_forward)
     yield first
@@ -122,5 +123,5 @@ def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int, one_forw
                                                                          if stream_rows else ""),
                                       step=step, tokens=window)
         committed, origins = tree.committed(path, token)
-        extras = dict(tree=tree.record(path), **(dict(stream_rows=stream_rows) if stream_rows else {}))
-        yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path), extras=extras))
+        yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path),
+                              tree=tree.record(path, stream_rows)))

@@ -10,7 +10,7 @@ from ..trace import Step
 
 
 def decode(run):
-    target, lane, sampler = run.pair.target, run.pair.target_lane, run.target_sampler
+    target, lane, sampler = run.pair.target, run.target_lane, run.target_sampler
     cache = target.new_cache(run.cache_slots)
     ids = torch.tensor([run.prompt_ids], device=target.device)  # [1, P]
     logits = lane.run("prefill", target, ids, cache, label=f"prefill {ids.shape[1]} tokens", step=0,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..drafting.tree import Tree, walk_tree
 from ..sampling import Sampler
 
 
@@ -69,16 +70,13 @@ def walk_tree_greedy(tokens: list[int], children: dict[int, list[int]], logits_a
     return walk_tree(tokens, children, logits_at, lambda logits: int(logits.argmax()))
 
 
-def walk_tree(tokens: list[int], children: dict[int, list[int]], logits_at, pick) -> tuple[list[int], int]:
-    """walk_tree_greedy with any rule for the token at a row: pick(logits [V]) -> token. From the root,
-    pick the token after each node's path and go on to the child that carries it; return the path and
-    the token picked where no child did. With a sampler's pick (a draw at T > 0), every token is drawn
-    from its row's law given the tokens before it (sd's draft walking its own lookahead)."""
-    path, node = [], -1
-    while True:
-        token = pick(logits_at(node))
-        match = [c for c in children.get(node, []) if tokens[c] == token]
-        if not match:
-            return path, token
-        path.append(match[0])
-        node = match[0]
+def accept_tree(tree: Tree, logits: torch.Tensor, sampler: Sampler) -> tuple[list[int], int]:
+    """The lossless rule over a verified tree; logits [N + 1, V], row i + 1 for node i (row 0: the root).
+
+    Greedy: walk the children that match the target's argmax. Sampling: the tree is a sampled chain,
+    checked with the speculative-sampling rule. Returns the accepted path (nodes) and the next token.
+    """
+    if sampler.greedy:
+        return walk_tree_greedy(tree.tokens, tree.children(), lambda node: logits[node + 1])
+    verdict = verify_sampling(tree.tokens, tree.q, sampler.probs(logits), sampler)
+    return list(range(verdict.accepted)), verdict.token

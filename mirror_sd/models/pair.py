@@ -33,7 +33,14 @@ class ModelPair:
     eos_ids: frozenset[int]
     draft_dir: Path | None = None  # the draft's folder (where its trained streams live, if any)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    addons: dict = field(default_factory=dict, repr=False)  # trained add-ons of the target, loaded on first use
+    # Add-ons, loaded or built on first use:
+    streams: object = field(default=None, repr=False)  # the target's speculative streams (ss; models/streams.py)
+    one_forward_streams: object = field(default=None, repr=False)  # ... trained without the next-token input
+    attached_streams: bool = field(default=False, repr=False)  # streams came from use_streams, not the package
+    draft_streams: object = field(default=None, repr=False)  # the draft's speculative streams (drafting/streamed.py)
+    early_exit_rows: torch.Tensor | None = field(default=None, repr=False)  # Mirror-SD's exit head rows
+    exit_head: object = field(default=None, repr=False)  # Mirror-SD's trained early-exit head (models/exit_head.py)
+    loaded_drafts: dict = field(default_factory=dict, repr=False)  # use_draft: name -> (model, name, folder)
 
     @property
     def embedded_target(self) -> bool:
@@ -60,16 +67,16 @@ class ModelPair:
 
     def use_draft(self, draft: str | None):
         """Swap in another draft (a folder, a hub id, "self:N" or None), loaded on the draft lane in the
-        target's dtype; drafts loaded before are kept, so swapping back costs nothing (docs/compare_drafts.py).
-        Add-ons built for the old draft (its streams, mirror's early-exit head rows) are dropped."""
-        loaded = self.addons.setdefault("drafts", {self.draft_name: (self.draft, self.draft_name, self.draft_dir)})
+        target's dtype; drafts loaded before are kept, so swapping back costs nothing. Add-ons built for
+        the old draft (its streams, mirror's early-exit head rows) are dropped."""
+        loaded = self.loaded_drafts
+        loaded.setdefault(self.draft_name, (self.draft, self.draft_name, self.draft_dir))
         if draft not in loaded:
             target_dir = resolve_model_dir(self.target_name)
             loaded[draft] = on_cpu_worker(_load_draft, draft, target_dir, self.tokenizer, self.draft_lane,
                                           self.target.dtype, self.target.model.embed_tokens.weight)
         self.draft, self.draft_name, self.draft_dir = loaded[draft]
-        for key in ("draft_streams", "early_exit_rows"):
-            self.addons.pop(key, None)
+        self.draft_streams = self.early_exit_rows = None
 
     @property
     def int8_drafting(self) -> bool:

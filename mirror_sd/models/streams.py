@@ -245,15 +245,16 @@ def target_streams(pair, one_forward: bool = False) -> Streams:
     ride in the verify forward (trained without the next-token input), else streams run in a pass of
     their own. For the embedded target both ship; streams attached with use_streams serve either
     form they fit."""
-    key = "streams_one_forward" if one_forward else "streams"
-    if key not in pair.addons:
+    attr = "one_forward_streams" if one_forward else "streams"
+    streams = getattr(pair, attr)
+    if streams is None and not pair.attached_streams:
         if not pair.embedded_target:
             raise MirrorSDError(f"method 'ss' needs speculative streams trained for {pair.target_name!r}; "
                                 "streams ship only for the embedded target (train others with "
                                 "`python -m mirror_sd.train ss`)")
         folder = EMBEDDED_ONE_FORWARD_STREAMS if one_forward else EMBEDDED_STREAMS
-        pair.addons[key] = Streams.load(folder, pair.target.args).attach(pair.target)
-    streams = pair.addons[key]
+        streams = Streams.load(folder, pair.target.args).attach(pair.target)
+        setattr(pair, attr, streams)
     if one_forward and streams is None:
         raise MirrorSDError("one_forward=1 needs streams trained without the next-token input (they ride in the "
                             "verify forward, which decides the next token); the attached streams see it: train "
@@ -264,14 +265,14 @@ def target_streams(pair, one_forward: bool = False) -> Streams:
 def draft_streams(pair) -> Streams:
     """The speculative streams trained for the pair's draft (the draft folder's ``streams/``),
     loaded once: with them the draft proposes a whole window in one forward."""
-    if "draft_streams" not in pair.addons:
+    if pair.draft_streams is None:
         folder = pair.draft_dir / "streams" if pair.draft_dir else None
         if pair.draft is None or folder is None or not (folder / "streams.safetensors").exists():
             raise MirrorSDError(f"streams=on needs a draft with trained speculative streams, and draft "
                                 f"{pair.draft_name!r} has none (train them with "
                                 "`python -m mirror_sd.train ss --model DRAFT_FOLDER --out DRAFT_FOLDER/streams`)")
-        pair.addons["draft_streams"] = Streams.load(folder, pair.draft.args).attach(pair.draft)
-    return pair.addons["draft_streams"]
+        pair.draft_streams = Streams.load(folder, pair.draft.args).attach(pair.draft)
+    return pair.draft_streams
 
 
 def use_streams(pair, folder: Path | str) -> Streams:
@@ -279,9 +280,8 @@ def use_streams(pair, folder: Path | str) -> Streams:
     for both forms of ``ss`` if they were trained without the next-token input, else for one_forward=0.
 
     They load on the CPU worker, as load_pair's models do (devices.on_cpu_worker): loaded on the
-    caller's thread, they would start an OpenMP pool there, and decoding would slow down (by a
-    quarter for vanilla, in one run of docs/compare_streams.py before this)."""
+    caller's thread, they would start an OpenMP pool there and slow decoding down."""
     streams = on_cpu_worker(lambda: Streams.load(Path(folder), pair.target.args).attach(pair.target))
-    pair.addons["streams"] = streams
-    pair.addons["streams_one_forward"] = None if streams.config.next_token_rank else streams
+    pair.streams, pair.attached_streams = streams, True
+    pair.one_forward_streams = None if streams.config.next_token_rank else streams
     return streams

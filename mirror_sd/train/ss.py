@@ -11,7 +11,7 @@ own greedy answers (the distilled data from ``python -m mirror_sd.train data``).
 With ``--labels own`` the streams learn the frozen model's own greedy continuation instead: at
 position t of an answer, stream j learns the token the model itself would draft j + 1 places on,
 continuing from x[:t+1]. A draft's main stream checks its streams against exactly that when it
-drafts with ``streams=2`` (methods/sd.py: verified_window). The continuations are computed once,
+drafts with ``streams=2`` (drafting/streamed.py: checked_window). The continuations are computed once,
 at ``--positions`` fixed positions per sequence, and kept in OUT/own-continuations.json.
 
 The layers below L0 never see the streams, so their output on every training sequence (the main
@@ -192,7 +192,7 @@ def evaluate(target, streams, seqs, features, index, G, row_of, own=None) -> dic
     ``own`` the model's own continuation; stream 1 and per stream), and the mean accepted length of
     a greedy chain draft (1 + leading correct streams) at every answer position (up to
     HELD_OUT_POSITIONS per sequence). With own labels that length is what the model's main stream
-    accepts of its streams' lookahead per forward (methods/sd.py: verified_window)."""
+    accepts of its streams' lookahead per forward (drafting/streamed.py: checked_window)."""
     rng = random.Random(0)
     losses, correct, valid, leading = [], torch.zeros(G), torch.zeros(G), []
     for i in index:

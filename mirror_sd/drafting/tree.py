@@ -1,6 +1,7 @@
-"""Draft trees, shared by the tree-drafting methods (eagle, ss, and sd's draft checking its streams'
+"""Draft trees, shared by the tree-drafting methods (eagle, ss, and the draft checking its streams'
 lookahead): the nodes, how the verifying model sees them in one forward (tree mask, depth
-positions), the best-scoring subtree and the tree of speculative streams' candidates.
+positions), the best-scoring subtree, the tree of speculative streams' candidates, and the walk
+down a tree by a rule for the token at each row.
 
 A tree hangs from a root: the last committed token, which sits at window index 0; node i sits at
 window index i + 1. Parents come before their children.
@@ -11,8 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..sampling import Sampler
-from .verify import verify_sampling, walk_tree_greedy
+from ..trace import DraftTree
 
 
 @dataclass
@@ -24,7 +24,7 @@ class Tree:
     depths: list[int]  # 1 for children of the root
     scores: list[float | None]  # sum of draft log-probs along the path (None: copied from the context)
     q: torch.Tensor | None = None  # [nodes, V] draft distributions (sampled chains only)
-    copied: list[int] = field(default_factory=list)  # nodes copied from the context (methods/lookup.py)
+    copied: list[int] = field(default_factory=list)  # nodes copied from the context (drafting/lookup.py)
 
     def children(self) -> dict[int, list[int]]:
         kids: dict[int, list[int]] = {}
@@ -38,10 +38,9 @@ class Tree:
         leaf = (path[-1] if path else -1) not in self.children()
         return [self.tokens[i] for i in path] + [token], ["accepted"] * len(path) + ["bonus" if leaf else "correction"]
 
-    def record(self, path: list[int]) -> dict:
+    def record(self, path: list[int], stream_rows: int = 0) -> DraftTree:
         """What a step record keeps of the tree (the app draws it): nodes and the accepted path."""
-        return dict(tokens=self.tokens, parents=self.parents, depths=self.depths, scores=self.scores, path=path,
-                    copied=self.copied)
+        return DraftTree(self.tokens, self.parents, self.depths, self.scores, path, self.copied, stream_rows)
 
 
 def sampled_chain(tokens: list[int], q: torch.Tensor) -> Tree:
@@ -49,18 +48,6 @@ def sampled_chain(tokens: list[int], q: torch.Tensor) -> Tree:
     n = len(tokens)
     scores = torch.log(q[torch.arange(n), tokens]).cumsum(0).tolist()
     return Tree(tokens, list(range(-1, n - 1)), list(range(1, n + 1)), [round(x, 4) for x in scores], q)
-
-
-def accept(tree: Tree, logits: torch.Tensor, sampler: Sampler) -> tuple[list[int], int]:
-    """The lossless rule over a verified tree; logits [N + 1, V], row i + 1 for node i (row 0: the root).
-
-    Greedy: walk the children that match the target's argmax. Sampling: the tree is a sampled chain,
-    checked with the speculative-sampling rule. Returns the accepted path (nodes) and the next token.
-    """
-    if sampler.greedy:
-        return walk_tree_greedy(tree.tokens, tree.children(), lambda node: logits[node + 1])
-    verdict = verify_sampling(tree.tokens, tree.q, sampler.probs(logits), sampler)
-    return list(range(verdict.accepted)), verdict.token
 
 
 def best_subtree(tokens: list[int], parents: list[int], depths: list[int], scores: list[float], total: int) -> Tree:
@@ -77,7 +64,7 @@ def best_subtree(tokens: list[int], parents: list[int], depths: list[int], score
 
 def stream_tree(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> Tree:
     """A draft tree from speculative streams' log-probs logp [gamma, head rows] at one position
-    (the tree drafting of Speculative Streaming, methods/ss.py): the top_k tokens of stream 1 are
+    (the tree drafting of Speculative Streaming): the top_k tokens of stream 1 are
     children of the root; the top_k tokens of stream j + 1 are children of each of the top_k best
     nodes of level j, scored by the sum of their streams' log-probs; the best ``total_tokens``
     nodes are kept. to_ids maps head rows to target ids."""
@@ -132,3 +119,20 @@ def tree_mask(parents: list[int]) -> torch.Tensor:
 def tree_positions(depths: list[int], root_position: int) -> torch.Tensor:
     """[1, N + 1] rotary positions of [root, nodes]: the root's, plus each node's depth."""
     return torch.tensor([[root_position] + [root_position + d for d in depths]])
+
+
+def walk_tree(tokens: list[int], children: dict[int, list[int]], logits_at, pick) -> tuple[list[int], int]:
+    """Walk a tree by a rule for the token at a row: pick(logits [V]) -> token. From the root (-1),
+    pick the token after each node's path and go on to the child that carries it; return the path
+    (nodes, root excluded) and the token picked where no child did. With the target's argmax this is
+    greedy tree verification (methods/verify.py); with a sampler's pick (a draw at T > 0), every
+    token is drawn from its row's law given the tokens before it (the draft walking its own
+    lookahead, drafting/streamed.py)."""
+    path, node = [], -1
+    while True:
+        token = pick(logits_at(node))
+        match = [c for c in children.get(node, []) if tokens[c] == token]
+        if not match:
+            return path, token
+        path.append(match[0])
+        node = match[0]

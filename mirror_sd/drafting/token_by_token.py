@@ -1,0 +1,76 @@
+"""The classic draft: one draft forward per window token, each token the draft's own pick.
+
+With option ``copy_below`` > 0, where the draft is unsure (its top-1 probability below it) and the
+context continues the last 3 or 2 tokens somewhere, the draft proposes that copied token instead
+(``unsure_copy``): small drafts copy names, numbers and phrases from a prompt's passage badly. At
+T > 0 the copied token's proposal law is one-hot (a law fixed by the prefix), which the
+speculative-sampling rule handles like any other.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..options import Option
+from ..trace import DraftWork
+from . import Drafter, Proposal
+from .lookup import copy_from_context
+
+COPY_NGRAM_SIZES = (3, 2)  # the last token alone matches too often where the draft was right
+COPY_BELOW = Option("copy_below", 0.0, 0.0, 1.0, "where the draft's top-1 probability is below this and the "
+                    "context continues the last 3 or 2 tokens, propose the copied token instead (0: off)", kind=float)
+
+
+def unsure_copy(sequence: list[int], logits: torch.Tensor, probs: torch.Tensor | None, below: float) -> int | None:
+    """The token the context continues ``sequence``'s last 3 or 2 tokens with (lookup.py), where the
+    draft is unsure: its top-1 probability below ``below`` (``probs`` [V], the law it draws from at
+    T > 0; at T = 0, None: the softmax of ``logits`` [V]); else None."""
+    if float((logits.softmax(-1) if probs is None else probs).max()) >= below:
+        return None
+    copied = copy_from_context(sequence, 1, COPY_NGRAM_SIZES)
+    return copied[0] if copied else None
+
+
+def draft_token(sampler, logits: torch.Tensor, context: list[int] | None, copy_below: float):
+    """One draft token from ``logits`` [V] (the target's vocabulary): the draft's own pick, or where
+    it is unsure the context's copy (``unsure_copy``; ``context``: the sequence the token follows,
+    None when copy_below is 0). Returns (token, its law [V] at T > 0 else None, whether it was copied)."""
+    probs = None if sampler.greedy else sampler.probs(logits)  # [V]
+    copied = unsure_copy(context, logits, probs, copy_below) if copy_below else None
+    if copied is None:
+        return (int(logits.argmax()) if probs is None else sampler.sample(probs)), probs, False
+    return copied, None if probs is None else F.one_hot(torch.tensor(copied), len(probs)).to(probs), True
+
+
+def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
+    """Draft gamma tokens after the committed sequence: returns (tokens, q [gamma, V] or None, the
+    positions of the tokens copied from the context).
+
+    The draft first catches up on committed tokens it has not seen (1 or 2), then autoregresses;
+    its cache ends holding the sequence and tokens[:-1] (the last drafted token is never fed).
+    """
+    draft, sampler = run.pair.draft, run.draft_sampler
+    pending = run.sequence[cache.length:]
+    ids = torch.tensor([pending], device=draft.device)  # [1, pending]
+    tokens, q, copies = [], [], []
+    for i in range(gamma):
+        logits = run.as_target_vocab(draft(ids, cache)[0, -1])  # [V]
+        token, probs, copied = draft_token(sampler, logits, run.sequence + tokens if copy_below else None, copy_below)
+        tokens.append(token)
+        if copied:
+            copies.append(i)
+        if probs is not None:
+            q.append(probs)
+        ids = torch.tensor([[token]], device=draft.device)
+    return tokens, (torch.stack(q) if q else None), copies
+
+
+class TokenByToken(Drafter):
+    OPTIONS = (COPY_BELOW,)
+
+    def __init__(self, copy_below: float = 0.0):
+        self.copy_below = copy_below
+
+    def propose(self, run, cache, gamma: int) -> Proposal:
+        tokens, q, copies = draft_window(run, cache, gamma, self.copy_below)
+        return Proposal(tokens, q, DraftWork(forwards=gamma, copied_at=copies))

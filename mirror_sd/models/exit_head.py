@@ -1,0 +1,133 @@
+"""Mirror-SD's trained early exit: a "tuned lens" (Belrose et al., 2023) on the exit layer.
+
+Mirror-SD's early exit reads the hidden state h [.., d] after ``exit_layer`` target layers with the
+target's own final norm and LM head (``methods/mirror.py: early_exit``): a "logit lens", never
+trained to read a middle layer. An exit head moves h first, and the same norm and head read it:
+
+    head(h) = h + rms(h) * up(down(h / rms(h)))      down: d -> rank; up: rank -> d, with a bias
+
+``up`` starts at zero, so an untrained head is exactly the logit lens. The correction is scaled by
+rms(h), so what the final norm (which divides the scale out) sees depends on h's direction only:
+the head learns from the cached early features (h through the exit layer's own input norm,
+``train/features.py``), from which h / rms(h) is the feature divided by that norm's weight.
+
+A head belongs to one target and one exit layer: config.json records both (the target's shape and
+a few of its norm weights, which tell targets of the same shape apart), and loading checks them.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..errors import MirrorSDError
+from .linear import Linear
+from .llama import Transformer
+
+EMBEDDED_EXIT_HEAD = Path(__file__).resolve().parent.parent / "assets" / "exit-head-smollm2-135m"
+
+
+class ExitHead(nn.Module):
+    def __init__(self, hidden_size: int, rank: int, exit_layer: int, eps: float):
+        super().__init__()
+        # the input has the residual stream's outlier channels: fp32 even when drafting in int8 (models/linear.py)
+        self.down = Linear(hidden_size, rank, bias=False, int8=False)
+        self.up = Linear(rank, hidden_size, bias=True, int8=False)
+        nn.init.zeros_(self.up.weight)
+        nn.init.zeros_(self.up.bias)
+        self.exit_layer, self.eps = exit_layer, eps
+
+    @classmethod
+    def for_target(cls, target: Transformer, exit_layer: int, rank: int = 64) -> "ExitHead":
+        """A fresh head (the logit lens) for ``target`` at ``exit_layer``, on its device and dtype."""
+        if not 0 < exit_layer < target.num_layers:
+            raise MirrorSDError(f"exit layer must be in 1..{target.num_layers - 1} (the target has "
+                                f"{target.num_layers} layers), got {exit_layer}")
+        head = cls(target.args.hidden_size, rank, exit_layer, target.args.rms_norm_eps)
+        return head.to(target.device, target.dtype)
+
+    @property
+    def rank(self) -> int:
+        return self.down.out_features
+
+    @property
+    def device(self) -> torch.device:
+        return self.up.weight.device
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """Hidden states after the exit layer [.., d] -> hidden states for the final norm [.., d]."""
+        h = h.to(self.device)
+        rms = (h.float().pow(2).mean(-1, keepdim=True) + self.eps).sqrt()  # [.., 1]
+        delta = self.up(self.down((h.float() / rms).to(self.up.weight.dtype)))  # [.., d]
+        return h + (delta.float() * rms).to(h.dtype)
+
+
+def signature(target: Transformer, exit_layer: int) -> list[float]:
+    """A few weights the head reads through (the final norm's, the exit layer's input norm's): they
+    tell one target from another of the same shape."""
+    w = torch.cat([target.model.norm.weight[:8], target.model.layers[exit_layer].input_layernorm.weight[:8]]).detach()
+    return [round(float(x), 4) for x in w]
+
+
+def target_shape(target: Transformer) -> dict:
+    a = target.args
+    return dict(hidden_size=a.hidden_size, num_layers=a.num_layers, vocab_size=a.vocab_size)
+
+
+def save_exit_head(head: ExitHead, out: Path, target: Transformer, target_name: str, card: dict):
+    """fp32 weights, config.json (the target and exit layer it belongs to) and training.json in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.float().contiguous().cpu() for k, v in head.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = dict(architecture="tuned lens: h + rms(h) * up(down(h / rms(h))) before the target's final norm and "
+                               "LM head", target=target_name, exit_layer=head.exit_layer, rank=head.rank,
+                  **target_shape(target), signature=signature(target, head.exit_layer), torch_dtype="float32")
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "training.json").write_text(json.dumps(card, indent=2))
+
+
+def load_exit_head(folder: Path, target: Transformer) -> ExitHead:
+    """The head in ``folder`` on the target's device and dtype; refuse one made for another target."""
+    folder = Path(folder)
+    if not (folder / "config.json").exists() or not (folder / "model.safetensors").exists():
+        raise MirrorSDError(f"no early-exit head in {folder} (needs config.json and model.safetensors)")
+    config = json.loads((folder / "config.json").read_text())
+    wrong = {k: (config.get(k), v) for k, v in target_shape(target).items() if config.get(k) != v}
+    layer = config.get("exit_layer")
+    if not wrong and not (isinstance(layer, int) and 0 < layer < target.num_layers):
+        wrong = dict(exit_layer=(layer, f"1..{target.num_layers - 1}"))
+    if not wrong and not torch.allclose(torch.tensor(config.get("signature", [])), torch.tensor(signature(target, layer)),
+                                        rtol=1e-2, atol=1e-3):
+        wrong = dict(norm_weights="differ")
+    if wrong:
+        raise MirrorSDError(f"the early-exit head in {folder} was trained for another target "
+                            f"({config.get('target')!r}): (head, target) differ in {wrong}")
+    head = ExitHead.for_target(target, layer, config["rank"])
+    head.load_state_dict({k: v.to(target.dtype) for k, v in load_file(str(folder / "model.safetensors")).items()})
+    return head.eval().requires_grad_(False)
+
+
+def attach_exit_head(pair, head: ExitHead):
+    """Use ``head`` for every mirror run with exit_head=1 on this pair (``load_exit_head`` checks that
+    a saved head belongs to the pair's target)."""
+    pair.exit_head = head.to(pair.target.device, pair.target.dtype).eval().requires_grad_(False)
+
+
+def exit_head_for(pair, exit_layer: int) -> ExitHead:
+    """The pair's trained early-exit head (attached, or the shipped one of the embedded target, loaded
+    once and kept on the pair), refused unless it was trained for ``exit_layer``."""
+    if pair.exit_head is None:
+        if not pair.embedded_target:
+            raise MirrorSDError(f"exit_head=1 needs an early-exit head trained for target {pair.target_name!r}; only "
+                                f"the embedded target ships one (train one with python -m mirror_sd.train exit-head, "
+                                f"then mirror_sd.models.exit_head.attach_exit_head), or use exit_head=0")
+        pair.exit_head = load_exit_head(EMBEDDED_EXIT_HEAD, pair.target)
+    trained = pair.exit_head.exit_layer
+    if trained != exit_layer:
+        raise MirrorSDError(f"the early-exit head of this target was trained for exit layer {trained}, not {exit_layer}: "
+                            f"use exit_layer={trained}, or exit_head=0 (the target's LM head), or train one for "
+                            f"layer {exit_layer} (python -m mirror_sd.train exit-head --exit-layer {exit_layer})")
+    return pair.exit_head

@@ -1,0 +1,116 @@
+"""How often Mirror-SD could hit: the early exit's top-kappa against the target's token, per exit layer.
+
+    python -m scripts.exit_ceiling [--per-category 8] [--max-new-tokens 64] [--layers 15,18,22,24,26,28]
+                                   [--exit-head 1]
+
+A Mirror-SD step hits when the token the target emits after the accepted prefix (the correction, or
+the bonus after a fully accepted window) is among the early-exit candidates at that position and
+its branch was rolled out. This runs `mirror` at its defaults on the bench prompts, then, for every
+decoding step, asks whether that token is in the early exit's top-kappa at its position, for each
+exit layer and kappa in 1..16: the hit rate an unlimited branch budget would get (the ceiling),
+beside the hit rate the default budget got. The hidden state at that position sees committed
+tokens only, so one causal pass of the target over the final sequence gives it for every layer.
+
+With ``--exit-head 1`` mirror runs with its trained early-exit head (``exit_head=1``) and the ranks
+are the head's, at its exit layer only (models/exit_head.py); compare with a run without it.
+
+Writes docs/sweeps/exit_ceiling.csv (exit_ceiling_head.csv with ``--exit-head 1``; one row per
+category and exit layer, plus "all") and prints it as markdown.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from mirror_sd.engine import generate
+from mirror_sd.methods.mirror import default_exit_layer, early_exit
+from mirror_sd.models.exit_head import exit_head_for
+from mirror_sd.models.pair import load_pair
+
+from .comparison import SWEEPS, bench_prompts, comparison_parser
+
+KAPPAS = (1, 2, 4, 8, 16)
+
+
+def step_positions(prompt_len: int, steps) -> list[tuple[int, int, bool]]:
+    """(position p, the target's token after p, hit) for every decoding step whose last token is the
+    verdict's: p is the last accepted position, where the early exit proposed candidates."""
+    rows, n = [], prompt_len + len(steps[0].committed)
+    for step in steps[1:]:
+        if step.origins and step.origins[-1] in ("correction", "bonus"):
+            rows.append((n - 1 + step.accepted, step.committed[-1], step.rendezvous.hit))
+        n += len(step.committed)
+    return rows
+
+
+@torch.inference_mode()
+def exit_ranks(pair, sequence: list[int], positions: list[int], tokens: list[int], layers: list[int],
+               head=None) -> dict:
+    """{layer: rank [len(positions)]} of each token among the early exit's log-probs at its position
+    (0: the exit's top-1), after ``layer`` target layers, over one causal pass of ``sequence``;
+    through the trained exit ``head`` first at its own layer when one is given."""
+    target = pair.target
+    ids = torch.tensor([sequence], device=target.device)
+    win = target.window(None, len(sequence))
+    h, done, ranks = target.embed(ids), 0, {}
+    at, want = torch.tensor(positions), torch.tensor(tokens)
+    for layer in sorted(layers):
+        h = target.forward_layers(h, None, win, done, layer)
+        done = layer
+        exit_h = h[:, at] if head is None or layer != head.exit_layer else head(h[:, at])
+        logp = early_exit(pair, exit_h)  # [P, V]
+        ranks[layer] = (logp > logp.gather(-1, want[:, None])).sum(-1)
+    return ranks
+
+
+def main():
+    parser = comparison_parser(__doc__)
+    parser.add_argument("--layers", default=None, help="exit layers to test (comma-separated; default "
+                        "15,18,22,24,26,28, with --exit-head 1 the head's layer)")
+    parser.add_argument("--exit-head", type=int, choices=(0, 1), default=0,
+                        help="1: mirror and the ranks use the trained early-exit head (default 0: the logit lens)")
+    args = parser.parse_args()
+    pair = load_pair()
+    default = default_exit_layer(pair.target.num_layers)
+    head = exit_head_for(pair, default) if args.exit_head else None
+    layers = [int(x) for x in (args.layers or (str(head.exit_layer) if head else "15,18,22,24,26,28")).split(",")]
+    if head is not None and layers != [head.exit_layer]:
+        parser.error(f"--exit-head 1 ranks at the head's exit layer only ({head.exit_layer})")
+    rows = []
+    for item in tqdm(bench_prompts(args.per_category), desc="exit ceiling", unit="prompt"):
+        messages = []
+        for turn in item["turns"]:
+            messages.append({"role": "user", "content": turn})
+            out = generate(pair, list(messages), method="mirror", max_new_tokens=args.max_new_tokens,
+                           exit_head=args.exit_head)
+            messages.append({"role": "assistant", "content": out.text})
+            prompt_ids = pair.encode(messages[:-1])
+            assert len(prompt_ids) == out.prompt_tokens
+            sequence, prompt_len = prompt_ids + out.token_ids, len(prompt_ids)
+            steps = step_positions(prompt_len, out.trace.steps)
+            if not steps:
+                continue
+            positions, tokens, hits = zip(*steps)
+            ranks = exit_ranks(pair, sequence, list(positions), list(tokens), layers, head)
+            for i, hit in enumerate(hits):
+                rows.append(dict(category=item["category"], hit=hit,
+                                 **{f"rank_{layer}": int(ranks[layer][i]) for layer in layers}))
+    steps = pd.DataFrame(rows)
+    table = []
+    for category, group in [("all", steps), *steps.groupby("category")]:
+        for layer in layers:
+            ranks = group[f"rank_{layer}"]
+            table.append(dict(category=category, exit_layer=layer, exit_head=args.exit_head, steps=len(group),
+                              hit_rate=group.hit.mean(),
+                              **{f"kappa_{k}": (ranks < k).mean() for k in KAPPAS}))
+    table = pd.DataFrame(table).round(3)
+    table.to_csv(SWEEPS / ("exit_ceiling_head.csv" if head else "exit_ceiling.csv"), index=False)
+    exit = "its trained early-exit head" if head else "the logit lens"
+    print(f"mirror at its defaults (exit layer {default}) with {exit}; hit_rate: the default budget's, "
+          f"kappa_k: the ceiling")
+    print(table.to_markdown(index=False))
+
+
+if __name__ == "__main__":
+    main()
