@@ -67,13 +67,39 @@ def _int8_kernels_work() -> bool:
 INT8 = _int8_kernels_work()
 
 
+def _full_range_saturates() -> bool:
+    """Whether the int8 kernel saturates with 8-bit activations on this CPU. x86 CPUs without VNNI
+    add pairs of u8 x s8 products in int16, which overflows for full-range activations; there the
+    activations take 7 bits (``reduce_range``, as PyTorch's own x86 quantisation does). One seeded
+    product, checked against fp32, at import (on one thread, as in ``_int8_kernels_work``)."""
+    if not INT8:
+        return False
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gen = torch.Generator().manual_seed(0)
+            x, w = torch.randn(4, 256, generator=gen), torch.rand(64, 256, generator=gen) * 2 - 1  # as nn.Linear's
+            scales = (w.abs().amax(dim=1) / 127).double()
+            q = torch.quantize_per_channel(w, scales, torch.zeros(64, dtype=torch.long), 0, torch.qint8)
+            y = torch.ops.quantized.linear_dynamic(x, torch.ops.quantized.linear_prepack(q, None), False)
+            exact = x @ w.T
+        return bool((y - exact).abs().max() > 0.05 * exact.abs().max())
+    finally:
+        torch.set_num_threads(threads)
+
+
+REDUCE_RANGE = _full_range_saturates()  # 7-bit activations where 8 bits would saturate
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, int8: bool = True) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: x [..., in], weight [out, in] -> [..., out]; prepacked on CPU,
     or through the weight's int8 copy inside ``devices.int8_products`` (unless int8=False)."""
     if not uses_prepacked(x, weight, bias):
         return F.linear(x, weight, bias)
     if int8 and INT8 and int8_products_on():
-        return torch.ops.quantized.linear_dynamic(x.contiguous(), int8_weight(weight, bias))
+        return torch.ops.quantized.linear_dynamic(x.contiguous(), int8_weight(weight, bias), REDUCE_RANGE)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), prepacked_weight(weight), bias, "none", [], "")
 
 
