@@ -116,11 +116,13 @@ def cmd_generate(args) -> int:
     from .engine import generate
     from .methods import get_method
 
+    from .bench import check_writable
+
     get_method(args.method)  # fail fast, before loading models
+    if args.trace:
+        check_writable(args.trace, "--trace")
     pair = _load(args)
     out = generate(pair, args.prompt, method=args.method, **_settings(args), **_method_options(args))
-    if args.trace:
-        Path(args.trace).write_text(json.dumps(out.trace.to_chrome_trace()))
     if args.json:
         print(json.dumps(dict(method=out.method, text=out.text, token_ids=out.token_ids, metrics=out.metrics,
                               finished=out.finished, error=out.error)))
@@ -131,10 +133,23 @@ def cmd_generate(args) -> int:
         print(f"\n[{out.method}] {m['new_tokens']} tokens in {m['wall_s']:.2f} s ({m['tokens_per_s']:.1f} tok/s), "
               f"{m['steps']} steps, mean accepted {m['mean_accepted']:.2f}{rate}, finished: {out.finished}",
               file=sys.stderr)
+    if args.trace and not _write_trace(out.trace, Path(args.trace)):
+        return 1
     if out.error:
         print(f"error: {out.error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _write_trace(trace, path: Path) -> bool:
+    """Write the Chrome-trace JSON after the text is out, so a failed write loses no text."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(trace.to_chrome_trace()))
+        return True
+    except OSError as e:
+        print(f"error: could not write the trace to {path}: {e}", file=sys.stderr)
+        return False
 
 
 def _prompts(args) -> list[dict]:

@@ -29,6 +29,19 @@ def test_generate_json_and_trace(tiny_dirs, tmp_path, capsys):
     assert any(e["ph"] == "X" and e["cat"] == "verify" for e in events)
 
 
+def test_a_trace_in_a_new_folder_is_written_and_a_bad_trace_path_loses_no_work(tiny_dirs, tmp_path, capsys):
+    nested = tmp_path / "new" / "folder" / "trace.json"
+    args = ["generate", "--method", "sd", "--prompt", "t1 t2 t3", "--max-new-tokens", "4", *_tiny_args(tiny_dirs)]
+    assert main([*args, "--trace", str(nested)]) == 0 and nested.exists()  # the folders are made
+    text = capsys.readouterr().out
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main([*args, "--trace", str(blocker / "trace.json")]) == 2  # refused before any decoding
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("error:") == 1 and "is a file" in err
+    assert text.strip()  # what the first run generated was printed
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--prompt", ""], "prompt is empty"),
     (["--prompt", "t1", "--max-new-tokens", "0"], "max_new_tokens"),
