@@ -17,6 +17,20 @@ from mirror_sd.bench import DEFAULT_PROMPTS, read_prompts  # noqa: E402
 TINY_VOCAB = 16
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Say plainly which tests were skipped and why (the browser tests need Debian's Chromium)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    terminalreporter.section("skipped tests")
+    for report in skipped:
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        terminalreporter.write_line(f"SKIPPED {report.nodeid}: {reason.removeprefix('Skipped: ')}")
+    if any("Chromium" in str(report.longrepr) for report in skipped):
+        terminalreporter.write_line("To run the browser tests: apt-get install chromium (as .ci/run does), then make test.")
+
+
+
 def make_tokenizer(vocab_size: int, prefix: str = "t"):
     """A word-level tokenizer over words t0 .. t{V-1} (no special tokens, no chat template)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
