@@ -14,8 +14,8 @@ tokens only, so one causal pass of the target over the final sequence gives it f
 With ``--exit-head 1`` mirror runs with its trained early-exit head (``exit_head=1``) and the ranks
 are the head's, at its exit layer only (models/exit_head.py); compare with a run without it.
 
-Writes docs/sweeps/exit_ceiling.csv (exit_ceiling_head.csv with ``--exit-head 1``; one row per
-category and exit layer, plus "all") and prints it as markdown.
+Writes docs/sweeps/exit_ceiling.csv (exit_ceiling_head.csv with ``--exit-head 1``; ``--out`` names
+another file; one row per category and exit layer, plus "all") and prints it as markdown.
 """
 from __future__ import annotations
 
@@ -70,6 +70,8 @@ def main():
                         "15,18,22,24,26,28, with --exit-head 1 the head's layer)")
     parser.add_argument("--exit-head", type=int, choices=(0, 1), default=0,
                         help="1: mirror and the ranks use the trained early-exit head (default 0: the logit lens)")
+    parser.add_argument("--out", default=None, help="the CSV to write (default docs/sweeps/exit_ceiling.csv, "
+                        "exit_ceiling_head.csv with --exit-head 1)")
     args = parser.parse_args()
     pair = load_pair()
     default = default_exit_layer(pair.target.num_layers)
@@ -105,7 +107,7 @@ def main():
                               hit_rate=group.hit.mean(),
                               **{f"kappa_{k}": (ranks < k).mean() for k in KAPPAS}))
     table = pd.DataFrame(table).round(3)
-    table.to_csv(SWEEPS / ("exit_ceiling_head.csv" if head else "exit_ceiling.csv"), index=False)
+    table.to_csv(args.out or SWEEPS / ("exit_ceiling_head.csv" if head else "exit_ceiling.csv"), index=False)
     exit = "its trained early-exit head" if head else "the logit lens"
     print(f"mirror at its defaults (exit layer {default}) with {exit}; hit_rate: the default budget's, "
           f"kappa_k: the ceiling")

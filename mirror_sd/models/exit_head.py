@@ -122,8 +122,8 @@ def exit_head_for(pair, exit_layer: int) -> ExitHead:
     if pair.exit_head is None:
         if not pair.embedded_target:
             raise MirrorSDError(f"exit_head=1 needs an early-exit head trained for target {pair.target_name!r}; only "
-                                f"the embedded target ships one (train one with python -m mirror_sd.train exit-head, "
-                                f"then mirror_sd.models.exit_head.attach_exit_head), or use exit_head=0")
+                                f"the embedded target ships one (train one with mirror_sd.train.exit_head.train(..., "
+                                f"target_dir=...), then mirror_sd.models.exit_head.attach_exit_head), or use exit_head=0")
         pair.exit_head = load_exit_head(EMBEDDED_EXIT_HEAD, pair.target)
     trained = pair.exit_head.exit_layer
     if trained != exit_layer:

@@ -7,6 +7,8 @@ Subcommands:
   draft  train the draft for the embedded target on that data; see mirror_sd/train/draft.py.
   ss     train speculative streams for the frozen embedded target; see mirror_sd/train/ss.py.
   eagle  train the EAGLE head for the embedded target on its features; see mirror_sd/train/eagle.py.
+  exit-head  train Mirror-SD's early-exit head (a tuned lens) on the same features; see
+         mirror_sd/train/exit_head.py.
 
 Each subcommand is a function that registers a subparser and sets ``func``.
 """
@@ -71,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .eagle import add_parser as add_eagle
 
     add_eagle(sub)
+    from .exit_head import add_parser as add_exit_head
+
+    add_exit_head(sub)
     return parser
 
 
