@@ -125,7 +125,7 @@ def cmd_generate(args) -> int:
     out = generate(pair, args.prompt, method=args.method, **_settings(args), **_method_options(args))
     if args.json:
         print(json.dumps(dict(method=out.method, text=out.text, token_ids=out.token_ids, metrics=out.metrics,
-                              finished=out.finished, error=out.error)))
+                              finished=out.finished, error=out.error, note=out.note)))
     else:
         print(out.text)
         m = out.metrics
@@ -133,6 +133,8 @@ def cmd_generate(args) -> int:
         print(f"\n[{out.method}] {m['new_tokens']} tokens in {m['wall_s']:.2f} s ({m['tokens_per_s']:.1f} tok/s), "
               f"{m['steps']} steps, mean accepted {m['mean_accepted']:.2f}{rate}, finished: {out.finished}",
               file=sys.stderr)
+    if out.note:  # the draft lane failed and the run finished target-only
+        print(f"note: {out.note}", file=sys.stderr)
     if args.trace and not _write_trace(out.trace, Path(args.trace)):
         return 1
     if out.error:

@@ -177,6 +177,16 @@ def int8_products_on() -> bool:
 DEFAULT_DTYPE = torch.float32
 
 
+class LaneError(Exception):
+    """Work on a lane raised: the lane's name ("target", "draft"), the step it was working on and the
+    error itself (also the ``__cause__``). The engine tells the lanes apart by it: a failed draft lane
+    ends the run in target-only decoding, a failed target lane ends it with the error."""
+
+    def __init__(self, lane: str, step: int | None, error: Exception):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.lane, self.step, self.error = lane, step, error
+
+
 class Lane:
     """One device and its worker; ``submit`` runs work there and records a span in the trace."""
 
@@ -204,7 +214,8 @@ class Lane:
 
     def submit(self, kind: str, fn, *args, trace=None, label: str = "", step: int | None = None,
                tokens: int = 0, alone: bool = False, drafting: bool = False, **kwargs) -> Future:
-        """Run fn(*args, **kwargs) on this lane; the future gives its result (or its error).
+        """Run fn(*args, **kwargs) on this lane; the future gives its result (or its error, as a
+        :class:`LaneError`).
 
         trace: the Trace that records the work as a span (none if None).
         alone: the caller promises that no other lane works meanwhile, so a CPU lane may use the
@@ -251,7 +262,9 @@ class Lane:
         try:
             with torch.inference_mode(), stream, int8_products(int8):
                 result = fn(*args, **kwargs)
-                self.synchronize()
+                self.synchronize()  # a device error may surface only here
+        except Exception as e:
+            raise LaneError(self.name, step, e) from e
         finally:
             end = time.perf_counter()
             if trace is not None:

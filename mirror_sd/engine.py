@@ -3,7 +3,10 @@
 ``stream`` yields an :class:`Output` after every committed step (the app draws these live; closing
 the generator stops decoding and keeps what was committed). ``generate`` returns the last one.
 Errors during decoding (a device that fails mid-run, say) end the run with ``finished="error"`` and
-a message, keeping every token already committed. ``wall_s`` (and so tokens/s) counts the time
+a message, keeping every token already committed. A draft lane that fails is not the end: the run
+goes on with the target alone (vanilla decoding, :func:`target_only`) from what was committed, so
+the text stays whole and, at temperature 0, equal to vanilla's; ``Output.note`` and the trace's
+``meta["note"]`` say so. ``wall_s`` (and so tokens/s) counts the time
 spent decoding, not the consumer's time between two steps: an app that redraws after every step
 does not slow the method it shows.
 """
@@ -16,7 +19,7 @@ from typing import Iterator
 
 import torch
 
-from .devices import allot_cpu_threads, single_threaded
+from .devices import LaneError, allot_cpu_threads, single_threaded
 from .errors import MirrorSDError
 from .methods import get_method
 from .models.pair import ModelPair
@@ -38,6 +41,7 @@ class Output:
     finished: str  # "running", "eos", "length", "stopped" or "error"
     error: str | None = None
     prompt_tokens: int = 0
+    note: str | None = None  # e.g. the draft lane failed and the run finished target-only
 
 
 class Decoding:
@@ -151,6 +155,11 @@ def stream(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 12
                 try:
                     with single_threaded():  # the decode loop's own work here; the lanes' work on their workers
                         step = next(steps, None)
+                except LaneError as e:
+                    if e.lane != "draft" or "note" in trace.meta:
+                        raise  # a target lane's error ends the run, as any error does
+                    steps = on_draft_failure(run, e, lanes)
+                    continue
                 finally:
                     decoding_s += time.perf_counter() - start
                 if step is None:
@@ -159,14 +168,50 @@ def stream(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 12
         except GeneratorExit:  # the consumer stopped listening: a user's stop
             finished = "stopped"
             raise
-        except MirrorSDError as e:
-            error = str(e)
         except Exception as e:  # a device or kernel failure mid-run: keep what was committed
-            error = f"decoding failed after {len(run.tokens)} tokens: {type(e).__name__}: {e}"
+            error = failure_message(run, e)
         finally:
             gpu_sampler.close()
             run.finished = finished or ("error" if error else run.finished)
         yield _output(run, spec.name, decoding_s, error)
+
+
+def on_draft_failure(run: Decoding, e: LaneError, lanes) -> Iterator[Step]:
+    """The draft lane failed: note it in the trace and go on target-only. Nothing committed is
+    undone; the target lane gets every CPU core the lanes shared."""
+    where = f"step {e.step}" if e.step is not None else "a step"
+    run.trace.meta["note"] = (f"draft lane failed at {where}: {e}; finished target-only "
+                              f"(vanilla decoding) after {len(run.tokens)} tokens")
+    allot_cpu_threads([lane for lane in lanes if lane is run.pair.target_lane], parallel=False)
+    return target_only(run)
+
+
+def target_only(run: Decoding) -> Iterator[Step]:
+    """Vanilla decoding from the committed sequence: one prefill of it on the target lane, then a
+    target forward per token. At temperature 0 it commits what vanilla would after that prefix."""
+    target, lane, sampler = run.pair.target, run.target_lane, run.target_sampler
+    cache = target.new_cache(run.cache_slots)
+    ids = torch.tensor([run.sequence], device=target.device)  # [1, P + committed]
+    step = run.next_step
+    logits = lane.run("prefill", target, ids, cache, label=f"prefill {ids.shape[1]} tokens (target only)",
+                      step=step, tokens=ids.shape[1], alone=True)
+    token = sampler.pick(logits[0, -1])
+    yield run.commit(Step(step, [token], ["target"]))
+    while not run.done:
+        step = run.next_step
+        ids = torch.tensor([[token]], device=target.device)  # [1, 1]
+        logits = lane.run("decode", target, ids, cache, label="decode 1 token (target only)", step=step, tokens=1)
+        token = sampler.pick(logits[0, -1])
+        yield run.commit(Step(step, [token], ["target"]))
+
+
+def failure_message(run: Decoding, e: Exception) -> str:
+    """What the Output's ``error`` says: a MirrorSDError's own words, else the error and how far the
+    run got (a LaneError is read as the error it carries)."""
+    e = e.error if isinstance(e, LaneError) else e
+    if isinstance(e, MirrorSDError):
+        return str(e)
+    return f"decoding failed after {len(run.tokens)} tokens: {type(e).__name__}: {e}"
 
 
 def generate(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 128, temperature: float = 0.0,
@@ -181,7 +226,7 @@ def generate(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 
 def _output(run: Decoding, method: str, wall_s: float, error: str | None = None) -> Output:
     return Output(method=method, text=run.pair.decode(run.tokens), token_ids=list(run.tokens), trace=run.trace,
                   metrics=compute_metrics(run.trace, len(run.tokens), wall_s), finished=run.finished,
-                  error=error, prompt_tokens=len(run.prompt_ids))
+                  error=error, prompt_tokens=len(run.prompt_ids), note=run.trace.meta.get("note"))
 
 
 def compute_metrics(trace: Trace, new_tokens: int, wall_s: float) -> dict:

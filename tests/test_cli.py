@@ -97,3 +97,24 @@ def test_fp32_drafting_turns_int8_drafting_off(tiny_dirs):
     parse = build_parser().parse_args
     assert _load(parse(["generate", "--prompt", "t1", *_tiny_args(tiny_dirs)])).int8_drafting == INT8
     assert _load(parse(["generate", "--prompt", "t1", "--fp32-drafting", *_tiny_args(tiny_dirs)])).int8_drafting is False
+
+
+def test_a_failed_draft_lane_prints_the_whole_text_and_a_note(tiny_dirs, capsys, monkeypatch):
+    from mirror_sd.devices import Lane
+
+    args = ["generate", "--prompt", "t1 t2 t3", "--max-new-tokens", "8", *_tiny_args(tiny_dirs)]
+    assert main([*args, "--method", "vanilla"]) == 0
+    vanilla = capsys.readouterr().out
+    submit = Lane.submit
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("draft device lost")
+
+    def failing(lane, kind, fn, *args, **kwargs):  # the draft lane fails from step 2 on
+        return submit(lane, kind, broken if lane.name == "draft" and kwargs.get("step", 0) >= 2 else fn, *args, **kwargs)
+
+    monkeypatch.setattr(Lane, "submit", failing)
+    assert main([*args, "--method", "sd"]) == 0
+    out, err = capsys.readouterr()
+    assert out == vanilla
+    assert "note: draft lane failed at step 2: RuntimeError: draft device lost; finished target-only" in err

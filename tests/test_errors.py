@@ -75,24 +75,55 @@ def test_method_needing_a_draft_without_one(tiny_dirs):
         generate(pair, "t1", method="sd", raw=True)
 
 
-def test_device_failure_mid_run_keeps_generated_tokens(tiny_dirs):
-    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]))
-    reference = generate(pair, "t1 t2", method="vanilla", max_new_tokens=20, raw=True).token_ids
+def test_target_failure_mid_run_keeps_generated_tokens(tiny_pair, monkeypatch):
+    reference = generate(tiny_pair, "t1 t2", method="vanilla", max_new_tokens=20, raw=True).token_ids
     calls = {"n": 0}
-    forward = pair.draft.forward
+    forward_layers = tiny_pair.target.forward_layers
 
-    def failing_forward(*args, **kwargs):
+    def failing(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] > 8:
+        if calls["n"] > 6:
             raise RuntimeError("device lost")
-        return forward(*args, **kwargs)
+        return forward_layers(*args, **kwargs)
 
-    pair.draft.forward = failing_forward
-    out = generate(pair, "t1 t2", method="sd", max_new_tokens=20, raw=True, gamma=3)
-    assert out.finished == "error"
+    monkeypatch.setattr(tiny_pair.target, "forward_layers", failing)
+    out = generate(tiny_pair, "t1 t2", method="sd", max_new_tokens=20, raw=True, gamma=3)
+    assert out.finished == "error" and out.note is None
     assert "device lost" in out.error and "RuntimeError" in out.error
     assert 0 < len(out.token_ids) < 20
     assert out.token_ids == reference[:len(out.token_ids)]  # nothing committed is lost or wrong
+
+
+def fail_draft_lane_at(monkeypatch, pair, step: int):
+    """From decoding step ``step`` on, work submitted to the pair's draft lane raises, as a device would."""
+    submit = pair.draft_lane.submit
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("draft device lost")
+
+    def failing(kind, fn, *args, **kwargs):
+        return submit(kind, broken if kwargs.get("step", 0) >= step else fn, *args, **kwargs)
+
+    monkeypatch.setattr(pair.draft_lane, "submit", failing)
+
+
+@pytest.mark.parametrize("method,options", [("sd", dict(gamma=3)), ("mirror", dict(gamma=2, kappa=2))])
+@pytest.mark.parametrize("step", [0, 3])
+def test_a_failed_draft_lane_finishes_target_only_with_vanillas_text(tiny_pair, monkeypatch, method, options, step):
+    reference = generate(tiny_pair, "t1 t2", method="vanilla", max_new_tokens=20, raw=True)
+    fail_draft_lane_at(monkeypatch, tiny_pair, step)
+    out = generate(tiny_pair, "t1 t2", method=method, max_new_tokens=20, raw=True, **options)
+    assert out.error is None and out.finished == "length"
+    assert out.token_ids == reference.token_ids and out.text == reference.text
+    assert out.note.startswith(f"draft lane failed at step {step}: RuntimeError: draft device lost; finished target-only")
+    assert out.trace.meta["note"] == out.note  # recorded traces keep it
+    assert any(s.kind == "prefill" and "target only" in s.label for s in out.trace.spans)
+
+
+def test_a_failed_draft_lane_at_temperature_above_zero_still_finishes(tiny_pair, monkeypatch):
+    fail_draft_lane_at(monkeypatch, tiny_pair, 2)
+    out = generate(tiny_pair, "t1 t2", method="mirror", max_new_tokens=12, raw=True, temperature=0.8, gamma=2)
+    assert out.error is None and len(out.token_ids) == 12 and out.note
 
 
 def test_stopping_a_stream_keeps_the_text_so_far(tiny_pair):
