@@ -36,6 +36,8 @@ def card_html(result: Result, baseline_tps: float | None = None, upto: int | Non
     """The card; ``upto`` shows the text as it stood after that step (the replay)."""
     state = STATES.get(result.finished, result.finished)
     error = f'<div class="card-error" style="color:#b91c1c">{html.escape(result.error)}</div>' if result.error else ""
+    note = result.trace.meta.get("note")  # the draft lane failed: the run finished target-only
+    error += f'<div class="card-note" style="color:#92400e">{html.escape(note)}</div>' if note else ""
     body = text_html(result.trace, result.pieces, upto=upto) if result.trace.steps else ""
     metrics = "" if upto is not None else metrics_line(result, baseline_tps)
     return (f'<div class="card" style="{CARD_STYLE}" data-method="{html.escape(result.method)}" data-state="{html.escape(result.finished)}">'

@@ -144,3 +144,13 @@ def test_other_targets_get_no_default_draft(tiny_dirs):
     assert pair.draft is None
     with pytest.raises(MirrorSDError, match="needs a draft model: pass one"):
         generate(pair, "t1", method="mirror", raw=True)
+
+
+def test_the_apps_card_shows_the_note(tiny_pair, monkeypatch):
+    from app.cards import card_html
+    from app.race import Result
+
+    fail_draft_lane_at(monkeypatch, tiny_pair, 1)
+    out = generate(tiny_pair, "t1 t2", method="sd", max_new_tokens=6, raw=True, gamma=2)
+    card = card_html(Result("sd", out.trace, out.metrics, out.finished))
+    assert 'class="card-note"' in card and "draft lane failed at step 1" in card
