@@ -1,9 +1,18 @@
-"""A method's card in the race: its name, state, the engine's measured numbers and its coloured text."""
+"""A method's card in the race: its name, state, the engine's measured numbers and its coloured text.
+
+Every number carries a tooltip in plain words (app.intro.METRIC_HELP); numbers that mean nothing for
+a method are left out (overlap, for methods whose lanes never work at once). After repeated runs the
+numbers are medians, with the range of the runs beside them.
+"""
 from __future__ import annotations
 
 import html
 
+from mirror_sd import METHODS
+
+from .intro import metric
 from .race import Result
+from .repeat import spread
 from .tokens import text_html
 
 CARD_STYLE = "border:1px solid #d1d5db;border-radius:8px;padding:8px 10px;"
@@ -11,35 +20,52 @@ STATES = {"waiting": "waiting", "running": "decoding…", "skipped": "not run (r
           "length": "done (max tokens)", "stopped": "stopped: text so far kept", "error": "error"}
 
 
-def metrics_line(result: Result, baseline_tps: float | None) -> str:
+def _ranged(numbers: list[dict] | None, key: str, fmt: str, now: float) -> str:
+    """``now`` formatted, or the median over the runs with their range when there are several."""
+    values = [n[key] for n in numbers or [] if n.get(key) is not None]
+    if len(values) < 2:
+        return fmt.format(now)
+    mid, low, high = spread(values)
+    return f"{fmt.format(mid)} ({fmt.format(low)}–{fmt.format(high)})"
+
+
+def metrics_line(result: Result, baseline_tps: float | None, runs: list[dict] | None = None) -> str:
     """tokens, tokens/s, tau, acceptance, speedup over vanilla, Mirror-SD's hit rate and overlap, and the
-    draft tokens per draft forward of sd drafting with streams."""
+    draft tokens per draft forward of sd drafting with streams; medians and ranges over ``runs``."""
     m = result.metrics
     if not m:
         return ""
-    parts = [f"{m['new_tokens']} tokens", f"{m['tokens_per_s']:.1f} tok/s", f"τ {m['mean_accepted']:.2f}"]
+    parallel = result.method in METHODS and METHODS[result.method].parallel_lanes
+    parts = [metric("tokens", f"{m['new_tokens']} tokens"),
+             metric("tok/s", _ranged(runs, "tokens_per_s", "{:.1f}", m["tokens_per_s"]) + " tok/s"),
+             metric("τ", f"τ {m['mean_accepted']:.2f}")]
     if m.get("acceptance_rate") is not None:
-        parts.append(f"accepted {100 * m['acceptance_rate']:.0f}% of drafts")
+        parts.append(metric("accepted", f"accepted {100 * m['acceptance_rate']:.0f}% of drafts"))
     if baseline_tps and result.method != "vanilla":
-        parts.append(f"<b>{m['tokens_per_s'] / baseline_tps:.2f}× vanilla</b>")
+        speedup = _ranged(runs, "speedup", "{:.2f}×", m["tokens_per_s"] / baseline_tps)
+        parts.append(metric("speedup", f"<b>{speedup} vanilla</b>"))
     if m.get("hit_rate") is not None:
-        parts.append(f"hits {100 * m['hit_rate']:.0f}%")
-    if m.get("overlap") is not None:
-        parts.append(f"overlap {100 * m['overlap']:.0f}%")
+        parts.append(metric("hits", f"hits {100 * m['hit_rate']:.0f}%"))
+    if parallel and m.get("overlap") is not None:
+        parts.append(metric("overlap", f"overlap {100 * m['overlap']:.0f}%"))
     if m.get("draft_tokens_per_forward", 1.0) != 1.0:  # sd drafting with its streams
-        parts.append(f"{m['draft_tokens_per_forward']:.2f} draft tokens per draft forward")
-    parts.append(f"{m['wall_s']:.2f} s")
+        parts.append(metric("draft forwards", f"{m['draft_tokens_per_forward']:.2f} draft tokens per draft forward"))
+    parts.append(metric("time", f"{m['wall_s']:.2f} s"))
+    if runs and len(runs) > 1:
+        parts.append(metric("runs", f"median of {len(runs)} runs"))
     return " · ".join(parts)
 
 
-def card_html(result: Result, baseline_tps: float | None = None, upto: int | None = None) -> str:
-    """The card; ``upto`` shows the text as it stood after that step (the replay)."""
+def card_html(result: Result, baseline_tps: float | None = None, upto: int | None = None,
+              runs: list[dict] | None = None, rejected: bool = False) -> str:
+    """The card; ``upto`` shows the text as it stood after that step (the replay); ``rejected`` shows the
+    rejected draft tokens struck through inside the text."""
     state = STATES.get(result.finished, result.finished)
     error = f'<div class="card-error" style="color:#b91c1c">{html.escape(result.error)}</div>' if result.error else ""
     note = result.trace.meta.get("note")  # the draft lane failed: the run finished target-only
     error += f'<div class="card-note" style="color:#92400e">{html.escape(note)}</div>' if note else ""
-    body = text_html(result.trace, result.pieces, upto=upto) if result.trace.steps else ""
-    metrics = "" if upto is not None else metrics_line(result, baseline_tps)
+    body = text_html(result.trace, result.pieces, upto=upto, rejected=rejected) if result.trace.steps else ""
+    metrics = "" if upto is not None else metrics_line(result, baseline_tps, runs)
     return (f'<div class="card" style="{CARD_STYLE}" data-method="{html.escape(result.method)}" data-state="{html.escape(result.finished)}">'
             f'<div class="card-head"><b>{html.escape(result.title)}</b> <span class="card-state">{state}</span></div>'
             f'<div class="card-metrics" style="font-size:13px;color:#374151;margin:4px 0">{metrics}</div>{error}{body}</div>')

@@ -1,6 +1,7 @@
 """Plotly figures drawn from traces: timelines, utilisation, hypothesis trees. Nothing here times anything.
 
-Timelines put one row per lane (labelled by role and real device, e.g. "target, GPU role, cpu:0")
+Timelines put one row per lane (labelled by real device and role, e.g. "target on cpu:0 / plays the GPU (same
+CPU as the other lane)")
 and draw each span as a horizontal bar (``go.Bar`` with ``base``) on a numeric millisecond axis.
 """
 from __future__ import annotations
@@ -37,6 +38,32 @@ def kind_style(kind: str) -> tuple[str, str]:
 def lanes_of(trace: Trace) -> list[str]:
     """Lane labels, target first."""
     return sorted(trace.lanes, key=lambda label: LANE_ORDER.get(trace.lanes[label], 9))
+
+
+def _device(label: str) -> str | None:
+    """The real device of a lane label 'name, role, device' (e.g. 'cpu:1'), or None for other labels."""
+    parts = label.split(", ")
+    return parts[2] if len(parts) == 3 else None
+
+
+def same_processor(labels: list[str]) -> bool:
+    """Whether all lanes run on one processor: core groups of one CPU, or one GPU shared by both."""
+    devices = {_device(label) for label in labels}
+    if len(labels) < 2 or None in devices:
+        return False
+    kinds = {d.split(":")[0] for d in devices}
+    return kinds == {"cpu"} or len(devices) == 1
+
+
+def lane_text(label: str, labels: list[str]) -> str:
+    """A lane's tick label: its real device, the role it stands in for, and whether it shares one
+    processor with the other lane; e.g. 'target on cpu:0<br>plays the GPU (same CPU as the other lane)'."""
+    parts = label.split(", ")
+    if len(parts) != 3:
+        return label
+    name, role, device = parts
+    shared = f" (same {device.split(':')[0].upper()} as the other lane)" if same_processor(labels) else ""
+    return f"{name} on {device}<br>plays the {role.removesuffix(' role')}{shared}"
 
 
 def run_end_ms(traces: list[Trace]) -> float:
@@ -79,7 +106,9 @@ def _timeline_row(fig, trace: Trace, row: int, step: int | None, shown: set):
             hovertemplate="step %{customdata[0]}: %{customdata[1]}<br>%{customdata[4]}<br>"
                           "tokens %{customdata[2]}<br>%{customdata[3]:.2f} ms<extra>%{y}</extra>"), row=row, col=1)
         shown.add(kind)
-    fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(lanes_of(trace))), row=row, col=1)
+    lanes = list(reversed(lanes_of(trace)))
+    fig.update_yaxes(categoryorder="array", categoryarray=lanes, tickmode="array", tickvals=lanes,
+                     ticktext=[lane_text(lane, lanes) for lane in lanes], row=row, col=1)
 
 
 def step_window_ms(trace: Trace, step: int) -> tuple[float, float]:
@@ -121,6 +150,9 @@ def utilisation(traces: dict[str, Trace]) -> go.Figure:
                                      hovertemplate=f"{device}, NVML<br>%{{x:.0f}} ms: GPU busy %{{y:.0f}}%"
                                                    "<extra></extra>"),
                           row=row, col=2)
+        lanes = lanes_of(trace)
+        fig.update_yaxes(tickmode="array", tickvals=lanes, ticktext=[lane_text(lane, lanes) for lane in lanes],
+                         row=row, col=1)
         fig.update_xaxes(range=[0, 100], row=row, col=1)
         fig.update_yaxes(range=[0, 105], title_text="% busy", row=row, col=2)
         fig.update_xaxes(range=[0, x_max or 1], row=row, col=2)

@@ -5,6 +5,7 @@ reaches the engine, through :func:`app.race.run_race`; the others draw from reco
 """
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 
@@ -16,9 +17,14 @@ from . import figures
 from .cards import baseline, card_html
 from .explain import explain
 from .export import export_files
-from .race import run_race
+from .inputs import settle_all
+from .predict import next_step, reveal_hit
+from .loading import in_background, loading_message
+from .race import is_warm, run_race
+from .repeat import busy_note, record
 from .replay import frame_times, last_step_at
 from .tokens import text_html
+from .waiting import Line
 
 MAX_PROMPT_CHARS = 20_000  # far beyond any context here; the engine checks the real token limit
 AUTO = "auto"  # device choice: this machine's default lanes
@@ -72,34 +78,92 @@ def gather_options(specs, values) -> dict[str, dict]:
     return options
 
 
-def make_race(get_pair, stops: Stops, specs, names: list[str]):
-    """The Run handler: yields (status, replay button, *cards, results) after every committed step."""
+RACE_INPUTS = ["prompt_text", "methods", "max_new", "temperature", "top_p", "seed", "target_device", "draft_device",
+               "runs", "show_rejected"]  # the Run event's API parameters, then one per method option
 
-    def race(request: gr.Request, prompt_text, chosen, max_new, temp, top_p, seed, t_dev, d_dev, *option_values):
+
+def option_name(method: str, opt) -> str:
+    """An option's API parameter name, e.g. 'mirror_gamma'."""
+    return f"{method}_{opt.name}"
+
+
+def named(fn, names: list[str]):
+    """``fn(request, *values)`` with a signature naming each value, so the API shows real parameter names."""
+    params = [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)]
+    params += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+    fn.__signature__ = inspect.Signature(params)
+    return fn
+
+
+def settle_boxes(max_new, temperature, top_p, seed, runs):
+    """Before a race: each setting brought into range, the boxes showing the values used, and a message
+    for every value changed ('' when none was)."""
+    used, messages = settle_all(max_new=max_new, temperature=temperature, top_p=top_p, seed=seed, runs=runs)
+    for m in messages:
+        gr.Warning(m)
+    note = " ".join(messages)
+    return (used["max_new"], used["temperature"], used["top_p"], used["seed"], used["runs"],
+            f"**Settings changed:** {note}" if note else "")
+
+
+def make_race(get_pair, stops: Stops, specs, names: list[str], line: Line):
+    """The Run handler: yields (status, replay button, *cards, results) while loading, and after every
+    committed step of every run."""
+
+    def race(request: gr.Request, *values):
+        given = dict(zip(RACE_INPUTS, values))
+        session = request.session_hash if request else ""
         idle = (gr.update(),) * len(names)
+        used, messages = settle_all(**{k: given[k] for k in ("max_new", "temperature", "top_p", "seed", "runs")})
+        settled = ("**Settings changed:** " + " ".join(messages) + " ") if messages else ""
+        devices = dict(target_device=None if given["target_device"] == AUTO else given["target_device"],
+                       draft_device=None if given["draft_device"] == AUTO else given["draft_device"])
+        line.join(session)
+        started = time.perf_counter()
         try:
-            problem = check_prompt(prompt_text, chosen)
+            problem = check_prompt(given["prompt_text"], given["methods"])
             if problem:
                 raise MirrorSDError(problem)
-            pair = get_pair(target_device=None if t_dev == AUTO else t_dev,
-                            draft_device=None if d_dev == AUTO else d_dev)
+            loads = in_background(lambda: get_pair(**devices))
+            while True:
+                try:
+                    yield (loading_message(next(loads)), gr.update(), *idle, {})
+                except StopIteration as done:
+                    pair = done.value
+                    break
         except MirrorSDError as e:
+            line.leave(session)
             gr.Warning(str(e))
             yield (f"**Cannot run:** {e}", gr.update(), *idle, {})
             return
-        stop = stops.fresh(request.session_hash if request else "")
-        settings = dict(max_new_tokens=int(max_new), temperature=float(temp), top_p=float(1.0 if top_p is None else top_p),
-                        seed=int(seed or 0), options=gather_options(specs, option_values))
-        warned, current = set(), {}
-        for current in run_race(pair, prompt_text, chosen, stop, **settings):
-            for r in current.values():
-                if r.error and r.method not in warned:
-                    warned.add(r.method)
-                    gr.Warning(f"{r.title}: {r.error}")
-            yield (race_status(current), gr.update(interactive=False), *cards(current, names), current)
-        yield (race_status(current, done=True), gr.update(interactive=True), *cards(current, names), current)
+        stop = stops.fresh(session)
+        settings = dict(max_new_tokens=used["max_new"], temperature=used["temperature"], top_p=used["top_p"],
+                        seed=used["seed"], options=gather_options(specs, values[len(RACE_INPUTS):]))
+        show = bool(given["show_rejected"])
+        warned, current, runs, crowded = set(), {}, {}, False
+        try:
+            for k in range(used["runs"]):
+                cold = not is_warm(pair)
+                for current in run_race(pair, given["prompt_text"], given["methods"], stop, **settings):
+                    crowded = crowded or line.behind(session) > 0
+                    for r in current.values():
+                        if r.error and r.method not in warned:
+                            warned.add(r.method)
+                            gr.Warning(f"{r.title}: {r.error}")
+                    status = settled + race_status(current, run=k, runs=used["runs"], cold=cold)
+                    yield (status, gr.update(interactive=False), *cards(current, names, show), current)
+                record(runs, current)
+                if stop.is_set():
+                    break
+        finally:
+            line.leave(session, started)
+        for name, r in current.items():
+            r.runs = runs.get(name, [])
+        note = busy_note(runs, crowded, {r.method: r.title for r in current.values()})
+        status = settled + race_status(current, done=True) + (f"\n\n{note}" if note else "")
+        yield (status, gr.update(interactive=True), *cards(current, names, show), current)
 
-    return race
+    return named(race, RACE_INPUTS + [option_name(m, opt) for m, opt, _ in specs])
 
 
 def check_prompt(prompt_text: str, chosen: list[str]) -> str | None:
@@ -112,23 +176,58 @@ def check_prompt(prompt_text: str, chosen: list[str]) -> str | None:
     return None
 
 
-def cards(current: dict, names: list[str]) -> list:
+def cards(current: dict, names: list[str], rejected: bool = False) -> list:
     rate = baseline(current)
-    return [card_html(current[n], rate) if n in current else gr.update() for n in names]
+    return [card_html(current[n], rate, runs=current[n].runs, rejected=rejected) if n in current else gr.update()
+            for n in names]
 
 
-def race_status(current: dict, done: bool = False) -> str:
-    if not done and all(r.finished == "waiting" for r in current.values()):
-        return "Getting ready: loading the models and a discarded warm-up run of each method (first race only)…"
-    running = [i for i, r in enumerate(current.values()) if r.finished == "running"]
-    if running and not done:
-        r = list(current.values())[running[0]]
-        return f"Running **{r.title}** ({running[0] + 1} of {len(current)}); methods run one after another."
-    stopped = any(r.finished in ("stopped", "skipped") for r in current.values())
-    errors = [f"{r.title}: {r.error}" for r in current.values() if r.error]
+def race_status(current: dict, done: bool = False, run: int = 0, runs: int = 1, cold: bool = False) -> str:
+    """One line on the race: warming up, which method runs (and which run of how many), or how it ended.
+    "Done." is said only once every run of every method is over."""
+    results = list(current.values())
+    of_runs = f" (run {run + 1} of {runs})" if runs > 1 else ""
+    if not done:
+        if all(r.finished == "waiting" for r in results):
+            if cold:
+                return ("Warming up: a short discarded run of each method, once per server, so that one-off "
+                        "start-up costs do not slow the first method down…")
+            return f"Starting the race{of_runs}…"
+        running = [i for i, r in enumerate(results) if r.finished == "running"]
+        nxt = running[0] if running else next((i for i, r in enumerate(results) if r.finished == "waiting"), None)
+        if nxt is None:
+            return f"Finishing{of_runs}…"
+        return (f"Running **{results[nxt].title}** ({nxt + 1} of {len(results)}){of_runs}; methods run one after "
+                "another.")
+    stopped = any(r.finished in ("stopped", "skipped") for r in results)
+    errors = [f"{r.title}: {r.error}" for r in results if r.error]
     head = "Stopped: the text so far is kept." if stopped else "Done."
     tail = " Errors: " + "; ".join(errors) if errors else ""
     return f"{head} Replay the race below; step through it in **Step-through**.{tail}"
+
+
+def make_rerender(names: list[str]):
+    """The 'show rejected draft tokens' box: the cards again, with or without them."""
+
+    def rerender(current, rejected):
+        return cards(current or {}, names, bool(rejected))
+
+    return rerender
+
+
+def page_open(get_pair):
+    """On page open: a loading message with the time so far while the models load, then which hardware
+    each lane runs on."""
+    try:
+        loads = in_background(lambda: get_pair(target_device=None, draft_device=None))
+        while True:
+            try:
+                yield loading_message(next(loads))
+            except StopIteration as done:
+                yield hardware_notice(done.value)
+                return
+    except MirrorSDError as e:
+        yield f"**The models could not be loaded:** {e}"
 
 
 def race_traces(current: dict) -> dict:
@@ -143,8 +242,8 @@ def views(current):
         return None, None, None, gr.update(choices=[], value=None)
     choices = [(r.title, r.method) for r in current.values() if r.trace.steps]
     files = export_files({r.method: r.trace for r in current.values() if r.trace.spans})
-    return (figures.timeline(traces), figures.utilisation(traces), files,
-            gr.update(choices=choices, value=choices[-1][1]))
+    first = "mirror" if "mirror" in dict((m, t) for t, m in choices) else choices[-1][1]  # the idea the page is about
+    return (figures.timeline(traces), figures.utilisation(traces), files, gr.update(choices=choices, value=first))
 
 
 def make_replay(names: list[str]):
@@ -185,6 +284,19 @@ def show_step(current, method, index):
     timeline = figures.timeline({r.title: r.trace}, step=index)
     timeline.update_xaxes(range=figures.step_window_ms(r.trace, index))
     return explain(r.trace, index, r.pieces), text_html(r.trace, r.pieces, upto=index, current=index), timeline, tree
+
+
+def hit_question(current, method, index):
+    """The step-through's 'will the next step be a hit?': shown, unanswered, on a Mirror-SD step that has
+    a next step; hidden elsewhere. Returns (radio update, reveal text)."""
+    r = (current or {}).get(method)
+    ask = r is not None and next_step(r.trace, int(index)) is not None
+    return gr.update(visible=ask, value=None), ""
+
+
+def answer_hit(current, method, index, answer):
+    """The reveal for the visitor's hit guess at this step."""
+    return reveal_hit((current or {}).get(method), int(index), answer)
 
 
 def move(current, method, index, delta: int) -> int:

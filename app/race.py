@@ -26,6 +26,7 @@ class Result:
     error: str | None = None
     pieces: dict = field(default_factory=dict)
     seen_steps: int = 0  # steps whose tokens are already in ``pieces``
+    runs: list = field(default_factory=list)  # numbers of each finished run when the race was repeated (app.repeat)
 
     @property
     def title(self) -> str:
@@ -43,6 +44,11 @@ def race_order(methods: list[str]) -> list[str]:
 
 
 _warm: set[int] = set()
+
+
+def is_warm(pair) -> bool:
+    """Whether this pair's one-off warm-up (``warm_up``) is done."""
+    return id(pair) in _warm
 
 
 def warm_up(pair):

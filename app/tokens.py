@@ -1,5 +1,8 @@
-"""Text of a run as HTML: each committed token coloured by origin, rejected draft tokens struck through,
-draft tokens copied from the context (``mirror_sd/drafting/lookup.py``) underlined.
+"""Text of a run as HTML: each committed token coloured by origin, draft tokens copied from the context
+(``mirror_sd/drafting/lookup.py``) underlined, and, on request, rejected draft tokens struck through.
+
+The answer reads as plain text by default: rejected draft tokens are left out unless ``rejected=True``
+(the race's "show rejected draft tokens" box, and always in the step-through).
 
 Token ids become text through a ``pieces`` dict (id -> text) recorded with the run (see
 :func:`collect_pieces`), so a stored run renders with no tokenizer at hand.
@@ -66,10 +69,10 @@ def visible(text: str) -> str:
     return text if text.strip() else "␣" * len(text) or "∅"
 
 
-def _span(text: str, style: str, title: str) -> str:
+def _span(text: str, style: str, title: str, css: str = "tok") -> str:
     shown = html.escape(text).replace("\n", "↵<br>") or "∅"
-    style += "padding:0 1px;margin:0 1px 0 0;border-radius:3px;"
-    return f'<span class="tok" style="{style}" title="{html.escape(title)}">{shown}</span>'
+    style += "padding:0 1px;border-radius:3px;"  # no margin: a word split into tokens still reads as one word
+    return f'<span class="{css}" style="{style}" title="{html.escape(title)}">{shown}</span>'
 
 
 def copied_marks(step) -> tuple[list[bool], list[bool]]:
@@ -84,18 +87,18 @@ def _marked(style: str, title: str, copied: bool) -> tuple[str, str]:
     return (style + COPIED_STYLE, f"{title}, {COPIED_NAME}") if copied else (style, title)
 
 
-def step_html(step, pieces: dict, current: bool = False) -> str:
-    """One step: accepted tokens, then rejected draft tokens (struck through), then the target's token;
-    draft tokens copied from the context underlined."""
+def step_html(step, pieces: dict, current: bool = False, rejected: bool = True) -> str:
+    """One step: accepted tokens, then rejected draft tokens (struck through; left out unless ``rejected``),
+    then the target's token; draft tokens copied from the context underlined."""
     border = "outline:2px solid #7c3aed;" if current else ""
     accepted_copied, rejected_copied = copied_marks(step)
     accepted_copied = iter(accepted_copied)
     parts = []
     for token, origin in zip(step.committed, step.origins):
-        if origin in ("correction", "bonus"):
-            for rejected, copied in zip(step.rejected, rejected_copied):
+        if rejected and origin in ("correction", "bonus"):
+            for token_r, copied in zip(step.rejected, rejected_copied):
                 style, title = _marked(REJECTED_STYLE + border, f"step {step.index}: rejected draft token", copied)
-                parts.append(_span(piece(pieces, rejected), style, title))
+                parts.append(_span(piece(pieces, token_r), style, title, css="tok rejected"))
         copied = origin == "accepted" and next(accepted_copied, False)
         style, title = _marked(f"background:{ORIGIN_COLOURS.get(origin, '#fff')};" + border,
                                f"step {step.index}: {ORIGIN_NAMES.get(origin, origin)}", copied)
@@ -103,10 +106,12 @@ def step_html(step, pieces: dict, current: bool = False) -> str:
     return "".join(parts)
 
 
-def text_html(trace: Trace, pieces: dict, upto: int | None = None, current: int | None = None) -> str:
-    """All steps up to index ``upto`` (all when None); step ``current`` outlined."""
+def text_html(trace: Trace, pieces: dict, upto: int | None = None, current: int | None = None,
+              rejected: bool = True) -> str:
+    """All steps up to index ``upto`` (all when None); step ``current`` outlined; rejected draft tokens
+    shown only when ``rejected``."""
     steps = [s for s in trace.steps if upto is None or s.index <= upto]
-    body = "".join(step_html(s, pieces, current=s.index == current) for s in steps)
+    body = "".join(step_html(s, pieces, current=s.index == current, rejected=rejected) for s in steps)
     return f'<div class="tokens" style="{TEXT_STYLE}">{body}</div>'
 
 
@@ -114,4 +119,11 @@ def legend_html() -> str:
     items = [_span(name, f"background:{ORIGIN_COLOURS[origin]};", name) for origin, name in ORIGIN_NAMES.items()]
     items.append(_span("rejected draft token", REJECTED_STYLE, "a draft token the target did not accept"))
     items.append(_span("copied from the context", COPIED_STYLE, "underlined: a draft token " + COPIED_NAME))
-    return '<div class="legend">' + " ".join(items) + "</div>"
+    items.append(f'<span class="legend-marks" title="{html.escape(MARKS_HELP)}">{MARKS_LEGEND}</span>')
+    return '<div class="legend" style="line-height:2">' + " ".join(items) + "</div>"
+
+
+MARKS_LEGEND = "<b>↵</b> line break · <b>␣</b> a token of spaces · <b>∅</b> a token with no text of its own"
+MARKS_HELP = ("Tokens are pieces of words. Some have nothing to print: ↵ marks a line break, ␣ a token made of "
+              "spaces, and ∅ a token that decodes to no text on its own (an end-of-text marker, or half of a "
+              "character split across two tokens).")

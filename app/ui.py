@@ -6,19 +6,24 @@ and their options in the "Advanced" drawer, come from the registry ``mirror_sd.M
 """
 from __future__ import annotations
 
-from functools import lru_cache
+import re
 from types import SimpleNamespace
 
 import gradio as gr
 import torch
 
-from mirror_sd import METHODS, MirrorSDError, load_pair
+from mirror_sd import METHODS, load_pair
 from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 from mirror_sd.devices import cpu_cores
 
 from . import handlers
 from .handlers import AUTO
+from .inputs import LIMITS
+from .intro import how_it_works_html
+from .loading import Loader
+from .predict import HIT_CHOICES, guess_choices, reveal
 from .tokens import legend_html
+from .waiting import Line
 
 QUEUE_SIZE = 16  # runs waiting beyond this are refused with a "queue full" message
 INTRO = ("# mirror-sd: a race of decoding methods\n"
@@ -29,7 +34,6 @@ SERIAL_NOTE = ("Methods run **one after another**, not at the same time: on this
                "shows the race side by side at the speed each method was measured to decode.")
 
 
-@lru_cache(maxsize=1)
 def default_pair(target_device: str | None = None, draft_device: str | None = None):
     """The embedded default target and draft, on the given lanes (None: this machine's defaults)."""
     return load_pair(target_device=target_device, draft_device=draft_device)
@@ -45,45 +49,79 @@ def example_prompts() -> list[list[str]]:
     return [[item["turns"][0]] for item in first_per_category(read_prompts(DEFAULT_PROMPTS), 1)]
 
 
+def plain_help(text: str) -> str:
+    """An option's help without the repository file paths some of them cite (a visitor has no checkout)."""
+    text = re.sub(r";?\s*[\w./]+\.py\b", "", text)
+    return re.sub(r"\(\s*\)", "", text).strip()
+
+
 def option_controls() -> list[tuple[str, object, gr.Number]]:
-    """(method, Option, control) for every option of every registered method, in the Advanced drawer."""
+    """(method, Option, control) for every option of every registered method: one tab per method in the
+    Advanced drawer, each option with its plain help, its default and its range."""
     controls = []
     for name, method in METHODS.items():
         if not method.options:
             continue
-        with gr.Group():
-            gr.Markdown(f"**{method.title}** (`{name}`)")
+        with gr.Tab(method.title):
+            gr.Markdown(f"{method.summary[0].upper()}{method.summary[1:]}.")
             with gr.Row():
                 for opt in method.options:
-                    box = gr.Number(opt.default, label=opt.name, info=f"{opt.help} [{opt.low}–{opt.high}]",
-                                    precision=0 if opt.kind is int else None, min_width=160)
+                    info = f"{plain_help(opt.help)}. Default {opt.default}; {opt.low} to {opt.high}."
+                    box = gr.Number(opt.default, label=opt.name, info=info,
+                                    precision=0 if opt.kind is int else None, min_width=220)
                     controls.append((name, opt, box))
     return controls
+
+
+def _limit_info(name: str) -> str:
+    limit = LIMITS[name]
+    return f"{limit.low:g} to {limit.high:g}"
 
 
 def race_tab(names: list[str]) -> SimpleNamespace:
     ui = SimpleNamespace()
     with gr.Row():
-        ui.prompt = gr.Textbox(label="Prompt", value=example_prompts()[0][0], lines=3, scale=5)
+        ui.prompt = gr.Textbox(label="Prompt", value=example_prompts()[0][0], lines=3, scale=5, min_width=260)
         with gr.Column(scale=1, min_width=140):
             ui.run = gr.Button("Run", variant="primary", elem_id="run")
             ui.stop = gr.Button("Stop", variant="stop", elem_id="stop")
     gr.Examples(example_prompts(), [ui.prompt], label="Examples: one per Spec-Bench category", cache_examples=False)
     with gr.Row():
-        ui.methods = gr.CheckboxGroup([(METHODS[n].title, n) for n in names], value=names, label="Methods", scale=3)
-        ui.temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)", scale=2)
-        ui.max_tokens = gr.Slider(1, 512, value=48, step=1, label="Max new tokens", scale=2)
+        ui.methods = gr.CheckboxGroup([(METHODS[n].title, n) for n in names], value=names, label="Methods", scale=3,
+                                      min_width=260)
+        ui.temperature = gr.Number(0.0, label="Temperature (0 = greedy)", info=_limit_info("temperature"), scale=1,
+                                   min_width=140, elem_id="temperature")
+        ui.max_tokens = gr.Number(48, label="Max new tokens", info=_limit_info("max_new"), precision=0, scale=1,
+                                  min_width=140, elem_id="max-tokens")
+        ui.runs = gr.Number(1, label="Runs", info="repeat the race; cards show the median", precision=0, scale=1,
+                            min_width=140, elem_id="runs")
     with gr.Accordion("Advanced", open=False):
-        with gr.Row():
-            ui.top_p = gr.Number(1.0, label="top_p", info="nucleus sampling, (0, 1]")
-            ui.seed = gr.Number(0, label="seed", precision=0)
-            ui.target_device = gr.Dropdown(device_choices(), value=AUTO, label="target device")
-            ui.draft_device = gr.Dropdown(device_choices(), value=AUTO, label="draft device")
+        with gr.Tab("Sampling and devices"):
+            with gr.Row():
+                ui.top_p = gr.Number(1.0, label="top_p", info="nucleus sampling: keep the likeliest tokens up to this "
+                                     "share of probability (1: all). Used when temperature > 0.")
+                ui.seed = gr.Number(0, label="seed", precision=0, info="the random seed for sampling")
+                ui.target_device = gr.Dropdown(device_choices(), value=AUTO, label="target device",
+                                               info="where the target model runs (auto: this machine's default)")
+                ui.draft_device = gr.Dropdown(device_choices(), value=AUTO, label="draft device",
+                                              info="where the draft model runs (auto: this machine's default)")
         ui.specs = option_controls()
-    ui.status = gr.Markdown(SERIAL_NOTE.format(cores=cpu_cores()))
-    gr.HTML(legend_html())
-    with gr.Row(equal_height=False):
-        ui.cards = [gr.HTML(f"<b>{METHODS[n].title}</b>", elem_id=f"card-{n}", min_height=80) for n in names]
+    ui.settings_note = gr.Markdown(elem_id="settings-note")
+    ui.wait = gr.Markdown(elem_id="wait")
+    ui.status = gr.Markdown(SERIAL_NOTE.format(cores=cpu_cores()), elem_id="status")
+    ui.guess = gr.Radio(guess_choices({METHODS[n].title: n for n in names}), value=None, elem_id="guess",
+                        label="Predict: which method will be fastest (most tokens per second)? One click, or skip.")
+    ui.reveal = gr.Markdown(elem_id="reveal")
+    with gr.Row():
+        gr.HTML(legend_html())
+        ui.show_rejected = gr.Checkbox(False, label="Show rejected draft tokens in the text (struck through)",
+                                       elem_id="show-rejected", min_width=200)
+    gr.Markdown("Hover any number on a card (dotted underline) for what it means.")
+    with gr.Row(equal_height=False, elem_id="cards"):
+        ui.cards = []
+        for n in names:
+            with gr.Column(min_width=240):
+                ui.cards.append(gr.HTML(f"<b>{METHODS[n].title}</b>", elem_id=f"card-{n}", min_height=80))
     ui.replay = gr.Button("Replay the race side by side at measured speed", interactive=False)
     ui.timeline = gr.Plot(label="Timeline: one row per lane, real spans (shared time axis)", elem_id="timeline")
     return ui
@@ -98,6 +136,11 @@ def steps_tab() -> SimpleNamespace:
         ui.next = gr.Button("Next ▶", elem_id="next", min_width=80)
         ui.play = gr.Button("Play", elem_id="play", min_width=80)
     ui.sentence = gr.Markdown(elem_id="sentence")
+    with gr.Row():
+        ui.hit_guess = gr.Radio(HIT_CHOICES, value=None, visible=False, elem_id="hit-guess", min_width=260,
+                                label="Predict: will the next step be a hit (the target's token among the early-exit "
+                                      "guesses, so the window after it is already drafted)?")
+        ui.hit_reveal = gr.Markdown(elem_id="hit-reveal")
     ui.text = gr.HTML()
     ui.timeline = gr.Plot(label="This step and its neighbours on the timeline (other steps faded; "
                                 "double-click the chart for the whole run)")
@@ -107,12 +150,15 @@ def steps_tab() -> SimpleNamespace:
 
 def build_demo(pair_factory=None) -> gr.Blocks:
     """The app. ``pair_factory(target_device=..., draft_device=...)`` gives the model pair (tests pass tiny ones)."""
-    get_pair = pair_factory or default_pair
+    get_pair = Loader(pair_factory or default_pair)
     names = list(METHODS)
     with gr.Blocks(title="mirror-sd: a race of decoding methods") as demo:
         results = gr.State({})
+        seen = gr.BrowserState(False, storage_key="mirror-sd-seen-intro", secret="mirror-sd")
         gr.Markdown(INTRO)
-        notice = gr.Markdown()
+        with gr.Accordion("How it works (open on your first visit)", open=True, elem_id="how") as how:
+            gr.HTML(how_it_works_html())
+        notice = gr.Markdown(elem_id="notice")
         with gr.Tab("Race"):
             race = race_tab(names)
         with gr.Tab("Utilisation"):
@@ -126,26 +172,61 @@ def build_demo(pair_factory=None) -> gr.Blocks:
             gr.Markdown("Each method's trace: spans and steps as CSV, the trace as JSON (`Trace.from_json` "
                         "reads it back), and Chrome-trace JSON for [Perfetto](https://ui.perfetto.dev).")
             files = gr.File(label="Downloads", file_count="multiple")
-        wire_race(race, results, get_pair, names, [race.timeline, utilisation, files, steps.method])
+        wire_race(demo, race, results, get_pair, names, [race.timeline, utilisation, files, steps.method])
         wire_steps(steps, results)
-        demo.load(lambda: notice_for(get_pair), None, notice, api_name=False)
+        def opened():
+            yield from handlers.page_open(get_pair)
+
+        demo.load(opened, None, notice, api_name=False)
+        demo.load(lambda was_seen: (gr.update(open=not was_seen), True), [seen], [how, seen], api_name=False)
     return demo
 
 
-def wire_race(race, results, get_pair, names, view_outputs):
-    stops = handlers.Stops()
-    run_fn = _on_gpu(handlers.make_race(get_pair, stops, race.specs, names))
+def wire_race(demo, race, results, get_pair, names, view_outputs):
+    """Run (settings checked first, then the race, then its views and the reveal), Stop, Replay, the
+    visitor's place in line while waiting, and the end of a visitor's race when their tab closes."""
+    stops, line = handlers.Stops(), Line()
+    run_fn = _on_gpu(handlers.make_race(get_pair, stops, race.specs, names, line))
+    settings = [race.max_tokens, race.temperature, race.top_p, race.seed, race.runs]
     inputs = [race.prompt, race.methods, race.max_tokens, race.temperature, race.top_p, race.seed,
-              race.target_device, race.draft_device, *[box for _, _, box in race.specs]]
-    run = race.run.click(run_fn, inputs, [race.status, race.replay, *race.cards, results], api_name="run",
-                         concurrency_limit=1)
-    run.then(handlers.views, [results], view_outputs, api_name="views")
+              race.target_device, race.draft_device, race.runs, race.show_rejected, *[box for _, _, box in race.specs]]
+    waiting = gr.Timer(1.0, active=False)
+
+    def join(request: gr.Request):
+        line.join(request.session_hash)
+        return line.message(request.session_hash), gr.Timer(active=True), ""
+
+    def tick(request: gr.Request):
+        message = line.message(request.session_hash)
+        return message, gr.Timer(active=bool(message))
+
+    checked = race.run.click(handlers.settle_boxes, settings, [*settings, race.settings_note], queue=False,
+                             api_name=False)
+    checked.then(join, None, [race.wait, waiting, race.reveal], queue=False, api_name=False)
+    run = checked.then(run_fn, inputs, [race.status, race.replay, *race.cards, results], api_name="run",
+                       concurrency_limit=1, show_progress="minimal")
+    run.then(handlers.views, [results], view_outputs, api_name="views").then(
+        lambda current, guess: reveal(current, guess), [results, race.guess], race.reveal, api_name=False)
+    waiting.tick(tick, None, [race.wait, waiting], queue=False, api_name=False)
+
+    def guessed(current, guess, request: gr.Request):
+        return reveal(current, guess, running=line.ahead(request.session_hash) is not None)
+
+    race.guess.input(guessed, [results, race.guess], race.reveal, api_name=False)
 
     def stop(request: gr.Request):
         stops.stop(request.session_hash)
 
+    def gone(request: gr.Request):
+        """The tab closed or the connection dropped: end this visitor's race after its current step."""
+        stops.stop(request.session_hash)
+        line.leave(request.session_hash)
+
     race.stop.click(stop, None, None, api_name="stop", queue=False)
-    race.replay.click(handlers.make_replay(names), [results], [*race.cards, race.timeline], api_name=False)
+    demo.unload(gone)
+    race.replay.click(handlers.make_replay(names), [results], [*race.cards, race.timeline], api_name="replay")
+    race.show_rejected.change(handlers.make_rerender(names), [results, race.show_rejected], race.cards,
+                              api_name=False)
     race.methods.change(lambda chosen: [gr.update(visible=n in chosen) for n in names], [race.methods], race.cards,
                         api_name=False)
 
@@ -155,18 +236,14 @@ def wire_steps(steps, results):
     views = [steps.sentence, steps.text, steps.timeline, steps.tree]
     steps.method.change(handlers.pick_method, [results, steps.method], [steps.slider], api_name=False)
     steps.method.change(handlers.show_step, here, views, api_name=False)
-    steps.slider.change(handlers.show_step, here, views, api_name=False)
+    steps.slider.change(handlers.show_step, here, views, api_name="step")
+    steps.slider.change(handlers.hit_question, here, [steps.hit_guess, steps.hit_reveal], api_name=False)
+    steps.method.change(handlers.hit_question, here, [steps.hit_guess, steps.hit_reveal], api_name=False)
+    steps.hit_guess.input(handlers.answer_hit, [*here, steps.hit_guess], steps.hit_reveal, api_name=False)
     playing = steps.play.click(handlers.play, here, [steps.slider], api_name=False)
     for button, delta in ((steps.prev, -1), (steps.next, 1)):
         button.click(lambda c, m, i, d=delta: handlers.move(c, m, i, d), here, [steps.slider], api_name=False,
                      cancels=[playing])
-
-
-def notice_for(get_pair) -> str:
-    try:
-        return handlers.hardware_notice(get_pair())
-    except MirrorSDError as e:
-        return f"**The models could not be loaded:** {e}"
 
 
 def _on_gpu(fn):

@@ -1,0 +1,80 @@
+"""Predict, then reveal: the visitor guesses which method will be fastest before the race's numbers are
+in, and, in the step-through of Mirror-SD, whether the next step will be a hit. Each reveal is one
+sentence of why, written from the recorded run. Guessing is one click and always optional.
+"""
+from __future__ import annotations
+
+from statistics import median
+
+from .explain import explain
+
+SKIP = "skip"
+HIT, MISS = "hit", "miss"
+HIT_CHOICES = [("Yes, a hit", HIT), ("No, a miss", MISS)]
+
+
+def guess_choices(methods: dict[str, str]) -> list[tuple[str, str]]:
+    """Radio choices: each method (title, name), then a way to skip."""
+    return [*methods.items(), ("Skip", SKIP)]
+
+
+def _speed(r) -> float:
+    """Tokens/s: the median over repeated runs when there were several."""
+    runs = [n["tokens_per_s"] for n in getattr(r, "runs", []) or []]
+    return median(runs) if len(runs) > 1 else r.metrics["tokens_per_s"]
+
+
+def _ms_per_step(r) -> float:
+    m = r.metrics
+    return 1000 * m["wall_s"] / max(m["steps"], 1)
+
+
+def fastest(current: dict):
+    """The Result with the most tokens per second among the methods that ran to the end, or None."""
+    finished = [r for r in (current or {}).values() if r.finished in ("eos", "length") and r.metrics]
+    return max(finished, key=_speed, default=None)
+
+
+def why(winner, current: dict) -> str:
+    """One sentence: tokens per step against the time a step took, beside vanilla's."""
+    m = winner.metrics
+    vanilla = current.get("vanilla")
+    if winner.method == "vanilla" or vanilla is None or not vanilla.metrics:
+        rival = max((r for r in current.values() if r is not winner and r.metrics), key=_speed, default=None)
+        if winner.method != "vanilla" or rival is None:
+            return (f"{winner.title} was fastest at {_speed(winner):.1f} tokens/s, committing {m['mean_accepted']:.2f} "
+                    f"tokens per step in {_ms_per_step(winner):.0f} ms a step.")
+        return (f"Vanilla was fastest ({_speed(winner):.1f} tokens/s): here drafting cost more than it saved; "
+                f"{rival.title} committed {rival.metrics['mean_accepted']:.2f} tokens per step but each step took "
+                f"{_ms_per_step(rival):.0f} ms against vanilla's {_ms_per_step(winner):.0f} ms for one token.")
+    return (f"{winner.title} was fastest ({_speed(winner):.1f} tokens/s, {_speed(winner) / _speed(vanilla):.2f}× vanilla): "
+            f"it committed {m['mean_accepted']:.2f} tokens per step in {_ms_per_step(winner):.0f} ms a step, while "
+            f"vanilla made 1 token per step in {_ms_per_step(vanilla):.0f} ms.")
+
+
+def reveal(current: dict, guess: str | None, running: bool = False) -> str:
+    """The race's answer once it is over; '' when the visitor did not guess."""
+    if not guess or guess == SKIP:
+        return ""
+    title = current[guess].title if guess in (current or {}) else guess
+    winner = None if running else fastest(current)
+    if winner is None:
+        return f"Your guess: **{title}**. The answer comes when the race ends."
+    verdict = "**Right!**" if winner.method == guess else f"**Not this time** (you guessed {title})."
+    return f"{verdict} {why(winner, current)}"
+
+
+def next_step(trace, index: int):
+    """The step after ``index`` when it carries a Mirror-SD rendezvous record, else None."""
+    step = next((s for s in trace.steps if s.index == index + 1), None)
+    return step if step is not None and step.rendezvous is not None else None
+
+
+def reveal_hit(result, index: int, answer: str | None) -> str:
+    """Whether step index+1 was a hit, in the words of its own sentence; '' before an answer."""
+    step = next_step(result.trace, index) if result is not None else None
+    if not answer or step is None:
+        return ""
+    hit = step.rendezvous.hit
+    verdict = "**Right!**" if (answer == HIT) == hit else "**Not this time.**"
+    return f"{verdict} The next step was a {'hit' if hit else 'miss'}. {explain(result.trace, step.index, result.pieces)}"
