@@ -60,8 +60,9 @@ def first_per_category(prompts: list[dict], n: int) -> list[dict]:
     return kept
 
 
-def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -> dict:
-    """Decode every turn of one prompt (later turns see this method's own earlier answers)."""
+def run_prompt(pair, item: dict, method: str, max_new_tokens: int, traces: list | None = None, **settings) -> dict:
+    """Decode every turn of one prompt (later turns see this method's own earlier answers); each
+    turn's Trace is appended to ``traces`` when given."""
     messages, token_ids, rows, hits, overlap_s, draft_busy_s, span_s = [], [], [], [], 0.0, 0.0, {}
     for turn in item["turns"]:
         messages.append({"role": "user", "content": turn})
@@ -69,6 +70,8 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, **settings) -
         if out.error:
             raise MirrorSDError(f"{method} on prompt {item['id']}: {out.error}")
         messages.append({"role": "assistant", "content": out.text})
+        if traces is not None:
+            traces.append(out.trace)
         token_ids += out.token_ids
         rows.append(out.metrics)
         hits += [st.rendezvous.hit for st in out.trace.steps if st.rendezvous is not None]
@@ -98,14 +101,17 @@ WARMUP_TOKENS = 8  # new tokens of each untimed warm-up run (run_interleaved)
 
 
 def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max_new_tokens: int,
-                    desc: str = "bench", warmup: bool = True, **settings) -> pd.DataFrame:
+                    desc: str = "bench", warmup: bool = True, traces: list | None = None, **settings) -> pd.DataFrame:
     """Rows of :func:`run_prompt` for every (method, options) in ``runs`` (the first is vanilla, the
     reference) on every prompt, prompt by prompt; column ``run`` is the index in ``runs``.
 
     warmup: first run each once, untimed, for WARMUP_TOKENS on the first turn of the first prompt,
     so that one-time costs (weights packed for oneDNN on first use, a head or streams loaded, the
     first kernels set up) are charged to no method
-    (measured: docs/experiments/bench.md#bench-runs-warm-up-and-run-to-run-noise)."""
+    (measured: docs/experiments/bench.md#bench-runs-warm-up-and-run-to-run-noise).
+
+    traces: when given, one dict per timed run is appended: method, id, category, new_tokens,
+    wall_s and the run's traces (one per turn), for the what-if model's held-out check."""
     if warmup and prompts:
         first = dict(prompts[0], turns=prompts[0]["turns"][:1])
         for method, options in runs:
@@ -115,7 +121,11 @@ def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max
         for item in prompts:
             for index, (method, options) in enumerate(runs):
                 bar.set_postfix_str(f"{item['id']} {method}")
-                row = run_prompt(pair, item, method, max_new_tokens, **settings, **options)
+                kept = {} if traces is None else dict(traces=[])
+                row = run_prompt(pair, item, method, max_new_tokens, **kept, **settings, **options)
+                if traces is not None:
+                    traces.append(dict(method=method, id=item["id"], category=item["category"],
+                                       new_tokens=row["new_tokens"], wall_s=row["wall_s"], traces=kept["traces"]))
                 reference_ids.setdefault(item["id"], row["token_ids"])
                 row["equal_to_vanilla"] = row.pop("token_ids") == reference_ids[item["id"]]
                 rows.append(dict(row, run=index))
@@ -126,12 +136,14 @@ def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max
 
 
 def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 128, out_dir: str | Path = "bench-out",
-          options: dict | None = None, **settings) -> pd.DataFrame:
-    """Run every method on every prompt; write results.csv, summary.csv, by_category.csv, step_ms.csv and
-    summary.md; return the summary."""
+          options: dict | None = None, traces_dir: str | Path | None = None, **settings) -> pd.DataFrame:
+    """Run every method on every prompt; write results.csv, summary.csv, by_category.csv, step_ms.csv,
+    summary.md and the what-if model's held-out check (``whatif_check``); return the summary.
+    traces_dir: also write every run's trace JSON there (METHOD-ID-turnK.json)."""
     methods = ["vanilla"] + [m for m in methods if m != "vanilla"]  # vanilla first: the reference
     runs = [(m, _options_for(m, options or {})) for m in methods]
-    results = run_interleaved(pair, prompts, runs, max_new_tokens, **settings).drop(columns="run")
+    traced: list[dict] = []
+    results = run_interleaved(pair, prompts, runs, max_new_tokens, traces=traced, **settings).drop(columns="run")
     summary = summarise(results)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -143,12 +155,43 @@ def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 1
     by_category.to_csv(out / "by_category.csv", index=False)
     steps = step_ms(results)
     steps.to_csv(out / "step_ms.csv", index=False)
+    whatif_section = summary.attrs["whatif"] = whatif_check(traced, out)
     (out / "summary.md").write_text(
         summary.to_markdown(index=False, floatfmt=".3f") + "\n\nPer category:\n\n"
         + by_category.to_markdown(index=False, floatfmt=".3f") + "\n\nMean time per decoding step by span kind, "
         "in ms (spans on lanes that work at the same time both count):\n\n"
-        + steps.to_markdown(index=False, floatfmt=".2f") + "\n")
+        + steps.to_markdown(index=False, floatfmt=".2f") + "\n" + whatif_section)
+    if traces_dir is not None:
+        write_traces(traced, Path(traces_dir))
     return summary
+
+
+def whatif_check(traced: list[dict], out: Path) -> str:
+    """The what-if latency model (whatif.py) fitted on half the prompts' spans, predicting each
+    method's speedup on the other half: writes whatif_check.csv and the fitted profile
+    (profile-this-machine.json); returns the markdown section (empty with too few prompts)."""
+    from .whatif import held_out_check
+
+    try:
+        profile, table = held_out_check(traced)
+    except MirrorSDError:
+        return ""
+    table.to_csv(out / "whatif_check.csv", index=False)
+    (out / "profile-this-machine.json").write_text(json.dumps(profile.to_json(), indent=1))
+    worst = table.error.abs().max()
+    return ("\nWhat-if model, held out: per-stage costs fitted on half the prompts' spans, each method's speedup "
+            "predicted on the other half (error: modelled / measured - 1; "
+            f"{'within' if worst <= 0.10 else 'NOT within'} 10%):\n\n"
+            + table.to_markdown(index=False, floatfmt=".3f") + "\n")
+
+
+def write_traces(traced: list[dict], folder: Path):
+    """Every run's traces as Trace JSON (``Trace.from_json`` reads them back): METHOD-ID-turnK.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for run in traced:
+        for turn, trace in enumerate(run["traces"], start=1):
+            name = f"{run['method']}-{run['id']}-turn{turn}.json".replace("/", "_")
+            (folder / name).write_text(trace.to_json())
 
 
 def step_ms(results: pd.DataFrame) -> pd.DataFrame:

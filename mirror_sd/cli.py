@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--out", default="bench-out", help="output folder")
     ben.add_argument("--report", default=None, metavar="FILE.md",
                      help="also write a one-page markdown report: this command, the machine, one row per method")
+    ben.add_argument("--traces", default=None, metavar="DIR", help="also write every run's trace JSON into DIR "
+                     "(for python -m mirror_sd whatif)")
     _add_decoding_args(ben)
     _add_model_args(ben)
 
@@ -93,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(swp)
 
     sub.add_parser("methods", help="list the decoding methods and their options")
+
+    wif = sub.add_parser("whatif", help="re-time recorded traces on a hardware profile (a model, not a measurement)")
+    wif.add_argument("--trace", required=True, nargs="+", metavar="FILE.json",
+                     help="trace JSON files (bench --traces, the app's export), or folders of them")
+    wif.add_argument("--profile", required=True, help="a shipped profile (see the error for the names) or a profile .json")
+    wif.add_argument("--draft-speed", type=float, default=None,
+                     help="the draft device's speed relative to the profile's draft figures (default: the profile's)")
     return parser
 
 
@@ -179,10 +188,14 @@ def cmd_bench(args) -> int:
     check_writable(args.out, "--out", folder=True)  # before hours of decoding, not after
     if args.report:
         check_writable(args.report, "--report")
+    if args.traces:
+        check_writable(args.traces, "--traces", folder=True)
     prompts = _prompts(args)
     pair = _load(args)
-    summary = bench(pair, prompts, methods, out_dir=args.out, options=_method_options(args), **_settings(args))
+    summary = bench(pair, prompts, methods, out_dir=args.out, options=_method_options(args), traces_dir=args.traces,
+                    **_settings(args))
     print(summary.to_markdown(index=False, floatfmt=".3f"))
+    print(summary.attrs.get("whatif", ""), end="")
     print(f"\nwrote {args.out}/results.csv, summary.csv, summary.md")
     if args.report:
         command = "python -m mirror_sd " + shlex.join(args.argv)
@@ -222,6 +235,55 @@ def cmd_sweep(args) -> int:
     return 0
 
 
+def cmd_whatif(args) -> int:
+    from .whatif import load_profile, table
+
+    profile = load_profile(args.profile)
+    if args.draft_speed is not None:
+        profile = profile.with_draft_speed(args.draft_speed)
+    traces = [_read_trace(path) for path in _trace_files(args.trace)]
+    modelled = table(traces, profile).rename(columns={"step_ms": "step ms", "tokens_per_s": "tokens/s",
+                                                      "speedup": "speedup vs vanilla"})
+    print(f"MODELLED on profile {profile.name!r} (draft speed {profile.draft_speed:g}) from the traces' steps, "
+          "not measured; speedup over vanilla modelled on the same profile and tokens.")
+    print(modelled.to_markdown(index=False, floatfmt=".3f"))
+    return 0
+
+
+def _trace_files(paths: list[str]) -> list[Path]:
+    files = []
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            found = sorted(path.glob("*.json"))
+            if not found:
+                raise MirrorSDError(f"--trace folder {path} holds no .json files")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise MirrorSDError(f"--trace {path} does not exist")
+    return files
+
+
+def _read_trace(path: Path):
+    from .trace import Trace
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MirrorSDError(f"--trace {path}: not readable JSON ({e})") from None
+    if isinstance(data, dict) and "traceEvents" in data:
+        raise MirrorSDError(f"--trace {path} is a Chrome trace (for Perfetto); whatif reads the trace JSON that "
+                            "bench --traces and the app's export write")
+    if not isinstance(data, dict) or not {"method", "steps", "spans"} <= set(data):
+        raise MirrorSDError(f"--trace {path}: not a trace JSON (needs method, steps, spans)")
+    try:
+        return Trace.from_dict(data)
+    except (TypeError, KeyError, ValueError) as e:
+        raise MirrorSDError(f"--trace {path}: malformed trace ({e})") from None
+
+
 def cmd_methods(args) -> int:
     for m in METHODS.values():
         opts = ", ".join(f"--{o.name.replace('_', '-')} (default {o.default})" for o in m.options) or "no options"
@@ -234,7 +296,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv  # as given, for the report's command line
     try:
-        commands = {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "methods": cmd_methods}
+        commands = {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "methods": cmd_methods,
+                    "whatif": cmd_whatif}
         return commands[args.command](args)
     except MirrorSDError as e:
         print(f"error: {e}", file=sys.stderr)

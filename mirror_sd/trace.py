@@ -245,6 +245,13 @@ class Trace:
                 j += 1
         return total
 
+    def retimed(self, profile) -> "Trace":
+        """This run's steps re-timed on a hardware profile (a name, a path or a ``whatif.Profile``):
+        the same steps and tokens, spans laid out by the latency model, ``meta["modelled"]`` True."""
+        from .whatif import retime
+
+        return retime(self, profile)
+
     # -- export --------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return dict(method=self.method, meta=self.meta, lanes=self.lanes,

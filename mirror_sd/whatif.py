@@ -1,0 +1,507 @@
+"""What if this run ran on other hardware? Re-time a recorded trace on a hardware profile.
+
+A trace records what every step did: the window or tree the target verified, how many draft
+forwards made it, Mirror-SD's branches and whether one hit. None of that depends on the hardware
+(at temperature 0 the tokens are vanilla's everywhere). What does depend on it is how long each
+piece of work takes. This module prices each step's work on a :class:`Profile` (per-stage cost as
+a function of width) and lays it out with each method's schedule:
+
+  vanilla  T_t(1)
+  sd       sum of the draft's forwards T_d(w_i) + T_t(gamma + 1)
+  eagle    T_head(pending) + (depth - 1) T_head(top_k) + T_t(nodes + 1)
+  ss       T_streams(gamma) + T_t(nodes + 1)    (one_forward=1: T_t(nodes + 1) + T_streams(stream rows))
+  mirror   [fallback draft on a miss] + T_prefix + T_rv + max(T_suffix, T_rollouts) + T_rv
+
+(``max`` where the devices overlap fully; ``overlap`` in 0..1 hides that share of the shorter
+work.) The result is a :class:`~mirror_sd.trace.Trace` of the same shape: the same steps and
+tokens, only the spans moved, marked ``meta["modelled"] = True``. It is a model, not a
+measurement: every figure drawn from it must say so.
+
+Profiles are small JSON files (``mirror_sd/profiles/*.json``), each with its ``source``;
+:func:`fit_profile` fits one for this machine from measured spans, and :func:`held_out_check`
+tests it on prompts it was not fitted on.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from .errors import MirrorSDError
+from .trace import Span, Step, Trace
+
+PROFILES_DIR = Path(__file__).parent / "profiles"
+STAGES = {  # stage -> what one call of it is; its cost is priced per call, by the call's width in tokens
+    "target": "a full target forward over `width` tokens (decode, verify)",
+    "prefill": "the target's forward over the prompt",
+    "target_prefix": "Mirror-SD: target layers up to the early exit, plus the exit head",
+    "target_suffix": "Mirror-SD: the target's remaining layers and its LM head",
+    "draft": "one draft forward over `width` tokens (a window token, or a batch of branches)",
+    "draft_prefill": "the draft's forward over the prompt",
+    "eagle_head": "one EAGLE head step over `width` tokens (tree frontier)",
+    "streams": "Speculative Streaming: a pass of `width` stream rows through the top layers",
+}
+DRAFT_STAGES = ("draft", "draft_prefill")  # run on the draft device: scaled by its speed
+
+
+# -- costs and profiles ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Cost:
+    """Milliseconds of one call of a stage as a function of its width (tokens in the forward):
+    piecewise-linear through ``points`` (width, ms), straight on past both ends, never below 0."""
+
+    points: tuple[tuple[float, float], ...]
+
+    def __call__(self, width: float) -> float:
+        (w0, m0), (w1, m1) = self._segment(width)
+        slope = (m1 - m0) / (w1 - w0) if w1 != w0 else 0.0
+        return max(0.0, m0 + slope * (width - w0))
+
+    def _segment(self, width: float):
+        p = self.points
+        if len(p) == 1:
+            return p[0], p[0]
+        i = next((i for i in range(1, len(p) - 1) if width < p[i][0]), len(p) - 1)
+        return p[i - 1], p[i]
+
+    @classmethod
+    def line(cls, a: float, b: float) -> "Cost":
+        """a + b * width (ms)."""
+        return cls(((0.0, float(a)), (1.0, float(a + b))))
+
+    def scaled(self, k: float) -> "Cost":
+        return Cost(tuple((w, k * ms) for w, ms in self.points))
+
+    def to_json(self) -> dict:
+        if len(self.points) == 2 and self.points[0][0] == 0 and self.points[1][0] == 1:  # a line
+            a, b = self.points[0][1], self.points[1][1] - self.points[0][1]
+            return {"ms": round(a, 6), "ms_per_token": round(b, 6)}
+        return {"ms_by_width": {_num(w): round(ms, 6) for w, ms in self.points}}
+
+    @classmethod
+    def from_json(cls, value, where: str) -> "Cost":
+        """``{"ms_by_width": {"1": 1.36, "8": 1.70}}`` or ``{"ms": a, "ms_per_token": b}``."""
+        if isinstance(value, dict) and "ms_by_width" in value and isinstance(value["ms_by_width"], dict):
+            try:
+                points = sorted((float(w), float(ms)) for w, ms in value["ms_by_width"].items())
+            except (TypeError, ValueError):
+                raise MirrorSDError(f"{where}: ms_by_width needs numbers, width -> ms") from None
+            if points and all(ms >= 0 for _, ms in points) and len({w for w, _ in points}) == len(points):
+                return cls(tuple(points))
+        elif isinstance(value, dict) and _is_number(value.get("ms")) and _is_number(value.get("ms_per_token", 0)):
+            if value["ms"] >= 0:
+                return cls.line(float(value["ms"]), float(value.get("ms_per_token", 0)))
+        raise MirrorSDError(f"{where}: a cost is {{\"ms_by_width\": {{width: ms, ...}}}} (distinct widths, ms >= 0) "
+                            f"or {{\"ms\": a, \"ms_per_token\": b}}, got {json.dumps(value)[:80]}")
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _num(w: float) -> str:
+    return str(int(w)) if float(w).is_integer() else str(w)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Per-stage costs for a target device and a draft device, and how they work together."""
+
+    name: str
+    source: str  # where the figures come from: a measurement, a fit, an assumption
+    devices: dict  # role ("target", "draft") -> the device it names, e.g. "H100 (graph, fp32)"
+    stages: dict  # stage (STAGES) -> Cost
+    rendezvous_ms: float = 0.0  # the target checks the window and matches a branch (per step)
+    channel_ms: float = 0.0  # the token channel: early-exit candidates sent to the draft device (per step)
+    overlap: float = 1.0  # share of the shorter of two side-by-side works hidden under the longer (1: max, 0: sum)
+    draft_speed: float = 1.0  # the draft device's speed relative to the draft figures in ``stages``
+    step_ms: float = 0.0  # host work per decoding step outside any span
+    notes: str = ""  # what the profile assumes, for the screen
+
+    def cost(self, stage: str, width: float) -> float:
+        """Milliseconds of one call of ``stage`` over ``width`` tokens on this profile."""
+        if stage not in self.stages:
+            raise MirrorSDError(f"profile {self.name!r} has no cost for stage {stage!r}")
+        ms = self.stages[stage](width)
+        return ms / self.draft_speed if stage in DRAFT_STAGES else ms
+
+    def with_draft_speed(self, speed: float) -> "Profile":
+        """The same profile with the draft device ``speed`` times as fast as its figures."""
+        if not speed > 0:
+            raise MirrorSDError(f"draft speed must be above 0, got {speed}")
+        return replace(self, draft_speed=float(speed))
+
+    def draft_ratio(self) -> float:
+        """One draft forward over one token / one target forward over one token, on this profile."""
+        return self.cost("draft", 1) / self.cost("target", 1)
+
+    def with_draft_ratio(self, ratio: float) -> "Profile":
+        """The draft (and the EAGLE head) made ``ratio`` times a one-token target forward, width for width
+        in proportion: the x axis of the tradeoff curve."""
+        target = self.cost("target", 1)
+        stages = dict(self.stages)
+        for stage in ("draft", "draft_prefill", "eagle_head"):
+            if stage in stages:
+                now = self.cost(stage, 1) if stage != "draft_prefill" else self.cost("draft", 1)
+                stages[stage] = stages[stage].scaled(ratio * target / now if now > 0 else 0.0)
+        return replace(self, stages=stages)
+
+    def to_json(self) -> dict:
+        return dict(name=self.name, source=self.source, devices=self.devices, notes=self.notes,
+                    rendezvous_ms=self.rendezvous_ms, channel_ms=self.channel_ms, overlap=self.overlap,
+                    draft_speed=self.draft_speed, step_ms=self.step_ms,
+                    stages={s: c.to_json() for s, c in self.stages.items()})
+
+    @classmethod
+    def from_json(cls, data, where: str = "profile") -> "Profile":
+        """A profile from its JSON object; a malformed one raises one MirrorSDError that says what is wrong."""
+        if not isinstance(data, dict):
+            raise MirrorSDError(f"{where}: a profile is a JSON object, got {type(data).__name__}")
+        for key in ("name", "source"):
+            if not isinstance(data.get(key), str) or not data[key].strip():
+                raise MirrorSDError(f"{where}: needs a non-empty {key!r} (a string)")
+        stages = data.get("stages")
+        if not isinstance(stages, dict) or "target" not in stages:
+            raise MirrorSDError(f"{where}: needs \"stages\", an object with at least a \"target\" cost")
+        unknown = sorted(set(stages) - set(STAGES))
+        if unknown:
+            raise MirrorSDError(f"{where}: unknown stage {unknown[0]!r} (stages: {', '.join(STAGES)})")
+        costs = {s: Cost.from_json(v, f"{where}: stage {s!r}") for s, v in stages.items()}
+        costs.setdefault("prefill", costs["target"])  # the prompt through the same forward
+        if "draft" in costs:
+            costs.setdefault("draft_prefill", costs["draft"])
+        numbers = {}
+        for key, default, low, high in (("rendezvous_ms", 0.0, 0, None), ("channel_ms", 0.0, 0, None),
+                                        ("overlap", 1.0, 0, 1), ("draft_speed", 1.0, 1e-9, None),
+                                        ("step_ms", 0.0, 0, None)):
+            value = data.get(key, default)
+            value = {True: 1.0, False: 0.0}.get(value, value) if key == "overlap" else value
+            if not _is_number(value) or value < low or (high is not None and value > high):
+                bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
+                raise MirrorSDError(f"{where}: {key!r} must be a number {bounds}, got {json.dumps(value)}")
+            numbers[key] = float(value)
+        devices = data.get("devices", {})
+        if not isinstance(devices, dict) or not all(isinstance(v, str) for v in devices.values()):
+            raise MirrorSDError(f"{where}: \"devices\" maps a role (target, draft) to a device name")
+        return cls(name=data["name"], source=data["source"], devices=dict(devices), stages=costs,
+                   notes=str(data.get("notes", "")), **numbers)
+
+
+def profile_names() -> list[str]:
+    """The profiles that ship in mirror_sd/profiles/."""
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """A shipped profile by name, or a profile JSON file by path."""
+    path = Path(name_or_path)
+    if not path.suffix == ".json":
+        path = PROFILES_DIR / f"{name_or_path}.json"
+        if not path.exists():
+            raise MirrorSDError(f"unknown profile {str(name_or_path)!r}: choose from {', '.join(profile_names())}, "
+                                f"or give a profile's .json path")
+    if not path.is_file():
+        raise MirrorSDError(f"profile file {path} does not exist")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MirrorSDError(f"profile {path}: not readable JSON ({e})") from None
+    return Profile.from_json(data, f"profile {path.name}")
+
+
+# -- what each step did: work items --------------------------------------------------------------
+@dataclass
+class Work:
+    """One span of work: on a lane, of an engine span kind, priced as calls of stages."""
+
+    lane: str  # "target" or "draft"
+    kind: str  # the span kind the engine records for it (prefill, draft, verify, target-prefix, ...)
+    label: str
+    calls: list[tuple[str, int]] = field(default_factory=list)  # (stage, width) per forward
+    fixed: str | None = None  # a profile constant instead of calls: "rendezvous_ms" or "channel_ms"
+    tokens: int = 0
+
+    def ms(self, profile: Profile) -> float:
+        if self.fixed:
+            return getattr(profile, self.fixed)
+        return sum(profile.cost(stage, width) for stage, width in self.calls)
+
+
+Phase = tuple  # Work items that run at the same time, one per lane
+
+
+def prefill_plan(trace: Trace) -> list[Phase]:
+    """Step 0: the prompt through the target, then (two-model methods) through the draft."""
+    n = int(trace.meta.get("prompt_tokens") or next((s.tokens for s in trace.spans if s.kind == "prefill"), 1))
+    plan = [(Work("target", "prefill", f"prefill {n} tokens", [("prefill", n)], tokens=n),)]
+    if trace.lane_label("draft") and n > 1:
+        plan.append((Work("draft", "prefill", f"prefill {n} tokens", [("draft_prefill", n - 1)], tokens=n - 1),))
+    return plan
+
+
+def vanilla_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
+    return [(Work("target", "decode", "decode 1 token", [("target", 1)], tokens=1),)]
+
+
+def draft_calls(work) -> list[tuple[str, int]]:
+    """The draft forwards that made an sd window (``DraftWork``): width 1 each, or, where each
+    forward checked its streams' lookahead, 1 + the lookahead tokens it checked."""
+    if work.lookahead:
+        return [("draft", 1 + checked) for checked, _ in work.lookahead]
+    return [("draft", 1)] * work.forwards
+
+
+def sd_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
+    window = len(step.proposed) + 1
+    return [(Work("draft", "draft", f"draft {len(step.proposed)} tokens", draft_calls(step.draft),
+                  tokens=len(step.proposed)),),
+            (Work("target", "verify", f"verify {window} tokens", [("target", window)], tokens=window),)]
+
+
+def eagle_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
+    """The head reads the pending (feature, token) pairs, then expands ``depth - 1`` levels of
+    ``top_k`` frontier nodes (a sampled chain at T > 0: one node per level); one verify forward."""
+    depth, top_k = options.get("depth", 3), options.get("top_k", 4)
+    frontier = top_k if meta.get("temperature", 0.0) == 0 else 1
+    pending = len(previous.committed)
+    window = len(step.tree.tokens) + 1
+    head = [("eagle_head", pending)] + [("eagle_head", frontier)] * (depth - 1)
+    return [(Work("target", "draft", f"draft tree, depth {depth}", head, tokens=pending),),
+            (Work("target", "verify", f"verify {window} tokens", [("target", window)], tokens=window),)]
+
+
+def ss_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
+    """The streams' own pass of gamma rows, then one verify forward; with ``one_forward`` the
+    stream rows ride in the verify forward instead."""
+    gamma, window = options.get("gamma", 4), len(step.tree.tokens) + 1
+    verify = [("target", window)]
+    if options.get("one_forward"):
+        draft, verify = [], verify + [("streams", step.tree.stream_rows)]
+    else:
+        draft = [("streams", gamma)]
+    return [(Work("target", "draft", f"streams: draft {gamma} levels", draft, tokens=gamma),),
+            (Work("target", "verify", f"verify {window} tokens", verify, tokens=window),)]
+
+
+def mirror_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
+    """[a fresh draft after a miss] -> target prefix + early exit -> token channel -> target suffix
+    beside the branch rollouts -> rendezvous. A copied window needs no draft."""
+    rv, gamma = step.rendezvous, options.get("gamma", 2)
+    window = len(step.proposed) + 1
+    branches = len(rv.branches)
+    plan = []
+    if rv.fallback:
+        plan.append((Work("draft", "fallback-draft", f"fallback draft {gamma} tokens", [("draft", 1)] * gamma,
+                          tokens=gamma),))
+    plan.append((Work("target", "target-prefix", f"target prefix, {window} tokens", [("target_prefix", window)],
+                      tokens=window),))
+    plan.append((Work("target", "rendezvous", "token channel", fixed="channel_ms"),))
+    forwards = 1 if options.get("streams") else gamma
+    rollout = [("draft", window + branches)] + [("draft", branches)] * (forwards - 1)  # tree layout, then branches
+    plan.append((Work("target", "target-suffix", f"target suffix, {window} tokens", [("target_suffix", window)],
+                      tokens=window),
+                 Work("draft", "draft-rollout", f"{branches} branches x {gamma} tokens", rollout,
+                      tokens=branches * gamma)))
+    plan.append((Work("target", "rendezvous", "verify + match branch", fixed="rendezvous_ms"),))
+    return plan
+
+
+PLANS = {"vanilla": vanilla_plan, "sd": sd_plan, "eagle": eagle_plan, "ss": ss_plan, "mirror": mirror_plan}
+
+
+def step_plans(trace: Trace) -> list[list[Phase]]:
+    """Each step's work, prefill first, in the order the method's schedule runs it."""
+    if trace.method not in PLANS:
+        raise MirrorSDError(f"no latency model for method {trace.method!r} (models: {', '.join(PLANS)})")
+    plan, options = PLANS[trace.method], trace.meta.get("options", {})
+    plans = [prefill_plan(trace)]
+    for previous, step in zip(trace.steps, trace.steps[1:]):
+        plans.append(plan(step, previous, options, trace.meta))
+    return plans
+
+
+# -- laying the work out in time -----------------------------------------------------------------
+def side_by_side(durations: list[float], overlap: float) -> list[float]:
+    """How long works started together take when they share the hardware: the longest one is
+    stretched by the part of the shorter one that is not hidden (``1 - overlap`` of it)."""
+    if len(durations) < 2:
+        return list(durations)
+    longest = durations.index(max(durations))
+    exposed = (1 - overlap) * min(durations)
+    return [d + exposed if i == longest else d for i, d in enumerate(durations)]
+
+
+def phase_ms(phase: Phase, profile: Profile) -> list[float]:
+    """Milliseconds of each work of a phase, as laid out (``side_by_side`` when two run together)."""
+    return side_by_side([w.ms(profile) for w in phase], profile.overlap)
+
+
+def step_ms(plan: list[Phase], profile: Profile) -> float:
+    """A step's critical path: its phases one after the other, each as long as its longest work."""
+    return sum(max(phase_ms(phase, profile), default=0.0) for phase in plan)
+
+
+def retime(trace: Trace, profile: Profile | str) -> Trace:
+    """``trace`` re-timed on ``profile``: the same steps and tokens, spans laid out by each
+    method's schedule with the profile's costs; lanes renamed for the profile's devices."""
+    profile = load_profile(profile) if isinstance(profile, (str, Path)) else profile
+    out = Trace(trace.method, {**trace.meta, "modelled": True, "profile": profile.name,
+                               "profile_source": profile.source, "measured_lanes": dict(trace.lanes)})
+    out.steps = list(trace.steps)
+    labels = {name: lane_label(name, profile) for name in ("target", "draft")}
+    t = 0.0
+    for index, plan in enumerate(step_plans(trace)):
+        t += profile.step_ms / 1000 if index else 0.0  # the host's work between two steps
+        for phase in plan:
+            for work, ms in zip(phase, phase_ms(phase, profile)):
+                if ms > 0 or work.calls:
+                    out.lanes.setdefault(labels[work.lane], work.lane)
+                    out.spans.append(Span(labels[work.lane], work.kind, work.label, t, t + ms / 1000, index, work.tokens))
+            t += max(phase_ms(phase, profile), default=0.0) / 1000
+    out.meta["modelled_s"] = t
+    return out
+
+
+def lane_label(name: str, profile: Profile) -> str:
+    role = {"target": "GPU role", "draft": "NPU role"}[name]
+    return f"{name}, {role}, {profile.devices.get(name, profile.name)} (modelled)"
+
+
+def modelled_seconds(trace: Trace, profile: Profile) -> float:
+    """The whole run (prefill and every step) on ``profile``, in seconds."""
+    plans = step_plans(trace)
+    return (sum(step_ms(p, profile) for p in plans) + profile.step_ms * (len(plans) - 1)) / 1000
+
+
+def vanilla_seconds(prompt_tokens: int, new_tokens: int, profile: Profile) -> float:
+    """Vanilla's run with the same prompt and answer length on ``profile``: one target forward per token."""
+    decode = profile.cost("target", 1) + profile.step_ms
+    return (profile.cost("prefill", prompt_tokens) + max(new_tokens - 1, 0) * decode) / 1000
+
+
+def summary(trace: Trace, profile: Profile) -> dict:
+    """A run's modelled numbers on ``profile``: seconds in all and in decoding steps, and vanilla's
+    seconds modelled on the same profile for the same prompt and number of tokens."""
+    new_tokens = sum(len(s.committed) for s in trace.steps)
+    seconds = modelled_seconds(trace, profile)
+    prefill = step_ms(prefill_plan(trace), profile) / 1000
+    return dict(method=trace.method, new_tokens=new_tokens, steps=max(len(trace.steps) - 1, 1), seconds=seconds,
+                step_seconds=seconds - prefill,
+                vanilla_seconds=vanilla_seconds(int(trace.meta.get("prompt_tokens", 1)), new_tokens, profile))
+
+
+def table(traces: list[Trace], profile: Profile):
+    """Per method over ``traces``: modelled ms per decoding step, tokens/s, and speedup over vanilla
+    (vanilla modelled on the same profile for the same prompts and answer lengths)."""
+    import pandas as pd
+
+    per = pd.DataFrame([summary(t, profile) for t in traces]).groupby("method", sort=False).sum()
+    return pd.DataFrame({"runs": pd.Series([t.method for t in traces]).value_counts(),
+                         "step_ms": 1000 * per.step_seconds / per.steps,
+                         "tokens_per_s": per.new_tokens / per.seconds,
+                         "speedup": per.vanilla_seconds / per.seconds}).loc[per.index].reset_index(names="method")
+
+
+# -- this machine: a profile fitted from measured spans ------------------------------------------
+def measured_work(traces: list[Trace]):
+    """Every piece of planned work next to the span the engine measured for it: (Work, ms) pairs,
+    matched by step and kind in schedule order. Steps whose spans do not match the plan are left out."""
+    pairs = []
+    for trace in traces:
+        spans: dict[tuple, list[float]] = {}
+        for s in sorted(trace.spans, key=lambda s: s.start):
+            spans.setdefault((s.step, s.kind), []).append(1000 * s.duration)
+        for index, plan in enumerate(step_plans(trace)):
+            works = [w for phase in plan for w in phase if w.fixed != "channel_ms"]
+            seen: dict[str, int] = {}
+            for w in works:
+                i = seen[w.kind] = seen.get(w.kind, -1) + 1
+                measured = spans.get((index, w.kind), [])
+                if i < len(measured):
+                    pairs.append((w, measured[i]))
+    return pairs
+
+
+def fit_costs(pairs) -> dict[str, Cost]:
+    """Per-stage costs a + b * width (ms) by least squares: each span's measured ms is the sum over
+    its calls of (a_stage + b_stage * width). A stage seen at one width only gets no slope; a
+    coefficient that comes out negative is held at 0."""
+    stages = sorted({stage for w, _ in pairs for stage, _ in w.calls})
+    columns = [(s, part) for s in stages for part in ("a", "b")]
+    X = np.zeros((len(pairs), len(columns)))  # [spans, 2 * stages]: calls and total width per stage
+    y = np.array([ms for _, ms in pairs])  # [spans]
+    for row, (w, _) in enumerate(pairs):
+        for stage, width in w.calls:
+            X[row, columns.index((stage, "a"))] += 1
+            X[row, columns.index((stage, "b"))] += width
+    widths = {s: {w for work, _ in pairs for stage, w in work.calls if stage == s} for s in stages}
+    free = [j for j, (s, part) in enumerate(columns) if part == "a" or len(widths[s]) > 1]  # one width: no slope
+    while True:
+        coef = np.zeros(len(columns))
+        coef[free] = np.linalg.lstsq(X[:, free], y, rcond=None)[0]
+        negative = [j for j in free if coef[j] < 0]
+        if not negative:
+            break
+        free.remove(min(negative, key=lambda j: coef[j]))
+    return {s: Cost.line(coef[columns.index((s, "a"))], coef[columns.index((s, "b"))]) for s in stages}
+
+
+def fit_profile(traces: list[Trace], name: str = "this-machine", source: str = "") -> Profile:
+    """A profile for the machine the traces were measured on: per-stage costs fitted from their
+    spans (``fit_costs``), the rendezvous' mean, and the host time per step outside any span (what
+    the spans leave of the measured run, per step). Lanes here share one machine, so the costs
+    fitted from spans that ran side by side already carry that contention: overlap 1."""
+    pairs = measured_work(traces)
+    rendezvous = [ms for w, ms in pairs if w.fixed == "rendezvous_ms"]
+    devices = {}
+    for trace in traces:
+        for label, lane in trace.lanes.items():
+            devices.setdefault(lane, label.split(", ")[-1])
+    base = Profile(name, source or f"fitted from the measured spans of {len(traces)} runs", devices,
+                   fit_costs([(w, ms) for w, ms in pairs if w.calls]),
+                   rendezvous_ms=float(np.mean(rendezvous)) if rendezvous else 0.0, overlap=1.0)
+    spans_s = sum(measured_seconds(t) - modelled_seconds(t, base) for t in traces)
+    steps = sum(len(t.steps) - 1 for t in traces)
+    return replace(base, step_ms=max(0.0, float(1000 * spans_s / steps)) if steps else 0.0)
+
+
+def measured_seconds(trace: Trace) -> float:
+    """From the first span's start to the last one's end."""
+    return max(s.end for s in trace.spans) - min(s.start for s in trace.spans) if trace.spans else 0.0
+
+
+def held_out_check(runs: list[dict]):
+    """Fit a profile on half the prompts and predict every method's speedup on the other half.
+
+    runs: one per (method, prompt): method, id, category, new_tokens, wall_s (measured) and traces
+    (the run's traces, one per turn). Prompts alternate between the halves within each category.
+    Returns (the fitted profile, a table per method: measured and modelled speedup on the held-out
+    half, and the model's relative error)."""
+    import pandas as pd
+
+    order: dict[str, list[str]] = {}
+    for r in runs:
+        ids = order.setdefault(r["category"], [])
+        if r["id"] not in ids:
+            ids.append(r["id"])
+    if not all(r.get("traces") for r in runs):
+        raise MirrorSDError("the held-out check needs every run's traces")
+    held_out = {i for ids in order.values() for i in ids[1::2]}
+    if not held_out or held_out == {r["id"] for r in runs}:
+        raise MirrorSDError("the held-out check needs at least two prompts of one category")
+    profile = fit_profile([t for r in runs if r["id"] not in held_out for t in r["traces"]],
+                          source="fitted on half the prompts of one bench run")
+    rows = []
+    for r in runs:
+        if r["id"] in held_out:
+            rows.append(dict(method=r["method"], new_tokens=r["new_tokens"], wall_s=r["wall_s"],
+                             modelled_s=sum(modelled_seconds(t, profile) for t in r["traces"])))
+    per = pd.DataFrame(rows).groupby("method", sort=False).sum()
+    measured = per.new_tokens / per.wall_s
+    modelled = per.new_tokens / per.modelled_s
+    table = pd.DataFrame({"measured_speedup": measured / measured["vanilla"],
+                          "modelled_speedup": modelled / modelled["vanilla"]})
+    table["error"] = table.modelled_speedup / table.measured_speedup - 1
+    return profile, table.reset_index()

@@ -1,0 +1,256 @@
+"""The what-if latency model (mirror_sd/whatif.py): each method's step equation on hand-built
+traces, re-timed traces that keep their steps, profiles and their refusals, the fit, the CLI."""
+import json
+
+import pytest
+
+from mirror_sd import MirrorSDError
+from mirror_sd import whatif as W
+from mirror_sd.cli import main
+from mirror_sd.trace import DraftTree, DraftWork, Rendezvous, Span, Step, Trace
+
+# target(w) = 10 + w ms; every stage a line, so each equation can be worked by hand
+PROFILE = W.Profile("test", "hand-made", {"target": "T", "draft": "D"}, {
+    "target": W.Cost.line(10, 1), "prefill": W.Cost.line(20, 0.5), "target_prefix": W.Cost.line(4, 0.5),
+    "target_suffix": W.Cost.line(6, 0.5), "draft": W.Cost.line(2, 0.1), "draft_prefill": W.Cost.line(1, 0.1),
+    "eagle_head": W.Cost.line(1, 0.5), "streams": W.Cost.line(3, 0)}, rendezvous_ms=0.5, channel_ms=0.25)
+
+
+def trace_of(method, steps, options=None, two_lanes=False, prompt_tokens=10):
+    trace = Trace(method, dict(options=options or {}, prompt_tokens=prompt_tokens, temperature=0.0))
+    trace.lanes = {"target, GPU role, cpu:0": "target"}
+    if two_lanes:
+        trace.lanes["draft, NPU role, cpu:1"] = "draft"
+    trace.steps = [Step(0, [7], ["target"])] + steps
+    return trace
+
+
+def step_time(trace, index=1, profile=PROFILE):
+    return W.step_ms(W.step_plans(trace)[index], profile)
+
+
+def chain(index, proposed, accepted, **records):
+    committed = proposed[:accepted] + [99]
+    origins = ["accepted"] * accepted + ["bonus" if accepted == len(proposed) else "correction"]
+    return Step(index, committed, origins, proposed=proposed, accepted=accepted, **records)
+
+
+def test_vanilla_is_one_target_forward():
+    assert step_time(trace_of("vanilla", [Step(1, [5], ["target"])])) == pytest.approx(11)
+
+
+@pytest.mark.parametrize("accepted", [0, 1, 2])  # miss at once, partly, all accepted (bonus)
+def test_sd_is_gamma_draft_forwards_then_one_verify(accepted):
+    step = chain(1, [3, 4], accepted, draft=DraftWork(forwards=2))
+    assert step_time(trace_of("sd", [step], two_lanes=True)) == pytest.approx(2 * 2.1 + (10 + 3))
+
+
+def test_sd_prices_the_forwards_the_draft_made():
+    copied = chain(1, [3, 4, 5], 1, draft=DraftWork(forwards=3, copied_at=[1]))  # a copied token still took a forward
+    assert step_time(trace_of("sd", [copied], two_lanes=True)) == pytest.approx(3 * 2.1 + 14)
+    checked = chain(1, [3, 4, 5], 3, draft=DraftWork(forwards=2, lookahead=[(3, 1), (2, 2)]))  # 1 + checked tokens
+    assert step_time(trace_of("sd", [checked], two_lanes=True)) == pytest.approx(2.4 + 2.3 + 14)
+
+
+def test_eagle_is_head_levels_then_one_tree_verify():
+    tree = DraftTree(tokens=list(range(8)), parents=[-1, -1, 0, 0, 1, 2, 2, 4], depths=[1, 1, 2, 2, 2, 3, 3, 3],
+                     scores=[0.0] * 8, path=[0, 2])
+    small = DraftTree(tokens=[1, 2], parents=[-1, 0], depths=[1, 2], scores=[0.0] * 2, path=[0, 1])
+    previous = Step(1, [1, 2, 3], ["accepted", "accepted", "bonus"], proposed=[1, 2], accepted=2, tree=small)
+    step = Step(2, [0, 2, 9], ["accepted", "accepted", "correction"], proposed=tree.tokens, accepted=2, tree=tree)
+    trace = trace_of("eagle", [previous, step], dict(depth=3, top_k=4))
+    # the head over the 3 pending pairs, then 2 levels of 4 frontier nodes; verify root + 8 nodes
+    assert step_time(trace, 2) == pytest.approx((1 + 1.5) + 2 * (1 + 2) + (10 + 9))
+
+
+def test_ss_is_a_streams_pass_then_one_tree_verify():
+    tree = DraftTree(tokens=[1, 2, 3, 4], parents=[-1, 0, 1, 2], depths=[1, 2, 3, 4], scores=[0.0] * 4, path=[])
+    step = Step(1, [5], ["correction"], proposed=tree.tokens, accepted=0, tree=tree)
+    assert step_time(trace_of("ss", [step], dict(gamma=4))) == pytest.approx(3 + (10 + 5))
+
+
+def mirror_step(branches=4, hit=True, fallback=False, copied=False, accepted=1):
+    rv = Rendezvous(exit_candidates=[[1, 2]] * 3, branches=[(0, 9, [1, 2])] * branches,
+                    branch_used=0 if hit else None, fallback=fallback, copied=copied)
+    return chain(1, [3, 4], accepted, rendezvous=rv)
+
+
+MIRROR = dict(gamma=2, branch_budget=16)
+PREFIX, SUFFIX = 4 + 0.5 * 3, 6 + 0.5 * 3  # window of 3: the last committed token + gamma
+
+
+@pytest.mark.parametrize("accepted", [0, 2])
+def test_mirror_hit_costs_prefix_channel_the_larger_of_suffix_and_rollouts_and_rendezvous(accepted):
+    rollouts = (2 + 0.1 * (3 + 4)) + (2 + 0.1 * 4)  # the tree layout forward, then one forward of 4 branches
+    assert rollouts < SUFFIX
+    trace = trace_of("mirror", [mirror_step(accepted=accepted)], MIRROR, two_lanes=True)
+    assert step_time(trace) == pytest.approx(PREFIX + 0.25 + SUFFIX + 0.5)
+
+
+def test_mirror_rollouts_longer_than_the_suffix_set_the_step():
+    rollouts = (2 + 0.1 * 43) + (2 + 0.1 * 40)
+    assert rollouts > SUFFIX
+    trace = trace_of("mirror", [mirror_step(branches=40)], MIRROR, two_lanes=True)
+    assert step_time(trace) == pytest.approx(PREFIX + 0.25 + rollouts + 0.5)
+
+
+def test_mirror_miss_exposes_a_fresh_draft_and_a_copy_exposes_none():
+    hit = step_time(trace_of("mirror", [mirror_step()], MIRROR, two_lanes=True))
+    fallback = trace_of("mirror", [mirror_step(hit=False, fallback=True)], MIRROR, two_lanes=True)
+    assert step_time(fallback) == pytest.approx(hit + 2 * 2.1)  # gamma draft forwards on the critical path
+    copied = trace_of("mirror", [mirror_step(hit=False, copied=True)], MIRROR, two_lanes=True)
+    assert step_time(copied) == pytest.approx(hit)
+
+
+def test_overlap_zero_adds_the_two_sides_up():
+    serial = W.Profile(**{**PROFILE.__dict__, "overlap": 0.0})
+    rollouts = (2 + 0.1 * 7) + (2 + 0.1 * 4)
+    trace = trace_of("mirror", [mirror_step()], MIRROR, two_lanes=True)
+    assert step_time(trace, profile=serial) == pytest.approx(PREFIX + 0.25 + SUFFIX + rollouts + 0.5)
+
+
+def test_a_retimed_trace_keeps_its_steps_and_tokens_and_only_moves_spans():
+    steps = [mirror_step(), mirror_step(hit=False, fallback=True)]
+    steps[1].index = 2
+    trace = trace_of("mirror", steps, MIRROR, two_lanes=True)
+    trace.spans = [Span("target, GPU role, cpu:0", "prefill", "prefill", 0.0, 1.0, 0, 10)]
+    out = trace.retimed(PROFILE)
+    assert out.steps == trace.steps and out.method == "mirror" and out.meta["modelled"] is True
+    assert out.meta["profile"] == "test" and not trace.meta.get("modelled")
+    assert sorted(out.lanes.values()) == ["draft", "target"] and all("(modelled)" in label for label in out.lanes)
+    kinds = [(s.step, s.kind) for s in out.spans]
+    assert kinds[:2] == [(0, "prefill"), (0, "prefill")] and (2, "fallback-draft") in kinds
+    assert (1, "draft-rollout") in kinds and (1, "target-suffix") in kinds
+    for lane in out.lanes:  # one worker per lane: its spans never overlap
+        spans = sorted((s.start, s.end) for s in out.spans if s.lane == lane)
+        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:]))
+    prefill = (20 + 0.5 * 10) + (1 + 0.1 * 9)
+    assert out.meta["modelled_s"] == pytest.approx((prefill + step_time(trace, 1) + step_time(trace, 2)) / 1000)
+
+
+def test_summary_speedup_is_against_vanilla_modelled_on_the_same_tokens():
+    trace = trace_of("sd", [chain(1, [3, 4], 2, draft=DraftWork(forwards=2))], two_lanes=True)
+    row = W.summary(trace, PROFILE)
+    assert row["new_tokens"] == 4  # 1 from the prefill, 3 from the step
+    assert row["vanilla_seconds"] == pytest.approx((25 + 3 * 11) / 1000)
+    assert row["seconds"] == pytest.approx((25 + 1.9 + 2 * 2.1 + 13) / 1000)
+
+
+# -- profiles ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", W.profile_names())
+def test_shipped_profiles_load_with_a_source(name):
+    profile = W.load_profile(name)
+    assert profile.source and profile.devices
+    for stage in ("target", "prefill", "target_prefix", "target_suffix", "draft", "eagle_head", "streams"):
+        assert profile.cost(stage, 1) > 0 and profile.cost(stage, 64) >= profile.cost(stage, 1) * 0.9
+
+
+def test_the_paper_profiles_are_the_measured_h100_figures():
+    p = W.load_profile("paper-14b")
+    assert p.cost("target", 1) == pytest.approx(11.764) and p.cost("target", 64) == pytest.approx(13.265)
+    assert p.draft_speed == 0.5 and p.cost("draft", 1) == pytest.approx(1.565 / 0.5)
+    assert p.with_draft_speed(1.0).cost("draft", 1) == pytest.approx(1.565)
+    assert p.with_draft_ratio(0.25).draft_ratio() == pytest.approx(0.25)
+
+
+def test_cost_is_piecewise_linear_through_its_points():
+    cost = W.Cost(((1, 1.0), (2, 2.0), (10, 4.0)))
+    assert cost(1) == 1.0 and cost(1.5) == 1.5 and cost(6) == 3.0 and cost(18) == 6.0  # straight on past the end
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(source=""), "'source'"),
+    (dict(stages={"draft": {"ms": 1}}), "\"target\""),
+    (dict(stages={"target": {"ms": -1}}), "stage 'target'"),
+    (dict(stages={"target": {"ms_by_width": {"1": "fast"}}}), "stage 'target'"),
+    (dict(stages={"target": {"ms": 1}, "gpu": {"ms": 1}}), "unknown stage 'gpu'"),
+    (dict(overlap=2), "'overlap'"),
+    (dict(draft_speed=0), "'draft_speed'"),
+])
+def test_malformed_profiles_are_refused_with_what_is_wrong(tmp_path, change, message):
+    data = {**W.load_profile("paper-14b").to_json(), **change}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(MirrorSDError, match=message) as error:
+        W.load_profile(path)
+    assert "bad.json" in str(error.value)
+
+
+def test_unreadable_and_unknown_profiles_are_refused(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text("{not json")
+    with pytest.raises(MirrorSDError, match="not readable JSON"):
+        W.load_profile(path)
+    with pytest.raises(MirrorSDError, match="unknown profile 'mars'.*paper-14b"):
+        W.load_profile("mars")
+
+
+def test_a_profile_round_trips_through_json():
+    again = W.Profile.from_json(json.loads(json.dumps(PROFILE.to_json())))
+    assert again.to_json() == PROFILE.to_json()
+
+
+# -- the fit -------------------------------------------------------------------------------------
+def sd_trace(windows, prompt_tokens):
+    steps = [chain(i, list(range(g)), a, draft=DraftWork(forwards=g)) for i, (g, a) in enumerate(windows, start=1)]
+    return trace_of("sd", steps, two_lanes=True, prompt_tokens=prompt_tokens)
+
+
+def test_the_fit_recovers_the_costs_that_made_the_spans():
+    known = W.Profile(**{**PROFILE.__dict__, "step_ms": 0.75})
+    made = [sd_trace([(2, 1), (4, 4), (3, 0)], 12), sd_trace([(1, 0), (5, 2)], 30),
+            trace_of("vanilla", [Step(i, [5], ["target"]) for i in range(1, 4)], prompt_tokens=20)]
+    measured = [known_retimed(t, known) for t in made]
+    fitted = W.fit_profile(measured)
+    seen = dict(target=(1, 7, 40), prefill=(1, 7, 40), draft_prefill=(1, 7, 40), draft=(1,))  # sd drafts at width 1
+    for stage, widths in seen.items():
+        for width in widths:
+            assert fitted.cost(stage, width) == pytest.approx(known.cost(stage, width), abs=1e-6)
+    assert fitted.step_ms == pytest.approx(0.75)
+    for t in made:
+        assert W.modelled_seconds(t, fitted) == pytest.approx(W.modelled_seconds(t, known))
+
+
+def known_retimed(trace, profile):
+    out = W.retime(trace, profile)
+    out.meta.pop("modelled")
+    return out
+
+
+def test_the_held_out_check_predicts_runs_made_by_the_same_costs():
+    runs = []
+    for i, windows in enumerate([[(2, 1), (4, 4)], [(3, 0), (1, 1), (2, 2)], [(5, 2)], [(2, 0), (2, 2)]]):
+        for method, trace in (("vanilla", trace_of("vanilla", [Step(j, [5], ["target"]) for j in range(1, 5)],
+                                                   prompt_tokens=10 + i)),
+                              ("sd", sd_trace(windows, 10 + i))):
+            measured = known_retimed(trace, PROFILE)
+            runs.append(dict(method=method, id=str(i), category="qa", traces=[measured],
+                             new_tokens=sum(len(s.committed) for s in trace.steps),
+                             wall_s=W.measured_seconds(measured)))
+    profile, table = W.held_out_check(runs)
+    assert list(table.method) == ["vanilla", "sd"] and table.error.abs().max() < 1e-9
+
+
+# -- the command line ----------------------------------------------------------------------------
+def test_cli_whatif_prints_modelled_step_time_tokens_per_s_and_speedup(tmp_path, capsys):
+    for trace in (trace_of("vanilla", [Step(1, [5], ["target"])]),
+                  sd_trace([(2, 1), (2, 2)], 10)):
+        (tmp_path / f"{trace.method}.json").write_text(trace.to_json())
+    assert main(["whatif", "--trace", str(tmp_path), "--profile", "paper-14b"]) == 0
+    out = capsys.readouterr().out
+    assert "MODELLED" in out and "step ms" in out and "tokens/s" in out and "speedup vs vanilla" in out
+    assert "| sd " in out and "| vanilla " in out
+
+
+def test_cli_whatif_refuses_bad_input_with_one_error_line(tmp_path, capsys):
+    good = tmp_path / "sd.json"
+    good.write_text(sd_trace([(2, 1)], 10).to_json())
+    chrome = tmp_path / "chrome.json"
+    chrome.write_text(json.dumps({"traceEvents": []}))
+    for argv, message in ((["--trace", str(tmp_path / "none.json"), "--profile", "paper-14b"], "does not exist"),
+                          (["--trace", str(good), "--profile", "mars"], "unknown profile"),
+                          (["--trace", str(chrome), "--profile", "paper-14b"], "Chrome trace"),
+                          (["--trace", str(good), "--profile", "paper-14b", "--draft-speed", "0"], "draft speed")):
+        assert main(["whatif", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and message in err[0]
