@@ -505,3 +505,53 @@ def held_out_check(runs: list[dict]):
                           "modelled_speedup": modelled / modelled["vanilla"]})
     table["error"] = table.modelled_speedup / table.measured_speedup - 1
     return profile, table.reset_index()
+
+
+# -- steady state: acceptance, hit rate and draft cost as knobs ------------------------------------
+WINDOW_OPTION = {"sd": "gamma", "mirror": "gamma", "ss": "gamma", "eagle": "depth"}  # draft tokens along a path
+
+
+def tokens_per_step(alpha: float, window: int) -> float:
+    """Expected tokens a step commits when each draft token is accepted with probability ``alpha``
+    (given the ones before it) from a window of ``window`` tokens: 1 + alpha + ... + alpha^window."""
+    return sum(alpha ** k for k in range(window + 1))
+
+
+def fallback_ms(trace: Trace, profile: Profile) -> float:
+    """Mirror-SD: the fresh draft a miss puts on the critical path (gamma draft forwards)."""
+    gamma = trace.meta.get("options", {}).get("gamma", 2)
+    return gamma * profile.cost("draft", 1)
+
+
+def steady_state(trace: Trace, profile: Profile, alpha: float | None = None, hit_rate: float | None = None) -> dict:
+    """A run's decoding steps on ``profile`` in the long run, prefill left out: tokens per step
+    (this run's, or from the acceptance ``alpha``), ms per step (this run's steps priced on the
+    profile; for Mirror-SD with its misses' fresh drafts at this run's rate, or at ``1 - hit_rate``),
+    and speedup over vanilla's one target forward per token on the same profile."""
+    steps = trace.steps[1:]
+    if not steps:
+        raise MirrorSDError(f"the {trace.method} run has no decoding steps to model")
+    plans = step_plans(trace)[1:]
+    if trace.method == "mirror":
+        no_draft = [[p for p in plan if p[0].kind != "fallback-draft"] for plan in plans]
+        ms = sum(step_ms(p, profile) for p in no_draft) / len(plans)
+        misses = [s for s in steps if not s.rendezvous.hit]
+        copied = sum(s.rendezvous.copied for s in steps) / max(len(misses), 1)  # share of misses copied
+        exposed = len(misses) / len(steps) if hit_rate is None else (1 - hit_rate)
+        ms += exposed * (1 - min(copied, 1.0)) * fallback_ms(trace, profile)
+    else:
+        ms = sum(step_ms(p, profile) for p in plans) / len(plans)
+    tau = sum(len(s.committed) for s in steps) / len(steps)
+    if alpha is not None and trace.method in WINDOW_OPTION:
+        tau = tokens_per_step(alpha, trace.meta.get("options", {}).get(WINDOW_OPTION[trace.method], 1))
+    vanilla_ms = profile.cost("target", 1) + profile.step_ms
+    ms += profile.step_ms
+    return dict(method=trace.method, tokens_per_step=tau, step_ms=ms, speedup=tau * vanilla_ms / ms)
+
+
+def tradeoff(traces: list[Trace], profile: Profile, ratios, alpha=None, hit_rate=None) -> dict[str, list[float]]:
+    """Steady-state speedup per method at each draft cost ``ratio`` (a draft forward, or an EAGLE
+    head step, over a one-token target forward): the curve where sd falls as its draft grows and
+    Mirror-SD stays flat while its rollouts fit under the target's suffix."""
+    return {t.method: [steady_state(t, profile.with_draft_ratio(r), alpha, hit_rate)["speedup"] for r in ratios]
+            for t in traces}

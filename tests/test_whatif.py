@@ -254,3 +254,55 @@ def test_cli_whatif_refuses_bad_input_with_one_error_line(tmp_path, capsys):
         assert main(["whatif", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error:") and message in err[0]
+
+
+# -- steady state and the tradeoff curve -----------------------------------------------------------
+def test_tokens_per_step_is_the_geometric_sum():
+    assert W.tokens_per_step(0.5, 2) == pytest.approx(1.75) and W.tokens_per_step(1.0, 3) == 4
+
+
+def test_steady_state_mirror_exposes_a_fresh_draft_at_the_miss_rate():
+    steps = [mirror_step(), mirror_step(hit=False), mirror_step(fallback=True)]  # a miss, then its fresh draft
+    trace = trace_of("mirror", steps, MIRROR, two_lanes=True)
+    hit_step = PREFIX + 0.25 + SUFFIX + 0.5
+    fresh = 2 * 2.1
+    own = W.steady_state(trace, PROFILE)
+    assert own["step_ms"] == pytest.approx(hit_step + (1 / 3) * fresh)  # one miss in three steps
+    assert own["tokens_per_step"] == pytest.approx(2) and own["speedup"] == pytest.approx(2 * 11 / own["step_ms"])
+    always = W.steady_state(trace, PROFILE, alpha=1.0, hit_rate=1.0)
+    assert always["step_ms"] == pytest.approx(hit_step) and always["tokens_per_step"] == 3
+
+
+def test_the_tradeoff_curve_falls_for_sd_and_stays_flat_for_mirror_while_rollouts_fit():
+    sd = sd_trace([(2, 2)] * 3, 10)
+    mirror = trace_of("mirror", [mirror_step(accepted=2)] * 3, MIRROR, two_lanes=True)
+    profile = W.Profile(**{**PROFILE.__dict__, "channel_ms": 0.0, "stages": {**PROFILE.stages,
+                                                                            "draft": W.Cost.line(2, 0.0)}})
+    curves = W.tradeoff([sd, mirror], profile, [0.0, 0.1, 0.2])
+    assert curves["sd"][0] > curves["sd"][1] > curves["sd"][2]
+    assert curves["mirror"][0] == pytest.approx(curves["mirror"][1])  # 2 forwards of 1.1 ms < the 7.5 ms suffix
+
+
+# -- the app's What if view ------------------------------------------------------------------------
+def test_the_app_view_draws_every_method_modelled_under_the_banner():
+    from app import whatif as view
+    from app.race import Result
+
+    runs = {"vanilla": trace_of("vanilla", [Step(1, [5], ["target"]), Step(2, [6], ["target"])]),
+            "sd": sd_trace([(2, 1), (2, 2)], 10),
+            "mirror": trace_of("mirror", [mirror_step(), mirror_step(hit=False)], MIRROR, two_lanes=True)}
+    current = {}
+    for method, trace in runs.items():
+        measured = known_retimed(trace, PROFILE)
+        tokens = sum(len(s.committed) for s in trace.steps)
+        current[method] = Result(method, measured, metrics=dict(tokens_per_s=tokens / W.measured_seconds(measured),
+                                                                mean_accepted=1.5), finished="length")
+    assert "MODELLED from this run's steps, not measured" in view.BANNER
+    for name in ("paper-14b", view.FITTED):
+        source, table, timeline, utilisation, curve = view.render(current, name, 0.5, True, 0.6, 0.2)
+        assert len(table) == 3 and table.columns.str.contains("MODELLED").any()
+        assert {t.name for t in timeline.data} and all("(MODELLED)" in a.text for a in timeline.layout.annotations)
+        assert {t.name for t in curve.data} == {"Speculative decoding", "Mirror-SD"}
+    assert "—" not in set(table["measured here"])
+    empty = view.render({}, "paper-14b", 0.5, True, 0.6, 0.2)
+    assert "Run a race first" in empty[0]

@@ -1,0 +1,163 @@
+"""The "What if" tab: the race just run, re-timed on another machine's profile (mirror_sd/whatif.py).
+
+Everything drawn here is MODELLED: the steps (windows, trees, branches, hits) are this run's, the
+time each piece of work takes comes from a hardware profile. The banner says so on every view.
+The table puts the speedup measured here beside the one modelled there; the controls swap this
+run's acceptance and Mirror-SD hit rate for chosen ones; the tradeoff curve moves the draft's cost.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import gradio as gr
+import pandas as pd
+import plotly.graph_objects as go
+
+from mirror_sd import whatif
+from mirror_sd.errors import MirrorSDError
+
+from . import figures
+from .cards import baseline
+
+FITTED = "this machine (fitted to this run)"
+DEFAULT_PROFILE = "paper-14b"
+BANNER = ("<div id='whatif-banner' style='background:#fef3c7;border:3px solid #b45309;border-radius:8px;"
+          "padding:10px 14px;font-size:1.15em;color:#78350f'><b>MODELLED from this run's steps, not measured.</b> "
+          "The windows, trees, branches and hits are this run's; how long each piece of work takes comes from the "
+          "hardware profile you pick. No model ran on that hardware.</div>")
+ASSUMES = """**What the model assumes.** A step costs what its work costs on the profile, stage by stage:
+vanilla one target forward; sd its draft forwards, then one target forward over the window; EAGLE its head
+steps, then one target forward over the tree; Mirror-SD the target's layers up to the early exit, the token
+channel, then **the larger of** the target's remaining layers and the draft's branch rollouts (they run on two
+devices at once), then the rendezvous. On a miss no branch holds the next window, so a fresh draft runs first,
+on the critical path: at this pair's hit rate (about 0.2) those fallbacks, not the overlap, decide Mirror-SD's
+step time. This small pair's acceptance and hit rate carry over to the profile's bigger models; a bigger pair
+with a stronger draft would accept more and hit more: the controls below set both."""
+
+
+def profile_choices() -> list[str]:
+    return whatif.profile_names() + [FITTED]
+
+
+def whatif_tab() -> SimpleNamespace:
+    """The tab's components; call inside a ``gr.Tab``."""
+    ui = SimpleNamespace()
+    gr.HTML(BANNER)
+    with gr.Row():
+        ui.profile = gr.Dropdown(profile_choices(), value=DEFAULT_PROFILE, label="Hardware profile",
+                                 elem_id="whatif-profile")
+        ui.draft_speed = gr.Slider(0.05, 2.0, value=whatif.load_profile(DEFAULT_PROFILE).draft_speed, step=0.05,
+                                   label="Draft device speed, relative to the profile's draft figures (NPU role)")
+    ui.source = gr.Markdown()
+    ui.table = gr.Dataframe(label="Speedup over vanilla: measured here vs MODELLED there", interactive=False,
+                            elem_id="whatif-table")
+    ui.timeline = gr.Plot(label="MODELLED timeline: this run's steps on the profile's devices", elem_id="whatif-timeline")
+    ui.utilisation = gr.Plot(label="MODELLED utilisation of the profile's devices", elem_id="whatif-utilisation")
+    gr.Markdown(ASSUMES)
+    with gr.Row():
+        ui.own = gr.Checkbox(True, label="Use this run's acceptance and hit rate")
+        ui.alpha = gr.Slider(0.05, 0.95, value=0.6, step=0.05, label="Acceptance per draft token (α)")
+        ui.hit = gr.Slider(0.0, 1.0, value=0.2, step=0.05, label="Mirror-SD hit rate")
+    ui.curve = gr.Plot(label="MODELLED tradeoff: speedup vs draft cost", elem_id="whatif-curve")
+    return ui
+
+
+def wire_whatif(ui, results, shown):
+    """Redraw after every race (``shown``) and whenever a control moves."""
+    inputs = [results, ui.profile, ui.draft_speed, ui.own, ui.alpha, ui.hit]
+    outputs = [ui.source, ui.table, ui.timeline, ui.utilisation, ui.curve]
+    shown.then(render, inputs, outputs, api_name=False)
+    ui.profile.change(speed_of, [ui.profile, results], ui.draft_speed, api_name=False).then(
+        render, inputs, outputs, api_name=False)
+    for slider in (ui.draft_speed, ui.alpha, ui.hit):
+        slider.release(render, inputs, outputs, api_name=False)
+    ui.own.change(render, inputs, outputs, api_name=False)
+
+
+def speed_of(name, current):
+    """The draft-speed slider at the newly picked profile's own value."""
+    try:
+        return profile_for(name, current).draft_speed
+    except MirrorSDError:
+        return gr.update()
+
+
+def race_runs(current) -> dict:
+    """Finished runs of the race with decoding steps, by method."""
+    return {m: r for m, r in (current or {}).items() if r.trace.steps[1:] and r.trace.spans}
+
+
+def profile_for(name: str, current) -> whatif.Profile:
+    if name == FITTED:
+        runs = race_runs(current)
+        if not runs:
+            raise MirrorSDError("run a race first: this profile is fitted to its spans")
+        return whatif.fit_profile([r.trace for r in runs.values()], name="this machine",
+                                  source="fitted to the spans of the race just run (in sample: it should give back "
+                                         "roughly what was measured)")
+    return whatif.load_profile(name)
+
+
+def render(current, name, draft_speed, own, alpha, hit):
+    """Every view of the tab for one profile and one setting of the controls."""
+    runs = race_runs(current)
+    if not runs:
+        return "Run a race first: the What if view re-times its steps.", None, None, None, None
+    try:
+        profile = profile_for(name, current)
+    except MirrorSDError as e:
+        return f"**{e}**", None, None, None, None
+    if name != FITTED:
+        profile = profile.with_draft_speed(draft_speed)
+    knobs = dict(alpha=None, hit_rate=None) if own else dict(alpha=alpha, hit_rate=hit)
+    modelled = {f"{r.title} (MODELLED)": r.trace.retimed(profile) for r in runs.values()}
+    return (source_text(profile), speedup_table(current, runs, profile, knobs),
+            figures.timeline(modelled), figures.utilisation(modelled), curve(runs, profile, knobs))
+
+
+def source_text(profile: whatif.Profile) -> str:
+    devices = ", ".join(f"{role}: {device}" for role, device in profile.devices.items())
+    return (f"**Profile {profile.name}** ({devices}; draft device at {profile.draft_speed:g}× its figures). "
+            f"{profile.notes}\n\n<small>Source: {profile.source}</small>")
+
+
+def speedup_table(current, runs, profile, knobs) -> pd.DataFrame:
+    """Per method: tokens per step, speedup measured here (when vanilla ran), and MODELLED speedup
+    there with this run's steps, and in steady state with the controls' acceptance and hit rate."""
+    rate = baseline(current)
+    rows = []
+    for method, r in runs.items():
+        row = whatif.summary(r.trace, profile)
+        steady = whatif.steady_state(r.trace, profile, knobs["alpha"], knobs["hit_rate"])
+        rows.append({"method": r.title,
+                     "τ this run": round(r.metrics.get("mean_accepted", 0.0), 3),
+                     "measured here": (f"{r.metrics['tokens_per_s'] / rate:.2f}×" if rate and r.metrics else "—"),
+                     f"MODELLED on {profile.name}": f"{row['vanilla_seconds'] / row['seconds']:.2f}×",
+                     "MODELLED step ms": round(1000 * row["step_seconds"] / row["steps"], 2),
+                     "MODELLED, controls (steady state)": f"{steady['speedup']:.2f}× at τ {steady['tokens_per_step']:.2f}"})
+    return pd.DataFrame(rows)
+
+
+RATIOS = [i / 40 for i in range(41)]  # draft forward / target forward, 0 .. 1
+
+
+def curve(runs, profile, knobs) -> go.Figure:
+    """Steady-state speedup vs draft cost for sd, EAGLE and Mirror-SD (those of them that ran), with
+    the shipped draft's and the paper's draft's cost marked."""
+    fig = go.Figure()
+    traces = [runs[m].trace for m in ("sd", "eagle", "mirror") if m in runs]
+    for method, ys in whatif.tradeoff(traces, profile, RATIOS, knobs["alpha"], knobs["hit_rate"]).items():
+        colour = figures.kind_style({"sd": "draft", "eagle": "verify", "mirror": "draft-rollout"}[method])[0]
+        fig.add_trace(go.Scatter(x=RATIOS, y=ys, name=runs[method].title, mode="lines", line=dict(color=colour, width=3)))
+    marks = [("this profile's draft", profile.draft_ratio())]
+    if DEFAULT_PROFILE in whatif.profile_names():
+        marks.append(("the paper's 0.6B draft, 14B target", whatif.load_profile(DEFAULT_PROFILE).draft_ratio()))
+    for i, (text, x) in enumerate(marks):
+        if 0 <= x <= 1:
+            fig.add_vline(x=x, line=dict(dash="dot", color="#374151"), annotation_text=text,
+                          annotation_position="top right" if i == 0 else "bottom right")
+    fig.add_hline(y=1.0, line=dict(color="#9ca3af", width=1))
+    fig.update_layout(title=f"MODELLED on {profile.name}: speedup over vanilla as the draft gets dearer",
+                      xaxis_title="draft cost: one draft forward (or EAGLE head step) / one target forward",
+                      yaxis_title="speedup over vanilla (MODELLED)", height=420, margin=dict(l=10, r=10, t=50, b=40))
+    return fig
