@@ -16,7 +16,7 @@ from mirror_sd import METHODS, load_pair
 from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 from mirror_sd.devices import cpu_cores
 
-from . import handlers
+from . import handlers, replay, whatif
 from .handlers import AUTO
 from .inputs import LIMITS
 from .intro import how_it_works_html
@@ -86,6 +86,8 @@ def race_tab(names: list[str]) -> SimpleNamespace:
             ui.run = gr.Button("Run", variant="primary", elem_id="run")
             ui.stop = gr.Button("Stop", variant="stop", elem_id="stop")
     gr.Examples(example_prompts(), [ui.prompt], label="Examples: one per Spec-Bench category", cache_examples=False)
+    ui.recorded = gr.Dropdown(replay.recorded_races(), value=None, elem_id="recorded",
+                              label="Or open a recorded race of an example: instant, no model runs (app/recorded)")
     with gr.Row():
         ui.methods = gr.CheckboxGroup([(METHODS[n].title, n) for n in names], value=names, label="Methods", scale=3,
                                       min_width=260)
@@ -172,8 +174,11 @@ def build_demo(pair_factory=None) -> gr.Blocks:
             gr.Markdown("Each method's trace: spans and steps as CSV, the trace as JSON (`Trace.from_json` "
                         "reads it back), and Chrome-trace JSON for [Perfetto](https://ui.perfetto.dev).")
             files = gr.File(label="Downloads", file_count="multiple")
-        wire_race(demo, race, results, get_pair, names, [race.timeline, utilisation, files, steps.method])
-        wire_steps(steps, results)
+        with gr.Tab("What if"):
+            what_if = whatif.whatif_tab()
+        shown = wire_race(demo, race, results, get_pair, names, [race.timeline, utilisation, files, steps.method])
+        wire_steps(steps, results, shown)
+        whatif.wire_whatif(what_if, results, shown)
         def opened():
             yield from handlers.page_open(get_pair)
 
@@ -205,8 +210,8 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
     checked.then(join, None, [race.wait, waiting, race.reveal], queue=False, api_name=False)
     run = checked.then(run_fn, inputs, [race.status, race.replay, *race.cards, results], api_name="run",
                        concurrency_limit=1, show_progress="minimal")
-    run.then(handlers.views, [results], view_outputs, api_name="views").then(
-        lambda current, guess: reveal(current, guess), [results, race.guess], race.reveal, api_name=False)
+    shown = run.then(handlers.views, [results], view_outputs, api_name="views")
+    shown.then(lambda current, guess: reveal(current, guess), [results, race.guess], race.reveal, api_name=False)
     waiting.tick(tick, None, [race.wait, waiting], queue=False, api_name=False)
 
     def guessed(current, guess, request: gr.Request):
@@ -223,17 +228,25 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
         line.leave(request.session_hash)
 
     race.stop.click(stop, None, None, api_name="stop", queue=False)
+    recorded = race.recorded.input(replay.make_open_recorded(names), [race.recorded, race.show_rejected],
+                                   [race.prompt, race.status, race.replay, *race.cards, results], api_name=False)
+    recorded.then(handlers.views, [results], view_outputs, api_name=False)
     demo.unload(gone)
     race.replay.click(handlers.make_replay(names), [results], [*race.cards, race.timeline], api_name="replay")
     race.show_rejected.change(handlers.make_rerender(names), [results, race.show_rejected], race.cards,
                               api_name=False)
     race.methods.change(lambda chosen: [gr.update(visible=n in chosen) for n in names], [race.methods], race.cards,
                         api_name=False)
+    return shown
 
 
-def wire_steps(steps, results):
+def wire_steps(steps, results, shown):
+    """Step-through events; ``shown`` (a new race's views drawn) starts it again at step 0."""
     here = [results, steps.method, steps.slider]
     views = [steps.sentence, steps.text, steps.timeline, steps.tree]
+    shown.then(handlers.pick_method, [results, steps.method], [steps.slider], api_name=False).then(
+        handlers.show_step, here, views, api_name=False).then(
+        handlers.hit_question, here, [steps.hit_guess, steps.hit_reveal], api_name=False)
     steps.method.change(handlers.pick_method, [results, steps.method], [steps.slider], api_name=False)
     steps.method.change(handlers.show_step, here, views, api_name=False)
     steps.slider.change(handlers.show_step, here, views, api_name="step")

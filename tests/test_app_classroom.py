@@ -1,0 +1,142 @@
+"""The classroom page (issue 35) in Chromium on a tiny pair: the How-it-works panel, a tooltip, predict
+then reveal, settings brought into range with a message, the 800 px layout, the loading message,
+and a closed tab ending its race."""
+import os
+import shutil
+import threading
+import time
+
+import pytest
+
+from test_app_live import CHROMIUM, open_app
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM) and not shutil.which("chromium"),
+                                reason="Chromium is not installed here (CI installs Debian's chromium: see .ci/run)")
+RACED = ("Vanilla", "Speculative decoding", "Mirror-SD")  # what a tiny pair can run
+
+
+def launch(factory):
+    from app.ui import build_demo
+
+    demo = build_demo(pair_factory=factory)
+    _, url, _ = demo.queue(max_size=8).launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True,
+                                              quiet=True)
+    return demo, url
+
+
+def pick_methods(page, titles=RACED):
+    """Untick every method but ``titles`` (the race's Methods box)."""
+    for title in ("Vanilla", "Speculative decoding", "Speculative Streaming", "Mirror-SD", "EAGLE-2"):
+        if title not in titles:
+            page.get_by_role("checkbox", name=title, exact=True).uncheck()
+
+
+@pytest.fixture(scope="module")
+def class_url(tiny_pair):
+    demo, url = launch(lambda **devices: tiny_pair)
+    yield url
+    demo.close()
+
+
+def test_browser_teaches_predicts_reveals_and_fits_800px(class_url):
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser, page = open_app(p, class_url)
+        page.set_viewport_size({"width": 800, "height": 900})
+        panel = page.locator("#how-it-works")  # open on a first visit: three pictures, the Mirror-SD cost
+        expect(panel).to_be_visible()
+        assert panel.locator("svg").count() == 3
+        expect(panel).to_contain_text("max(target suffix, draft)")
+        expect(panel).to_contain_text("acceptance and speed are different things")
+
+        pick_methods(page)
+        page.locator("#max-tokens input").fill("0")  # out of range: brought into range, with a message
+        page.locator("#temperature input").fill("-1")
+        page.locator("#guess").get_by_text("Mirror-SD", exact=True).click()  # predict before any number is in
+        page.locator("#run").click()
+        expect(page.locator("#settings-note")).to_contain_text("Max new tokens: 0 is out of range (1 to 512); using 1.")
+        expect(page.locator("#settings-note")).to_contain_text("Temperature: -1 is out of range")
+        expect(page.locator("#max-tokens input")).to_have_value("1")
+        expect(page.locator("#temperature input")).to_have_value("0")
+        expect(page.locator("#reveal")).to_contain_text("was fastest", timeout=60_000)  # the reveal, with why
+        expect(page.locator("#reveal")).to_contain_text("tokens per step")
+        expect(page.locator("#status")).to_contain_text("Done.")
+
+        page.locator("#max-tokens input").fill("12")
+        page.locator("#run").click()
+        expect(page.locator("#card-sd .card")).to_have_attribute("data-state", "length", timeout=60_000)
+        expect(page.locator("#card-sd .card-metrics")).to_contain_text("12 tokens", timeout=60_000)
+        expect(page.locator("#status")).to_contain_text("Done.", timeout=60_000)
+        accepted = page.locator('#card-sd .metric[data-metric="accepted"]')  # a tooltip in plain words
+        assert "It is not speed" in accepted.get_attribute("title")
+        assert page.locator('#card-sd .metric[data-metric="overlap"]').count() == 0  # sd's lanes take turns
+        assert page.locator('#card-mirror .metric[data-metric="overlap"]').count() == 1
+        assert page.locator("#card-sd .tok.rejected").count() == 0  # the answer reads as text ...
+        page.locator("#show-rejected input").check()  # ... rejected draft tokens on request
+        expect(page.locator("#card-sd .tok.rejected").first).to_be_attached(timeout=30_000)
+
+        assert page.evaluate("document.documentElement.scrollWidth") <= 800  # 800 px: no sideways scrolling
+        assert page.locator("#card-sd").bounding_box()["width"] >= 300  # and cards wide enough to read
+
+        page.get_by_role("tab", name="Step-through").click()  # opens on Mirror-SD, with its hit question
+        expect(page.locator("#sentence")).to_contain_text("Step 0", timeout=30_000)
+        expect(page.get_by_label("Method")).to_have_value("Mirror-SD")
+        page.locator("#hit-guess").get_by_text("Yes, a hit").click()
+        expect(page.locator("#hit-reveal")).to_contain_text("The next step was a", timeout=30_000)
+        expect(page.locator("#hit-reveal")).to_contain_text("Step 1")
+
+        page.reload()  # a second visit: the panel starts closed
+        expect(page.locator("#notice")).to_contain_text("Target lane", timeout=30_000)
+        expect(page.locator("#how-it-works")).not_to_be_visible()
+        browser.close()
+
+
+def test_browser_says_the_models_are_loading(tiny_pair):
+    from playwright.sync_api import expect, sync_playwright
+
+    def slow(**devices):
+        time.sleep(4)  # a first load on a fresh machine
+        return tiny_pair
+
+    demo, url = launch(slow)
+    try:
+        with sync_playwright() as p:
+            browser, page = open_app(p, url)
+            expect(page.locator("#notice")).to_contain_text("Loading the models", timeout=10_000)
+            expect(page.locator("#notice")).to_contain_text("Target lane", timeout=30_000)
+            browser.close()
+    finally:
+        demo.close()
+
+
+def test_browser_closing_the_tab_ends_the_race(tiny_dirs):
+    """A visitor leaves mid-race: the server's lanes stop within a few seconds."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from mirror_sd import load_pair
+
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]))
+    forwards = []
+
+    def slow_forward(module, args):  # 80 ms a target forward: a race long enough to leave
+        forwards.append(time.perf_counter())
+        time.sleep(0.08)
+
+    pair.target.register_forward_pre_hook(slow_forward)
+    demo, url = launch(lambda **devices: pair)
+    try:
+        with sync_playwright() as p:
+            browser, page = open_app(p, url)
+            page.locator("#max-tokens input").fill("180")  # within the tiny context of 256
+            page.locator("#run").click()
+            expect(page.locator("#card-vanilla .card .tok").nth(5)).to_be_attached(timeout=60_000)
+            page.close()  # the tab closes mid-race
+            closed = time.perf_counter()
+            time.sleep(6)
+            browser.close()
+        late = [t for t in forwards if t > closed + 3]
+        assert not late, f"{len(late)} target forwards more than 3 s after the tab closed"
+        assert not any(t.name == "mirror-sd-load" for t in threading.enumerate())
+    finally:
+        demo.close()
