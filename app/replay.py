@@ -1,11 +1,26 @@
-"""Replay of a finished race, side by side, at the speed each method was measured to decode.
+"""Replay of a finished race, side by side, at the speed each method was measured to decode; and
+recorded races: races of the example prompts saved in ``app/recorded/`` that open with no model.
 
 A step counts as committed when its last span ends (its rendezvous or verification), so the
 replay shows every method's text growing exactly as fast as it grew in its own run.
+
+A recorded race is one JSON file: the prompt, where and when it ran (``meta``: hardware, date,
+settings) and per method its trace (``Trace.to_dict``), the engine's metrics and the text of every
+token the trace mentions, so the cards, the timeline and the step-through draw it with no
+tokenizer and no model. ``python -m scripts.record_races`` writes them.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from mirror_sd.trace import Trace
+
+from .cards import baseline, card_html
+from .race import Result
+
+RECORDED = Path(__file__).parent / "recorded"
+STEP_KEYS = ("index", "committed", "origins")  # a step's fields with no default: always saved
 
 
 def commit_times(trace: Trace) -> dict[int, float]:
@@ -29,3 +44,68 @@ def frame_times(traces: list[Trace], fps: float = 8.0) -> list[float]:
     end = max((s.end for t in traces for s in t.spans), default=0.0)
     n = int(end * fps) + 1
     return [i / fps for i in range(n)] + [end]
+
+
+def save_race(path: str | Path, prompt: str, results: dict[str, Result], meta: dict) -> Path:
+    """Write a finished race (``{method: Result}``, as ``app.race.run_race`` yields it) as one compact
+    JSON file: span times to the microsecond, and a step's fields left out where they hold their
+    defaults (``Step.from_dict`` restores them)."""
+    methods = {}
+    for name, r in results.items():
+        trace = r.trace.to_dict()
+        for span in trace["spans"]:
+            span["start"], span["end"] = round(span["start"], 6), round(span["end"], 6)
+        trace["steps"] = [{k: v for k, v in step.items() if k in STEP_KEYS or v not in (None, [], 0)}
+                          for step in trace["steps"]]
+        methods[name] = dict(trace=trace, metrics=r.metrics, finished=r.finished, error=r.error,
+                             pieces={str(k): v for k, v in r.pieces.items()})
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(prompt=prompt, meta=meta, methods=methods), separators=(",", ":")))
+    return path
+
+
+def load_race(path: str | Path) -> tuple[str, dict, dict[str, Result]]:
+    """A recorded race: (prompt, meta, {method: Result}), ready for the cards and the step-through."""
+    data = json.loads(Path(path).read_text())
+    results = {name: Result(name, Trace.from_dict(m["trace"]), metrics=m["metrics"], finished=m["finished"],
+                            error=m.get("error"), pieces={int(k): v for k, v in m["pieces"].items()})
+               for name, m in data["methods"].items()}
+    for r in results.values():
+        r.seen_steps = len(r.trace.steps)
+    return data["prompt"], data["meta"], results
+
+
+def recorded_races(folder: str | Path = RECORDED) -> list[tuple[str, str]]:
+    """(label, path) of every recorded race in ``folder``, for a dropdown: "qa: Why is the sky blue?"."""
+    races = []
+    for path in sorted(Path(folder).glob("*.json")):
+        data = json.loads(path.read_text())
+        prompt = " ".join(data["prompt"].split())
+        short = prompt if len(prompt) <= 60 else prompt[:57] + "…"
+        races.append((f"{data['meta'].get('category', path.stem)}: {short}", str(path)))
+    return races
+
+
+def recorded_on(meta: dict) -> str:
+    """'Recorded on <hardware>, <date>', and the settings it ran with."""
+    return (f"Recorded on {meta.get('hardware', 'unknown hardware')}, {meta.get('date', 'an unknown date')}: "
+            f"at most {meta.get('max_new_tokens')} new tokens, temperature {meta.get('temperature', 0.0)}, each "
+            "method's default options. Nothing runs now: step through it in **Step-through**, or **Replay** it.")
+
+
+def make_open_recorded(names: list[str]):
+    """The handler that opens a recorded race: (prompt, status, replay button, *cards, results), the
+    same outputs as the Run handler, with no model loaded and nothing decoded."""
+
+    def open_recorded(path, rejected=False):
+        import gradio as gr
+
+        if not path:
+            return (gr.update(), gr.update(), gr.update(), *(gr.update(),) * len(names), gr.update())
+        prompt, meta, results = load_race(path)
+        rate = baseline(results)
+        cards = [card_html(results[n], rate, rejected=bool(rejected)) if n in results else gr.update() for n in names]
+        return (prompt, recorded_on(meta), gr.update(interactive=True), *cards, results)
+
+    return open_recorded

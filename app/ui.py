@@ -16,7 +16,7 @@ from mirror_sd import METHODS, load_pair
 from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 from mirror_sd.devices import cpu_cores
 
-from . import handlers, whatif
+from . import handlers, replay, whatif
 from .handlers import AUTO
 from .inputs import LIMITS
 from .intro import how_it_works_html
@@ -86,6 +86,8 @@ def race_tab(names: list[str]) -> SimpleNamespace:
             ui.run = gr.Button("Run", variant="primary", elem_id="run")
             ui.stop = gr.Button("Stop", variant="stop", elem_id="stop")
     gr.Examples(example_prompts(), [ui.prompt], label="Examples: one per Spec-Bench category", cache_examples=False)
+    ui.recorded = gr.Dropdown(replay.recorded_races(), value=None, elem_id="recorded",
+                              label="Or open a recorded race of an example: instant, no model runs (app/recorded)")
     with gr.Row():
         ui.methods = gr.CheckboxGroup([(METHODS[n].title, n) for n in names], value=names, label="Methods", scale=3,
                                       min_width=260)
@@ -226,6 +228,9 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
         line.leave(request.session_hash)
 
     race.stop.click(stop, None, None, api_name="stop", queue=False)
+    recorded = race.recorded.input(replay.make_open_recorded(names), [race.recorded, race.show_rejected],
+                                   [race.prompt, race.status, race.replay, *race.cards, results], api_name=False)
+    recorded.then(handlers.views, [results], view_outputs, api_name=False)
     demo.unload(gone)
     race.replay.click(handlers.make_replay(names), [results], [*race.cards, race.timeline], api_name="replay")
     race.show_rejected.change(handlers.make_rerender(names), [results, race.show_rejected], race.cards,
