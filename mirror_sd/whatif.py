@@ -424,28 +424,55 @@ def measured_work(traces: list[Trace]):
     return pairs
 
 
+MAX_KNOTS = 8  # widths a fitted cost is pinned at, per stage
+
+
+def knots_for(widths: set[int]) -> list[int]:
+    """The widths a stage's fitted cost is pinned at: every width seen, or MAX_KNOTS of them spread
+    over the seen widths by rank (the smallest and the largest always among them)."""
+    seen = sorted(widths)
+    if len(seen) <= MAX_KNOTS:
+        return seen
+    return sorted({seen[round(i * (len(seen) - 1) / (MAX_KNOTS - 1))] for i in range(MAX_KNOTS)})
+
+
+def hat_weights(width: float, knots: list[int]) -> list[float]:
+    """Weights on the knots that linear interpolation (straight on past the ends) gives ``width``."""
+    if len(knots) == 1:
+        return [1.0]
+    i = next((i for i in range(1, len(knots) - 1) if width < knots[i]), len(knots) - 1)
+    t = (width - knots[i - 1]) / (knots[i] - knots[i - 1])
+    weights = [0.0] * len(knots)
+    weights[i - 1], weights[i] = 1 - t, t
+    return weights
+
+
 def fit_costs(pairs) -> dict[str, Cost]:
-    """Per-stage costs a + b * width (ms) by least squares: each span's measured ms is the sum over
-    its calls of (a_stage + b_stage * width). A stage seen at one width only gets no slope; a
-    coefficient that comes out negative is held at 0."""
-    stages = sorted({stage for w, _ in pairs for stage, _ in w.calls})
-    columns = [(s, part) for s in stages for part in ("a", "b")]
-    X = np.zeros((len(pairs), len(columns)))  # [spans, 2 * stages]: calls and total width per stage
+    """Per-stage costs, piecewise-linear in width, by least squares: each span's measured ms is the
+    sum over its calls of the stage's cost at the call's width, and a cost is its values at a few
+    knot widths (``knots_for``) joined by straight lines. A knot whose value comes out negative is
+    dropped and the fit redone."""
+    knots = {}
+    for work, _ in pairs:
+        for stage, width in work.calls:
+            knots.setdefault(stage, set()).add(width)
+    knots = {stage: knots_for(widths) for stage, widths in sorted(knots.items())}
     y = np.array([ms for _, ms in pairs])  # [spans]
-    for row, (w, _) in enumerate(pairs):
-        for stage, width in w.calls:
-            X[row, columns.index((stage, "a"))] += 1
-            X[row, columns.index((stage, "b"))] += width
-    widths = {s: {w for work, _ in pairs for stage, w in work.calls if stage == s} for s in stages}
-    free = [j for j, (s, part) in enumerate(columns) if part == "a" or len(widths[s]) > 1]  # one width: no slope
     while True:
-        coef = np.zeros(len(columns))
-        coef[free] = np.linalg.lstsq(X[:, free], y, rcond=None)[0]
-        negative = [j for j in free if coef[j] < 0]
+        columns = [(stage, k) for stage, ks in knots.items() for k in ks]
+        X = np.zeros((len(pairs), len(columns)))  # [spans, knots]: each span's calls, spread over its stage's knots
+        for row, (work, _) in enumerate(pairs):
+            for stage, width in work.calls:
+                start = columns.index((stage, knots[stage][0]))
+                X[row, start:start + len(knots[stage])] += hat_weights(width, knots[stage])
+        values = np.linalg.lstsq(X, y, rcond=None)[0]
+        negative = [(v, c) for v, c in zip(values, columns) if v < 0 and len(knots[c[0]]) > 1]
         if not negative:
             break
-        free.remove(min(negative, key=lambda j: coef[j]))
-    return {s: Cost.line(coef[columns.index((s, "a"))], coef[columns.index((s, "b"))]) for s in stages}
+        stage, knot = min(negative)[1]
+        knots[stage] = [k for k in knots[stage] if k != knot]
+    return {stage: Cost(tuple((float(k), max(0.0, float(values[columns.index((stage, k))]))) for k in ks))
+            for stage, ks in knots.items()}
 
 
 def fit_profile(traces: list[Trace], name: str = "this-machine", source: str = "") -> Profile:
