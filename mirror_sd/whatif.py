@@ -261,11 +261,12 @@ def sd_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase
 
 
 def eagle_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
-    """The head reads the pending (feature, token) pairs, then expands ``depth - 1`` levels of
-    ``top_k`` frontier nodes (a sampled chain at T > 0: one node per level); one verify forward."""
+    """The head reads the pending (feature, token) pairs (the whole prompt's at step 1, then the
+    last step's tokens), then expands ``depth - 1`` levels of ``top_k`` frontier nodes (a sampled
+    chain at T > 0: one node per level); one verify forward."""
     depth, top_k = options.get("depth", 3), options.get("top_k", 4)
     frontier = top_k if meta.get("temperature", 0.0) == 0 else 1
-    pending = len(previous.committed)
+    pending = int(meta.get("prompt_tokens", 1)) if previous.index == 0 else len(previous.committed)
     window = len(step.tree.tokens) + 1
     head = [("eagle_head", pending)] + [("eagle_head", frontier)] * (depth - 1)
     return [(Work("target", "draft", f"draft tree, depth {depth}", head, tokens=pending),),
