@@ -1,6 +1,8 @@
 """The what-if latency model (mirror_sd/whatif.py): each method's step equation on hand-built
 traces, re-timed traces that keep their steps, profiles and their refusals, the fit, the CLI."""
 import json
+import os
+import shutil
 
 import pytest
 
@@ -306,3 +308,38 @@ def test_the_app_view_draws_every_method_modelled_under_the_banner():
     assert "—" not in set(table["measured here"])
     empty = view.render({}, "paper-14b", 0.5, True, 0.6, 0.2)
     assert "Run a race first" in empty[0]
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM) and not shutil.which("chromium"),
+                    reason="Chromium is not installed here (CI installs Debian's chromium: see .ci/run)")
+def test_browser_opens_the_what_if_view_with_the_banner_and_a_modelled_timeline_per_method(tiny_pair):
+    from playwright.sync_api import expect, sync_playwright
+
+    from app.ui import build_demo
+
+    demo = build_demo(pair_factory=lambda **devices: tiny_pair)
+    _, url, _ = demo.queue(max_size=8).launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True,
+                                              quiet=True)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(headless=True, args=["--no-sandbox", "--disable-gpu"],
+                                        executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"))
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url)
+            page.get_by_label("Prompt").fill("t1 t2 t3")
+            page.locator("#run").click()
+            expect(page.locator("#card-mirror .card")).to_have_attribute("data-state", "length", timeout=60_000)
+            page.get_by_role("tab", name="What if").click()
+            expect(page.locator("#whatif-banner")).to_contain_text("MODELLED from this run's steps, not measured")
+            timeline = page.locator("#whatif-timeline")
+            expect(timeline.locator(".js-plotly-plot")).to_be_visible(timeout=30_000)
+            for title in ("Vanilla", "Speculative decoding", "Mirror-SD"):  # the methods the tiny pair runs
+                expect(timeline).to_contain_text(f"{title} (MODELLED)")
+            expect(page.locator("#whatif-table")).to_contain_text("MODELLED on paper-14b")
+            expect(page.locator("#whatif-curve .js-plotly-plot")).to_be_visible()
+            browser.close()
+    finally:
+        demo.close()
