@@ -58,14 +58,15 @@ def metrics_line(result: Result, baseline_tps: float | None, runs: list[dict] | 
 
 def card_html(result: Result, baseline_tps: float | None = None, upto: int | None = None,
               runs: list[dict] | None = None, rejected: bool = False) -> str:
-    """The card; ``upto`` shows the text as it stood after that step (the replay); ``rejected`` shows the
-    rejected draft tokens struck through inside the text."""
+    """The card; ``upto`` shows the text as it stood after that step (the replay); ``runs`` (default: the
+    result's own) turns the numbers into medians with ranges; ``rejected`` shows the rejected draft
+    tokens struck through inside the text."""
     state = STATES.get(result.finished, result.finished)
     error = f'<div class="card-error" style="color:#b91c1c">{html.escape(result.error)}</div>' if result.error else ""
     note = result.trace.meta.get("note")  # the draft lane failed: the run finished target-only
     error += f'<div class="card-note" style="color:#92400e">{html.escape(note)}</div>' if note else ""
     body = text_html(result.trace, result.pieces, upto=upto, rejected=rejected) if result.trace.steps else ""
-    metrics = "" if upto is not None else metrics_line(result, baseline_tps, runs)
+    metrics = "" if upto is not None else metrics_line(result, baseline_tps, result.runs if runs is None else runs)
     return (f'<div class="card" style="{CARD_STYLE}" data-method="{html.escape(result.method)}" data-state="{html.escape(result.finished)}">'
             f'<div class="card-head"><b>{html.escape(result.title)}</b> <span class="card-state">{state}</span></div>'
             f'<div class="card-metrics" style="font-size:13px;color:#374151;margin:4px 0">{metrics}</div>{error}{body}</div>')

@@ -228,3 +228,99 @@ def test_the_race_asks_for_a_gpu_only_where_spaces_is_installed(tiny_pair, monke
     monkeypatch.setitem(sys.modules, "spaces", None)  # import spaces -> ImportError
     runner = lambda: None  # noqa: E731
     assert ui._on_gpu(runner) is runner
+
+
+def test_settings_out_of_range_are_brought_in_with_a_message():
+    from app.handlers import settle_boxes
+    from app.inputs import settle
+
+    assert settle("max_new", 0) == (1, "Max new tokens: 0 is out of range (1 to 512); using 1.")
+    assert settle("max_new", -5)[0] == 1 and settle("max_new", 100000)[0] == 512
+    assert settle("temperature", -1) == (0.0, "Temperature: -1 is out of range (0 to 2); using 0.")
+    assert settle("max_new", 48) == (48, None) and settle("runs", 3) == (3, None)
+    assert settle("max_new", "abc")[1].endswith("is not a number; using the default 48.")
+    *boxes, note = settle_boxes(100000, -1, 1.0, 0, 1)
+    assert boxes == [512, 0.0, 1.0, 0, 1] and "100000 is out of range" in note and "-1 is out of range" in note
+
+
+def test_status_says_done_only_when_the_race_is_over(race):
+    from app.handlers import race_status
+
+    between = {name: types.SimpleNamespace(**vars(r)) for name, r in race.items()}
+    for i, r in enumerate(between.values()):  # the first method done, the others still to come
+        r.finished, r.title, r.error = ("length" if i == 0 else "waiting"), race[r.method].title, None
+    assert race_status(between).startswith("Running **")
+    assert race_status(race, done=True).startswith("Done.")
+    waiting = {n: types.SimpleNamespace(finished="waiting", title=n) for n in race}
+    assert "once per server" in race_status(waiting, cold=True) and "once per server" not in race_status(waiting)
+    assert "(run 2 of 3)" in race_status(waiting, run=1, runs=3)
+
+
+def test_cards_explain_every_number_and_read_as_text(race):
+    import re
+
+    from app.intro import METRIC_HELP
+
+    rate = baseline(race)
+    sd, mirror = card_html(race["sd"], rate), card_html(race["mirror"], rate)
+    keys = set(re.findall(r'data-metric="([^"]+)"', sd + mirror))
+    assert {"tok/s", "τ", "accepted", "speedup", "hits", "overlap"} <= keys and keys <= set(METRIC_HELP)
+    assert 'data-metric="overlap"' not in sd  # sd's lanes take turns: an overlap would mean nothing
+    assert "rejected" not in sd and "line-through" in card_html(race["sd"], rate, rejected=True)
+    assert "∅" in legend_html() and "↵" in legend_html()
+
+
+def test_repeated_runs_show_the_median_and_the_range(race):
+    from app.repeat import busy_note, record
+
+    runs = {}
+    for _ in range(3):
+        record(runs, race)
+    runs["sd"][0]["tokens_per_s"] *= 2  # one run twice as fast: a wide spread
+    sd = race["sd"]
+    sd.runs = runs["sd"]
+    try:
+        card = card_html(sd, baseline(race))
+    finally:
+        sd.runs = []
+    tps = sd.metrics["tokens_per_s"]
+    assert f"{tps:.1f} ({tps:.1f}–{2 * tps:.1f}) tok/s" in card and "median of 3 runs" in card, card[:1500]
+    assert "disagree" in busy_note(runs, False, {"sd": "Speculative decoding"})
+    assert "other visitors" in busy_note({}, True, {}) and busy_note({}, False, {}) == ""
+
+
+def test_the_line_says_where_a_visitor_stands():
+    from app.waiting import Line
+
+    line = Line()
+    assert line.join("a") == 0 and line.join("b") == 1 and line.join("c") == 2
+    assert line.message("a") == "" and "no estimate yet" in line.message("c")
+    line.leave("a", started=0.0)  # a race that took as long as perf_counter has run
+    assert line.ahead("c") == 1 and "1 race is ahead of yours" in line.message("c")
+    assert line.behind("b") == 1 and line.estimate_s(1) > 0
+    line.leave("b")
+    assert line.message("c") == ""
+
+
+def test_reveals_say_why_from_the_run(race):
+    from app.predict import fastest, next_step, reveal, reveal_hit
+
+    winner = fastest(race)
+    assert reveal(race, None) == "" and reveal(race, "skip") == ""
+    assert reveal(race, winner.method).startswith("**Right!**") and "tokens per step" in reveal(race, winner.method)
+    other = next(n for n in TINY_METHODS if n != winner.method)
+    assert reveal(race, other).startswith("**Not this time**")
+    mirror = race["mirror"]
+    step = next_step(mirror.trace, 1)
+    answer = "hit" if step.rendezvous.hit else "miss"
+    assert reveal_hit(mirror, 1, answer).startswith("**Right!**")
+    assert reveal_hit(mirror, 1, "miss" if answer == "hit" else "hit").startswith("**Not this time.**")
+    assert next_step(race["sd"].trace, 1) is None  # the question is asked on Mirror-SD steps only
+
+
+def test_lane_labels_say_the_device_the_role_and_a_shared_processor(race):
+    fig = figures.timeline({"Mirror-SD": race["mirror"].trace})
+    ticks = list(fig.layout.yaxis.ticktext)
+    assert "target on cpu:0<br>plays the GPU (same CPU as the other lane)" in ticks
+    assert figures.lane_text("draft, NPU role, cuda:1", ["target, GPU role, cuda:0", "draft, NPU role, cuda:1"]) == \
+        "draft on cuda:1<br>plays the NPU"
