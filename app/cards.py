@@ -36,7 +36,7 @@ def metrics_line(result: Result, baseline_tps: float | None, runs: list[dict] | 
     if not m:
         return ""
     parallel = result.method in METHODS and METHODS[result.method].parallel_lanes
-    parts = [metric("tokens", f"{m['new_tokens']} tokens"),
+    parts = [metric("tokens", f"{m['new_tokens']} token{'' if m['new_tokens'] == 1 else 's'}"),
              metric("tok/s", _ranged(runs, "tokens_per_s", "{:.1f}", m["tokens_per_s"]) + " tok/s"),
              metric("τ", f"τ {m['mean_accepted']:.2f}")]
     if m.get("acceptance_rate") is not None:

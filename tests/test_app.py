@@ -289,6 +289,13 @@ def test_repeated_runs_show_the_median_and_the_range(race):
     assert "other visitors" in busy_note({}, True, {}) and busy_note({}, False, {}) == ""
 
 
+def test_option_help_cites_no_repository_paths():
+    from app.ui import plain_help
+
+    helps = [plain_help(opt.help) for method in METHODS.values() for opt in method.options]
+    assert helps and not any(".py" in h or "()" in h for h in helps)
+
+
 def test_the_line_says_where_a_visitor_stands():
     from app.waiting import Line
 

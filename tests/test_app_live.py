@@ -63,6 +63,23 @@ def test_api_reports_an_empty_prompt_without_a_traceback(app_url):
     assert status == "**Cannot run:** the prompt is empty: type some text or pick an example."
 
 
+def test_api_names_its_parameters_and_says_when_it_changes_a_setting(app_url):
+    from gradio_client import Client
+
+    client = Client(app_url, verbose=False)
+    names = [p["parameter_name"] for p in client.view_api(return_format="dict", print_info=False)
+             ["named_endpoints"]["/run"]["parameters"]]
+    assert names[:10] == ["prompt_text", "methods", "max_new", "temperature", "top_p", "seed", "target_device",
+                          "draft_device", "runs", "show_rejected"]
+    assert "mirror_gamma" in names and not any(n.startswith("param_") for n in names)
+    status, *cards = client.predict(prompt_text="t1 t2 t3", methods=["vanilla", "sd"], max_new=0, temperature=-1,
+                                    runs=2, api_name="/run")
+    assert "Max new tokens: 0 is out of range (1 to 512); using 1." in status and "Temperature: -1" in status
+    assert "Done." in status
+    vanilla, sd = cards[:2]
+    assert ">1 token<" in vanilla and "median of 2 runs" in sd
+
+
 @pytest.mark.skipif(not os.path.exists(CHROMIUM) and not shutil.which("chromium"),
                     reason="Chromium is not installed here (CI installs Debian's chromium: see .ci/run)")
 def test_browser_runs_the_race_and_steps_through_it(app_url, tmp_path):
