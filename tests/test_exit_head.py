@@ -136,3 +136,21 @@ def test_the_trainer_is_a_subcommand():
 
     args = build_parser().parse_args(["exit-head", "--data", "d", "--out", "o"])
     assert (args.exit_layer, args.rank, args.draft, args.batch_tokens) == (0, 64, "default", 1024)
+
+
+def test_by_default_mirror_uses_a_trained_head_where_there_is_one(tiny_dirs, trained_head):
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]))
+    options = dict(max_new_tokens=16, raw=True, gamma=2, kappa=2, branch_budget=3, lookup=0)
+
+    def candidates(**exit_head):
+        out = generate(pair, "t1 t2 t3", method="mirror", **options, **exit_head)
+        assert out.error is None
+        labels = {s.label for s in out.trace.spans if s.kind == "target-prefix"}
+        return [s.rendezvous.exit_candidates for s in out.trace.steps[1:]], labels
+
+    lens, lens_labels = candidates(exit_head=0)
+    assert candidates() == (lens, lens_labels)  # no head for this target: the logit lens
+    attach_exit_head(pair, load_exit_head(trained_head[0], pair.target))
+    head, head_labels = candidates(exit_head=1)
+    assert candidates() == (head, head_labels) and head != lens
+    assert all("trained early exit" in label for label in head_labels)

@@ -120,3 +120,23 @@ def test_early_exit_scores_only_a_reduced_drafts_tokens(tiny_dirs):
         out = generate(pair, prompt, method="mirror", max_new_tokens=24, raw=True, gamma=2, kappa=2, branch_budget=4)
         assert out.token_ids == expected
         assert all(v in rows.tolist() for s in out.trace.steps[1:] for c in s.rendezvous.exit_candidates for v in c)
+
+
+def test_branches_are_chosen_by_the_chance_the_step_ends_there():
+    """Hand computation: window d1 = 5, d2 = 6; early-exit top-2 per position r = 0, 1, 2.
+    P(step ends at (r, v)) = P(d1..dr accepted) * P(v at r): (0, 7) 0.30, (1, 8) 0.6 * 0.45 = 0.27,
+    (2, 9) 0.6 * 0.4 * 0.7 = 0.168, (2, 10) 0.048; (0, 5) and (1, 6) are acceptances, not branches."""
+    import math
+
+    import torch
+
+    from mirror_sd.methods.mirror import choose_branches
+
+    top_ids = torch.tensor([[5, 7], [8, 6], [9, 10]])
+    top_logp = torch.tensor([[0.6, 0.3], [0.45, 0.4], [0.7, 0.2]]).log()
+    window_logp = torch.tensor([0.6, 0.4]).log()  # the exit's log-prob of d1 at 0 and of d2 at 1
+    branches = choose_branches([5, 6], top_ids, top_logp, window_logp, budget=10)
+    assert [(b.accepted, b.root) for b in branches] == [(0, 7), (1, 8), (2, 9), (2, 10)]
+    assert [math.exp(b.score) for b in branches] == pytest.approx([0.30, 0.27, 0.168, 0.048])
+    # a budget of 2 keeps the likeliest step ends, not the likeliest candidates ((2, 9) at 0.7, (1, 8) at 0.45)
+    assert [(b.accepted, b.root) for b in choose_branches([5, 6], top_ids, top_logp, window_logp, 2)] == [(0, 7), (1, 8)]

@@ -46,7 +46,7 @@ def get_method(name: str) -> Method:
 
 GAMMA = Option("gamma", 2, 1, 32, "draft tokens per step (window length)")
 SS_GAMMA = Option("gamma", 4, 1, 32, "stream levels in the draft (at most the trained streams, 4 for the shipped ones)")
-KAPPA = Option("kappa", 2, 1, 64, "early-exit candidates per window position (token channel width)")
+KAPPA = Option("kappa", 4, 1, 64, "early-exit candidates per window position (token channel width)")
 EXIT_LAYER = Option("exit_layer", 0, 0, 1024, "target layer feeding the token channel (0: three quarters of the "
                     "target's layers)")
 DEPTH = Option("depth", 3, 1, 16, "EAGLE tree levels (draft tokens along a path)")
@@ -70,9 +70,10 @@ SD_STREAMS = Option("streams", 0, 0, 2, "how the draft drafts: 0 token by token;
                     "its trained speculative streams; 2 each draft forward checks the lookahead its streams proposed "
                     "in the one before (the tokens of 0, in fewer forwards)")
 BRANCH_BUDGET = Option("branch_budget", 16, 1, 256, "branches the draft rolls out per step")
-EXIT_HEAD = Option("exit_head", 0, 0, 1, "what reads the exit layer's hidden states: 0 the target's own final norm and "
-                   "LM head (a logit lens); 1 a head trained for this target and exit layer before them (the "
-                   "embedded target's ships; models/exit_head.py)")
+EXIT_HEAD = Option("exit_head", -1, -1, 1, "what reads the exit layer's hidden states: 1 a head trained for this target "
+                   "and exit layer, before the target's own final norm and LM head (the embedded target ships one for "
+                   "layer 22); 0 that norm and head alone (a logit lens); -1 the trained head where there is one, "
+                   "else the logit lens")
 
 
 def _check_exit_layer(pair, options):
@@ -84,7 +85,7 @@ def _check_exit_layer(pair, options):
 
 def _check_mirror(pair, options):
     _check_exit_layer(pair, options)
-    if options["exit_head"]:  # load now: a missing or mismatched head is an input error, not a failure mid-run
+    if options["exit_head"] == 1:  # load now: a missing or mismatched head is an input error, not a failure mid-run
         mirror.exit_head_for(pair, options["exit_layer"] or mirror.default_exit_layer(pair.target.num_layers))
     make_drafter(options["streams"]).check(pair, options["gamma"])  # the fresh draft after a miss
 

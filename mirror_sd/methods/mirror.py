@@ -4,8 +4,9 @@ One step, with the window W = [last committed token, d1 .. d_gamma]:
 
 1. Target lane, layers [0, exit_layer) over W, then the target's own final norm + LM head on those
    hidden states (an early exit; only the rows of the draft's vocabulary when it has a reduced
-   one: ``early_exit``; with ``exit_head=1`` the hidden states first go through a trained head,
-   models/exit_head.py): the top-kappa tokens and log-probs at every window position.
+   one: ``early_exit``; with a trained exit head (``exit_head``; by default wherever the target has
+   one) the hidden states first go through it, models/exit_head.py): the top-kappa tokens and
+   log-probs at every window position.
    This token channel is all that crosses to the draft lane (ids and log-probs, O(gamma * kappa)).
 2. At the same time, on two lanes:
    - target lane: layers [exit_layer, N) over W -> final logits -> verification (on a CPU whose
@@ -46,7 +47,7 @@ import torch
 
 from ..drafting import make_drafter
 from ..drafting.lookup import copy_from_context
-from ..models.exit_head import exit_head_for
+from ..models.exit_head import available_exit_head, exit_head_for
 from ..models.linear import linear
 from ..models.streams import draft_streams, split_forward
 from ..sampling import to_target_vocab
@@ -93,6 +94,14 @@ def early_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
 def full_head_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
     """The early exit over the target's whole LM head: log-probs [T, V] of hidden states [1, T, d]."""
     return torch.log_softmax(pair.target.head(hidden)[0], dim=-1)
+
+
+def choose_exit_head(pair, exit_layer: int, exit_head: int):
+    """The trained head (``exit_head`` 1: required; -1: if the pair has one for ``exit_layer``), or None
+    for the logit lens (0, or -1 without a head). The target-prefix span's label says which ran."""
+    if exit_head == 1:
+        return exit_head_for(pair, exit_layer)
+    return available_exit_head(pair, exit_layer) if exit_head == -1 else None
 
 
 def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, head=None):
@@ -239,12 +248,12 @@ def rendezvous(draft, q, logits, sampler, branches: list[Branch]):
 
 
 def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, streams: int = 0, lookup: int = 0,
-           exit_head: int = 0):
+           exit_head: int = -1):
     pair = run.pair
     fresh = make_drafter(streams)  # a fresh window after a miss: token by token, or the draft's streams
     roll_out = rollout_streamed if streams else rollout
     exit_layer = exit_layer or default_exit_layer(pair.target.num_layers)
-    head = exit_head_for(pair, exit_layer) if exit_head else None  # None: the logit lens
+    head = choose_exit_head(pair, exit_layer, exit_head)  # None: the logit lens
     target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=branch_budget * gamma + lookup)
     yield first
     window, q = None, None

@@ -116,9 +116,18 @@ def attach_exit_head(pair, head: ExitHead):
     pair.exit_head = head.to(pair.target.device, pair.target.dtype).eval().requires_grad_(False)
 
 
-def exit_head_for(pair, exit_layer: int) -> ExitHead:
+def available_exit_head(pair, exit_layer: int) -> ExitHead | None:
+    """The trained head for ``exit_layer`` if this pair has one (attached, or shipped with the embedded
+    target), else None: what ``exit_head=-1`` (auto) uses, falling back to the logit lens."""
+    if pair.exit_head is None and not pair.embedded_target:
+        return None
+    head = exit_head_for(pair, None)
+    return head if head.exit_layer == exit_layer else None
+
+
+def exit_head_for(pair, exit_layer: int | None) -> ExitHead:
     """The pair's trained early-exit head (attached, or the shipped one of the embedded target, loaded
-    once and kept on the pair), refused unless it was trained for ``exit_layer``."""
+    once and kept on the pair), refused unless it was trained for ``exit_layer`` (None: whichever layer)."""
     if pair.exit_head is None:
         if not pair.embedded_target:
             raise MirrorSDError(f"exit_head=1 needs an early-exit head trained for target {pair.target_name!r}; only "
@@ -126,7 +135,7 @@ def exit_head_for(pair, exit_layer: int) -> ExitHead:
                                 f"target_dir=...), then mirror_sd.models.exit_head.attach_exit_head), or use exit_head=0")
         pair.exit_head = load_exit_head(EMBEDDED_EXIT_HEAD, pair.target)
     trained = pair.exit_head.exit_layer
-    if trained != exit_layer:
+    if exit_layer is not None and trained != exit_layer:
         raise MirrorSDError(f"the early-exit head of this target was trained for exit layer {trained}, not {exit_layer}: "
                             f"use exit_layer={trained}, or exit_head=0 (the target's LM head), or train one for "
                             f"layer {exit_layer} (python -m mirror_sd.train exit-head --exit-layer {exit_layer})")
