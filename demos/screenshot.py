@@ -1,4 +1,6 @@
-"""Retake the README's screenshots of the app (docs/app.png, docs/app-steps.png) from a real race.
+"""Retake the README's screenshots of the app from a real race: docs/app-how.png (the How it works
+panel, on a 1280x720 projector-sized window), docs/app.png (the race, with a guess revealed) and
+docs/app-steps.png (the step-through on Mirror-SD, with its hit question answered).
 
     python demos/screenshot.py ["prompt"]
 
@@ -31,26 +33,34 @@ def main():
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
-            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page = browser.new_page(viewport={"width": 1280, "height": 720})
             page.goto(url)
+            expect(page.locator("#notice")).to_contain_text("Target lane", timeout=600_000)
+            page.locator("#how").screenshot(path=DOCS / "app-how.png")
+            page.get_by_role("button", name="How it works").first.click()  # fold it away for the race
+            page.set_viewport_size({"width": 1280, "height": 1000})
             page.get_by_label("Prompt").fill(prompt)
+            page.locator("#guess").get_by_text("Mirror-SD", exact=True).click()
             page.locator("#run").click()
             for name in METHODS:
                 expect(page.locator(f"#card-{name} .card")).not_to_have_attribute("data-state", "waiting", timeout=600_000)
                 expect(page.locator(f"#card-{name} .card")).not_to_have_attribute("data-state", "running", timeout=600_000)
             expect(page.locator("#timeline .js-plotly-plot")).to_be_visible(timeout=60_000)
+            expect(page.locator("#reveal")).to_contain_text("fastest", timeout=60_000)
             page.wait_for_timeout(1000)
             page.screenshot(path=DOCS / "app.png", full_page=True)
             page.get_by_role("tab", name="Step-through").click()
             expect(page.locator("#sentence")).to_contain_text("Step 0", timeout=60_000)
             page.locator("#next").click()
             expect(page.locator("#sentence")).to_contain_text("Step 1", timeout=60_000)
+            page.locator("#hit-guess").get_by_text("Yes, a hit").click()
+            expect(page.locator("#hit-reveal")).to_contain_text("The next step was a", timeout=60_000)
             page.wait_for_timeout(1000)
             page.screenshot(path=DOCS / "app-steps.png", full_page=True)
             browser.close()
     finally:
         demo.close()
-    print(f"wrote {DOCS / 'app.png'} and {DOCS / 'app-steps.png'}")
+    print(f"wrote {DOCS / 'app-how.png'}, {DOCS / 'app.png'} and {DOCS / 'app-steps.png'}")
 
 
 if __name__ == "__main__":
