@@ -111,7 +111,8 @@ def test_browser_says_the_models_are_loading(tiny_pair):
 
 
 def test_browser_closing_the_tab_ends_the_race(tiny_dirs):
-    """A visitor leaves mid-race: the server's lanes stop within a few seconds."""
+    """A second visitor sees their place in line while the first races; each leaves (the waiting one
+    first): the server's lanes stop within a few seconds."""
     from playwright.sync_api import expect, sync_playwright
 
     from mirror_sd import load_pair
@@ -131,7 +132,14 @@ def test_browser_closing_the_tab_ends_the_race(tiny_dirs):
             page.locator("#max-tokens input").fill("180")  # within the tiny context of 256
             page.locator("#run").click()
             expect(page.locator("#card-vanilla .card .tok").nth(5)).to_be_attached(timeout=60_000)
-            page.close()  # the tab closes mid-race
+            second = browser.new_page(viewport={"width": 1280, "height": 900})
+            second.goto(url)
+            second.get_by_label("Prompt").fill("t1 t2")
+            second.locator("#run").click()
+            expect(second.locator("#wait")).to_contain_text("Waiting your turn: 1 race is ahead of yours",
+                                                            timeout=30_000)
+            second.close()  # the waiting visitor leaves: their race never starts
+            page.close()  # the racing one leaves mid-race
             closed = time.perf_counter()
             time.sleep(6)
             browser.close()
