@@ -139,6 +139,18 @@ def speedup_table(current, runs, profile, knobs) -> pd.DataFrame:
 
 
 RATIOS = [i / 40 for i in range(41)]  # draft forward / target forward, 0 .. 1
+MARKS = (("the shipped draft, one H100", "h100-embedded"), ("the paper's 0.6B draft, 14B target", "paper-14b"))
+
+
+def draft_marks(profile: whatif.Profile) -> list[tuple[str, float]]:
+    """Where drafts sit on the curve's x axis: this profile's, the shipped one's (one H100) and the
+    paper's (0.6B for a 14B target, its device at half the GPU's speed), each from its profile."""
+    marks = {round(profile.draft_ratio(), 3): f"this profile's draft ({profile.draft_ratio():.2f})"}
+    for text, name in MARKS:
+        if name in whatif.profile_names():
+            x = whatif.load_profile(name).draft_ratio()
+            marks.setdefault(round(x, 3), f"{text} ({x:.2f})")
+    return [(text, x) for x, text in marks.items()]
 
 
 def curve(runs, profile, knobs) -> go.Figure:
@@ -149,13 +161,10 @@ def curve(runs, profile, knobs) -> go.Figure:
     for method, ys in whatif.tradeoff(traces, profile, RATIOS, knobs["alpha"], knobs["hit_rate"]).items():
         colour = figures.kind_style({"sd": "draft", "eagle": "verify", "mirror": "draft-rollout"}[method])[0]
         fig.add_trace(go.Scatter(x=RATIOS, y=ys, name=runs[method].title, mode="lines", line=dict(color=colour, width=3)))
-    marks = [("this profile's draft", profile.draft_ratio())]
-    if DEFAULT_PROFILE in whatif.profile_names():
-        marks.append(("the paper's 0.6B draft, 14B target", whatif.load_profile(DEFAULT_PROFILE).draft_ratio()))
-    for i, (text, x) in enumerate(marks):
+    for i, (text, x) in enumerate(draft_marks(profile)):
         if 0 <= x <= 1:
             fig.add_vline(x=x, line=dict(dash="dot", color="#374151"), annotation_text=text,
-                          annotation_position="top right" if i == 0 else "bottom right")
+                          annotation_position=["top right", "bottom right", "top left"][i % 3])
     fig.add_hline(y=1.0, line=dict(color="#9ca3af", width=1))
     fig.update_layout(title=f"MODELLED on {profile.name}: speedup over vanilla as the draft gets dearer",
                       xaxis_title="draft cost: one draft forward (or EAGLE head step) / one target forward",
