@@ -107,63 +107,75 @@ def settle_boxes(max_new, temperature, top_p, seed, runs):
 
 
 def make_race(get_pair, stops: Stops, specs, names: list[str], line: Line):
-    """The Run handler: yields (status, replay button, *cards, results) while loading, and after every
-    committed step of every run."""
+    """The Run handler: yields (status, replay button, *cards, results) while the models load, and after
+    every committed step of every run; the visitor holds a place in ``line`` until their race ends."""
 
     def race(request: gr.Request, *values):
         given = dict(zip(RACE_INPUTS, values))
         session = request.session_hash if request else ""
-        idle = (gr.update(),) * len(names)
         used, messages = settle_all(**{k: given[k] for k in ("max_new", "temperature", "top_p", "seed", "runs")})
         settled = ("**Settings changed:** " + " ".join(messages) + " ") if messages else ""
-        devices = dict(target_device=None if given["target_device"] == AUTO else given["target_device"],
-                       draft_device=None if given["draft_device"] == AUTO else given["draft_device"])
         line.join(session)
-        started = time.perf_counter()
         try:
-            problem = check_prompt(given["prompt_text"], given["methods"])
-            if problem:
-                raise MirrorSDError(problem)
-            loads = in_background(lambda: get_pair(**devices))
-            while True:
-                try:
-                    yield (loading_message(next(loads)), gr.update(), *idle, {})
-                except StopIteration as done:
-                    pair = done.value
-                    break
-        except MirrorSDError as e:
-            line.leave(session)
-            gr.Warning(str(e))
-            yield (f"**Cannot run:** {e}", gr.update(), *idle, {})
-            return
-        stop = stops.fresh(session)
-        settings = dict(max_new_tokens=used["max_new"], temperature=used["temperature"], top_p=used["top_p"],
-                        seed=used["seed"], options=gather_options(specs, values[len(RACE_INPUTS):]))
-        show = bool(given["show_rejected"])
-        warned, current, runs, crowded = set(), {}, {}, False
-        try:
-            for k in range(used["runs"]):
-                cold = not is_warm(pair)
-                for current in run_race(pair, given["prompt_text"], given["methods"], stop, **settings):
-                    crowded = crowded or line.behind(session) > 0
-                    for r in current.values():
-                        if r.error and r.method not in warned:
-                            warned.add(r.method)
-                            gr.Warning(f"{r.title}: {r.error}")
-                    status = settled + race_status(current, run=k, runs=used["runs"], cold=cold)
-                    yield (status, gr.update(interactive=False), *cards(current, names, show), current)
-                record(runs, current)
-                if stop.is_set():
-                    break
-        finally:
+            pair = yield from _load(get_pair, given, names)
+            if pair is None:
+                return
+            started = time.perf_counter()
+            settings = dict(max_new_tokens=used["max_new"], temperature=used["temperature"], top_p=used["top_p"],
+                            seed=used["seed"], options=gather_options(specs, values[len(RACE_INPUTS):]))
+            yield from _runs(pair, given, settings, used["runs"], settled, stops.fresh(session),
+                             lambda: line.behind(session) > 0, names)
             line.leave(session, started)
-        for name, r in current.items():
-            r.runs = runs.get(name, [])
-        note = busy_note(runs, crowded, {r.method: r.title for r in current.values()})
-        status = settled + race_status(current, done=True) + (f"\n\n{note}" if note else "")
-        yield (status, gr.update(interactive=True), *cards(current, names, show), current)
+        finally:
+            line.leave(session)
 
     return named(race, RACE_INPUTS + [option_name(m, opt) for m, opt, _ in specs])
+
+
+def _load(get_pair, given: dict, names: list[str]):
+    """Check the prompt and load the pair, yielding a loading message each second; the pair, or None
+    after a 'Cannot run' message."""
+    idle = (gr.update(),) * len(names)
+    devices = {lane: None if given[lane] == AUTO else given[lane] for lane in ("target_device", "draft_device")}
+    try:
+        problem = check_prompt(given["prompt_text"], given["methods"])
+        if problem:
+            raise MirrorSDError(problem)
+        loads = in_background(lambda: get_pair(**devices))
+        while True:
+            try:
+                yield (loading_message(next(loads)), gr.update(), *idle, {})
+            except StopIteration as done:
+                return done.value
+    except MirrorSDError as e:
+        gr.Warning(str(e))
+        yield (f"**Cannot run:** {e}", gr.update(), *idle, {})
+        return None
+
+
+def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded_now, names: list[str]):
+    """Run the race ``n`` times (fewer if stopped), yielding after every step; at the end each result
+    carries every run's numbers, and the status says when the machine was busy."""
+    show = bool(given["show_rejected"])
+    warned, current, runs, crowded = set(), {}, {}, False
+    for k in range(n):
+        cold = not is_warm(pair)
+        for current in run_race(pair, given["prompt_text"], given["methods"], stop, **settings):
+            crowded = crowded or crowded_now()
+            for r in current.values():
+                if r.error and r.method not in warned:
+                    warned.add(r.method)
+                    gr.Warning(f"{r.title}: {r.error}")
+            status = settled + race_status(current, run=k, runs=n, cold=cold)
+            yield (status, gr.update(interactive=False), *cards(current, names, show), current)
+        record(runs, current)
+        if stop.is_set():
+            break
+    for name, r in current.items():
+        r.runs = runs.get(name, [])
+    note = busy_note(runs, crowded, {r.method: r.title for r in current.values()})
+    status = settled + race_status(current, done=True) + (f"\n\n{note}" if note else "")
+    yield (status, gr.update(interactive=True), *cards(current, names, show), current)
 
 
 def check_prompt(prompt_text: str, chosen: list[str]) -> str | None:
