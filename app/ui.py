@@ -158,7 +158,8 @@ def build_demo(pair_factory=None) -> gr.Blocks:
         results = gr.State({})
         seen = gr.BrowserState(False, storage_key="mirror-sd-seen-intro", secret="mirror-sd")
         gr.Markdown(INTRO)
-        with gr.Accordion("How it works (open on your first visit)", open=True, elem_id="how") as how:
+        with gr.Accordion("How it works: speculative decoding, EAGLE-2 and Mirror-SD in three pictures", open=True,
+                          elem_id="how") as how:
             gr.HTML(how_it_works_html())
         notice = gr.Markdown(elem_id="notice")
         with gr.Tab("Race"):
@@ -211,7 +212,8 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
     run = checked.then(run_fn, inputs, [race.status, race.replay, *race.cards, results], api_name="run",
                        concurrency_limit=1, show_progress="minimal")
     shown = run.then(handlers.views, [results], view_outputs, api_name="views")
-    shown.then(lambda current, guess: reveal(current, guess), [results, race.guess], race.reveal, api_name=False)
+    shown.then(lambda current, guess: (reveal(current, guess), None), [results, race.guess], [race.reveal, race.guess],
+               api_name=False)  # the answer, and the choice cleared for the next race
     waiting.tick(tick, None, [race.wait, waiting], queue=False, api_name=False)
 
     def guessed(current, guess, request: gr.Request):
