@@ -1,8 +1,8 @@
 """Text of a run as HTML: each committed token coloured by origin, draft tokens copied from the context
 (``mirror_sd/drafting/lookup.py``) underlined, and, on request, rejected draft tokens struck through.
 
-The answer reads as plain text by default: rejected draft tokens are left out unless ``rejected=True``
-(the race's "show rejected draft tokens" box, and always in the step-through).
+The race's cards read as plain text: they leave rejected draft tokens out (``rejected=False``) unless
+the visitor ticks "show rejected draft tokens"; the step-through always shows them.
 
 Token ids become text through a ``pieces`` dict (id -> text) recorded with the run (see
 :func:`collect_pieces`), so a stored run renders with no tokenizer at hand.
