@@ -54,7 +54,8 @@ def hardware_notice(pair) -> str:
     """The lanes in use, whether drafting runs in int8, and a plain warning when both lanes are the
     same kind of hardware."""
     target, draft = pair.target_lane, pair.draft_lane
-    lanes = f"Target lane: **{target.label}**; draft lane: **{draft.label}**."
+    lanes = (f"Target lane: **{target.display_device}**, playing the {target.role.removesuffix(' role')}; "
+             f"draft lane: **{draft.display_device}**, playing the {draft.role.removesuffix(' role')}.")
     if getattr(pair, "int8_drafting", False):
         lanes += INT8_NOTE
     if target.device.type != draft.device.type:

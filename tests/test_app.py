@@ -203,7 +203,8 @@ def test_bad_options_and_prompts_become_messages(tiny_pair):
 
 def test_page_says_when_both_lanes_are_one_kind_of_hardware(tiny_pair):
     notice = hardware_notice(tiny_pair)
-    assert "target, GPU role, cpu:0" in notice and "stand in for the two separate devices" in notice
+    assert "Target lane: **cpu:0**, playing the GPU; draft lane: **cpu:1**, playing the NPU." in notice
+    assert "stand in for the two separate devices" in notice
     assert ("int8" in notice) == tiny_pair.int8_drafting  # the app says when drafting runs in int8
     assert check_prompt("", ["sd"]).startswith("the prompt is empty") and check_prompt("hi", []) is not None
     one_gpu = types.SimpleNamespace(target_lane=Lane("target", torch.device("cuda", 0)),
