@@ -175,11 +175,11 @@ def build_demo(pair_factory=None) -> gr.Blocks:
             gr.Markdown("Each method's trace: spans and steps as CSV, the trace as JSON (`Trace.from_json` "
                         "reads it back), and Chrome-trace JSON for [Perfetto](https://ui.perfetto.dev).")
             files = gr.File(label="Downloads", file_count="multiple")
-        with gr.Tab("What if"):
+        with gr.Tab("What if") as what_if_tab:
             what_if = whatif.whatif_tab()
         shown = wire_race(demo, race, results, get_pair, names, [race.timeline, utilisation, files, steps.method])
         wire_steps(steps, results, shown)
-        whatif.wire_whatif(what_if, results, shown)
+        whatif.wire_whatif(what_if, results, shown, what_if_tab)
         def opened():
             yield from handlers.page_open(get_pair)
 
