@@ -6,12 +6,14 @@ reaches the engine, through :func:`app.race.run_race`; the others draw from reco
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 import time
 
 import gradio as gr
 
 from mirror_sd import MirrorSDError
+from mirror_sd.devices import cpu_cores
 
 from . import figures
 from .cards import baseline, card_html
@@ -174,9 +176,17 @@ def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded
             break
     for name, r in current.items():
         r.runs = runs.get(name, [])
-    note = busy_note(runs, crowded, {r.method: r.title for r in current.values()})
+    note = busy_note(runs, crowded, {r.method: r.title for r in current.values()}, machine_load())
     status = settled + race_status(current, done=True) + (f"\n\n{note}" if note else "")
     yield (status, gr.update(interactive=True), *cards(current, names, show), current)
+
+
+def machine_load() -> tuple[float, int] | None:
+    """(1-minute load average, CPU cores), where the system reports one."""
+    try:
+        return os.getloadavg()[0], cpu_cores()
+    except (AttributeError, OSError):
+        return None
 
 
 def check_prompt(prompt_text: str, chosen: list[str]) -> str | None:

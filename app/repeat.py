@@ -1,5 +1,6 @@
 """A race run several times: each method's numbers as a median and a range, and a note when the machine
-looked busy (other visitors' races were waiting, or the runs disagree widely).
+looked busy (other visitors' races were waiting, the load average was well above the cores the race
+itself keeps busy, or the runs disagree widely).
 
 One run's tokens/s moves by several percent with whatever else the machine does; a median over a few
 runs, with its range shown, says how much of a difference between methods is real.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from statistics import median
 
 WIDE = 0.25  # (highest - lowest) / median tokens/s above this: the runs disagree widely
+LOADED = 1.5  # the 1-minute load average above this many times the cores: other work shared the machine
 
 
 def record(runs: dict[str, list[dict]], current: dict) -> dict[str, list[dict]]:
@@ -41,11 +43,15 @@ def wide(runs: dict[str, list[dict]]) -> list[str]:
     return out
 
 
-def busy_note(runs: dict[str, list[dict]], others_waited: bool, titles: dict[str, str]) -> str:
-    """One line when the numbers are likely disturbed, else ''."""
+def busy_note(runs: dict[str, list[dict]], others_waited: bool, titles: dict[str, str],
+              load: tuple[float, int] | None = None) -> str:
+    """One line when the numbers are likely disturbed, else ''. ``load``: (1-minute load average, cores)."""
     if others_waited:
         return ("Note: other visitors' races were waiting while this one ran, so the machine was busy; "
                 "speeds may be lower and noisier than on an idle machine.")
+    if load and load[0] > LOADED * load[1]:
+        return (f"Note: the machine was busy with other work (load average {load[0]:.1f} on {load[1]} cores), "
+                "so speeds may be lower and noisier than on an idle machine.")
     noisy = wide(runs)
     if noisy:
         names = ", ".join(titles.get(n, n) for n in noisy)

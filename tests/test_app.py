@@ -288,6 +288,7 @@ def test_repeated_runs_show_the_median_and_the_range(race):
     assert f"{tps:.1f} ({tps:.1f}–{2 * tps:.1f}) tok/s" in card and "median of 3 runs" in card, card[:1500]
     assert "disagree" in busy_note(runs, False, {"sd": "Speculative decoding"})
     assert "other visitors" in busy_note({}, True, {}) and busy_note({}, False, {}) == ""
+    assert "load average 6.0 on 2 cores" in busy_note({}, False, {}, (6.0, 2)) and not busy_note({}, False, {}, (2.5, 2))
 
 
 def test_option_help_cites_no_repository_paths():
