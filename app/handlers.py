@@ -20,8 +20,8 @@ from .cards import baseline, card_html
 from .explain import explain
 from .export import export_files
 from .inputs import settle_all
-from .predict import next_step, reveal_hit
 from .loading import in_background, loading_message
+from .predict import next_step, reveal_hit
 from .race import is_warm, run_race
 from .repeat import busy_note, record
 from .replay import frame_times, last_step_at
