@@ -51,6 +51,7 @@ def whatif_tab() -> SimpleNamespace:
     ui.source = gr.Markdown()
     ui.table = gr.Dataframe(label="Speedup over vanilla: measured here vs MODELLED there", interactive=False,
                             elem_id="whatif-table")
+    ui.why = gr.Markdown(elem_id="whatif-why")
     ui.timeline = gr.Plot(label="MODELLED timeline: this run's steps on the profile's devices", elem_id="whatif-timeline")
     ui.utilisation = gr.Plot(label="MODELLED utilisation of the profile's devices", elem_id="whatif-utilisation")
     gr.Markdown(ASSUMES)
@@ -66,7 +67,7 @@ def wire_whatif(ui, results, shown, tab):
     """Redraw after every race (``shown``), when the tab opens (a recorded race may have been
     opened meanwhile) and whenever a control moves."""
     inputs = [results, ui.profile, ui.draft_speed, ui.own, ui.alpha, ui.hit]
-    outputs = [ui.source, ui.table, ui.timeline, ui.utilisation, ui.curve]
+    outputs = [ui.source, ui.table, ui.why, ui.timeline, ui.utilisation, ui.curve]
     shown.then(render, inputs, outputs, api_name=False)
     tab.select(render, inputs, outputs, api_name=False)
     ui.profile.change(speed_of, [ui.profile, results], ui.draft_speed, api_name=False).then(
@@ -104,16 +105,16 @@ def render(current, name, draft_speed, own, alpha, hit):
     """Every view of the tab for one profile and one setting of the controls."""
     runs = race_runs(current)
     if not runs:
-        return "Run a race first: the What if view re-times its steps.", None, None, None, None
+        return "Run a race first: the What if view re-times its steps.", None, "", None, None, None
     try:
         profile = profile_for(name, current)
     except MirrorSDError as e:
-        return f"**{e}**", None, None, None, None
+        return f"**{e}**", None, "", None, None, None
     if name != FITTED:
         profile = profile.with_draft_speed(draft_speed)
     knobs = dict(alpha=None, hit_rate=None) if own else dict(alpha=alpha, hit_rate=hit)
     modelled = {f"{r.title} (MODELLED)": r.trace.retimed(profile) for r in runs.values()}
-    return (source_text(profile), speedup_table(current, runs, profile, knobs),
+    return (source_text(profile), speedup_table(current, runs, profile, knobs), why_text(runs, profile, knobs),
             figures.timeline(modelled), figures.utilisation(modelled), curve(runs, profile, knobs))
 
 
@@ -138,6 +139,36 @@ def speedup_table(current, runs, profile, knobs) -> pd.DataFrame:
                      "MODELLED step ms": round(1000 * row["step_seconds"] / row["steps"], 2),
                      "MODELLED, controls (steady state)": f"{steady['speedup']:.2f}× at τ {steady['tokens_per_step']:.2f}"})
     return pd.DataFrame(rows)
+
+
+def why_text(runs, profile, knobs) -> str:
+    """Where Mirror-SD's modelled step time goes on this profile, and the hit rate at which it would
+    lead EAGLE: the two questions the view is for, answered with this run's numbers."""
+    if "mirror" not in runs:
+        return ""
+    trace = runs["mirror"].trace
+    ms = whatif.mean_work_ms(trace, profile)
+    suffix, rollouts = ms.get("target-suffix", 0.0), ms.get("draft-rollout", 0.0)
+    hides = ("the rollouts hide under the suffix" if rollouts <= suffix else
+             "the rollouts do not fit under the suffix, so the draft sets the pace")
+    steps = trace.steps[1:]
+    misses = sum(not s.rendezvous.hit for s in steps) / len(steps)
+    text = (f"**Mirror-SD's step here (MODELLED, mean over this run's steps):** target prefix "
+            f"{ms.get('target-prefix', 0):.2f} ms + token channel {ms.get('token channel', 0):.2f} ms + the larger of "
+            f"the target suffix ({suffix:.2f} ms) and the draft's rollouts ({rollouts:.2f} ms), which run on two devices "
+            f"at once: {hides}; then the rendezvous, {ms.get('verify + match branch', 0):.2f} ms. A miss leaves no "
+            f"branch to continue from, so the next step first drafts afresh on the critical path: "
+            f"{whatif.fallback_ms(trace, profile):.2f} ms (this run missed {misses:.0%} of its steps).")
+    if "eagle" in runs:
+        eagle = runs["eagle"].trace
+        e = whatif.mean_work_ms(eagle, profile)
+        lead = whatif.hit_rate_to_lead(trace, eagle, profile, knobs["alpha"])
+        acceptance = "this run's acceptance" if knobs["alpha"] is None else f"acceptance α = {knobs['alpha']:.2f}"
+        text += (f"\n\n**EAGLE's step:** head {e.get('draft', 0):.2f} ms + verify {e.get('verify', 0):.2f} ms, on the "
+                 "target's device alone. " + (f"With {acceptance}, Mirror-SD leads EAGLE on this profile from a hit "
+                 f"rate of {lead:.2f}." if lead is not None else f"With {acceptance}, Mirror-SD does not lead EAGLE "
+                 "on this profile at any hit rate: its step commits too few tokens for what it costs."))
+    return text
 
 
 RATIOS = [i / 40 for i in range(41)]  # draft forward / target forward, 0 .. 1

@@ -583,3 +583,26 @@ def tradeoff(traces: list[Trace], profile: Profile, ratios, alpha=None, hit_rate
     Mirror-SD stays flat while its rollouts fit under the target's suffix."""
     return {t.method: [steady_state(t, profile.with_draft_ratio(r), alpha, hit_rate)["speedup"] for r in ratios]
             for t in traces}
+
+
+def mean_work_ms(trace: Trace, profile: Profile) -> dict[str, float]:
+    """Mean ms per decoding step of each kind of work (span kind; Mirror-SD's two rendezvous-kind
+    works by label) on ``profile``: where a method's step time goes."""
+    totals: dict[str, float] = {}
+    plans = step_plans(trace)[1:]
+    for plan in plans:
+        for phase in plan:
+            for work, ms in zip(phase, phase_ms(phase, profile)):
+                key = work.label if work.kind == "rendezvous" else work.kind
+                totals[key] = totals.get(key, 0.0) + ms
+    return {key: ms / max(len(plans), 1) for key, ms in totals.items()}
+
+
+def hit_rate_to_lead(mirror: Trace, other: Trace, profile: Profile, alpha: float | None = None) -> float | None:
+    """The lowest Mirror-SD hit rate (in steps of 0.01) at which its steady-state speedup on
+    ``profile`` reaches ``other``'s; None if even every step hitting does not."""
+    target = steady_state(other, profile, alpha)["speedup"]
+    for percent in range(101):
+        if steady_state(mirror, profile, alpha, percent / 100)["speedup"] >= target:
+            return percent / 100
+    return None

@@ -301,7 +301,8 @@ def test_the_app_view_draws_every_method_modelled_under_the_banner():
                                                                 mean_accepted=1.5), finished="length")
     assert "MODELLED from this run's steps, not measured" in view.BANNER
     for name in ("paper-14b", view.FITTED):
-        source, table, timeline, utilisation, curve = view.render(current, name, 0.5, True, 0.6, 0.2)
+        source, table, why, timeline, utilisation, curve = view.render(current, name, 0.5, True, 0.6, 0.2)
+        assert "the larger of the target suffix" in why
         assert len(table) == 3 and table.columns.str.contains("MODELLED").any()
         assert {t.name for t in timeline.data} and all("(MODELLED)" in a.text for a in timeline.layout.annotations)
         assert {t.name for t in curve.data} == {"Speculative decoding", "Mirror-SD"}
@@ -343,3 +344,11 @@ def test_browser_opens_the_what_if_view_with_the_banner_and_a_modelled_timeline_
             browser.close()
     finally:
         demo.close()
+
+
+def test_the_hit_rate_mirror_needs_to_lead_is_the_first_where_its_speedup_reaches_the_other():
+    mirror = trace_of("mirror", [mirror_step(hit=False), mirror_step(fallback=True)], MIRROR, two_lanes=True)
+    sd = sd_trace([(2, 1), (2, 1)], 10)
+    lead = W.hit_rate_to_lead(mirror, sd, PROFILE)
+    assert lead is not None and W.steady_state(mirror, PROFILE, None, lead)["speedup"] >= \
+        W.steady_state(sd, PROFILE)["speedup"] > W.steady_state(mirror, PROFILE, None, lead - 0.01)["speedup"]
