@@ -52,14 +52,22 @@ def why(winner, current: dict) -> str:
             f"vanilla made 1 token per step in {_ms_per_step(vanilla):.0f} ms.")
 
 
-def reveal(current: dict, guess: str | None, running: bool = False) -> str:
+def noted(guess: str | None, titles: dict[str, str]) -> str:
+    """What the page says when the visitor picks a guess: the answer waits for the race's end (a guess
+    made after a race is for the next one, so it is never answered from the old numbers)."""
+    if not guess or guess == SKIP:
+        return ""
+    return f"Your guess: **{titles.get(guess, guess)}**. The answer comes when the race ends."
+
+
+def reveal(current: dict, guess: str | None) -> str:
     """The race's answer once it is over; '' when the visitor did not guess."""
     if not guess or guess == SKIP:
         return ""
     title = current[guess].title if guess in (current or {}) else guess
-    winner = None if running else fastest(current)
+    winner = fastest(current)
     if winner is None:
-        return f"Your guess: **{title}**. The answer comes when the race ends."
+        return f"Your guess: **{title}**. No method ran to the end, so there is no answer this time."
     verdict = "**Right!**" if winner.method == guess else f"**Not this time** (you guessed {title})."
     return f"{verdict} {why(winner, current)}"
 

@@ -21,7 +21,7 @@ from .handlers import AUTO
 from .inputs import LIMITS
 from .intro import how_it_works_html
 from .loading import Loader
-from .predict import HIT_CHOICES, guess_choices, reveal
+from .predict import HIT_CHOICES, guess_choices, noted, reveal
 from .tokens import legend_html
 from .waiting import Line
 
@@ -216,10 +216,8 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
                api_name=False)  # the answer, and the choice cleared for the next race
     waiting.tick(tick, None, [race.wait, waiting], queue=False, api_name=False)
 
-    def guessed(current, guess, request: gr.Request):
-        return reveal(current, guess, running=line.ahead(request.session_hash) is not None)
-
-    race.guess.input(guessed, [results, race.guess], race.reveal, api_name=False)
+    titles = {n: METHODS[n].title for n in names}
+    race.guess.input(lambda guess: noted(guess, titles), [race.guess], race.reveal, api_name=False)
 
     def stop(request: gr.Request):
         stops.stop(request.session_hash)

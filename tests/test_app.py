@@ -312,10 +312,11 @@ def test_the_line_says_where_a_visitor_stands():
 
 
 def test_reveals_say_why_from_the_run(race):
-    from app.predict import fastest, next_step, reveal, reveal_hit
+    from app.predict import fastest, next_step, noted, reveal, reveal_hit
 
     winner = fastest(race)
-    assert reveal(race, None) == "" and reveal(race, "skip") == ""
+    assert reveal(race, None) == "" and reveal(race, "skip") == "" and noted("skip", {}) == ""
+    assert noted("sd", {"sd": "Speculative decoding"}).startswith("Your guess: **Speculative decoding**.")
     assert reveal(race, winner.method).startswith("**Right!**") and "tokens per step" in reveal(race, winner.method)
     other = next(n for n in TINY_METHODS if n != winner.method)
     assert reveal(race, other).startswith("**Not this time**")

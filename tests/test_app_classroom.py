@@ -54,6 +54,7 @@ def test_browser_teaches_predicts_reveals_and_fits_800px(class_url):
         page.locator("#max-tokens input").fill("0")  # out of range: brought into range, with a message
         page.locator("#temperature input").fill("-1")
         page.locator("#guess").get_by_text("Mirror-SD", exact=True).click()  # predict before any number is in
+        expect(page.locator("#reveal")).to_contain_text("Your guess: Mirror-SD. The answer comes when the race ends.")
         page.locator("#run").click()
         expect(page.locator("#settings-note")).to_contain_text("Max new tokens: 0 is out of range (1 to 512); using 1.")
         expect(page.locator("#settings-note")).to_contain_text("Temperature: -1 is out of range")
