@@ -197,10 +197,13 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
     inputs = [race.prompt, race.methods, race.max_tokens, race.temperature, race.top_p, race.seed,
               race.target_device, race.draft_device, race.runs, race.show_rejected, *[box for _, _, box in race.specs]]
     waiting = gr.Timer(1.0, active=False)
+    titles = {n: METHODS[n].title for n in names}
 
-    def join(request: gr.Request):
+    def join(guess, request: gr.Request):
+        """Run clicked: a place in line, its message ticking each second, and the last race's reveal
+        replaced by this race's guess, if any."""
         line.join(request.session_hash)
-        return line.message(request.session_hash), gr.Timer(active=True), ""
+        return line.message(request.session_hash), gr.Timer(active=True), noted(guess, titles)
 
     def tick(request: gr.Request):
         message = line.message(request.session_hash)
@@ -208,7 +211,7 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
 
     checked = race.run.click(handlers.settle_boxes, settings, [*settings, race.settings_note], queue=False,
                              api_name=False)
-    checked.then(join, None, [race.wait, waiting, race.reveal], queue=False, api_name=False)
+    checked.then(join, [race.guess], [race.wait, waiting, race.reveal], queue=False, api_name=False)
     run = checked.then(run_fn, inputs, [race.status, race.replay, *race.cards, results], api_name="run",
                        concurrency_limit=1, show_progress="minimal")
     shown = run.then(handlers.views, [results], view_outputs, api_name="views")
@@ -216,7 +219,6 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
                api_name=False)  # the answer, and the choice cleared for the next race
     waiting.tick(tick, None, [race.wait, waiting], queue=False, api_name=False)
 
-    titles = {n: METHODS[n].title for n in names}
     race.guess.input(lambda guess: noted(guess, titles), [race.guess], race.reveal, api_name=False)
 
     def stop(request: gr.Request):
