@@ -183,7 +183,7 @@ def build_demo(pair_factory=None) -> gr.Blocks:
         def opened():
             yield from handlers.page_open(get_pair)
 
-        demo.load(opened, None, notice, api_name=False)
+        demo.load(opened, None, notice, api_name=False, concurrency_limit=None)  # every visitor sees the load at once
         demo.load(lambda was_seen: (gr.update(open=not was_seen), True), [seen], [how, seen], api_name=False)
     return demo
 
