@@ -97,15 +97,19 @@ def test_browser_says_the_models_are_loading(tiny_pair):
     from playwright.sync_api import expect, sync_playwright
 
     def slow(**devices):
-        time.sleep(4)  # a first load on a fresh machine
+        time.sleep(8)  # a first load on a fresh machine
         return tiny_pair
 
     demo, url = launch(slow)
     try:
         with sync_playwright() as p:
             browser, page = open_app(p, url)
-            expect(page.locator("#notice")).to_contain_text("Loading the models", timeout=10_000)
-            expect(page.locator("#notice")).to_contain_text("Target lane", timeout=30_000)
+            second = browser.new_page()  # a second visitor arriving during the load sees it too
+            second.goto(url)
+            for visitor in (page, second):
+                expect(visitor.locator("#notice")).to_contain_text("Loading the models", timeout=10_000)
+            for visitor in (page, second):
+                expect(visitor.locator("#notice")).to_contain_text("Target lane", timeout=30_000)
             browser.close()
     finally:
         demo.close()
