@@ -1,0 +1,265 @@
+"""Fixed-shape stages: forwards whose shapes never depend on the position, so CUDA can replay them.
+
+A CUDA graph replays recorded kernels on the same addresses and shapes, so a forward can be
+captured only if nothing about it changes from one step to the next but the numbers in its input
+buffers. The plain forward (``Transformer.forward``) is not like that: its window is as wide as the
+tokens it holds and its attention reads the cache up to the current length. A :class:`Stage` is the
+same forward made fixed-shape:
+
+* its width W is a bucket (1, 2, 4, ..., 64); a window of T <= W tokens is padded to W rows;
+* attention reads every slot of a :class:`StageCache` under a mask [B, 1, W, S] (S: all slots), so
+  its shape is the cache's, not the length so far;
+* ids (or hidden states), positions, the mask and the cache slots each row writes live in static
+  buffers that :meth:`Stage.run` copies into before it runs.
+
+Padding rows never touch a real row: the cache keeps MAX_WIDTH scratch slots after its usable ones
+and padding row i writes its keys and values to scratch slot i, which no real row's mask admits;
+each padding row attends to its own scratch slot only (a row that attends to nothing gives NaN,
+and NaN times a masked-out zero weight is still NaN). Real rows' logits are the plain forward's,
+up to the order of floating-point sums.
+
+On a CUDA lane each stage is captured once as a ``torch.cuda.CUDAGraph`` (PyTorch's documented
+pattern: warm up on a side stream, capture, then replay), on the lane's stream and in one memory
+pool per :class:`Stages` (one per model, so one per lane). Elsewhere, or with graphs off, a stage
+runs eagerly through the same buffers. The graphs hold the addresses of the cache and of the
+buffers, so a :class:`Stages` owns its cache: every generation reuses it (``cache.rollback(0)``).
+
+Not yet here: the methods do not call stages (the plain forward still runs every method), the
+speculative streams' extra rows and the EAGLE head have no stage, and a sharded model has none.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from ..errors import MirrorSDError
+from .llama import KVCache, Transformer
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+MAX_WIDTH = BUCKETS[-1]
+WARMUP_RUNS = 3  # before a capture, as in PyTorch's CUDA-graph examples
+
+
+def bucket(width: int) -> int:
+    """The smallest bucket that holds ``width`` tokens."""
+    for b in BUCKETS:
+        if 1 <= width <= b:
+            return b
+    raise MirrorSDError(f"a stage holds 1 to {MAX_WIDTH} tokens, got {width}")
+
+
+class StageCache(KVCache):
+    """A KV cache with MAX_WIDTH scratch slots after its ``max_slots`` usable ones: padding rows write
+    there, and no real row reads them."""
+
+    def __init__(self, model: Transformer, max_slots: int, batch: int = 1):
+        super().__init__(model.args, max_slots + MAX_WIDTH, batch, model.dtype, model.device)
+        self.usable = max_slots
+
+    @property
+    def max_slots(self) -> int:
+        return self.usable
+
+    @property
+    def all_slots(self) -> int:
+        """Every slot, scratch included: the width of a stage's attention."""
+        return self.k.shape[3]
+
+
+class _SlotWriter:
+    """What ``Attention.forward`` writes through in a stage: k, v [B, K, W, D] go to the stage's slot
+    buffer (real rows: their slots; padding rows: scratch), and every slot comes back [B, K, S, D]."""
+
+    def __init__(self, cache: StageCache, slots: torch.Tensor):
+        self.cache, self.slots = cache, slots
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
+        self.cache.k[layer].index_copy_(2, self.slots, k)
+        self.cache.v[layer].index_copy_(2, self.slots, v)
+        return self.cache.k[layer], self.cache.v[layer]
+
+
+def full_mask(tree_mask: torch.Tensor | None, T: int, start: int, device) -> torch.Tensor:
+    """What each of T window rows may see among slots [0, start + T): [B|1, T, start + T] bool.
+
+    tree_mask as in ``Transformer.window``: None (causal, the prefix visible), [T, T] or [B, T, T] over
+    the window (the prefix visible), or [T, start + T] or [B, ...] over every slot."""
+    if tree_mask is None:
+        tree_mask = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    tree_mask = tree_mask.to(device=device, dtype=torch.bool)
+    if tree_mask.dim() == 2:
+        tree_mask = tree_mask.unsqueeze(0)
+    if tree_mask.shape[-1] == T and start > 0:
+        prefix = torch.ones(tree_mask.shape[0], T, start, dtype=torch.bool, device=device)
+        tree_mask = torch.cat([prefix, tree_mask], dim=-1)
+    return tree_mask
+
+
+class Stage:
+    """One fixed-shape forward of ``model``: layers [a, b) at ``width`` rows, from token ids (a == 0,
+    with the embedding) or hidden states, to logits (head=True: final norm and LM head) or hidden
+    states. ``layers=(N, N), head=True`` is the LM head alone."""
+
+    def __init__(self, model: Transformer, width: int, cache: StageCache | None, layers=(0, None),
+                 head: bool = True):
+        if model.layer_devices:
+            raise MirrorSDError("a sharded model has no fixed-shape stages")
+        a, b = layers[0], model.num_layers if layers[1] is None else layers[1]
+        if not 0 <= a <= b <= model.num_layers:
+            raise MirrorSDError(f"layers [{a}, {b}) are not layers of a {model.num_layers}-layer model")
+        if a < b and cache is None:
+            raise MirrorSDError("a stage that runs layers needs a StageCache")
+        self.model, self.width, self.cache, self.layers, self.head = model, width, cache, (a, b), head
+        self.embed = a == 0 and b > 0
+        B, W, device = cache.k.shape[1] if cache is not None else 1, width, model.device
+        # Static buffers: run() copies into them, the body (and a captured graph) reads them.
+        self.x = (torch.zeros(B, W, dtype=torch.long, device=device) if self.embed
+                  else torch.zeros(B, W, model.args.hidden_size, dtype=model.dtype, device=device))
+        self.positions = torch.zeros(B, W, dtype=torch.long, device=device)
+        if a < b:
+            S, usable = cache.all_slots, cache.max_slots
+            self.slots = torch.arange(usable, usable + W, device=device)  # [W] cache slot of each row
+            self.mask = torch.zeros(B, 1, W, S, dtype=torch.bool, device=device)  # True: may attend
+            self.padding = torch.zeros(W, S, dtype=torch.bool, device=device)  # padding row i sees scratch i
+            self.padding[torch.arange(W), usable + torch.arange(W)] = True
+            self.mask[:, 0] = self.padding
+            self.writer = _SlotWriter(cache, self.slots)
+        self.out: torch.Tensor | None = None  # the last output [B, W, vocab or hidden]
+        self.graph = None  # a torch.cuda.CUDAGraph once captured
+
+    @property
+    def batch(self) -> int:
+        return self.x.shape[0]
+
+    def run(self, x: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None):
+        """Output for x's rows: x [B, T] ids (or [B, T, hidden]) -> [B, T, vocab] logits (or hidden).
+
+        Like the plain forward, the window writes its keys and values at slots [start, start + T),
+        start = cache.length, and attends to what ``mask`` admits (``Transformer.window``'s tree_mask;
+        None: causal, the prefix visible); positions default to start, start + 1, ... The cache's
+        length does not move: the caller commits or rolls back, as after ``forward(commit=False)``.
+        """
+        T = self.load(x, positions, mask)
+        self.replay()
+        return self.out[:, :T].clone()  # the buffer is overwritten by the next run
+
+    def load(self, x, positions=None, mask=None) -> int:
+        """Copy a window of T <= width rows into the static buffers (padding after it); return T."""
+        B, T = x.shape[:2]
+        if B != self.batch or not 1 <= T <= self.width:
+            raise MirrorSDError(f"stage of batch {self.batch} and width {self.width} got input {tuple(x.shape)}")
+        start = self.cache.length if self.cache is not None else 0
+        if self.cache is not None and start + T > self.cache.max_slots:
+            raise MirrorSDError(f"KV cache full: {start} + {T} tokens > {self.cache.max_slots} slots")
+        device = self.x.device
+        if positions is None:
+            positions = torch.arange(start, start + T, device=device).expand(B, T)
+        self.x.zero_()
+        self.x[:, :T] = x
+        self.positions.zero_()
+        self.positions[:, :T] = positions
+        if self.layers[0] < self.layers[1]:
+            usable = self.cache.max_slots
+            rows = torch.arange(self.width, device=device)
+            self.slots.copy_(torch.where(rows < T, start + rows, usable + rows))
+            self.mask[:, 0] = self.padding
+            self.mask[:, 0, :T] = False
+            self.mask[:, 0, :T, :start + T] = full_mask(mask, T, start, device)
+        return T
+
+    def replay(self):
+        """Run the stage on what its buffers hold: the captured graph, or the body eagerly."""
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.out = self.body()
+
+    def body(self) -> torch.Tensor:
+        """The forward itself, on the static buffers only: what a CUDA graph records."""
+        model, (a, b) = self.model, self.layers
+        h = model.embed(self.x) if self.embed else self.x  # [B, W, hidden]
+        if a < b:
+            win = model.window(None, self.width, positions=self.positions, batch=self.batch)  # rotary cos, sin
+            win = replace(win, mask=self.mask, causal=False)  # [B, 1, W, S]: every slot, under the mask
+            h = model.forward_layers(h, self.writer, win, a, b)
+        return model.head(h) if self.head else h
+
+    def load_padding(self):
+        """Buffers as for a window of padding rows only: running them writes scratch slots only."""
+        self.x.zero_()
+        self.positions.zero_()
+        if self.layers[0] < self.layers[1]:
+            usable = self.cache.max_slots
+            self.slots.copy_(torch.arange(usable, usable + self.width, device=self.slots.device))
+            self.mask[:, 0] = self.padding
+
+    def capture(self, pool=None, stream: torch.cuda.Stream | None = None):
+        """Capture the stage as a CUDA graph on ``stream`` (None: a side stream of PyTorch's) in memory
+        pool ``pool``: warm up on a side stream, then capture, as PyTorch documents. The buffers hold
+        padding only meanwhile, so the warm-up writes scratch slots only."""
+        device = self.x.device
+        self.load_padding()
+        with torch.inference_mode():
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_RUNS):
+                    self.body()
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                self.out = self.body()
+        self.graph = graph
+
+
+class Stages:
+    """Every stage of one model on one lane, over one :class:`StageCache` they share.
+
+    Named forwards ("full": every layer and the head; "head": the LM head alone; more with
+    :meth:`add`, such as Mirror-SD's prefix and suffix) at each bucketed width, made on first use;
+    with graphs on (the default on CUDA) each (name, width) is captured then, in this set's memory
+    pool, on ``stream`` (the lane's; None: the current stream replays and a side stream captures).
+    """
+
+    def __init__(self, model: Transformer, max_slots: int, batch: int = 1, graphs: bool | None = None,
+                 stream=None):
+        on_cuda = model.device.type == "cuda"
+        self.graphs = on_cuda if graphs is None else bool(graphs)
+        if self.graphs and not on_cuda:
+            raise MirrorSDError(f"CUDA graphs need a CUDA device; this model is on {model.device}")
+        self.model, self.stream = model, stream
+        self.cache = StageCache(model, max_slots, batch)
+        self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        self.kinds = {"full": ((0, model.num_layers), True), "head": ((model.num_layers,) * 2, True)}
+        self._stages: dict[tuple[str, int], Stage] = {}
+
+    def add(self, name: str, layers: tuple[int, int], head: bool):
+        """Name the forward of layers [a, b) (then the LM head, if ``head``)."""
+        self.kinds[name] = (tuple(layers), head)
+
+    def stage(self, name: str, width: int) -> Stage:
+        """The stage ``name`` at the bucket of ``width`` tokens, made (and captured) on first use."""
+        if name not in self.kinds:
+            raise MirrorSDError(f"no stage {name!r} (stages: {', '.join(self.kinds)})")
+        key = (name, bucket(width))
+        if key not in self._stages:
+            layers, head = self.kinds[name]
+            stage = Stage(self.model, key[1], self.cache, layers, head)
+            if self.graphs:
+                stage.capture(self.pool, self.stream)
+            self._stages[key] = stage
+        return self._stages[key]
+
+    def run(self, name: str, x: torch.Tensor, positions=None, mask=None) -> torch.Tensor:
+        """Stage ``name`` over x's T rows at the bucket of T (see :meth:`Stage.run`)."""
+        return self.stage(name, x.shape[1]).run(x, positions, mask)
+
+    def capture_all(self, names=None, widths=BUCKETS, progress=None):
+        """Make every (name, width) now, at warm-up, so no step pays for a capture; ``progress(done,
+        total)`` after each."""
+        pairs = [(n, w) for n in (names or list(self.kinds)) for w in widths]
+        for done, (name, width) in enumerate(pairs, 1):
+            self.stage(name, width)
+            if progress is not None:
+                progress(done, len(pairs))
