@@ -1,4 +1,4 @@
-"""Command line: ``python -m mirror_sd {generate,bench,sweep,methods} ...``.
+"""Command line: ``python -m mirror_sd {generate,bench,sweep,methods,whatif,gpu-check} ...``.
 
 Method options (--gamma, ...) come from the method registry, so a new method's options appear
 here without changes to this file. Bad input prints one line, ``error: ...``, and exits with 2.
@@ -102,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     wif.add_argument("--profile", required=True, help="a shipped profile (see the error for the names) or a profile .json")
     wif.add_argument("--draft-speed", type=float, default=None,
                      help="the draft device's speed relative to the profile's draft figures (default: the profile's)")
+
+    gpu = sub.add_parser("gpu-check", help="on a CUDA GPU: its tests, stage replays, a hardware profile, the bench; "
+                         "one report (docs/devices.md)")
+    gpu.add_argument("--out", default="gpu-check-out", help="output folder")
     return parser
 
 
@@ -284,6 +288,12 @@ def _read_trace(path: Path):
         raise MirrorSDError(f"--trace {path}: malformed trace ({e})") from None
 
 
+def cmd_gpu_check(args) -> int:
+    from .gpu_check import gpu_check
+
+    return gpu_check(Path(args.out))
+
+
 def cmd_methods(args) -> int:
     for m in METHODS.values():
         opts = ", ".join(f"--{o.name.replace('_', '-')} (default {o.default})" for o in m.options) or "no options"
@@ -297,7 +307,7 @@ def main(argv=None) -> int:
     args.argv = argv  # as given, for the report's command line
     try:
         commands = {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "methods": cmd_methods,
-                    "whatif": cmd_whatif}
+                    "whatif": cmd_whatif, "gpu-check": cmd_gpu_check}
         return commands[args.command](args)
     except MirrorSDError as e:
         print(f"error: {e}", file=sys.stderr)

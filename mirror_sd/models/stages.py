@@ -142,7 +142,9 @@ class Stage:
         """
         T = self.load(x, positions, mask)
         self.replay()
-        return self.out[:, :T].clone()  # the buffer is overwritten by the next run
+        # A copy: the next run overwrites the buffer, and so may another stage of the same memory pool
+        # (its graph may reuse this one's memory for its own work; the pool is safe for one stage at a time)
+        return self.out[:, :T].clone()
 
     def load(self, x, positions=None, mask=None) -> int:
         """Copy a window of T <= width rows into the static buffers (padding after it); return T."""
@@ -220,6 +222,8 @@ class Stages:
     :meth:`add`, such as Mirror-SD's prefix and suffix) at each bucketed width, made on first use;
     with graphs on (the default on CUDA) each (name, width) is captured then, in this set's memory
     pool, on ``stream`` (the lane's; None: the current stream replays and a side stream captures).
+    Capture everything at warm-up (:meth:`capture_all`), while no other thread works on the GPU: a
+    capture fails if another thread allocates meanwhile (CUDA's global capture mode).
     """
 
     def __init__(self, model: Transformer, max_slots: int, batch: int = 1, graphs: bool | None = None,

@@ -1,0 +1,242 @@
+"""``python -m mirror_sd gpu-check --out DIR``: what a session with a GPU runs first, in one go.
+
+GPU time comes rarely and in short spells, so one command does everything the CPU cannot, well
+inside 25 minutes with the model set-up, and writes what it found into DIR:
+
+1. the CUDA tests (``tests/test_cuda.py``, and ``tests/test_stages.py``, whose graph tests run only
+   on a GPU): ``tests.log``;
+2. one CUDA-graph replay of each fixed-shape stage (models/stages.py) at every bucketed width, timed
+   with CUDA events (the GPU's own time, no host launches), and the two lanes' graphs side by side
+   on two streams: a hardware profile in the format of ``mirror_sd/profiles/*.json`` (whatif.py),
+   ``profile-<gpu>.json``;
+3. the bench (vanilla, sd, eagle, ss, mirror; 2 prompts per category, 64 tokens, T = 0) with the
+   draft on this machine's default device, then with ``--draft-device cpu``: ``bench-*/`` and
+   ``bench-*.md``;
+4. ``report.md``: the machine, each part's outcome and time, the stage table and the bench tables.
+
+A part that fails or runs out of time is reported and the next one runs. Without CUDA the command
+says so in one line and exits 2.
+"""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from .errors import MirrorSDError
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository (tests/ lives there)
+BUDGET_S = 22 * 60  # every part together, model set-up included: well inside 25 minutes
+BENCH = ["--methods", "vanilla,sd,eagle,ss,mirror", "--per-category", "2", "--max-new-tokens", "64"]
+CACHE_SLOTS = 1024  # the stages' cache: attention reads every slot, so a stage's cost depends on it
+REPLAYS = 20  # timed replays per stage and width (the median is kept)
+
+
+def gpu_check(out: Path) -> int:
+    """Run every part into ``out``; 0 when each part passed, 1 otherwise."""
+    if not torch.cuda.is_available():
+        raise MirrorSDError("gpu-check needs a CUDA GPU, and this machine has none (torch.cuda.is_available() is False)")
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + BUDGET_S
+    parts = [_run(out, "tests", [sys.executable, "-m", "pytest", "tests/test_cuda.py", "tests/test_stages.py",
+                                 "-q", "-p", "no:cacheprovider"], deadline, limit=300)]
+    parts.append(_stage_part(out))
+    for name, extra in (("bench-gpu", []), ("bench-draft-cpu", ["--draft-device", "cpu"])):
+        command = [sys.executable, "-m", "mirror_sd", "bench", *BENCH, *extra, "--out", str(out / name),
+                   "--report", str(out / f"{name}.md")]
+        parts.append(_run(out, name, command, deadline, limit=480))
+    report = out / "report.md"
+    report.write_text(_report(parts, out), encoding="utf-8")
+    print(f"wrote {report}")
+    return 0 if all(p["ok"] for p in parts) else 1
+
+
+def _run(out: Path, name: str, command: list[str], deadline: float, limit: int) -> dict:
+    """A subprocess part, its output in ``<name>.log``, stopped at ``limit`` s or the deadline."""
+    timeout = min(limit, deadline - time.monotonic())
+    part = dict(name=name, command=" ".join(command[1:] if command[0] == sys.executable else command), ok=False)
+    if timeout < 30:
+        return dict(part, outcome="skipped: the time budget ran out", wall_s=0.0)
+    print(f"gpu-check: {name} (at most {timeout:.0f} s) ...", flush=True)
+    start = time.monotonic()
+    log = out / f"{name}.log"
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        log.write_text(done.stdout + done.stderr, encoding="utf-8")
+        tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
+        part.update(ok=done.returncode == 0, outcome=f"exit {done.returncode}: {tail[0][:200]}")
+    except subprocess.TimeoutExpired as e:
+        log.write_text(_text(e.stdout) + _text(e.stderr), encoding="utf-8")
+        part.update(outcome=f"stopped after {timeout:.0f} s (time budget)")
+    part["wall_s"] = time.monotonic() - start
+    return part
+
+
+def _text(b) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
+def _stage_part(out: Path) -> dict:
+    print("gpu-check: stage replays ...", flush=True)
+    start = time.monotonic()
+    part = dict(name="stages", command="in process: models/stages.py on the embedded pair", ok=False)
+    try:
+        profile, table = stage_profile()
+        path = out / f"profile-{profile['name']}.json"
+        path.write_text(json.dumps(profile, indent=1), encoding="utf-8")
+        part.update(ok=True, outcome=f"wrote {path.name}", table=table, profile=profile)
+    except Exception as e:  # noqa: BLE001  (reported; the benches still run)
+        part.update(outcome=f"{type(e).__name__}: {e}")
+    part["wall_s"] = time.monotonic() - start
+    return part
+
+
+# -- stage replays, timed on the GPU ---------------------------------------------------------------
+def replay_ms(stage, repeats: int = REPLAYS) -> float:
+    """Median GPU milliseconds of one replay of a captured stage (its buffers hold padding)."""
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    stage.replay()  # the first replay uploads the graph
+    times = []
+    for _ in range(repeats):
+        begin.record()
+        stage.replay()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end))
+    return statistics.median(times)
+
+
+def side_by_side_ms(target_stage, draft_stage, draft_stream, draft_runs: int = 4) -> tuple[float, float]:
+    """(one after the other, side by side) GPU ms of a target replay and ``draft_runs`` draft
+    replays, the draft's on ``draft_stream``: how much of the shorter work the GPU hides."""
+    current = torch.cuda.current_stream()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    serial, parallel = [], []
+    for _ in range(REPLAYS):
+        begin.record()
+        target_stage.replay()
+        for _ in range(draft_runs):
+            draft_stage.replay()
+        end.record()
+        end.synchronize()
+        serial.append(begin.elapsed_time(end))
+        begin.record()
+        draft_stream.wait_stream(current)
+        with torch.cuda.stream(draft_stream):
+            for _ in range(draft_runs):
+                draft_stage.replay()
+        target_stage.replay()
+        current.wait_stream(draft_stream)
+        end.record()
+        end.synchronize()
+        parallel.append(begin.elapsed_time(end))
+    return statistics.median(serial), statistics.median(parallel)
+
+
+def stage_profile() -> tuple[dict, list[dict]]:
+    """Capture every stage of the embedded pair on this GPU, time one replay of each, and return a
+    hardware profile (whatif.Profile's JSON) and the table of times."""
+    from . import load_pair
+    from .methods.mirror import default_exit_layer
+    from .models.stages import BUCKETS, Stages
+    from .whatif import Profile
+
+    pair = load_pair()
+    target, draft = pair.target, pair.draft
+    exit_layer = default_exit_layer(target.num_layers)
+    with torch.inference_mode():
+        t = Stages(target, CACHE_SLOTS)
+        t.add("prefix", (0, exit_layer), head=False)
+        t.add("suffix", (exit_layer, target.num_layers), head=True)
+        d = Stages(draft, CACHE_SLOTS, stream=pair.draft_lane.stream)
+        stream = pair.draft_lane.stream or torch.cuda.current_stream(draft.device)
+        ms = {}
+        for stage, (stages, name) in {"target": (t, "full"), "target_prefix": (t, "prefix"),
+                                      "target_suffix": (t, "suffix"), "draft": (d, "full")}.items():
+            with torch.cuda.device(stages.model.device), torch.cuda.stream(
+                    stream if stages is d else torch.cuda.current_stream(stages.model.device)):
+                ms[stage] = {w: replay_ms(stages.stage(name, w)) for w in BUCKETS}
+        overlap, serial, parallel = 1.0, None, None
+        if draft.device == target.device and pair.draft_lane.stream is not None:  # one GPU, two streams
+            serial, parallel = side_by_side_ms(t.stage("full", 8), d.stage("full", 1), pair.draft_lane.stream)
+            shorter = min(ms["target"][8], 4 * ms["draft"][1])
+            overlap = max(0.0, min(1.0, (serial - parallel) / shorter)) if shorter > 0 else 0.0
+        plain = _plain_forward_ms(target)
+    gpu = torch.cuda.get_device_name(target.device)
+    name = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") + "-graphs"
+    profile = dict(
+        name=name,
+        source=(f"Measured by python -m mirror_sd gpu-check on {gpu}, {datetime.now(timezone.utc):%Y-%m-%d}: "
+                f"CUDA-graph replays of the fixed-shape stages (mirror_sd/models/stages.py) of the embedded pair, "
+                f"{target.dtype}, median of {REPLAYS}, CUDA events, caches of {CACHE_SLOTS} slots. "
+                f"target_prefix: layers [0, {exit_layer}) without the exit head; target_suffix: layers "
+                f"[{exit_layer}, {target.num_layers}) and the LM head. "
+                + (f"overlap from a width-8 target replay beside 4 one-token draft replays on the draft lane's "
+                   f"stream: {serial:.3f} ms one after the other, {parallel:.3f} ms side by side. "
+                   if serial is not None else "overlap 1: the draft has a GPU of its own (assumed, not measured). ")
+                + "Not measured: rendezvous_ms, channel_ms, step_ms (0), the EAGLE head and the streams (no stage yet)."),
+        notes=f"{gpu}, CUDA graphs, {target.dtype}; draft lane {pair.draft_lane.label}.",
+        devices=dict(target=f"{gpu} (CUDA graphs)", draft=pair.draft_lane.label),
+        rendezvous_ms=0.0, channel_ms=0.0, overlap=round(overlap, 3), draft_speed=1.0, step_ms=0.0,
+        stages={s: {"ms_by_width": {str(w): round(v, 4) for w, v in by_width.items()}} for s, by_width in ms.items()},
+    )
+    Profile.from_json(profile, "gpu-check profile")  # the format whatif reads, checked before it is written
+    table = [dict(width=w, **{s: ms[s][w] for s in ms}) for w in BUCKETS]
+    table.append(dict(width="plain forward, host wall ms", target=plain.get(1), target_prefix=None,
+                      target_suffix=None, draft=None))
+    return profile, table
+
+
+def _plain_forward_ms(model, repeats: int = 5) -> dict:
+    """Host wall ms of one plain (eager) one-token forward: the launch cost the graphs remove."""
+    cache = model.new_cache(CACHE_SLOTS)
+    ids = torch.zeros(1, 1, dtype=torch.long, device=model.device)
+    times = []
+    for _ in range(repeats + 1):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        model.forward(ids, cache, commit=False)
+        torch.cuda.synchronize()
+        times.append(1e3 * (time.perf_counter() - start))
+    return {1: statistics.median(times[1:])}
+
+
+# -- the report -------------------------------------------------------------------------------------
+def _report(parts: list[dict], out: Path) -> str:
+    gpu = torch.cuda.get_device_name(0)
+    lines = [f"# gpu-check: {gpu}", "",
+             f"`python -m mirror_sd gpu-check --out {out}`, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; "
+             f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s).", "",
+             "| part | outcome | wall s | command |", "|---|---|---|---|"]
+    for p in parts:
+        outcome = ("passed" if p["ok"] else "FAILED") + f": {p['outcome']}"
+        lines.append(f"| {p['name']} | {outcome.replace('|', '/')} | {p['wall_s']:.0f} | `{p['command']}` |")
+    stages = next(p for p in parts if p["name"] == "stages")
+    if stages.get("table"):
+        lines += ["", "## One CUDA-graph replay per stage (GPU ms, median; CUDA events)", "",
+                  "| width | target | target prefix | target suffix | draft |", "|---|---|---|---|---|"]
+        for row in stages["table"]:
+            cells = [_ms(row[k]) for k in ("target", "target_prefix", "target_suffix", "draft")]
+            lines.append(f"| {row['width']} | " + " | ".join(cells) + " |")
+        lines += ["", f"overlap (draft on the second stream): {stages['profile']['overlap']}. "
+                      f"Profile: `{stages['outcome'].removeprefix('wrote ')}` "
+                      f"(`python -m mirror_sd whatif --profile {out}/{stages['outcome'].removeprefix('wrote ')} ...`)."]
+    for name in ("bench-gpu", "bench-draft-cpu"):
+        summary = out / name / "summary.md"
+        if summary.exists():
+            lines += ["", f"## {name} (graphs not used: the methods still run the plain forward)", "",
+                      summary.read_text(encoding="utf-8").strip()]
+    lines += ["", "Not yet measured here: the methods on graphs (graphs on against off), CUDA-event spans, "
+                  "the rendezvous on the GPU; see docs/devices.md."]
+    return "\n".join(lines) + "\n"
+
+
+def _ms(x) -> str:
+    return "" if x is None else f"{x:.3f}"

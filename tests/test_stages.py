@@ -1,0 +1,192 @@
+"""Fixed-shape stages (models/stages.py) against the plain forward, on the tiny models.
+
+A stage pads its window to a bucket, reads the whole cache under a mask and writes padding rows to
+scratch slots: real rows must get the plain forward's logits, and greedy decoding the same tokens,
+at any position, with the cache's real slots untouched by padding. The CUDA-graph tests need a GPU.
+"""
+import pytest
+import torch
+
+from mirror_sd.devices import single_threaded
+from mirror_sd.errors import MirrorSDError
+from mirror_sd.models.stages import BUCKETS, MAX_WIDTH, Stage, StageCache, Stages, bucket
+
+ATOL = 1e-5
+PROMPT = torch.tensor([[1, 5, 9, 2, 7]])
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA-graph capture and replay)")
+
+
+@pytest.fixture(autouse=True)
+def no_grad():
+    with torch.inference_mode(), single_threaded():  # tiny models: one thread, no OpenMP pool
+        yield
+
+
+@pytest.fixture(scope="module")
+def target(tiny_pair):
+    return tiny_pair.target
+
+
+def plain_prefill(model, ids, slots=160):
+    cache = model.new_cache(slots, batch=ids.shape[0])
+    return model.forward(ids, cache), cache
+
+
+def test_bucket_is_the_smallest_that_holds_the_width():
+    assert [bucket(w) for w in (1, 2, 3, 4, 5, 8, 9, 33, 64)] == [1, 2, 4, 4, 8, 8, 16, 64, 64]
+    assert BUCKETS[-1] == MAX_WIDTH == 64
+    for bad in (0, 65):
+        with pytest.raises(MirrorSDError):
+            bucket(bad)
+
+
+def test_prefill_equals_the_plain_forward_at_every_bucket_that_holds_it(target):
+    expected, plain = plain_prefill(target, PROMPT)
+    for width in (8, 16, 64):  # 5 real rows, 3 to 59 padding rows
+        stages = Stages(target, 160)
+        stage = Stage(target, width, stages.cache)
+        assert torch.allclose(stage.run(PROMPT), expected, atol=ATOL)
+        n = PROMPT.shape[1]
+        assert torch.allclose(stages.cache.k[:, :, :, :n], plain.k[:, :, :, :n], atol=ATOL)
+        assert torch.allclose(stages.cache.v[:, :, :, :n], plain.v[:, :, :, :n], atol=ATOL)
+
+
+def test_padding_leaves_every_real_slot_but_the_window_untouched(target):
+    stages = Stages(target, 160)
+    stages.run("full", PROMPT)
+    stages.cache.length = 5
+    stages.cache.k[:, :, :, 5:160].fill_(3.0)  # stale slots past the window: the plain path keeps them too
+    stages.cache.v[:, :, :, 5:160].fill_(3.0)
+    before_k, before_v = stages.cache.k[:, :, :, :160].clone(), stages.cache.v[:, :, :, :160].clone()
+    stages.stage("full", 64).run(torch.tensor([[3, 4, 6]]))  # 3 rows, 61 padding rows
+    window = torch.zeros(160, dtype=torch.bool)
+    window[5:8] = True
+    assert torch.equal(stages.cache.k[:, :, :, :160][:, :, :, ~window], before_k[:, :, :, ~window])
+    assert torch.equal(stages.cache.v[:, :, :, :160][:, :, :, ~window], before_v[:, :, :, ~window])
+    assert not torch.equal(stages.cache.k[:, :, :, 5:8], before_k[:, :, :, 5:8])  # the window was written
+
+
+def test_real_rows_do_not_depend_on_the_padding(target):
+    stages = Stages(target, 160)
+    stages.run("full", PROMPT)
+    stages.cache.length = 5
+    window = torch.tensor([[3, 4, 6]])
+    outs = [stages.stage("full", w).run(window) for w in (4, 8, 64)]
+    expected, plain = plain_prefill(target, PROMPT)
+    expected = target.forward(window, plain)
+    for out in outs:
+        assert torch.allclose(out, expected, atol=ATOL)
+    assert stages.cache.length == 5  # run() does not commit, like forward(commit=False)
+
+
+def greedy(step, cache, prompt, tokens):
+    """Prefill, then one token per forward; step(ids) -> logits for ids written at cache.length."""
+    logits, out = step(prompt), []
+    cache.length = prompt.shape[1]
+    for _ in range(tokens):
+        out.append(int(logits[0, -1].argmax()))
+        logits = step(torch.tensor([[out[-1]]]))
+        cache.length += 1
+    return out
+
+
+def test_greedy_decode_past_the_first_buckets_gives_the_plain_tokens(target):
+    tokens = MAX_WIDTH + 6  # positions past 64: the stage's shape stays the same
+    plain = target.new_cache(200)
+    expected = greedy(lambda ids: target.forward(ids, plain, commit=False), plain, PROMPT, tokens)
+    stages = Stages(target, 200)
+    got = greedy(lambda ids: stages.run("full", ids), stages.cache, PROMPT, tokens)
+    assert got == expected
+    assert len(set(expected)) > 1  # not a degenerate run
+    assert {w for _, w in stages._stages} == {1, 8}  # one stage per bucket, reused at every position
+
+
+def test_prefix_then_suffix_stages_equal_the_full_forward(target):
+    expected, _ = plain_prefill(target, PROMPT)
+    stages = Stages(target, 160)
+    stages.add("prefix", (0, 1), head=False)
+    stages.add("suffix", (1, target.num_layers), head=True)
+    hidden = stages.run("prefix", PROMPT)
+    assert hidden.shape == (1, 5, target.args.hidden_size)
+    assert torch.allclose(stages.run("suffix", hidden), expected, atol=ATOL)
+    h = target.forward_layers(target.embed(PROMPT), target.new_cache(160),
+                              target.window(target.new_cache(160), 5), 0, target.num_layers)
+    assert torch.allclose(stages.run("head", h), target.head(h), atol=ATOL)
+
+
+def test_a_tree_window_with_depth_positions_equals_the_plain_tree_forward(target):
+    _, plain = plain_prefill(target, PROMPT)
+    plain.length = 5
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    ids, positions = torch.tensor([[4, 8, 2, 6]]), torch.tensor([[5, 6, 6, 7]])
+    expected = target.forward(ids, plain, positions=positions, tree_mask=tree, commit=False)
+    stages = Stages(target, 160)
+    stages.run("full", PROMPT)
+    stages.cache.length = 5
+    got = stages.stage("full", 8).run(ids, positions, tree)
+    assert torch.allclose(got, expected, atol=ATOL)
+
+
+def test_a_batch_of_branches_at_one_width(tiny_pair):
+    draft = tiny_pair.draft
+    prompts = torch.tensor([[1, 5, 9], [2, 2, 7]])
+    expected, _ = plain_prefill(draft, prompts)
+    stages = Stages(draft, 160, batch=2)
+    assert torch.allclose(stages.run("full", prompts), expected, atol=ATOL)
+
+
+def test_stage_refuses_what_it_cannot_hold(target):
+    stages = Stages(target, 6)
+    with pytest.raises(MirrorSDError, match="width 4"):
+        stages.stage("full", 4).run(torch.ones(1, 5, dtype=torch.long))
+    stages.run("full", PROMPT)
+    stages.cache.length = 5
+    with pytest.raises(MirrorSDError, match="KV cache full"):
+        stages.run("full", torch.tensor([[1, 2]]))
+    with pytest.raises(MirrorSDError, match="no stage"):
+        stages.stage("verify", 4)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU's answer to graphs=True")
+def test_graphs_need_cuda(target):
+    assert Stages(target, 16).graphs is False  # auto: off on the CPU
+    with pytest.raises(MirrorSDError, match="CUDA"):
+        Stages(target, 16, graphs=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without CUDA")
+def test_gpu_check_without_cuda_says_so_in_one_line_and_exits_2(capsys):
+    from mirror_sd.cli import main
+
+    assert main(["gpu-check", "--out", "unused"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and "CUDA" in captured.err
+
+
+@cuda
+def test_captured_graphs_replay_the_eager_logits_on_the_gpu(tiny_dirs):
+    from mirror_sd.models.loading import load_model
+
+    model, _ = load_model(tiny_dirs["target"], torch.device("cuda"), torch.float32)
+    expected, _ = plain_prefill(model, PROMPT.cuda())
+    eager, graphs = Stages(model, 160, graphs=False), Stages(model, 160)
+    assert graphs.graphs
+    tokens = []
+    for stages in (eager, graphs):
+        assert torch.allclose(stages.run("full", PROMPT.cuda()), expected, atol=1e-4)
+        tokens.append(greedy(lambda ids: stages.run("full", ids.cuda()), stages.cache, PROMPT.cuda(), 80))
+        assert stages.cache.length == 5 + 80
+    assert tokens[0] == tokens[1]
+    assert graphs.stage("full", 1).graph is not None
+
+
+@cuda
+def test_capture_writes_scratch_slots_only(tiny_dirs):
+    from mirror_sd.models.loading import load_model
+
+    model, _ = load_model(tiny_dirs["target"], torch.device("cuda"), torch.float32)
+    stages = Stages(model, 160)
+    stages.cache.k.fill_(2.0)
+    stages.capture_all(names=["full"])
+    assert bool((stages.cache.k[:, :, :, :160] == 2.0).all())
