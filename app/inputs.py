@@ -33,11 +33,13 @@ def settle(name: str, value) -> tuple[float | int, str | None]:
     except (TypeError, ValueError):
         number = math.nan
     if math.isnan(number):
-        used, why = limit.default, f"{limit.label}: {value!r} is not a number; using the default {_show(limit.default)}."
+        used = limit.default
+        why = f"{limit.label}: {value!r} is not a number; using the default {_show(limit.default)}."
     elif number < limit.low or number > limit.high:
         used = min(max(number, limit.low), limit.high)
         used = round(used) if limit.whole else used
-        why = f"{limit.label}: {_show(number)} is out of range ({_show(limit.low)} to {_show(limit.high)}); using {_show(used)}."
+        why = (f"{limit.label}: {_show(number)} is out of range ({_show(limit.low)} to {_show(limit.high)}); "
+               f"using {_show(used)}.")
     elif limit.whole and number != round(number):
         used, why = round(number), f"{limit.label}: {_show(number)} is not a whole number; using {round(number)}."
     else:

@@ -39,7 +39,8 @@ def metric(key: str, text: str) -> str:
 def _bar(x: float, y: float, w: float, label: str, colour: str, h: float = 18) -> str:
     text = "#fff" if colour in (TARGET, VERIFY, PREFIX) else "#111827"
     return (f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="3" fill="{colour}"/>'
-            f'<text x="{x + w / 2}" y="{y + h / 2 + 4}" text-anchor="middle" font-size="10" fill="{text}">{label}</text>')
+            f'<text x="{x + w / 2}" y="{y + h / 2 + 4}" text-anchor="middle" font-size="10" '
+            f'fill="{text}">{label}</text>')
 
 
 def _lane(y: float, name: str) -> str:
@@ -58,7 +59,8 @@ def sd_picture() -> str:
             _bar(156, 36, 100, "verify d1 d2 d3", VERIFY) +
             '<text x="156" y="76" font-size="10" fill="#15803d">✓ d1  ✓ d2</text>'
             '<text x="216" y="76" font-size="10" fill="#b91c1c">✗ d3 → target’s own token</text>'
-            '<text x="52" y="92" font-size="10" fill="#374151">one step: 3 cheap guesses, 1 target pass, 3 tokens</text>')
+            '<text x="52" y="92" font-size="10" fill="#374151">'
+            'one step: 3 cheap guesses, 1 target pass, 3 tokens</text>')
     return _svg(body, "Speculative decoding: the draft proposes, the target verifies many tokens in one forward")
 
 
@@ -88,7 +90,8 @@ def mirror_picture() -> str:
             _lane(60, "target") + _lane(84, "draft dev.") +
             _bar(62, 60, 60, "prefix", PREFIX) + _bar(124, 60, 70, "suffix", SUFFIX) +
             '<path d="M 122 70 L 124 84" stroke="#6b7280"/>'
-            '<text x="62" y="114" font-size="9" fill="#6b7280">the prefix’s early exit guesses; the draft starts at once</text>' +
+            '<text x="62" y="114" font-size="9" fill="#6b7280">'
+            'the prefix’s early exit guesses; the draft starts at once</text>' +
             _bar(124, 84, 70, "draft next", ROLLOUT) +
             '<line x1="194" y1="56" x2="194" y2="104" stroke="#111827" stroke-dasharray="3 2"/>'
             '<text x="200" y="92" font-size="10" fill="#15803d">step ends here</text>')
@@ -116,7 +119,8 @@ IDEAS = [
      "costs **max(target suffix, draft)** instead of their sum."),
 ]
 
-LANES_NOTE = ("Here the two devices may be stand-ins: the line below this panel says which real device each lane runs on. "
+LANES_NOTE = ("Here the two devices may be stand-ins: the line below this panel says which real device each "
+              "lane runs on. "
               "When both lanes are parts of one processor they share it, and the draft's work is not free.")
 
 

@@ -47,7 +47,8 @@ def why(winner, current: dict) -> str:
         return (f"Vanilla was fastest ({_speed(winner):.1f} tokens/s): here drafting cost more than it saved; "
                 f"{rival.title} committed {rival.metrics['mean_accepted']:.2f} tokens per step but each step took "
                 f"{_ms_per_step(rival):.0f} ms against vanilla's {_ms_per_step(winner):.0f} ms for one token.")
-    return (f"{winner.title} was fastest ({_speed(winner):.1f} tokens/s, {_speed(winner) / _speed(vanilla):.2f}× vanilla): "
+    ratio = _speed(winner) / _speed(vanilla)
+    return (f"{winner.title} was fastest ({_speed(winner):.1f} tokens/s, {ratio:.2f}× vanilla): "
             f"it committed {m['mean_accepted']:.2f} tokens per step in {_ms_per_step(winner):.0f} ms a step, while "
             f"vanilla made 1 token per step in {_ms_per_step(vanilla):.0f} ms.")
 
@@ -85,4 +86,5 @@ def reveal_hit(result, index: int, answer: str | None) -> str:
         return ""
     hit = step.rendezvous.hit
     verdict = "**Right!**" if (answer == HIT) == hit else "**Not this time.**"
-    return f"{verdict} The next step was a {'hit' if hit else 'miss'}. {explain(result.trace, step.index, result.pieces)}"
+    sentence = explain(result.trace, step.index, result.pieces)
+    return f"{verdict} The next step was a {'hit' if hit else 'miss'}. {sentence}"

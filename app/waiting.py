@@ -57,4 +57,5 @@ class Line:
         est = f" about {wait:.0f} s, from the last races on this server" if wait is not None else \
             " no estimate yet (no race has finished on this server)"
         races = "race is" if ahead == 1 else "races are"
-        return f"**Waiting your turn:** {ahead} {races} ahead of yours;{est}. Races run one at a time so their timings stay fair."
+        return (f"**Waiting your turn:** {ahead} {races} ahead of yours;{est}. Races run one at a time so their "
+                "timings stay fair.")
