@@ -91,7 +91,8 @@ def _stage_part(out: Path) -> dict:
         profile, table = stage_profile()
         path = out / f"profile-{profile['name']}.json"
         path.write_text(json.dumps(profile, indent=1), encoding="utf-8")
-        part.update(ok=True, outcome=f"wrote {path.name}", table=table, profile=profile)
+        agree = "DIFFERENT" not in profile["notes"]  # graphs_agree: graphs commit the plain forward's tokens
+        part.update(ok=agree, outcome=f"wrote {path.name}", table=table, profile=profile)
     except Exception as e:  # noqa: BLE001  (reported; the benches still run)
         part.update(outcome=f"{type(e).__name__}: {e}")
     part["wall_s"] = time.monotonic() - start
@@ -169,6 +170,7 @@ def stage_profile() -> tuple[dict, list[dict]]:
             shorter = min(ms["target"][8], 4 * ms["draft"][1])
             overlap = max(0.0, min(1.0, (serial - parallel) / shorter)) if shorter > 0 else 0.0
         plain = _plain_forward_ms(target)
+        agree = graphs_agree(t, target)
     gpu = torch.cuda.get_device_name(target.device)
     name = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") + "-graphs"
     profile = dict(
@@ -188,10 +190,35 @@ def stage_profile() -> tuple[dict, list[dict]]:
         stages={s: {"ms_by_width": {str(w): round(v, 4) for w, v in by_width.items()}} for s, by_width in ms.items()},
     )
     Profile.from_json(profile, "gpu-check profile")  # the format whatif reads, checked before it is written
+    profile["notes"] += f" Graphs against the plain forward: {agree}."
     table = [dict(width=w, **{s: ms[s][w] for s in ms}) for w in BUCKETS]
     table.append(dict(width="plain forward, host wall ms", target=plain.get(1), target_prefix=None,
                       target_suffix=None, draft=None))
     return profile, table
+
+
+def graphs_agree(stages, model, tokens: int = 32) -> str:
+    """The target's graphs against its plain forward on one prompt: the largest logit difference of
+    the prefill, and whether greedy decoding commits the same tokens."""
+    prompt = ((torch.arange(12, device=model.device) * 37 + 11) % model.args.vocab_size)[None]  # [1, 12]
+    plain = model.new_cache(CACHE_SLOTS)
+    runs = [_greedy(lambda ids: model.forward(ids, plain, commit=False), plain, prompt, tokens),
+            _greedy(lambda ids: stages.run("full", ids), stages.cache, prompt, tokens)]
+    diff = (runs[0][0] - runs[1][0]).abs().max().item()
+    same = "the same" if runs[0][1] == runs[1][1] else "DIFFERENT"
+    return f"prefill logits within {diff:.2e}, {same} {tokens} greedy tokens"
+
+
+def _greedy(step, cache, prompt, tokens: int):
+    """(prefill logits, greedy tokens): step(ids) -> logits of ids written at cache.length."""
+    cache.rollback(0)
+    prefill = logits = step(prompt)
+    cache.length, out = prompt.shape[1], []
+    for _ in range(tokens):
+        out.append(int(logits[0, -1].argmax()))
+        logits = step(torch.tensor([[out[-1]]], device=prompt.device))
+        cache.length += 1
+    return prefill, out
 
 
 def _plain_forward_ms(model, repeats: int = 5) -> dict:
@@ -225,7 +252,8 @@ def _report(parts: list[dict], out: Path) -> str:
         for row in stages["table"]:
             cells = [_ms(row[k]) for k in ("target", "target_prefix", "target_suffix", "draft")]
             lines.append(f"| {row['width']} | " + " | ".join(cells) + " |")
-        lines += ["", f"overlap (draft on the second stream): {stages['profile']['overlap']}. "
+        lines += ["", stages["profile"]["notes"], "",
+                  f"overlap (draft on the second stream): {stages['profile']['overlap']}. "
                       f"Profile: `{stages['outcome'].removeprefix('wrote ')}` "
                       f"(`python -m mirror_sd whatif --profile {out}/{stages['outcome'].removeprefix('wrote ')} ...`)."]
     for name in ("bench-gpu", "bench-draft-cpu"):

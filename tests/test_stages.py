@@ -9,7 +9,7 @@ import torch
 
 from mirror_sd.devices import single_threaded
 from mirror_sd.errors import MirrorSDError
-from mirror_sd.models.stages import BUCKETS, MAX_WIDTH, Stage, StageCache, Stages, bucket
+from mirror_sd.models.stages import BUCKETS, MAX_WIDTH, Stage, Stages, bucket
 
 ATOL = 1e-5
 PROMPT = torch.tensor([[1, 5, 9, 2, 7]])
@@ -162,6 +162,12 @@ def test_gpu_check_without_cuda_says_so_in_one_line_and_exits_2(capsys):
     assert main(["gpu-check", "--out", "unused"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and "CUDA" in captured.err
+
+
+def test_gpu_checks_agreement_of_stages_and_plain_forward_on_the_cpu_too(target):
+    from mirror_sd.gpu_check import CACHE_SLOTS, graphs_agree
+
+    assert graphs_agree(Stages(target, CACHE_SLOTS), target, tokens=8).endswith("the same 8 greedy tokens")
 
 
 @cuda
