@@ -120,11 +120,13 @@ class Profile:
     step_ms: float = 0.0  # host work per decoding step outside any span
     notes: str = ""  # what the profile assumes, for the screen
 
-    def cost(self, stage: str, width: float) -> float:
-        """Milliseconds of one call of ``stage`` over ``width`` tokens on this profile."""
-        if stage not in self.stages:
+    def cost(self, stage: str, width: float, threads: int | None = None) -> float:
+        """Milliseconds of one call of ``stage`` over ``width`` tokens on this profile; on a lane
+        with ``threads`` CPU threads, the stage's cost for that many (``"draft@1"``) where it has one."""
+        keyed = f"{stage}@{threads}" if f"{stage}@{threads}" in self.stages else stage
+        if keyed not in self.stages:
             raise MirrorSDError(f"profile {self.name!r} has no cost for stage {stage!r}")
-        ms = self.stages[stage](width)
+        ms = self.stages[keyed](width)
         return ms / self.draft_speed if stage in DRAFT_STAGES else ms
 
     def with_draft_speed(self, speed: float) -> "Profile":
@@ -165,7 +167,8 @@ class Profile:
         stages = data.get("stages")
         if not isinstance(stages, dict) or "target" not in stages:
             raise MirrorSDError(f"{where}: needs \"stages\", an object with at least a \"target\" cost")
-        unknown = sorted(set(stages) - set(STAGES))
+        unknown = sorted(s for s in stages if s.split("@")[0] not in STAGES
+                         or ("@" in s and not s.split("@", 1)[1].isdigit()))
         if unknown:
             raise MirrorSDError(f"{where}: unknown stage {unknown[0]!r} (stages: {', '.join(STAGES)})")
         costs = {s: Cost.from_json(v, f"{where}: stage {s!r}") for s, v in stages.items()}
@@ -222,11 +225,12 @@ class Work:
     calls: list[tuple[str, int]] = field(default_factory=list)  # (stage, width) per forward
     fixed: str | None = None  # a profile constant instead of calls: "rendezvous_ms" or "channel_ms"
     tokens: int = 0
+    threads: int | None = None  # CPU threads of the lane that ran it (trace.meta["threads"]), where recorded
 
     def ms(self, profile: Profile) -> float:
         if self.fixed:
             return getattr(profile, self.fixed)
-        return sum(profile.cost(stage, width) for stage, width in self.calls)
+        return sum(profile.cost(stage, width, self.threads) for stage, width in self.calls)
 
 
 Phase = tuple  # Work items that run at the same time, one per lane
@@ -320,6 +324,9 @@ def step_plans(trace: Trace) -> list[list[Phase]]:
     plans = [prefill_plan(trace)]
     for previous, step in zip(trace.steps, trace.steps[1:]):
         plans.append(plan(step, previous, options, trace.meta))
+    threads = trace.meta.get("threads", {})
+    for work in (w for plan in plans for phase in plan for w in phase):
+        work.threads = threads.get(work.lane)
     return plans
 
 
@@ -448,22 +455,35 @@ def hat_weights(width: float, knots: list[int]) -> list[float]:
     return weights
 
 
+def keyed_calls(pairs) -> list[list[tuple[str, int]]]:
+    """Each span's calls, with a stage that ran on lanes of different CPU thread counts keyed by the
+    count ("draft@1"): Mirror-SD's lanes split the cores between them, sd's take them all in turn."""
+    threads: dict[str, set] = {}
+    for work, _ in pairs:
+        for stage, _ in work.calls:
+            threads.setdefault(stage, set()).add(work.threads)
+    split = {stage for stage, counts in threads.items() if len(counts) > 1}
+    return [[(f"{stage}@{work.threads}" if stage in split else stage, width) for stage, width in work.calls]
+            for work, _ in pairs]
+
+
 def fit_costs(pairs) -> dict[str, Cost]:
     """Per-stage costs, piecewise-linear in width, by least squares: each span's measured ms is the
     sum over its calls of the stage's cost at the call's width, and a cost is its values at a few
     knot widths (``knots_for``) joined by straight lines. A knot whose value comes out negative is
     dropped and the fit redone."""
+    calls = keyed_calls(pairs)
     knots = {}
-    for work, _ in pairs:
-        for stage, width in work.calls:
+    for row in calls:
+        for stage, width in row:
             knots.setdefault(stage, set()).add(width)
     knots = {stage: knots_for(widths) for stage, widths in sorted(knots.items())}
     y = np.array([ms for _, ms in pairs])  # [spans]
     while True:
         columns = [(stage, k) for stage, ks in knots.items() for k in ks]
         X = np.zeros((len(pairs), len(columns)))  # [spans, knots]: each span's calls, spread over its stage's knots
-        for row, (work, _) in enumerate(pairs):
-            for stage, width in work.calls:
+        for row, row_calls in enumerate(calls):
+            for stage, width in row_calls:
                 start = columns.index((stage, knots[stage][0]))
                 X[row, start:start + len(knots[stage])] += hat_weights(width, knots[stage])
         values = np.linalg.lstsq(X, y, rcond=None)[0]

@@ -352,3 +352,16 @@ def test_the_hit_rate_mirror_needs_to_lead_is_the_first_where_its_speedup_reache
     lead = W.hit_rate_to_lead(mirror, sd, PROFILE)
     assert lead is not None and W.steady_state(mirror, PROFILE, None, lead)["speedup"] >= \
         W.steady_state(sd, PROFILE)["speedup"] > W.steady_state(mirror, PROFILE, None, lead - 0.01)["speedup"]
+
+
+def test_a_stage_keyed_by_cpu_threads_prices_the_lanes_that_ran_with_that_many():
+    profile = W.Profile(**{**PROFILE.__dict__, "stages": {**PROFILE.stages, "draft@1": W.Cost.line(5, 0)}})
+    trace = trace_of("sd", [chain(1, [3, 4], 1, draft=DraftWork(forwards=2))], two_lanes=True)
+    assert step_time(trace, profile=profile) == pytest.approx(2 * 2.1 + 13)  # no thread count recorded
+    trace.meta["threads"] = {"target": 1, "draft": 1}
+    assert step_time(trace, profile=profile) == pytest.approx(2 * 5 + 13)
+    made = [W.retime(trace_of("sd", [chain(1, [3, 4], 1, draft=DraftWork(forwards=2))], two_lanes=True,
+                              prompt_tokens=n), PROFILE) for n in (10, 20)]
+    for t, threads in zip(made, (1, 2)):
+        t.meta["threads"] = {"target": 2, "draft": threads}
+    assert {"draft@1", "draft@2"} <= set(W.fit_profile(made).stages)  # one stage on 1 and on 2 threads: kept apart
