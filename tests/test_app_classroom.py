@@ -1,6 +1,6 @@
 """The classroom page (issue 35) in Chromium on a tiny pair: the How-it-works panel, a tooltip, predict
-then reveal, settings brought into range with a message, the 800 px layout, the loading message,
-and a closed tab ending its race."""
+then reveal, settings brought into range with a message, the 800 px and 1280x720 layouts, the
+loading message, the place in line, and a closed tab ending its race."""
 import os
 import shutil
 import threading
@@ -104,12 +104,13 @@ def test_browser_says_the_models_are_loading(tiny_pair):
     try:
         with sync_playwright() as p:
             browser, page = open_app(p, url)
-            second = browser.new_page()  # a second visitor arriving during the load sees it too
-            second.goto(url)
+            second = browser.new_page(viewport={"width": 1280, "height": 720})  # a second visitor, on a projector,
+            second.goto(url)  # arriving during the load, sees it too
             for visitor in (page, second):
                 expect(visitor.locator("#notice")).to_contain_text("Loading the models", timeout=10_000)
             for visitor in (page, second):
                 expect(visitor.locator("#notice")).to_contain_text("Target lane", timeout=30_000)
+            assert second.evaluate("document.documentElement.scrollWidth") <= 1280  # 1280x720: no sideways scroll
             browser.close()
     finally:
         demo.close()
