@@ -140,8 +140,9 @@ class Stage:
         None: causal, the prefix visible); positions default to start, start + 1, ... The cache's
         length does not move: the caller commits or rolls back, as after ``forward(commit=False)``.
         """
-        T = self.load(x, positions, mask)
-        self.replay()
+        with torch.inference_mode():  # buffers made in inference mode may only change there
+            T = self.load(x, positions, mask)
+            self.replay()
         # A copy: the next run overwrites the buffer, and so may another stage of the same memory pool
         # (its graph may reuse this one's memory for its own work; the pool is safe for one stage at a time)
         return self.out[:, :T].clone()
