@@ -122,8 +122,13 @@ class Profile:
 
     def cost(self, stage: str, width: float, threads: int | None = None) -> float:
         """Milliseconds of one call of ``stage`` over ``width`` tokens on this profile; on a lane
-        with ``threads`` CPU threads, the stage's cost for that many (``"draft@1"``) where it has one."""
-        keyed = f"{stage}@{threads}" if f"{stage}@{threads}" in self.stages else stage
+        with ``threads`` CPU threads, the stage's cost for that many (``"draft@1"``) where it has one,
+        and where it has only such costs and no count is given, the one with the most threads (a
+        lane with the machine to itself, as vanilla's)."""
+        counts = sorted(int(k.split("@")[1]) for k in self.stages if k.startswith(f"{stage}@"))
+        keyed = f"{stage}@{threads}" if threads in counts else stage
+        if keyed not in self.stages and counts:
+            keyed = f"{stage}@{counts[-1]}"
         if keyed not in self.stages:
             raise MirrorSDError(f"profile {self.name!r} has no cost for stage {stage!r}")
         ms = self.stages[keyed](width)

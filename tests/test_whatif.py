@@ -365,3 +365,9 @@ def test_a_stage_keyed_by_cpu_threads_prices_the_lanes_that_ran_with_that_many()
     for t, threads in zip(made, (1, 2)):
         t.meta["threads"] = {"target": 2, "draft": threads}
     assert {"draft@1", "draft@2"} <= set(W.fit_profile(made).stages)  # one stage on 1 and on 2 threads: kept apart
+
+
+def test_without_a_thread_count_a_keyed_stage_uses_its_most_threads():
+    profile = W.Profile("keyed", "test", {}, {"target@1": W.Cost.line(9, 0), "target@2": W.Cost.line(4, 0)})
+    assert profile.cost("target", 1) == 4 and profile.cost("target", 1, threads=1) == 9
+    assert profile.cost("target", 1, threads=3) == 4
