@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from .errors import MirrorSDError
+from .models.stages import BUCKETS
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository (tests/ lives there)
 BUDGET_S = 22 * 60  # every part together, model set-up included: well inside 25 minutes
@@ -146,7 +147,7 @@ def stage_profile() -> tuple[dict, list[dict]]:
     hardware profile (whatif.Profile's JSON) and the table of times."""
     from . import load_pair
     from .methods.mirror import default_exit_layer
-    from .models.stages import BUCKETS, Stages
+    from .models.stages import Stages
     from .whatif import Profile
 
     pair = load_pair()
@@ -191,9 +192,7 @@ def stage_profile() -> tuple[dict, list[dict]]:
     )
     Profile.from_json(profile, "gpu-check profile")  # the format whatif reads, checked before it is written
     profile["notes"] += f" Graphs against the plain forward: {agree}."
-    table = [dict(width=w, **{s: ms[s][w] for s in ms}) for w in BUCKETS]
-    table.append(dict(width="plain forward, host wall ms", target=plain.get(1), target_prefix=None,
-                      target_suffix=None, draft=None))
+    table = [dict(width=w, **{s: ms[s][w] for s in ms}, plain=plain[w]) for w in BUCKETS]
     return profile, table
 
 
@@ -221,18 +220,22 @@ def _greedy(step, cache, prompt, tokens: int):
     return prefill, out
 
 
-def _plain_forward_ms(model, repeats: int = 5) -> dict:
-    """Host wall ms of one plain (eager) one-token forward: the launch cost the graphs remove."""
+def _plain_forward_ms(model, repeats: int = 5) -> dict[int, float]:
+    """Width -> host wall ms of one plain (eager) target forward over that many tokens: what a step
+    costs today, launches included."""
     cache = model.new_cache(CACHE_SLOTS)
-    ids = torch.zeros(1, 1, dtype=torch.long, device=model.device)
-    times = []
-    for _ in range(repeats + 1):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        model.forward(ids, cache, commit=False)
-        torch.cuda.synchronize()
-        times.append(1e3 * (time.perf_counter() - start))
-    return {1: statistics.median(times[1:])}
+    times = {}
+    for width in BUCKETS:
+        ids = torch.zeros(1, width, dtype=torch.long, device=model.device)
+        runs = []
+        for _ in range(repeats + 1):  # the first run warms up
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            model.forward(ids, cache, commit=False)
+            torch.cuda.synchronize()
+            runs.append(1e3 * (time.perf_counter() - start))
+        times[width] = statistics.median(runs[1:])
+    return times
 
 
 # -- the report -------------------------------------------------------------------------------------
@@ -248,9 +251,10 @@ def _report(parts: list[dict], out: Path) -> str:
     stages = next(p for p in parts if p["name"] == "stages")
     if stages.get("table"):
         lines += ["", "## One CUDA-graph replay per stage (GPU ms, median; CUDA events)", "",
-                  "| width | target | target prefix | target suffix | draft |", "|---|---|---|---|---|"]
+                  "| width | target | target prefix | target suffix | draft | plain target forward (host wall ms) |",
+                  "|---|---|---|---|---|---|"]
         for row in stages["table"]:
-            cells = [_ms(row[k]) for k in ("target", "target_prefix", "target_suffix", "draft")]
+            cells = [_ms(row[k]) for k in ("target", "target_prefix", "target_suffix", "draft", "plain")]
             lines.append(f"| {row['width']} | " + " | ".join(cells) + " |")
         lines += ["", stages["profile"]["notes"], "",
                   f"overlap (draft on the second stream): {stages['profile']['overlap']}. "
