@@ -152,8 +152,9 @@ class Stage:
         B, T = x.shape[:2]
         if B != self.batch or not 1 <= T <= self.width:
             raise MirrorSDError(f"stage of batch {self.batch} and width {self.width} got input {tuple(x.shape)}")
-        start = self.cache.length if self.cache is not None else 0
-        if self.cache is not None and start + T > self.cache.max_slots:
+        writes = self.layers[0] < self.layers[1]  # runs layers, so writes the cache (not the LM head alone)
+        start = self.cache.length if writes else 0
+        if writes and start + T > self.cache.max_slots:
             raise MirrorSDError(f"KV cache full: {start} + {T} tokens > {self.cache.max_slots} slots")
         device = self.x.device
         if positions is None:
@@ -162,7 +163,7 @@ class Stage:
         self.x[:, :T] = x
         self.positions.zero_()
         self.positions[:, :T] = positions
-        if self.layers[0] < self.layers[1]:
+        if writes:
             usable = self.cache.max_slots
             rows = torch.arange(self.width, device=device)
             self.slots.copy_(torch.where(rows < T, start + rows, usable + rows))
@@ -174,7 +175,8 @@ class Stage:
     def replay(self):
         """Run the stage on what its buffers hold: the captured graph, or the body eagerly."""
         if self.graph is not None:
-            self.graph.replay()
+            with torch.cuda.device(self.x.device):  # the current stream of the graph's own GPU
+                self.graph.replay()
         else:
             self.out = self.body()
 
@@ -202,8 +204,8 @@ class Stage:
         pool ``pool``: warm up on a side stream, then capture, as PyTorch documents. The buffers hold
         padding only meanwhile, so the warm-up writes scratch slots only."""
         device = self.x.device
-        self.load_padding()
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.cuda.device(device):
+            self.load_padding()
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
