@@ -414,7 +414,8 @@ def table(traces: list[Trace], profile: Profile):
     return pd.DataFrame({"runs": pd.Series([t.method for t in traces]).value_counts(),
                          "step_ms": 1000 * per.step_seconds / per.steps,
                          "tokens_per_s": per.new_tokens / per.seconds,
-                         "speedup": per.vanilla_seconds / per.seconds}).loc[per.index].reset_index(names="method")
+                         "speedup": per.vanilla_seconds / per.seconds}).loc[[m for m in PLANS if m in per.index]] \
+        .reset_index(names="method")
 
 
 # -- this machine: a profile fitted from measured spans ------------------------------------------
