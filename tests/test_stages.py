@@ -148,6 +148,17 @@ def test_stage_refuses_what_it_cannot_hold(target):
         stages.stage("verify", 4)
 
 
+def test_capture_all_makes_every_stage_at_every_bucket_eager_on_the_cpu(target):
+    stages, seen = Stages(target, 16), []
+    stages.capture_all(progress=lambda done, total: seen.append((done, total)))
+    assert set(stages._stages) == {(n, w) for n in ("full", "head") for w in BUCKETS}
+    assert seen[-1] == (2 * len(BUCKETS),) * 2
+    assert all(stage.graph is None for stage in stages._stages.values())
+    stages.cache.length = 16  # full: the LM head alone writes no cache, so it still runs
+    h = torch.randn(1, 3, target.args.hidden_size)
+    assert torch.allclose(stages.run("head", h), target.head(h), atol=ATOL)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU's answer to graphs=True")
 def test_graphs_need_cuda(target):
     assert Stages(target, 16).graphs is False  # auto: off on the CPU
