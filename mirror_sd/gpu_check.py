@@ -62,7 +62,8 @@ def gpu_check(out: Path) -> int:
 def _run(out: Path, name: str, command: list[str], deadline: float, limit: int) -> dict:
     """A subprocess part, its output in ``<name>.log``, stopped at ``limit`` s or the deadline."""
     timeout = min(limit, deadline - time.monotonic())
-    part = dict(name=name, command=" ".join(command[1:] if command[0] == sys.executable else command), ok=False)
+    shown = ["python", *command[1:]] if command[0] == sys.executable else command
+    part = dict(name=name, command=" ".join(shown), ok=False)
     if timeout < 30:
         return dict(part, outcome="skipped: the time budget ran out", wall_s=0.0)
     print(f"gpu-check: {name} (at most {timeout:.0f} s) ...", flush=True)
