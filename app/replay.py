@@ -88,10 +88,14 @@ def recorded_races(folder: str | Path = RECORDED) -> list[tuple[str, str]]:
 
 
 def recorded_on(meta: dict) -> str:
-    """'Recorded on <hardware>, <date>', and the settings it ran with."""
+    """'Recorded on <hardware>, <date>', the settings it ran with, and whether other work shared the
+    machine then (a load average above its cores)."""
+    load, cores = meta.get("load_average"), meta.get("cores")
+    busy = (f" Other work shared the machine then (load average {load:g} on {cores} cores): its times are "
+            "longer and noisier than a quiet machine's." if load and cores and load > cores else "")
     return (f"Recorded on {meta.get('hardware', 'unknown hardware')}, {meta.get('date', 'an unknown date')}: "
             f"at most {meta.get('max_new_tokens')} new tokens, temperature {meta.get('temperature', 0.0)}, each "
-            "method's default options. Nothing runs now: step through it in **Step-through**, or **Replay** it.")
+            f"method's default options.{busy} Nothing runs now: step through it in **Step-through**, or **Replay** it.")
 
 
 def make_open_recorded(names: list[str]):

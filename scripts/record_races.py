@@ -5,12 +5,14 @@
 One race per example prompt (the first prompt of each Spec-Bench category, as the app's examples),
 every method at its defaults, temperature 0, through ``app.race.run_race`` as the Run button does
 (a discarded warm-up first). Each race is written to ``<out>/<category>.json`` with the hardware
-and the date it ran on; a table of each race's wall time is printed (what a visitor to a live
-Space waits for one race).
+and the date it ran on, and the load average at its end (other work on the machine slows every
+method; the app says so); a table of each race's wall time is printed (what a visitor to a live
+Space waits for one race). Run it alone on the machine for times a class can trust.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 from datetime import datetime, timezone
@@ -49,7 +51,9 @@ def main():
         race_s = time.perf_counter() - start
         meta = dict(category=item["category"], prompt_id=item["id"], hardware=hardware(pair), date=date,
                     torch=torch.__version__, max_new_tokens=args.max_new_tokens, temperature=0.0,
-                    race_s=round(race_s, 2), command="python -m scripts.record_races")
+                    race_s=round(race_s, 2), cores=cpu_cores(),
+                    load_average=round(os.getloadavg()[0], 2),
+                    command="python -m scripts.record_races")
         path = save_race(f"{args.out}/{item['category']}.json", prompt, results, meta)
         walls = " | ".join(f"{r.metrics.get('wall_s', 0):.1f}" for r in results.values())
         print(f"| {item['id']} | {race_s:.1f} | {walls} |  ({path}, {path.stat().st_size // 1024} KB)")

@@ -1,0 +1,67 @@
+"""Recorded races (app/recorded): they ship with the repo, open with no model, and step through."""
+import json
+import threading
+
+import pytest
+
+import app.race
+from app import handlers
+from app.race import run_race
+from app.replay import RECORDED, load_race, make_open_recorded, recorded_races, save_race
+from mirror_sd import METHODS
+from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
+
+NAMES = list(METHODS)
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Anything that would decode or load a model fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a recorded race must not load or run a model")
+
+    for name in ("stream", "generate"):
+        monkeypatch.setattr(app.race, name, refuse)
+    monkeypatch.setattr("mirror_sd.load_pair", refuse)
+    monkeypatch.setattr("mirror_sd.models.pair.load_pair", refuse)
+
+
+def test_every_example_prompt_has_a_small_recorded_race():
+    races = recorded_races()
+    examples = {item["turns"][0] for item in first_per_category(read_prompts(DEFAULT_PROMPTS), 1)}
+    assert {load_race(path)[0] for _, path in races} == examples
+    assert sum(p.stat().st_size for p in RECORDED.glob("*.json")) < 1_500_000  # the repo stays small
+    for label, path in races:
+        prompt, meta, results = load_race(path)
+        assert meta["hardware"] and meta["date"] and label.startswith(meta["category"] + ": ")
+        assert list(results) == NAMES and all(r.finished in ("eos", "length") for r in results.values())
+        reference = results["vanilla"].trace.steps
+        for r in results.values():  # recorded at temperature 0: every method commits vanilla's tokens
+            assert [t for s in r.trace.steps for t in s.committed] == [t for s in reference for t in s.committed]
+
+
+def test_a_recorded_race_opens_and_steps_through_with_no_model(no_model):
+    (label, path), *_ = recorded_races()
+    prompt, status, replay, *cards, current = make_open_recorded(NAMES)(path)
+    assert status.startswith("Recorded on ") and prompt == load_race(path)[0]
+    assert all('class="card"' in card for card in cards) and set(current) == set(NAMES)
+    timeline, utilisation, files, choice = handlers.views(current)
+    assert timeline is not None and utilisation is not None and files and choice["value"] == "mirror"
+    steps = current["mirror"].trace.steps
+    for step in (steps[0], steps[1], steps[-1]):
+        sentence, text, step_timeline, tree = handlers.show_step(current, "mirror", step.index)
+        assert sentence.startswith(f"Step {step.index} ") and 'class="tokens"' in text
+    assert handlers.move(current, "mirror", steps[-1].index, 1) == steps[-1].index
+
+
+def test_a_race_saved_and_loaded_draws_the_same_cards(tiny_pair, tmp_path):
+    for results in run_race(tiny_pair, "t1 t2 t3", ["vanilla", "sd", "mirror"], threading.Event(), max_new_tokens=8):
+        pass
+    path = save_race(tmp_path / "tiny.json", "t1 t2 t3", results, dict(category="tiny", hardware="here", date="today"))
+    prompt, meta, loaded = load_race(path)
+    assert prompt == "t1 t2 t3" and meta["hardware"] == "here" and list(loaded) == list(results)
+    for name, r in results.items():
+        assert loaded[name].trace.to_dict()["steps"] == json.loads(json.dumps(r.trace.to_dict()["steps"]))
+        assert loaded[name].pieces == r.pieces
+        assert loaded[name].metrics == r.metrics
+    assert recorded_races(tmp_path) == [("tiny: t1 t2 t3", str(path))]
