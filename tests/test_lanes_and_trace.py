@@ -151,9 +151,14 @@ def test_spans_are_measured_on_the_lane_clock():
 
 
 def test_lane_errors_reach_the_caller():
+    """As a LaneError naming the lane and the step, with the error itself as its cause."""
+    from mirror_sd.devices import LaneError
+
     lane = Lane("draft", torch.device("cpu"))
-    with pytest.raises(ZeroDivisionError):
-        lane.run("boom", lambda: 1 / 0)
+    with pytest.raises(LaneError, match="ZeroDivisionError: division by zero") as caught:
+        lane.run("boom", lambda: 1 / 0, step=3)
+    assert (caught.value.lane, caught.value.step) == ("draft", 3)
+    assert isinstance(caught.value.error, ZeroDivisionError) and caught.value.__cause__ is caught.value.error
 
 
 def test_a_lane_works_in_a_forked_child():
