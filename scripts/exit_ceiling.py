@@ -1,7 +1,7 @@
 """How often Mirror-SD could hit: the early exit's top-kappa against the target's token, per exit layer.
 
     python -m scripts.exit_ceiling [--per-category 8] [--max-new-tokens 64] [--layers 15,18,22,24,26,28]
-                                   [--exit-head 1]
+                                   [--exit-head 1 [--head DIR]]
 
 A Mirror-SD step hits when the token the target emits after the accepted prefix (the correction, or
 the bonus after a fully accepted window) is among the early-exit candidates at that position and
@@ -19,13 +19,15 @@ another file; one row per category and exit layer, plus "all") and prints it as 
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import torch
 from tqdm import tqdm
 
 from mirror_sd.engine import generate
 from mirror_sd.methods.mirror import default_exit_layer, early_exit
-from mirror_sd.models.exit_head import exit_head_for
+from mirror_sd.models.exit_head import attach_exit_head, exit_head_for, load_exit_head
 from mirror_sd.models.pair import load_pair
 
 from .comparison import SWEEPS, bench_prompts, comparison_parser
@@ -70,12 +72,16 @@ def main():
                         "15,18,22,24,26,28, with --exit-head 1 the head's layer)")
     parser.add_argument("--exit-head", type=int, choices=(0, 1), default=0,
                         help="1: mirror and the ranks use the trained early-exit head (default 0: the logit lens)")
+    parser.add_argument("--head", default=None, metavar="DIR", help="with --exit-head 1: a head trained by "
+                        "python -m mirror_sd.train exit-head (default: the shipped one); mirror exits at its layer")
     parser.add_argument("--out", default=None, help="the CSV to write (default docs/sweeps/exit_ceiling.csv, "
                         "exit_ceiling_head.csv with --exit-head 1)")
     args = parser.parse_args()
     pair = load_pair()
-    default = default_exit_layer(pair.target.num_layers)
-    head = exit_head_for(pair, default) if args.exit_head else None
+    if args.head:
+        attach_exit_head(pair, load_exit_head(Path(args.head), pair.target))
+    head = exit_head_for(pair, None) if args.exit_head else None
+    default = head.exit_layer if head else default_exit_layer(pair.target.num_layers)
     layers = [int(x) for x in (args.layers or (str(head.exit_layer) if head else "15,18,22,24,26,28")).split(",")]
     if head is not None and layers != [head.exit_layer]:
         parser.error(f"--exit-head 1 ranks at the head's exit layer only ({head.exit_layer})")
@@ -85,7 +91,7 @@ def main():
         for turn in item["turns"]:
             messages.append({"role": "user", "content": turn})
             out = generate(pair, list(messages), method="mirror", max_new_tokens=args.max_new_tokens,
-                           exit_head=args.exit_head)
+                           exit_head=args.exit_head, exit_layer=default)
             messages.append({"role": "assistant", "content": out.text})
             prompt_ids = pair.encode(messages[:-1])
             assert len(prompt_ids) == out.prompt_tokens
