@@ -4,7 +4,7 @@
 the generator stops decoding and keeps what was committed). ``generate`` returns the last one.
 Errors during decoding (a device that fails mid-run, say) end the run with ``finished="error"`` and
 a message, keeping every token already committed. A draft lane that fails is not the end: the run
-goes on with the target alone (vanilla decoding, :func:`target_only`) from what was committed, so
+goes on with the target alone (vanilla decoding, ``methods/vanilla.py``) from what was committed, so
 the text stays whole and, at temperature 0, equal to vanilla's; ``Output.note`` and the trace's
 ``meta["note"]`` say so. ``wall_s`` (and so tokens/s) counts the time
 spent decoding, not the consumer's time between two steps: an app that redraws after every step
@@ -21,7 +21,7 @@ import torch
 
 from .devices import LaneError, allot_cpu_threads, single_threaded
 from .errors import MirrorSDError
-from .methods import get_method
+from .methods import get_method, vanilla
 from .models.pair import ModelPair
 from .nvml import GpuSampler
 from .sampling import Sampler, to_target_vocab
@@ -183,26 +183,7 @@ def on_draft_failure(run: Decoding, e: LaneError, lanes) -> Iterator[Step]:
     run.trace.meta["note"] = (f"draft lane failed at {where}: {e}; finished target-only "
                               f"(vanilla decoding) after {len(run.tokens)} tokens")
     allot_cpu_threads([lane for lane in lanes if lane is run.pair.target_lane], parallel=False)
-    return target_only(run)
-
-
-def target_only(run: Decoding) -> Iterator[Step]:
-    """Vanilla decoding from the committed sequence: one prefill of it on the target lane, then a
-    target forward per token. At temperature 0 it commits what vanilla would after that prefix."""
-    target, lane, sampler = run.pair.target, run.target_lane, run.target_sampler
-    cache = target.new_cache(run.cache_slots)
-    ids = torch.tensor([run.sequence], device=target.device)  # [1, P + committed]
-    step = run.next_step
-    logits = lane.run("prefill", target, ids, cache, label=f"prefill {ids.shape[1]} tokens (target only)",
-                      step=step, tokens=ids.shape[1], alone=True)
-    token = sampler.pick(logits[0, -1])
-    yield run.commit(Step(step, [token], ["target"]))
-    while not run.done:
-        step = run.next_step
-        ids = torch.tensor([[token]], device=target.device)  # [1, 1]
-        logits = lane.run("decode", target, ids, cache, label="decode 1 token (target only)", step=step, tokens=1)
-        token = sampler.pick(logits[0, -1])
-        yield run.commit(Step(step, [token], ["target"]))
+    return vanilla.decode(run, note=" (target only)")
 
 
 def failure_message(run: Decoding, e: Exception) -> str:

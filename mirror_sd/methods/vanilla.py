@@ -9,17 +9,20 @@ import torch
 from ..trace import Step
 
 
-def decode(run):
+def decode(run, note: str = ""):
+    """Decode from the committed sequence: the prompt, or the prompt and what another method committed
+    before its draft lane failed (``engine.on_draft_failure``, with ``note`` " (target only)" in the
+    span labels). At temperature 0 it commits what vanilla would after that prefix."""
     target, lane, sampler = run.pair.target, run.target_lane, run.target_sampler
     cache = target.new_cache(run.cache_slots)
-    ids = torch.tensor([run.prompt_ids], device=target.device)  # [1, P]
-    logits = lane.run("prefill", target, ids, cache, label=f"prefill {ids.shape[1]} tokens", step=0,
-                      tokens=ids.shape[1])
+    ids = torch.tensor([run.sequence], device=target.device)  # [1, P + committed]
+    logits = lane.run("prefill", target, ids, cache, label=f"prefill {ids.shape[1]} tokens{note}",
+                      step=run.next_step, tokens=ids.shape[1])
     token = sampler.pick(logits[0, -1])
-    yield run.commit(Step(0, [token], ["target"]))
+    yield run.commit(Step(run.next_step, [token], ["target"]))
     while not run.done:
         step = run.next_step
         ids = torch.tensor([[token]], device=target.device)  # [1, 1]
-        logits = lane.run("decode", target, ids, cache, label="decode 1 token", step=step, tokens=1)
+        logits = lane.run("decode", target, ids, cache, label=f"decode 1 token{note}", step=step, tokens=1)
         token = sampler.pick(logits[0, -1])
         yield run.commit(Step(step, [token], ["target"]))
