@@ -154,3 +154,28 @@ def test_browser_closing_the_tab_ends_the_race(tiny_dirs):
         assert not any(t.name == "mirror-sd-load" for t in threading.enumerate())
     finally:
         demo.close()
+
+
+def test_browser_steps_through_a_recorded_race_with_no_model():
+    """While no model can load, a recorded race opens from the dropdown and steps through."""
+    from playwright.sync_api import expect, sync_playwright
+
+    def no_model(**devices):
+        raise RuntimeError("no model in this test")
+
+    demo, url = launch(no_model)
+    try:
+        with sync_playwright() as p:
+            browser, page = open_app(p, url)
+            page.locator("#recorded input").click()
+            page.locator("#recorded input").fill("qa")
+            page.keyboard.press("ArrowDown")
+            page.keyboard.press("Enter")
+            expect(page.locator("#status")).to_contain_text("Recorded on", timeout=60_000)
+            expect(page.locator("#card-mirror")).to_contain_text("tok/s")
+            page.get_by_role("tab", name="Step-through").click()
+            page.locator("#next").click()
+            expect(page.locator("#sentence")).to_contain_text("Step 1", timeout=30_000)
+            browser.close()
+    finally:
+        demo.close()
