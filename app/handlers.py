@@ -6,6 +6,7 @@ reaches the engine, through :func:`app.race.run_race`; the others draw from reco
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import threading
 import time
@@ -27,6 +28,8 @@ from .repeat import busy_note, record
 from .replay import frame_times, last_step_at
 from .tokens import text_html
 from .waiting import Line
+
+log = logging.getLogger(__name__)
 
 MAX_PROMPT_CHARS = 20_000  # far beyond any context here; the engine checks the real token limit
 AUTO = "auto"  # device choice: this machine's default lanes
@@ -150,10 +153,19 @@ def _load(get_pair, given: dict, names: list[str]):
                 yield (loading_message(next(loads)), gr.update(), *idle, {})
             except StopIteration as done:
                 return done.value
-    except MirrorSDError as e:
-        gr.Warning(str(e))
-        yield (f"**Cannot run:** {e}", gr.update(), *idle, {})
+    except Exception as e:  # noqa: BLE001  one message in the page, the traceback in the server's log
+        gr.Warning(load_problem(e))
+        yield (f"**Cannot run:** {load_problem(e)}", gr.update(), *idle, {})
         return None
+
+
+def load_problem(e: Exception) -> str:
+    """What went wrong before a race, in one line: a MirrorSDError says it plainly; anything else
+    (a model that failed to load, say) is named, and its traceback goes to the server's log."""
+    if isinstance(e, MirrorSDError):
+        return str(e)
+    log.error("loading the models failed", exc_info=e)
+    return f"the models could not be loaded ({type(e).__name__}: {e}). Recorded races still open."
 
 
 def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded_now, names: list[str]):
@@ -249,8 +261,8 @@ def page_open(get_pair):
             except StopIteration as done:
                 yield hardware_notice(done.value)
                 return
-    except MirrorSDError as e:
-        yield f"**The models could not be loaded:** {e}"
+    except Exception as e:  # noqa: BLE001  (load_problem)
+        yield f"**Cannot run:** {load_problem(e)}"
 
 
 def race_traces(current: dict) -> dict:

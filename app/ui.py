@@ -177,9 +177,9 @@ def build_demo(pair_factory=None) -> gr.Blocks:
             files = gr.File(label="Downloads", file_count="multiple")
         with gr.Tab("What if") as what_if_tab:
             what_if = whatif.whatif_tab()
-        shown = wire_race(demo, race, results, get_pair, names, [race.timeline, utilisation, files, steps.method])
-        wire_steps(steps, results, shown)
-        whatif.wire_whatif(what_if, results, shown, what_if_tab)
+        drawn = wire_race(demo, race, results, get_pair, names, [race.timeline, utilisation, files, steps.method])
+        wire_steps(steps, results, drawn)
+        whatif.wire_whatif(what_if, results, drawn, what_if_tab)
         def opened():
             yield from handlers.page_open(get_pair)
 
@@ -190,7 +190,8 @@ def build_demo(pair_factory=None) -> gr.Blocks:
 
 def wire_race(demo, race, results, get_pair, names, view_outputs):
     """Run (settings checked first, then the race, then its views and the reveal), Stop, Replay, the
-    visitor's place in line while waiting, and the end of a visitor's race when their tab closes."""
+    visitor's place in line while waiting, and the end of a visitor's race when their tab closes.
+    Returns the events that draw a race's views: after a new race, after a recorded one opens."""
     stops, line = handlers.Stops(), Line()
     run_fn = _on_gpu(handlers.make_race(get_pair, stops, race.specs, names, line))
     settings = [race.max_tokens, race.temperature, race.top_p, race.seed, race.runs]
@@ -232,23 +233,25 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
     race.stop.click(stop, None, None, api_name="stop", queue=False)
     recorded = race.recorded.input(replay.make_open_recorded(names), [race.recorded, race.show_rejected],
                                    [race.prompt, race.status, race.replay, *race.cards, results], api_name=False)
-    recorded.then(handlers.views, [results], view_outputs, api_name=False)
+    opened = recorded.then(handlers.views, [results], view_outputs, api_name=False)
     demo.unload(gone)
     race.replay.click(handlers.make_replay(names), [results], [*race.cards, race.timeline], api_name="replay")
     race.show_rejected.change(handlers.make_rerender(names), [results, race.show_rejected], race.cards,
                               api_name=False)
     race.methods.change(lambda chosen: [gr.update(visible=n in chosen) for n in names], [race.methods], race.cards,
                         api_name=False)
-    return shown
+    return shown, opened
 
 
-def wire_steps(steps, results, shown):
-    """Step-through events; ``shown`` (a new race's views drawn) starts it again at step 0."""
+def wire_steps(steps, results, drawn):
+    """Step-through events; each of ``drawn`` (a race's views drawn: a new race, a recorded one opened)
+    starts it again at step 0."""
     here = [results, steps.method, steps.slider]
     views = [steps.sentence, steps.text, steps.timeline, steps.tree]
-    shown.then(handlers.pick_method, [results, steps.method], [steps.slider], api_name=False).then(
-        handlers.show_step, here, views, api_name=False).then(
-        handlers.hit_question, here, [steps.hit_guess, steps.hit_reveal], api_name=False)
+    for event in drawn:
+        event.then(handlers.pick_method, [results, steps.method], [steps.slider], api_name=False).then(
+            handlers.show_step, here, views, api_name=False).then(
+            handlers.hit_question, here, [steps.hit_guess, steps.hit_reveal], api_name=False)
     steps.method.change(handlers.pick_method, [results, steps.method], [steps.slider], api_name=False)
     steps.method.change(handlers.show_step, here, views, api_name=False)
     steps.slider.change(handlers.show_step, here, views, api_name="step")

@@ -63,12 +63,13 @@ def whatif_tab() -> SimpleNamespace:
     return ui
 
 
-def wire_whatif(ui, results, shown, tab):
-    """Redraw after every race (``shown``), when the tab opens (a recorded race may have been
-    opened meanwhile) and whenever a control moves."""
+def wire_whatif(ui, results, drawn, tab):
+    """Redraw after every race's views are drawn (``drawn``: a new race, a recorded one opened), when
+    the tab opens and whenever a control moves."""
     inputs = [results, ui.profile, ui.draft_speed, ui.own, ui.alpha, ui.hit]
     outputs = [ui.source, ui.table, ui.why, ui.timeline, ui.utilisation, ui.curve]
-    shown.then(render, inputs, outputs, api_name=False)
+    for event in drawn:
+        event.then(render, inputs, outputs, api_name=False)
     tab.select(render, inputs, outputs, api_name=False)
     ui.profile.change(speed_of, [ui.profile, results], ui.draft_speed, api_name=False).then(
         render, inputs, outputs, api_name=False)

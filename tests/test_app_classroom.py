@@ -167,6 +167,7 @@ def test_browser_steps_through_a_recorded_race_with_no_model():
     try:
         with sync_playwright() as p:
             browser, page = open_app(p, url)
+            expect(page.locator("#notice")).to_contain_text("could not be loaded", timeout=60_000)  # no traceback
             page.locator("#recorded input").click()
             page.locator("#recorded input").fill("qa")
             page.keyboard.press("ArrowDown")
@@ -174,6 +175,7 @@ def test_browser_steps_through_a_recorded_race_with_no_model():
             expect(page.locator("#status")).to_contain_text("Recorded on", timeout=60_000)
             expect(page.locator("#card-mirror")).to_contain_text("tok/s")
             page.get_by_role("tab", name="Step-through").click()
+            expect(page.locator("#sentence")).to_contain_text("Step 0", timeout=30_000)
             page.locator("#next").click()
             expect(page.locator("#sentence")).to_contain_text("Step 1", timeout=30_000)
             browser.close()

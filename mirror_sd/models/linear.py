@@ -40,6 +40,9 @@ from torch import nn
 from ..devices import int8_products, int8_products_on  # noqa: F401
 
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+# Weights with fewer elements take F.linear in fp32: a 64 x 32 product costs 12 us there against
+# 53 us through oneDNN's call, and tiny weights stream from cache anyway (docs/experiments/cpu.md).
+PREPACK_MIN_WEIGHT = 1 << 16
 
 
 def _int8_kernels_work() -> bool:
@@ -100,6 +103,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return F.linear(x, weight, bias)
     if int8 and INT8 and int8_products_on():
         return torch.ops.quantized.linear_dynamic(x.contiguous(), int8_weight(weight, bias), REDUCE_RANGE)
+    if weight.numel() < PREPACK_MIN_WEIGHT:  # fits in cache: oneDNN's per-call cost would dominate
+        return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), prepacked_weight(weight), bias, "none", [], "")
 
 
@@ -119,7 +124,8 @@ def int8_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor
 
 
 def uses_prepacked(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Whether :func:`linear` takes oneDNN's prepacked path for these operands (module docstring)."""
+    """Whether :func:`linear` takes a kernel of its own for these operands (module docstring): the
+    int8 copy when drafting, else oneDNN's prepacked weight if it has PREPACK_MIN_WEIGHT elements."""
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     return (ONEDNN and not needs_grad and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
             and x.numel() > 0)
