@@ -45,6 +45,9 @@ def _add_model_args(p: argparse.ArgumentParser):
     g.add_argument("--dtype", default=None, help="fp32, fp16 or bf16 (default fp32 on every device: bf16 and fp16 can break token-for-token equality with vanilla at temperature 0)")
     g.add_argument("--fp32-drafting", action="store_true", help="draft with fp32 weights on the CPU too (default: int8 "
                                                                      "copies of the drafting weights; lossless either way)")
+    g.add_argument("--graphs", choices=("auto", "on", "off"), default="auto",
+                   help="run the methods' forwards as fixed-shape stages, captured as CUDA graphs on CUDA lanes and "
+                        "run eagerly elsewhere (auto: on for CUDA lanes, off elsewhere)")
 
 
 def _add_decoding_args(p: argparse.ArgumentParser):
@@ -117,7 +120,8 @@ def _load(args):
     from .models.pair import DEFAULT, load_pair
 
     return load_pair(target=args.target, draft=args.draft or DEFAULT, target_device=args.target_device,
-                     draft_device=args.draft_device, dtype=args.dtype, int8_drafting=not args.fp32_drafting)
+                     draft_device=args.draft_device, dtype=args.dtype, int8_drafting=not args.fp32_drafting,
+                     graphs=args.graphs)
 
 
 def _settings(args) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..models.forwards import forward
 from ..options import Option
 from ..trace import DraftWork
 from . import Drafter, Proposal
@@ -54,7 +55,7 @@ def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
     ids = torch.tensor([pending], device=draft.device)  # [1, pending]
     tokens, q, copies = [], [], []
     for i in range(gamma):
-        logits = run.as_target_vocab(draft(ids, cache)[0, -1])  # [V]
+        logits = run.as_target_vocab(forward(draft, ids, cache)[0, -1])  # [V]
         token, probs, copied = draft_token(sampler, logits, run.sequence + tokens if copy_below else None, copy_below)
         tokens.append(token)
         if copied:

@@ -49,7 +49,8 @@ from ..drafting import make_drafter
 from ..drafting.lookup import copy_from_context
 from ..models.exit_head import available_exit_head, exit_head_for
 from ..models.linear import linear
-from ..models.streams import draft_streams, split_forward
+from ..models.forwards import FULL, layers
+from ..models.streams import draft_streams, split_forward, split_ranges
 from ..sampling import to_target_vocab
 from ..trace import Rendezvous, Step
 from .prefill import prefill_pair
@@ -108,35 +109,36 @@ def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, he
     """Target lane: layers [0, exit_layer) over the window and the early exit, through the trained
     exit head ``head`` first when one is given (its cost is the target prefix's).
 
-    Returns hidden [1, T, d] and the Window (kept on the target lane for the suffix), and what
-    crosses to the draft lane: top-kappa ids and log-probs [T, kappa], and the early-exit
-    log-prob of each draft token d_{i+1} at position i [T - 1].
+    Returns hidden [1, T, d] (kept on the target lane for the suffix), and what crosses to the
+    draft lane: top-kappa ids and log-probs [T, kappa], and the early-exit log-prob of each draft
+    token d_{i+1} at position i [T - 1].
     """
     target = run.pair.target
     ids = torch.tensor([window], device=target.device)  # [1, T]
-    win = target.window(cache, len(window))
-    hidden = target.forward_layers(target.embed(ids), cache, win, 0, exit_layer)
+    hidden = layers(target, ids, cache, 0, exit_layer)  # [1, T, d]
     exit_logp = early_exit(run.pair, hidden if head is None else head(hidden))  # [T, V]
     top = exit_logp.topk(kappa, dim=-1)
     drafted = torch.tensor(window[1:], device=exit_logp.device)
     window_logp = exit_logp[:-1].gather(-1, drafted[:, None])[:, 0]
-    return hidden, win, top.indices.cpu(), top.values.cpu(), window_logp.cpu()
+    return hidden, top.indices.cpu(), top.values.cpu(), window_logp.cpu()
 
 
-def target_suffix(run, cache, hidden, win, exit_layer: int, rollouts=None) -> torch.Tensor:
+def target_ranges(exit_layer: int) -> list:
+    """The target's layer ranges: the prefill's full forward, the prefix and the suffix (with the head)."""
+    return [FULL, (0, exit_layer, False), (exit_layer, None, True)]
+
+
+def target_suffix(run, cache, hidden, exit_layer: int, rollouts=None) -> torch.Tensor:
     """Target lane: layers [exit_layer, N) over the same window -> final logits [T, V].
 
     rollouts: the draft lane's Future; once it is done, the rest of the suffix takes the cores the
-    lanes shared (``Lane.widen_when_done``), checked before each layer and before the LM head.
+    lanes shared (``Lane.widen_when_done``), checked before each layer and before the LM head
+    (once, before the whole suffix, on stages).
     """
     target, lane = run.pair.target, run.target_lane
-    h = hidden  # [1, T, d]
-    for layer in range(exit_layer, target.num_layers):
-        lane.widen_when_done(rollouts)
-        h = target.forward_layers(h, cache, win, layer, layer + 1)
-    lane.widen_when_done(rollouts)
-    logits = target.head(h)
-    cache.length = win.start + hidden.shape[1]
+    logits = layers(target, hidden, cache, exit_layer, None, head=True,
+                    each_layer=lambda: lane.widen_when_done(rollouts))  # [1, T, V]
+    cache.length += hidden.shape[1]
     return logits[0]
 
 
@@ -234,10 +236,10 @@ def rollout_streamed(run, cache, draft: list[int], branches: list[Branch], gamma
 def _forward_rows(model, cache, ids, positions, mask, rows: int) -> torch.Tensor:
     """Write ids at the cache's next slots under ``mask``; logits of the last ``rows`` tokens only."""
     dev = model.device
-    win = model.window(cache, len(ids), positions=torch.tensor([positions], device=dev), tree_mask=mask.to(dev))
-    hidden = model.forward_layers(model.embed(torch.tensor([ids], device=dev)), cache, win)
-    cache.length = win.start + len(ids)
-    return model.head(hidden[0, -rows:])
+    logits = layers(model, torch.tensor([ids], device=dev), cache, 0, None, torch.tensor([positions], device=dev),
+                    mask.to(dev), head=True, last=rows)  # [1, rows, V_draft]
+    cache.length += len(ids)
+    return logits[0]
 
 
 def rendezvous(draft, q, logits, sampler, branches: list[Branch]):
@@ -254,7 +256,9 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
     roll_out = rollout_streamed if streams else rollout
     exit_layer = exit_layer or default_exit_layer(pair.target.num_layers)
     head = choose_exit_head(pair, exit_layer, exit_head)  # None: the logit lens
-    target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=branch_budget * gamma + lookup)
+    draft_ranges = [FULL, *split_ranges(draft_streams(pair).first_layer)] if streams else [FULL]
+    target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=branch_budget * gamma + lookup,
+                                                    target_ranges=target_ranges(exit_layer), draft_ranges=draft_ranges)
     yield first
     window, q = None, None
     while not run.done:
@@ -272,7 +276,7 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
             window, q = proposal.tokens, proposal.q
             draft_cache.rollback(min(draft_cache.length, n - 1))
         T = len(window) + 1
-        hidden, win, top_ids, top_logp, window_logp = run.target_lane.run(
+        hidden, top_ids, top_logp, window_logp = run.target_lane.run(
             "target-prefix", token_channel, run, target_cache, [run.sequence[-1], *window], exit_layer, kappa, head,
             label=f"layers 1-{exit_layer} + {'trained ' if head else ''}early exit, {T} tokens", step=step, tokens=T,
             alone=True)  # the draft lane waits for the token channel: the prefix may use its cores too
@@ -280,7 +284,7 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
         rolled = run.draft_lane.submit("draft-rollout", roll_out, run, draft_cache, window, branches, gamma,
                                        label=f"{len(branches)} branches x {gamma} tokens", step=step,
                                        tokens=len(branches) * gamma)
-        suffix = run.target_lane.submit("target-suffix", target_suffix, run, target_cache, hidden, win, exit_layer,
+        suffix = run.target_lane.submit("target-suffix", target_suffix, run, target_cache, hidden, exit_layer,
                                         rolled, label=f"layers {exit_layer + 1}-{pair.target.num_layers}, {T} tokens",
                                         step=step, tokens=T)
         logits = suffix.result()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..drafting import make_drafter
+from ..models.forwards import forward
 from ..trace import Step
 from .prefill import prefill_pair
 from .verify import verify
@@ -39,7 +40,7 @@ def decode(run, gamma: int, **drafter_options):
                                       tokens=gamma)
         draft = proposal.tokens
         window = torch.tensor([[run.sequence[-1], *draft]], device=pair.target.device)  # [1, len(draft) + 1]
-        logits = run.target_lane.run("verify", pair.target, window, target_cache,
+        logits = run.target_lane.run("verify", forward, pair.target, window, target_cache,
                                      label=f"verify {len(draft) + 1} tokens", step=step, tokens=len(draft) + 1)
         verdict = verify(draft, proposal.q, logits[0], run.target_sampler)
         tokens, origins = verdict.committed(draft)

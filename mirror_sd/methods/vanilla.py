@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ..models.forwards import forward
 from ..trace import Step
 
 
@@ -14,15 +15,15 @@ def decode(run, note: str = ""):
     before its draft lane failed (``engine.on_draft_failure``, with ``note`` " (target only)" in the
     span labels). At temperature 0 it commits what vanilla would after that prefix."""
     target, lane, sampler = run.pair.target, run.target_lane, run.target_sampler
-    cache = target.new_cache(run.cache_slots)
+    cache = run.pair.new_cache(target, run.cache_slots)
     ids = torch.tensor([run.sequence], device=target.device)  # [1, P + committed]
-    logits = lane.run("prefill", target, ids, cache, label=f"prefill {ids.shape[1]} tokens{note}",
+    logits = lane.run("prefill", forward, target, ids, cache, label=f"prefill {ids.shape[1]} tokens{note}",
                       step=run.next_step, tokens=ids.shape[1])
     token = sampler.pick(logits[0, -1])
     yield run.commit(Step(run.next_step, [token], ["target"]))
     while not run.done:
         step = run.next_step
         ids = torch.tensor([[token]], device=target.device)  # [1, 1]
-        logits = lane.run("decode", target, ids, cache, label=f"decode 1 token{note}", step=step, tokens=1)
+        logits = lane.run("decode", forward, target, ids, cache, label=f"decode 1 token{note}", step=step, tokens=1)
         token = sampler.pick(logits[0, -1])
         yield run.commit(Step(step, [token], ["target"]))

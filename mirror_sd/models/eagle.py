@@ -36,15 +36,29 @@ EMBEDDED_HEAD = ASSETS / "eagle-smollm2-135m"
 def target_features(target: Transformer, h: torch.Tensor, cache, win, early_layers=()):
     """The target's layers over h [B, T, d] (its embeddings): features [B, T, d] (final-normed hidden
     states) and early features [B, T, len(early_layers) * d] (None without early layers)."""
-    early, start = [], 0
-    for layer in early_layers:
-        h = target.forward_layers(h, cache, win, start, layer)
-        norm = target.model.layers[layer].input_layernorm
-        early.append(norm(h.to(norm.weight.device)).to(target.device))
-        start = layer
-    h = target.forward_layers(h, cache, win, start)
-    feats = target.model.norm(h.to(target.model.norm.weight.device)).to(target.device)
-    return feats, (torch.cat(early, dim=-1) if early else None)
+    early = []
+    for a, b in feature_ranges(target, early_layers):
+        h = target.forward_layers(h, cache, win, a, b)
+        if b < target.num_layers:
+            early.append(early_feature(target, h, b))
+    return final_feature(target, h), (torch.cat(early, dim=-1) if early else None)
+
+
+def feature_ranges(target: Transformer, early_layers=()) -> list[tuple[int, int]]:
+    """The layer ranges [a, b) that end at each early-feature layer, then at the last layer."""
+    bounds = [0, *early_layers, target.num_layers]
+    return list(zip(bounds, bounds[1:]))
+
+
+def early_feature(target: Transformer, h: torch.Tensor, layer: int) -> torch.Tensor:
+    """The early feature of hidden states h [B, T, d] entering ``layer``: that layer's input norm of them."""
+    norm = target.model.layers[layer].input_layernorm
+    return norm(h.to(norm.weight.device)).to(target.device)
+
+
+def final_feature(target: Transformer, h: torch.Tensor) -> torch.Tensor:
+    """The feature of the last layer's hidden states h [B, T, d]: the target's final norm of them."""
+    return target.model.norm(h.to(target.model.norm.weight.device)).to(target.device)
 
 
 def check_early_layers(target: Transformer, early_layers) -> tuple[int, ...]:

@@ -10,6 +10,7 @@ import torch
 from ..devices import DEFAULT_DTYPE, Lane, make_lanes, on_cpu_worker, shard_lane
 from ..errors import MirrorSDError
 from .linear import INT8
+from .forwards import FULL, stage_cache
 from .llama import Transformer
 from .loading import EMBEDDED_NAME, load_model, load_tokenizer, resolve_model_dir
 from .sharding import needs_sharding, shard_over
@@ -41,6 +42,8 @@ class ModelPair:
     early_exit_rows: torch.Tensor | None = field(default=None, repr=False)  # Mirror-SD's exit head rows
     exit_head: object = field(default=None, repr=False)  # Mirror-SD's trained early-exit head (models/exit_head.py)
     loaded_drafts: dict = field(default_factory=dict, repr=False)  # use_draft: name -> (model, name, folder)
+    graphs: str = "auto"  # fixed-shape stages: "on", "off", or "auto" (on for CUDA lanes); see new_cache
+    stage_sets: dict = field(default_factory=dict, repr=False)  # model -> its Stages (models/forwards.py)
 
     @property
     def embedded_target(self) -> bool:
@@ -88,17 +91,39 @@ class ModelPair:
         for lane in (self.target_lane, self.draft_lane):
             lane.int8_drafting = bool(on) and lane.device.type == "cpu" and INT8
 
+    def lane_of(self, model: Transformer) -> Lane:
+        """The lane a model runs on: the target's, or the draft lane for any draft."""
+        return self.target_lane if model is self.target else self.draft_lane
+
+    def stages_on(self, model: Transformer) -> bool:
+        """Whether runs of ``model`` go through fixed-shape stages: graphs "on", or "auto" on a CUDA
+        lane; never for a model sharded over devices (no stages there yet)."""
+        on = self.graphs == "on" or (self.graphs == "auto" and self.lane_of(model).device.type == "cuda")
+        return on and not model.layer_devices
+
+    def new_cache(self, model: Transformer, slots: int, ranges=(FULL,)):
+        """A KV cache of at least ``slots`` slots for a run of ``model`` (the target or the draft),
+        for the forwards of models/forwards.py. With stages on (``stages_on``) it is the cache of
+        the model's stage set, whose stages for the layer ``ranges`` the run uses ((a, b, head);
+        default: the full forward) are made now, before any step: on a CUDA lane that is when they
+        are captured as CUDA graphs, with a progress bar. Otherwise a plain cache."""
+        if not self.stages_on(model):
+            return model.new_cache(slots)
+        lane = self.lane_of(model)
+        return stage_cache(self.stage_sets, model, slots, list(ranges), lane.stream,
+                           _capture_bar(lane) if lane.device.type == "cuda" else None)
+
     def describe(self) -> dict:
         """Models and lanes, for traces and reports."""
         return dict(target=self.target_name, draft=self.draft_name, int8_drafting=self.int8_drafting,
-                    target_lane=self.target_lane.label, draft_lane=self.draft_lane.label,
+                    graphs=self.graphs, target_lane=self.target_lane.label, draft_lane=self.draft_lane.label,
                     target_layers=self.target.num_layers,
                     draft_layers=self.draft.num_layers if self.draft is not None else None)
 
 
 def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_device: str | None = None,
               draft_device: str | None = None, dtype: str | torch.dtype | None = None,
-              int8_drafting: bool = True) -> ModelPair:
+              int8_drafting: bool = True, graphs: str = "auto") -> ModelPair:
     """Load a target and a draft on their lanes. With no arguments: the embedded default pair.
 
     target: None / "smollm2-135m-instruct" (embedded), a Hugging Face id, or a local folder.
@@ -110,11 +135,39 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     int8_drafting: drafting work on CPU lanes (the draft model, the EAGLE head, the speculative
     streams) multiplies by int8 weight copies; the target verifies in fp32, so this is lossless
     (models/linear.py). ``pair.int8_drafting`` changes it later.
+    graphs: "auto" (on for CUDA lanes, off elsewhere), "on" or "off": whether methods run their
+    forwards as fixed-shape stages (models/stages.py), captured as CUDA graphs on a CUDA lane and
+    run eagerly elsewhere (how the CPU tests that path). ``pair.graphs`` changes it later.
     Loading runs on the CPU lanes' shared worker thread (devices.on_cpu_worker says why).
     """
+    check_graphs(graphs)
     pair = on_cpu_worker(_load_pair, target, draft, target_device, draft_device, dtype)
     pair.int8_drafting = int8_drafting
+    pair.graphs = graphs
     return pair
+
+
+GRAPHS = ("auto", "on", "off")
+
+
+def check_graphs(graphs: str):
+    if graphs not in GRAPHS:
+        raise MirrorSDError(f"graphs must be one of {', '.join(GRAPHS)}, got {graphs!r}")
+
+
+def _capture_bar(lane: Lane):
+    """progress(total) for stage_cache: a tqdm bar over the CUDA graphs a lane captures."""
+    from tqdm.auto import tqdm
+
+    def progress(total: int):
+        bar = tqdm(total=total, desc=f"capturing CUDA graphs ({lane.name} lane)", unit="graph", leave=False)
+
+        def step(done: int, total: int):
+            bar.update(1)
+            if done == total:
+                bar.close()
+        return step
+    return progress
 
 
 def _load_pair(target, draft, target_device, draft_device, dtype) -> ModelPair:

@@ -237,6 +237,7 @@ class Stages:
             raise MirrorSDError(f"CUDA graphs need a CUDA device; this model is on {model.device}")
         self.model, self.stream = model, stream
         self.cache = StageCache(model, max_slots, batch)
+        self.cache.stages = self  # how models/forwards.py knows a cache's forwards run here
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.kinds = {"full": ((0, model.num_layers), True), "head": ((model.num_layers,) * 2, True)}
         self._stages: dict[tuple[str, int], Stage] = {}
@@ -262,10 +263,14 @@ class Stages:
         """Stage ``name`` over x's T rows at the bucket of T (see :meth:`Stage.run`)."""
         return self.stage(name, x.shape[1]).run(x, positions, mask)
 
+    def missing(self, names=None, widths=BUCKETS) -> list[tuple[str, int]]:
+        """The (name, width) stages not made yet (names None: every named forward)."""
+        return [(n, w) for n in (names or list(self.kinds)) for w in widths if (n, w) not in self._stages]
+
     def capture_all(self, names=None, widths=BUCKETS, progress=None):
-        """Make every (name, width) now, at warm-up, so no step pays for a capture; ``progress(done,
-        total)`` after each."""
-        pairs = [(n, w) for n in (names or list(self.kinds)) for w in widths]
+        """Make every (name, width) not made yet now, at warm-up, so no step pays for a capture;
+        ``progress(done, total)`` after each."""
+        pairs = self.missing(names, widths)
         for done, (name, width) in enumerate(pairs, 1):
             self.stage(name, width)
             if progress is not None:

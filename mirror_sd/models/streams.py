@@ -31,6 +31,7 @@ from torch import nn
 
 from ..devices import on_cpu_worker
 from ..errors import MirrorSDError
+from .forwards import layers
 from .linear import linear
 from .llama import KVCache, ModelArgs, Transformer
 
@@ -179,11 +180,16 @@ class Streams(nn.Module):
 
 def split_forward(model, ids, cache, first_layer: int, positions=None, tree_mask=None):
     """Logits [1, T, V] for ids [1, T] after the cache, and the hidden states entering layer
-    first_layer [1, T, d] (where streams start). The caller advances cache.length."""
-    win = model.window(cache, ids.shape[1], positions=positions, tree_mask=tree_mask)
-    h0 = model.forward_layers(model.embed(ids), cache, win, 0, first_layer)
-    logits = model.head(model.forward_layers(h0, cache, win, first_layer))
+    first_layer [1, T, d] (where streams start). The caller advances cache.length. On stages for a
+    stage cache (models/forwards.py: ranges (0, first_layer, False) and (first_layer, None, True))."""
+    h0 = layers(model, ids, cache, 0, first_layer, positions, tree_mask)
+    logits = layers(model, h0, cache, first_layer, None, positions, tree_mask, head=True)
     return logits, h0
+
+
+def split_ranges(first_layer: int) -> list:
+    """The layer ranges ``split_forward`` runs (for ``ModelPair.new_cache``)."""
+    return [(0, first_layer, False), (first_layer, None, True)]
 
 
 def forward_with_streams(model, streams: Streams, ids, cache, gamma: int, rows=None, positions=None, tree_mask=None):

@@ -1,0 +1,143 @@
+"""The one seam between the methods and a model's forwards: plain, or on fixed-shape stages.
+
+Methods run a model (the target or the draft) through :func:`forward` and :func:`layers`, with a
+cache from ``ModelPair.new_cache``. With graphs off that cache is a plain ``KVCache`` and both call
+the model's own forward, as they always did. With graphs on it is the ``StageCache`` of the model's
+:class:`~.stages.Stages` (``stage_cache``), and both run a stage of that set instead: a captured
+CUDA graph on a CUDA lane, the same fixed-shape forward eagerly elsewhere. Which one runs is
+decided here, from the cache, and nowhere in the methods.
+
+A stage set names each forward by its layer range (:func:`range_name`): "full" (every layer and
+the LM head) and the ranges a method asks for when it makes its cache (Mirror-SD's prefix and
+suffix, the streams' split, EAGLE's early-feature layers). A window a stage cannot hold runs the
+plain forward on the same cache (a ``StageCache`` is a ``KVCache``): more than 64 rows under a tree
+mask, or a batch other than the set's. A causal window of more than 64 rows (a prefill) runs as
+64-row chunks, each attending to the chunks before it.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .llama import KVCache, Transformer
+from .stages import MAX_WIDTH, Stages
+
+SLOT_STEP = 512  # a stage set's cache grows in steps of this many slots (a new set, captured anew)
+Range = tuple[int, int | None, bool]  # layers [a, b) (b None: to the last), then the LM head if True
+FULL: Range = (0, None, True)
+
+
+def range_name(model: Transformer, a: int, b: int | None, head: bool) -> str:
+    """The stage name of layers [a, b) (then the head): "full" for the whole forward."""
+    b = model.num_layers if b is None else b
+    if (a, b, head) == (0, model.num_layers, True):
+        return "full"
+    return f"layers {a}-{b}" + (" + head" if head else "")
+
+
+def stage_cache(sets: dict, model: Transformer, slots: int, ranges: list[Range] = (FULL,), stream=None,
+                progress: Callable[[int], object] | None = None) -> KVCache:
+    """The cache of ``model``'s stage set in ``sets`` (model -> Stages), emptied, with at least
+    ``slots`` usable slots, and every stage of ``ranges`` made at every width (on CUDA: captured
+    now, on ``stream``, so that no step pays for a capture and no capture runs beside another
+    lane's work). A set too small for ``slots`` is replaced by a bigger one.
+
+    progress(total) -> a callable(done, total) for the stages still to make, or None."""
+    stages = sets.get(model)
+    if stages is None or stages.cache.max_slots < slots:
+        stages = sets[model] = Stages(model, -(-slots // SLOT_STEP) * SLOT_STEP, stream=stream)
+    names = [name_range(stages, r) for r in ranges if r[0] != r[1] or r[2]]  # (a, a, False): no work
+    missing = stages.missing(names)
+    stages.capture_all(names, progress=progress(len(missing)) if progress and missing else None)
+    stages.cache.rollback(0)
+    return stages.cache
+
+
+def name_range(stages: Stages, r: Range) -> str:
+    """Add layer range ``r`` to a stage set (if new) and return its name."""
+    a, b, head = r
+    name = range_name(stages.model, a, b, head)
+    if name not in stages.kinds:
+        stages.add(name, (a, stages.model.num_layers if b is None else b), head)
+    return name
+
+
+def staged(model: Transformer, cache) -> Stages | None:
+    """The stage set whose cache this is, if it is ``model``'s; else None (the plain forward runs)."""
+    stages = getattr(cache, "stages", None)
+    return stages if stages is not None and stages.model is model else None
+
+
+def forward(model: Transformer, ids: torch.Tensor, cache, positions=None, tree_mask=None,
+            commit: bool = True) -> torch.Tensor:
+    """Logits [B, T, V] for ids [B, T] written after the cache's committed slots, as
+    ``Transformer.forward`` gives them (same arguments); on the "full" stage for a stage cache."""
+    stages = staged(model, cache)
+    if stages is None:
+        return model.forward(ids, cache, positions, tree_mask, commit)
+    logits = layers(model, ids, cache, 0, None, positions, tree_mask, head=True)
+    if commit:
+        cache.length += ids.shape[1]
+    return logits
+
+
+def layers(model: Transformer, x: torch.Tensor, cache, a: int, b: int | None = None, positions=None,
+           tree_mask=None, head: bool = False, last: int | None = None,
+           each_layer: Callable[[], object] | None = None) -> torch.Tensor:
+    """Layers [a, b) over a window written after the cache's committed slots: x is ids [B, T]
+    (integers; a == 0) or hidden states [B, T, d]; then the final norm and LM head if ``head`` (of the last
+    ``last`` rows only, if given). Returns hidden states [B, T, d] or logits [B, T or last, V]. The
+    cache's length does not move: the caller commits.
+
+    positions and tree_mask as in ``Transformer.window``. each_layer(): called before each layer
+    and before the head on the plain path, once before a stage (Mirror-SD widens its CPU threads
+    there)."""
+    b = model.num_layers if b is None else b
+    if a == b and not head:  # no layers: the embeddings of ids, or the hidden states as they are
+        return x if x.is_floating_point() else model.embed(x)
+    stages = staged(model, cache)
+    if stages is None or not _fits(stages, x, a, tree_mask):
+        return _plain_layers(model, x, cache, a, b, positions, tree_mask, head, last, each_layer)
+    if each_layer is not None:
+        each_layer()
+    out = _run_stage(stages, name_range(stages, (a, b, head)), x, cache, positions, tree_mask)
+    return out[:, -last:] if head and last is not None else out
+
+
+def _fits(stages: Stages, x: torch.Tensor, a: int, tree_mask) -> bool:
+    """Whether a stage of this set can run window x from layer a: its batch, ids exactly where the
+    stage embeds them (layer 0), and at most 64 rows unless causal."""
+    return (x.shape[0] == stages.cache.k.shape[1] and x.is_floating_point() == (a > 0)
+            and (tree_mask is None or x.shape[1] <= MAX_WIDTH))
+
+
+def _run_stage(stages: Stages, name: str, x: torch.Tensor, cache, positions=None, tree_mask=None):
+    """Stage ``name`` over x's T rows; a causal window of T > 64 rows as chunks of 64."""
+    T = x.shape[1]
+    if T <= MAX_WIDTH:
+        return stages.run(name, x, positions, tree_mask)
+    start, outs = cache.length, []
+    for i in range(0, T, MAX_WIDTH):
+        chunk = slice(i, i + MAX_WIDTH)
+        outs.append(stages.run(name, x[:, chunk], None if positions is None else positions[:, chunk]))
+        cache.length += outs[-1].shape[1]  # the next chunk attends to this one
+    cache.length = start
+    return torch.cat(outs, dim=1)
+
+
+def _plain_layers(model, x, cache, a, b, positions, tree_mask, head, last, each_layer):
+    """The model's own forward of layers [a, b) (and the head), as the methods ran it before stages."""
+    win = model.window(cache, x.shape[1], positions, tree_mask, batch=x.shape[0])
+    h = x if x.is_floating_point() else model.embed(x)
+    if each_layer is None:
+        h = model.forward_layers(h, cache, win, a, b)
+    else:
+        for layer in range(a, b):
+            each_layer()
+            h = model.forward_layers(h, cache, win, layer, layer + 1)
+        each_layer()
+    if not head:
+        return h
+    return model.head(h if last is None else h[:, -last:])
+

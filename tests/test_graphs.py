@@ -1,0 +1,184 @@
+"""Methods on fixed-shape stages (``graphs="on"``), on the CPU, where the stages run eagerly.
+
+With graphs on, the methods' target and draft forwards go through models/forwards.py onto the
+stages of models/stages.py: every method must still commit exactly vanilla's tokens at T = 0
+(vanilla with graphs off is the reference), the stages must actually run, and the seam's forwards
+must give the plain forward's logits. Tiny models only: a few seconds per test.
+"""
+import pytest
+import torch
+
+from mirror_sd import generate, load_pair
+from mirror_sd.devices import on_cpu_worker, single_threaded
+from mirror_sd.errors import MirrorSDError
+from mirror_sd.methods.eagle import attach_head
+from mirror_sd.models.eagle import EagleHead
+from mirror_sd.models.forwards import FULL, forward, layers, stage_cache, staged
+from mirror_sd.models.llama import KVCache
+from mirror_sd.models.stages import MAX_WIDTH, StageCache, Stages
+from mirror_sd.models.streams import StreamConfig, Streams
+
+ATOL = 1e-5
+PROMPTS = ["t1 t2 t3", "t4 t4 t4 t4", "t15 t0 t7 t9 t2"]
+LONG_PROMPT = " ".join(f"t{(7 * i + 3) % 16}" for i in range(70))  # more rows than the widest stage
+TOKENS = 16
+
+
+def random_streams(model, seed: int) -> Streams:
+    """Three untrained streams on the model's top layer, made to act (their LoRA is zero at first)."""
+    torch.manual_seed(seed)
+    streams = Streams(model.args, StreamConfig(num_streams=3, stream_layers=1, rank=4))
+    with torch.no_grad():
+        for p in streams.lora_b.values():
+            p.normal_(0, 0.1)
+        streams.embeddings.normal_(0, 1.0)
+    return streams.attach(model)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_dirs):
+    """The tiny target and draft with graphs on, an EAGLE head reading an early feature, streams on
+    the target (for ss, both forms) and on the draft (for sd and mirror's streams options)."""
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
+
+    def add_ons():  # on the CPU worker: torch work on this thread would start an OpenMP pool here
+        torch.manual_seed(0)
+        head = EagleHead.from_target(pair.target, torch.tensor([0, 1, 2, 3, 4, 5, 7, 8, 11, 13]), (1,))
+        torch.nn.init.normal_(head.fuse.weight, std=0.5)
+        attach_head(pair, head.eval())
+        pair.streams = pair.one_forward_streams = random_streams(pair.target, seed=1)
+        pair.attached_streams = True
+        pair.draft_streams = random_streams(pair.draft, seed=2)
+    on_cpu_worker(add_ons)
+    return pair
+
+
+def vanilla_tokens(pair, prompt: str) -> list[int]:
+    """The reference: vanilla with graphs off."""
+    pair.graphs = "off"
+    try:
+        return generate(pair, prompt, method="vanilla", max_new_tokens=TOKENS, raw=True).token_ids
+    finally:
+        pair.graphs = "on"
+
+
+@pytest.fixture
+def stage_runs(monkeypatch):
+    """(model layers, stage name) -> how many windows ran on that stage."""
+    runs, run = {}, Stages.run
+
+    def counted(self, name, x, *args, **kwargs):
+        key = (self.model.num_layers, name)
+        runs[key] = runs.get(key, 0) + 1
+        return run(self, name, x, *args, **kwargs)
+    monkeypatch.setattr(Stages, "run", counted)
+    return runs
+
+
+METHODS = [
+    ("vanilla", {}, {"full"}),
+    ("sd", dict(gamma=3), {"full"}),
+    ("sd", dict(gamma=3, streams=1), {"full", "layers 0-1", "layers 1-2 + head"}),
+    ("sd", dict(gamma=3, streams=2), {"full"}),  # its forwards carry stream rows: plain, but on the stage cache
+    ("mirror", dict(gamma=3, exit_layer=1, lookup=0), {"full", "layers 0-1", "layers 1-2 + head"}),
+    ("mirror", dict(gamma=2, exit_layer=1, streams=1, branch_budget=4), {"full", "layers 0-1", "layers 1-2 + head"}),
+    ("eagle", dict(depth=3, top_k=3, total_tokens=8), {"layers 0-1", "layers 1-2"}),
+    ("ss", dict(gamma=3, top_k=2, total_tokens=4), {"layers 0-1", "layers 1-2 + head"}),
+    ("ss", dict(gamma=3, one_forward=1), set()),  # the streams ride in every forward: plain
+]
+
+
+@pytest.mark.parametrize("method,options,stages", METHODS, ids=[f"{m}-{o}" for m, o, _ in METHODS])
+def test_every_method_on_stages_commits_vanillas_tokens(pair, stage_runs, method, options, stages):
+    for prompt in PROMPTS:
+        expected = vanilla_tokens(pair, prompt)
+        stage_runs.clear()
+        out = generate(pair, prompt, method=method, max_new_tokens=TOKENS, raw=True, **options)
+        assert out.error is None and out.token_ids == expected, f"{method} {options} on {prompt!r}"
+        assert {name for _, name in stage_runs} == stages  # the forwards it ran on stages
+    assert len(set(expected)) > 1  # not a degenerate run
+
+
+@pytest.mark.parametrize("method,options", [("vanilla", {}), ("sd", dict(gamma=3)), ("mirror", dict(exit_layer=1)),
+                                            ("eagle", {}), ("ss", dict(gamma=3))])
+def test_a_prompt_longer_than_the_widest_stage_prefills_in_chunks(pair, stage_runs, method, options):
+    expected = vanilla_tokens(pair, LONG_PROMPT)
+    out = generate(pair, LONG_PROMPT, method=method, max_new_tokens=TOKENS, raw=True, **options)
+    assert out.error is None and out.token_ids == expected
+    assert stage_runs  # on stages, the prefill as two chunks
+
+
+def test_graphs_option_picks_the_cache_and_is_in_the_trace(tiny_dirs, pair):
+    with pytest.raises(MirrorSDError, match="graphs must be one of"):
+        load_pair(target=str(tiny_dirs["target"]), draft=None, graphs="yes")
+    plain = load_pair(target=str(tiny_dirs["target"]), draft=None)  # auto: off on the CPU
+    assert plain.graphs == "auto" and not plain.stages_on(plain.target)
+    assert type(plain.new_cache(plain.target, 40)) is KVCache
+    cache = pair.new_cache(pair.target, 40)
+    assert isinstance(cache, StageCache) and staged(pair.target, cache) is not None
+    assert staged(pair.draft, cache) is None  # another model's stage cache: the plain forward
+    out = generate(pair, "t1 t2", method="vanilla", max_new_tokens=2, raw=True)
+    assert out.trace.meta["graphs"] == "on"
+
+
+def test_the_cli_passes_graphs_on(tiny_dirs, capsys):
+    import json
+
+    from mirror_sd.cli import main
+
+    assert main(["generate", "--target", str(tiny_dirs["target"]), "--graphs", "on", "--method", "vanilla",
+                 "--prompt", "t1 t2 t3", "--raw", "--max-new-tokens", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["metrics"]["new_tokens"] == 4
+    with pytest.raises(SystemExit):
+        main(["generate", "--graphs", "maybe", "--prompt", "x"])
+
+
+# -- the seam's forwards against the plain ones ------------------------------------------------------
+@pytest.fixture
+def target(pair):
+    with torch.inference_mode(), single_threaded():
+        yield pair.target
+
+
+def caches(model, slots=200, ranges=(FULL,)):
+    """A plain cache and a stage cache, both holding the same 5-token prefix."""
+    sets = {}
+    plain, stage = model.new_cache(slots), stage_cache(sets, model, slots, list(ranges))
+    prefix = torch.tensor([[1, 5, 9, 2, 7]])
+    for cache in (plain, stage):
+        forward(model, prefix, cache)
+    return plain, stage
+
+
+def test_forward_and_layers_on_stages_give_the_plain_logits(target):
+    plain, stage = caches(target, ranges=[FULL, (0, 1, False), (1, None, True)])
+    window, positions = torch.tensor([[4, 8, 2, 6]]), torch.tensor([[5, 6, 6, 7]])
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    for kwargs in (dict(), dict(positions=positions, tree_mask=tree)):
+        expected = forward(target, window, plain, commit=False, **kwargs)
+        assert torch.allclose(forward(target, window, stage, commit=False, **kwargs), expected, atol=ATOL)
+        h = layers(target, window, stage, 0, 1, **kwargs)
+        assert torch.allclose(layers(target, h, stage, 1, None, head=True, **kwargs), expected, atol=ATOL)
+    over_every_slot = torch.ones(4, 9, dtype=torch.bool).tril(5)  # [T, start + T]: causal
+    last = layers(target, window, stage, 0, None, tree_mask=over_every_slot, head=True, last=2)
+    assert torch.allclose(last, forward(target, window, plain, commit=False)[:, -2:], atol=ATOL)
+    assert stage.length == 5 and plain.length == 5
+
+
+def test_wide_windows_run_in_chunks_or_on_the_plain_forward(target):
+    plain, stage = caches(target)
+    wide = torch.arange(MAX_WIDTH + 6)[None] % 16  # [1, 70]
+    expected = forward(target, wide, plain, commit=False)
+    assert torch.allclose(forward(target, wide, stage, commit=False), expected, atol=ATOL)  # 64 + 6 rows
+    assert stage.length == 5
+    tree = torch.ones(70, 70, dtype=torch.bool).tril()
+    assert torch.allclose(forward(target, wide, stage, tree_mask=tree), expected, atol=ATOL)  # the plain forward
+    assert stage.length == 75
+
+
+def test_a_stage_set_grows_when_a_run_needs_more_slots(target):
+    sets = {}
+    small = stage_cache(sets, target, 100)
+    assert small.max_slots == 512 and stage_cache(sets, target, 512) is small
+    big = stage_cache(sets, target, 600)
+    assert big is not small and big.max_slots == 1024 and big.length == 0
