@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models.forwards import FULL
 from ..options import Option
 from ..trace import DraftWork
 
@@ -43,6 +44,10 @@ class Drafter:
     def extra_slots(self, pair) -> tuple[int, int]:
         """Cache room beyond a window of gamma: (draft cache, target cache)."""
         return 0, 0
+
+    def layer_ranges(self, pair) -> list:
+        """The draft's layer ranges this drafter's forwards run (``ModelPair.new_cache``)."""
+        return [FULL]
 
     def propose(self, run, cache, gamma: int) -> Proposal:
         raise NotImplementedError

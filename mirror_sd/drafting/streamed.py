@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import MirrorSDError
-from ..models.streams import draft_streams, forward_with_streams, split_forward
+from ..models.forwards import FULL
+from ..models.streams import draft_streams, forward_with_streams, split_forward, split_ranges
 from ..options import Option
 from ..trace import DraftWork
 from . import Drafter, Proposal
@@ -49,6 +50,9 @@ class Streamed(Drafter):
         if gamma > trained + 1:
             raise MirrorSDError(f"gamma must be at most {trained + 1} with streams=1 (the draft's {trained} "
                                 f"trained streams + its main stream), got {gamma}")
+
+    def layer_ranges(self, pair) -> list:
+        return [FULL, *split_ranges(draft_streams(pair).first_layer)]
 
     def propose(self, run, cache, gamma: int) -> Proposal:
         tokens, q = streamed_window(run, cache, gamma)

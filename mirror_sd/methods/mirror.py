@@ -50,7 +50,7 @@ from ..drafting.lookup import copy_from_context
 from ..models.exit_head import available_exit_head, exit_head_for
 from ..models.linear import linear
 from ..models.forwards import FULL, layers
-from ..models.streams import draft_streams, split_forward, split_ranges
+from ..models.streams import draft_streams, split_forward
 from ..sampling import to_target_vocab
 from ..trace import Rendezvous, Step
 from .prefill import prefill_pair
@@ -256,9 +256,9 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
     roll_out = rollout_streamed if streams else rollout
     exit_layer = exit_layer or default_exit_layer(pair.target.num_layers)
     head = choose_exit_head(pair, exit_layer, exit_head)  # None: the logit lens
-    draft_ranges = [FULL, *split_ranges(draft_streams(pair).first_layer)] if streams else [FULL]
     target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=branch_budget * gamma + lookup,
-                                                    target_ranges=target_ranges(exit_layer), draft_ranges=draft_ranges)
+                                                    target_ranges=target_ranges(exit_layer),
+                                                    draft_ranges=fresh.layer_ranges(pair))  # the rollouts' too
     yield first
     window, q = None, None
     while not run.done:

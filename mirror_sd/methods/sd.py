@@ -30,7 +30,8 @@ def decode(run, gamma: int, **drafter_options):
     pair = run.pair
     drafter = make_drafter(**drafter_options)
     extra_draft, past_gamma = drafter.extra_slots(pair)
-    target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=extra_draft, extra_target_slots=past_gamma)
+    target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=extra_draft, extra_target_slots=past_gamma,
+                                                    draft_ranges=drafter.layer_ranges(pair))
     yield first
     label = f"draft {'≥' if past_gamma else ''}{gamma} tokens{drafter.how}"
     while not run.done:
