@@ -20,12 +20,25 @@ up to the order of floating-point sums.
 
 On a CUDA lane each stage is captured once as a ``torch.cuda.CUDAGraph`` (PyTorch's documented
 pattern: warm up on a side stream, capture, then replay), on the lane's stream and in one memory
-pool per :class:`Stages` (one per model, so one per lane). Elsewhere, or with graphs off, a stage
-runs eagerly through the same buffers. The graphs hold the addresses of the cache and of the
-buffers, so a :class:`Stages` owns its cache: every generation reuses it (``cache.rollback(0)``).
+pool per :class:`Stages` (one per model, so one per lane). Elsewhere a stage runs eagerly through
+the same buffers (how the CPU tests this path). The graphs hold the addresses of the cache and of
+the buffers, so a :class:`Stages` owns its cache: every generation reuses it (``cache.rollback(0)``).
 
-Not yet here: the methods do not call stages (the plain forward still runs every method), the
-speculative streams' extra rows and the EAGLE head have no stage, and a sharded model has none.
+The methods run on stages with ``load_pair(graphs="on")`` (or "auto" on a CUDA lane), through
+models/forwards.py: a method names the layer ranges it runs when it makes its cache, and they are
+made (captured) then, before the first step. On stages now: vanilla's forwards; sd's verify and
+its draft's forwards (token by token, and the streamed drafter's main rows); Mirror-SD's target
+prefix and suffix, its fallback drafts and its branch rollouts (up to 64 rows; the rollouts with
+streams: their main rows); EAGLE's target forwards (its prefill and tree verification, at the
+ranges its head's early features need); ss's main rows with ``one_forward=0``; every prefill,
+as 64-row chunks.
+
+Not yet here (these run the plain forward, on the same cache, with graphs on): the EAGLE head, the
+speculative streams' rows (ss's streams pass, ``one_forward=1``'s joint forward, the draft's
+``streams=2`` forwards, Mirror-SD's rollout streams), Mirror-SD's early exit (the final norm and LM
+head rows of the prefix, or its trained exit head), the LM head of EAGLE's features, tree windows
+of more than 64 rows, and any sharded model. The host still reads every step's result (no
+rendezvous on CUDA events) and spans come from host timestamps, not CUDA events.
 """
 from __future__ import annotations
 
@@ -226,7 +239,8 @@ class Stages:
     with graphs on (the default on CUDA) each (name, width) is captured then, in this set's memory
     pool, on ``stream`` (the lane's; None: the current stream replays and a side stream captures).
     Capture everything at warm-up (:meth:`capture_all`), while no other thread works on the GPU: a
-    capture fails if another thread allocates meanwhile (CUDA's global capture mode).
+    capture fails if another thread allocates meanwhile (CUDA's global capture mode). The cache
+    knows its set (``cache.stages``): that is how models/forwards.py routes a forward here.
     """
 
     def __init__(self, model: Transformer, max_slots: int, batch: int = 1, graphs: bool | None = None,
