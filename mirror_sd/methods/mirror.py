@@ -48,8 +48,8 @@ import torch
 from ..drafting import make_drafter
 from ..drafting.lookup import copy_from_context
 from ..models.exit_head import available_exit_head, exit_head_for
-from ..models.linear import linear
 from ..models.forwards import FULL, layers
+from ..models.linear import linear
 from ..models.streams import draft_streams, split_forward
 from ..sampling import to_target_vocab
 from ..trace import Rendezvous, Step
