@@ -252,11 +252,12 @@ def wire_steps(steps, results, drawn):
         event.then(handlers.pick_method, [results, steps.method], [steps.slider], api_name=False).then(
             handlers.show_step, here, views, api_name=False).then(
             handlers.hit_question, here, [steps.hit_guess, steps.hit_reveal], api_name=False)
-    steps.method.change(handlers.pick_method, [results, steps.method], [steps.slider], api_name=False)
-    steps.method.change(handlers.show_step, here, views, api_name=False)
+    # .input, not .change: a race's views set the method too, and the chains above already follow that
+    picked = steps.method.input(handlers.pick_method, [results, steps.method], [steps.slider], api_name=False)
+    picked.then(handlers.show_step, here, views, api_name=False).then(
+        handlers.hit_question, here, [steps.hit_guess, steps.hit_reveal], api_name=False)
     steps.slider.change(handlers.show_step, here, views, api_name="step")
     steps.slider.change(handlers.hit_question, here, [steps.hit_guess, steps.hit_reveal], api_name=False)
-    steps.method.change(handlers.hit_question, here, [steps.hit_guess, steps.hit_reveal], api_name=False)
     steps.hit_guess.input(handlers.answer_hit, [*here, steps.hit_guess], steps.hit_reveal, api_name=False)
     playing = steps.play.click(handlers.play, here, [steps.slider], api_name=False)
     for button, delta in ((steps.prev, -1), (steps.next, 1)):

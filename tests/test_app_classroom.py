@@ -97,7 +97,7 @@ def test_browser_says_the_models_are_loading(tiny_pair):
     from playwright.sync_api import expect, sync_playwright
 
     def slow(**devices):
-        time.sleep(8)  # a first load on a fresh machine
+        time.sleep(15)  # a first load on a fresh machine
         return tiny_pair
 
     demo, url = launch(slow)
@@ -107,7 +107,7 @@ def test_browser_says_the_models_are_loading(tiny_pair):
             second = browser.new_page(viewport={"width": 1280, "height": 720})  # a second visitor, on a projector,
             second.goto(url)  # arriving during the load, sees it too
             for visitor in (page, second):
-                expect(visitor.locator("#notice")).to_contain_text("Loading the models", timeout=10_000)
+                expect(visitor.locator("#notice")).to_contain_text("Loading the models", timeout=15_000)
             for visitor in (page, second):
                 expect(visitor.locator("#notice")).to_contain_text("Target lane", timeout=30_000)
             assert second.evaluate("document.documentElement.scrollWidth") <= 1280  # 1280x720: no sideways scroll
