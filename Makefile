@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: app test install install-dev
+.PHONY: app test test-all install install-dev
 
 $(VENV)/.installed: requirements.txt requirements-model.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,3 +26,6 @@ app: install  ## install, then serve the app on http://127.0.0.1:7860 (ARGS="--p
 
 test: install-dev  ## install, then run the test suite
 	$(PY) -m pytest $(ARGS)
+
+test-all: install-dev  ## the test suite with its slow variants too (pytest --full)
+	$(PY) -m pytest --full $(ARGS)

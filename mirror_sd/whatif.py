@@ -8,8 +8,8 @@ a function of width) and lays it out with each method's schedule:
 
   vanilla  T_t(1)
   sd       sum of the draft's forwards T_d(w_i) + T_t(gamma + 1)
-  eagle    T_head(pending) + (depth - 1) T_head(top_k) + T_t(nodes + 1)
-  ss       T_streams(gamma) + T_t(nodes + 1)    (one_forward=1: T_t(nodes + 1) + T_streams(stream rows))
+  eagle    T_head(pending) + (depth - 1) T_head(top_k) + T_tree(nodes + 1)
+  ss       T_streams(gamma) + T_tree(nodes + 1)    (one_forward=1: T_tree(nodes + 1) + T_streams(stream rows))
   mirror   [fallback draft on a miss] + T_prefix + T_rv + max(T_suffix, T_rollouts) + T_rv
 
 (``max`` where the devices overlap fully; ``overlap`` in 0..1 hides that share of the shorter
@@ -35,6 +35,7 @@ from .trace import Span, Step, Trace
 PROFILES_DIR = Path(__file__).parent / "profiles"
 STAGES = {  # stage -> what one call of it is; its cost is priced per call, by the call's width in tokens
     "target": "a full target forward over `width` tokens (decode, verify)",
+    "target_tree": "a full target forward over a tree of `width` tokens under a tree mask (EAGLE's and ss's verify)",
     "prefill": "the target's forward over the prompt",
     "target_prefix": "Mirror-SD: target layers up to the early exit, plus the exit head",
     "target_suffix": "Mirror-SD: the target's remaining layers and its LM head",
@@ -44,6 +45,10 @@ STAGES = {  # stage -> what one call of it is; its cost is priced per call, by t
     "streams": "Speculative Streaming: a pass of `width` stream rows through the top layers",
 }
 DRAFT_STAGES = ("draft", "draft_prefill")  # run on the draft device: scaled by its speed
+# A profile without a stage's own cost prices it as this one: a tree under a mask as a window as wide
+# (on a GPU the attention mask costs next to nothing; on a CPU it takes another kernel, so fitted
+# profiles have their own).
+STAND_INS = {"target_tree": "target"}
 
 
 # -- costs and profiles ------------------------------------------------------------------------
@@ -125,6 +130,8 @@ class Profile:
         with ``threads`` CPU threads, the stage's cost for that many (``"draft@1"``) where it has one,
         and where it has only such costs and no count is given, the one with the most threads (a
         lane with the machine to itself, as vanilla's)."""
+        if stage in STAND_INS and not any(k.split("@")[0] == stage for k in self.stages):
+            stage = STAND_INS[stage]
         counts = sorted(int(k.split("@")[1]) for k in self.stages if k.startswith(f"{stage}@"))
         keyed = f"{stage}@{threads}" if threads in counts else stage
         if keyed not in self.stages and counts:
@@ -279,14 +286,14 @@ def eagle_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Ph
     window = len(step.tree.tokens) + 1
     head = [("eagle_head", pending)] + [("eagle_head", frontier)] * (depth - 1)
     return [(Work("target", "draft", f"draft tree, depth {depth}", head, tokens=pending),),
-            (Work("target", "verify", f"verify {window} tokens", [("target", window)], tokens=window),)]
+            (Work("target", "verify", f"verify {window} tokens", [("target_tree", window)], tokens=window),)]
 
 
 def ss_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
     """The streams' own pass of gamma rows, then one verify forward; with ``one_forward`` the
     stream rows ride in the verify forward instead."""
     gamma, window = options.get("gamma", 4), len(step.tree.tokens) + 1
-    verify = [("target", window)]
+    verify = [("target_tree", window)]
     if options.get("one_forward"):
         draft, verify = [], verify + [("streams", step.tree.stream_rows)]
     else:

@@ -17,15 +17,41 @@ from mirror_sd.bench import DEFAULT_PROMPTS, read_prompts  # noqa: E402
 TINY_VOCAB = 16
 
 
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true",
+                     help="also run the slow variants: the chi-square test of every option, and the equality "
+                          "tests on 4 prompts per category instead of 2 (make test-all)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a variant that only `pytest --full` (make test-all) runs")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without --full, tests marked slow are skipped: the default run stays under 15 minutes."""
+    if config.getoption("--full"):
+        return
+    skip = pytest.mark.skip(reason="a slow variant: make test-all (pytest --full) runs it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_terminal_summary(terminalreporter):
     """Say plainly which tests were skipped and why (the browser tests need Debian's Chromium)."""
     skipped = terminalreporter.stats.get("skipped", [])
     if not skipped:
         return
     terminalreporter.section("skipped tests")
+    slow = 0
     for report in skipped:
         reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        terminalreporter.write_line(f"SKIPPED {report.nodeid}: {reason.removeprefix('Skipped: ')}")
+        if "slow variant" in reason:
+            slow += 1
+        else:
+            terminalreporter.write_line(f"SKIPPED {report.nodeid}: {reason.removeprefix('Skipped: ')}")
+    if slow:
+        terminalreporter.write_line(f"SKIPPED {slow} slow variants: make test-all (pytest --full) runs them too.")
     if any("Chromium" in str(report.longrepr) for report in skipped):
         terminalreporter.write_line("To run the browser tests: apt-get install chromium (as .ci/run does), then make test.")
 
@@ -112,12 +138,13 @@ def bench_prompts() -> list[dict]:
 
 
 @pytest.fixture(scope="session")
-def equality_prompts(bench_prompts) -> list[str]:
-    """24 varied prompts: 4 from each Spec-Bench category (first turn only)."""
+def equality_prompts(bench_prompts, pytestconfig) -> list[str]:
+    """Varied prompts: 2 from each Spec-Bench category (first turn only), 4 with --full."""
+    per_category = 4 if pytestconfig.getoption("--full") else 2
     by_category: dict[str, list[str]] = {}
     for item in bench_prompts:
         by_category.setdefault(item["category"], []).append(item["turns"][0])
-    return [p for prompts in by_category.values() for p in prompts[:4]]
+    return [p for prompts in by_category.values() for p in prompts[:per_category]]
 
 
 EQUALITY_TOKENS = 24

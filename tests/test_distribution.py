@@ -57,8 +57,10 @@ def sample_counts(pair, method, temperature, top_p, first: int = 1, outputs=None
     return counts
 
 
-@pytest.mark.parametrize("draft,temperature,top_p", [("draft", 1.0, 1.0), ("draft", 0.7, 0.9),
-                                                     ("reduced_draft", 1.0, 1.0)])
+@pytest.mark.parametrize("draft,temperature,top_p", [
+    ("draft", 1.0, 1.0),
+    pytest.param("draft", 0.7, 0.9, marks=pytest.mark.slow),
+    pytest.param("reduced_draft", 1.0, 1.0, marks=pytest.mark.slow)])
 def test_sd_samples_the_target_distribution(tiny_dirs, draft, temperature, top_p):
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs[draft]))
     prompt_ids = pair.encode(PROMPT, raw=True)

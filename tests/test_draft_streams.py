@@ -208,6 +208,7 @@ def test_sd_with_streams_overshoot_keeps_the_drafts_own_continuation_past_gamma(
     assert past > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_k, total_tokens, lookup, overshoot", [(1, 4, 0, 0), (3, 9, 4, 1)])
 def test_sd_with_streams_checked_by_the_draft_samples_the_target_distribution(streamed_pair, top_k, total_tokens,
                                                                                 lookup, overshoot):
@@ -234,6 +235,7 @@ def test_own_greedy_continuations_equal_decoding_each_position_alone(streamed_pa
         assert chain == draft_alone(streamed_pair, ids[:t + 1], 4)
 
 
+@pytest.mark.slow
 def test_mirror_with_streams_samples_the_target_distribution(tiny_dirs, streamed_pair):
     """As in test_distribution, tokens 3 and 4: with gamma = 2 every window holds the draft's main
     stream token and its first stream's token, from a reused branch (a hit) or a fresh draft."""

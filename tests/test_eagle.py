@@ -248,7 +248,7 @@ TAU_3_TREE = dict(depth=6, top_k=6, total_tokens=32)  # README, EAGLE-2: tau 3.0
 
 @pytest.mark.skipif(not (EMBEDDED_HEAD / "model.safetensors").exists(), reason="the trained head is not shipped yet")
 def test_shipped_head_equals_vanilla_on_varied_prompts(embedded_pair, equality_prompts, vanilla_reference):
-    assert len(equality_prompts) >= 20
+    assert len(equality_prompts) >= 12
     head_for(embedded_pair)  # the shipped head loads for the embedded target
     committed, steps, origins = 0, 0, set()
     for i, (prompt, expected) in enumerate(zip(equality_prompts, vanilla_reference)):

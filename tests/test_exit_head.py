@@ -100,6 +100,7 @@ def test_mirror_with_the_trained_head_commits_vanillas_tokens(tiny_dirs, trained
     assert changed > 0  # the head, not the lens, chose the branches
 
 
+@pytest.mark.slow
 def test_mirror_with_the_trained_head_samples_the_target_distribution(tiny_dirs, trained_head):
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]))
     attach_exit_head(pair, load_exit_head(trained_head[0], pair.target))

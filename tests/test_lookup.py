@@ -111,6 +111,7 @@ def test_sd_with_copies_equals_vanilla_and_the_app_says_what_was_copied(tiny_pai
     assert plain.trace.steps[1].draft.copied_at == []  # off by default
 
 
+@pytest.mark.slow
 def test_sd_with_copies_samples_the_target_distribution(tiny_pair):
     """At T > 0 a copied token is proposed with a one-hot law; verify's rule must still leave the
     target's law (tokens 2 and 3 of 2,000 seeded runs, against the exact law)."""

@@ -255,7 +255,9 @@ def test_ss_equals_vanilla_on_tiny_prompts(request, one_forward, top_k, total_to
     assert (copied_accepted > 0) == (lookup > 0)  # copied tokens were verified and some accepted
 
 
-@pytest.mark.parametrize("temperature,top_p,one_forward", [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.0, 1.0, 1)])
+@pytest.mark.parametrize("temperature,top_p,one_forward", [(1.0, 1.0, 0),
+                                                          pytest.param(0.7, 0.9, 0, marks=pytest.mark.slow),
+                                                          pytest.param(1.0, 1.0, 1, marks=pytest.mark.slow)])
 def test_ss_samples_the_target_distribution(request, temperature, top_p, one_forward):
     ss_pair = request.getfixturevalue("one_forward_pair" if one_forward else "ss_pair")
     law = exact_law_of_tokens_2_and_3(ss_pair.target, ss_pair.encode(PROMPT, raw=True), temperature, top_p)

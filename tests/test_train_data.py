@@ -55,6 +55,7 @@ def test_self_instruct_prompts_are_reproducible_single_user_turns_and_avoid_the_
     assert stats["sampled"] >= 2 + sum(v for k, v in stats.items() if k.startswith("dropped_"))
 
 
+@pytest.mark.slow
 def test_self_instruct_sampling_goes_on_from_an_earlier_run_as_if_run_from_scratch(hf_target):
     model, tokenizer = hf_target
     whole = self_instruct_prompts(model, tokenizer, 4, seed=0, round_size=3)
