@@ -75,7 +75,7 @@ def forward(model: Transformer, ids: torch.Tensor, cache, positions=None, tree_m
     ``Transformer.forward`` gives them (same arguments); on the "full" stage for a stage cache."""
     stages = staged(model, cache)
     if stages is None:
-        return model.forward(ids, cache, positions, tree_mask, commit)
+        return model(ids, cache, positions, tree_mask, commit)  # through __call__: forward hooks still run
     logits = layers(model, ids, cache, 0, None, positions, tree_mask, head=True)
     if commit:
         cache.length += ids.shape[1]
