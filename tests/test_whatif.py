@@ -62,7 +62,9 @@ def test_eagle_is_head_levels_then_one_tree_verify():
     step = Step(2, [0, 2, 9], ["accepted", "accepted", "correction"], proposed=tree.tokens, accepted=2, tree=tree)
     trace = trace_of("eagle", [previous, step], dict(depth=3, top_k=4))
     # the head over the 3 pending pairs, then 2 levels of 4 frontier nodes; verify root + 8 nodes
-    assert step_time(trace, 2) == pytest.approx((1 + 1.5) + 2 * (1 + 2) + (10 + 9))
+    assert step_time(trace, 2) == pytest.approx((1 + 1.5) + 2 * (1 + 2) + (10 + 9))  # no target_tree: target's
+    own = W.Profile(**{**PROFILE.__dict__, "stages": {**PROFILE.stages, "target_tree": W.Cost.line(12, 2)}})
+    assert W.step_ms(W.step_plans(trace)[2], own) == pytest.approx((1 + 1.5) + 2 * (1 + 2) + (12 + 18))
 
 
 def test_ss_is_a_streams_pass_then_one_tree_verify():
