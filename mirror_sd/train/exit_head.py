@@ -228,8 +228,8 @@ def model_card(c: dict) -> ModelCard:
   the early features at layer {c['exit_layer']}: {c['tokens_train']:,} training positions."""
     training = f"""- Loss: KL(the target's final distribution || the exit's), both over {rows}, at every position.
 - AdamW lr {c['lr']} (warm-up + cosine), {c['batch_tokens']} random positions per batch, {c['steps']} steps
-  ({c['epochs']} epochs), seed {c['seed']}: {c['train_wall_s'] / 60:.1f} min on {trained_on(c)} (features:
-  {c['feature_extraction_s'] / 60:.1f} min). Loss curve: loss.png."""
+  ({c['epochs']} epochs), seed {c['seed']}: {c['train_wall_s'] / 60:.1f} min on {trained_on(c)} ({features_took(c)}).
+  Loss curve: loss.png."""
     held_out = f"""Top-κ recall: the share of held-out positions whose target token (the full head's argmax) is among
 the exit's top κ, over the positions that predict answer tokens and over the hard ones among them (the
 target's final top-1 probability below {HARD}: where drafts get rejected). Held-out KL: {c['held_out']['loss']:.3f}
@@ -279,3 +279,9 @@ def add_parser(sub):
         return 0
 
     p.set_defaults(func=run)
+
+
+def features_took(c: dict) -> str:
+    """How long the target's features took, or that an earlier run's cache gave them."""
+    minutes = c["feature_extraction_s"] / 60
+    return f"features: {minutes:.1f} min" if minutes >= 0.05 else "features: read from the cache of an earlier run"
