@@ -39,8 +39,7 @@ import torch
 from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, best_subtree, graft, sampled_chain, tree_mask, tree_positions
 from ..errors import MirrorSDError
-from ..models.eagle import EMBEDDED_HEAD, EagleHead, early_feature, feature_ranges, final_feature, load_head
-from ..models.forwards import layers
+from ..models.eagle import EMBEDDED_HEAD, EagleHead, feature_ranges, load_head, target_features
 from ..models.loading import EMBEDDED_NAME
 from ..sampling import to_target_vocab
 from ..trace import Step
@@ -160,14 +159,10 @@ def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_to
 # -- verification (target lane) ------------------------------------------------------------------
 def features_of(target, ids, cache, early_layers, positions=None, mask=None):
     """Features [T, d] (final-normed hidden states) of ids [1, T] written after the cache's slots,
-    and their early features [T, n * d] (None if ``early_layers`` is empty), as
-    ``models.eagle.target_features`` gives them; on stages for a stage cache (``feature_ranges``)."""
-    h, early = ids, []
-    for a, b in feature_ranges(target, early_layers):
-        h = layers(target, h, cache, a, b, positions, mask)  # [1, T, d]
-        if b < target.num_layers:
-            early.append(early_feature(target, h, b)[0])
-    return final_feature(target, h)[0], (torch.cat(early, dim=-1) if early else None)
+    and their early features [T, n * d] (None if ``early_layers`` is empty): ``target_features``
+    of the one sequence."""
+    feats, early = target_features(target, ids, cache, early_layers, positions, mask)
+    return feats[0], (early[0] if early is not None else None)
 
 
 def prefill(run, cache, early_layers=()):

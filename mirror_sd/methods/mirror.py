@@ -50,7 +50,7 @@ from ..drafting.lookup import copy_from_context
 from ..models.exit_head import available_exit_head, exit_head_for
 from ..models.forwards import FULL, layers
 from ..models.linear import linear
-from ..models.streams import draft_streams, split_forward
+from ..models.streams import draft_streams, split_forward, split_ranges
 from ..sampling import to_target_vocab
 from ..trace import Rendezvous, Step
 from .prefill import prefill_pair
@@ -125,7 +125,7 @@ def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, he
 
 def target_ranges(exit_layer: int) -> list:
     """The target's layer ranges: the prefill's full forward, the prefix and the suffix (with the head)."""
-    return [FULL, (0, exit_layer, False), (exit_layer, None, True)]
+    return [FULL, *split_ranges(exit_layer)]
 
 
 def target_suffix(run, cache, hidden, exit_layer: int, rollouts=None) -> torch.Tensor:

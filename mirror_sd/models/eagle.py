@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import MirrorSDError
+from .forwards import layers
 from .linear import Linear, linear
 from .llama import DecoderLayer, KVCache, ModelArgs, Transformer
 
@@ -33,12 +34,14 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_HEAD = ASSETS / "eagle-smollm2-135m"
 
 
-def target_features(target: Transformer, h: torch.Tensor, cache, win, early_layers=()):
-    """The target's layers over h [B, T, d] (its embeddings): features [B, T, d] (final-normed hidden
-    states) and early features [B, T, len(early_layers) * d] (None without early layers)."""
-    early = []
+def target_features(target: Transformer, ids: torch.Tensor, cache, early_layers=(), positions=None, tree_mask=None):
+    """The target's layers over ids [B, T] written after the cache's slots (cache None: one causal
+    sequence, as in training): features [B, T, d] (final-normed hidden states) and early features
+    [B, T, len(early_layers) * d] (None without early layers). The cache's length does not move. On
+    stages for a stage cache (models/forwards.py, at the ranges ``feature_ranges`` gives)."""
+    h, early = ids, []
     for a, b in feature_ranges(target, early_layers):
-        h = target.forward_layers(h, cache, win, a, b)
+        h = layers(target, h, cache, a, b, positions, tree_mask)  # [B, T, d]
         if b < target.num_layers:
             early.append(early_feature(target, h, b))
     return final_feature(target, h), (torch.cat(early, dim=-1) if early else None)

@@ -34,8 +34,7 @@ def features_dir(features: Path | None, target_dir: Path) -> Path:
 def causal_features(target, ids: torch.Tensor, early_layers=()):
     """ids [B, T] -> features [B, T, d] (final-normed hidden states), the target's argmax [B, T] and
     early features [B, T, len(early_layers) * d] (None without early layers)."""
-    win = target.window(None, ids.shape[1], batch=ids.shape[0])
-    feats, early = target_features(target, target.embed(ids), None, win, early_layers)
+    feats, early = target_features(target, ids, None, early_layers)
     return feats, target.lm_head(feats).argmax(-1), early
 
 
