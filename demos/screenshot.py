@@ -8,60 +8,37 @@ Serves the app on the embedded default pair, drives Debian's Chromium with Playw
 `playwright install`), runs the race with every method on, and captures the race and the
 step-through tabs. Every number in the pictures comes from that run on this machine.
 """
-import os
-import shutil
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-DOCS = Path(__file__).resolve().parents[1] / "docs"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+from app_browser import DOCS, app_page, wait_for_race
 
 
 def main():
-    from playwright.sync_api import expect, sync_playwright
-
-    from app.ui import build_demo
-    from mirror_sd import METHODS
+    from playwright.sync_api import expect
 
     prompt = sys.argv[1] if len(sys.argv) > 1 else "Why is the sky blue?"
-    demo = build_demo()
-    _, url, _ = demo.queue().launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
-            page = browser.new_page(viewport={"width": 1280, "height": 720})
-            page.goto(url)
-            expect(page.locator("#notice")).to_contain_text("Target lane", timeout=600_000)
-            page.locator("#how").screenshot(path=DOCS / "app-how.png")
-            page.get_by_role("button", name="How it works").first.click()  # fold it away for the race
-            page.set_viewport_size({"width": 1280, "height": 1000})
-            page.get_by_label("Prompt").fill(prompt)
-            page.locator("#guess").get_by_text("Mirror-SD", exact=True).click()
-            page.locator("#run").click()
-            for name in METHODS:
-                expect(page.locator(f"#card-{name} .card")).not_to_have_attribute("data-state", "waiting", timeout=600_000)
-                expect(page.locator(f"#card-{name} .card")).not_to_have_attribute("data-state", "running", timeout=600_000)
-            expect(page.locator("#timeline .js-plotly-plot")).to_be_visible(timeout=60_000)
-            expect(page.locator("#reveal")).to_contain_text("fastest", timeout=60_000)
-            page.wait_for_timeout(1000)
-            page.screenshot(path=DOCS / "app.png", full_page=True)
-            page.get_by_role("tab", name="Step-through").click()
-            expect(page.locator("#sentence")).to_contain_text("Step 0", timeout=60_000)
-            page.locator("#next").click()
-            expect(page.locator("#sentence")).to_contain_text("Step 1", timeout=60_000)
-            page.locator("#hit-guess").get_by_text("Yes, a hit").click()
-            expect(page.locator("#hit-reveal")).to_contain_text("The next step was a", timeout=60_000)
-            page.wait_for_timeout(1000)
-            page.screenshot(path=DOCS / "app-steps.png", full_page=True)
-            browser.close()
-    finally:
-        demo.close()
+    with app_page(1280, 720) as page:
+        expect(page.locator("#notice")).to_contain_text("Target lane", timeout=600_000)
+        page.locator("#how").screenshot(path=DOCS / "app-how.png")
+        page.get_by_role("button", name="How it works").first.click()  # fold it away for the race
+        page.set_viewport_size({"width": 1280, "height": 1000})
+        page.get_by_label("Prompt").fill(prompt)
+        page.locator("#guess").get_by_text("Mirror-SD", exact=True).click()
+        page.locator("#run").click()
+        wait_for_race(page)
+        expect(page.locator("#timeline .js-plotly-plot")).to_be_visible(timeout=60_000)
+        expect(page.locator("#reveal")).to_contain_text("fastest", timeout=60_000)
+        page.wait_for_timeout(1000)
+        page.screenshot(path=DOCS / "app.png", full_page=True)
+        page.get_by_role("tab", name="Step-through").click()
+        expect(page.locator("#sentence")).to_contain_text("Step 0", timeout=60_000)
+        page.locator("#next").click()
+        expect(page.locator("#sentence")).to_contain_text("Step 1", timeout=60_000)
+        page.locator("#hit-guess").get_by_text("Yes, a hit").click()
+        expect(page.locator("#hit-reveal")).to_contain_text("The next step was a", timeout=60_000)
+        page.wait_for_timeout(1000)
+        page.screenshot(path=DOCS / "app-steps.png", full_page=True)
     print(f"wrote {DOCS / 'app-how.png'}, {DOCS / 'app.png'} and {DOCS / 'app-steps.png'}")
-
 
 if __name__ == "__main__":
     main()

@@ -8,61 +8,37 @@ race with every method on (or opens the recorded race whose label starts with th
 opens the What if tab (profile paper-14b) and captures it. The race is measured; everything on
 the tab is MODELLED from its steps, as the tab says.
 """
-import os
-import shutil
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-DOCS = Path(__file__).resolve().parents[1] / "docs"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+from app_browser import DOCS, app_page, wait_for_race
 
 
 def main():
-    from playwright.sync_api import expect, sync_playwright
-
-    from app.ui import build_demo
-    from mirror_sd import METHODS
+    from playwright.sync_api import expect
 
     recorded = sys.argv[2] if len(sys.argv) > 2 and sys.argv[1] == "--recorded" else None
     prompt = sys.argv[1] if len(sys.argv) > 1 and not recorded else "Why is the sky blue?"
     max_new = sys.argv[2] if len(sys.argv) > 2 and not recorded else "48"
-    demo = build_demo()
-    _, url, _ = demo.queue().launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
-            page = browser.new_page(viewport={"width": 1280, "height": 1000})
-            page.goto(url)
-            if recorded:
-                page.locator("#recorded input").click()
-                page.locator("#recorded input").fill(recorded)
-                page.keyboard.press("ArrowDown")
-                page.keyboard.press("Enter")
-            else:
-                expect(page.locator("#notice")).to_contain_text("Target lane", timeout=600_000)
-                page.get_by_label("Prompt").fill(prompt)
-                page.get_by_label("Max new tokens").fill(max_new)
-                page.locator("#run").click()
-            for name in METHODS:
-                card = page.locator(f"#card-{name} .card")
-                expect(card).not_to_have_attribute("data-state", "waiting", timeout=600_000)
-                expect(card).not_to_have_attribute("data-state", "running", timeout=600_000)
-            page.get_by_role("tab", name="What if").click()
-            expect(page.locator("#whatif-timeline .js-plotly-plot")).to_be_visible(timeout=60_000)
-            expect(page.locator("#whatif-curve .js-plotly-plot")).to_be_visible(timeout=60_000)
-            page.wait_for_timeout(1500)
-            top = page.locator("#whatif-banner").bounding_box()["y"] - 12  # the tab, from its banner down
-            height = page.evaluate("document.documentElement.scrollHeight") - top
-            page.screenshot(path=DOCS / "whatif.png", full_page=True, clip=dict(x=0, y=top, width=1280, height=height))
-            browser.close()
-    finally:
-        demo.close()
+    with app_page(1280, 1000) as page:
+        if recorded:
+            page.locator("#recorded input").click()
+            page.locator("#recorded input").fill(recorded)
+            page.keyboard.press("ArrowDown")
+            page.keyboard.press("Enter")
+        else:
+            expect(page.locator("#notice")).to_contain_text("Target lane", timeout=600_000)
+            page.get_by_label("Prompt").fill(prompt)
+            page.get_by_label("Max new tokens").fill(max_new)
+            page.locator("#run").click()
+        wait_for_race(page)
+        page.get_by_role("tab", name="What if").click()
+        expect(page.locator("#whatif-timeline .js-plotly-plot")).to_be_visible(timeout=60_000)
+        expect(page.locator("#whatif-curve .js-plotly-plot")).to_be_visible(timeout=60_000)
+        page.wait_for_timeout(1500)
+        top = page.locator("#whatif-banner").bounding_box()["y"] - 12  # the tab, from its banner down
+        height = page.evaluate("document.documentElement.scrollHeight") - top
+        page.screenshot(path=DOCS / "whatif.png", full_page=True, clip=dict(x=0, y=top, width=1280, height=height))
     print(f"wrote {DOCS / 'whatif.png'}")
-
 
 if __name__ == "__main__":
     main()
