@@ -533,6 +533,16 @@ def measured_seconds(trace: Trace) -> float:
     return max(s.end for s in trace.spans) - min(s.start for s in trace.spans) if trace.spans else 0.0
 
 
+def held_out_ids(runs: list[dict]) -> set:
+    """The prompts the held-out check predicts: every second prompt of each category, in run order."""
+    order: dict[str, list] = {}
+    for r in runs:
+        ids = order.setdefault(r["category"], [])
+        if r["id"] not in ids:
+            ids.append(r["id"])
+    return {i for ids in order.values() for i in ids[1::2]}
+
+
 def held_out_check(runs: list[dict]):
     """Fit a profile on half the prompts and predict every method's speedup on the other half.
 
@@ -542,14 +552,9 @@ def held_out_check(runs: list[dict]):
     half, and the model's relative error)."""
     import pandas as pd
 
-    order: dict[str, list[str]] = {}
-    for r in runs:
-        ids = order.setdefault(r["category"], [])
-        if r["id"] not in ids:
-            ids.append(r["id"])
     if not all(r.get("traces") for r in runs):
         raise MirrorSDError("the held-out check needs every run's traces")
-    held_out = {i for ids in order.values() for i in ids[1::2]}
+    held_out = held_out_ids(runs)
     if not held_out or held_out == {r["id"] for r in runs}:
         raise MirrorSDError("the held-out check needs at least two prompts of one category")
     profile = fit_profile([t for r in runs if r["id"] not in held_out for t in r["traces"]],

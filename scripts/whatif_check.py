@@ -29,16 +29,6 @@ def read_runs(folder: Path) -> list[dict]:
     return runs
 
 
-def held_out_ids(runs: list[dict]) -> set:
-    """The prompts the check predicts: every second prompt of each category, as held_out_check splits them."""
-    order: dict[str, list] = {}
-    for r in runs:
-        ids = order.setdefault(r["category"], [])
-        if r["id"] not in ids:
-            ids.append(r["id"])
-    return {i for ids in order.values() for i in ids[1::2]}
-
-
 def by_kind(runs: list[dict], profile) -> pd.DataFrame:
     """Measured and modelled ms per (method, span kind) over the given runs."""
     rows = []
@@ -60,7 +50,7 @@ def main(argv=None):
     runs = read_runs(args.bench)
     profile, table = whatif.held_out_check(runs)
     print(table.to_markdown(index=False, floatfmt=".3f"))
-    held = held_out_ids(runs)
+    held = whatif.held_out_ids(runs)
     print()
     print(by_kind([r for r in runs if r["id"] in held], profile).to_markdown(floatfmt=(".1f", ".1f", ".1f", ".3f")))
 
