@@ -207,3 +207,30 @@ def test_a_method_off_vanillas_tokens_at_temperature_0_is_named():
     assert "sd on 1 of 6 prompts" in warning and "eagle" not in warning and "fp32" in warning
     assert equality_warning(summary, temperature=0.8) is None  # sampling: tokens differ by design
     assert equality_warning(summary[summary.method != "sd"], temperature=0.0) is None
+
+
+def test_step_costs_account_for_every_decoding_step(tiny_dirs, tmp_path, capsys):
+    """scripts.step_costs: every decoding step of every run counted once, its tokens summing to the
+    bench's; Mirror-SD's steps split by window and outcome, every other method's in one kind."""
+    from scripts.step_costs import step_costs
+    from scripts.whatif_check import read_runs
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"id": i, "category": "qa", "prompt": p})
+                                 for i, p in [("a", "t1 t2 t3"), ("b", "t4 t5")]))
+    out = tmp_path / "out"
+    assert main(["bench", "--prompts", str(prompts), "--methods", "sd,mirror", "--max-new-tokens", "12",
+                 "--out", str(out), "--traces", str(out / "traces"), "--target", str(tiny_dirs["target"]),
+                 "--draft", str(tiny_dirs["draft"])]) == 0
+    table = step_costs(read_runs(out)).reset_index()
+    results = pd.read_csv(out / "results.csv")
+    by_method = table.groupby("method")
+    steps = by_method.steps.sum()
+    tokens = (table.steps * table["tokens per step"]).groupby(table.method).sum()
+    for method, runs in results.groupby("method"):
+        assert steps[method] == runs.steps.sum()  # every decoding step (the prefill is not one)
+        assert tokens[method] == pytest.approx(runs.new_tokens.sum() - len(runs))  # the prefill commits one
+    assert set(table[table.method != "mirror"].kind) == {"all"}
+    assert set(table[table.method == "mirror"].kind) <= {f"{w} -> {o}" for w in ("hit's branch", "copied", "fallback")
+                                                         for o in ("hit", "miss")}
+    assert by_method.share.sum().round(6).eq(1).all() and (table["ms per step"] > 0).all()
