@@ -93,12 +93,13 @@ def stage_runs(monkeypatch):
 METHODS = [
     ("vanilla", {}, {"full"}),
     ("sd", dict(gamma=3), {"full"}),
-    ("sd", dict(gamma=3, streams=1), {"full", "layers 0-1", "layers 1-2 + head"}),
+    ("sd", dict(gamma=3, streams=1), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("sd", dict(gamma=3, streams=2), {"full"}),  # its forwards carry stream rows: plain, but on the stage cache
     ("mirror", dict(gamma=3, exit_layer=1, lookup=0), {"full", "layers 0-1", "layers 1-2 + head"}),
-    ("mirror", dict(gamma=2, exit_layer=1, streams=1, branch_budget=4), {"full", "layers 0-1", "layers 1-2 + head"}),
+    ("mirror", dict(gamma=2, exit_layer=1, streams=1, branch_budget=4),
+     {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("eagle", dict(depth=3, top_k=3, total_tokens=8), {"layers 0-1", "layers 1-2"}),
-    ("ss", dict(gamma=3, top_k=2, total_tokens=4), {"layers 0-1", "layers 1-2 + head"}),
+    ("ss", dict(gamma=3, top_k=2, total_tokens=4), {"layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("ss", dict(gamma=3, one_forward=1), set()),  # the streams ride in every forward: plain
 ]
 
@@ -199,3 +200,30 @@ def test_a_stage_set_grows_when_a_run_needs_more_slots(target):
     assert small.max_slots == 512 and stage_cache(sets, target, 512) is small
     big = stage_cache(sets, target, 600)
     assert big is not small and big.max_slots == 1024 and big.length == 0
+
+
+def test_stream_rows_on_their_stage_give_the_plain_logits_and_store_nothing(pair, target, stage_runs):
+    streams = pair.streams  # three streams on the target's top layer
+    plain, stage = caches(target, ranges=[FULL, (streams.first_layer, None, streams)])
+    torch.manual_seed(3)
+    h = torch.randn(1, 2, target.args.hidden_size, device=target.device)  # two main rows entering layer L0
+    at = torch.tensor([[3, 4]], device=target.device)  # their main tokens' slots
+    seen = torch.tensor([[[1, 1, 0, 1, 0], [1, 1, 1, 0, 1]]], dtype=torch.bool, device=target.device)  # [1, 2, 5]
+    real = stage.k[:, :, :, :stage.max_slots].clone()
+    for kwargs in (dict(), dict(positions=torch.tensor([[3, 3]], device=target.device), seen=seen)):
+        expected = streams(target, plain, h, at, **kwargs)  # [1, 2, 3, head rows]
+        assert torch.allclose(streams(target, stage, h, at, **kwargs), expected, atol=ATOL)
+    assert stage_runs[(target.num_layers, f"streams {streams.first_layer}-{target.num_layers}")] == 2
+    assert torch.equal(stage.k[:, :, :, :stage.max_slots], real) and stage.length == 5  # scratch slots only
+    window = torch.tensor([[4, 8]], device=target.device)
+    assert torch.allclose(forward(target, window, stage, commit=False), forward(target, window, plain, commit=False),
+                          atol=ATOL)
+
+
+def test_other_streams_on_the_same_model_get_stages_of_their_own(pair, target):
+    other = on_cpu_worker(random_streams, target, 5)
+    plain, stage = caches(target, ranges=[(pair.streams.first_layer, None, pair.streams)])
+    h = torch.ones(1, 1, target.args.hidden_size, device=target.device)
+    at = torch.tensor([[4]], device=target.device)
+    pair.streams(target, stage, h, at)
+    assert torch.allclose(other(target, stage, h, at), other(target, plain, h, at), atol=ATOL)

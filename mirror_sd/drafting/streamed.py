@@ -19,7 +19,7 @@ import torch
 
 from ..errors import MirrorSDError
 from ..models.forwards import FULL
-from ..models.streams import draft_streams, forward_with_streams, split_forward, split_ranges
+from ..models.streams import draft_streams, forward_with_streams, split_forward, stream_ranges
 from ..options import Option
 from ..trace import DraftWork
 from . import Drafter, Proposal
@@ -52,7 +52,7 @@ class Streamed(Drafter):
                                 f"trained streams + its main stream), got {gamma}")
 
     def layer_ranges(self, pair) -> list:
-        return [FULL, *split_ranges(draft_streams(pair).first_layer)]
+        return [FULL, *stream_ranges(draft_streams(pair))]
 
     def propose(self, run, cache, gamma: int) -> Proposal:
         tokens, q = streamed_window(run, cache, gamma)

@@ -36,7 +36,7 @@ import torch
 
 from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, graft, sampled_chain, stream_tree, tree_mask, tree_positions
-from ..models.streams import forward_with_streams, split_forward, split_ranges, target_streams
+from ..models.streams import forward_with_streams, split_forward, stream_ranges, target_streams
 from ..sampling import to_target_vocab
 from ..trace import Step
 from .verify import accept_tree
@@ -85,7 +85,7 @@ def verify_tree(run, streams, cache, tree: Tree, gamma: int, one_forward: bool):
 def prefill(run, streams, window: int, gamma: int, one_forward: bool):
     """The prompt through the target: the first token, and what the first draft needs (see verify_tree)."""
     target, lane = run.pair.target, run.target_lane
-    ranges = [] if one_forward else split_ranges(streams.first_layer)  # forward_with_streams: plain forward
+    ranges = [] if one_forward else stream_ranges(streams)  # forward_with_streams: plain forward
     cache = run.pair.new_cache(target, run.cache_slots + window, ranges)
     ids = torch.tensor([run.prompt_ids], device=target.device)  # [1, P]
     n = ids.shape[1]

@@ -24,13 +24,18 @@ from .llama import KVCache, Transformer
 from .stages import MAX_WIDTH, Stages
 
 SLOT_STEP = 512  # a stage set's cache grows in steps of this many slots (a new set, captured anew)
-Range = tuple[int, int | None, bool]  # layers [a, b) (b None: to the last), then the LM head if True
+# Layers [a, b) (b None: to the last), then the LM head if True; or, with a Streams object in place of
+# the flag, those layers over that Streams' rows, then its head (``stream_layers``).
+Range = tuple[int, int | None, object]
 FULL: Range = (0, None, True)
 
 
-def range_name(model: Transformer, a: int, b: int | None, head: bool) -> str:
-    """The stage name of layers [a, b) (then the head): "full" for the whole forward."""
+def range_name(model: Transformer, a: int, b: int | None, head) -> str:
+    """The stage name of layers [a, b) (then the head): "full" for the whole forward, "streams a-b"
+    for stream rows."""
     b = model.num_layers if b is None else b
+    if not isinstance(head, bool):
+        return f"streams {a}-{b}"
     if (a, b, head) == (0, model.num_layers, True):
         return "full"
     return f"layers {a}-{b}" + (" + head" if head else "")
@@ -58,8 +63,10 @@ def name_range(stages: Stages, r: Range) -> str:
     """Add layer range ``r`` to a stage set (if new) and return its name."""
     a, b, head = r
     name = range_name(stages.model, a, b, head)
-    if name not in stages.kinds:
-        stages.add(name, (a, stages.model.num_layers if b is None else b), head)
+    streams = None if isinstance(head, bool) else head
+    kind = ((a, stages.model.num_layers if b is None else b), head if streams is None else True, streams)
+    if stages.kinds.get(name) != kind:
+        stages.add(name, *kind)
     return name
 
 
@@ -103,6 +110,20 @@ def layers(model: Transformer, x: torch.Tensor, cache, a: int, b: int | None = N
         each_layer()
     out = _run_stage(stages, name_range(stages, (a, b, head)), x, cache, positions, tree_mask)
     return out[:, -last:] if head and last is not None else out
+
+
+def stream_layers(model: Transformer, streams, rows: torch.Tensor, cache, positions, mask) -> torch.Tensor:
+    """Stream rows [B, n, d] entering layer ``streams.first_layer`` through the top layers, then the
+    streams' head: logits [B, n, head rows]. positions [B, n]; mask [B, n, cache.length + n] (what
+    each row sees of the cache and of the rows). The rows' keys and values are stored nowhere. On
+    the stage "streams a-b" for a stage cache (at most 64 rows), else the plain forward."""
+    a = streams.first_layer
+    stages = staged(model, cache)
+    if stages is not None and _fits(stages, rows, a, mask):
+        return stages.run(name_range(stages, (a, None, streams)), rows, positions, mask)
+    win = model.window(cache, rows.shape[1], positions, mask, batch=rows.shape[0], main_rows=0,
+                       adapter=streams.adapter)
+    return streams.logits(model, model.forward_layers(rows, cache, win, a))
 
 
 def _fits(stages: Stages, x: torch.Tensor, a: int, tree_mask) -> bool:

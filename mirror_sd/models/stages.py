@@ -27,17 +27,17 @@ the buffers, so a :class:`Stages` owns its cache: every generation reuses it (``
 The methods run on stages with ``load_pair(graphs="on")`` (or "auto" on a CUDA lane), through
 models/forwards.py: a method names the layer ranges it runs when it makes its cache, and they are
 made (captured) then, before the first step. On stages now: vanilla's forwards; sd's verify and
-its draft's forwards (token by token, and the streamed drafter's main rows); Mirror-SD's target
-prefix and suffix, its fallback drafts and its branch rollouts (up to 64 rows; the rollouts with
-streams: their main rows); EAGLE's target forwards (its prefill and tree verification, at the
-ranges its head's early features need); ss's main rows with ``one_forward=0``; every prefill,
-as 64-row chunks.
+its draft's forwards (token by token, and the streamed drafter's main rows and stream rows);
+Mirror-SD's target prefix and suffix, its fallback drafts and its branch rollouts (up to 64 rows;
+with streams, their stream rows too); EAGLE's target forwards (its prefill and tree verification,
+at the ranges its head's early features need); ss's main rows and its streams pass with
+``one_forward=0``; every prefill, as 64-row chunks. Stream rows (a ``streams`` stage) keep their
+keys and values in scratch slots, which is how a stage stores nothing for them.
 
-Not yet here (these run the plain forward, on the same cache, with graphs on): the EAGLE head, the
-speculative streams' rows (ss's streams pass, ``one_forward=1``'s joint forward, the draft's
-``streams=2`` forwards, Mirror-SD's rollout streams), Mirror-SD's early exit (the final norm and LM
-head rows of the prefix, or its trained exit head), the LM head of EAGLE's features, tree windows
-of more than 64 rows, and any sharded model. The host still reads every step's result (no
+Not yet here (these run the plain forward, on the same cache, with graphs on): the EAGLE head,
+forwards where stream rows ride behind main rows (``one_forward=1``, the draft's ``streams=2``),
+Mirror-SD's early exit (the final norm and LM head rows of the prefix, or its trained exit head),
+the LM head of EAGLE's features, tree windows of more than 64 rows, and any sharded model. The host still reads every step's result (no
 rendezvous on CUDA events) and spans come from host timestamps, not CUDA events.
 """
 from __future__ import annotations
@@ -92,6 +92,11 @@ class _SlotWriter:
         self.cache.v[layer].index_copy_(2, self.slots, v)
         return self.cache.k[layer], self.cache.v[layer]
 
+    def attend(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, stored: int):
+        """Stream rows (``Window.main_rows`` 0): their slots are scratch slots, so writing them there
+        stores nothing a real row reads."""
+        return self.write(layer, start, k, v)
+
 
 def full_mask(tree_mask: torch.Tensor | None, T: int, start: int, device) -> torch.Tensor:
     """What each of T window rows may see among slots [0, start + T): [B|1, T, start + T] bool.
@@ -112,10 +117,14 @@ def full_mask(tree_mask: torch.Tensor | None, T: int, start: int, device) -> tor
 class Stage:
     """One fixed-shape forward of ``model``: layers [a, b) at ``width`` rows, from token ids (a == 0,
     with the embedding) or hidden states, to logits (head=True: final norm and LM head) or hidden
-    states. ``layers=(N, N), head=True`` is the LM head alone."""
+    states. ``layers=(N, N), head=True`` is the LM head alone.
+
+    With ``streams`` (models/streams.py) the rows are speculative stream rows entering layer a: their
+    keys and values go to scratch slots (stored nowhere a real row reads), the streams' adapters act
+    on them, and the streams' own head reads them (logits over its rows)."""
 
     def __init__(self, model: Transformer, width: int, cache: StageCache | None, layers=(0, None),
-                 head: bool = True):
+                 head: bool = True, streams=None):
         if model.layer_devices:
             raise MirrorSDError("a sharded model has no fixed-shape stages")
         a, b = layers[0], model.num_layers if layers[1] is None else layers[1]
@@ -123,7 +132,10 @@ class Stage:
             raise MirrorSDError(f"layers [{a}, {b}) are not layers of a {model.num_layers}-layer model")
         if a < b and cache is None:
             raise MirrorSDError("a stage that runs layers needs a StageCache")
+        if streams is not None and not 0 < a < b:
+            raise MirrorSDError("stream rows enter a layer above the first and run at least one")
         self.model, self.width, self.cache, self.layers, self.head = model, width, cache, (a, b), head
+        self.streams = streams
         self.embed = a == 0 and b > 0
         B, W, device = cache.k.shape[1] if cache is not None else 1, width, model.device
         # Static buffers: run() copies into them, the body (and a captured graph) reads them.
@@ -167,7 +179,7 @@ class Stage:
             raise MirrorSDError(f"stage of batch {self.batch} and width {self.width} got input {tuple(x.shape)}")
         writes = self.layers[0] < self.layers[1]  # runs layers, so writes the cache (not the LM head alone)
         start = self.cache.length if writes else 0
-        if writes and start + T > self.cache.max_slots:
+        if writes and self.streams is None and start + T > self.cache.max_slots:
             raise MirrorSDError(f"KV cache full: {start} + {T} tokens > {self.cache.max_slots} slots")
         device = self.x.device
         if positions is None:
@@ -176,7 +188,9 @@ class Stage:
         self.x[:, :T] = x
         self.positions.zero_()
         self.positions[:, :T] = positions
-        if writes:
+        if writes and self.streams is not None:
+            self.load_stream_mask(T, start, mask)
+        elif writes:
             usable = self.cache.max_slots
             rows = torch.arange(self.width, device=device)
             self.slots.copy_(torch.where(rows < T, start + rows, usable + rows))
@@ -184,6 +198,19 @@ class Stage:
             self.mask[:, 0, :T] = False
             self.mask[:, 0, :T, :start + T] = full_mask(mask, T, start, device)
         return T
+
+    def load_stream_mask(self, T: int, start: int, mask: torch.Tensor):
+        """Stream rows: ``mask`` [B|1, T, start + T] (``streams.stream_mask``) says what each sees of
+        the cache's slots [0, start) and of the window's rows; row i's keys and values sit in scratch
+        slot i (as a padding row's would), so its window columns move there."""
+        if mask is None or mask.shape[-1] != start + T:
+            raise MirrorSDError(f"stream rows need a mask over the cache's {start} slots and their {T} rows")
+        usable = self.cache.max_slots
+        mask = mask.to(device=self.mask.device, dtype=torch.bool)
+        self.mask[:, 0] = self.padding
+        self.mask[:, 0, :T] = False
+        self.mask[:, 0, :T, :start] = mask[..., :start]
+        self.mask[:, 0, :T, usable:usable + T] = mask[..., start:]
 
     def replay(self):
         """Run the stage on what its buffers hold: the captured graph, or the body eagerly."""
@@ -200,7 +227,11 @@ class Stage:
         if a < b:
             win = model.window(None, self.width, positions=self.positions, batch=self.batch)  # rotary cos, sin
             win = replace(win, mask=self.mask, causal=False)  # [B, 1, W, S]: every slot, under the mask
+            if self.streams is not None:  # every row a stream row: adapted, its keys and values in scratch
+                win = replace(win, main_rows=0, adapter=self.streams.adapter)
             h = model.forward_layers(h, self.writer, win, a, b)
+        if self.streams is not None:
+            return self.streams.logits(model, h)  # [B, W, head rows]
         return model.head(h) if self.head else h
 
     def load_padding(self):
@@ -253,12 +284,17 @@ class Stages:
         self.cache = StageCache(model, max_slots, batch)
         self.cache.stages = self  # how models/forwards.py knows a cache's forwards run here
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
-        self.kinds = {"full": ((0, model.num_layers), True), "head": ((model.num_layers,) * 2, True)}
+        self.kinds = {"full": ((0, model.num_layers), True, None), "head": ((model.num_layers,) * 2, True, None)}
         self._stages: dict[tuple[str, int], Stage] = {}
 
-    def add(self, name: str, layers: tuple[int, int], head: bool):
-        """Name the forward of layers [a, b) (then the LM head, if ``head``)."""
-        self.kinds[name] = (tuple(layers), head)
+    def add(self, name: str, layers: tuple[int, int], head: bool, streams=None):
+        """Name the forward of layers [a, b) (then the LM head, if ``head``); with ``streams``, of their
+        stream rows (see :class:`Stage`). A name given again for another forward (other streams
+        attached, say) forgets the stages made for the old one."""
+        kind = (tuple(layers), head, streams)
+        if name in self.kinds and self.kinds[name] != kind:
+            self._stages = {key: stage for key, stage in self._stages.items() if key[0] != name}
+        self.kinds[name] = kind
 
     def stage(self, name: str, width: int) -> Stage:
         """The stage ``name`` at the bucket of ``width`` tokens, made (and captured) on first use."""
@@ -266,8 +302,8 @@ class Stages:
             raise MirrorSDError(f"no stage {name!r} (stages: {', '.join(self.kinds)})")
         key = (name, bucket(width))
         if key not in self._stages:
-            layers, head = self.kinds[name]
-            stage = Stage(self.model, key[1], self.cache, layers, head)
+            layers, head, streams = self.kinds[name]
+            stage = Stage(self.model, key[1], self.cache, layers, head, streams)
             if self.graphs:
                 stage.capture(self.pool, self.stream)
             self._stages[key] = stage

@@ -31,7 +31,7 @@ from torch import nn
 
 from ..devices import on_cpu_worker
 from ..errors import MirrorSDError
-from .forwards import layers
+from .forwards import layers, stream_layers
 from .linear import linear
 from .llama import KVCache, ModelArgs, Transformer
 
@@ -143,10 +143,8 @@ class Streams(nn.Module):
         B, R, _ = h.shape
         G = self.num_streams
         rows, stream_positions = self.inputs(model, h, at if positions is None else positions, G, next_ids)
-        mask = stream_mask(at, cache.length, G, seen)
-        win = model.window(cache, R * G, stream_positions, mask, batch=B, main_rows=0, adapter=self.adapter)
-        out = model.forward_layers(rows, cache, win, self.first_layer)  # [B, R*G, d]
-        return self.logits(model, out).view(B, R, G, -1)
+        mask = stream_mask(at, cache.length, G, seen)  # [B, R*G, cache.length + R*G]
+        return stream_layers(model, self, rows, cache, stream_positions, mask).view(B, R, G, -1)
 
     def to_target_ids(self, rows: torch.Tensor) -> torch.Tensor:
         """Head-row indices -> target token ids."""
@@ -190,6 +188,12 @@ def split_forward(model, ids, cache, first_layer: int, positions=None, tree_mask
 def split_ranges(first_layer: int) -> list:
     """The layer ranges ``split_forward`` runs (for ``ModelPair.new_cache``)."""
     return [(0, first_layer, False), (first_layer, None, True)]
+
+
+def stream_ranges(streams: Streams) -> list:
+    """The ranges of ``split_forward`` at the streams' first layer, then the pass of their rows
+    (``Streams.forward``), for ``ModelPair.new_cache``."""
+    return [*split_ranges(streams.first_layer), (streams.first_layer, None, streams)]
 
 
 def forward_with_streams(model, streams: Streams, ids, cache, gamma: int, rows=None, positions=None, tree_mask=None):
