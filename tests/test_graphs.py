@@ -13,6 +13,7 @@ from mirror_sd.devices import on_cpu_worker, single_threaded
 from mirror_sd.errors import MirrorSDError
 from mirror_sd.methods.eagle import attach_head
 from mirror_sd.models.eagle import EagleHead
+from mirror_sd.models.exit_head import ExitHead, attach_exit_head
 from mirror_sd.models.forwards import FULL, forward, layers, stage_cache, staged
 from mirror_sd.models.llama import KVCache
 from mirror_sd.models.stages import MAX_WIDTH, StageCache, Stages, bucket
@@ -38,7 +39,8 @@ def random_streams(model, seed: int) -> Streams:
 @pytest.fixture(scope="module")
 def pair(tiny_dirs):
     """The tiny target and draft with graphs on, an EAGLE head reading an early feature, streams on
-    the target (for ss, both forms) and on the draft (for sd and mirror's streams options)."""
+    the target (for ss, both forms) and on the draft (for sd and mirror's streams options), and an
+    early-exit head at layer 1 (for mirror)."""
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
 
     def add_ons():  # on the CPU worker: torch work on this thread would start an OpenMP pool here
@@ -49,6 +51,9 @@ def pair(tiny_dirs):
         pair.streams = pair.one_forward_streams = random_streams(pair.target, seed=1)
         pair.attached_streams = True
         pair.draft_streams = random_streams(pair.draft, seed=2)
+        exit_head = ExitHead.for_target(pair.target, 1, rank=4)
+        torch.nn.init.normal_(exit_head.up.weight, std=0.5)
+        attach_exit_head(pair, exit_head)
     on_cpu_worker(add_ons)
     return pair
 
@@ -95,10 +100,11 @@ METHODS = [
     ("sd", dict(gamma=3), {"full"}),
     ("sd", dict(gamma=3, streams=1), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("sd", dict(gamma=3, streams=2), {"full"}),  # its forwards carry stream rows: plain, but on the stage cache
-    ("mirror", dict(gamma=3, exit_layer=1, lookup=0), {"full", "layers 0-1", "layers 1-2 + head"}),
-    ("mirror", dict(gamma=2, exit_layer=1, streams=1, branch_budget=4),
-     {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
-    ("eagle", dict(depth=3, top_k=3, total_tokens=8), {"layers 0-1", "layers 1-2"}),
+    ("mirror", dict(gamma=3, exit_layer=1, lookup=0),  # the trained exit head, in a stage of its own
+     {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),
+    ("mirror", dict(gamma=2, exit_layer=1, streams=1, branch_budget=4, exit_head=0),
+     {"full", "layers 0-1", "early exit at 1", "layers 1-2 + head", "streams 1-2"}),
+    ("eagle", dict(depth=3, top_k=3, total_tokens=8), {"layers 0-1", "layers 1-2", "pairs", "pairs + early features"}),
     ("ss", dict(gamma=3, top_k=2, total_tokens=4), {"layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("ss", dict(gamma=3, one_forward=1), set()),  # the streams ride in every forward: plain
 ]
@@ -227,3 +233,40 @@ def test_other_streams_on_the_same_model_get_stages_of_their_own(pair, target):
     at = torch.tensor([[4]], device=target.device)
     pair.streams(target, stage, h, at)
     assert torch.allclose(other(target, stage, h, at), other(target, plain, h, at), atol=ATOL)
+
+
+def test_the_eagle_head_on_its_stages_gives_the_plain_features(pair, target, stage_runs):
+    from mirror_sd.methods.eagle import head_for
+    from mirror_sd.models.eagle import HeadStages
+
+    head, d = head_for(pair), target.args.hidden_size
+    plain, stage = head.new_cache(100), stage_cache({}, head, 100, [], stage_set=HeadStages)
+    torch.manual_seed(4)
+    feats, early = torch.randn(1, 5, d), torch.randn(1, 5, len(head.early_layers) * d)  # five pending pairs
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    tree = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0, 1, 0], [1, 1, 1, 1, 1, 1, 0, 1]],
+                        dtype=torch.bool)  # three frontier nodes over the five slots and themselves
+    for cache in (plain, stage):
+        first = head(feats, ids, cache, early=early)  # [1, 5, d]
+        level = head(first[:, [4, 4, 3]], torch.tensor([[2, 7, 8]]), cache, torch.tensor([[5, 5, 6]]), tree)
+        cache.outputs = first, level
+    for got, expected in zip(stage.outputs, plain.outputs):
+        assert torch.allclose(got, expected, atol=ATOL)
+    assert stage.length == plain.length == 8
+    assert {name for _, name in stage_runs} == {"pairs", "pairs + early features"}
+
+
+def test_the_token_channel_on_its_stages_gives_the_plain_candidates(pair, target):
+    from types import SimpleNamespace
+
+    from mirror_sd.methods.mirror import target_ranges, token_channel
+
+    run = SimpleNamespace(pair=pair)
+    for head in (None, pair.exit_head):
+        plain, stage = caches(target, ranges=target_ranges(pair, 1, head))
+        got, expected = (token_channel(run, cache, [4, 8, 2], 1, 3, head) for cache in (stage, plain))
+        assert torch.allclose(got[0], expected[0], atol=ATOL)  # the prefix's hidden states
+        assert torch.equal(got[1], expected[1])  # the top-kappa ids
+        for a, b in zip(got[2:], expected[2:]):
+            assert torch.allclose(a, b, atol=ATOL)  # their log-probs, and the window's
+        assert stage.length == plain.length == 5

@@ -39,7 +39,7 @@ import torch
 from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, best_subtree, graft, sampled_chain, tree_mask, tree_positions
 from ..errors import MirrorSDError
-from ..models.eagle import EMBEDDED_HEAD, EagleHead, feature_ranges, load_head, target_features
+from ..models.eagle import EMBEDDED_HEAD, EagleHead, HeadStages, feature_ranges, load_head, target_features
 from ..models.loading import EMBEDDED_NAME
 from ..sampling import to_target_vocab
 from ..trace import Step
@@ -193,7 +193,8 @@ def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
     target, lane, head = pair.target, run.target_lane, head_for(pair)
     ranges = [(a, b, False) for a, b in feature_ranges(target, head.early_layers)]
     cache = pair.new_cache(target, run.cache_slots + total_tokens + lookup, ranges)
-    head_cache = head.new_cache(run.cache_slots + total_tokens + depth * top_k)
+    head_cache = pair.new_cache(head, run.cache_slots + total_tokens + depth * top_k, ranges=[],
+                                lane=pair.target_lane, stage_set=HeadStages)  # the head runs on the target lane
     P = len(run.prompt_ids)
     early_layers = head.early_layers
     feats, early, token = lane.run("prefill", prefill, run, cache, early_layers, label=f"prefill {P} tokens",

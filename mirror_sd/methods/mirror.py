@@ -4,7 +4,7 @@ One step, with the window W = [last committed token, d1 .. d_gamma]:
 
 1. Target lane, layers [0, exit_layer) over W, then the target's own final norm + LM head on those
    hidden states (an early exit; only the rows of the draft's vocabulary when it has a reduced
-   one: ``early_exit``; with a trained exit head (``exit_head``; by default wherever the target has
+   one: ``exit_reader``; with a trained exit head (``exit_head``; by default wherever the target has
    one) the hidden states first go through it, models/exit_head.py): the top-kappa tokens and
    log-probs at every window position.
    This token channel is all that crosses to the draft lane (ids and log-probs, O(gamma * kappa)).
@@ -47,9 +47,8 @@ import torch
 
 from ..drafting import make_drafter
 from ..drafting.lookup import copy_from_context
-from ..models.exit_head import available_exit_head, exit_head_for
+from ..models.exit_head import EarlyExit, available_exit_head, exit_head_for
 from ..models.forwards import FULL, layers
-from ..models.linear import linear
 from ..models.streams import draft_streams, split_forward, split_ranges
 from ..sampling import to_target_vocab
 from ..trace import Rendezvous, Step
@@ -73,23 +72,39 @@ def default_exit_layer(num_layers: int) -> int:
     return max(1, num_layers * 3 // 4)
 
 
-def early_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
-    """The target's final norm and LM head on early-exit hidden states [1, T, d]: log-probs [T, V].
+def exit_reader(pair, head=None, draft_rows: bool = True) -> EarlyExit:
+    """The module that reads the exit layer for the token channel (models/exit_head.py: EarlyExit),
+    made once per pair and trained ``head`` (None: the logit lens).
 
-    With a reduced-vocabulary draft (a ``vocab_map``) only the head rows of the draft's tokens are
-    computed, and the other tokens get -inf: a fraction of the work (8,192 of 49,152 rows for the
-    shipped draft), while the early-exit candidates it loses are rare tokens (measured:
+    With a reduced-vocabulary draft (a ``vocab_map``) and ``draft_rows``, it computes only the
+    target's LM-head rows of the draft's tokens: a fraction of the work (8,192 of 49,152 rows for
+    the shipped draft), while the early-exit candidates it loses are rare tokens (measured:
     docs/experiments/mirror.md#with-copied-windows-and-the-early-exit-over-the-drafts-rows).
     """
-    target, vocab_map = pair.target, pair.draft.vocab_map
-    if vocab_map is None or target.layer_devices:
+    target, vocab_map = pair.target, pair.draft.vocab_map if draft_rows else None
+    key = (head, vocab_map is not None)
+    if key not in pair.early_exits:
+        weight = target.lm_head.weight.detach()
+        if vocab_map is not None and pair.early_exit_rows is None:  # [rows, d]: the rows of the draft's tokens
+            pair.early_exit_rows = weight[vocab_map.to(target.device)].clone()
+        rows = weight if vocab_map is None else pair.early_exit_rows
+        pair.early_exits[key] = EarlyExit(target, rows, head, vocab_map)
+    return pair.early_exits[key]
+
+
+def on_target_vocab(pair, logp: torch.Tensor, reader: EarlyExit) -> torch.Tensor:
+    """Log-probs over the reader's rows [T, rows] laid out on the target's vocabulary [T, V] (-inf
+    for tokens outside the draft's vocabulary)."""
+    return to_target_vocab(logp, reader.vocab_map, pair.target.args.vocab_size)
+
+
+def early_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
+    """The logit lens on hidden states [1, T, d] (already through a trained head, if any): the target's
+    final norm and LM head (the draft's rows of it, ``exit_reader``): log-probs [T, V]."""
+    if pair.target.layer_devices:
         return full_head_exit(pair, hidden)
-    vocab_map = vocab_map.to(target.device)
-    if pair.early_exit_rows is None:  # [rows, d]: the target's LM-head rows of the draft's tokens
-        pair.early_exit_rows = target.lm_head.weight.detach()[vocab_map].clone()
-    rows = pair.early_exit_rows
-    logp = torch.log_softmax(linear(target.model.norm(hidden[0]), rows).float(), dim=-1)  # [T, rows]
-    return to_target_vocab(logp, vocab_map, target.args.vocab_size)
+    reader = exit_reader(pair)
+    return on_target_vocab(pair, reader(hidden)[0], reader)
 
 
 def full_head_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
@@ -113,19 +128,25 @@ def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, he
     draft lane: top-kappa ids and log-probs [T, kappa], and the early-exit log-prob of each draft
     token d_{i+1} at position i [T - 1].
     """
-    target = run.pair.target
+    pair, target = run.pair, run.pair.target
     ids = torch.tensor([window], device=target.device)  # [1, T]
     hidden = layers(target, ids, cache, 0, exit_layer)  # [1, T, d]
-    exit_logp = early_exit(run.pair, hidden if head is None else head(hidden))  # [T, V]
+    if target.layer_devices:  # sharded: the plain forwards, the whole LM head
+        exit_logp = full_head_exit(pair, hidden if head is None else head(hidden))  # [T, V]
+    else:  # one stage of its own on a stage cache
+        reader = exit_reader(pair, head)
+        exit_logp = on_target_vocab(pair, layers(target, hidden, cache, exit_layer, exit_layer, head=reader)[0], reader)
     top = exit_logp.topk(kappa, dim=-1)
     drafted = torch.tensor(window[1:], device=exit_logp.device)
     window_logp = exit_logp[:-1].gather(-1, drafted[:, None])[:, 0]
     return hidden, top.indices.cpu(), top.values.cpu(), window_logp.cpu()
 
 
-def target_ranges(exit_layer: int) -> list:
-    """The target's layer ranges: the prefill's full forward, the prefix and the suffix (with the head)."""
-    return [FULL, *split_ranges(exit_layer)]
+def target_ranges(pair, exit_layer: int, head=None) -> list:
+    """The target's layer ranges: the prefill's full forward, the prefix, the early exit (through the
+    trained ``head``, if any) and the suffix (with the LM head)."""
+    exit_range = [] if pair.target.layer_devices else [(exit_layer, exit_layer, exit_reader(pair, head))]
+    return [FULL, *split_ranges(exit_layer), *exit_range]
 
 
 def target_suffix(run, cache, hidden, exit_layer: int, rollouts=None) -> torch.Tensor:
@@ -257,7 +278,7 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
     exit_layer = exit_layer or default_exit_layer(pair.target.num_layers)
     head = choose_exit_head(pair, exit_layer, exit_head)  # None: the logit lens
     target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=branch_budget * gamma + lookup,
-                                                    target_ranges=target_ranges(exit_layer),
+                                                    target_ranges=target_ranges(pair, exit_layer, head),
                                                     draft_ranges=fresh.layer_ranges(pair))  # the rollouts' too
     yield first
     window, q = None, None

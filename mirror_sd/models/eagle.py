@@ -19,6 +19,7 @@ same rollback / keep as the target's, and takes the same position ids and tree m
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -26,9 +27,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import MirrorSDError
-from .forwards import layers
+from .forwards import layers, staged
 from .linear import Linear, linear
 from .llama import DecoderLayer, KVCache, ModelArgs, Transformer
+from .stages import MAX_WIDTH, Stage, Stages
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_HEAD = ASSETS / "eagle-smollm2-135m"
@@ -74,6 +76,9 @@ def check_early_layers(target: Transformer, early_layers) -> tuple[int, ...]:
 
 
 class EagleHead(nn.Module):
+    layer_devices = None  # never sharded (models/stages.py asks)
+    num_layers = 1
+
     def __init__(self, args: ModelArgs, vocab_map: torch.Tensor, embed_weight: torch.Tensor,
                  head_rows: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, early_layers=()):
         super().__init__()
@@ -127,20 +132,79 @@ class EagleHead(nn.Module):
 
         early [B, T, len(early_layers) * d]: the early features of true target features (None where
         feats are the head's own predictions). With a cache, the T entries go to the slots after
-        ``cache.length``, which moves past them.
+        ``cache.length``, which moves past them. With the cache of a :class:`HeadStages`, on its
+        stage (at most 64 rows).
         """
-        if early is not None and self.early_layers:
-            feats = feats.to(self.dtype) + self.fuse(early.to(self.dtype))
-        x = self.fc(torch.cat([feats.to(self.dtype), nn.functional.embedding(ids, self.embed_weight)], dim=-1))
-        win = self.window(cache, ids.shape[1], positions, tree_mask, batch=ids.shape[0])
+        stages = staged(self, cache)
+        T = ids.shape[1]
+        if stages is not None and T <= MAX_WIDTH and ids.shape[0] == stages.cache.k.shape[1]:
+            early = early if self.early_layers else None
+            h = stages.run(HeadStages.name(early), ids, positions, tree_mask, feats=feats, early=early)
+            cache.length += T
+            return h
+        x = self.inputs(feats, ids, early)
+        win = self.window(cache, T, positions, tree_mask, batch=ids.shape[0])
         h = self.layer(x, win, cache, 0)
         if cache is not None:
-            cache.length = win.start + ids.shape[1]
+            cache.length = win.start + T
         return h
+
+    def inputs(self, feats, ids, early=None) -> torch.Tensor:
+        """The decoder layer's input for (feature, token) pairs feats [B, T, d], ids [B, T]: [B, T, d]."""
+        if early is not None and self.early_layers:
+            feats = feats.to(self.dtype) + self.fuse(early.to(self.dtype))
+        return self.fc(torch.cat([feats.to(self.dtype), nn.functional.embedding(ids, self.embed_weight)], dim=-1))
 
     def logits(self, feats: torch.Tensor) -> torch.Tensor:
         """Predicted features [..., d] -> logits over the head's rows [..., rows] (fp32)."""
         return linear(feats, self.head_rows).float()
+
+
+class HeadStage(Stage):
+    """The head's forward at a fixed width (models/stages.py): a Stage's token ids, positions, mask
+    and write slots, and static buffers of its own for the features (and early features) the pairs
+    bring."""
+
+    def __init__(self, head: EagleHead, width: int, cache, early: bool):
+        super().__init__(head, width, cache, layers=(0, 1), head=False)  # self.x: the pairs' token ids
+        B, d = self.batch, head.args.hidden_size
+        self.feats = torch.zeros(B, width, d, dtype=head.dtype, device=head.device)
+        self.early = (torch.zeros(B, width, len(head.early_layers) * d, dtype=head.dtype, device=head.device)
+                      if early else None)
+
+    def run(self, ids, positions=None, mask=None, feats=None, early=None) -> torch.Tensor:
+        """The head's output [B, T, d] for T pairs of token ids [B, T] and features ``feats`` [B, T, d]
+        (see ``EagleHead.forward``); the cache's length does not move."""
+        with torch.inference_mode():
+            T = self.load(ids, positions, mask)
+            self.feats.zero_()
+            self.feats[:, :T] = feats
+            if self.early is not None:
+                self.early.zero_()
+                self.early[:, :T] = early
+            self.replay()
+        return self.out[:, :T].clone()
+
+    def body(self) -> torch.Tensor:
+        head = self.model
+        x = head.inputs(self.feats, self.x, self.early)  # [B, W, d]
+        win = head.window(None, self.width, positions=self.positions, batch=self.batch)
+        return head.layer(x, replace(win, mask=self.mask, causal=False), self.writer, 0)
+
+
+class HeadStages(Stages):
+    """An EAGLE head's stages: its forward over pairs with early features and without, at every width."""
+
+    def __init__(self, head: EagleHead, max_slots: int, batch: int = 1, graphs: bool | None = None, stream=None):
+        super().__init__(head, max_slots, batch, graphs, stream)
+        self.kinds = {self.name(None): None, **({self.name(True): None} if head.early_layers else {})}
+
+    @staticmethod
+    def name(early) -> str:
+        return "pairs" if early is None else "pairs + early features"
+
+    def make(self, name: str, width: int) -> HeadStage:
+        return HeadStage(self.model, width, self.cache, early=name == self.name(True))
 
 
 def save_head(head: EagleHead, out: Path, card: dict):

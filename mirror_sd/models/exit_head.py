@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import MirrorSDError
-from .linear import Linear
+from .linear import Linear, linear
 from .llama import Transformer
 
 EMBEDDED_EXIT_HEAD = Path(__file__).resolve().parent.parent / "assets" / "exit-head-smollm2-135m"
@@ -63,6 +63,28 @@ class ExitHead(nn.Module):
         rms = (h.float().pow(2).mean(-1, keepdim=True) + self.eps).sqrt()  # [.., 1]
         delta = self.up(self.down((h.float() / rms).to(self.up.weight.dtype)))  # [.., d]
         return h + (delta.float() * rms).to(h.dtype)
+
+
+class EarlyExit(nn.Module):
+    """What Mirror-SD's token channel reads the exit layer's hidden states with: the trained head
+    (if given), then the target's final norm and LM-head ``rows`` (the draft's vocabulary, or the
+    whole head), then log_softmax: [B, T, d] -> log-probs [B, T, rows] (fp32); ``vocab_map``: the
+    target id of each row (None: the whole head). A module, so that a stage can run it in place of
+    the LM head (models/forwards.py)."""
+
+    def __init__(self, target: Transformer, rows: torch.Tensor, head: ExitHead | None = None,
+                 vocab_map: torch.Tensor | None = None):
+        super().__init__()
+        self.norm, self.rows, self.head, self.vocab_map = target.model.norm, rows, head, vocab_map
+
+    @property
+    def stage_name(self) -> str:
+        return "trained early exit" if self.head is not None else "early exit"
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.head is not None:
+            h = self.head(h)
+        return torch.log_softmax(linear(self.norm(h), self.rows).float(), dim=-1)
 
 
 def signature(target: Transformer, exit_layer: int) -> list[float]:

@@ -24,8 +24,10 @@ from .llama import KVCache, Transformer
 from .stages import MAX_WIDTH, Stages
 
 SLOT_STEP = 512  # a stage set's cache grows in steps of this many slots (a new set, captured anew)
-# Layers [a, b) (b None: to the last), then the LM head if True; or, with a Streams object in place of
-# the flag, those layers over that Streams' rows, then its head (``stream_layers``).
+# Layers [a, b) (b None: to the last), then the LM head if True. In place of the flag: a module that
+# reads the hidden states instead of the LM head (Mirror-SD's EarlyExit), or a Streams object: those
+# layers over its stream rows, then its head (``stream_layers``). Such a module names its stages
+# (``stage_name``).
 Range = tuple[int, int | None, object]
 FULL: Range = (0, None, True)
 
@@ -35,23 +37,24 @@ def range_name(model: Transformer, a: int, b: int | None, head) -> str:
     for stream rows."""
     b = model.num_layers if b is None else b
     if not isinstance(head, bool):
-        return f"streams {a}-{b}"
+        return f"{head.stage_name} {a}-{b}" if a < b else f"{head.stage_name} at {a}"
     if (a, b, head) == (0, model.num_layers, True):
         return "full"
     return f"layers {a}-{b}" + (" + head" if head else "")
 
 
 def stage_cache(sets: dict, model: Transformer, slots: int, ranges: list[Range] = (FULL,), stream=None,
-                progress: Callable[[int], object] | None = None) -> KVCache:
+                progress: Callable[[int], object] | None = None, stage_set: type = Stages) -> KVCache:
     """The cache of ``model``'s stage set in ``sets`` (model -> Stages), emptied, with at least
-    ``slots`` usable slots, and every stage of ``ranges`` made at every width (on CUDA: captured
-    now, on ``stream``, so that no step pays for a capture and no capture runs beside another
-    lane's work). A set too small for ``slots`` is replaced by a bigger one.
+    ``slots`` usable slots, and every stage of ``ranges`` (none: every forward the set names) made
+    at every width (on CUDA: captured now, on ``stream``, so that no step pays for a capture and no
+    capture runs beside another lane's work). A set too small for ``slots`` is replaced by a bigger
+    one. ``stage_set``: the set's class (models/eagle.py's ``HeadStages`` for an EAGLE head).
 
     progress(total) -> a callable(done, total) for the stages still to make, or None."""
     stages = sets.get(model)
     if stages is None or stages.cache.max_slots < slots:
-        stages = sets[model] = Stages(model, -(-slots // SLOT_STEP) * SLOT_STEP, stream=stream)
+        stages = sets[model] = stage_set(model, -(-slots // SLOT_STEP) * SLOT_STEP, stream=stream)
     names = [name_range(stages, r) for r in ranges if r[0] != r[1] or r[2]]  # (a, a, False): no work
     missing = stages.missing(names)
     stages.capture_all(names, progress=progress(len(missing)) if progress and missing else None)
@@ -63,7 +66,7 @@ def name_range(stages: Stages, r: Range) -> str:
     """Add layer range ``r`` to a stage set (if new) and return its name."""
     a, b, head = r
     name = range_name(stages.model, a, b, head)
-    streams = None if isinstance(head, bool) else head
+    streams = head if getattr(head, "stream_rows", False) else None
     kind = ((a, stages.model.num_layers if b is None else b), head if streams is None else True, streams)
     if stages.kinds.get(name) != kind:
         stages.add(name, *kind)
@@ -97,7 +100,8 @@ def layers(model: Transformer, x: torch.Tensor, cache, a: int, b: int | None = N
     ``last`` rows only, if given). Returns hidden states [B, T, d] or logits [B, T or last, V]. The
     cache's length does not move: the caller commits.
 
-    positions and tree_mask as in ``Transformer.window``. each_layer(): called before each layer
+    positions and tree_mask as in ``Transformer.window``. head may also be a module that reads the
+    hidden states instead of the LM head (a ``Range``'s). each_layer(): called before each layer
     and before the head on the plain path, once before a stage (Mirror-SD widens its CPU threads
     there)."""
     b = model.num_layers if b is None else b
@@ -158,7 +162,8 @@ def _plain_layers(model, x, cache, a, b, positions, tree_mask, head, last, each_
             each_layer()
             h = model.forward_layers(h, cache, win, layer, layer + 1)
         each_layer()
-    if not head:
+    if head is False:
         return h
-    return model.head(h if last is None else h[:, -last:])
+    read = model.head if head is True else head
+    return read(h if last is None else h[:, -last:])
 

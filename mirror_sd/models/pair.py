@@ -12,6 +12,7 @@ from ..errors import MirrorSDError
 from .linear import INT8
 from .forwards import FULL, stage_cache
 from .llama import Transformer
+from .stages import Stages
 from .loading import EMBEDDED_NAME, load_model, load_tokenizer, resolve_model_dir
 from .sharding import needs_sharding, shard_over
 
@@ -40,6 +41,7 @@ class ModelPair:
     attached_streams: bool = field(default=False, repr=False)  # streams came from use_streams, not the package
     draft_streams: object = field(default=None, repr=False)  # the draft's speculative streams (drafting/streamed.py)
     early_exit_rows: torch.Tensor | None = field(default=None, repr=False)  # Mirror-SD's exit head rows
+    early_exits: dict = field(default_factory=dict, repr=False)  # Mirror-SD: (exit head, rows?) -> its EarlyExit
     exit_head: object = field(default=None, repr=False)  # Mirror-SD's trained early-exit head (models/exit_head.py)
     loaded_drafts: dict = field(default_factory=dict, repr=False)  # use_draft: name -> (model, name, folder)
     graphs: str = "auto"  # fixed-shape stages: "on", "off", or "auto" (on for CUDA lanes); see new_cache
@@ -80,6 +82,7 @@ class ModelPair:
                                           self.target.dtype, self.target.model.embed_tokens.weight)
         self.draft, self.draft_name, self.draft_dir = loaded[draft]
         self.draft_streams = self.early_exit_rows = None
+        self.early_exits = {}
 
     @property
     def int8_drafting(self) -> bool:
@@ -95,23 +98,26 @@ class ModelPair:
         """The lane a model runs on: the target's, or the draft lane for any draft."""
         return self.target_lane if model is self.target else self.draft_lane
 
-    def stages_on(self, model: Transformer) -> bool:
-        """Whether runs of ``model`` go through fixed-shape stages: graphs "on", or "auto" on a CUDA
-        lane; never for a model sharded over devices (no stages there yet)."""
-        on = self.graphs == "on" or (self.graphs == "auto" and self.lane_of(model).device.type == "cuda")
+    def stages_on(self, model: Transformer, lane: Lane | None = None) -> bool:
+        """Whether runs of ``model`` (on ``lane``; None: ``lane_of(model)``) go through fixed-shape
+        stages: graphs "on", or "auto" on a CUDA lane; never for a model sharded over devices."""
+        lane = lane or self.lane_of(model)
+        on = self.graphs == "on" or (self.graphs == "auto" and lane.device.type == "cuda")
         return on and not model.layer_devices
 
-    def new_cache(self, model: Transformer, slots: int, ranges=(FULL,)):
-        """A KV cache of at least ``slots`` slots for a run of ``model`` (the target or the draft),
-        for the forwards of models/forwards.py. With stages on (``stages_on``) it is the cache of
-        the model's stage set, whose stages for the layer ``ranges`` the run uses ((a, b, head);
+    def new_cache(self, model: Transformer, slots: int, ranges=(FULL,), lane: Lane | None = None,
+                  stage_set: type = Stages):
+        """A KV cache of at least ``slots`` slots for a run of ``model`` (the target or the draft;
+        another model, such as an EAGLE head, names its ``lane`` and its ``stage_set`` class), for
+        the forwards of models/forwards.py. With stages on (``stages_on``) it is the cache of the
+        model's stage set, whose stages for the layer ``ranges`` the run uses ((a, b, head);
         default: the full forward) are made now, before any step: on a CUDA lane that is when they
         are captured as CUDA graphs, with a progress bar. Otherwise a plain cache."""
-        if not self.stages_on(model):
+        lane = lane or self.lane_of(model)
+        if not self.stages_on(model, lane):
             return model.new_cache(slots)
-        lane = self.lane_of(model)
         return stage_cache(self.stage_sets, model, slots, list(ranges), lane.stream,
-                           _capture_bar(lane) if lane.device.type == "cuda" else None)
+                           _capture_bar(lane) if lane.device.type == "cuda" else None, stage_set)
 
     def describe(self) -> dict:
         """Models and lanes, for traces and reports."""

@@ -28,16 +28,18 @@ The methods run on stages with ``load_pair(graphs="on")`` (or "auto" on a CUDA l
 models/forwards.py: a method names the layer ranges it runs when it makes its cache, and they are
 made (captured) then, before the first step. On stages now: vanilla's forwards; sd's verify and
 its draft's forwards (token by token, and the streamed drafter's main rows and stream rows);
-Mirror-SD's target prefix and suffix, its fallback drafts and its branch rollouts (up to 64 rows;
-with streams, their stream rows too); EAGLE's target forwards (its prefill and tree verification,
-at the ranges its head's early features need); ss's main rows and its streams pass with
-``one_forward=0``; every prefill, as 64-row chunks. Stream rows (a ``streams`` stage) keep their
-keys and values in scratch slots, which is how a stage stores nothing for them.
+Mirror-SD's target prefix, its early exit (trained head, final norm, LM-head rows, log_softmax: a
+stage of its own), its suffix, its fallback drafts and its branch rollouts (up to 64 rows; with
+streams, their stream rows too); EAGLE's target forwards (its prefill and tree verification, at
+the ranges its head's early features need) and its head's forwards (models/eagle.py:
+``HeadStages``); ss's main rows and its streams pass with ``one_forward=0``; every prefill, as
+64-row chunks. Stream rows (a ``streams`` stage) keep their keys and values in scratch slots,
+which is how a stage stores nothing for them.
 
-Not yet here (these run the plain forward, on the same cache, with graphs on): the EAGLE head,
-forwards where stream rows ride behind main rows (``one_forward=1``, the draft's ``streams=2``),
-Mirror-SD's early exit (the final norm and LM head rows of the prefix, or its trained exit head),
-the LM head of EAGLE's features, tree windows of more than 64 rows, and any sharded model. The host still reads every step's result (no
+Not yet here (these run the plain forward, on the same cache, with graphs on): forwards where
+stream rows ride behind main rows (``one_forward=1``, the draft's ``streams=2``), the LM head over
+EAGLE's features and its head's logits (one product each), tree windows of more than 64 rows, and
+any sharded model. The host still reads every step's result (no
 rendezvous on CUDA events) and spans come from host timestamps, not CUDA events.
 """
 from __future__ import annotations
@@ -117,7 +119,8 @@ def full_mask(tree_mask: torch.Tensor | None, T: int, start: int, device) -> tor
 class Stage:
     """One fixed-shape forward of ``model``: layers [a, b) at ``width`` rows, from token ids (a == 0,
     with the embedding) or hidden states, to logits (head=True: final norm and LM head) or hidden
-    states. ``layers=(N, N), head=True`` is the LM head alone.
+    states. ``layers=(N, N), head=True`` is the LM head alone. ``head`` may also be a module that
+    reads the hidden states instead (Mirror-SD's early exit).
 
     With ``streams`` (models/streams.py) the rows are speculative stream rows entering layer a: their
     keys and values go to scratch slots (stored nowhere a real row reads), the streams' adapters act
@@ -232,7 +235,9 @@ class Stage:
             h = model.forward_layers(h, self.writer, win, a, b)
         if self.streams is not None:
             return self.streams.logits(model, h)  # [B, W, head rows]
-        return model.head(h) if self.head else h
+        if self.head is True:
+            return model.head(h)
+        return self.head(h) if self.head else h  # a module in place of the LM head, or none
 
     def load_padding(self):
         """Buffers as for a window of padding rows only: running them writes scratch slots only."""
@@ -302,16 +307,21 @@ class Stages:
             raise MirrorSDError(f"no stage {name!r} (stages: {', '.join(self.kinds)})")
         key = (name, bucket(width))
         if key not in self._stages:
-            layers, head, streams = self.kinds[name]
-            stage = Stage(self.model, key[1], self.cache, layers, head, streams)
+            stage = self.make(name, key[1])
             if self.graphs:
                 stage.capture(self.pool, self.stream)
             self._stages[key] = stage
         return self._stages[key]
 
-    def run(self, name: str, x: torch.Tensor, positions=None, mask=None) -> torch.Tensor:
-        """Stage ``name`` over x's T rows at the bucket of T (see :meth:`Stage.run`)."""
-        return self.stage(name, x.shape[1]).run(x, positions, mask)
+    def make(self, name: str, width: int) -> Stage:
+        """A new stage of the forward ``name`` at ``width`` rows (not captured yet)."""
+        layers, head, streams = self.kinds[name]
+        return Stage(self.model, width, self.cache, layers, head, streams)
+
+    def run(self, name: str, x: torch.Tensor, positions=None, mask=None, **inputs) -> torch.Tensor:
+        """Stage ``name`` over x's T rows at the bucket of T (see :meth:`Stage.run`; ``inputs``: what
+        a kind of stage reads besides, such as an EAGLE head's features)."""
+        return self.stage(name, x.shape[1]).run(x, positions, mask, **inputs)
 
     def missing(self, names=None, widths=BUCKETS) -> list[tuple[str, int]]:
         """The (name, width) stages not made yet (names None: every named forward)."""

@@ -58,6 +58,9 @@ def _linear_shapes(args: ModelArgs) -> dict[str, tuple[int, int]]:
 class Streams(nn.Module):
     """The trainable part: stream embeddings P [G, d] and LoRA pairs on the top N_s layers."""
 
+    stream_rows = True  # a stage range with Streams in place of the head runs its rows (models/forwards.py)
+    stage_name = "streams"
+
     def __init__(self, args: ModelArgs, config: StreamConfig, vocab_map: torch.Tensor | None = None):
         super().__init__()
         if not 1 <= config.stream_layers <= args.num_layers:
