@@ -153,10 +153,10 @@ def _run_stage(stages: Stages, name: str, x: torch.Tensor, cache, positions=None
 
 def _plain_layers(model, x, cache, a, b, positions, tree_mask, head, last, each_layer):
     """The model's own forward of layers [a, b) (and the head), as the methods ran it before stages."""
-    win = model.window(cache, x.shape[1], positions, tree_mask, batch=x.shape[0])
     h = x if x.is_floating_point() else model.embed(x)
+    win = model.window(cache, x.shape[1], positions, tree_mask, batch=x.shape[0]) if a < b else None
     if each_layer is None:
-        h = model.forward_layers(h, cache, win, a, b)
+        h = model.forward_layers(h, cache, win, a, b) if a < b else h
     else:
         for layer in range(a, b):
             each_layer()
