@@ -217,11 +217,12 @@ def rollout(run, cache, draft: list[int], branches: list[Branch], gamma: int) ->
     n, B = len(run.sequence), len(branches)
     ids, positions, mask, owner, depth, may_see = tree_layout(run, cache, draft, branches)
     for k in range(gamma):
-        logits = _forward_rows(model, cache, ids, positions, mask, rows=B)  # [B, V_draft]
-        for b, row in zip(branches, run.as_target_vocab(logits)):
-            if sampler.greedy:
-                b.tokens.append(int(row.argmax()))
-            else:
+        logits = run.as_target_vocab(_forward_rows(model, cache, ids, positions, mask, rows=B))  # [B, V]
+        if sampler.greedy:  # one read of every branch's token (one wait for the device, not B)
+            for b, token in zip(branches, logits.argmax(-1).tolist()):
+                b.tokens.append(token)
+        else:
+            for b, row in zip(branches, logits):
                 b.q.append(sampler.probs(row))
                 b.tokens.append(sampler.sample(b.q[-1]))
         if k == gamma - 1:
