@@ -1,0 +1,60 @@
+"""Mirror-SD at several exit layers, each read by a trained early-exit head of its own.
+
+    python -m scripts.exit_layers --heads 22=mirror_sd/assets/exit-head-smollm2-135m 18=HEAD_18 \
+        [--kappas 2,4,8] [--per-category 2] [--max-new-tokens 64]
+
+A head is trained for one exit layer (``python -m mirror_sd.train exit-head --exit-layer L``), and a
+pair holds one head at a time, so a plain sweep of ``exit_layer`` would read every other layer with
+the logit lens. Here each mirror run gets the head of its layer attached before it runs (the warm-up
+too). Runs, interleaved prompt by prompt: vanilla (the reference), sd, then mirror at every (exit
+layer, kappa), the other options at their defaults. Every run must commit vanilla's tokens. Writes
+docs/sweeps/exit_layers_head.csv (or --out): per run, τ, hit rate, speed against vanilla, and the
+milliseconds per step of the target prefix, the rollouts, the suffix and the fallback drafts.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mirror_sd.models.exit_head import attach_exit_head, load_exit_head
+from mirror_sd.models.pair import load_pair
+
+from .comparison import SWEEPS, add_ms_per_step, bench_prompts, comparison_parser, interleave, save_checked, \
+    summarise_runs
+
+
+def parse_heads(specs: list[str]) -> dict[int, Path]:
+    """["22=FOLDER", ...] -> {22: FOLDER}."""
+    heads = {}
+    for spec in specs:
+        layer, sep, folder = spec.partition("=")
+        if not sep or not layer.isdigit():
+            raise SystemExit(f"--heads takes LAYER=FOLDER, got {spec!r}")
+        heads[int(layer)] = Path(folder)
+    return heads
+
+
+def main():
+    parser = comparison_parser(__doc__)
+    parser.add_argument("--heads", nargs="+", required=True, help="LAYER=FOLDER: a trained exit head per exit layer")
+    parser.add_argument("--kappas", default="4", help="token channel widths (comma-separated; default 4)")
+    parser.add_argument("--out", default=str(SWEEPS / "exit_layers_head.csv"), help="the CSV to write")
+    args = parser.parse_args()
+    pair = load_pair()
+    heads = {layer: load_exit_head(folder, pair.target) for layer, folder in parse_heads(args.heads).items()}
+    configs = [(layer, int(k)) for layer in sorted(heads) for k in args.kappas.split(",")]
+    runs = [("vanilla", {}), ("sd", {})] + [("mirror", dict(exit_layer=layer, kappa=k, exit_head=1))
+                                           for layer, k in configs]
+    labels = ["vanilla", "sd"] + [f"mirror exit {layer}, kappa {k}" for layer, k in configs]
+
+    def setup(index):
+        if index >= 2:
+            attach_exit_head(pair, heads[configs[index - 2][0]])
+
+    table = interleave(pair, bench_prompts(args.per_category), runs, args.max_new_tokens, setup, desc="exit layers")
+    summary, per_step = summarise_runs(table, labels)
+    add_ms_per_step(summary, per_step, ["target-prefix", "draft-rollout", "target-suffix", "fallback-draft"])
+    save_checked(summary, Path(args.out), "the exit head only chooses branches")
+
+
+if __name__ == "__main__":
+    main()
