@@ -1,15 +1,16 @@
 """The one seam between the methods and a model's forwards: plain, or on fixed-shape stages.
 
-Methods run a model (the target or the draft) through :func:`forward` and :func:`layers`, with a
-cache from ``ModelPair.new_cache``. With graphs off that cache is a plain ``KVCache`` and both call
+Methods run a model (the target or the draft) through :func:`forward`, :func:`layers` and
+:func:`stream_layers` (speculative stream rows), with a cache from ``ModelPair.new_cache``. (An
+EAGLE head routes its own forward the same way: models/eagle.py.) With graphs off that cache is a plain ``KVCache`` and both call
 the model's own forward, as they always did. With graphs on it is the ``StageCache`` of the model's
 :class:`~.stages.Stages` (``stage_cache``), and both run a stage of that set instead: a captured
 CUDA graph on a CUDA lane, the same fixed-shape forward eagerly elsewhere. Which one runs is
 decided here, from the cache, and nowhere in the methods.
 
 A stage set names each forward by its layer range (:func:`range_name`): "full" (every layer and
-the LM head) and the ranges a method asks for when it makes its cache (Mirror-SD's prefix and
-suffix, the streams' split, EAGLE's early-feature layers). A window a stage cannot hold runs the
+the LM head) and the ranges a method asks for when it makes its cache (Mirror-SD's prefix, early
+exit and suffix, the streams' split and their rows, EAGLE's early-feature layers). A window a stage cannot hold runs the
 plain forward on the same cache (a ``StageCache`` is a ``KVCache``): more than 64 rows under a tree
 mask, or a batch other than the set's. A causal window of more than 64 rows (a prefill) runs as
 64-row chunks, each attending to the chunks before it.
@@ -33,8 +34,8 @@ FULL: Range = (0, None, True)
 
 
 def range_name(model: Transformer, a: int, b: int | None, head) -> str:
-    """The stage name of layers [a, b) (then the head): "full" for the whole forward, "streams a-b"
-    for stream rows."""
+    """The stage name of layers [a, b) (then the head): "full" for the whole forward; with a module
+    in place of the head, its ``stage_name`` ("streams 26-30", "early exit at 22")."""
     b = model.num_layers if b is None else b
     if not isinstance(head, bool):
         return f"{head.stage_name} {a}-{b}" if a < b else f"{head.stage_name} at {a}"
