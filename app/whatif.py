@@ -30,7 +30,7 @@ vanilla one target forward; sd its draft forwards, then one target forward over 
 steps, then one target forward over the tree; Mirror-SD the target's layers up to the early exit, the token
 channel, then **the larger of** the target's remaining layers and the draft's branch rollouts (they run on two
 devices at once), then the rendezvous. On a miss no branch holds the next window, so a fresh draft runs first,
-on the critical path: at this pair's hit rate (about 0.2) those fallbacks, not the overlap, decide Mirror-SD's
+on the critical path: the more often it misses, the more those fallbacks, not the overlap, decide Mirror-SD's
 step time. This small pair's acceptance and hit rate carry over to the profile's bigger models; a bigger pair
 with a stronger draft would accept more and hit more: the controls below set both."""
 
@@ -58,7 +58,7 @@ def whatif_tab() -> SimpleNamespace:
     with gr.Row():
         ui.own = gr.Checkbox(True, label="Use this run's acceptance and hit rate")
         ui.alpha = gr.Slider(0.05, 0.95, value=0.6, step=0.05, label="Acceptance per draft token (α)")
-        ui.hit = gr.Slider(0.0, 1.0, value=0.2, step=0.05, label="Mirror-SD hit rate")
+        ui.hit = gr.Slider(0.0, 1.0, value=0.5, step=0.05, label="Mirror-SD hit rate")
     ui.curve = gr.Plot(label="MODELLED tradeoff: speedup vs draft cost", elem_id="whatif-curve")
     return ui
 
