@@ -242,13 +242,14 @@ def test_the_eagle_head_on_its_stages_gives_the_plain_features(pair, target, sta
     head, d = head_for(pair), target.args.hidden_size
     plain, stage = head.new_cache(100), stage_cache({}, head, 100, [], stage_set=HeadStages)
     torch.manual_seed(4)
-    feats, early = torch.randn(1, 5, d), torch.randn(1, 5, len(head.early_layers) * d)  # five pending pairs
-    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    at = dict(device=head.device)
+    feats, early = torch.randn(1, 5, d, **at), torch.randn(1, 5, len(head.early_layers) * d, **at)  # five pending pairs
+    ids = torch.tensor([[3, 1, 4, 1, 5]], **at)
     tree = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0, 1, 0], [1, 1, 1, 1, 1, 1, 0, 1]],
-                        dtype=torch.bool)  # three frontier nodes over the five slots and themselves
+                        dtype=torch.bool, **at)  # three frontier nodes over the five slots and themselves
     for cache in (plain, stage):
         first = head(feats, ids, cache, early=early)  # [1, 5, d]
-        level = head(first[:, [4, 4, 3]], torch.tensor([[2, 7, 8]]), cache, torch.tensor([[5, 5, 6]]), tree)
+        level = head(first[:, [4, 4, 3]], torch.tensor([[2, 7, 8]], **at), cache, torch.tensor([[5, 5, 6]], **at), tree)
         cache.outputs = first, level
     for got, expected in zip(stage.outputs, plain.outputs):
         assert torch.allclose(got, expected, atol=ATOL)
@@ -266,7 +267,11 @@ def test_the_token_channel_on_its_stages_gives_the_plain_candidates(pair, target
         plain, stage = caches(target, ranges=target_ranges(pair, 1, head))
         got, expected = (token_channel(run, cache, [4, 8, 2], 1, 3, head) for cache in (stage, plain))
         assert torch.allclose(got[0], expected[0], atol=ATOL)  # the prefix's hidden states
-        assert torch.equal(got[1], expected[1])  # the top-kappa ids
         for a, b in zip(got[2:], expected[2:]):
-            assert torch.allclose(a, b, atol=ATOL)  # their log-probs, and the window's
+            assert torch.allclose(a, b, atol=ATOL)  # the top-kappa log-probs, and the window's
+        apart = torch.ones_like(expected[1], dtype=torch.bool)  # candidates whose log-prob no neighbour ties
+        gaps = (expected[2][:, :-1] - expected[2][:, 1:]).abs() > 10 * ATOL
+        apart[:, :-1] &= gaps
+        apart[:, 1:] &= gaps
+        assert torch.equal(got[1][apart], expected[1][apart])  # the top-kappa ids
         assert stage.length == plain.length == 5
