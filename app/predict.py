@@ -7,6 +7,7 @@ from __future__ import annotations
 from statistics import median
 
 from .explain import explain
+from .figures import same_processor
 
 SKIP = "skip"
 HIT, MISS = "hit", "miss"
@@ -70,7 +71,37 @@ def reveal(current: dict, guess: str | None) -> str:
     if winner is None:
         return f"Your guess: **{title}**. No method ran to the end, so there is no answer this time."
     verdict = "**Right!**" if winner.method == guess else f"**Not this time** (you guessed {title})."
-    return f"{verdict} {why(winner, current)}"
+    behind = f" {mirror_behind_sd(current)}" if guess == "mirror" and winner.method != "mirror" else ""
+    return f"{verdict} {why(winner, current)}{behind}"
+
+
+def mirror_behind_sd(current: dict) -> str:
+    """Why Mirror-SD fell behind speculative decoding in this race, from both runs' steps: what a step
+    on a hit's window cost against an sd step, and whether the draft lane shared the target's
+    processor. '' when either did not finish or Mirror-SD had no step on a hit's window."""
+    mirror, sd = current.get("mirror"), current.get("sd")
+    if not all(r is not None and r.finished in ("eos", "length") for r in (mirror, sd)):
+        return ""
+    costs, sd_costs = mirror.trace.step_costs(), sd.trace.step_costs()
+    hits = costs[costs.kind.str.startswith("hit's branch")]
+    if hits.empty or sd_costs.empty or _speed(mirror) >= _speed(sd):
+        return ""
+    hit_ms, sd_ms = hits.ms.mean(), sd_costs.ms.mean()
+    text = (f"Why not Mirror-SD: its steps on a window a hit had drafted took {hit_ms:.0f} ms for "
+            f"{hits.tokens.mean():.2f} tokens, against {sd_ms:.0f} ms for {sd_costs.tokens.mean():.2f} in speculative "
+            "decoding's steps")
+    fallbacks = costs[costs.kind.str.startswith("fallback")]
+    if hit_ms > sd_ms:
+        text += ": a hit saves the draft, but here splitting the target around the rollouts cost more than that."
+    elif not fallbacks.empty:
+        text += (f"; but {len(fallbacks) / len(costs):.0%} of its steps came after a miss and drafted afresh first, "
+                 f"{fallbacks.ms.mean():.0f} ms each.")
+    else:
+        text += "."
+    if same_processor(list(mirror.trace.lanes)):
+        text += (" On this machine its draft lane is part of the same processor as the target, so the branch "
+                 "rollouts slow the target's last layers instead of running beside them for free.")
+    return text
 
 
 def next_step(trace, index: int):

@@ -128,6 +128,16 @@ class Step:
     draft: DraftWork | None = None  # how the draft model made the window (sd)
     rendezvous: Rendezvous | None = None  # Mirror-SD's branches and hit
 
+    @property
+    def kind(self) -> str:
+        """'step' for a method without rendezvous; for a Mirror-SD step 'WINDOW -> OUTCOME': where its
+        window came from (a hit's branch, a copy from the context, a fallback draft) and hit or miss."""
+        r = self.rendezvous
+        if r is None:
+            return "step"
+        window = "copied" if r.copied else "fallback" if r.fallback else "hit's branch"
+        return f"{window} -> {'hit' if r.hit else 'miss'}"
+
     def records(self) -> list[Record]:
         return [r for r in (getattr(self, name) for name in RECORDS) if r is not None]
 
@@ -220,6 +230,23 @@ class Trace:
 
     def steps_frame(self) -> pd.DataFrame:
         return pd.DataFrame([s.columns() for s in self.steps])
+
+    def step_costs(self) -> pd.DataFrame:
+        """One row per decoding step: its kind (``Step.kind``), wall ms and committed tokens. A step
+        runs from its first span's start to the next step's first span (so the host's gaps between
+        steps count); the last one to its own last span."""
+        starts, ends = {}, {}
+        for s in self.spans:
+            if s.step:  # step 0 is the prefill
+                starts[s.step] = min(starts.get(s.step, s.start), s.start)
+                ends[s.step] = max(ends.get(s.step, s.end), s.end)
+        order = sorted(starts)
+        following = dict(zip(order, order[1:]))
+        rows = [dict(kind=step.kind, ms=1000 * ((starts[following[step.index]] if step.index in following
+                                                 else ends[step.index]) - starts[step.index]),
+                     tokens=len(step.committed))
+                for step in self.steps if step.index in starts]
+        return pd.DataFrame(rows, columns=["kind", "ms", "tokens"])
 
     def busy_seconds(self) -> dict[str, float]:
         """Time each lane spent working (spans on one lane never overlap: one worker each)."""

@@ -3,12 +3,11 @@
     python -m mirror_sd bench --methods vanilla,sd,mirror --out BENCH --traces BENCH/traces
     python -m scripts.step_costs BENCH
 
-A step's wall time runs from its first span's start to the next step's first span (so the host's
-gaps between steps count); the last step of a turn runs to its own last span. Mirror-SD's steps are
-told apart by where their window came from (a hit's branch, a copy from the context, a fresh
-fallback draft) and by their outcome (hit or miss); every other method's steps are one kind. The
-table says which kinds of step pay for themselves: milliseconds per committed token, beside
-vanilla's.
+Each trace's steps (``Trace.step_costs``: a step's wall time runs to the next step's first span, so
+the host's gaps count) are grouped by method and kind: Mirror-SD's by where their window came from
+(a hit's branch, a copy from the context, a fresh fallback draft) and by their outcome (hit or
+miss); every other method's steps are one kind. The table says which kinds of step pay for
+themselves: milliseconds per committed token, beside vanilla's.
 """
 from __future__ import annotations
 
@@ -20,39 +19,10 @@ import pandas as pd
 from scripts.whatif_check import read_runs
 
 
-def step_kind(step) -> str:
-    """'all' for a method without rendezvous; else 'WINDOW -> OUTCOME' for a Mirror-SD step."""
-    r = step.rendezvous
-    if r is None:
-        return "all"
-    window = "copied" if r.copied else "fallback" if r.fallback else "hit's branch"
-    return f"{window} -> {'hit' if r.hit else 'miss'}"
-
-
-def step_rows(method: str, trace) -> list[dict]:
-    """One row per decoding step: its kind, wall milliseconds and committed tokens."""
-    starts, ends = {}, {}
-    for s in trace.spans:
-        if s.step:  # step 0 is the prefill
-            starts[s.step] = min(starts.get(s.step, s.start), s.start)
-            ends[s.step] = max(ends.get(s.step, s.end), s.end)
-    order = sorted(starts)
-    rows = []
-    for step in trace.steps:
-        if step.index not in starts:
-            continue
-        i = order.index(step.index)
-        end = starts[order[i + 1]] if i + 1 < len(order) else ends[step.index]
-        rows.append(dict(method=method, kind=step_kind(step), ms=1000 * (end - starts[step.index]),
-                         tokens=len(step.committed)))
-    return rows
-
-
 def step_costs(runs: list[dict]) -> pd.DataFrame:
     """Per (method, step kind): steps, share of the method's steps, ms per step, tokens per step, ms
     per token."""
-    rows = [row for r in runs for trace in r["traces"] for row in step_rows(r["method"], trace)]
-    frame = pd.DataFrame(rows)
+    frame = pd.concat([trace.step_costs().assign(method=r["method"]) for r in runs for trace in r["traces"]])
     table = frame.groupby(["method", "kind"], sort=False).agg(steps=("ms", "size"), ms=("ms", "sum"),
                                                                 tokens=("tokens", "sum"))
     table["share"] = table.steps / table.groupby(level="method").steps.transform("sum")

@@ -334,3 +334,45 @@ def test_lane_labels_say_the_device_the_role_and_a_shared_processor(race):
     assert "target on cpu:0<br>plays the GPU (same CPU as the other lane)" in ticks
     assert figures.lane_text("draft, NPU role, cuda:1", ["target, GPU role, cuda:0", "draft, NPU role, cuda:1"]) == \
         "draft on cuda:1<br>plays the NPU"
+
+
+def _run_of(method: str, lanes: dict, steps: list, step_ms: float, tokens_per_s: float):
+    """A finished Result whose decoding steps each took ``step_ms`` on the target lane."""
+    from app.race import Result
+    from mirror_sd.trace import Span, Trace
+
+    trace = Trace(method)
+    trace.lanes = lanes
+    target = next(label for label, name in lanes.items() if name == "target")
+    trace.spans = [Span(target, "verify", "", i * step_ms / 1000, (i + 1) * step_ms / 1000, step.index)
+                   for i, step in enumerate(steps)]
+    trace.steps = steps
+    metrics = dict(tokens_per_s=tokens_per_s, mean_accepted=2.0, wall_s=len(steps) * step_ms / 1000, steps=len(steps))
+    return Result(method, trace, metrics=metrics, finished="length")
+
+
+def test_a_mirror_guess_behind_sd_hears_why_from_both_runs():
+    from app.predict import mirror_behind_sd, reveal
+    from mirror_sd.trace import Rendezvous, Step
+
+    one_cpu = {"target, GPU role, cpu:0": "target", "draft, NPU role, cpu:1": "draft"}
+
+    def step(i, fallback, hit):
+        return Step(i, [1, 2], ["draft", "correction"], proposed=[1, 5], accepted=1,
+                    rendezvous=Rendezvous([[1], [2]], [(1, 2, [3, 4])], 0 if hit else None, fallback, False))
+
+    mirror = _run_of("mirror", one_cpu, [step(1, True, True), step(2, False, True), step(3, False, False),
+                                         step(4, True, False)], 160.0, tokens_per_s=9.0)
+    sd = _run_of("sd", one_cpu, [Step(i, [7, 8], ["draft", "correction"], [7, 9], 1) for i in (1, 2, 3)], 140.0,
+                 tokens_per_s=10.0)
+    race = {"sd": sd, "mirror": mirror}
+    why = mirror_behind_sd(race)
+    assert "took 160 ms for 2.00 tokens, against 140 ms for 2.00" in why  # hit's-window steps vs sd steps
+    assert "splitting the target" in why and "same processor" in why
+    assert why in reveal(race, "mirror") and why not in reveal(race, "sd")
+    faster = dict(race, mirror=_run_of("mirror", one_cpu, mirror.trace.steps, 160.0, tokens_per_s=11.0))
+    assert mirror_behind_sd(faster) == ""  # only when it did fall behind
+    two_devices = {"target, GPU role, cuda:0": "target", "draft, NPU role, cuda:1": "draft"}
+    cheap = _run_of("mirror", two_devices, mirror.trace.steps, 120.0, tokens_per_s=9.0)
+    why = mirror_behind_sd(dict(race, mirror=cheap))
+    assert "50% of its steps came after a miss" in why and "120 ms each" in why and "same processor" not in why

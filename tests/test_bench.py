@@ -230,7 +230,7 @@ def test_step_costs_account_for_every_decoding_step(tiny_dirs, tmp_path, capsys)
     for method, runs in results.groupby("method"):
         assert steps[method] == runs.steps.sum()  # every decoding step (the prefill is not one)
         assert tokens[method] == pytest.approx(runs.new_tokens.sum() - len(runs))  # the prefill commits one
-    assert set(table[table.method != "mirror"].kind) == {"all"}
+    assert set(table[table.method != "mirror"].kind) == {"step"}
     assert set(table[table.method == "mirror"].kind) <= {f"{w} -> {o}" for w in ("hit's branch", "copied", "fallback")
                                                          for o in ("hit", "miss")}
     assert by_method.share.sum().round(6).eq(1).all() and (table["ms per step"] > 0).all()
