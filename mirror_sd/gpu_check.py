@@ -14,7 +14,8 @@ inside 25 minutes with the model set-up, and writes what it found into DIR:
    machine's default devices with ``--graphs on`` (the methods on captured stages), then with
    ``--graphs off`` (the plain forward), then with ``--draft-device cpu`` (graphs on the GPU target
    only): ``bench-*/`` and ``bench-*.md``;
-4. ``report.md``: the machine, each part's outcome and time, the stage table and the bench tables.
+4. ``report.md``: the machine, each part's outcome and time, the stage table, the bench tables and
+   what each kind of step cost with graphs on (from that bench's traces; ``trace.step_cost_table``).
 
 A part that fails or runs out of time is reported and the next one runs. Without CUDA the command
 says so in one line and exits 2.
@@ -34,12 +35,13 @@ import torch
 
 from .errors import MirrorSDError
 from .models.stages import BUCKETS
+from .trace import Trace, step_cost_table
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository (tests/ lives there)
 BUDGET_S = 22 * 60  # every part together, model set-up included: well inside 25 minutes
 BENCH = ["--methods", "vanilla,sd,eagle,ss,mirror", "--per-category", "2", "--max-new-tokens", "64"]
 BENCHES = [  # (part, extra arguments, most seconds): graphs on, graphs off, the draft on the CPU
-    ("bench-graphs-on", ["--graphs", "on"], 300),
+    ("bench-graphs-on", ["--graphs", "on", "--traces", "{out}/traces"], 300),
     ("bench-graphs-off", ["--graphs", "off"], 360),
     ("bench-draft-cpu", ["--graphs", "auto", "--draft-device", "cpu"], 360),
 ]
@@ -60,8 +62,8 @@ def gpu_check(out: Path) -> int:
                                  "tests/test_graphs.py", "-q", "-p", "no:cacheprovider"], deadline, limit=300)]
     parts.append(_stage_part(out))
     for name, extra, limit in BENCHES:
-        command = [sys.executable, "-m", "mirror_sd", "bench", *BENCH, *extra, "--out", str(out / name),
-                   "--report", str(out / f"{name}.md")]
+        command = [sys.executable, "-m", "mirror_sd", "bench", *BENCH, *[a.format(out=out / name) for a in extra],
+                   "--out", str(out / name), "--report", str(out / f"{name}.md")]
         parts.append(_run(out, name, command, deadline, limit))
     report = out / "report.md"
     report.write_text(_report(parts, out), encoding="utf-8")
@@ -195,7 +197,8 @@ def stage_profile() -> tuple[dict, list[dict]]:
                 + (f"overlap from a width-8 target replay beside 4 one-token draft replays on the draft lane's "
                    f"stream: {serial:.3f} ms one after the other, {parallel:.3f} ms side by side. "
                    if serial is not None else "overlap 1: the draft has a GPU of its own (assumed, not measured). ")
-                + "Not measured: rendezvous_ms, channel_ms, step_ms (0), the EAGLE head and the streams (no stage yet)."),
+                + "Not measured here: rendezvous_ms, channel_ms, step_ms (0), and the stages of the EAGLE head, "
+                  "the early exit and the streams."),
         notes=f"{gpu}, CUDA graphs, {target.dtype}; draft lane {pair.draft_lane.label}.",
         devices=dict(target=f"{gpu} (CUDA graphs)", draft=pair.draft_lane.label),
         rendezvous_ms=0.0, channel_ms=0.0, overlap=round(overlap, 3), draft_speed=1.0, step_ms=0.0,
@@ -275,9 +278,21 @@ def _report(parts: list[dict], out: Path) -> str:
         summary = out / name / "summary.md"
         if summary.exists():
             lines += ["", f"## {name}: {title}", "", summary.read_text(encoding="utf-8").strip()]
-    lines += ["", "Not yet here: the EAGLE head, the streams' rows and the early exit on graphs, CUDA-event "
-                  "spans, the rendezvous on the GPU; see models/stages.py and docs/devices.md."]
+    lines += step_cost_section(out / "bench-graphs-on" / "traces")
+    lines += ["", "Not yet here: stream rows that ride behind main rows (ss --one-forward 1, sd --streams 2) on "
+                  "graphs, CUDA-event spans, the rendezvous on the GPU; see models/stages.py and docs/devices.md."]
     return "\n".join(lines) + "\n"
+
+
+def step_cost_section(traces: Path) -> list[str]:
+    """Report lines: what each kind of step cost in the graphs-on bench (``trace.step_cost_table``:
+    Mirror-SD's steps by window and outcome), or none when its traces are missing."""
+    files = sorted(traces.glob("*.json")) if traces.is_dir() else []
+    if not files:
+        return []
+    table = step_cost_table(Trace.from_json(f.read_text(encoding="utf-8")) for f in files)
+    return ["", "## Step costs, graphs on (`python -m scripts.step_costs` over the bench's traces)", "",
+            table.to_markdown(floatfmt=("", "d", ".2f", ".2f", ".2f", ".2f"))]
 
 
 def _ms(x) -> str:

@@ -195,6 +195,19 @@ class GpuSample:
     percent: float  # NVML: share of the last sample period with a kernel running
 
 
+def step_cost_table(traces) -> pd.DataFrame:
+    """Per (method, step kind) over ``traces``: steps, share of the method's steps, ms per step, tokens
+    per step and ms per token (``Trace.step_costs``): which kinds of step pay for themselves."""
+    frame = pd.concat([t.step_costs().assign(method=t.method) for t in traces])
+    table = frame.groupby(["method", "kind"], sort=False).agg(steps=("ms", "size"), ms=("ms", "sum"),
+                                                                tokens=("tokens", "sum"))
+    table["share"] = table.steps / table.groupby(level="method").steps.transform("sum")
+    table["ms per step"] = table.ms / table.steps
+    table["tokens per step"] = table.tokens / table.steps
+    table["ms per token"] = table.ms / table.tokens
+    return table[["steps", "share", "ms per step", "tokens per step", "ms per token"]]
+
+
 class Trace:
     def __init__(self, method: str, meta: dict | None = None):
         self.method = method

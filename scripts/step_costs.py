@@ -16,20 +16,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from mirror_sd.trace import step_cost_table
 from scripts.whatif_check import read_runs
 
 
 def step_costs(runs: list[dict]) -> pd.DataFrame:
-    """Per (method, step kind): steps, share of the method's steps, ms per step, tokens per step, ms
-    per token."""
-    frame = pd.concat([trace.step_costs().assign(method=r["method"]) for r in runs for trace in r["traces"]])
-    table = frame.groupby(["method", "kind"], sort=False).agg(steps=("ms", "size"), ms=("ms", "sum"),
-                                                                tokens=("tokens", "sum"))
-    table["share"] = table.steps / table.groupby(level="method").steps.transform("sum")
-    table["ms per step"] = table.ms / table.steps
-    table["tokens per step"] = table.tokens / table.steps
-    table["ms per token"] = table.ms / table.tokens
-    return table[["steps", "share", "ms per step", "tokens per step", "ms per token"]]
+    """Per (method, step kind) over every run's traces: ``trace.step_cost_table``."""
+    return step_cost_table(trace for r in runs for trace in r["traces"])
 
 
 def main(argv=None):
