@@ -1,19 +1,19 @@
 """The one seam between the methods and a model's forwards: plain, or on fixed-shape stages.
 
 Methods run a model (the target or the draft) through :func:`forward`, :func:`layers` and
-:func:`stream_layers` (speculative stream rows), with a cache from ``ModelPair.new_cache``. (An
-EAGLE head routes its own forward the same way: models/eagle.py.) With graphs off that cache is a plain ``KVCache`` and both call
-the model's own forward, as they always did. With graphs on it is the ``StageCache`` of the model's
-:class:`~.stages.Stages` (``stage_cache``), and both run a stage of that set instead: a captured
-CUDA graph on a CUDA lane, the same fixed-shape forward eagerly elsewhere. Which one runs is
-decided here, from the cache, and nowhere in the methods.
+:func:`stream_layers` (speculative stream rows), with a cache from ``ModelPair.new_cache``; an
+EAGLE head routes its own forward the same way (models/eagle.py). With graphs off that cache is a
+plain ``KVCache`` and each calls the model's own forward, as the methods always did. With graphs on
+it is the ``StageCache`` of the model's :class:`~.stages.Stages` (``stage_cache``), and each runs a
+stage of that set instead: a captured CUDA graph on a CUDA lane, the same fixed-shape forward
+eagerly elsewhere. Which one runs is decided here, from the cache, and nowhere in the methods.
 
 A stage set names each forward by its layer range (:func:`range_name`): "full" (every layer and
 the LM head) and the ranges a method asks for when it makes its cache (Mirror-SD's prefix, early
-exit and suffix, the streams' split and their rows, EAGLE's early-feature layers). A window a stage cannot hold runs the
-plain forward on the same cache (a ``StageCache`` is a ``KVCache``): more than 64 rows under a tree
-mask, or a batch other than the set's. A causal window of more than 64 rows (a prefill) runs as
-64-row chunks, each attending to the chunks before it.
+exit and suffix, the streams' split and their rows, EAGLE's early-feature layers). A window a stage
+cannot hold runs the plain forward on the same cache (a ``StageCache`` is a ``KVCache``): more than
+64 rows under a tree mask, or a batch other than the set's. A causal window of more than 64 rows (a
+prefill) runs as 64-row chunks, each attending to the chunks before it.
 """
 from __future__ import annotations
 
