@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     gpu = sub.add_parser("gpu-check", help="on a CUDA GPU: its tests, stage replays, a hardware profile, the bench; "
                          "one report (docs/devices.md)")
     gpu.add_argument("--out", default="gpu-check-out", help="output folder")
+    gpu.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                     help="time for every part together; parts it no longer leaves room for are skipped "
+                          "(default: one 10-minute device command's worth, with room to unpack)")
     return parser
 
 
@@ -295,7 +298,7 @@ def _read_trace(path: Path):
 def cmd_gpu_check(args) -> int:
     from .gpu_check import gpu_check
 
-    return gpu_check(Path(args.out))
+    return gpu_check(Path(args.out), *([args.budget] if args.budget is not None else []))
 
 
 def cmd_methods(args) -> int:

@@ -1,24 +1,29 @@
 """``python -m mirror_sd gpu-check --out DIR``: what a session with a GPU runs first, in one go.
 
-GPU time comes rarely and in short spells, so one command does everything the CPU cannot, well
-inside 25 minutes with the model set-up, and writes what it found into DIR:
+GPU time comes rarely and in short spells (docs/devices.md: how to carry the model there), so one
+command does everything the CPU cannot inside a time budget (``--budget``, model set-up included;
+by default it fits one 10-minute command), most telling part first, and writes what it found into
+DIR:
 
-1. the CUDA tests (``tests/test_cuda.py``; ``tests/test_stages.py``, whose graph tests run only
-   on a GPU; ``tests/test_graphs.py``, every method on the tiny pair's captured stages there):
-   ``tests.log``;
-2. one CUDA-graph replay of each fixed-shape stage (models/stages.py) at every bucketed width, timed
+1. one CUDA-graph replay of each fixed-shape stage (models/stages.py) at every bucketed width, timed
    with CUDA events (the GPU's own time, no host launches), and the two lanes' graphs side by side
    on two streams: a hardware profile in the format of ``mirror_sd/profiles/*.json`` (whatif.py),
    ``profile-<gpu>.json``;
-3. the bench (vanilla, sd, eagle, ss, mirror; 2 prompts per category, 64 tokens, T = 0) on this
-   machine's default devices with ``--graphs on`` (the methods on captured stages), then with
-   ``--graphs off`` (the plain forward), then with ``--draft-device cpu`` (graphs on the GPU target
-   only): ``bench-*/`` and ``bench-*.md``;
-4. ``report.md``: the machine, each part's outcome and time, the stage table, the bench tables and
+2. the bench (vanilla, sd, eagle, ss, mirror; 2 prompts per category, 64 tokens, T = 0) on this
+   machine's default devices with ``--graphs on`` (the methods on captured stages): ``bench-*/``
+   and ``bench-*.md``;
+3. the CUDA tests (``tests/test_cuda.py``; ``tests/test_stages.py``, whose graph tests run only
+   on a GPU; ``tests/test_graphs.py``, every method on the tiny pair's captured stages there):
+   ``tests.log``;
+4. the bench again with ``--graphs off`` (the plain forward), then with ``--draft-device cpu``
+   (graphs on the GPU target only);
+5. ``report.md``: the machine, each part's outcome and time, the stage table, the bench tables and
    what each kind of step cost with graphs on (from that bench's traces; ``trace.step_cost_table``).
+   It is written again after every part, so a run stopped from outside keeps what it finished.
 
-A part that fails or runs out of time is reported and the next one runs. Without CUDA the command
-says so in one line and exits 2.
+A part that fails or runs out of time is reported and the next one runs; a part that the budget
+no longer leaves 30 seconds for is reported as skipped. Without CUDA the command says so in one
+line and exits 2.
 """
 from __future__ import annotations
 
@@ -38,12 +43,13 @@ from .models.stages import BUCKETS
 from .trace import Trace, step_cost_table
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository (tests/ lives there)
-BUDGET_S = 22 * 60  # every part together, model set-up included: well inside 25 minutes
+BUDGET_S = 450  # every part together, model set-up included: one 10-minute device command, with room to unpack
+TESTS = ["tests/test_cuda.py", "tests/test_stages.py", "tests/test_graphs.py"]
 BENCH = ["--methods", "vanilla,sd,eagle,ss,mirror", "--per-category", "2", "--max-new-tokens", "64"]
 BENCHES = [  # (part, extra arguments, most seconds): graphs on, graphs off, the draft on the CPU
-    ("bench-graphs-on", ["--graphs", "on", "--traces", "{out}/traces"], 300),
-    ("bench-graphs-off", ["--graphs", "off"], 360),
-    ("bench-draft-cpu", ["--graphs", "auto", "--draft-device", "cpu"], 360),
+    ("bench-graphs-on", ["--graphs", "on", "--traces", "{out}/traces"], 150),
+    ("bench-graphs-off", ["--graphs", "off"], 150),
+    ("bench-draft-cpu", ["--graphs", "auto", "--draft-device", "cpu"], 150),
 ]
 BENCH_TITLES = {"bench-graphs-on": "the methods on CUDA graphs (--graphs on)",
                 "bench-graphs-off": "the plain forward (--graphs off)",
@@ -52,22 +58,30 @@ CACHE_SLOTS = 1024  # the stages' cache: attention reads every slot, so a stage'
 REPLAYS = 20  # timed replays per stage and width (the median is kept)
 
 
-def gpu_check(out: Path) -> int:
-    """Run every part into ``out``; 0 when each part passed, 1 otherwise."""
+def gpu_check(out: Path, budget_s: float = BUDGET_S) -> int:
+    """Run every part into ``out`` within ``budget_s`` seconds; 0 when each part passed, 1 otherwise."""
     if not torch.cuda.is_available():
         raise MirrorSDError("gpu-check needs a CUDA GPU, and this machine has none (torch.cuda.is_available() is False)")
+    if budget_s < 60:
+        raise MirrorSDError(f"--budget {budget_s:g}: gpu-check needs at least 60 seconds")
     out.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + BUDGET_S
-    parts = [_run(out, "tests", [sys.executable, "-m", "pytest", "tests/test_cuda.py", "tests/test_stages.py",
-                                 "tests/test_graphs.py", "-q", "-p", "no:cacheprovider"], deadline, limit=300)]
-    parts.append(_stage_part(out))
+    deadline = time.monotonic() + budget_s
+    gpu = torch.cuda.get_device_name(0)
+    parts = []
+
+    def done(part: dict):
+        parts.append(part)
+        write_report(out, parts, gpu, budget_s)
+
+    tests = [sys.executable, "-m", "pytest", *TESTS, "-q", "-p", "no:cacheprovider"]
+    done(_stage_part(out, deadline))  # the quickest sign that capture works
     for name, extra, limit in BENCHES:
         command = [sys.executable, "-m", "mirror_sd", "bench", *BENCH, *[a.format(out=out / name) for a in extra],
                    "--out", str(out / name), "--report", str(out / f"{name}.md")]
-        parts.append(_run(out, name, command, deadline, limit))
-    report = out / "report.md"
-    report.write_text(_report(parts, out), encoding="utf-8")
-    print(f"wrote {report}")
+        done(_run(out, name, command, deadline, limit))
+        if name == "bench-graphs-on":  # the headline first, then the tests that say why it failed, if it did
+            done(_run(out, "tests", tests, deadline, limit=180))
+    print(f"wrote {out / 'report.md'}")
     return 0 if all(p["ok"] for p in parts) else 1
 
 
@@ -84,8 +98,9 @@ def _run(out: Path, name: str, command: list[str], deadline: float, limit: int) 
     try:
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         log.write_text(done.stdout + done.stderr, encoding="utf-8")
-        tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
-        part.update(ok=done.returncode == 0, outcome=f"exit {done.returncode}: {tail[0][:200]}")
+        lines = [line for line in (done.stdout + done.stderr).strip().splitlines() if "%|" not in line]  # no bars
+        last = f": {lines[-1][:200]}" if lines else ""
+        part.update(ok=done.returncode == 0, outcome=f"exit {done.returncode}{last}")
     except subprocess.TimeoutExpired as e:
         log.write_text(_text(e.stdout) + _text(e.stderr), encoding="utf-8")
         part.update(outcome=f"stopped after {timeout:.0f} s (time budget)")
@@ -97,10 +112,12 @@ def _text(b) -> str:
     return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
 
-def _stage_part(out: Path) -> dict:
+def _stage_part(out: Path, deadline: float) -> dict:
+    part = dict(name="stages", command="in process: models/stages.py on the embedded pair", ok=False)
+    if deadline - time.monotonic() < 30:
+        return dict(part, outcome="skipped: the time budget ran out", wall_s=0.0)
     print("gpu-check: stage replays ...", flush=True)
     start = time.monotonic()
-    part = dict(name="stages", command="in process: models/stages.py on the embedded pair", ok=False)
     try:
         profile, table = stage_profile()
         path = out / f"profile-{profile['name']}.json"
@@ -253,16 +270,26 @@ def _plain_forward_ms(model, repeats: int = 5) -> dict[int, float]:
 
 
 # -- the report -------------------------------------------------------------------------------------
-def _report(parts: list[dict], out: Path) -> str:
-    gpu = torch.cuda.get_device_name(0)
+def write_report(out: Path, parts: list[dict], gpu: str, budget_s: float) -> Path:
+    """``out/report.md`` for the parts run so far (written again after each part)."""
+    path = out / "report.md"
+    path.write_text(report(parts, out, gpu, budget_s), encoding="utf-8")
+    return path
+
+
+def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
+    """The report's markdown: the machine, each part's outcome, the stage table, the bench tables and
+    the graphs-on bench's step costs, from the parts run so far and what they wrote into ``out``."""
     lines = [f"# gpu-check: {gpu}", "",
-             f"`python -m mirror_sd gpu-check --out {out}`, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; "
-             f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s).", "",
+             f"`python -m mirror_sd gpu-check --out {out} --budget {budget_s:g}`, "
+             f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; torch {torch.__version__}, CUDA {torch.version.cuda}, "
+             f"{torch.cuda.device_count()} GPU(s).", "",
              "| part | outcome | wall s | command |", "|---|---|---|---|"]
     for p in parts:
-        outcome = ("passed" if p["ok"] else "FAILED") + f": {p['outcome']}"
+        skipped = p["outcome"].startswith("skipped")
+        outcome = p["outcome"] if skipped else ("passed" if p["ok"] else "FAILED") + f": {p['outcome']}"
         lines.append(f"| {p['name']} | {outcome.replace('|', '/')} | {p['wall_s']:.0f} | `{p['command']}` |")
-    stages = next(p for p in parts if p["name"] == "stages")
+    stages = next((p for p in parts if p["name"] == "stages"), {})
     if stages.get("table"):
         lines += ["", "## One CUDA-graph replay per stage (GPU ms, median; CUDA events)", "",
                   "| width | target | target prefix | target suffix | draft | plain target forward (host wall ms) |",

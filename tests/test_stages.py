@@ -166,21 +166,6 @@ def test_graphs_need_cuda(target):
         Stages(target, 16, graphs=True)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without CUDA")
-def test_gpu_check_without_cuda_says_so_in_one_line_and_exits_2(capsys):
-    from mirror_sd.cli import main
-
-    assert main(["gpu-check", "--out", "unused"]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and "CUDA" in captured.err
-
-
-def test_gpu_checks_agreement_of_stages_and_plain_forward_on_the_cpu_too(target):
-    from mirror_sd.gpu_check import CACHE_SLOTS, graphs_agree
-
-    assert graphs_agree(Stages(target, CACHE_SLOTS), target, tokens=8).endswith("the same 8 greedy tokens")
-
-
 @cuda
 def test_captured_graphs_replay_the_eager_logits_on_the_gpu(tiny_dirs):
     from mirror_sd.models.loading import load_model

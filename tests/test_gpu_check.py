@@ -1,0 +1,65 @@
+"""gpu-check (mirror_sd/gpu_check.py) on the CPU: its answer without CUDA, and a rehearsal of its
+parts, budget and report, so that a session lent a GPU spends none of its short time on them."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mirror_sd import gpu_check
+from mirror_sd.models.stages import Stages
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without CUDA")
+def test_gpu_check_without_cuda_says_so_in_one_line_and_exits_2(capsys):
+    from mirror_sd.cli import main
+
+    assert main(["gpu-check", "--out", "unused"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and "CUDA" in captured.err
+
+
+def test_gpu_checks_agreement_of_stages_and_plain_forward_on_the_cpu_too(tiny_pair):
+    target = tiny_pair.target
+    with torch.inference_mode():
+        agree = gpu_check.graphs_agree(Stages(target, gpu_check.CACHE_SLOTS), target, tokens=8)
+    assert agree.endswith("the same 8 greedy tokens")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="rehearses on a machine without CUDA")
+def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budget_leaves_no_room_for(
+        tmp_path, monkeypatch):
+    """Every part really runs on the CPU, as a stand-in GPU: the stage replays fail (no CUDA events
+    here), the graphs-on bench runs (with graphs off, to get its traces), the tests part fails, and
+    the last bench finds the budget spent. The report shows each outcome and the bench's tables."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Rehearsal GPU")
+    monkeypatch.setattr(gpu_check, "BENCH", ["--methods", "vanilla,mirror", "--limit", "2", "--max-new-tokens", "6"])
+    monkeypatch.setattr(gpu_check, "TESTS", ["tests/no_such_test.py"])
+    monkeypatch.setattr(gpu_check, "BENCHES", [
+        ("bench-graphs-on", ["--graphs", "off", "--traces", "{out}/traces"], 150),
+        ("bench-graphs-off", ["--graphs", "off"], 150)])
+    reports = []
+    write = gpu_check.write_report
+    monkeypatch.setattr(gpu_check, "write_report", lambda *a: reports.append(write(*a).read_text()))
+    run, spent = gpu_check._run, []
+
+    def run_then_spend_the_budget(out, name, command, deadline, limit):
+        part = run(out, name, command, 0.0 if spent else deadline, limit)
+        spent.extend([True] if name == "tests" else [])  # the part after the tests finds no time left
+        return part
+
+    monkeypatch.setattr(gpu_check, "_run", run_then_spend_the_budget)
+
+    assert gpu_check.gpu_check(tmp_path, budget_s=400) == 1  # some parts failed
+    assert len(reports) == 4  # after each part
+    report = (tmp_path / "report.md").read_text()
+    assert report == reports[-1] and report.startswith("# gpu-check: Rehearsal GPU")
+    assert "--budget 400" in report
+    rows = {line.split(" | ")[0].strip("| "): line for line in report.splitlines() if line.startswith("| ")}
+    assert "FAILED" in rows["stages"]  # no CUDA events on the CPU
+    assert "passed: exit 0" in rows["bench-graphs-on"]
+    assert "FAILED: exit" in rows["tests"] and (tmp_path / "tests.log").exists()
+    assert "| skipped: the time budget ran out |" in rows["bench-graphs-off"]
+    assert "## bench-graphs-on" in report and "| mirror " in report  # the bench's own table
+    assert "## Step costs, graphs on" in report  # from the bench's traces
+    assert "bench-graphs-on" not in reports[0] and "| stages |" in reports[0]  # the first report: one part
