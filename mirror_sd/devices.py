@@ -3,8 +3,12 @@
 Work submitted to two lanes runs at the same time: PyTorch releases the GIL inside its kernels, so
 two CPU lanes use two cores, and two CUDA lanes (or two streams of one GPU) overlap on the device.
 
-Every piece of work records a :class:`~mirror_sd.trace.Span` measured on one monotonic clock
-(``time.perf_counter``), after synchronising the device, so spans are real measurements.
+Every piece of work records a :class:`~mirror_sd.trace.Span` on one monotonic clock
+(``time.perf_counter``), after synchronising the device, so spans are real measurements. On a CPU
+lane the span runs from the host's reading before the work to its reading after. On a CUDA lane it
+comes from CUDA events recorded around the work on the lane's stream (:class:`EventClock`): when
+the GPU itself began and finished it, which with CUDA graphs is not when the host launched it, and
+on two streams of one GPU the spans' overlap is the GPU's own.
 
 CPU lanes run on shared CPU workers, not on threads of their own. PyTorch's CPU kernels split work
 over an OpenMP thread team, and each OS thread that ever ran a team keeps its own pool of team
@@ -187,6 +191,44 @@ class LaneError(Exception):
         self.lane, self.step, self.error = lane, step, error
 
 
+class EventClock:
+    """Spans of a CUDA lane from CUDA events, on the host's clock.
+
+    An event records when the GPU reached it in its stream; ``elapsed_time`` between two events of
+    one GPU is the GPU's own time. To put that on the trace's clock, the clock keeps an anchor: an
+    event the GPU has passed (the host waited for it) and the host's reading just after. A span's
+    ends are the anchor's host time plus the GPU time from the anchor to each event, kept within the
+    host's readings around the work (the GPU cannot begin before the host submits, nor finish after
+    the host has seen it finish). The anchor is set again for every trace, so the two clocks cannot
+    drift apart over a long session.
+
+    ``event``: the event type (``torch.cuda.Event``; the tests give a stand-in on the CPU)."""
+
+    def __init__(self, device: torch.device, event=None):
+        self.device = device
+        self.event = event or (lambda: torch.cuda.Event(enable_timing=True))
+        self.anchor, self.anchor_host, self.anchored_for = None, 0.0, None
+
+    def begin(self, stream, trace_key) -> tuple:
+        """Record the start event on ``stream`` (anchoring first, once per trace); returns (start, end)
+        events, the end one still to record once the work is submitted."""
+        if self.anchored_for != trace_key:
+            self.anchor = self.event()
+            self.anchor.record(stream)
+            self.anchor.synchronize()
+            self.anchor_host, self.anchored_for = time.perf_counter(), trace_key
+        start, end = self.event(), self.event()
+        start.record(stream)
+        return start, end
+
+    def span(self, events: tuple, host_start: float, host_end: float) -> tuple[float, float]:
+        """(start, end) on the host's clock of work between two recorded events (``begin``), within
+        the host's readings around it. Call after the device is synchronised."""
+        start, end = (self.anchor_host + self.anchor.elapsed_time(e) / 1e3 for e in events)
+        start = min(max(start, host_start), host_end)
+        return start, min(max(end, start), host_end)
+
+
 class Lane:
     """One device and its worker; ``submit`` runs work there and records a span in the trace."""
 
@@ -204,8 +246,14 @@ class Lane:
         # with drafting=True (the EAGLE head, the speculative streams). Set by load_pair, CPU lanes only.
         self.int8_drafting = False
         self.stream = None
+        self.clock = EventClock(device) if device.type == "cuda" else None  # None: spans from host readings
         self._worker: ThreadPoolExecutor | None = None  # a non-CPU lane's own thread, started on first use
         self._pid = os.getpid()
+
+    @property
+    def span_clock(self) -> str:
+        """Where this lane's spans come from: "CUDA events" or "host" (trace.meta["span_clocks"])."""
+        return "CUDA events" if self.clock is not None else "host"
 
     @property
     def label(self) -> str:
@@ -258,18 +306,32 @@ class Lane:
         if self.device.type == "cpu" and threads:
             torch.set_num_threads(threads)  # per worker thread
         stream = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
+        events = None
         start = time.perf_counter()
         try:
             with torch.inference_mode(), stream, int8_products(int8):
+                if self.clock is not None and trace is not None:
+                    events = self.clock.begin(self.work_stream, trace.t0)
                 result = fn(*args, **kwargs)
+                if events is not None:
+                    events[1].record(self.work_stream)
                 self.synchronize()  # a device error may surface only here
         except Exception as e:
+            events = None  # the end event may never have been recorded: the host's readings
             raise LaneError(self.name, step, e) from e
         finally:
             end = time.perf_counter()
             if trace is not None:
+                start, end = self.clock.span(events, start, end) if events is not None else (start, end)
                 trace.add_span(self, kind, label, start, end, step, tokens)
         return result
+
+    @property
+    def work_stream(self):
+        """The CUDA stream this lane's work runs on (None off CUDA)."""
+        if self.device.type != "cuda":
+            return None
+        return self.stream or torch.cuda.current_stream(self.device)
 
     def synchronize(self):
         if self.device.type == "cuda":
@@ -334,6 +396,7 @@ def make_lanes(target_device: str | None, draft_device: str | None) -> tuple[Lan
 def shard_lane(lane: Lane, devices: list[torch.device]):
     """The lane's model is sharded over ``devices``: the lane waits for all of them."""
     lane.device, lane.devices = devices[0], list(devices)
+    lane.clock = None  # events of one GPU cannot time work on several: the host's readings
     lane.display_device = "+".join(str(d) for d in devices)
 
 

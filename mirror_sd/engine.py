@@ -143,6 +143,7 @@ def stream(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 12
     with pair.lock:  # one generation at a time per pair: lanes and caches are not shared
         allot_cpu_threads(lanes, parallel=spec.parallel_lanes)
         meta["threads"] = {lane.name: lane.threads for lane in lanes}
+        meta["span_clocks"] = {lane.name: lane.span_clock for lane in lanes}  # host readings or CUDA events
         trace = Trace(method, meta)
         run = Decoding(pair, prompt_ids, max_new_tokens, temperature, top_p, seed, trace)
         gpu_sampler = GpuSampler(trace, lanes)  # NVML readings on NVIDIA GPUs; nothing elsewhere

@@ -220,7 +220,8 @@ class Trace:
         self._lock = threading.Lock()
 
     def add_span(self, lane, kind, label, start, end, step=None, tokens=0):
-        """Record work done on ``lane`` between two perf_counter() readings."""
+        """Record work done on ``lane`` between two perf_counter() times (host readings, or CUDA events
+        put on the host's clock: ``lane.span_clock``)."""
         span = Span(lane.label, kind, label, start - self.t0, end - self.t0, step, tokens)
         with self._lock:
             self.lanes.setdefault(lane.label, lane.name)

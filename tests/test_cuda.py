@@ -79,6 +79,27 @@ def test_mirror_rollouts_overlap_the_target_suffix_on_two_streams(fp32_pair):
     assert overlapping >= 1 and out.metrics["overlap"] > 0
 
 
+def test_gpu_lanes_time_their_spans_with_cuda_events(fp32_pair):
+    """A span is the GPU's own time between two events around the work (devices.EventClock), put on
+    the host's clock and within the host's readings around it."""
+    from mirror_sd import Trace
+
+    lane, trace = fp32_pair.target_lane, Trace("test")
+    assert lane.span_clock == fp32_pair.draft_lane.span_clock == "CUDA events"
+    x = torch.randn(2048, 2048, device=lane.device)
+    work = lambda: [x @ x for _ in range(50)][-1].sum()  # noqa: E731  (some milliseconds of GPU work)
+    lane.run("warm-up", work, trace=trace)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    lane.run("work", work, trace=trace)
+    end.record()
+    end.synchronize()
+    span = trace.spans[-1]
+    assert 0 < span.duration * 1e3 <= begin.elapsed_time(end) + 0.5  # ms: no longer than the GPU's own
+    out = generate(fp32_pair, PROMPTS[0], method="mirror", max_new_tokens=8, raw=True, **METHODS["mirror"])
+    assert out.trace.meta["span_clocks"] == {"target": "CUDA events", "draft": "CUDA events"}
+
+
 @pytest.mark.parametrize("method", ["sd", "mirror"])
 def test_sampling_on_the_gpu_keeps_the_target_law(tiny_dirs, fp32_pair, method):
     prompt_ids = fp32_pair.encode(PROMPT, raw=True)

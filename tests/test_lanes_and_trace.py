@@ -150,6 +150,59 @@ def test_spans_are_measured_on_the_lane_clock():
     assert span.duration >= 0.05
 
 
+class StandInEvent:
+    """A CUDA event's interface on the CPU: the stand-in GPU reaches it ``queued`` seconds after the
+    host records it (it was busy with earlier work), on the host's clock."""
+
+    queued = 0.0
+
+    def record(self, stream=None):
+        self.t = time.perf_counter() + StandInEvent.queued
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other) -> float:
+        return 1e3 * (other.t - self.t)  # milliseconds, as CUDA's
+
+
+def test_event_spans_are_the_gpus_times_on_the_host_clock_within_the_hosts_readings():
+    from mirror_sd.devices import EventClock
+
+    class At(StandInEvent):
+        def __init__(self, t):
+            self.t = t
+
+    clock = EventClock(torch.device("cpu"))
+    clock.anchor, clock.anchor_host = At(10.0), 100.0  # the GPU passed the anchor at host time 100
+    assert clock.span((At(10.5), At(10.8)), 100.4, 100.9) == pytest.approx((100.5, 100.8))
+    assert clock.span((At(10.3), At(10.8)), 100.4, 100.9) == pytest.approx((100.4, 100.8))  # not before submitted
+    assert clock.span((At(10.5), At(11.2)), 100.4, 100.9) == pytest.approx((100.5, 100.9))  # not after seen done
+
+
+def test_a_lane_with_an_event_clock_records_when_its_device_worked_not_when_the_host_did(monkeypatch):
+    from mirror_sd.devices import EventClock
+
+    trace = Trace("test")
+    lane = Lane("target", torch.device("cpu"))
+    assert lane.span_clock == "host"
+    lane.clock = EventClock(lane.device, event=StandInEvent)
+    assert lane.span_clock == "CUDA events"
+    lane.run("first", time.sleep, 0.01, trace=trace)  # anchors the clock for this trace, nothing queued
+    monkeypatch.setattr(StandInEvent, "queued", 0.02)  # the device starts 20 ms after the host submits
+    before = time.perf_counter() - trace.t0
+    lane.run("sleep", time.sleep, 0.05, label="sleep", trace=trace)
+    after = time.perf_counter() - trace.t0
+    span = trace.spans[-1]
+    assert before + 0.02 <= span.start < span.end <= after  # the host's readings would start at `before`
+    assert span.duration <= after - before - 0.02
+
+
+def test_a_generation_says_where_its_spans_came_from(tiny_pair):
+    out = generate(tiny_pair, "hi", method="mirror", max_new_tokens=2)
+    assert out.trace.meta["span_clocks"] == {"target": "host", "draft": "host"}  # CPU lanes
+
+
 def test_lane_errors_reach_the_caller():
     """As a LaneError naming the lane and the step, with the error itself as its cause."""
     from mirror_sd.devices import LaneError

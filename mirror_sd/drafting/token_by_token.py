@@ -48,11 +48,19 @@ def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
     positions of the tokens copied from the context).
 
     The draft first catches up on committed tokens it has not seen (1 or 2), then autoregresses;
-    its cache ends holding the sequence and tokens[:-1] (the last drafted token is never fed).
+    its cache ends holding the sequence and tokens[:-1] (the last drafted token is never fed). At
+    T = 0 without copies each token is fed back from the device, and the host reads the window once
+    at the end, so a GPU never waits for the host between forwards.
     """
     draft, sampler = run.pair.draft, run.draft_sampler
     pending = run.sequence[cache.length:]
     ids = torch.tensor([pending], device=draft.device)  # [1, pending]
+    if sampler.greedy and not copy_below:  # every pick stays on the device: one read of the window
+        picks = []
+        for _ in range(gamma):
+            picks.append(run.as_target_vocab(forward(draft, ids, cache)[0, -1]).argmax())  # [] on the device
+            ids = picks[-1].view(1, 1)
+        return torch.stack(picks).tolist(), None, []
     tokens, q, copies = [], [], []
     for i in range(gamma):
         logits = run.as_target_vocab(forward(draft, ids, cache)[0, -1])  # [V]

@@ -216,22 +216,26 @@ def rollout(run, cache, draft: list[int], branches: list[Branch], gamma: int) ->
     model, sampler = run.pair.draft, run.draft_sampler
     n, B = len(run.sequence), len(branches)
     ids, positions, mask, owner, depth, may_see = tree_layout(run, cache, draft, branches)
+    ids = torch.tensor(ids, device=model.device)
+    picks = []  # T = 0: each forward's [B] picks, kept on the device until the last forward
     for k in range(gamma):
         logits = run.as_target_vocab(_forward_rows(model, cache, ids, positions, mask, rows=B))  # [B, V]
-        if sampler.greedy:  # one read of every branch's token (one wait for the device, not B)
-            for b, token in zip(branches, logits.argmax(-1).tolist()):
-                b.tokens.append(token)
+        if sampler.greedy:
+            picks.append(logits.argmax(-1))
         else:
             for b, row in zip(branches, logits):
                 b.q.append(sampler.probs(row))
                 b.tokens.append(sampler.sample(b.q[-1]))
         if k == gamma - 1:
             break
-        ids = [b.tokens[-1] for b in branches]
+        ids = picks[-1] if sampler.greedy else torch.tensor([b.tokens[-1] for b in branches], device=model.device)
         positions = [n + b.accepted + k + 1 for b in branches]
         owner = torch.cat([owner, torch.arange(B)])
         depth = torch.cat([depth, torch.zeros(B, dtype=torch.long)])
         mask = may_see(owner, depth)
+    if picks:  # one read of every branch's tokens: the host never waits for the device between forwards
+        for b, tokens in zip(branches, torch.stack(picks, dim=1).tolist()):  # [B, gamma]
+            b.tokens = tokens
     return branches
 
 
@@ -255,10 +259,11 @@ def rollout_streamed(run, cache, draft: list[int], branches: list[Branch], gamma
     return branches
 
 
-def _forward_rows(model, cache, ids, positions, mask, rows: int) -> torch.Tensor:
-    """Write ids at the cache's next slots under ``mask``; logits of the last ``rows`` tokens only."""
+def _forward_rows(model, cache, ids: torch.Tensor, positions, mask, rows: int) -> torch.Tensor:
+    """Write ids [T] (on the model's device) at the cache's next slots under ``mask``; logits of the
+    last ``rows`` tokens only."""
     dev = model.device
-    logits = layers(model, torch.tensor([ids], device=dev), cache, 0, None, torch.tensor([positions], device=dev),
+    logits = layers(model, ids[None], cache, 0, None, torch.tensor([positions], device=dev),
                     mask.to(dev), head=True, last=rows)  # [1, rows, V_draft]
     cache.length += len(ids)
     return logits[0]

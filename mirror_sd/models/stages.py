@@ -39,8 +39,9 @@ which is how a stage stores nothing for them.
 Not yet here (these run the plain forward, on the same cache, with graphs on): forwards where
 stream rows ride behind main rows (``one_forward=1``, the draft's ``streams=2``), the LM head over
 EAGLE's features and its head's logits (one product each), tree windows of more than 64 rows, and
-any sharded model. The host still reads every step's result (no
-rendezvous on CUDA events) and spans come from host timestamps, not CUDA events.
+any sharded model. A CUDA lane's spans come from CUDA events around its work (devices.EventClock).
+The host still synchronises a lane after each piece of work: Mirror-SD's draft stream starts its
+rollouts once the host has read the token channel, not on a CUDA event.
 """
 from __future__ import annotations
 
