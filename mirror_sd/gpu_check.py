@@ -306,9 +306,9 @@ def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
         if summary.exists():
             lines += ["", f"## {name}: {title}", "", summary.read_text(encoding="utf-8").strip()]
     lines += step_cost_section(out / "bench-graphs-on" / "traces")
-    lines += ["", "Not yet here: stream rows that ride behind main rows (ss --one-forward 1, sd --streams 2) on "
-                  "graphs, and the rendezvous on CUDA events (the host reads the token channel before the rollouts "
-                  "start); see models/stages.py and docs/devices.md. Spans on CUDA lanes come from CUDA events."]
+    lines += ["", "Not yet here: the rendezvous on CUDA events (the host reads the token channel before the "
+                  "rollouts start); see models/stages.py and docs/devices.md. Spans on CUDA lanes come from CUDA "
+                  "events."]
     return "\n".join(lines) + "\n"
 
 

@@ -99,14 +99,14 @@ METHODS = [
     ("vanilla", {}, {"full"}),
     ("sd", dict(gamma=3), {"full"}),
     ("sd", dict(gamma=3, streams=1), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
-    ("sd", dict(gamma=3, streams=2), {"full"}),  # its forwards carry stream rows: plain, but on the stage cache
+    ("sd", dict(gamma=3, streams=2), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("mirror", dict(gamma=3, exit_layer=1, lookup=0),  # the trained exit head, in a stage of its own
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),
     ("mirror", dict(gamma=2, exit_layer=1, streams=1, branch_budget=4, exit_head=0),
      {"full", "layers 0-1", "early exit at 1", "layers 1-2 + head", "streams 1-2"}),
     ("eagle", dict(depth=3, top_k=3, total_tokens=8), {"layers 0-1", "layers 1-2", "pairs", "pairs + early features"}),
     ("ss", dict(gamma=3, top_k=2, total_tokens=4), {"layers 0-1", "layers 1-2 + head", "streams 1-2"}),
-    ("ss", dict(gamma=3, one_forward=1), set()),  # the streams ride in every forward: plain
+    ("ss", dict(gamma=3, one_forward=1), {"layers 0-1", "layers 1-2 + head", "streams 1-2"}),  # after the main rows
 ]
 
 
@@ -224,6 +224,27 @@ def test_stream_rows_on_their_stage_give_the_plain_logits_and_store_nothing(pair
     window = torch.tensor([[4, 8]], device=target.device)
     assert torch.allclose(forward(target, window, stage, commit=False), forward(target, window, plain, commit=False),
                           atol=ATOL)
+
+
+def test_streams_riding_behind_main_rows_on_stages_give_the_single_pass_logits(pair, target, stage_runs):
+    """forward_with_streams (ss --one-forward 1, sd --streams 2): on a stage cache the main rows' stages
+    then the stream rows' stage give the plain single pass's main and stream logits, and store the
+    main rows' keys and values where the plain pass does."""
+    from mirror_sd.models.streams import forward_with_streams, stream_ranges
+
+    streams = pair.one_forward_streams
+    plain, stage = caches(target, ranges=stream_ranges(streams))
+    ids = torch.tensor([[3, 9, 4, 4]], device=target.device)  # a root and three tree nodes
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)  # [4, 4]
+    positions = torch.tensor([[5, 6, 6, 7]], device=target.device)
+    for kwargs in (dict(), dict(rows=[0, 1, 3], positions=positions, tree_mask=tree)):
+        main, ahead = forward_with_streams(target, streams, ids, plain, 3, **kwargs)  # [1, 4, V], [1, R, 3, .]
+        stage_runs.clear()
+        on_stages = forward_with_streams(target, streams, ids, stage, 3, **kwargs)
+        assert torch.allclose(on_stages[0], main, atol=ATOL) and torch.allclose(on_stages[1], ahead, atol=ATOL)
+        assert {name for _, name in stage_runs} == {"layers 0-1", "layers 1-2 + head", "streams 1-2"}
+        assert stage.length == plain.length == 5  # the caller commits
+        assert torch.allclose(stage.k[:, :, :, :9], plain.k[:, :, :, :9], atol=ATOL)  # the main rows' keys
 
 
 def test_other_streams_on_the_same_model_get_stages_of_their_own(pair, target):

@@ -85,7 +85,7 @@ def verify_tree(run, streams, cache, tree: Tree, gamma: int, one_forward: bool):
 def prefill(run, streams, window: int, gamma: int, one_forward: bool):
     """The prompt through the target: the first token, and what the first draft needs (see verify_tree)."""
     target, lane = run.pair.target, run.target_lane
-    ranges = [] if one_forward else stream_ranges(streams)  # forward_with_streams: plain forward
+    ranges = stream_ranges(streams)  # with one_forward too: forward_with_streams runs the same stages
     cache = run.pair.new_cache(target, run.cache_slots + window, ranges)
     ids = torch.tensor([run.prompt_ids], device=target.device)  # [1, P]
     n = ids.shape[1]

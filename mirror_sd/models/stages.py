@@ -32,14 +32,15 @@ Mirror-SD's target prefix, its early exit (trained head, final norm, LM-head row
 stage of its own), its suffix, its fallback drafts and its branch rollouts (up to 64 rows; with
 streams, their stream rows too); EAGLE's target forwards (its prefill and tree verification, at
 the ranges its head's early features need) and its head's forwards (models/eagle.py:
-``HeadStages``); ss's main rows and its streams pass with ``one_forward=0``; every prefill, as
-64-row chunks. Stream rows (a ``streams`` stage) keep their keys and values in scratch slots,
-which is how a stage stores nothing for them.
+``HeadStages``); ss's main rows and its streams, in either form; every prefill, as 64-row chunks.
+Stream rows (a ``streams`` stage) keep their keys and values in scratch slots, which is how a
+stage stores nothing for them. Where stream rows ride behind main rows in one plain forward
+(ss's ``one_forward=1``, the draft's ``streams=2``), the stages run the main rows first and the
+stream rows after them (models/streams.py: ``forward_with_streams``).
 
-Not yet here (these run the plain forward, on the same cache, with graphs on): forwards where
-stream rows ride behind main rows (``one_forward=1``, the draft's ``streams=2``), the LM head over
-EAGLE's features and its head's logits (one product each), tree windows of more than 64 rows, and
-any sharded model. A CUDA lane's spans come from CUDA events around its work (devices.EventClock).
+Not here (these run the plain forward, on the same cache, with graphs on): the LM head over
+EAGLE's features and its head's logits (one product each: one launch, nothing for a graph to
+save), tree windows of more than 64 rows, and any sharded model. A CUDA lane's spans come from CUDA events around its work (devices.EventClock).
 The host still synchronises a lane after each piece of work: Mirror-SD's draft stream starts its
 rollouts once the host has read the token channel, not on a CUDA event.
 """

@@ -31,9 +31,10 @@ from torch import nn
 
 from ..devices import on_cpu_worker
 from ..errors import MirrorSDError
-from .forwards import layers, stream_layers
+from .forwards import layers, staged, stream_layers
 from .linear import linear
 from .llama import KVCache, ModelArgs, Transformer
+from .stages import full_mask
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -210,7 +211,15 @@ def forward_with_streams(model, streams: Streams, ids, cache, gamma: int, rows=N
     rows' keys and values are stored and the streams' are not, and the adapters touch only stream
     rows. So the main rows compute what the model alone computes. Only streams trained without the
     next-token input fit here (the next token is what this forward decides). The caller advances
-    cache.length."""
+    cache.length.
+
+    On a stage cache (models/forwards.py) the same numbers come from two stages: the main rows
+    through every layer (``split_forward``), then the stream rows through the top layers
+    (``stream_layers``), reading the main rows' keys and values that the first stage stored. No
+    main row sees a stream row, so nothing changes but the order of the work; a GPU reads the top
+    layers' weights twice."""
+    if staged(model, cache) is not None:
+        return _streams_after_main_rows(model, streams, ids, cache, gamma, rows, positions, tree_mask)
     T, start = ids.shape[1], cache.length
     win = model.window(cache, T, positions=positions, tree_mask=tree_mask)
     h0 = model.forward_layers(model.embed(ids), cache, win, 0, streams.first_layer)  # [1, T, d]
@@ -226,6 +235,25 @@ def forward_with_streams(model, streams: Streams, ids, cache, gamma: int, rows=N
                          main_rows=T, adapter=streams.adapter)
     out = model.forward_layers(torch.cat([h0, stream_in], dim=1), cache, joint, streams.first_layer)
     return model.head(out[:, :T]), streams.logits(model, out[:, T:]).view(1, R, gamma, -1)
+
+
+def _streams_after_main_rows(model, streams: Streams, ids, cache, gamma: int, rows, positions, tree_mask):
+    """``forward_with_streams`` on a stage cache: the main rows' stages, then the stream rows' stage."""
+    T, start = ids.shape[1], cache.length
+    logits, h0 = split_forward(model, ids, cache, streams.first_layer, positions, tree_mask)  # [1, T, V], [1, T, d]
+    device = h0.device
+    if positions is None:
+        positions = torch.arange(start, start + T, device=device)[None]  # [1, T]
+    rows = torch.arange(T, device=device) if rows is None else torch.as_tensor(rows, device=device)
+    stream_in, stream_positions = streams.inputs(model, h0[:, rows], positions[:, rows], gamma)  # [1, R*g, .]
+    main_mask = full_mask(tree_mask, T, start, device)  # [1, T, start + T]
+    sees = stream_mask(start + rows[None], start + T, gamma, main_mask[:, rows])  # [1, R*g, start + T + R*g]
+    cache.length = start + T  # the stream rows read the window's main rows, stored by split_forward
+    try:
+        ahead = stream_layers(model, streams, stream_in, cache, stream_positions, sees)  # [1, R*g, head rows]
+    finally:
+        cache.length = start
+    return logits, ahead.view(1, len(rows), gamma, -1)
 
 
 def _key(layer: int, name: str) -> str:
