@@ -41,6 +41,7 @@ as well. tests/test_distribution.py checks this with a chi-square test against t
 """
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -149,14 +150,16 @@ def target_ranges(pair, exit_layer: int, head=None) -> list:
     return [FULL, *split_ranges(exit_layer), *exit_range]
 
 
-def target_suffix(run, cache, hidden, exit_layer: int, rollouts=None) -> torch.Tensor:
+def target_suffix(run, cache, channel, exit_layer: int, rollouts=None) -> torch.Tensor:
     """Target lane: layers [exit_layer, N) over the same window -> final logits [T, V].
 
-    rollouts: the draft lane's Future; once it is done, the rest of the suffix takes the cores the
-    lanes shared (``Lane.widen_when_done``), checked before each layer and before the LM head
-    (once, before the whole suffix, on stages).
+    channel: the token channel's Future (done: it ran before on this lane), whose hidden states
+    [1, T, d] the suffix goes on from. rollouts: a Future done once the draft lane's rollouts are;
+    then the rest of the suffix takes the cores the lanes shared (``Lane.widen_when_done``), checked
+    before each layer and before the LM head (once, before the whole suffix, on stages).
     """
     target, lane = run.pair.target, run.target_lane
+    hidden = channel.result()[0]
     logits = layers(target, hidden, cache, exit_layer, None, head=True,
                     each_layer=lambda: lane.widen_when_done(rollouts))  # [1, T, V]
     cache.length += hidden.shape[1]
@@ -303,17 +306,22 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
             window, q = proposal.tokens, proposal.q
             draft_cache.rollback(min(draft_cache.length, n - 1))
         T = len(window) + 1
-        hidden, top_ids, top_logp, window_logp = run.target_lane.run(
+        channel = run.target_lane.submit(
             "target-prefix", token_channel, run, target_cache, [run.sequence[-1], *window], exit_layer, kappa, head,
             label=f"layers 1-{exit_layer} + {'trained ' if head else ''}early exit, {T} tokens", step=step, tokens=T,
             alone=True)  # the draft lane waits for the token channel: the prefix may use its cores too
+        # The suffix goes in the target lane's queue now, so it starts as soon as the token channel is
+        # done, while this thread reads the channel and lays out the rollouts.
+        rollouts_done = Future()  # set once the rollouts (not submitted yet) are done: the suffix widens then
+        suffix = run.target_lane.submit("target-suffix", target_suffix, run, target_cache, channel, exit_layer,
+                                        rollouts_done, label=f"layers {exit_layer + 1}-{pair.target.num_layers}, "
+                                        f"{T} tokens", step=step, tokens=T)
+        _, top_ids, top_logp, window_logp = channel.result()
         branches = choose_branches(window, top_ids, top_logp, window_logp, branch_budget)
         rolled = run.draft_lane.submit("draft-rollout", roll_out, run, draft_cache, window, branches, gamma,
                                        label=f"{len(branches)} branches x {gamma} tokens", step=step,
                                        tokens=len(branches) * gamma)
-        suffix = run.target_lane.submit("target-suffix", target_suffix, run, target_cache, hidden, exit_layer,
-                                        rolled, label=f"layers {exit_layer + 1}-{pair.target.num_layers}, {T} tokens",
-                                        step=step, tokens=T)
+        rolled.add_done_callback(lambda _: rollouts_done.set_result(None))
         logits = suffix.result()
         branches = rolled.result()
         verdict, hit = run.target_lane.run("rendezvous", rendezvous, window, q, logits, run.target_sampler, branches,
