@@ -320,7 +320,7 @@ def step_cost_section(traces: Path) -> list[str]:
         return []
     table = step_cost_table(Trace.from_json(f.read_text(encoding="utf-8")) for f in files)
     return ["", "## Step costs, graphs on (`python -m scripts.step_costs` over the bench's traces)", "",
-            table.to_markdown(floatfmt=("", "d", ".2f", ".2f", ".2f", ".2f"))]
+            table.to_markdown(floatfmt=("", "d", ".2f", ".2f", ".2f", ".2f", ".2f"))]
 
 
 def _ms(x) -> str:

@@ -197,15 +197,28 @@ class GpuSample:
 
 def step_cost_table(traces) -> pd.DataFrame:
     """Per (method, step kind) over ``traces``: steps, share of the method's steps, ms per step, tokens
-    per step and ms per token (``Trace.step_costs``): which kinds of step pay for themselves."""
+    per step, ms per token and idle ms per step (``Trace.step_costs``): which kinds of step pay for
+    themselves, and how much of a step no lane was working."""
     frame = pd.concat([t.step_costs().assign(method=t.method) for t in traces])
     table = frame.groupby(["method", "kind"], sort=False).agg(steps=("ms", "size"), ms=("ms", "sum"),
-                                                                tokens=("tokens", "sum"))
+                                                                tokens=("tokens", "sum"), idle=("idle", "sum"))
     table["share"] = table.steps / table.groupby(level="method").steps.transform("sum")
     table["ms per step"] = table.ms / table.steps
     table["tokens per step"] = table.tokens / table.steps
     table["ms per token"] = table.ms / table.tokens
-    return table[["steps", "share", "ms per step", "tokens per step", "ms per token"]]
+    table["idle ms per step"] = table.idle / table.steps
+    return table[["steps", "share", "ms per step", "tokens per step", "ms per token", "idle ms per step"]]
+
+
+def _covered(spans: list[Span], start: float, end: float) -> float:
+    """Seconds of [start, end) during which at least one of ``spans`` ran (their union)."""
+    covered, reach = 0.0, start
+    for s in sorted(spans, key=lambda s: s.start):
+        lo, hi = max(s.start, reach), min(s.end, end)
+        if hi > lo:
+            covered += hi - lo
+            reach = hi
+    return covered
 
 
 class Trace:
@@ -246,21 +259,28 @@ class Trace:
         return pd.DataFrame([s.columns() for s in self.steps])
 
     def step_costs(self) -> pd.DataFrame:
-        """One row per decoding step: its kind (``Step.kind``), wall ms and committed tokens. A step
-        runs from its first span's start to the next step's first span (so the host's gaps between
-        steps count); the last one to its own last span."""
-        starts, ends = {}, {}
+        """One row per decoding step: its kind (``Step.kind``), wall ms, committed tokens and idle ms.
+        A step runs from its first span's start to the next step's first span (so the host's gaps
+        between steps count); the last one to its own last span. Idle: the part of that time when no
+        lane worked on the step, which is the host's own (choosing, launching, reading): with CUDA-
+        event spans, what graphs and a rendezvous on the device would leave to win."""
+        starts, ends, spans = {}, {}, {}
         for s in self.spans:
             if s.step:  # step 0 is the prefill
                 starts[s.step] = min(starts.get(s.step, s.start), s.start)
                 ends[s.step] = max(ends.get(s.step, s.end), s.end)
+                spans.setdefault(s.step, []).append(s)
         order = sorted(starts)
         following = dict(zip(order, order[1:]))
-        rows = [dict(kind=step.kind, ms=1000 * ((starts[following[step.index]] if step.index in following
-                                                 else ends[step.index]) - starts[step.index]),
-                     tokens=len(step.committed))
-                for step in self.steps if step.index in starts]
-        return pd.DataFrame(rows, columns=["kind", "ms", "tokens"])
+        rows = []
+        for step in self.steps:
+            if step.index in starts:
+                start = starts[step.index]
+                end = starts[following[step.index]] if step.index in following else ends[step.index]
+                busy = _covered(spans[step.index], start, end)
+                rows.append(dict(kind=step.kind, ms=1000 * (end - start), tokens=len(step.committed),
+                                 idle=1000 * (end - start - busy)))
+        return pd.DataFrame(rows, columns=["kind", "ms", "tokens", "idle"])
 
     def busy_seconds(self) -> dict[str, float]:
         """Time each lane spent working (spans on one lane never overlap: one worker each)."""

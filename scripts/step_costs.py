@@ -7,7 +7,8 @@ Each trace's steps (``Trace.step_costs``: a step's wall time runs to the next st
 the host's gaps count) are grouped by method and kind: Mirror-SD's by where their window came from
 (a hit's branch, a copy from the context, a fresh fallback draft) and by their outcome (hit or
 miss); every other method's steps are one kind. The table says which kinds of step pay for
-themselves: milliseconds per committed token, beside vanilla's.
+themselves: milliseconds per committed token, beside vanilla's; and how much of a step no lane
+worked (idle: the host's own time, choosing, launching and reading).
 """
 from __future__ import annotations
 

@@ -234,6 +234,7 @@ def test_step_costs_account_for_every_decoding_step(tiny_dirs, tmp_path, capsys)
     assert set(table[table.method == "mirror"].kind) <= {f"{w} -> {o}" for w in ("hit's branch", "copied", "fallback")
                                                          for o in ("hit", "miss")}
     assert by_method.share.sum().round(6).eq(1).all() and (table["ms per step"] > 0).all()
+    assert ((0 <= table["idle ms per step"]) & (table["idle ms per step"] < table["ms per step"])).all()
     from mirror_sd.gpu_check import step_cost_section  # gpu-check's report shows the same table
     section = "\n".join(step_cost_section(out / "traces"))
     assert section.startswith("\n## Step costs") and "'mirror'" in section and "'sd'" in section

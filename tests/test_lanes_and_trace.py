@@ -203,6 +203,20 @@ def test_a_generation_says_where_its_spans_came_from(tiny_pair):
     assert out.trace.meta["span_clocks"] == {"target": "host", "draft": "host"}  # CPU lanes
 
 
+def test_a_steps_idle_time_is_when_no_lane_worked_on_it():
+    from mirror_sd.trace import Span, Step
+
+    trace = Trace("sd")
+    for lane, start, end, step in [("target", 0.0, 1.0, 0), ("draft", 1.0, 1.2, 1), ("target", 1.25, 1.4, 1),
+                                   ("draft", 1.3, 1.35, 1),  # inside the target's span: counted once
+                                   ("draft", 1.5, 1.6, 2), ("target", 1.65, 1.7, 2)]:
+        trace.spans.append(Span(lane, "work", "", start, end, step))
+    trace.steps = [Step(0, [1], ["target"]), Step(1, [2, 3], ["accepted", "correction"]), Step(2, [4], ["bonus"])]
+    costs = trace.step_costs()
+    assert costs.ms.tolist() == pytest.approx([500.0, 200.0])  # step 1 runs to step 2's first span
+    assert costs.idle.tolist() == pytest.approx([150.0, 50.0])  # 1.2-1.25 and 1.4-1.5; 1.6-1.65
+
+
 def test_lane_errors_reach_the_caller():
     """As a LaneError naming the lane and the step, with the error itself as its cause."""
     from mirror_sd.devices import LaneError
