@@ -190,7 +190,7 @@ def calls(parts: list[Path], repo: Path) -> str:
     receive_k = "python3 scripts/gpu_bundle.py receive {part}"
     last = (f"python3 scripts/gpu_bundle.py unpack && export PYTHONPATH={site}:$PWD PYTHONUNBUFFERED=1 && "
             f"python3 -c 'from mirror_sd.models.loading import embedded_model_dir as d; d()' && "
-            f"python3 -m mirror_sd gpu-check --out /tmp/gc --budget 420; "
+            f"timeout 500 python3 -m mirror_sd gpu-check --out /tmp/gc --budget 420; "
             f"cp /tmp/gc/report.md $OUT/; tar -czf $OUT/gpu-check.tgz -C /tmp gc")
     lines = []
     for part in parts:

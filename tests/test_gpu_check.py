@@ -27,13 +27,14 @@ def test_gpu_checks_agreement_of_stages_and_plain_forward_on_the_cpu_too(tiny_pa
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="rehearses on a machine without CUDA")
 def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budget_leaves_no_room_for(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, tiny_dirs):
     """Every part really runs on the CPU, as a stand-in GPU: the stage replays fail (no CUDA events
     here), the graphs-on bench runs (with graphs off, to get its traces), the tests part fails, and
     the last bench finds the budget spent. The report shows each outcome and the bench's tables."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Rehearsal GPU")
-    monkeypatch.setattr(gpu_check, "BENCH", ["--methods", "vanilla,mirror", "--limit", "2", "--max-new-tokens", "6"])
+    monkeypatch.setattr(gpu_check, "BENCH", ["--methods", "vanilla,mirror", "--limit", "2", "--max-new-tokens", "6",
+                                             "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"])])
     monkeypatch.setattr(gpu_check, "TESTS", ["tests/no_such_test.py"])
     monkeypatch.setattr(gpu_check, "BENCHES", [
         ("bench-graphs-on", ["--graphs", "off", "--traces", "{out}/traces"], 150),
