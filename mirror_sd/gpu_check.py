@@ -33,11 +33,13 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
+from .devices import hardware_name
 from .errors import MirrorSDError
 from .models.stages import BUCKETS
 from .trace import Trace, step_cost_table
@@ -172,15 +174,16 @@ def side_by_side_ms(target_stage, draft_stage, draft_stream, draft_runs: int = 4
     return statistics.median(serial), statistics.median(parallel)
 
 
-def stage_profile() -> tuple[dict, list[dict]]:
-    """Capture every stage of the embedded pair on this GPU, time one replay of each, and return a
-    hardware profile (whatif.Profile's JSON) and the table of times."""
+def stage_profile(pair=None, timer=None) -> tuple[dict, list[dict]]:
+    """Capture every stage of the embedded pair (or ``pair``) on this GPU, time one replay of each
+    (``timer``: ``replay_ms``), and return a hardware profile (whatif.Profile's JSON) and the table
+    of times. On the CPU (the tests' rehearsal, with a host timer) the stages run eagerly."""
     from . import load_pair
     from .methods.mirror import default_exit_layer
     from .models.stages import Stages
     from .whatif import Profile
 
-    pair = load_pair()
+    pair, timer = pair or load_pair(), timer or replay_ms
     target, draft = pair.target, pair.draft
     exit_layer = default_exit_layer(target.num_layers)
     with torch.inference_mode():
@@ -188,13 +191,11 @@ def stage_profile() -> tuple[dict, list[dict]]:
         t.add("prefix", (0, exit_layer), head=False)
         t.add("suffix", (exit_layer, target.num_layers), head=True)
         d = Stages(draft, CACHE_SLOTS, stream=pair.draft_lane.stream)
-        stream = pair.draft_lane.stream or torch.cuda.current_stream(draft.device)
         ms = {}
         for stage, (stages, name) in {"target": (t, "full"), "target_prefix": (t, "prefix"),
                                       "target_suffix": (t, "suffix"), "draft": (d, "full")}.items():
-            with torch.cuda.device(stages.model.device), torch.cuda.stream(
-                    stream if stages is d else torch.cuda.current_stream(stages.model.device)):
-                ms[stage] = {w: replay_ms(stages.stage(name, w)) for w in BUCKETS}
+            with _on_stream(stages.model.device, pair.draft_lane.stream if stages is d else None):
+                ms[stage] = {w: timer(stages.stage(name, w)) for w in BUCKETS}
         overlap, serial, parallel = 1.0, None, None
         if draft.device == target.device and pair.draft_lane.stream is not None:  # one GPU, two streams
             serial, parallel = side_by_side_ms(t.stage("full", 8), d.stage("full", 1), pair.draft_lane.stream)
@@ -202,7 +203,7 @@ def stage_profile() -> tuple[dict, list[dict]]:
             overlap = max(0.0, min(1.0, (serial - parallel) / shorter)) if shorter > 0 else 0.0
         plain = _plain_forward_ms(target)
         agree = graphs_agree(t, target)
-    gpu = torch.cuda.get_device_name(target.device)
+    gpu = hardware_name(target.device)
     name = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") + "-graphs"
     profile = dict(
         name=name,
@@ -225,6 +226,17 @@ def stage_profile() -> tuple[dict, list[dict]]:
     profile["notes"] += f" Graphs against the plain forward: {agree}."
     table = [dict(width=w, **{s: ms[s][w] for s in ms}, plain=plain[w]) for w in BUCKETS]
     return profile, table
+
+
+@contextmanager
+def _on_stream(device: torch.device, stream=None):
+    """``device`` and ``stream`` (None: the device's current stream) current while inside; nothing
+    to set on the CPU."""
+    if device.type != "cuda":
+        yield
+        return
+    with torch.cuda.device(device), torch.cuda.stream(stream or torch.cuda.current_stream(device)):
+        yield
 
 
 def graphs_agree(stages, model, tokens: int = 32) -> str:
@@ -255,15 +267,16 @@ def _plain_forward_ms(model, repeats: int = 5) -> dict[int, float]:
     """Width -> host wall ms of one plain (eager) target forward over that many tokens: what a step
     costs today, launches included."""
     cache = model.new_cache(CACHE_SLOTS)
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     times = {}
     for width in BUCKETS:
         ids = torch.zeros(1, width, dtype=torch.long, device=model.device)
         runs = []
         for _ in range(repeats + 1):  # the first run warms up
-            torch.cuda.synchronize()
+            sync()
             start = time.perf_counter()
             model.forward(ids, cache, commit=False)
-            torch.cuda.synchronize()
+            sync()
             runs.append(1e3 * (time.perf_counter() - start))
         times[width] = statistics.median(runs[1:])
     return times

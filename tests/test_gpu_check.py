@@ -27,10 +27,23 @@ def test_gpu_checks_agreement_of_stages_and_plain_forward_on_the_cpu_too(tiny_pa
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="rehearses on a machine without CUDA")
 def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budget_leaves_no_room_for(
-        tmp_path, monkeypatch, tiny_dirs):
-    """Every part really runs on the CPU, as a stand-in GPU: the stage replays fail (no CUDA events
-    here), the graphs-on bench runs (with graphs off, to get its traces), the tests part fails, and
-    the last bench finds the budget spent. The report shows each outcome and the bench's tables."""
+        tmp_path, monkeypatch, tiny_dirs, tiny_pair):
+    """Every part really runs on the CPU, as a stand-in GPU, on the tiny pair: the stage replays
+    (eager, timed by the host), the graphs-on bench (with graphs off, to get its traces), the tests
+    part (made to fail), and the last bench finds the budget spent. The report shows each outcome,
+    the stage table and the bench's tables."""
+    import functools
+    import json
+    import time
+
+    from mirror_sd.whatif import Profile
+
+    def host_ms(stage):
+        start = time.perf_counter()
+        stage.replay()
+        return 1e3 * (time.perf_counter() - start)
+
+    monkeypatch.setattr(gpu_check, "stage_profile", functools.partial(gpu_check.stage_profile, tiny_pair, host_ms))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Rehearsal GPU")
     monkeypatch.setattr(gpu_check, "BENCH", ["--methods", "vanilla,mirror", "--limit", "2", "--max-new-tokens", "6",
@@ -57,7 +70,11 @@ def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budge
     assert report == reports[-1] and report.startswith("# gpu-check: Rehearsal GPU")
     assert "--budget 400" in report
     rows = {line.split(" | ")[0].strip("| "): line for line in report.splitlines() if line.startswith("| ")}
-    assert "FAILED" in rows["stages"]  # no CUDA events on the CPU
+    assert "passed: wrote profile-" in rows["stages"]
+    assert "## One CUDA-graph replay per stage" in report and "the same 32 greedy tokens" in report
+    (profile,) = tmp_path.glob("profile-*.json")
+    assert {"target", "target_prefix", "target_suffix", "draft"} <= set(
+        Profile.from_json(json.loads(profile.read_text()), "rehearsal").stages)  # what whatif reads
     assert "passed: exit 0" in rows["bench-graphs-on"]
     assert "FAILED: exit" in rows["tests"] and (tmp_path / "tests.log").exists()
     assert "| skipped: the time budget ran out |" in rows["bench-graphs-off"]
