@@ -107,8 +107,11 @@ def _timeline_row(fig, trace: Trace, row: int, step: int | None, shown: set):
                           "tokens %{customdata[2]}<br>%{customdata[3]:.2f} ms<extra>%{y}</extra>"), row=row, col=1)
         shown.add(kind)
     lanes = list(reversed(lanes_of(trace)))
+    clocks = trace.meta.get("span_clocks", {})  # lane name -> "host" or "CUDA events"
+    events = "<br>bars: when the GPU itself worked (CUDA events)"
     fig.update_yaxes(categoryorder="array", categoryarray=lanes, tickmode="array", tickvals=lanes,
-                     ticktext=[lane_text(lane, lanes) for lane in lanes], row=row, col=1)
+                     ticktext=[lane_text(lane, lanes) + (events if clocks.get(trace.lanes.get(lane)) == "CUDA events"
+                                                         else "") for lane in lanes], row=row, col=1)
 
 
 def step_window_ms(trace: Trace, step: int) -> tuple[float, float]:

@@ -334,6 +334,17 @@ def test_lane_labels_say_the_device_the_role_and_a_shared_processor(race):
     assert "target on cpu:0<br>plays the GPU (same CPU as the other lane)" in ticks
     assert figures.lane_text("draft, NPU role, cuda:1", ["target, GPU role, cuda:0", "draft, NPU role, cuda:1"]) == \
         "draft on cuda:1<br>plays the NPU"
+    assert not any("CUDA events" in tick for tick in ticks)  # CPU lanes: the host's readings
+
+
+def test_a_gpu_lane_says_its_bars_are_the_gpus_own_time():
+    from mirror_sd.trace import Span, Trace
+
+    trace = Trace("vanilla", dict(span_clocks={"target": "CUDA events"}))
+    trace.lanes = {"target, GPU role, cuda:0": "target"}
+    trace.spans = [Span("target, GPU role, cuda:0", "decode", "", 0.0, 0.002, 1)]
+    ticks = list(figures.timeline({"vanilla": trace}).layout.yaxis.ticktext)
+    assert ticks == ["target on cuda:0<br>plays the GPU<br>bars: when the GPU itself worked (CUDA events)"]
 
 
 def _run_of(method: str, lanes: dict, steps: list, step_ms: float, tokens_per_s: float):
