@@ -242,7 +242,8 @@ def cmd_sweep(args) -> int:
     table = sweep(pair, prompts, args.method, option, values, out_dir=args.out, options=_method_options(args),
                   **_settings(args))
     print(table.to_markdown(index=False, floatfmt=".3f"))
-    print(f"\nwrote {args.out}/sweep.csv, sweep.html")
+    html = ", sweep.html" if (Path(args.out) / "sweep.html").exists() else ""
+    print(f"\nwrote {args.out}/sweep.csv{html}")
     return 0
 
 

@@ -1,5 +1,6 @@
 """The bench command: vanilla first, equality checked, CSV + markdown summaries written."""
 import json
+import sys
 
 import pandas as pd
 import pytest
@@ -125,6 +126,21 @@ def test_sweep_runs_vanilla_once_and_each_value(tiny_dirs, tmp_path, capsys):
     results = pd.read_csv(out / "results.csv")
     assert list(results.method) == ["vanilla", "sd", "sd"]  # vanilla once, then each value
     assert list(results.gamma.fillna(0)) == [0, 1, 3]
+
+
+def test_a_sweep_without_plotly_keeps_its_numbers_and_says_the_chart_is_missing(tiny_dirs, tmp_path, capsys,
+                                                                               monkeypatch):
+    for name in ("plotly", "plotly.graph_objects", "plotly.subplots"):
+        monkeypatch.setitem(sys.modules, name, None)  # import fails, as on a bare GPU image
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "category": "qa", "prompt": "t1 t2 t3"}))
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--method", "sd", "--option", "gamma", "--values", "2", "--prompts", str(prompts),
+                 "--max-new-tokens", "4", "--out", str(out), "--raw",
+                 "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"])]) == 0
+    captured = capsys.readouterr()
+    assert (out / "sweep.csv").exists() and not (out / "sweep.html").exists()
+    assert "plotly is not installed" in captured.err and captured.out.rstrip().endswith("sweep.csv")
 
 
 def test_sweep_rejects_options_the_method_lacks(tiny_dirs, tmp_path, capsys):
