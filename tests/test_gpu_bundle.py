@@ -86,3 +86,10 @@ def test_the_calls_carry_one_part_each_and_the_last_runs_gpu_check(tmp_path):
     calls = gb.calls(parts, tmp_path).splitlines()
     assert len(calls) == 3 and all(f'carry=[".gpu/{k}"]' in c for k, c in zip((1, 2, 3), calls))
     assert "gpu-check" not in calls[0] and "unpack" in calls[2] and "gpu-check --out" in calls[2]
+
+
+def test_the_last_call_can_run_another_command_within_the_devices_limit(tmp_path):
+    parts = [tmp_path / ".gpu" / "1"]
+    assert gb.calls(parts, tmp_path, run="python3 -m mirror_sd sweep --method mirror").count("sweep --method") == 1
+    with pytest.raises(SystemExit, match="over the device's 2000"):
+        gb.calls(parts, tmp_path, run="x" * 2000)
