@@ -123,7 +123,7 @@ def test_every_method_on_stages_commits_vanillas_tokens(pair, stage_runs, method
 
 
 @pytest.mark.parametrize("method,options", [("vanilla", {}), ("sd", dict(gamma=3)), ("mirror", dict(exit_layer=1)),
-                                            ("eagle", {}), ("ss", dict(gamma=3))])
+                                            ("eagle", {}), ("ss", dict(gamma=3)), ("ss", dict(gamma=3, one_forward=1))])
 def test_a_prompt_longer_than_the_widest_stage_prefills_in_chunks(pair, stage_runs, method, options):
     expected = vanilla_tokens(pair, LONG_PROMPT)
     out = generate(pair, LONG_PROMPT, method=method, max_new_tokens=TOKENS, raw=True, **options)
