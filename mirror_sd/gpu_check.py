@@ -5,8 +5,9 @@ command does everything the CPU cannot inside a time budget (``--budget``, model
 by default it fits one 10-minute command), most telling part first, and writes what it found into
 DIR:
 
-1. one CUDA-graph replay of each fixed-shape stage (models/stages.py) at every bucketed width, timed
-   with CUDA events (the GPU's own time, no host launches), and the two lanes' graphs side by side
+1. one CUDA-graph replay of each fixed-shape stage (models/stages.py; Mirror-SD's early exit, the
+   streams' pass and the EAGLE head's forward too) at every bucketed width, timed with CUDA events
+   (the GPU's own time, no host launches), and the two lanes' graphs side by side
    on two streams: a hardware profile in the format of ``mirror_sd/profiles/*.json`` (whatif.py),
    ``profile-<gpu>.json``;
 2. the bench (vanilla, sd, eagle, ss, mirror; 2 prompts per category, 64 tokens, T = 0) on this
@@ -193,9 +194,11 @@ def stage_profile(pair=None, timer=None) -> tuple[dict, list[dict]]:
         d = Stages(draft, CACHE_SLOTS, stream=pair.draft_lane.stream)
         ms = {}
         for stage, (stages, name) in {"target": (t, "full"), "target_prefix": (t, "prefix"),
-                                      "target_suffix": (t, "suffix"), "draft": (d, "full")}.items():
+                                      "target_suffix": (t, "suffix"), "draft": (d, "full"),
+                                      **_method_stages(pair, t, exit_layer)}.items():
             with _on_stream(stages.model.device, pair.draft_lane.stream if stages is d else None):
                 ms[stage] = {w: timer(stages.stage(name, w)) for w in BUCKETS}
+        exit_ms = ms.pop("early_exit")
         overlap, serial, parallel = 1.0, None, None
         if draft.device == target.device and pair.draft_lane.stream is not None:  # one GPU, two streams
             serial, parallel = side_by_side_ms(t.stage("full", 8), d.stage("full", 1), pair.draft_lane.stream)
@@ -210,22 +213,49 @@ def stage_profile(pair=None, timer=None) -> tuple[dict, list[dict]]:
         source=(f"Measured by python -m mirror_sd gpu-check on {gpu}, {datetime.now(timezone.utc):%Y-%m-%d}: "
                 f"CUDA-graph replays of the fixed-shape stages (mirror_sd/models/stages.py) of the embedded pair, "
                 f"{target.dtype}, median of {REPLAYS}, CUDA events, caches of {CACHE_SLOTS} slots. "
-                f"target_prefix: layers [0, {exit_layer}) without the exit head; target_suffix: layers "
-                f"[{exit_layer}, {target.num_layers}) and the LM head. "
+                f"target_prefix: layers [0, {exit_layer}) and the early exit (two stages); target_suffix: layers "
+                f"[{exit_layer}, {target.num_layers}) and the LM head; "
+                f"{'eagle_head: the head forward over pairs (not its logits); ' if 'eagle_head' in ms else ''}"
+                f"{'streams: the stream rows through the top layers and the streams head. ' if 'streams' in ms else ''}"
                 + (f"overlap from a width-8 target replay beside 4 one-token draft replays on the draft lane's "
                    f"stream: {serial:.3f} ms one after the other, {parallel:.3f} ms side by side. "
                    if serial is not None else "overlap 1: the draft has a GPU of its own (assumed, not measured). ")
-                + "Not measured here: rendezvous_ms, channel_ms, step_ms (0), and the stages of the EAGLE head, "
-                  "the early exit and the streams."),
+                + "Not measured here: rendezvous_ms, channel_ms, step_ms (0)."),
         notes=f"{gpu}, CUDA graphs, {target.dtype}; draft lane {pair.draft_lane.label}.",
         devices=dict(target=f"{gpu} (CUDA graphs)", draft=pair.draft_lane.label),
         rendezvous_ms=0.0, channel_ms=0.0, overlap=round(overlap, 3), draft_speed=1.0, step_ms=0.0,
-        stages={s: {"ms_by_width": {str(w): round(v, 4) for w, v in by_width.items()}} for s, by_width in ms.items()},
+        stages={s: {"ms_by_width": {str(w): round(v + (exit_ms[w] if s == "target_prefix" else 0.0), 4)
+                                    for w, v in by_width.items()}} for s, by_width in ms.items()},
     )
     Profile.from_json(profile, "gpu-check profile")  # the format whatif reads, checked before it is written
     profile["notes"] += f" Graphs against the plain forward: {agree}."
-    table = [dict(width=w, **{s: ms[s][w] for s in ms}, plain=plain[w]) for w in BUCKETS]
+    table = [dict(width=w, **{s: ms[s][w] for s in ms}, early_exit=exit_ms[w], plain=plain[w]) for w in BUCKETS]
     return profile, table
+
+
+def _method_stages(pair, t, exit_layer: int) -> dict:
+    """stage -> (stage set, name) of the other stages the methods replay, where the pair has what they
+    need: Mirror-SD's early exit (its default reader) and the streams' pass, on the target's set
+    ``t``, and the EAGLE head's forward over pairs, on a set of its own."""
+    from .methods.eagle import head_for
+    from .methods.mirror import choose_exit_head, exit_reader
+    from .models.eagle import HeadStages
+    from .models.forwards import name_range
+    from .models.streams import target_streams
+
+    reader = exit_reader(pair, choose_exit_head(pair, exit_layer, -1))
+    stages = {"early_exit": (t, name_range(t, (exit_layer, exit_layer, reader)))}
+    try:
+        streams = target_streams(pair)
+        stages["streams"] = (t, name_range(t, (streams.first_layer, None, streams)))
+    except MirrorSDError:  # no streams for this target
+        pass
+    try:
+        head = head_for(pair)
+        stages["eagle_head"] = (HeadStages(head, CACHE_SLOTS), HeadStages.name(None))
+    except MirrorSDError:  # no EAGLE head for this target
+        pass
+    return stages
 
 
 @contextmanager
@@ -304,12 +334,14 @@ def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
         lines.append(f"| {p['name']} | {outcome.replace('|', '/')} | {p['wall_s']:.0f} | `{p['command']}` |")
     stages = next((p for p in parts if p["name"] == "stages"), {})
     if stages.get("table"):
+        columns = {"target": "target", "target_prefix": "target prefix", "early_exit": "early exit",
+                   "target_suffix": "target suffix", "draft": "draft", "streams": "streams", "eagle_head": "EAGLE head",
+                   "plain": "plain target forward (host wall ms)"}
+        columns = {k: v for k, v in columns.items() if k in stages["table"][0]}
         lines += ["", "## One CUDA-graph replay per stage (GPU ms, median; CUDA events)", "",
-                  "| width | target | target prefix | target suffix | draft | plain target forward (host wall ms) |",
-                  "|---|---|---|---|---|---|"]
+                  "| width | " + " | ".join(columns.values()) + " |", "|---" * (len(columns) + 1) + "|"]
         for row in stages["table"]:
-            cells = [_ms(row[k]) for k in ("target", "target_prefix", "target_suffix", "draft", "plain")]
-            lines.append(f"| {row['width']} | " + " | ".join(cells) + " |")
+            lines.append(f"| {row['width']} | " + " | ".join(_ms(row[k]) for k in columns) + " |")
         lines += ["", stages["profile"]["notes"], "",
                   f"overlap (draft on the second stream): {stages['profile']['overlap']}. "
                       f"Profile: `{stages['outcome'].removeprefix('wrote ')}` "

@@ -27,7 +27,7 @@ def test_gpu_checks_agreement_of_stages_and_plain_forward_on_the_cpu_too(tiny_pa
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="rehearses on a machine without CUDA")
 def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budget_leaves_no_room_for(
-        tmp_path, monkeypatch, tiny_dirs, tiny_pair):
+        tmp_path, monkeypatch, tiny_dirs):
     """Every part really runs on the CPU, as a stand-in GPU, on the tiny pair: the stage replays
     (eager, timed by the host), the graphs-on bench (with graphs off, to get its traces), the tests
     part (made to fail), and the last bench finds the budget spent. The report shows each outcome,
@@ -43,7 +43,16 @@ def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budge
         stage.replay()
         return 1e3 * (time.perf_counter() - start)
 
-    monkeypatch.setattr(gpu_check, "stage_profile", functools.partial(gpu_check.stage_profile, tiny_pair, host_ms))
+    from mirror_sd import load_pair
+    from mirror_sd.methods.eagle import attach_head
+    from mirror_sd.models.eagle import EagleHead
+    from test_ss import random_streams
+
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]))  # with every method's add-on
+    torch.manual_seed(0)
+    attach_head(pair, EagleHead.from_target(pair.target, torch.arange(16)))
+    pair.streams = random_streams(pair.target, layers=1, G=3)
+    monkeypatch.setattr(gpu_check, "stage_profile", functools.partial(gpu_check.stage_profile, pair, host_ms))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Rehearsal GPU")
     monkeypatch.setattr(gpu_check, "BENCH", ["--methods", "vanilla,mirror", "--limit", "2", "--max-new-tokens", "6",
@@ -73,8 +82,9 @@ def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budge
     assert "passed: wrote profile-" in rows["stages"]
     assert "## One CUDA-graph replay per stage" in report and "the same 32 greedy tokens" in report
     (profile,) = tmp_path.glob("profile-*.json")
-    assert {"target", "target_prefix", "target_suffix", "draft"} <= set(
+    assert {"target", "target_prefix", "target_suffix", "draft", "streams", "eagle_head"} <= set(
         Profile.from_json(json.loads(profile.read_text()), "rehearsal").stages)  # what whatif reads
+    assert "| width | target | target prefix | early exit | target suffix | draft | streams | EAGLE head |" in report
     assert "passed: exit 0" in rows["bench-graphs-on"]
     assert "FAILED: exit" in rows["tests"] and (tmp_path / "tests.log").exists()
     assert "| skipped: the time budget ran out |" in rows["bench-graphs-off"]
