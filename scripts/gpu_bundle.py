@@ -18,7 +18,7 @@ converts the GGUF once) and gpu-check. Afterwards, here:
 
     python -m scripts.gpu_bundle restore
 
-puts the assets back in the index (commit nothing between the two). The machine side uses the
+puts the assets back in the index (a pre-commit hook refuses commits until then). The machine side uses the
 standard library only, so it runs before anything is installed there.
 """
 from __future__ import annotations
@@ -96,11 +96,25 @@ def pack(repo: Path, files: list[tuple[Path, str]], limit: int = CALL_LIMIT, mar
     return parts
 
 
+HOOK = f"""#!/bin/sh
+# {EXCLUDE_BEGIN}
+echo "gpu_bundle: the big assets are out of the index; run python -m scripts.gpu_bundle restore before committing" >&2
+exit 1
+"""
+
+
 def untrack(repo: Path, paths: list[str]):
-    """Leave ``paths`` out of the index (the files stay) and ignore them, so a call's tree skips them."""
+    """Leave ``paths`` out of the index (the files stay) and ignore them, so a call's tree skips them;
+    a pre-commit hook refuses commits meanwhile, which would delete the assets."""
     if not paths:
         return
+    hook = repo / ".git" / "hooks" / "pre-commit"
+    if hook.exists():
+        raise SystemExit(f"{hook} exists: gpu_bundle guards commits with a hook of its own there; move it aside")
     git(repo, "rm", "--cached", "-q", "--", *paths)
+    hook.parent.mkdir(parents=True, exist_ok=True)
+    hook.write_text(HOOK)
+    hook.chmod(0o755)
     exclude = repo / ".git" / "info" / "exclude"
     exclude.parent.mkdir(parents=True, exist_ok=True)
     kept = exclude.read_text() if exclude.exists() else ""
@@ -125,6 +139,9 @@ def restore(repo: Path) -> list[str]:
         paths = [line.lstrip("/") for line in lines[begin + 1:end]]
         exclude.write_text("\n".join(lines[:begin] + lines[end + 1:]) + "\n")
         git(repo, "reset", "-q", "--", *paths)
+    hook = repo / ".git" / "hooks" / "pre-commit"
+    if hook.exists() and EXCLUDE_BEGIN in hook.read_text():
+        hook.unlink()
     shutil.rmtree(repo / BUNDLE, ignore_errors=True)
     return paths
 
@@ -231,7 +248,7 @@ def main(argv=None):
         wheels = download_wheels(Path.home() / ".cache" / "mirror-sd" / "gpu-wheels")
         parts = pack(ROOT, payload(ROOT, package_dir=Path(spec.origin).parent, wheels=wheels))
         print(f"{len(parts)} parts in {BUNDLE}/; the big assets are out of the index until "
-              f"`python -m scripts.gpu_bundle restore` (commit nothing meanwhile). The device calls, back to back:")
+              f"`python -m scripts.gpu_bundle restore` (a pre-commit hook refuses commits meanwhile). The device calls, back to back:")
         print(calls(parts, ROOT, args.run))
     elif args.what == "restore":
         paths = restore(ROOT)

@@ -49,6 +49,9 @@ def test_parts_fit_beside_the_tree_and_unpack_to_the_same_files(repo, tmp_path):
         assert sum(travels.values()) + sum(f.stat().st_size for f in part.iterdir()) <= limit - margin
     with pytest.raises(SystemExit, match="restore"):
         gb.pack(repo, files, limit=limit, margin=margin)
+    commit = subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+                            capture_output=True, text=True)
+    assert commit.returncode != 0 and "restore before committing" in commit.stderr  # would delete the assets
 
     machine, store = tmp_path / "machine", tmp_path / "store"  # the tree as a call copies it, and /tmp there
     for name in travels:
@@ -62,7 +65,7 @@ def test_parts_fit_beside_the_tree_and_unpack_to_the_same_files(repo, tmp_path):
 
     assert gb.restore(repo) == ["assets/big.bin"]
     assert "assets/big.bin" in git(repo, "ls-files") and git(repo, "status", "--porcelain") == ""
-    assert not gb.packed(repo) and not (repo / ".gpu").exists()
+    assert not gb.packed(repo) and not (repo / ".gpu").exists() and not (repo / ".git/hooks/pre-commit").exists()
 
 
 def test_unpack_refuses_a_missing_or_damaged_part(repo, tmp_path):
