@@ -2,11 +2,20 @@
 parts, budget and report, so that a session lent a GPU spends none of its short time on them."""
 from __future__ import annotations
 
+import functools
+import json
+import time
+
 import pytest
 import torch
 
-from mirror_sd import gpu_check
+from mirror_sd import gpu_check, load_pair
+from mirror_sd.methods.eagle import attach_head
+from mirror_sd.models.eagle import EagleHead
 from mirror_sd.models.stages import Stages
+from mirror_sd.whatif import Profile
+
+from test_ss import random_streams
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer on a machine without CUDA")
@@ -32,21 +41,10 @@ def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budge
     (eager, timed by the host), the graphs-on bench (with graphs off, to get its traces), the tests
     part (made to fail), and the last bench finds the budget spent. The report shows each outcome,
     the stage table and the bench's tables."""
-    import functools
-    import json
-    import time
-
-    from mirror_sd.whatif import Profile
-
     def host_ms(stage):
         start = time.perf_counter()
         stage.replay()
         return 1e3 * (time.perf_counter() - start)
-
-    from mirror_sd import load_pair
-    from mirror_sd.methods.eagle import attach_head
-    from mirror_sd.models.eagle import EagleHead
-    from test_ss import random_streams
 
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]))  # with every method's add-on
     torch.manual_seed(0)
