@@ -335,7 +335,7 @@ class Lane:
 
     def synchronize(self):
         if self.device.type == "cuda":
-            (self.stream or torch.cuda.current_stream(self.device)).synchronize()
+            self.work_stream.synchronize()
             for other in self.devices[1:]:  # the later shards of a sharded model
                 torch.cuda.current_stream(other).synchronize()
         elif self.device.type == "mps":

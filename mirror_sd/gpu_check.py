@@ -23,8 +23,8 @@ DIR:
    It is written again after every part, so a run stopped from outside keeps what it finished.
 
 A part that fails or runs out of time is reported and the next one runs; a part that the budget
-no longer leaves 30 seconds for is reported as skipped. Without CUDA the command says so in one
-line and exits 2.
+no longer leaves ``LEAST_S`` seconds for is reported as skipped. Without CUDA the command says so
+in one line and exits 2.
 """
 from __future__ import annotations
 
@@ -59,6 +59,8 @@ BENCH_TITLES = {"bench-graphs-on": "the methods on CUDA graphs (--graphs on)",
                 "bench-draft-cpu": "the draft on the CPU, the target on CUDA graphs (--draft-device cpu)"}
 CACHE_SLOTS = 1024  # the stages' cache: attention reads every slot, so a stage's cost depends on it
 REPLAYS = 20  # timed replays per stage and width (the median is kept)
+LEAST_S = 30  # a part the budget leaves less time than this for is skipped
+SKIPPED = "skipped: the time budget ran out"
 
 
 def gpu_check(out: Path, budget_s: float = BUDGET_S) -> int:
@@ -76,14 +78,14 @@ def gpu_check(out: Path, budget_s: float = BUDGET_S) -> int:
         parts.append(part)
         write_report(out, parts, gpu, budget_s)
 
-    tests = [sys.executable, "-m", "pytest", *TESTS, "-q", "-p", "no:cacheprovider"]
     done(_stage_part(out, deadline))  # the quickest sign that capture works
     for name, extra, limit in BENCHES:
         command = [sys.executable, "-m", "mirror_sd", "bench", *BENCH, *[a.format(out=out / name) for a in extra],
                    "--out", str(out / name), "--report", str(out / f"{name}.md")]
         done(_run(out, name, command, deadline, limit))
         if name == "bench-graphs-on":  # the headline first, then the tests that say why it failed, if it did
-            done(_run(out, "tests", tests, deadline, limit=180))
+            done(_run(out, "tests", [sys.executable, "-m", "pytest", *TESTS, "-q", "-p", "no:cacheprovider"],
+                      deadline, limit=180))
     print(f"wrote {out / 'report.md'}")
     return 0 if all(p["ok"] for p in parts) else 1
 
@@ -93,17 +95,17 @@ def _run(out: Path, name: str, command: list[str], deadline: float, limit: int) 
     timeout = min(limit, deadline - time.monotonic())
     shown = ["python", *command[1:]] if command[0] == sys.executable else command
     part = dict(name=name, command=" ".join(shown), ok=False)
-    if timeout < 30:
-        return dict(part, outcome="skipped: the time budget ran out", wall_s=0.0)
+    if timeout < LEAST_S:
+        return dict(part, outcome=SKIPPED, wall_s=0.0)
     print(f"gpu-check: {name} (at most {timeout:.0f} s) ...", flush=True)
     start = time.monotonic()
     log = out / f"{name}.log"
     try:
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        log.write_text(done.stdout + done.stderr, encoding="utf-8")
-        lines = [line for line in (done.stdout + done.stderr).strip().splitlines() if "%|" not in line]  # no bars
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        log.write_text(proc.stdout + proc.stderr, encoding="utf-8")
+        lines = [line for line in (proc.stdout + proc.stderr).strip().splitlines() if "%|" not in line]  # no bars
         last = f": {lines[-1][:200]}" if lines else ""
-        part.update(ok=done.returncode == 0, outcome=f"exit {done.returncode}{last}")
+        part.update(ok=proc.returncode == 0, outcome=f"exit {proc.returncode}{last}")
     except subprocess.TimeoutExpired as e:
         log.write_text(_text(e.stdout) + _text(e.stderr), encoding="utf-8")
         part.update(outcome=f"stopped after {timeout:.0f} s (time budget)")
@@ -117,8 +119,8 @@ def _text(b) -> str:
 
 def _stage_part(out: Path, deadline: float) -> dict:
     part = dict(name="stages", command="in process: models/stages.py on the embedded pair", ok=False)
-    if deadline - time.monotonic() < 30:
-        return dict(part, outcome="skipped: the time budget ran out", wall_s=0.0)
+    if deadline - time.monotonic() < LEAST_S:
+        return dict(part, outcome=SKIPPED, wall_s=0.0)
     print("gpu-check: stage replays ...", flush=True)
     start = time.monotonic()
     try:
@@ -329,8 +331,7 @@ def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
              f"{torch.cuda.device_count()} GPU(s).", "",
              "| part | outcome | wall s | command |", "|---|---|---|---|"]
     for p in parts:
-        skipped = p["outcome"].startswith("skipped")
-        outcome = p["outcome"] if skipped else ("passed" if p["ok"] else "FAILED") + f": {p['outcome']}"
+        outcome = SKIPPED if p["outcome"] == SKIPPED else ("passed" if p["ok"] else "FAILED") + f": {p['outcome']}"
         lines.append(f"| {p['name']} | {outcome.replace('|', '/')} | {p['wall_s']:.0f} | `{p['command']}` |")
     stages = next((p for p in parts if p["name"] == "stages"), {})
     if stages.get("table"):

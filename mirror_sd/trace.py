@@ -264,19 +264,19 @@ class Trace:
         between steps count); the last one to its own last span. Idle: the part of that time when no
         lane worked on the step, which is the host's own (choosing, launching, reading): with CUDA-
         event spans, what graphs and a rendezvous on the device would leave to win."""
-        starts, ends, spans = {}, {}, {}
+        spans: dict[int, list[Span]] = {}
         for s in self.spans:
             if s.step:  # step 0 is the prefill
-                starts[s.step] = min(starts.get(s.step, s.start), s.start)
-                ends[s.step] = max(ends.get(s.step, s.end), s.end)
                 spans.setdefault(s.step, []).append(s)
+        starts = {index: min(s.start for s in group) for index, group in spans.items()}
         order = sorted(starts)
         following = dict(zip(order, order[1:]))
         rows = []
         for step in self.steps:
-            if step.index in starts:
+            if step.index in spans:
                 start = starts[step.index]
-                end = starts[following[step.index]] if step.index in following else ends[step.index]
+                end = (starts[following[step.index]] if step.index in following
+                       else max(s.end for s in spans[step.index]))
                 busy = _covered(spans[step.index], start, end)
                 rows.append(dict(kind=step.kind, ms=1000 * (end - start), tokens=len(step.committed),
                                  idle=1000 * (end - start - busy)))

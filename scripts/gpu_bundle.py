@@ -147,11 +147,8 @@ def restore(repo: Path) -> list[str]:
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(2**20):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 # -- on the machine ----------------------------------------------------------------------------------

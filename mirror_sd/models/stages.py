@@ -40,9 +40,10 @@ stream rows after them (models/streams.py: ``forward_with_streams``).
 
 Not here (these run the plain forward, on the same cache, with graphs on): the LM head over
 EAGLE's features and its head's logits (one product each: one launch, nothing for a graph to
-save), tree windows of more than 64 rows, and any sharded model. A CUDA lane's spans come from CUDA events around its work (devices.EventClock).
-The host still synchronises a lane after each piece of work: Mirror-SD's draft stream starts its
-rollouts once the host has read the token channel, not on a CUDA event.
+save), tree windows of more than 64 rows, and any sharded model. A CUDA lane's spans come from
+CUDA events around its work (devices.EventClock). The host still synchronises a lane after each
+piece of work: Mirror-SD's draft stream starts its rollouts once the host has read the token
+channel, not on a CUDA event.
 """
 from __future__ import annotations
 

@@ -223,13 +223,11 @@ def forward_with_streams(model, streams: Streams, ids, cache, gamma: int, rows=N
     T, start = ids.shape[1], cache.length
     win = model.window(cache, T, positions=positions, tree_mask=tree_mask)
     h0 = model.forward_layers(model.embed(ids), cache, win, 0, streams.first_layer)  # [1, T, d]
-    rows = torch.arange(T, device=h0.device) if rows is None else torch.as_tensor(rows, device=h0.device)
-    R = len(rows)
-    stream_in, stream_positions = streams.inputs(model, h0[:, rows], win.positions[:, rows], gamma)  # [1, R*g, .]
     main_mask = win.mask[:, 0] if win.mask is not None else torch.ones(1, T, start + T, dtype=torch.bool,
                                                                         device=h0.device)  # [1, T, start + T]
+    R, stream_in, stream_positions, stream_sees = _stream_rows(model, streams, h0, win.positions, main_mask, start,
+                                                               rows, gamma)
     main_sees_no_stream = torch.zeros(1, T, R * gamma, dtype=torch.bool, device=h0.device)
-    stream_sees = stream_mask(start + rows[None], start + T, gamma, main_mask[:, rows])  # [1, R*g, start+T+R*g]
     mask = torch.cat([torch.cat([main_mask, main_sees_no_stream], dim=-1), stream_sees], dim=1)
     joint = model.window(cache, T + R * gamma, torch.cat([win.positions, stream_positions], dim=1), mask,
                          main_rows=T, adapter=streams.adapter)
@@ -241,19 +239,28 @@ def _streams_after_main_rows(model, streams: Streams, ids, cache, gamma: int, ro
     """``forward_with_streams`` on a stage cache: the main rows' stages, then the stream rows' stage."""
     T, start = ids.shape[1], cache.length
     logits, h0 = split_forward(model, ids, cache, streams.first_layer, positions, tree_mask)  # [1, T, V], [1, T, d]
-    device = h0.device
     if positions is None:
-        positions = torch.arange(start, start + T, device=device)[None]  # [1, T]
-    rows = torch.arange(T, device=device) if rows is None else torch.as_tensor(rows, device=device)
-    stream_in, stream_positions = streams.inputs(model, h0[:, rows], positions[:, rows], gamma)  # [1, R*g, .]
-    main_mask = full_mask(tree_mask, T, start, device)  # [1, T, start + T]
-    sees = stream_mask(start + rows[None], start + T, gamma, main_mask[:, rows])  # [1, R*g, start + T + R*g]
+        positions = torch.arange(start, start + T, device=h0.device)[None]  # [1, T]
+    main_mask = full_mask(tree_mask, T, start, h0.device)  # [1, T, start + T]
+    R, stream_in, stream_positions, sees = _stream_rows(model, streams, h0, positions, main_mask, start, rows, gamma)
     cache.length = start + T  # the stream rows read the window's main rows, stored by split_forward
     try:
         ahead = stream_layers(model, streams, stream_in, cache, stream_positions, sees)  # [1, R*g, head rows]
     finally:
         cache.length = start
-    return logits, ahead.view(1, len(rows), gamma, -1)
+    return logits, ahead.view(1, R, gamma, -1)
+
+
+def _stream_rows(model, streams: Streams, h0, positions, main_mask, start: int, rows, gamma: int):
+    """The stream rows of window rows ``rows`` (None: all T) of ``forward_with_streams``: how many
+    main rows R get streams, the rows' inputs and positions [1, R*g, .], and what they see
+    [1, R*g, start + T + R*g]: what their main row sees (``main_mask`` [1, T, start + T]), then
+    streams 1..j of their own row."""
+    T = h0.shape[1]
+    rows = torch.arange(T, device=h0.device) if rows is None else torch.as_tensor(rows, device=h0.device)
+    stream_in, stream_positions = streams.inputs(model, h0[:, rows], positions[:, rows], gamma)
+    sees = stream_mask(start + rows[None], start + T, gamma, main_mask[:, rows])
+    return len(rows), stream_in, stream_positions, sees
 
 
 def _key(layer: int, name: str) -> str:
