@@ -24,8 +24,11 @@ def no_grad():
 
 
 @pytest.fixture(scope="module")
-def target(tiny_pair):
-    return tiny_pair.target
+def target(tiny_dirs):
+    """The tiny target on the CPU on every machine: these tests check the stages' arithmetic, eagerly."""
+    from mirror_sd.models.loading import load_model
+
+    return load_model(tiny_dirs["target"], torch.device("cpu"), torch.float32)[0]
 
 
 def plain_prefill(model, ids, slots=160):
@@ -128,8 +131,10 @@ def test_a_tree_window_with_depth_positions_equals_the_plain_tree_forward(target
     assert torch.allclose(got, expected, atol=ATOL)
 
 
-def test_a_batch_of_branches_at_one_width(tiny_pair):
-    draft = tiny_pair.draft
+def test_a_batch_of_branches_at_one_width(tiny_dirs):
+    from mirror_sd.models.loading import load_model
+
+    draft = load_model(tiny_dirs["draft"], torch.device("cpu"), torch.float32)[0]
     prompts = torch.tensor([[1, 5, 9], [2, 2, 7]])
     expected, _ = plain_prefill(draft, prompts)
     stages = Stages(draft, 160, batch=2)
