@@ -9,7 +9,9 @@ DIR:
    streams' pass and the EAGLE head's forward too) at every bucketed width, timed with CUDA events
    (the GPU's own time, no host launches), and the two lanes' graphs side by side
    on two streams: a hardware profile in the format of ``mirror_sd/profiles/*.json`` (whatif.py),
-   ``profile-<gpu>.json``;
+   ``profile-<gpu>.json``; then why the target's time moves with the width (mirror_sd/kernels.py:
+   its top kernels at widths 1, 8 and 32, and its replays with TF32 products and in bf16), and
+   which widths the stages route to a wider, cheaper bucket;
 2. the bench (vanilla, sd, eagle, ss, mirror; 2 prompts per category, 64 tokens, T = 0) on this
    machine's default devices with ``--graphs on`` (the methods on captured stages): ``bench-*/``
    and ``bench-*.md``;
@@ -42,7 +44,8 @@ import torch
 
 from .devices import hardware_name
 from .errors import MirrorSDError
-from .models.stages import BUCKETS
+from .kernels import PROFILED_WIDTHS, format_times, kernel_table
+from .models.stages import BUCKETS, MAX_WIDTH, bucket, cheapest_bucket
 from .trace import Trace, step_cost_table
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository (tests/ lives there)
@@ -124,11 +127,11 @@ def _stage_part(out: Path, deadline: float) -> dict:
     print("gpu-check: stage replays ...", flush=True)
     start = time.monotonic()
     try:
-        profile, table = stage_profile()
+        profile, table, diagnosis = stage_profile()
         path = out / f"profile-{profile['name']}.json"
         path.write_text(json.dumps(profile, indent=1), encoding="utf-8")
         agree = "DIFFERENT" not in profile["notes"]  # graphs_agree: graphs commit the plain forward's tokens
-        part.update(ok=agree, outcome=f"wrote {path.name}", table=table, profile=profile)
+        part.update(ok=agree, outcome=f"wrote {path.name}", table=table, profile=profile, diagnosis=diagnosis)
     except Exception as e:  # noqa: BLE001  (reported; the benches still run)
         part.update(outcome=f"{type(e).__name__}: {e}")
     part["wall_s"] = time.monotonic() - start
@@ -138,16 +141,7 @@ def _stage_part(out: Path, deadline: float) -> dict:
 # -- stage replays, timed on the GPU ---------------------------------------------------------------
 def replay_ms(stage, repeats: int = REPLAYS) -> float:
     """Median GPU milliseconds of one replay of a captured stage (its buffers hold padding)."""
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    stage.replay()  # the first replay uploads the graph
-    times = []
-    for _ in range(repeats):
-        begin.record()
-        stage.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end))
-    return statistics.median(times)
+    return stage.time_replays(repeats)
 
 
 def side_by_side_ms(target_stage, draft_stage, draft_stream, draft_runs: int = 4) -> tuple[float, float]:
@@ -177,10 +171,11 @@ def side_by_side_ms(target_stage, draft_stage, draft_stream, draft_runs: int = 4
     return statistics.median(serial), statistics.median(parallel)
 
 
-def stage_profile(pair=None, timer=None) -> tuple[dict, list[dict]]:
+def stage_profile(pair=None, timer=None) -> tuple[dict, list[dict], dict]:
     """Capture every stage of the embedded pair (or ``pair``) on this GPU, time one replay of each
-    (``timer``: ``replay_ms``), and return a hardware profile (whatif.Profile's JSON) and the table
-    of times. On the CPU (the tests' rehearsal, with a host timer) the stages run eagerly."""
+    (``timer``: ``replay_ms``), and return a hardware profile (whatif.Profile's JSON), the table of
+    times and what explains the target's times by width (:func:`width_diagnosis`). On the CPU (the
+    tests' rehearsal, with a host timer) the stages run eagerly."""
     from . import load_pair
     from .methods.mirror import default_exit_layer
     from .models.stages import Stages
@@ -208,6 +203,7 @@ def stage_profile(pair=None, timer=None) -> tuple[dict, list[dict]]:
             overlap = max(0.0, min(1.0, (serial - parallel) / shorter)) if shorter > 0 else 0.0
         plain = _plain_forward_ms(target)
         agree = graphs_agree(t, target)
+        diagnosis = width_diagnosis(t, timer)
     gpu = hardware_name(target.device)
     name = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") + "-graphs"
     profile = dict(
@@ -232,7 +228,20 @@ def stage_profile(pair=None, timer=None) -> tuple[dict, list[dict]]:
     Profile.from_json(profile, "gpu-check profile")  # the format whatif reads, checked before it is written
     profile["notes"] += f" Graphs against the plain forward: {agree}."
     table = [dict(width=w, **{s: ms[s][w] for s in ms}, early_exit=exit_ms[w], plain=plain[w]) for w in BUCKETS]
-    return profile, table
+    return profile, table, diagnosis
+
+
+def width_diagnosis(t, timer) -> dict:
+    """Why the target's time grows with the width (mirror_sd/kernels.py): its top kernels at a few
+    widths and its full forward under other number formats; a failure is reported in place."""
+    out = {}
+    for key, measure in (("kernels", lambda: kernel_table(t)),
+                         ("formats", lambda: format_times(t.model, CACHE_SLOTS, timer))):
+        try:
+            out[key] = measure()
+        except Exception as e:  # noqa: BLE001  (a diagnosis must not cost the profile)
+            out[key] = f"{type(e).__name__}: {e}"
+    return out
 
 
 def _method_stages(pair, t, exit_layer: int) -> dict:
@@ -346,7 +355,11 @@ def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
         lines += ["", stages["profile"]["notes"], "",
                   f"overlap (draft on the second stream): {stages['profile']['overlap']}. "
                       f"Profile: `{stages['outcome'].removeprefix('wrote ')}` "
-                      f"(`python -m mirror_sd whatif --profile {out}/{stages['outcome'].removeprefix('wrote ')} ...`)."]
+                      f"(`python -m mirror_sd whatif --profile {out}/{stages['outcome'].removeprefix('wrote ')} ...`).",
+                  "", "Windows that run at a wider, cheaper bucket (models/stages.py routes them by these times): "
+                      + "; ".join(f"{columns[k]}: {_routes({row['width']: row[k] for row in stages['table']})}"
+                                  for k in columns if k != "plain") + "."]
+        lines += diagnosis_section(stages.get("diagnosis", {}))
     for name, title in BENCH_TITLES.items():
         summary = out / name / "summary.md"
         if summary.exists():
@@ -356,6 +369,52 @@ def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
                   "rollouts start); see models/stages.py and docs/devices.md. Spans on CUDA lanes come from CUDA "
                   "events."]
     return "\n".join(lines) + "\n"
+
+
+def _routes(ms_by_width: dict[int, float]) -> str:
+    """'5-16 at 32, 33-48 at 64': the widths :func:`cheapest_bucket` sends past their smallest bucket."""
+    runs = []  # [first, last, bucket]
+    for w in range(1, MAX_WIDTH + 1):
+        to = cheapest_bucket(w, ms_by_width)
+        if to == bucket(w):
+            continue
+        if runs and runs[-1][1] == w - 1 and runs[-1][2] == to:
+            runs[-1][1] = w
+        else:
+            runs.append([w, w, to])
+    return ", ".join(f"{a}-{b} at {to}" if a < b else f"{a} at {to}" for a, b, to in runs) or "none"
+
+
+def diagnosis_section(diagnosis: dict) -> list[str]:
+    """Report lines: the target's top kernels by width and its times under other number formats."""
+    lines = []
+    kernels = diagnosis.get("kernels")
+    if kernels is not None:
+        lines += ["", "## The target's top kernels by width (torch.profiler, one eager forward; us per forward)", ""]
+        if isinstance(kernels, str):
+            lines.append(kernels)
+        else:
+            widths = " | ".join(f"width {w}" for w in PROFILED_WIDTHS)
+            lines += [f"| kernel | calls | {widths} |", "|---|---" + "|---" * len(PROFILED_WIDTHS) + "|"]
+            for row in kernels:
+                name = row["kernel"].replace("|", "/")
+                name = name if len(name) <= 90 else name[:87] + "..."
+                lines.append(f"| `{name}` | {row['calls']:g} | "
+                             + " | ".join(_us(row[f"us_w{w}"]) for w in PROFILED_WIDTHS) + " |")
+    formats = diagnosis.get("formats")
+    if formats is not None:
+        lines += ["", "## The target's full forward under other number formats (ms per replay; the engine runs "
+                      "fp32 without TF32)", ""]
+        if isinstance(formats, str):
+            lines.append(formats)
+        else:
+            lines += ["| width | " + " | ".join(formats) + " |", "|---" * (len(formats) + 1) + "|"]
+            lines += [f"| {w} | " + " | ".join(_ms(times[w]) for times in formats.values()) + " |" for w in BUCKETS]
+    return lines
+
+
+def _us(x) -> str:
+    return "" if x is None else f"{x:.1f}"
 
 
 def step_cost_section(traces: Path) -> list[str]:

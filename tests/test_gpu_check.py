@@ -83,6 +83,13 @@ def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budge
     assert {"target", "target_prefix", "target_suffix", "draft", "streams", "eagle_head"} <= set(
         Profile.from_json(json.loads(profile.read_text()), "rehearsal").stages)  # what whatif reads
     assert "| width | target | target prefix | early exit | target suffix | draft | streams | EAGLE head |" in report
+    assert "Windows that run at a wider, cheaper bucket" in report and "target: " in report
+    kernels = report.split("## The target's top kernels by width")[1].split("##")[0]
+    assert "| kernel | calls | width 1 | width 8 | width 32 |" in kernels
+    assert "`aten::" in kernels  # on the CPU the profiler names operators (on a GPU, kernels)
+    formats = report.split("## The target's full forward under other number formats")[1].split("##")[0]
+    assert "| width | fp32, TF32 products |" in formats and "bf16" not in formats  # bf16 on a GPU only
+    assert len([line for line in formats.splitlines() if line.startswith("| ") and line[2].isdigit()]) == 7
     assert "passed: exit 0" in rows["bench-graphs-on"]
     assert "FAILED: exit" in rows["tests"] and (tmp_path / "tests.log").exists()
     assert "| skipped: the time budget ran out |" in rows["bench-graphs-off"]

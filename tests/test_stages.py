@@ -9,7 +9,7 @@ import torch
 
 from mirror_sd.devices import single_threaded
 from mirror_sd.errors import MirrorSDError
-from mirror_sd.models.stages import BUCKETS, MAX_WIDTH, Stage, Stages, bucket
+from mirror_sd.models.stages import BUCKETS, MAX_WIDTH, ROUTE_MARGIN, Stage, Stages, bucket, cheapest_bucket
 
 ATOL = 1e-5
 PROMPT = torch.tensor([[1, 5, 9, 2, 7]])
@@ -42,6 +42,41 @@ def test_bucket_is_the_smallest_that_holds_the_width():
     for bad in (0, 65):
         with pytest.raises(MirrorSDError):
             bucket(bad)
+
+
+# GPU ms of one target replay per bucket, the shape measured on an H200 (docs/devices.md)
+NOT_MONOTONIC = {1: 3.4, 2: 5.2, 4: 5.0, 8: 8.1, 16: 8.5, 32: 5.9, 64: 6.5}
+
+
+def test_the_cheapest_bucket_is_the_smallest_unless_a_wider_one_measured_cheaper():
+    assert [cheapest_bucket(w, {}) for w in (1, 3, 5, 33)] == [1, 4, 8, 64]  # nothing timed: the smallest
+    routed = {w: cheapest_bucket(w, NOT_MONOTONIC) for w in (1, 2, 3, 5, 8, 16, 17, 32, 33, 64)}
+    assert routed == {1: 1, 2: 2, 3: 4, 5: 32, 8: 32, 16: 32, 17: 32, 32: 32, 33: 64, 64: 64}
+    # 4 costs 5.0 against 2's 5.2: within the margin, so width 2 keeps its own bucket
+    assert NOT_MONOTONIC[4] > NOT_MONOTONIC[2] * (1 - ROUTE_MARGIN)
+    assert cheapest_bucket(5, {8: 8.1, 16: 4.0}) == 16  # only measured buckets compete
+    assert cheapest_bucket(5, {16: 4.0}) == 8  # its own bucket not timed yet: no comparison
+
+
+def test_a_window_runs_at_the_cheaper_wider_bucket_with_the_same_logits(target):
+    expected, plain = plain_prefill(target, PROMPT)
+    stages = Stages(target, 160)
+    stages.capture_all(names=["full"])  # eager on the CPU: made, not timed
+    assert stages.replay_ms == {} and stages.routes("full") == {}
+    stages.replay_ms["full"] = dict(NOT_MONOTONIC)  # as if measured on a GPU
+    assert stages.routes("full") == {w: 32 for w in range(5, 17)}
+    ran = []
+    for width in BUCKETS:
+        stage = stages.stage("full", width)
+        stage.replay = lambda stage=stage, run=stage.replay: (ran.append(stage.width), run())[1]
+    assert torch.allclose(stages.run("full", PROMPT), expected, atol=ATOL)
+    assert ran == [32]  # 5 rows at bucket 32, not 8
+    stages.cache.length = 5
+    assert torch.allclose(stages.run("full", torch.tensor([[3]])), target.forward(torch.tensor([[3]]), plain),
+                          atol=ATOL)
+    assert ran == [32, 1]
+    stages.add("full", (0, target.num_layers), head=False)  # another forward under the name: timings go
+    assert "full" not in stages.replay_ms
 
 
 def test_prefill_equals_the_plain_forward_at_every_bucket_that_holds_it(target):
@@ -186,6 +221,20 @@ def test_captured_graphs_replay_the_eager_logits_on_the_gpu(tiny_dirs):
         assert stages.cache.length == 5 + 80
     assert tokens[0] == tokens[1]
     assert graphs.stage("full", 1).graph is not None
+
+
+@cuda
+def test_capture_times_every_stage_and_routes_by_the_times(tiny_dirs):
+    from mirror_sd.models.loading import load_model
+
+    model, _ = load_model(tiny_dirs["target"], torch.device("cuda"), torch.float32)
+    stages = Stages(model, 160)
+    stages.capture_all(names=["full"])
+    times = stages.replay_ms["full"]
+    assert set(times) == set(BUCKETS) and all(ms > 0 for ms in times.values())
+    assert all(stages.route("full", w) == cheapest_bucket(w, times) for w in range(1, MAX_WIDTH + 1))
+    expected, _ = plain_prefill(model, PROMPT.cuda())
+    assert torch.allclose(stages.run("full", PROMPT.cuda()), expected, atol=1e-4)
 
 
 @cuda

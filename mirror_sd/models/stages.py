@@ -6,7 +6,8 @@ buffers. The plain forward (``Transformer.forward``) is not like that: its windo
 tokens it holds and its attention reads the cache up to the current length. A :class:`Stage` is the
 same forward made fixed-shape:
 
-* its width W is a bucket (1, 2, 4, ..., 64); a window of T <= W tokens is padded to W rows;
+* its width W is a bucket (1, 2, 4, ..., 64); a window of T <= W tokens is padded to W rows (the
+  smallest bucket that holds T, or a wider one measured to cost less: below);
 * attention reads every slot of a :class:`StageCache` under a mask [B, 1, W, S] (S: all slots), so
   its shape is the cache's, not the length so far;
 * ids (or hidden states), positions, the mask and the cache slots each row writes live in static
@@ -38,6 +39,14 @@ stage stores nothing for them. Where stream rows ride behind main rows in one pl
 (ss's ``one_forward=1``, the draft's ``streams=2``), the stages run the main rows first and the
 stream rows after them (models/streams.py: ``forward_with_streams``).
 
+The cheapest bucket. A GPU's time for a forward need not grow with its width: matrix products of
+2 to 16 rows can pick slower kernels than those of 1 or 32 (one H200, fp32: the target's full
+forward took 3.4 ms at width 1, 8.1 at 8 and 5.9 at 32; docs/devices.md). So each captured stage
+is timed at capture (a few replays, CUDA events), and a window runs at the cheapest captured bucket
+that holds it: :func:`cheapest_bucket`, where a wider bucket must save more than ROUTE_MARGIN to be
+taken. Padding rows never change a real row, so only the time moves. Eager stages (the CPU) are
+not timed and keep the smallest bucket.
+
 Not here (these run the plain forward, on the same cache, with graphs on): the LM head over
 EAGLE's features and its head's logits (one product each: one launch, nothing for a graph to
 save), tree windows of more than 64 rows, and any sharded model. A CUDA lane's spans come from
@@ -47,6 +56,7 @@ channel, not on a CUDA event.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import replace
 
 import torch
@@ -56,6 +66,8 @@ from .llama import KVCache, Transformer
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MAX_WIDTH = BUCKETS[-1]
+TIMED_REPLAYS = 3  # replays timed at capture, to route a window to its cheapest bucket (the median)
+ROUTE_MARGIN = 0.05  # a wider bucket is taken only if it saves more than this fraction of the time
 WARMUP_RUNS = 3  # before a capture, as in PyTorch's CUDA-graph examples
 
 
@@ -65,6 +77,18 @@ def bucket(width: int) -> int:
         if 1 <= width <= b:
             return b
     raise MirrorSDError(f"a stage holds 1 to {MAX_WIDTH} tokens, got {width}")
+
+
+def cheapest_bucket(width: int, replay_ms: dict[int, float]) -> int:
+    """The bucket to run a window of ``width`` rows at: the smallest that holds it, unless a wider
+    one measured in ``replay_ms`` (bucket -> GPU ms of one replay) costs less by more than
+    ROUTE_MARGIN than the best so far."""
+    best = bucket(width)
+    for wider in BUCKETS:
+        if wider > best and wider in replay_ms and best in replay_ms \
+                and replay_ms[wider] < replay_ms[best] * (1 - ROUTE_MARGIN):
+            best = wider
+    return best
 
 
 class StageCache(KVCache):
@@ -269,6 +293,21 @@ class Stage:
                 self.out = self.body()
         self.graph = graph
 
+    def time_replays(self, repeats: int = TIMED_REPLAYS) -> float:
+        """Median GPU milliseconds of one replay of the captured stage, on the current stream (CUDA
+        events), run on what the buffers hold (after capture: padding, which writes scratch slots only)."""
+        device = self.x.device
+        with torch.inference_mode(), torch.cuda.device(device):
+            self.replay()  # the first replay uploads the graph
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(repeats)]
+            for begin, end in events:
+                begin.record()
+                self.replay()
+                end.record()
+            events[-1][1].synchronize()
+        return statistics.median(begin.elapsed_time(end) for begin, end in events)
+
 
 class Stages:
     """Every stage of one model on one lane, over one :class:`StageCache` they share.
@@ -294,6 +333,7 @@ class Stages:
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.kinds = {"full": ((0, model.num_layers), True, None), "head": ((model.num_layers,) * 2, True, None)}
         self._stages: dict[tuple[str, int], Stage] = {}
+        self.replay_ms: dict[str, dict[int, float]] = {}  # name -> bucket -> GPU ms (captured stages)
 
     def add(self, name: str, layers: tuple[int, int], head: bool, streams=None):
         """Name the forward of layers [a, b) (then the LM head, if ``head``); with ``streams``, of their
@@ -302,6 +342,7 @@ class Stages:
         kind = (tuple(layers), head, streams)
         if name in self.kinds and self.kinds[name] != kind:
             self._stages = {key: stage for key, stage in self._stages.items() if key[0] != name}
+            self.replay_ms.pop(name, None)
         self.kinds[name] = kind
 
     def stage(self, name: str, width: int) -> Stage:
@@ -313,6 +354,7 @@ class Stages:
             stage = self.make(name, key[1])
             if self.graphs:
                 stage.capture(self.pool, self.stream)
+                self.replay_ms.setdefault(name, {})[key[1]] = stage.time_replays()
             self._stages[key] = stage
         return self._stages[key]
 
@@ -322,9 +364,17 @@ class Stages:
         return Stage(self.model, width, self.cache, layers, head, streams)
 
     def run(self, name: str, x: torch.Tensor, positions=None, mask=None, **inputs) -> torch.Tensor:
-        """Stage ``name`` over x's T rows at the bucket of T (see :meth:`Stage.run`; ``inputs``: what
-        a kind of stage reads besides, such as an EAGLE head's features)."""
-        return self.stage(name, x.shape[1]).run(x, positions, mask, **inputs)
+        """Stage ``name`` over x's T rows at the cheapest bucket that holds T (see :meth:`Stage.run`;
+        ``inputs``: what a kind of stage reads besides, such as an EAGLE head's features)."""
+        return self.stage(name, self.route(name, x.shape[1])).run(x, positions, mask, **inputs)
+
+    def route(self, name: str, width: int) -> int:
+        """The bucket a window of ``width`` rows of ``name`` runs at (:func:`cheapest_bucket`)."""
+        return cheapest_bucket(width, self.replay_ms.get(name, {}))
+
+    def routes(self, name: str) -> dict[int, int]:
+        """{width: bucket} for the widths of ``name`` that run at a wider bucket than the smallest."""
+        return {w: self.route(name, w) for w in range(1, MAX_WIDTH + 1) if self.route(name, w) != bucket(w)}
 
     def missing(self, names=None, widths=BUCKETS) -> list[tuple[str, int]]:
         """The (name, width) stages not made yet (names None: every named forward)."""
