@@ -1,5 +1,7 @@
 """Replay of a finished race, side by side, at the speed each method was measured to decode; and
-recorded races: races of the example prompts saved in ``app/recorded/`` that open with no model.
+recorded races: races of the example prompts saved in ``app/recorded/`` that open with no model
+(those in a subfolder ran on another machine: ``nvidia-h200/``, made from gpu-check's bench on an
+H200 by ``python -m scripts.record_races --from-bench``).
 
 A step counts as committed when its last span ends (its rendezvous or verification), so the
 replay shows every method's text growing exactly as fast as it grew in its own run.
@@ -77,13 +79,16 @@ def load_race(path: str | Path) -> tuple[str, dict, dict[str, Result]]:
 
 
 def recorded_races(folder: str | Path = RECORDED) -> list[tuple[str, str]]:
-    """(label, path) of every recorded race in ``folder``, for a dropdown: "qa: Why is the sky blue?"."""
-    races = []
-    for path in sorted(Path(folder).glob("*.json")):
+    """(label, path) of every recorded race in ``folder``, for a dropdown: "qa: Why is the sky blue?";
+    races in a subfolder (another machine's, such as ``nvidia-h200/``) after them, their label naming
+    the machine: "qa: Why is the sky blue? (on NVIDIA H200)"."""
+    folder, races = Path(folder), []
+    for path in sorted(folder.glob("*.json")) + sorted(folder.glob("*/*.json")):
         data = json.loads(path.read_text())
         prompt = " ".join(data["prompt"].split())
         short = prompt if len(prompt) <= 60 else prompt[:57] + "…"
-        races.append((f"{data['meta'].get('category', path.stem)}: {short}", str(path)))
+        where = f" (on {data['meta'].get('hardware', path.parent.name)})" if path.parent != folder else ""
+        races.append((f"{data['meta'].get('category', path.stem)}: {short}{where}", str(path)))
     return races
 
 
@@ -93,9 +98,12 @@ def recorded_on(meta: dict) -> str:
     load, cores = meta.get("load_average"), meta.get("cores")
     busy = (f" Other work shared the machine then (load average {load:g} on {cores} cores): its times are "
             "longer and noisier than a quiet machine's." if load and cores and load > cores else "")
+    graphs = ", every forward a CUDA graph" if meta.get("graphs") == "on" else ""
+    note = f" {meta['note']}" if meta.get("note") else ""
     return (f"Recorded on {meta.get('hardware', 'unknown hardware')}, {meta.get('date', 'an unknown date')}: "
             f"at most {meta.get('max_new_tokens')} new tokens, temperature {meta.get('temperature', 0.0)}, each "
-            f"method's default options.{busy} Nothing runs now: step through it in **Step-through**, or **Replay** it.")
+            f"method's default options{graphs}.{note}{busy} Nothing runs now: step through it in **Step-through**, "
+            f"or **Replay** it.")
 
 
 def make_open_recorded(names: list[str]):

@@ -1,6 +1,8 @@
 """Record the app's race on each example prompt, for the app to open with no model (app/replay.py).
 
     python -m scripts.record_races [--max-new-tokens 48] [--out app/recorded]
+    python -m scripts.record_races --from-bench DIR --hardware "NVIDIA H200" --date 2026-11-26 \
+        --out app/recorded/nvidia-h200
 
 One race per example prompt (the first prompt of each Spec-Bench category, as the app's examples),
 every method at its defaults, temperature 0, through ``app.race.run_race`` as the Run button does
@@ -8,6 +10,12 @@ every method at its defaults, temperature 0, through ``app.race.run_race`` as th
 and the date it ran on, and the load average at its end (other work on the machine slows every
 method; the app says so); a table of each race's wall time is printed (what a visitor to a live
 Space waits for one race). Run it alone on the machine for times a class can trust.
+
+``--from-bench DIR`` records no race here: it makes the races from a bench that ran elsewhere with
+``--traces`` (gpu-check's graphs-on bench, on a GPU this machine lacks): each example prompt's
+first turn, every method's trace as it was measured there, its metrics derived from the trace as
+the engine derives them (the wall clock: the end of the run's last span), and the tokens' text
+from the embedded tokenizer.
 """
 from __future__ import annotations
 
@@ -16,14 +24,19 @@ import os
 import threading
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
-from app.race import run_race, warm_up
+from app.race import Result, run_race, warm_up
 from app.replay import RECORDED, save_race
+from app.tokens import collect_pieces
 from mirror_sd import METHODS, load_pair
 from mirror_sd.bench import DEFAULT_PROMPTS, cpu_model, first_per_category, read_prompts
 from mirror_sd.devices import cpu_cores, hardware_name
+from mirror_sd.engine import compute_metrics
+from mirror_sd.models.loading import embedded_model_dir, load_tokenizer
+from mirror_sd.trace import Trace
 
 
 def hardware(pair) -> str:
@@ -33,11 +46,51 @@ def hardware(pair) -> str:
     return ", ".join(gpus) if gpus else f"{cpu_model()}, {cpu_cores()} CPU cores"
 
 
+def races_from_bench(bench: Path, meta: dict, decode) -> list[tuple[str, dict, dict[str, Result]]]:
+    """(prompt, meta, {method: Result}) per example prompt, from ``bench``/traces (bench --traces)."""
+    races = []
+    for item in first_per_category(read_prompts(DEFAULT_PROMPTS), 1):
+        results = {}
+        for method in METHODS:
+            path = bench / "traces" / f"{method}-{item['id']}-turn1.json"
+            if not path.exists():
+                raise SystemExit(f"error: {path} is missing: run the bench with --traces on every method")
+            trace = Trace.from_json(path.read_text(encoding="utf-8"))
+            new_tokens = sum(len(step.committed) for step in trace.steps)
+            wall_s = max(span.end for span in trace.spans)
+            finished = "length" if new_tokens >= trace.meta["max_new_tokens"] else "eos"
+            results[method] = Result(method, trace, compute_metrics(trace, new_tokens, wall_s), finished=finished,
+                                     pieces=collect_pieces(trace, decode))
+        first = results["vanilla"].trace.meta
+        races.append((item["turns"][0], dict(meta, category=item["category"], prompt_id=item["id"],
+                                             max_new_tokens=first["max_new_tokens"],
+                                             temperature=first["temperature"], graphs=first.get("graphs")), results))
+    return races
+
+
+def record_from_bench(args):
+    tokenizer = load_tokenizer(embedded_model_dir())
+    meta = dict(hardware=args.hardware, date=args.date, wall="the end of each run's last span",
+                command=f"python -m scripts.record_races --from-bench {args.from_bench}",
+                note="Measured in a bench elsewhere (python -m mirror_sd gpu-check), not in this app.")
+    for prompt, race_meta, results in races_from_bench(Path(args.from_bench), meta,
+                                                       lambda ids: tokenizer.decode(ids, skip_special_tokens=True)):
+        path = save_race(f"{args.out}/{race_meta['category']}.json", prompt, results, race_meta)
+        print(f"wrote {path} ({path.stat().st_size // 1024} KB)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-new-tokens", type=int, default=48, help="as the app's default (48)")
     parser.add_argument("--out", default=str(RECORDED), help="folder for the JSON files (default app/recorded)")
+    parser.add_argument("--from-bench", help="make the races from this bench output's traces/ instead of running")
+    parser.add_argument("--hardware", help="with --from-bench: the machine the bench ran on")
+    parser.add_argument("--date", help="with --from-bench: the day the bench ran (YYYY-MM-DD)")
     args = parser.parse_args()
+    if args.from_bench:
+        if not (args.hardware and args.date):
+            parser.error("--from-bench needs --hardware and --date (where and when the bench ran)")
+        return record_from_bench(args)
     pair = load_pair()
     date = f"{datetime.now(timezone.utc):%Y-%m-%d}"
     warm_up(pair)  # once, before the first race's clock starts
