@@ -48,6 +48,9 @@ def _add_model_args(p: argparse.ArgumentParser):
     g.add_argument("--graphs", choices=("auto", "on", "off"), default="auto",
                    help="run the methods' forwards as fixed-shape stages, captured as CUDA graphs on CUDA lanes and "
                         "run eagerly elsewhere (auto: on for CUDA lanes, off elsewhere)")
+    g.add_argument("--buckets", choices=("cheapest", "smallest"), default="cheapest",
+                   help="with graphs: run a window at the captured width that holds it and replayed fastest "
+                        "when captured (cheapest), or always at the smallest that holds it")
 
 
 def _add_decoding_args(p: argparse.ArgumentParser):
@@ -124,7 +127,7 @@ def _load(args):
 
     return load_pair(target=args.target, draft=args.draft or DEFAULT, target_device=args.target_device,
                      draft_device=args.draft_device, dtype=args.dtype, int8_drafting=not args.fp32_drafting,
-                     graphs=args.graphs)
+                     graphs=args.graphs, buckets=args.buckets)
 
 
 def _settings(args) -> dict:

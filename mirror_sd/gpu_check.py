@@ -13,8 +13,9 @@ DIR:
    its top kernels at widths 1, 8 and 32, and its replays with TF32 products and in bf16), and
    which widths the stages route to a wider, cheaper bucket;
 2. the bench (vanilla, sd, eagle, ss, mirror; 2 prompts per category, 64 tokens, T = 0) on this
-   machine's default devices with ``--graphs on`` (the methods on captured stages): ``bench-*/``
-   and ``bench-*.md``;
+   machine's default devices with ``--graphs on`` (the methods on captured stages, each window at
+   its cheapest bucket), then again with ``--buckets smallest`` (what that routing wins):
+   ``bench-*/`` and ``bench-*.md``;
 3. the CUDA tests (``tests/test_cuda.py``; ``tests/test_stages.py``, whose graph tests run only
    on a GPU; ``tests/test_graphs.py``, every method on the tiny pair's captured stages there):
    ``tests.log``;
@@ -54,10 +55,12 @@ TESTS = ["tests/test_cuda.py", "tests/test_stages.py", "tests/test_graphs.py"]
 BENCH = ["--methods", "vanilla,sd,eagle,ss,mirror", "--per-category", "2", "--max-new-tokens", "64"]
 BENCHES = [  # (part, extra arguments, most seconds): graphs on, graphs off, the draft on the CPU
     ("bench-graphs-on", ["--graphs", "on", "--traces", "{out}/traces"], 150),
+    ("bench-smallest-bucket", ["--graphs", "on", "--buckets", "smallest"], 150),
     ("bench-graphs-off", ["--graphs", "off"], 150),
     ("bench-draft-cpu", ["--graphs", "auto", "--draft-device", "cpu"], 150),
 ]
-BENCH_TITLES = {"bench-graphs-on": "the methods on CUDA graphs (--graphs on)",
+BENCH_TITLES = {"bench-graphs-on": "the methods on CUDA graphs (--graphs on), each window at its cheapest bucket",
+                "bench-smallest-bucket": "CUDA graphs, each window at its smallest bucket (--buckets smallest)",
                 "bench-graphs-off": "the plain forward (--graphs off)",
                 "bench-draft-cpu": "the draft on the CPU, the target on CUDA graphs (--draft-device cpu)"}
 CACHE_SLOTS = 1024  # the stages' cache: attention reads every slot, so a stage's cost depends on it
@@ -86,7 +89,7 @@ def gpu_check(out: Path, budget_s: float = BUDGET_S) -> int:
         command = [sys.executable, "-m", "mirror_sd", "bench", *BENCH, *[a.format(out=out / name) for a in extra],
                    "--out", str(out / name), "--report", str(out / f"{name}.md")]
         done(_run(out, name, command, deadline, limit))
-        if name == "bench-graphs-on":  # the headline first, then the tests that say why it failed, if it did
+        if name == "bench-smallest-bucket":  # the headline first, then the tests that say why it failed, if it did
             done(_run(out, "tests", [sys.executable, "-m", "pytest", *TESTS, "-q", "-p", "no:cacheprovider"],
                       deadline, limit=180))
     print(f"wrote {out / 'report.md'}")

@@ -38,8 +38,9 @@ def test_gpu_checks_agreement_of_stages_and_plain_forward_on_the_cpu_too(tiny_pa
 def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budget_leaves_no_room_for(
         tmp_path, monkeypatch, tiny_dirs):
     """Every part really runs on the CPU, as a stand-in GPU, on the tiny pair: the stage replays
-    (eager, timed by the host), the graphs-on bench (with graphs off, to get its traces), the tests
-    part (made to fail), and the last bench finds the budget spent. The report shows each outcome,
+    (eager, timed by the host), the graphs-on bench (with graphs off, to get its traces), the bench
+    at the smallest buckets (eager stages), the tests part (made to fail), and the last bench finds
+    the budget spent. The report shows each outcome,
     the stage table and the bench's tables."""
     def host_ms(stage):
         start = time.perf_counter()
@@ -58,6 +59,7 @@ def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budge
     monkeypatch.setattr(gpu_check, "TESTS", ["tests/no_such_test.py"])
     monkeypatch.setattr(gpu_check, "BENCHES", [
         ("bench-graphs-on", ["--graphs", "off", "--traces", "{out}/traces"], 150),
+        ("bench-smallest-bucket", ["--graphs", "on", "--buckets", "smallest"], 150),
         ("bench-graphs-off", ["--graphs", "off"], 150)])
     reports = []
     write = gpu_check.write_report
@@ -72,7 +74,7 @@ def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budge
     monkeypatch.setattr(gpu_check, "_run", run_then_spend_the_budget)
 
     assert gpu_check.gpu_check(tmp_path, budget_s=400) == 1  # some parts failed
-    assert len(reports) == 4  # after each part
+    assert len(reports) == 5  # after each part
     report = (tmp_path / "report.md").read_text()
     assert report == reports[-1] and report.startswith("# gpu-check: Rehearsal GPU")
     assert "--budget 400" in report
@@ -90,7 +92,7 @@ def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budge
     formats = report.split("## The target's full forward under other number formats")[1].split("##")[0]
     assert "| width | fp32, TF32 products |" in formats and "bf16" not in formats  # bf16 on a GPU only
     assert len([line for line in formats.splitlines() if line.startswith("| ") and line[2].isdigit()]) == 7
-    assert "passed: exit 0" in rows["bench-graphs-on"]
+    assert "passed: exit 0" in rows["bench-graphs-on"] and "passed: exit 0" in rows["bench-smallest-bucket"]
     assert "FAILED: exit" in rows["tests"] and (tmp_path / "tests.log").exists()
     assert "| skipped: the time budget ran out |" in rows["bench-graphs-off"]
     assert "## bench-graphs-on" in report and "| mirror " in report  # the bench's own table

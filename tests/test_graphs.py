@@ -141,7 +141,24 @@ def test_graphs_option_picks_the_cache_and_is_in_the_trace(tiny_dirs, pair):
     assert isinstance(cache, StageCache) and staged(pair.target, cache) is not None
     assert staged(pair.draft, cache) is None  # another model's stage cache: the plain forward
     out = generate(pair, "t1 t2", method="vanilla", max_new_tokens=2, raw=True)
-    assert out.trace.meta["graphs"] == "on"
+    assert out.trace.meta["graphs"] == "on" and out.trace.meta["buckets"] == "cheapest"
+
+
+def test_buckets_option_reaches_the_stage_sets(tiny_dirs, pair):
+    with pytest.raises(MirrorSDError, match="buckets must be one of"):
+        load_pair(target=str(tiny_dirs["target"]), draft=None, buckets="fastest")
+    assert pair.new_cache(pair.target, 40).stages.cheapest
+    pair.buckets = "smallest"
+    try:
+        cache = pair.new_cache(pair.target, 40)
+        cache.stages.replay_ms["full"] = {1: 9.0, 2: 9.0, 4: 9.0, 8: 9.0, 16: 9.0, 32: 1.0, 64: 9.0}  # as if timed
+        assert cache.stages.route("full", 5) == 8  # smallest: the times are not consulted
+        out = generate(pair, "t1 t2", method="vanilla", max_new_tokens=2, raw=True)
+        assert out.trace.meta["buckets"] == "smallest"
+    finally:
+        pair.buckets = "cheapest"
+        pair.new_cache(pair.target, 40).stages.replay_ms.pop("full", None)
+    assert pair.new_cache(pair.target, 40).stages.route("full", 5) == 8  # nothing timed on the CPU
 
 
 def test_the_cli_passes_graphs_on(tiny_dirs, capsys):

@@ -334,6 +334,7 @@ class Stages:
         self.kinds = {"full": ((0, model.num_layers), True, None), "head": ((model.num_layers,) * 2, True, None)}
         self._stages: dict[tuple[str, int], Stage] = {}
         self.replay_ms: dict[str, dict[int, float]] = {}  # name -> bucket -> GPU ms (captured stages)
+        self.cheapest = True  # route windows by replay_ms (False: always the smallest bucket)
 
     def add(self, name: str, layers: tuple[int, int], head: bool, streams=None):
         """Name the forward of layers [a, b) (then the LM head, if ``head``); with ``streams``, of their
@@ -369,8 +370,9 @@ class Stages:
         return self.stage(name, self.route(name, x.shape[1])).run(x, positions, mask, **inputs)
 
     def route(self, name: str, width: int) -> int:
-        """The bucket a window of ``width`` rows of ``name`` runs at (:func:`cheapest_bucket`)."""
-        return cheapest_bucket(width, self.replay_ms.get(name, {}))
+        """The bucket a window of ``width`` rows of ``name`` runs at (:func:`cheapest_bucket`; the
+        smallest that holds it when ``cheapest`` is off)."""
+        return cheapest_bucket(width, self.replay_ms.get(name, {}) if self.cheapest else {})
 
     def routes(self, name: str) -> dict[int, int]:
         """{width: bucket} for the widths of ``name`` that run at a wider bucket than the smallest."""
