@@ -13,7 +13,9 @@ a function of width) and lays it out with each method's schedule:
   mirror   [fallback draft on a miss] + T_prefix + T_rv + max(T_suffix, T_rollouts) + T_rv
 
 (``max`` where the devices overlap fully; ``overlap`` in 0..1 hides that share of the shorter
-work.) The result is a :class:`~mirror_sd.trace.Trace` of the same shape: the same steps and
+work.) The host adds ``step_ms`` per step and ``phase_ms`` per phase (each line of work above,
+which it launches and waits for): on a GPU that runs CUDA graphs the host's turns are what the
+spans leave idle, and a method of more phases per step waits on it more often. The result is a :class:`~mirror_sd.trace.Trace` of the same shape: the same steps and
 tokens, only the spans moved, marked ``meta["modelled"] = True``. It is a model, not a
 measurement: every figure drawn from it must say so.
 
@@ -123,6 +125,7 @@ class Profile:
     overlap: float = 1.0  # share of the shorter of two side-by-side works hidden under the longer (1: max, 0: sum)
     draft_speed: float = 1.0  # the draft device's speed relative to the draft figures in ``stages``
     step_ms: float = 0.0  # host work per decoding step outside any span
+    phase_ms: float = 0.0  # host work per phase of a step (launching its work, waiting for it), outside spans
     notes: str = ""  # what the profile assumes, for the screen
 
     def cost(self, stage: str, width: float, threads: int | None = None) -> float:
@@ -165,7 +168,7 @@ class Profile:
     def to_json(self) -> dict:
         return dict(name=self.name, source=self.source, devices=self.devices, notes=self.notes,
                     rendezvous_ms=self.rendezvous_ms, channel_ms=self.channel_ms, overlap=self.overlap,
-                    draft_speed=self.draft_speed, step_ms=self.step_ms,
+                    draft_speed=self.draft_speed, step_ms=self.step_ms, phase_ms=self.phase_ms,
                     stages={s: c.to_json() for s, c in self.stages.items()})
 
     @classmethod
@@ -190,7 +193,7 @@ class Profile:
         numbers = {}
         for key, default, low, high in (("rendezvous_ms", 0.0, 0, None), ("channel_ms", 0.0, 0, None),
                                         ("overlap", 1.0, 0, 1), ("draft_speed", 1.0, 1e-9, None),
-                                        ("step_ms", 0.0, 0, None)):
+                                        ("step_ms", 0.0, 0, None), ("phase_ms", 0.0, 0, None)):
             value = data.get(key, default)
             value = {True: 1.0, False: 0.0}.get(value, value) if key == "overlap" else value
             if not _is_number(value) or value < low or (high is not None and value > high):
@@ -358,9 +361,12 @@ def phase_ms(phase: Phase, profile: Profile) -> list[float]:
     return side_by_side([w.ms(profile) for w in phase], profile.overlap)
 
 
-def step_ms(plan: list[Phase], profile: Profile) -> float:
-    """A step's critical path: its phases one after the other, each as long as its longest work."""
-    return sum(max(phase_ms(phase, profile), default=0.0) for phase in plan)
+def step_ms(plan: list[Phase], profile: Profile, host: bool = True) -> float:
+    """A step's critical path: its phases one after the other, each the host's turn (``phase_ms``;
+    not for the prefill, ``host=False``, which measured runs start with) and then as long as its
+    longest work."""
+    turn = profile.phase_ms if host else 0.0
+    return sum(turn + max(phase_ms(phase, profile), default=0.0) for phase in plan)
 
 
 def retime(trace: Trace, profile: Profile | str) -> Trace:
@@ -375,6 +381,7 @@ def retime(trace: Trace, profile: Profile | str) -> Trace:
     for index, plan in enumerate(step_plans(trace)):
         t += profile.step_ms / 1000 if index else 0.0  # the host's work between two steps
         for phase in plan:
+            t += profile.phase_ms / 1000 if index else 0.0  # the host launches the phase's work
             for work, ms in zip(phase, phase_ms(phase, profile)):
                 if ms > 0 or work.calls:
                     out.lanes.setdefault(labels[work.lane], work.lane)
@@ -391,13 +398,14 @@ def lane_label(name: str, profile: Profile) -> str:
 
 def modelled_seconds(trace: Trace, profile: Profile) -> float:
     """The whole run (prefill and every step) on ``profile``, in seconds."""
-    plans = step_plans(trace)
-    return (sum(step_ms(p, profile) for p in plans) + profile.step_ms * (len(plans) - 1)) / 1000
+    prefill, *steps = step_plans(trace)
+    return (step_ms(prefill, profile, host=False) + sum(step_ms(p, profile) for p in steps)
+            + profile.step_ms * len(steps)) / 1000
 
 
 def vanilla_seconds(prompt_tokens: int, new_tokens: int, profile: Profile) -> float:
     """Vanilla's run with the same prompt and answer length on ``profile``: one target forward per token."""
-    decode = profile.cost("target", 1) + profile.step_ms
+    decode = profile.cost("target", 1) + profile.step_ms + profile.phase_ms
     return (profile.cost("prefill", prompt_tokens) + max(new_tokens - 1, 0) * decode) / 1000
 
 
@@ -406,7 +414,7 @@ def summary(trace: Trace, profile: Profile) -> dict:
     seconds modelled on the same profile for the same prompt and number of tokens."""
     new_tokens = sum(len(s.committed) for s in trace.steps)
     seconds = modelled_seconds(trace, profile)
-    prefill = step_ms(prefill_plan(trace), profile) / 1000
+    prefill = step_ms(prefill_plan(trace), profile, host=False) / 1000
     return dict(method=trace.method, new_tokens=new_tokens, steps=max(len(trace.steps) - 1, 1), seconds=seconds,
                 step_seconds=seconds - prefill,
                 vanilla_seconds=vanilla_seconds(int(trace.meta.get("prompt_tokens", 1)), new_tokens, profile))
@@ -511,9 +519,10 @@ def fit_costs(pairs) -> dict[str, Cost]:
 
 def fit_profile(traces: list[Trace], name: str = "this-machine", source: str = "") -> Profile:
     """A profile for the machine the traces were measured on: per-stage costs fitted from their
-    spans (``fit_costs``), the rendezvous' mean, and the host time per step outside any span (what
-    the spans leave of the measured run, per step). Lanes here share one machine, so the costs
-    fitted from spans that ran side by side already carry that contention: overlap 1."""
+    spans (``fit_costs``), the rendezvous' mean, and the host's time outside any span (what the
+    spans leave of each measured run), per step and per phase (``fit_host``). Lanes here share one
+    machine, so the costs fitted from spans that ran side by side already carry that contention:
+    overlap 1."""
     pairs = measured_work(traces)
     rendezvous = [ms for w, ms in pairs if w.fixed == "rendezvous_ms"]
     devices = {}
@@ -523,9 +532,30 @@ def fit_profile(traces: list[Trace], name: str = "this-machine", source: str = "
     base = Profile(name, source or f"fitted from the measured spans of {len(traces)} runs", devices,
                    fit_costs([(w, ms) for w, ms in pairs if w.calls]),
                    rendezvous_ms=float(np.mean(rendezvous)) if rendezvous else 0.0, overlap=1.0)
-    spans_s = sum(measured_seconds(t) - modelled_seconds(t, base) for t in traces)
-    steps = sum(len(t.steps) - 1 for t in traces)
-    return replace(base, step_ms=max(0.0, float(1000 * spans_s / steps)) if steps else 0.0)
+    step, phase = fit_host(traces, base)
+    return replace(base, step_ms=step, phase_ms=phase)
+
+
+def fit_host(traces: list[Trace], profile: Profile) -> tuple[float, float]:
+    """(step_ms, phase_ms): the host's time per step and per phase, by least squares over the runs:
+    each run's measured time less what ``profile`` (without host time) makes of its spans is
+    step_ms times its decoding steps plus phase_ms times their phases. Neither is negative: where one comes
+    out so, the other alone is fitted."""
+    bare = replace(profile, step_ms=0.0, phase_ms=0.0)
+    plans = [step_plans(t) for t in traces]
+    X = np.array([[len(p) - 1, sum(len(step) for step in p[1:])] for p in plans], dtype=float)  # [runs, 2]
+    y = np.array([1000 * (measured_seconds(t) - modelled_seconds(t, bare)) for t in traces])  # [runs] ms
+    if not len(y) or not X[:, 0].any():
+        return 0.0, 0.0
+    both = np.linalg.lstsq(X, y, rcond=None)[0]
+    if (both >= 0).all():
+        return float(both[0]), float(both[1])
+    fits = [np.linalg.lstsq(X[:, [i]], y, rcond=None)[0][0] for i in (0, 1)]  # each alone
+    errors = [np.sum((X[:, i] * max(f, 0.0) - y) ** 2) for i, f in enumerate(fits)]
+    i = int(np.argmin(errors))
+    out = [0.0, 0.0]
+    out[i] = max(0.0, float(fits[i]))
+    return out[0], out[1]
 
 
 def measured_seconds(trace: Trace) -> float:
@@ -584,9 +614,10 @@ def tokens_per_step(alpha: float, window: int) -> float:
 
 
 def fallback_ms(trace: Trace, profile: Profile) -> float:
-    """Mirror-SD: the fresh draft a miss puts on the critical path (gamma draft forwards)."""
+    """Mirror-SD: the fresh draft a miss puts on the critical path (gamma draft forwards, after the
+    host's turn to launch them)."""
     gamma = trace.meta.get("options", {}).get("gamma", 2)
-    return gamma * profile.cost("draft", 1)
+    return profile.phase_ms + gamma * profile.cost("draft", 1)
 
 
 def steady_state(trace: Trace, profile: Profile, alpha: float | None = None, hit_rate: float | None = None) -> dict:
@@ -610,7 +641,7 @@ def steady_state(trace: Trace, profile: Profile, alpha: float | None = None, hit
     tau = sum(len(s.committed) for s in steps) / len(steps)
     if alpha is not None and trace.method in WINDOW_OPTION:
         tau = tokens_per_step(alpha, trace.meta.get("options", {}).get(WINDOW_OPTION[trace.method], 1))
-    vanilla_ms = profile.cost("target", 1) + profile.step_ms
+    vanilla_ms = profile.cost("target", 1) + profile.step_ms + profile.phase_ms
     ms += profile.step_ms
     return dict(method=trace.method, tokens_per_step=tau, step_ms=ms, speedup=tau * vanilla_ms / ms)
 

@@ -50,6 +50,7 @@ def main(argv=None):
     runs = read_runs(args.bench)
     profile, table = whatif.held_out_check(runs)
     print(table.to_markdown(index=False, floatfmt=".3f"))
+    print(f"\nthe host's time fitted: {profile.step_ms:.3f} ms per step, {profile.phase_ms:.3f} ms per phase")
     held = whatif.held_out_ids(runs)
     print()
     print(by_kind([r for r in runs if r["id"] in held], profile).to_markdown(floatfmt=(".1f", ".1f", ".1f", ".3f")))

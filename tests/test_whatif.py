@@ -201,7 +201,7 @@ def sd_trace(windows, prompt_tokens):
 
 
 def test_the_fit_recovers_the_costs_that_made_the_spans():
-    known = W.Profile(**{**PROFILE.__dict__, "step_ms": 0.75})
+    known = W.Profile(**{**PROFILE.__dict__, "step_ms": 0.75, "phase_ms": 0.3})
     made = [sd_trace([(2, 1), (4, 4), (3, 0)], 12), sd_trace([(1, 0), (5, 2)], 30),
             trace_of("vanilla", [Step(i, [5], ["target"]) for i in range(1, 4)], prompt_tokens=20)]
     measured = [known_retimed(t, known) for t in made]
@@ -210,9 +210,21 @@ def test_the_fit_recovers_the_costs_that_made_the_spans():
     for stage, widths in seen.items():
         for width in widths:
             assert fitted.cost(stage, width) == pytest.approx(known.cost(stage, width), abs=1e-6)
-    assert fitted.step_ms == pytest.approx(0.75)
+    assert fitted.step_ms == pytest.approx(0.75) and fitted.phase_ms == pytest.approx(0.3)  # vanilla: 1 phase, sd: 2
     for t in made:
         assert W.modelled_seconds(t, fitted) == pytest.approx(W.modelled_seconds(t, known))
+
+
+def test_the_host_fit_never_goes_negative():
+    made = [sd_trace([(2, 1), (4, 4), (3, 0)], 12), sd_trace([(1, 0), (5, 2)], 30),
+            trace_of("vanilla", [Step(i, [5], ["target"]) for i in range(1, 4)], prompt_tokens=20)]
+    bare = W.Profile(**{**PROFILE.__dict__, "step_ms": 0.0, "phase_ms": 0.0})
+    per_phase_only = W.Profile(**{**PROFILE.__dict__, "phase_ms": 0.5})
+    assert W.fit_host([known_retimed(t, per_phase_only) for t in made], bare) == pytest.approx((0.0, 0.5))
+    assert W.fit_host([known_retimed(t, bare) for t in made], bare) == pytest.approx((0.0, 0.0))
+    # runs shorter than the profile makes their spans (it over-prices them): no host time, not a negative one
+    dearer = W.Profile(**{**PROFILE.__dict__, "stages": {s: c.scaled(2) for s, c in PROFILE.stages.items()}})
+    assert W.fit_host([known_retimed(t, bare) for t in made], dearer) == (0.0, 0.0)
 
 
 def known_retimed(trace, profile):
