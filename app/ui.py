@@ -87,7 +87,8 @@ def race_tab(names: list[str]) -> SimpleNamespace:
             ui.stop = gr.Button("Stop", variant="stop", elem_id="stop")
     gr.Examples(example_prompts(), [ui.prompt], label="Examples: one per Spec-Bench category", cache_examples=False)
     ui.recorded = gr.Dropdown(replay.recorded_races(), value=None, elem_id="recorded",
-                              label="Or open a recorded race of an example, on this CPU or on a GPU: instant, no model runs")
+                              label="Or open a recorded race of an example, on this CPU or on a GPU: instant, "
+                                    "no model runs")
     with gr.Row():
         ui.methods = gr.CheckboxGroup([(METHODS[n].title, n) for n in names], value=names, label="Methods", scale=3,
                                       min_width=260)

@@ -15,9 +15,10 @@ a function of width) and lays it out with each method's schedule:
 (``max`` where the devices overlap fully; ``overlap`` in 0..1 hides that share of the shorter
 work.) The host adds ``step_ms`` per step and ``phase_ms`` per phase (each line of work above,
 which it launches and waits for): on a GPU that runs CUDA graphs the host's turns are what the
-spans leave idle, and a method of more phases per step waits on it more often. The result is a :class:`~mirror_sd.trace.Trace` of the same shape: the same steps and
-tokens, only the spans moved, marked ``meta["modelled"] = True``. It is a model, not a
-measurement: every figure drawn from it must say so.
+spans leave idle, and a method of more phases per step waits on it more often. The result is a
+:class:`~mirror_sd.trace.Trace` of the same shape: the same steps and tokens, only the spans
+moved, marked ``meta["modelled"] = True``. It is a model, not a measurement: every figure drawn
+from it must say so.
 
 Profiles are small JSON files (``mirror_sd/profiles/*.json``), each with its ``source``;
 :func:`fit_profile` fits one for this machine from measured spans, and :func:`held_out_check`
