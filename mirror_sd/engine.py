@@ -127,6 +127,14 @@ def encode_prompt(pair: ModelPair, prompt, raw: bool, max_new_tokens: int) -> li
 def stream(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 128, temperature: float = 0.0,
            top_p: float = 1.0, seed: int = 0, raw: bool = False, **options) -> Iterator[Output]:
     """Decode ``prompt`` with ``method``, yielding an Output after every committed step."""
+    yield from _decode(pair, prompt, method, max_new_tokens, temperature, top_p, seed, raw, True, options)
+
+
+def _decode(pair: ModelPair, prompt, method: str, max_new_tokens: int, temperature: float, top_p: float,
+            seed: int, raw: bool, every_step: bool, options: dict) -> Iterator[Output]:
+    """The decode loop: an Output after every committed step (``every_step``), and one at the end.
+    Without ``every_step`` nothing is built between steps: an Output decodes the whole text and
+    derives every metric from the whole trace, host work a GPU would wait for at each step."""
     spec = get_method(method)
     opts = spec.resolve_options(options)
     check_settings(max_new_tokens, temperature, top_p, seed)
@@ -165,7 +173,8 @@ def stream(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 12
                     decoding_s += time.perf_counter() - start
                 if step is None:
                     break
-                yield _output(run, spec.name, decoding_s)
+                if every_step:
+                    yield _output(run, spec.name, decoding_s)
         except GeneratorExit:  # the consumer stopped listening: a user's stop
             finished = "stopped"
             raise
@@ -200,7 +209,7 @@ def generate(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 
              top_p: float = 1.0, seed: int = 0, raw: bool = False, **options) -> Output:
     """Decode ``prompt`` with ``method`` and return the finished Output (text, ids, trace, metrics)."""
     out = None
-    for out in stream(pair, prompt, method, max_new_tokens, temperature, top_p, seed, raw, **options):
+    for out in _decode(pair, prompt, method, max_new_tokens, temperature, top_p, seed, raw, False, options):
         pass
     return out
 
