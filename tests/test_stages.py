@@ -105,6 +105,29 @@ def test_padding_leaves_every_real_slot_but_the_window_untouched(target):
     assert not torch.equal(stages.cache.k[:, :, :, 5:8], before_k[:, :, :, 5:8])  # the window was written
 
 
+def test_a_causal_window_lays_itself_out_as_the_host_would(target):
+    """The body (``settle``) lays out a causal window's slots, mask and positions from [start, T];
+    a window the host lays out (given positions, a tree) is left as written, even after a causal one."""
+    stages = Stages(target, 160, batch=2)
+    stage = stages.stage("full", 8)
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    for start, T in ((0, 5), (7, 1), (40, 8), (3, 3)):
+        stages.cache.length = start
+        ids = torch.ones(2, T, dtype=torch.long)
+        stage.load(ids)  # causal: three numbers
+        stage.settle()
+        by_body = stage.slots.clone(), stage.mask.clone(), stage.positions.clone()
+        stage.load(ids, positions=torch.arange(start, start + T).expand(2, T))  # the host's layout
+        stage.settle()
+        assert torch.equal(stage.slots, by_body[0]) and torch.equal(stage.mask, by_body[1])
+        assert torch.equal(stage.positions, by_body[2])
+        depths = torch.tensor([[start, start + 1, start + 1]] * 2)
+        stage.load(torch.ones(2, 3, dtype=torch.long), positions=depths, mask=tree)
+        written = stage.mask.clone()
+        stage.settle()
+        assert torch.equal(stage.mask, written)  # a tree stays the host's
+
+
 def test_real_rows_do_not_depend_on_the_padding(target):
     stages = Stages(target, 160)
     stages.run("full", PROMPT)

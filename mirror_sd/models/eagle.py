@@ -187,6 +187,7 @@ class HeadStage(Stage):
 
     def body(self) -> torch.Tensor:
         head = self.model
+        self.settle()
         x = head.inputs(self.feats, self.x, self.early)  # [B, W, d]
         win = head.window(None, self.width, positions=self.positions, batch=self.batch)
         return head.layer(x, replace(win, mask=self.mask, causal=False), self.writer, 0)
