@@ -106,6 +106,21 @@ def hardware_name(device: torch.device) -> str:
     return f"{cpu_cores()} CPU cores" if device.type == "cpu" else str(device)
 
 
+def to_device(data, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``data`` (numbers in nested lists, or a tensor) as a tensor on ``device``, without waiting for
+    the GPU. ``torch.tensor(data, device=cuda)`` and ``cpu_tensor.to(cuda)`` copy blocking, which
+    synchronises the stream: the host would wait for every forward queued on it before laying out
+    the next, and the GPU would idle meanwhile. Here the numbers go through pinned memory in a
+    non-blocking copy, queued behind that work (PyTorch keeps the pinned block until the copy is done)."""
+    tensor = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
+    tensor = tensor if dtype is None else tensor.to(dtype)
+    if device.type != "cuda" or tensor.device == device:
+        return tensor.to(device)
+    if tensor.device.type != "cpu":
+        return tensor.to(device)  # another GPU: a device-to-device copy
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def resolve_device(name: str) -> torch.device:
     """A torch device for 'cpu', 'cuda', 'cuda:N', 'mps' or 'npu[:N]', or a clear error."""
     text = (name or "").strip().lower()

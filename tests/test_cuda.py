@@ -116,3 +116,19 @@ def test_nvml_readings_reach_the_trace(fp32_pair):
     samples = out.trace.gpu_samples
     assert samples and {g.device for g in samples} == {"cuda:0"}
     assert all(0 <= g.percent <= 100 for g in samples)
+
+
+def test_to_device_queues_its_copy_behind_the_streams_work():
+    """A non-blocking copy through pinned memory lands before the kernels queued after it read it,
+    and after a long kernel already queued on the stream, without the host waiting for that kernel."""
+    from mirror_sd.devices import to_device
+
+    device = torch.device("cuda")
+    big = torch.randn(4096, 4096, device=device)
+    for _ in range(3):
+        big = big @ big / 64  # queued work the copy must not wait for
+    ids = to_device([[3, 1, 4, 1, 5]], device)
+    assert ids.device.type == "cuda" and ids.dtype == torch.long
+    assert ids.add(1).tolist() == [[4, 2, 5, 2, 6]]
+    mask = to_device(torch.ones(2, 3, dtype=torch.int64), device, torch.bool)
+    assert mask.dtype == torch.bool and bool(mask.all())

@@ -307,3 +307,14 @@ def test_rejected_tokens_of_a_chain_and_of_a_tree():
     assert step.rejected == [20, 21] and step.accepted_at == [0] and step.rejected_at == [2, 3]
     none = Step(2, [40], ["correction"], proposed=tree.tokens, accepted=0, tree=replace(tree, path=[]))
     assert none.rejected == [10, 11] and none.accepted_at == [] and none.rejected_at == [0, 1]
+
+
+def test_to_device_makes_tensors_of_numbers_and_of_tensors():
+    from mirror_sd.devices import to_device
+
+    cpu = torch.device("cpu")
+    assert to_device([[1, 2], [3, 4]], cpu).tolist() == [[1, 2], [3, 4]]
+    assert to_device([1, 0], cpu, torch.bool).dtype == torch.bool
+    mask = torch.ones(2, 2)
+    assert to_device(mask, cpu) is mask  # already there: not copied
+    assert to_device(mask, cpu, torch.bool).dtype == torch.bool

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ..devices import to_device
 from ..errors import MirrorSDError
 from ..models.forwards import FULL
 from ..models.streams import draft_streams, forward_with_streams, split_forward, stream_ranges
@@ -34,10 +35,10 @@ def streamed_window(run, cache, gamma: int):
     draft, sampler = run.pair.draft, run.draft_sampler
     streams = draft_streams(run.pair)
     pending = run.sequence[cache.length:]
-    ids = torch.tensor([pending], device=draft.device)  # [1, pending]
+    ids = to_device([pending], draft.device)  # [1, pending]
     main, h0 = split_forward(draft, ids, cache, streams.first_layer)  # [1, pending, V_d], [1, pending, d]
     cache.length += len(pending)
-    at = torch.tensor([[cache.length - 1]], device=draft.device)  # [1, 1]
+    at = to_device([[cache.length - 1]], draft.device)  # [1, 1]
     ahead = streams(draft, cache, h0[:, -1:], at)[0, 0, :gamma - 1]  # [gamma - 1, V_d]
     return sampler.draw(run.as_target_vocab(torch.cat([main[0, -1:], ahead])))  # from logits [gamma, V]
 
@@ -116,9 +117,10 @@ def checked_window(run, cache, gamma: int, carried: torch.Tensor | None = None, 
                               top_k, total_tokens, lookup)
         start, U = cache.length, len(unseen)
         positions, mask = window_layout(start, U, tree)
-        ids = torch.tensor([unseen + tree.tokens], device=draft.device)  # [1, U + N]
+        ids = to_device([unseen + tree.tokens], draft.device)  # [1, U + N]
         main, streamed = forward_with_streams(draft, streams, ids, cache, streams.num_streams,
-                                              rows=list(range(U - 1, ids.shape[1])), positions=positions.to(draft.device),
+                                              rows=list(range(U - 1, ids.shape[1])),
+                                              positions=to_device(positions, draft.device),
                                               tree_mask=mask)  # [1, U + N, V_d], [1, N + 1, G, head rows]
         logits = run.as_target_vocab(main[0, U - 1:])  # [N + 1, V]: root, then the nodes
         # Walk the tree with the main rows: each token drawn as the draft alone draws it (argmax at

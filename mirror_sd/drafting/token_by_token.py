@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..devices import to_device
 from ..models.forwards import forward
 from ..options import Option
 from ..trace import DraftWork
@@ -54,7 +55,7 @@ def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
     """
     draft, sampler = run.pair.draft, run.draft_sampler
     pending = run.sequence[cache.length:]
-    ids = torch.tensor([pending], device=draft.device)  # [1, pending]
+    ids = to_device([pending], draft.device)  # [1, pending]
     if sampler.greedy and not copy_below:  # every pick stays on the device: one read of the window
         picks = []
         for _ in range(gamma):
@@ -70,7 +71,7 @@ def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
             copies.append(i)
         if probs is not None:
             q.append(probs)
-        ids = torch.tensor([[token]], device=draft.device)
+        ids = to_device([[token]], draft.device)
     return tokens, (torch.stack(q) if q else None), copies
 
 

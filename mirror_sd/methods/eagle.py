@@ -36,6 +36,7 @@ from weakref import WeakKeyDictionary
 
 import torch
 
+from ..devices import to_device
 from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, best_subtree, graft, sampled_chain, tree_mask, tree_positions
 from ..errors import MirrorSDError
@@ -78,10 +79,10 @@ def head_step(head: EagleHead, cache, feats, ids, positions=None, mask=None, ear
     early [T, n * d]: the pairs' early features (true target features only)."""
     dev = head.device
     feats = feats.to(dev)[None]  # [1, T, d]
-    ids = torch.tensor([ids], device=dev)  # [1, T]
-    positions = positions.to(dev) if positions is not None else None
+    ids = to_device([ids], dev)  # [1, T]
+    positions = to_device(positions, dev) if positions is not None else None
     early = early.to(dev)[None] if early is not None else None
-    return head(feats, ids, cache, positions, mask.to(dev) if mask is not None else None, early)[0]
+    return head(feats, ids, cache, positions, to_device(mask, dev) if mask is not None else None, early)[0]
 
 
 def to_target_logits(head: EagleHead, feats: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -168,7 +169,7 @@ def features_of(target, ids, cache, early_layers, positions=None, mask=None):
 def prefill(run, cache, early_layers=()):
     """The prompt through the target: its features [P, d], their early features and the first token."""
     target = run.pair.target
-    feats, early = features_of(target, torch.tensor([run.prompt_ids], device=target.device), cache, early_layers)
+    feats, early = features_of(target, to_device([run.prompt_ids], target.device), cache, early_layers)
     cache.length = len(run.prompt_ids)
     return feats, early, run.target_sampler.pick(target.lm_head(feats[-1]).float())
 
@@ -178,9 +179,9 @@ def verify_tree(run, cache, tree: Tree, early_layers=()):
     features of the root and the path [A + 1, d] with their early features; the cache keeps the
     root and the path."""
     target, n = run.pair.target, len(run.sequence)
-    ids = torch.tensor([[run.sequence[-1], *tree.tokens]], device=target.device)  # [1, N + 1]
-    feats, early = features_of(target, ids, cache, early_layers, tree_positions(tree.depths, n - 1).to(target.device),
-                               tree_mask(tree.parents))
+    ids = to_device([[run.sequence[-1], *tree.tokens]], target.device)  # [1, N + 1]
+    positions = to_device(tree_positions(tree.depths, n - 1), target.device)
+    feats, early = features_of(target, ids, cache, early_layers, positions, tree_mask(tree.parents))
     logits = target.lm_head(feats).float()  # [N + 1, V]: one pass over the head's weights for every node
     path, token = accept_tree(tree, logits, run.target_sampler)
     cache.keep([n - 1] + [n + i for i in path], at=n - 1)  # root + accepted path -> slots n-1 .. n-1+A

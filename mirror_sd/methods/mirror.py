@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..devices import to_device
 from ..drafting import make_drafter
 from ..drafting.lookup import copy_from_context
 from ..models.exit_head import EarlyExit, available_exit_head, exit_head_for
@@ -130,7 +131,7 @@ def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, he
     token d_{i+1} at position i [T - 1].
     """
     pair, target = run.pair, run.pair.target
-    ids = torch.tensor([window], device=target.device)  # [1, T]
+    ids = to_device([window], target.device)  # [1, T]
     hidden = layers(target, ids, cache, 0, exit_layer)  # [1, T, d]
     if target.layer_devices:  # sharded: the plain forwards, the whole LM head
         exit_logp = full_head_exit(pair, hidden if head is None else head(hidden))  # [T, V]
@@ -138,7 +139,7 @@ def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, he
         reader = exit_reader(pair, head)
         exit_logp = on_target_vocab(pair, layers(target, hidden, cache, exit_layer, exit_layer, head=reader)[0], reader)
     top = exit_logp.topk(kappa, dim=-1)
-    drafted = torch.tensor(window[1:], device=exit_logp.device)
+    drafted = to_device(window[1:], exit_logp.device)
     window_logp = exit_logp[:-1].gather(-1, drafted[:, None])[:, 0]
     return hidden, top.indices.cpu(), top.values.cpu(), window_logp.cpu()
 
@@ -219,7 +220,7 @@ def rollout(run, cache, draft: list[int], branches: list[Branch], gamma: int) ->
     model, sampler = run.pair.draft, run.draft_sampler
     n, B = len(run.sequence), len(branches)
     ids, positions, mask, owner, depth, may_see = tree_layout(run, cache, draft, branches)
-    ids = torch.tensor(ids, device=model.device)
+    ids = to_device(ids, model.device)
     picks = []  # T = 0: each forward's [B] picks, kept on the device until the last forward
     for k in range(gamma):
         logits = run.as_target_vocab(_forward_rows(model, cache, ids, positions, mask, rows=B))  # [B, V]
@@ -231,7 +232,7 @@ def rollout(run, cache, draft: list[int], branches: list[Branch], gamma: int) ->
                 b.tokens.append(sampler.sample(b.q[-1]))
         if k == gamma - 1:
             break
-        ids = picks[-1] if sampler.greedy else torch.tensor([b.tokens[-1] for b in branches], device=model.device)
+        ids = picks[-1] if sampler.greedy else to_device([b.tokens[-1] for b in branches], model.device)
         positions = [n + b.accepted + k + 1 for b in branches]
         owner = torch.cat([owner, torch.arange(B)])
         depth = torch.cat([depth, torch.zeros(B, dtype=torch.long)])
@@ -249,12 +250,12 @@ def rollout_streamed(run, cache, draft: list[int], branches: list[Branch], gamma
     streams = draft_streams(run.pair)
     B, dev = len(branches), model.device
     ids, positions, mask, *_ = tree_layout(run, cache, draft, branches)
-    main, h0 = split_forward(model, torch.tensor([ids], device=dev), cache, streams.first_layer,
-                             positions=torch.tensor([positions], device=dev), tree_mask=mask.to(dev))
+    main, h0 = split_forward(model, to_device([ids], dev), cache, streams.first_layer,
+                             positions=to_device([positions], dev), tree_mask=to_device(mask, dev))
     cache.length += len(ids)
     roots = torch.arange(cache.length - B, cache.length, device=dev)[None]  # [1, B]: the roots' cache slots
-    ahead = streams(model, cache, h0[:, -B:], roots, positions=torch.tensor([positions[-B:]], device=dev),
-                    seen=mask[None, -B:].to(dev))[0, :, :gamma - 1]  # [B, gamma - 1, V_d]
+    ahead = streams(model, cache, h0[:, -B:], roots, positions=to_device([positions[-B:]], dev),
+                    seen=to_device(mask[None, -B:], dev))[0, :, :gamma - 1]  # [B, gamma - 1, V_d]
     logits = run.as_target_vocab(torch.cat([main[0, -B:, None], ahead], dim=1))  # [B, gamma, V]
     for b, rows in zip(branches, logits):
         b.tokens, q = sampler.draw(rows)
@@ -266,8 +267,8 @@ def _forward_rows(model, cache, ids: torch.Tensor, positions, mask, rows: int) -
     """Write ids [T] (on the model's device) at the cache's next slots under ``mask``; logits of the
     last ``rows`` tokens only."""
     dev = model.device
-    logits = layers(model, ids[None], cache, 0, None, torch.tensor([positions], device=dev),
-                    mask.to(dev), head=True, last=rows)  # [1, rows, V_draft]
+    logits = layers(model, ids[None], cache, 0, None, to_device([positions], dev),
+                    to_device(mask, dev), head=True, last=rows)  # [1, rows, V_draft]
     cache.length += len(ids)
     return logits[0]
 

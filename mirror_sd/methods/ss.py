@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import torch
 
+from ..devices import to_device
 from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, graft, sampled_chain, stream_tree, tree_mask, tree_positions
 from ..models.streams import forward_with_streams, split_forward, stream_ranges, target_streams
@@ -57,8 +58,8 @@ def draft_tree(run, streams, logits, top_k: int, total_tokens: int, lookup: int)
 def draft_from_streams(run, streams, cache, h0_row, gamma: int, top_k: int, total_tokens: int, lookup: int) -> Tree:
     """The next draft from the streams of one main row h0_row [1, 1, d] whose token sits in the
     cache's last slot, run in a pass of their own: they see the step's correction/bonus, committed."""
-    at = torch.tensor([[cache.length - 1]], device=h0_row.device)  # [1, 1]
-    next_ids = torch.tensor([[run.sequence[-1]]], device=h0_row.device)  # [1, 1]: the step's correction/bonus
+    at = to_device([[cache.length - 1]], h0_row.device)  # [1, 1]
+    next_ids = to_device([[run.sequence[-1]]], h0_row.device)  # [1, 1]: the step's correction/bonus
     logits = streams(run.pair.target, cache, h0_row, at, next_ids=next_ids)[0, 0, :gamma]  # [gamma, head rows]
     return draft_tree(run, streams, logits, top_k, total_tokens, lookup)
 
@@ -69,8 +70,8 @@ def verify_tree(run, streams, cache, tree: Tree, gamma: int, one_forward: bool):
     (they rode in this forward), else that node's layer-L0 hidden state [1, 1, d]. The cache keeps
     the root and the path."""
     target, n = run.pair.target, len(run.sequence)
-    ids = torch.tensor([[run.sequence[-1], *tree.tokens]], device=target.device)  # [1, N + 1]
-    positions = tree_positions(tree.depths, n - 1).to(target.device)
+    ids = to_device([[run.sequence[-1], *tree.tokens]], target.device)  # [1, N + 1]
+    positions = to_device(tree_positions(tree.depths, n - 1), target.device)
     if one_forward:
         logits, stream_logits = forward_with_streams(target, streams, ids, cache, gamma, positions=positions,
                                                      tree_mask=tree_mask(tree.parents))  # [1, N+1, V], [1, N+1, g, .]
