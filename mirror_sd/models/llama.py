@@ -25,6 +25,7 @@ from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from ..devices import to_device
 from .linear import Linear
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -106,7 +107,7 @@ class KVCache(nn.Module):
 
         Used after tree verification: the accepted root-to-leaf path sits at scattered slots.
         """
-        slots = torch.as_tensor(slots, dtype=torch.long, device=self.k.device)
+        slots = to_device(slots, self.k.device, torch.long)  # the index ops below run on this stream too
         n = len(slots)
         self.k[:, :, :, at:at + n] = self.k[:, :, :, slots]
         self.v[:, :, :, at:at + n] = self.v[:, :, :, slots]

@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..devices import on_cpu_worker
+from ..devices import on_cpu_worker, to_device
 from ..errors import MirrorSDError
 from .forwards import layers, staged, stream_layers
 from .linear import linear
@@ -257,7 +257,7 @@ def _stream_rows(model, streams: Streams, h0, positions, main_mask, start: int, 
     [1, R*g, start + T + R*g]: what their main row sees (``main_mask`` [1, T, start + T]), then
     streams 1..j of their own row."""
     T = h0.shape[1]
-    rows = torch.arange(T, device=h0.device) if rows is None else torch.as_tensor(rows, device=h0.device)
+    rows = torch.arange(T, device=h0.device) if rows is None else to_device(rows, h0.device)
     stream_in, stream_positions = streams.inputs(model, h0[:, rows], positions[:, rows], gamma)
     sees = stream_mask(start + rows[None], start + T, gamma, main_mask[:, rows])
     return len(rows), stream_in, stream_positions, sees
