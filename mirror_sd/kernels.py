@@ -1,8 +1,8 @@
 """Where a stage's time goes as its width grows: what gpu-check runs to explain the stage table.
 
-On one H200 the target's full forward, captured as a CUDA graph, took 3.4 ms at width 1 and 8.1
-at width 8 but 5.9 at 32 (docs/devices.md), so verifying a window cost more than the decoding
-steps it saves. Two measurements say why, and what would change it:
+On an H200 the target's forward, captured as a CUDA graph, cost more than twice as much at width 8
+as at width 1, and less at width 32 than at 8 (docs/devices.md), so verifying a window cost more
+than the decoding steps it saves. Two measurements say why, and what would change it:
 
 * :func:`top_kernels`: the kernels of one eager run of a stage (the same kernels its graph
   replays), by self GPU time per forward (torch.profiler; on the CPU, the operators' self CPU

@@ -44,8 +44,8 @@ stage stores nothing for them. Where stream rows ride behind main rows in one pl
 stream rows after them (models/streams.py: ``forward_with_streams``).
 
 The cheapest bucket. A GPU's time for a forward need not grow with its width: matrix products of
-2 to 16 rows can pick slower kernels than those of 1 or 32 (one H200, fp32: the target's full
-forward took 3.4 ms at width 1, 8.1 at 8 and 5.9 at 32; docs/devices.md). So each captured stage
+2 to 16 rows can pick slower kernels than those of 1 or 32 (on an H200 in fp32 the target's
+forward cost more at width 8 than at 32: docs/devices.md). So each captured stage
 is timed at capture (a few replays, CUDA events), and a window runs at the cheapest captured bucket
 that holds it: :func:`cheapest_bucket`, where a wider bucket must save more than ROUTE_MARGIN to be
 taken. Padding rows never change a real row, so only the time moves. Eager stages (the CPU) are
