@@ -221,6 +221,19 @@ def calls(parts: list[Path], repo: Path, run: str = GPU_CHECK) -> str:
     return "\n".join(lines)
 
 
+SWEEPS = ('for o in "mirror streams 0,1" "mirror branch_budget 4,8,16,32" "mirror kappa 2,4,8" '
+          '"eagle total_tokens 8,16,32,60"; do set -- $o; timeout 85 python3 -m mirror_sd sweep --method $1 '
+          '--option $2 --values $3 --graphs on --per-category 1 --max-new-tokens 64 --out $OUT/$1-$2; done')
+
+
+def call_again(run: str = SWEEPS) -> str:
+    """A later call on the same warm machine: its tree is a fresh copy, without the assets the parts
+    brought, so it unpacks again (the parts stay in /tmp) before ``run`` (default: issue 32's sweeps)."""
+    command = (f"python3 scripts/gpu_bundle.py unpack >/dev/null && export PYTHONPATH={STORE / 'site'}:$PWD "
+               f"PYTHONUNBUFFERED=1 && {run}")
+    return f"run(command='{command}', timeout_s=400)"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -247,6 +260,8 @@ def main(argv=None):
         print(f"{len(parts)} parts in {BUNDLE}/; the big assets are out of the index until "
               f"`python -m scripts.gpu_bundle restore` (a pre-commit hook refuses commits meanwhile). The device calls, back to back:")
         print(calls(parts, ROOT, args.run))
+        print("Then, within 30 s (the machine is given back when idle), the same warm machine again:")
+        print(call_again())
     elif args.what == "restore":
         paths = restore(ROOT)
         print(f"{len(paths)} assets back in the index; {BUNDLE}/ removed")

@@ -91,6 +91,13 @@ def test_the_calls_carry_one_part_each_and_the_last_runs_gpu_check(tmp_path):
     assert "gpu-check" not in calls[0] and "unpack" in calls[2] and "gpu-check --out" in calls[2]
 
 
+def test_a_call_on_the_warm_machine_unpacks_again_then_sweeps():
+    again = gb.call_again()
+    assert again.startswith("run(command='python3 scripts/gpu_bundle.py unpack") and "PYTHONPATH=" in again
+    assert again.count("sweep --method") == 1 and '"mirror kappa 2,4,8"' in again and again.count("'") == 2
+    assert len(again) < gb.COMMAND_LIMIT
+
+
 def test_the_last_call_can_run_another_command_within_the_devices_limit(tmp_path):
     parts = [tmp_path / ".gpu" / "1"]
     assert gb.calls(parts, tmp_path, run="python3 -m mirror_sd sweep --method mirror").count("sweep --method") == 1
