@@ -300,9 +300,9 @@ def _read_trace(path: Path):
 
 
 def cmd_gpu_check(args) -> int:
-    from .gpu_check import gpu_check
+    from .gpu_check import BUDGET_S, gpu_check
 
-    return gpu_check(Path(args.out), *([args.budget] if args.budget is not None else []))
+    return gpu_check(Path(args.out), BUDGET_S if args.budget is None else args.budget)
 
 
 def cmd_methods(args) -> int:

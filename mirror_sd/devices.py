@@ -114,10 +114,8 @@ def to_device(data, device: torch.device, dtype: torch.dtype | None = None) -> t
     non-blocking copy, queued behind that work (PyTorch keeps the pinned block until the copy is done)."""
     tensor = data if isinstance(data, torch.Tensor) else torch.tensor(data, dtype=dtype)
     tensor = tensor if dtype is None else tensor.to(dtype)
-    if device.type != "cuda" or tensor.device == device:
+    if device.type != "cuda" or tensor.device.type != "cpu":  # no copy from the host to a GPU
         return tensor.to(device)
-    if tensor.device.type != "cpu":
-        return tensor.to(device)  # another GPU: a device-to-device copy
     return tensor.pin_memory().to(device, non_blocking=True)
 
 

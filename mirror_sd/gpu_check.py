@@ -46,7 +46,7 @@ import torch
 from .devices import hardware_name
 from .errors import MirrorSDError
 from .kernels import PROFILED_WIDTHS, format_times, kernel_table
-from .models.stages import BUCKETS, MAX_WIDTH, bucket, cheapest_bucket
+from .models.stages import BUCKETS, routed_widths
 from .trace import Trace, step_cost_table
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository (tests/ lives there)
@@ -375,12 +375,9 @@ def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
 
 
 def _routes(ms_by_width: dict[int, float]) -> str:
-    """'5-16 at 32, 33-48 at 64': the widths :func:`cheapest_bucket` sends past their smallest bucket."""
+    """'5-16 at 32, 33-48 at 64': the widths the stages route past their smallest bucket (``routed_widths``)."""
     runs = []  # [first, last, bucket]
-    for w in range(1, MAX_WIDTH + 1):
-        to = cheapest_bucket(w, ms_by_width)
-        if to == bucket(w):
-            continue
+    for w, to in routed_widths(ms_by_width).items():
         if runs and runs[-1][1] == w - 1 and runs[-1][2] == to:
             runs[-1][1] = w
         else:

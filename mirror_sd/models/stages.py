@@ -96,6 +96,12 @@ def cheapest_bucket(width: int, replay_ms: dict[int, float]) -> int:
     return best
 
 
+def routed_widths(replay_ms: dict[int, float]) -> dict[int, int]:
+    """{width: bucket} for the widths that :func:`cheapest_bucket` sends past their smallest bucket."""
+    routes = {w: cheapest_bucket(w, replay_ms) for w in range(1, MAX_WIDTH + 1)}
+    return {w: to for w, to in routes.items() if to != bucket(w)}
+
+
 class StageCache(KVCache):
     """A KV cache with MAX_WIDTH scratch slots after its ``max_slots`` usable ones: padding rows write
     there, and no real row reads them."""
@@ -410,7 +416,7 @@ class Stages:
 
     def routes(self, name: str) -> dict[int, int]:
         """{width: bucket} for the widths of ``name`` that run at a wider bucket than the smallest."""
-        return {w: self.route(name, w) for w in range(1, MAX_WIDTH + 1) if self.route(name, w) != bucket(w)}
+        return routed_widths(self.replay_ms.get(name, {}) if self.cheapest else {})
 
     def missing(self, names=None, widths=BUCKETS) -> list[tuple[str, int]]:
         """The (name, width) stages not made yet (names None: every named forward)."""
