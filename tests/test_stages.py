@@ -261,6 +261,38 @@ def test_capture_times_every_stage_and_routes_by_the_times(tiny_dirs):
 
 
 @cuda
+def test_a_stage_captures_while_the_other_lane_copies_through_pinned_memory(tiny_dirs):
+    """Stages are captured on demand, mid-run: after non-blocking copies whose pinned blocks PyTorch
+    still tracks by event, and while the other lane's thread copies too (devices.to_device)."""
+    import threading
+
+    from mirror_sd.devices import to_device
+    from mirror_sd.models.loading import load_model
+
+    model, _ = load_model(tiny_dirs["target"], torch.device("cuda"), torch.float32)
+    for _ in range(4):
+        to_device(list(range(64)), model.device)  # freed at once, their copies' events pending
+    stop, side = threading.Event(), torch.cuda.Stream()
+
+    def other_lane():
+        with torch.inference_mode(), torch.cuda.stream(side):
+            while not stop.is_set():
+                to_device(list(range(64)), model.device)
+                stop.wait(0.001)
+
+    thread = threading.Thread(target=other_lane)
+    thread.start()
+    try:
+        stages = Stages(model, 160)
+        stages.capture_all(names=["full"])
+    finally:
+        stop.set()
+        thread.join()
+    expected, _ = plain_prefill(model, PROMPT.cuda())
+    assert torch.allclose(stages.run("full", PROMPT.cuda()), expected, atol=1e-4)
+
+
+@cuda
 def test_capture_writes_scratch_slots_only(tiny_dirs):
     from mirror_sd.models.loading import load_model
 

@@ -318,7 +318,13 @@ class Stage:
     def capture(self, pool=None, stream: torch.cuda.Stream | None = None):
         """Capture the stage as a CUDA graph on ``stream`` (None: a side stream of PyTorch's) in memory
         pool ``pool``: warm up on a side stream, then capture, as PyTorch documents. The buffers hold
-        padding only meanwhile, so the warm-up writes scratch slots only."""
+        padding only meanwhile, so the warm-up writes scratch slots only.
+
+        The capture is "relaxed": CUDA then lets other work go on while it records. By default
+        ("global") any event query or allocation in the process invalidates it, and both happen
+        here: the other lane's thread works meanwhile, and PyTorch's pinned-memory allocator queries
+        the events of the non-blocking copies ``to_device`` made before. The body itself only
+        launches kernels on the stage's buffers, so nothing it records depends on that other work."""
         device = self.x.device
         with torch.inference_mode(), torch.cuda.device(device):
             self.load_padding()
@@ -329,7 +335,7 @@ class Stage:
                     self.body()
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
+            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="relaxed"):
                 self.out = self.body()
         self.graph = graph
 
