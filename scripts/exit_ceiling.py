@@ -78,9 +78,10 @@ def main():
                         "exit_ceiling_head.csv with --exit-head 1)")
     args = parser.parse_args()
     pair = load_pair()
-    if args.head:
-        attach_exit_head(pair, load_exit_head(Path(args.head), pair.target))
-    head = exit_head_for(pair, None) if args.exit_head else None
+    attached = load_exit_head(Path(args.head), pair.target) if args.head else None
+    if attached is not None:
+        attach_exit_head(pair, attached)
+    head = (attached or exit_head_for(pair, default_exit_layer(pair.target.num_layers))) if args.exit_head else None
     default = head.exit_layer if head else default_exit_layer(pair.target.num_layers)
     layers = [int(x) for x in (args.layers or (str(head.exit_layer) if head else "15,18,22,24,26,28")).split(",")]
     if head is not None and layers != [head.exit_layer]:

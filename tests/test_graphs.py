@@ -301,7 +301,7 @@ def test_the_token_channel_on_its_stages_gives_the_plain_candidates(pair, target
     from mirror_sd.methods.mirror import target_ranges, token_channel
 
     run = SimpleNamespace(pair=pair)
-    for head in (None, pair.exit_head):
+    for head in (None, pair.exit_heads[1]):
         plain, stage = caches(target, ranges=target_ranges(pair, 1, head))
         got, expected = (token_channel(run, cache, [4, 8, 2], 1, 3, head) for cache in (stage, plain))
         assert torch.allclose(got[0], expected[0], atol=ATOL)  # the prefix's hidden states

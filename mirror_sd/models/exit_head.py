@@ -13,6 +13,9 @@ the head learns from the cached early features (h through the exit layer's own i
 
 A head belongs to one target and one exit layer: config.json records both (the target's shape and
 a few of its norm weights, which tell targets of the same shape apart), and loading checks them.
+A pair keeps a head per exit layer (``pair.exit_heads``); the embedded target ships heads for a few
+layers (``EMBEDDED_EXIT_HEADS``: the default exit layer 22, and earlier ones, whose longer suffix
+leaves a GPU's rollouts more time to hide under).
 """
 from __future__ import annotations
 
@@ -27,7 +30,17 @@ from ..errors import MirrorSDError
 from .linear import Linear, linear
 from .llama import Transformer
 
-EMBEDDED_EXIT_HEAD = Path(__file__).resolve().parent.parent / "assets" / "exit-head-smollm2-135m"
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+EMBEDDED_EXIT_HEAD = ASSETS / "exit-head-smollm2-135m"  # exit layer 22, mirror's default
+
+
+def embedded_exit_heads() -> dict[int, Path]:
+    """Exit layer -> folder of each head shipped for the embedded target (``exit-head-smollm2-135m*``)."""
+    heads = {}
+    for folder in sorted(ASSETS.glob("exit-head-smollm2-135m*")):
+        if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
+            heads[json.loads((folder / "config.json").read_text())["exit_layer"]] = folder
+    return heads
 
 
 class ExitHead(nn.Module):
@@ -133,32 +146,34 @@ def load_exit_head(folder: Path, target: Transformer) -> ExitHead:
 
 
 def attach_exit_head(pair, head: ExitHead):
-    """Use ``head`` for every mirror run with exit_head=1 on this pair (``load_exit_head`` checks that
-    a saved head belongs to the pair's target)."""
-    pair.exit_head = head.to(pair.target.device, pair.target.dtype).eval().requires_grad_(False)
+    """Use ``head`` for every mirror run on this pair at the head's exit layer (in place of a shipped one
+    there; ``load_exit_head`` checks that a saved head belongs to the pair's target)."""
+    pair.exit_heads[head.exit_layer] = head.to(pair.target.device, pair.target.dtype).eval().requires_grad_(False)
 
 
 def available_exit_head(pair, exit_layer: int) -> ExitHead | None:
     """The trained head for ``exit_layer`` if this pair has one (attached, or shipped with the embedded
-    target), else None: what ``exit_head=-1`` (auto) uses, falling back to the logit lens."""
-    if pair.exit_head is None and not pair.embedded_target:
-        return None
-    head = exit_head_for(pair, None)
-    return head if head.exit_layer == exit_layer else None
+    target, loaded once and kept on the pair), else None: what ``exit_head=-1`` (auto) uses, falling
+    back to the logit lens."""
+    if exit_layer not in pair.exit_heads and pair.embedded_target:
+        folder = embedded_exit_heads().get(exit_layer)
+        if folder is not None:
+            pair.exit_heads[exit_layer] = load_exit_head(folder, pair.target)
+    return pair.exit_heads.get(exit_layer)
 
 
-def exit_head_for(pair, exit_layer: int | None) -> ExitHead:
-    """The pair's trained early-exit head (attached, or the shipped one of the embedded target, loaded
-    once and kept on the pair), refused unless it was trained for ``exit_layer`` (None: whichever layer)."""
-    if pair.exit_head is None:
-        if not pair.embedded_target:
-            raise MirrorSDError(f"exit_head=1 needs an early-exit head trained for target {pair.target_name!r}; only "
-                                f"the embedded target ships one (train one with mirror_sd.train.exit_head.train(..., "
-                                f"target_dir=...), then mirror_sd.models.exit_head.attach_exit_head), or use exit_head=0")
-        pair.exit_head = load_exit_head(EMBEDDED_EXIT_HEAD, pair.target)
-    trained = pair.exit_head.exit_layer
-    if exit_layer is not None and trained != exit_layer:
-        raise MirrorSDError(f"the early-exit head of this target was trained for exit layer {trained}, not {exit_layer}: "
-                            f"use exit_layer={trained}, or exit_head=0 (the target's LM head), or train one for "
-                            f"layer {exit_layer} (python -m mirror_sd.train exit-head --exit-layer {exit_layer})")
-    return pair.exit_head
+def exit_head_for(pair, exit_layer: int) -> ExitHead:
+    """The pair's trained early-exit head for ``exit_layer`` (``available_exit_head``), or a clear error
+    that says which layers have one."""
+    head = available_exit_head(pair, exit_layer)
+    if head is not None:
+        return head
+    layers = sorted(set(pair.exit_heads) | (set(embedded_exit_heads()) if pair.embedded_target else set()))
+    if not layers:
+        raise MirrorSDError(f"exit_head=1 needs an early-exit head trained for target {pair.target_name!r}; only "
+                            f"the embedded target ships them (train one with mirror_sd.train.exit_head.train(..., "
+                            f"target_dir=...), then mirror_sd.models.exit_head.attach_exit_head), or use exit_head=0")
+    have = ", ".join(map(str, layers))
+    raise MirrorSDError(f"this target's early-exit heads were trained for exit layer {have}, not {exit_layer}: "
+                        f"use one of those exit layers, or exit_head=0 (the target's LM head), or train one for "
+                        f"layer {exit_layer} (python -m mirror_sd.train exit-head --exit-layer {exit_layer})")

@@ -42,7 +42,7 @@ class ModelPair:
     draft_streams: object = field(default=None, repr=False)  # the draft's speculative streams (drafting/streamed.py)
     early_exit_rows: torch.Tensor | None = field(default=None, repr=False)  # Mirror-SD's exit head rows
     early_exits: dict = field(default_factory=dict, repr=False)  # Mirror-SD: (exit head, rows?) -> its EarlyExit
-    exit_head: object = field(default=None, repr=False)  # Mirror-SD's trained early-exit head (models/exit_head.py)
+    exit_heads: dict = field(default_factory=dict, repr=False)  # Mirror-SD: exit layer -> trained head (models/exit_head.py)
     loaded_drafts: dict = field(default_factory=dict, repr=False)  # use_draft: name -> (model, name, folder)
     graphs: str = "auto"  # fixed-shape stages: "on", "off", or "auto" (on for CUDA lanes); see new_cache
     buckets: str = "cheapest"  # a stage's window: at the "cheapest" bucket timed at capture, or the "smallest"
