@@ -285,6 +285,35 @@ class Lane:
         int8 = self.int8_drafting and (drafting or self.name == "draft")
         return self.worker.submit(self._run, trace, kind, label, step, tokens, alone, int8, fn, args, kwargs)
 
+    def queue(self, kind: str, fn, *args, trace=None, label: str = "", step: int | None = None, tokens: int = 0,
+              after: "torch.cuda.Event | None" = None, drafting: bool = False, **kwargs) -> tuple[object, "Queued"]:
+        """Run fn(*args, **kwargs) on the calling thread with this lane's stream current, without waiting
+        for the GPU: on a CUDA lane its kernels are queued and the call returns as soon as they are
+        launched. ``after``: an event (``Queued.done`` of work on another lane) this lane's stream
+        waits for before the work, on the GPU, so the host need not. Returns (fn's result, a
+        :class:`Queued`); once the host has synchronised, ``Queued.record()`` puts the span in ``trace``.
+        On a CPU lane fn simply runs (to its end), and its span is the host's readings around it.
+        ``drafting``: as for ``submit``."""
+        int8 = self.int8_drafting and (drafting or self.name == "draft")
+        stream = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
+        events, done = None, None
+        start = time.perf_counter()
+        try:
+            with torch.inference_mode(), stream, int8_products(int8):
+                if self.device.type == "cuda":
+                    if after is not None:
+                        self.work_stream.wait_event(after)
+                    if self.clock is not None and trace is not None:
+                        events = self.clock.begin(self.work_stream, trace.t0)
+                result = fn(*args, **kwargs)
+                if self.device.type == "cuda":
+                    done = torch.cuda.Event(enable_timing=events is not None)
+                    done.record(self.work_stream)
+                    events = (events[0], done) if events is not None else None
+        except Exception as e:
+            raise LaneError(self.name, step, e) from e
+        return result, Queued(self, trace, kind, label, step, tokens, events, start, time.perf_counter(), done)
+
     def recording(self, trace) -> "Recording":
         """This lane, with every piece of work recorded in ``trace`` (one generation's)."""
         return Recording(self, trace)
@@ -360,6 +389,24 @@ class Lane:
 
 
 
+class Queued:
+    """Work a lane queued (``Lane.queue``): ``done`` is a CUDA event recorded after it on the lane's
+    stream (None off CUDA), for another lane's stream to wait on; ``record()``, called once the
+    host has synchronised with it, adds its span to the trace."""
+
+    def __init__(self, lane, trace, kind, label, step, tokens, events, start, launched, done):
+        self.lane, self.trace, self.kind, self.label, self.step, self.tokens = lane, trace, kind, label, step, tokens
+        self.events, self.start, self.launched, self.done = events, start, launched, done
+
+    def record(self):
+        if self.trace is None:
+            return
+        start, end = self.start, time.perf_counter() if self.events is not None else self.launched
+        if self.events is not None:  # the GPU's own times, within the host's readings around the work
+            start, end = self.lane.clock.span(self.events, start, end)
+        self.trace.add_span(self.lane, self.kind, self.label, start, end, self.step, self.tokens)
+
+
 class Recording:
     """A lane bound to the trace of one generation: what a decode loop submits through it is
     recorded there (``Decoding.target_lane`` and ``draft_lane``)."""
@@ -372,6 +419,9 @@ class Recording:
 
     def run(self, kind: str, fn, *args, **kwargs):
         return self.submit(kind, fn, *args, **kwargs).result()
+
+    def queue(self, kind: str, fn, *args, **kwargs) -> tuple[object, Queued]:
+        return self.lane.queue(kind, fn, *args, trace=self.trace, **kwargs)
 
     def widen_when_done(self, beside: Future | None):
         self.lane.widen_when_done(beside)

@@ -14,8 +14,9 @@ DIR:
    which widths the stages route to a wider, cheaper bucket;
 2. the bench (vanilla, sd, eagle, ss, mirror; 2 prompts per category, 64 tokens, T = 0) on this
    machine's default devices with ``--graphs on`` (the methods on captured stages, each window at
-   its cheapest bucket), then again with ``--buckets smallest`` (what that routing wins):
-   ``bench-*/`` and ``bench-*.md``;
+   its cheapest bucket; Mirror-SD's steps queued on the two streams), then vanilla and Mirror-SD
+   with ``--queued 0`` (the host choosing the branches between the streams: what queuing wins),
+   then again with ``--buckets smallest`` (what that routing wins): ``bench-*/`` and ``bench-*.md``;
 3. the CUDA tests (``tests/test_cuda.py``; ``tests/test_stages.py``, whose graph tests run only
    on a GPU; ``tests/test_graphs.py``, every method on the tiny pair's captured stages there):
    ``tests.log``;
@@ -55,11 +56,14 @@ TESTS = ["tests/test_cuda.py", "tests/test_stages.py", "tests/test_graphs.py"]
 BENCH = ["--methods", "vanilla,sd,eagle,ss,mirror", "--per-category", "2", "--max-new-tokens", "64"]
 BENCHES = [  # (part, extra arguments, most seconds): graphs on, graphs off, the draft on the CPU
     ("bench-graphs-on", ["--graphs", "on", "--traces", "{out}/traces"], 150),
+    ("bench-host-rendezvous", ["--graphs", "on", "--methods", "vanilla,mirror", "--queued", "0"], 90),
     ("bench-smallest-bucket", ["--graphs", "on", "--buckets", "smallest"], 150),
     ("bench-graphs-off", ["--graphs", "off"], 150),
     ("bench-draft-cpu", ["--graphs", "auto", "--draft-device", "cpu"], 150),
 ]
 BENCH_TITLES = {"bench-graphs-on": "the methods on CUDA graphs (--graphs on), each window at its cheapest bucket",
+                "bench-host-rendezvous": "Mirror-SD's steps on the lanes' threads, the host choosing the branches "
+                                         "(--queued 0), against queued steps in bench-graphs-on",
                 "bench-smallest-bucket": "CUDA graphs, each window at its smallest bucket (--buckets smallest)",
                 "bench-graphs-off": "the plain forward (--graphs off)",
                 "bench-draft-cpu": "the draft on the CPU, the target on CUDA graphs (--draft-device cpu)"}
@@ -368,9 +372,9 @@ def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
         if summary.exists():
             lines += ["", f"## {name}: {title}", "", summary.read_text(encoding="utf-8").strip()]
     lines += step_cost_section(out / "bench-graphs-on" / "traces")
-    lines += ["", "Not yet here: the rendezvous on CUDA events (the host reads the token channel before the "
-                  "rollouts start); see models/stages.py and docs/devices.md. Spans on CUDA lanes come from CUDA "
-                  "events."]
+    lines += ["", "Spans on CUDA lanes come from CUDA events. On CUDA lanes Mirror-SD's steps are queued on the "
+                  "two streams (the draft stream waits for the token channel on a CUDA event; methods/mirror.py: "
+                  "queued_step); with --queued 0 the lanes' threads run them."]
     return "\n".join(lines) + "\n"
 
 

@@ -23,7 +23,8 @@ METHODS = {  # method (and a variant after a comma) -> options; lookup 0 keeps c
     "eagle": dict(depth=3, top_k=3, total_tokens=8, lookup=0),
     "ss": dict(gamma=3, top_k=2, total_tokens=6, lookup=0),
     "ss, one forward": dict(gamma=3, top_k=2, total_tokens=6, lookup=0, one_forward=1),
-    "mirror": dict(gamma=3, kappa=2, branch_budget=3, lookup=0),
+    "mirror": dict(gamma=3, kappa=2, branch_budget=3, lookup=0),  # each step queued on the two streams
+    "mirror, host": dict(gamma=3, kappa=2, branch_budget=3, lookup=0, queued=0),  # the lanes' threads, the host between
 }
 
 
@@ -116,6 +117,24 @@ def test_nvml_readings_reach_the_trace(fp32_pair):
     samples = out.trace.gpu_samples
     assert samples and {g.device for g in samples} == {"cuda:0"}
     assert all(0 <= g.percent <= 100 for g in samples)
+
+
+def test_queued_work_on_the_second_stream_waits_for_the_firsts_on_the_gpu(fp32_pair):
+    """Lane.queue's ``after``: the draft lane's stream waits for an event of the target lane's work,
+    on the GPU, so what it reads is what the target lane wrote; the host waits only at the end."""
+    target, draft = fp32_pair.target_lane, fp32_pair.draft_lane
+    x = torch.zeros(2048, 2048, device="cuda")
+
+    def slow_fill():  # a long kernel chain on the target's stream, then the value the draft reads
+        y = x
+        for _ in range(20):
+            y = y @ y
+        x.fill_(3.0)
+
+    _, filled = target.queue("fill", slow_fill)
+    total, summed = draft.queue("sum", lambda: x.sum(), after=filled.done)
+    summed.done.synchronize()
+    assert total.item() == 3.0 * x.numel()
 
 
 def test_to_device_queues_its_copy_behind_the_streams_work():

@@ -140,3 +140,59 @@ def test_branches_are_chosen_by_the_chance_the_step_ends_there():
     assert [math.exp(b.score) for b in branches] == pytest.approx([0.30, 0.27, 0.168, 0.048])
     # a budget of 2 keeps the likeliest step ends, not the likeliest candidates ((2, 9) at 0.7, (1, 8) at 0.45)
     assert [(b.accepted, b.root) for b in choose_branches([5, 6], top_ids, top_logp, window_logp, 2)] == [(0, 7), (1, 8)]
+
+
+def test_the_device_chooses_the_hosts_branches():
+    """choose_branches_on_device, which the queued step runs where the token channel lies, keeps the
+    host's valid branches, scores and order (ties included), the skipped candidates after them, even
+    after a window token the exit gave -inf (a copied token outside the draft's vocabulary)."""
+    import torch
+
+    from mirror_sd.methods.mirror import choose_branches, choose_branches_on_device
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        T, kappa = 1 + trial % 6, 1 + trial % 4
+        draft = torch.randint(0, 12, (T - 1,), generator=gen).tolist()
+        top_ids = torch.stack([torch.randperm(12, generator=gen)[:kappa] for _ in range(T)])
+        top_logp = torch.randn(T, kappa, generator=gen).sort(dim=-1, descending=True).values
+        top_logp[:, -1] = top_logp[:, 0] if trial % 3 == 0 else top_logp[:, -1]  # ties
+        window_logp = torch.randn(T - 1, generator=gen)
+        if trial % 5 == 0 and T > 2:
+            window_logp[0] = float("-inf")
+        for budget in (1, 3, 64):
+            host = choose_branches(draft, top_ids, top_logp, window_logp, budget)
+            r, roots, scores, valid = choose_branches_on_device(draft, top_ids, top_logp, window_logp, budget)
+            assert len(r) == min(budget, T * kappa) and not valid[len(host):].any()
+            assert [(b.accepted, b.root, b.score) for b in host] == list(zip(r.tolist(), roots.tolist(),
+                                                                             scores.tolist()))[:len(host)]
+
+
+@pytest.mark.parametrize("options", [dict(lookup=0), dict(lookup=8, gamma=2)])
+def test_a_queued_step_commits_and_records_what_the_hosts_does(tiny_pair, options):
+    """queued=1 runs each step as ``queued_step`` (on a GPU: the host waits once, at the rendezvous; here,
+    on the CPU, the same work in turn on one thread): vanilla's tokens, and every step's early-exit
+    candidates, branches and hit as the lanes' threads (queued=0) record them."""
+    expected = generate(tiny_pair, "t1 t2 t3", method="vanilla", max_new_tokens=40, raw=True).token_ids
+    runs = {}
+    for queued in (0, 1):
+        out = generate(tiny_pair, "t1 t2 t3", method="mirror", max_new_tokens=40, raw=True, **{"gamma": 3, "kappa": 2,
+                       "branch_budget": 3, **options}, queued=queued)
+        assert out.error is None and out.token_ids == expected
+        runs[queued] = [s.rendezvous for s in out.trace.steps[1:]]
+        kinds = {s.kind for s in out.trace.spans}
+        assert {"target-prefix", "target-suffix", "draft-rollout", "rendezvous"} <= kinds
+    assert runs[0] == runs[1] and any(r.hit for r in runs[1])
+
+
+def test_queued_steps_need_temperature_0_and_token_by_token_rollouts(tiny_pair):
+    from types import SimpleNamespace
+
+    from mirror_sd.methods.mirror import queues_steps
+
+    def run(greedy):
+        return SimpleNamespace(pair=tiny_pair, draft_sampler=SimpleNamespace(greedy=greedy))
+
+    assert queues_steps(run(True), streams=0, queued=1)
+    assert not queues_steps(run(True), streams=0, queued=-1)  # auto: CUDA lanes only; these are the CPU's
+    assert not queues_steps(run(False), streams=0, queued=1) and not queues_steps(run(True), streams=1, queued=1)

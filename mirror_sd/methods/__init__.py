@@ -75,6 +75,11 @@ EXIT_HEAD = Option("exit_head", -1, -1, 1, "what reads the exit layer's hidden s
                    "layer 22); 0 that norm and head alone (a logit lens); -1 the trained head where there is one, "
                    "else the logit lens")
 
+QUEUED = Option("queued", -1, -1, 1, "1: this thread queues each step's work on the lanes' CUDA streams and waits "
+                "once, at the rendezvous (the draft stream waits for the token channel on a CUDA event, and chooses "
+                "the branches on the device); 0: the lanes' threads run it, the host reading the token channel to "
+                "choose the branches; -1: 1 where both lanes are CUDA devices. Temperature 0, streams 0 only")
+
 
 def _check_exit_layer(pair, options):
     layers = pair.target.num_layers
@@ -123,7 +128,7 @@ register(Method("ss", "Speculative Streaming", "the target drafts for itself: tr
                 parallel_lanes=False, options=(SS_GAMMA, SS_TOP_K, SS_TOTAL_TOKENS, LOOKUP, SS_ONE_FORWARD), check=_check_streams))
 register(Method("mirror", "Mirror-SD", "the target's early exit steers branch rollouts on the draft lane, "
                 "which run while the target finishes its layers", mirror.decode, needs_draft=True,
-                parallel_lanes=True, options=(GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, MIRROR_STREAMS, MIRROR_LOOKUP, EXIT_HEAD),
+                parallel_lanes=True, options=(GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, MIRROR_STREAMS, MIRROR_LOOKUP, EXIT_HEAD, QUEUED),
                 check=_check_mirror))
 register(Method("eagle", "EAGLE-2", "a feature-level head on the target's lane drafts a dynamic tree; "
                 "the target verifies the whole tree in one forward", eagle.decode, needs_draft=False,

@@ -122,13 +122,14 @@ def choose_exit_head(pair, exit_layer: int, exit_head: int):
     return available_exit_head(pair, exit_layer) if exit_head == -1 else None
 
 
-def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, head=None):
+def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, head=None, on_host: bool = True):
     """Target lane: layers [0, exit_layer) over the window and the early exit, through the trained
     exit head ``head`` first when one is given (its cost is the target prefix's).
 
     Returns hidden [1, T, d] (kept on the target lane for the suffix), and what crosses to the
     draft lane: top-kappa ids and log-probs [T, kappa], and the early-exit log-prob of each draft
-    token d_{i+1} at position i [T - 1].
+    token d_{i+1} at position i [T - 1]; read to the host, or (``on_host=False``, the queued step)
+    left on the device, unread.
     """
     pair, target = run.pair, run.pair.target
     ids = to_device([window], target.device)  # [1, T]
@@ -141,6 +142,8 @@ def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, he
     top = exit_logp.topk(kappa, dim=-1)
     drafted = to_device(window[1:], exit_logp.device)
     window_logp = exit_logp[:-1].gather(-1, drafted[:, None])[:, 0]
+    if not on_host:
+        return hidden, top.indices, top.values, window_logp
     return hidden, top.indices.cpu(), top.values.cpu(), window_logp.cpu()
 
 
@@ -159,8 +162,12 @@ def target_suffix(run, cache, channel, exit_layer: int, rollouts=None) -> torch.
     then the rest of the suffix takes the cores the lanes shared (``Lane.widen_when_done``), checked
     before each layer and before the LM head (once, before the whole suffix, on stages).
     """
+    return suffix_logits(run, cache, channel.result()[0], exit_layer, rollouts)
+
+
+def suffix_logits(run, cache, hidden, exit_layer: int, rollouts=None) -> torch.Tensor:
+    """Layers [exit_layer, N) and the LM head over the prefix's hidden states [1, T, d] -> [T, V]."""
     target, lane = run.pair.target, run.target_lane
-    hidden = channel.result()[0]
     logits = layers(target, hidden, cache, exit_layer, None, head=True,
                     each_layer=lambda: lane.widen_when_done(rollouts))  # [1, T, V]
     cache.length += hidden.shape[1]
@@ -185,9 +192,38 @@ def choose_branches(draft: list[int], top_ids, top_logp, window_logp, budget: in
     return branches[:budget]
 
 
-def tree_layout(run, cache, draft: list[int], branches: list[Branch]):
-    """The first rollout forward: ids, positions and mask [T, base + T] of the committed tokens the
-    draft has not seen, the window d1..d_gamma (one causal chain) and every branch root.
+def choose_branches_on_device(draft: list[int], top_ids, top_logp, window_logp, budget: int):
+    """``choose_branches`` where the token channel lies (the queued step), nothing read to the host:
+    (r, roots, scores, valid) [B] of the B = min(budget, T * kappa) best hypotheses, best first.
+
+    The scores are summed in float64 in the host's order, and ties keep (r, rank) order, as the
+    host's stable sort does. The skipped candidates (v = d_{r+1}) sort after every other one (even
+    one at -inf: a copied window token outside the draft's vocabulary), marked invalid: an
+    acceptance, never a verdict, so they never hit. The valid ones are ``choose_branches``' own.
+    """
+    T, kappa = top_ids.shape
+    dev = top_ids.device
+    prefix = torch.cat([torch.zeros(1, dtype=torch.float64, device=dev), window_logp.double().cumsum(0)])  # [T]
+    scores = prefix[:, None] + top_logp.double()  # [T, kappa]
+    skip = torch.zeros(T, kappa, dtype=torch.bool, device=dev)
+    skip[:-1] = top_ids[:-1] == to_device(draft, dev, torch.long)[:, None]
+    order = torch.sort(scores.flatten(), descending=True, stable=True).indices  # best first
+    order = order[torch.sort(skip.flatten()[order].byte(), stable=True).indices]  # the skipped ones last
+    order = order[:min(budget, T * kappa)]  # [B]
+    return order // kappa, top_ids.flatten()[order], scores.flatten()[order], ~skip.flatten()[order]
+
+
+def branch_tensors(branches: list[Branch], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r, roots) [B] of host-chosen branches, on ``device``."""
+    rows = to_device([[b.accepted for b in branches], [b.root for b in branches]], device, torch.long)
+    return rows[0], rows[1]
+
+
+def tree_layout(run, cache, draft: list[int], r: torch.Tensor, roots: torch.Tensor):
+    """The first rollout forward: ids [T], positions [T] and mask [T, base + T] of the committed tokens
+    the draft has not seen, the window d1..d_gamma (one causal chain) and every branch root; r and
+    roots [B] are the branches' accepted prefixes and roots, on the draft's device, and so is all
+    this (laid out there, so the host need not know the branches).
 
     Also returns ``may_see(owner, depth)``: the [B, base + slots] mask of each branch's newest row,
     given the owner (-1 chain, else branch) and chain depth of every new slot so far. A branch sees
@@ -195,33 +231,46 @@ def tree_layout(run, cache, draft: list[int], branches: list[Branch]):
     """
     n, base = len(run.sequence), cache.length  # the last committed token is at position n - 1
     chain = run.sequence[base:] + draft  # pending committed tokens + window: one causal chain
-    B = len(branches)
-    r = torch.tensor([b.accepted for b in branches])  # [B]
-    owner = torch.tensor([-1] * len(chain) + list(range(B)))  # per new slot: -1 chain, else branch
-    depth = torch.tensor([0] * (len(chain) - len(draft)) + list(range(1, len(draft) + 1)) + [0] * B)
+    B, C, dev = len(r), len(chain), r.device
+    at = dict(dtype=torch.long, device=dev)
+    branch = torch.arange(B, **at)
+    owner = torch.cat([torch.full((C,), -1, **at), branch])  # per new slot: -1 chain, else branch
+    depth = torch.cat([torch.zeros(C - len(draft), **at), torch.arange(1, len(draft) + 1, **at), torch.zeros(B, **at)])
 
     def may_see(owner, depth):
-        sees = ((owner == -1) & (depth <= r[:, None])) | (owner == torch.arange(B)[:, None])
-        return torch.cat([torch.ones(B, base, dtype=torch.bool), sees], dim=-1)
+        sees = ((owner == -1) & (depth <= r[:, None])) | (owner == branch[:, None])
+        return torch.cat([torch.ones(B, base, dtype=torch.bool, device=dev), sees], dim=-1)
 
-    chain_rows = torch.cat([torch.ones(len(chain), base, dtype=torch.bool),
-                            torch.ones(len(chain), len(chain), dtype=torch.bool).tril(),
-                            torch.zeros(len(chain), B, dtype=torch.bool)], dim=-1)
+    chain_rows = torch.cat([torch.ones(C, base, dtype=torch.bool, device=dev),
+                            torch.ones(C, C, dtype=torch.bool, device=dev).tril(),
+                            torch.zeros(C, B, dtype=torch.bool, device=dev)], dim=-1)
     mask = torch.cat([chain_rows, may_see(owner, depth)])  # [T, base + T]
-    positions = list(range(n - len(chain) + len(draft), n + len(draft))) + [n + b.accepted for b in branches]
-    return chain + [b.root for b in branches], positions, mask, owner, depth, may_see
+    positions = torch.cat([torch.arange(n - C + len(draft), n + len(draft), **at), n + r])
+    ids = torch.cat([to_device(chain, dev, torch.long), roots])
+    return ids, positions, mask, owner, depth, may_see
 
 
 def rollout(run, cache, draft: list[int], branches: list[Branch], gamma: int) -> list[Branch]:
-    """Draft lane: gamma draft tokens after every branch, all branches in one tree per forward.
+    """Draft lane: gamma draft tokens after every branch, all branches in one tree per forward
+    (``roll_out_tree``), into the branches."""
+    r, roots = branch_tensors(branches, run.pair.draft.device)
+    picks = roll_out_tree(run, cache, draft, r, roots, gamma, branches)
+    if picks is not None:  # one read of every branch's tokens: the host never waits for the device between forwards
+        for b, tokens in zip(branches, picks.tolist()):
+            b.tokens = tokens
+    return branches
 
-    Forward 1 lays out the tree (``tree_layout``); forward k feeds each branch's newest token.
-    """
+
+def roll_out_tree(run, cache, draft: list[int], r: torch.Tensor, roots: torch.Tensor, gamma: int,
+                  branches: list[Branch] | None = None) -> torch.Tensor | None:
+    """gamma draft tokens after every branch (r, roots [B] on the draft's device), all branches in one
+    tree per forward: forward 1 lays out the tree (``tree_layout``), forward k feeds each branch's
+    newest token. At T = 0 returns the picks [B, gamma], left on the device; at T > 0 draws into
+    ``branches`` (tokens and their distributions) and returns None."""
     model, sampler = run.pair.draft, run.draft_sampler
-    n, B = len(run.sequence), len(branches)
-    ids, positions, mask, owner, depth, may_see = tree_layout(run, cache, draft, branches)
-    ids = to_device(ids, model.device)
-    picks = []  # T = 0: each forward's [B] picks, kept on the device until the last forward
+    n, B, dev = len(run.sequence), len(r), r.device
+    ids, positions, mask, owner, depth, may_see = tree_layout(run, cache, draft, r, roots)
+    picks = []  # T = 0: each forward's [B] picks
     for k in range(gamma):
         logits = run.as_target_vocab(_forward_rows(model, cache, ids, positions, mask, rows=B))  # [B, V]
         if sampler.greedy:
@@ -232,15 +281,12 @@ def rollout(run, cache, draft: list[int], branches: list[Branch], gamma: int) ->
                 b.tokens.append(sampler.sample(b.q[-1]))
         if k == gamma - 1:
             break
-        ids = picks[-1] if sampler.greedy else to_device([b.tokens[-1] for b in branches], model.device)
-        positions = [n + b.accepted + k + 1 for b in branches]
-        owner = torch.cat([owner, torch.arange(B)])
-        depth = torch.cat([depth, torch.zeros(B, dtype=torch.long)])
+        ids = picks[-1] if sampler.greedy else to_device([b.tokens[-1] for b in branches], dev, torch.long)
+        positions = n + r + k + 1  # [B]
+        owner = torch.cat([owner, torch.arange(B, device=dev)])
+        depth = torch.cat([depth, torch.zeros(B, dtype=torch.long, device=dev)])
         mask = may_see(owner, depth)
-    if picks:  # one read of every branch's tokens: the host never waits for the device between forwards
-        for b, tokens in zip(branches, torch.stack(picks, dim=1).tolist()):  # [B, gamma]
-            b.tokens = tokens
-    return branches
+    return torch.stack(picks, dim=1) if picks else None
 
 
 def rollout_streamed(run, cache, draft: list[int], branches: list[Branch], gamma: int) -> list[Branch]:
@@ -249,13 +295,12 @@ def rollout_streamed(run, cache, draft: list[int], branches: list[Branch], gamma
     model, sampler = run.pair.draft, run.draft_sampler
     streams = draft_streams(run.pair)
     B, dev = len(branches), model.device
-    ids, positions, mask, *_ = tree_layout(run, cache, draft, branches)
-    main, h0 = split_forward(model, to_device([ids], dev), cache, streams.first_layer,
-                             positions=to_device([positions], dev), tree_mask=to_device(mask, dev))
+    ids, positions, mask, *_ = tree_layout(run, cache, draft, *branch_tensors(branches, dev))
+    main, h0 = split_forward(model, ids[None], cache, streams.first_layer, positions=positions[None], tree_mask=mask)
     cache.length += len(ids)
     roots = torch.arange(cache.length - B, cache.length, device=dev)[None]  # [1, B]: the roots' cache slots
-    ahead = streams(model, cache, h0[:, -B:], roots, positions=to_device([positions[-B:]], dev),
-                    seen=to_device(mask[None, -B:], dev))[0, :, :gamma - 1]  # [B, gamma - 1, V_d]
+    ahead = streams(model, cache, h0[:, -B:], roots, positions=positions[None, -B:],
+                    seen=mask[None, -B:])[0, :, :gamma - 1]  # [B, gamma - 1, V_d]
     logits = run.as_target_vocab(torch.cat([main[0, -B:, None], ahead], dim=1))  # [B, gamma, V]
     for b, rows in zip(branches, logits):
         b.tokens, q = sampler.draw(rows)
@@ -263,12 +308,10 @@ def rollout_streamed(run, cache, draft: list[int], branches: list[Branch], gamma
     return branches
 
 
-def _forward_rows(model, cache, ids: torch.Tensor, positions, mask, rows: int) -> torch.Tensor:
-    """Write ids [T] (on the model's device) at the cache's next slots under ``mask``; logits of the
-    last ``rows`` tokens only."""
-    dev = model.device
-    logits = layers(model, ids[None], cache, 0, None, to_device([positions], dev),
-                    to_device(mask, dev), head=True, last=rows)  # [1, rows, V_draft]
+def _forward_rows(model, cache, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rows: int) -> torch.Tensor:
+    """Write ids [T] at positions [T] (on the model's device) at the cache's next slots under ``mask``;
+    logits of the last ``rows`` tokens only."""
+    logits = layers(model, ids[None], cache, 0, None, positions[None], mask, head=True, last=rows)  # [1, rows, V_draft]
     cache.length += len(ids)
     return logits[0]
 
@@ -280,11 +323,21 @@ def rendezvous(draft, q, logits, sampler, branches: list[Branch]):
     return verdict, hit
 
 
+def queues_steps(run, streams: int, queued: int) -> bool:
+    """Whether steps are queued on the lanes' streams (``queued_step``): always with ``queued`` 1, never
+    with 0, and with -1 where both lanes are CUDA devices; at T = 0, token by token, on one device's target."""
+    pair = run.pair
+    possible = run.draft_sampler.greedy and not streams and not pair.target.layer_devices
+    cuda = pair.target_lane.device.type == "cuda" and pair.draft_lane.device.type == "cuda"
+    return possible and (queued == 1 or (queued == -1 and cuda))
+
+
 def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, streams: int = 0, lookup: int = 0,
-           exit_head: int = -1):
+           exit_head: int = -1, queued: int = -1):
     pair = run.pair
     fresh = make_drafter(streams)  # a fresh window after a miss: token by token, or the draft's streams
     roll_out = rollout_streamed if streams else rollout
+    step_on = queued_step if queues_steps(run, streams, queued) else host_step
     exit_layer = exit_layer or default_exit_layer(pair.target.num_layers)
     head = choose_exit_head(pair, exit_layer, exit_head)  # None: the logit lens
     target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=branch_budget * gamma + lookup,
@@ -306,31 +359,12 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
                                           label=f"fallback draft {gamma} tokens", step=step, tokens=gamma)
             window, q = proposal.tokens, proposal.q
             draft_cache.rollback(min(draft_cache.length, n - 1))
-        T = len(window) + 1
-        channel = run.target_lane.submit(
-            "target-prefix", token_channel, run, target_cache, [run.sequence[-1], *window], exit_layer, kappa, head,
-            label=f"layers 1-{exit_layer} + {'trained ' if head else ''}early exit, {T} tokens", step=step, tokens=T,
-            alone=True)  # the draft lane waits for the token channel: the prefix may use its cores too
-        # The suffix goes in the target lane's queue now, so it starts as soon as the token channel is
-        # done, while this thread reads the channel and lays out the rollouts.
-        rollouts_done = Future()  # set once the rollouts (not submitted yet) are done: the suffix widens then
-        suffix = run.target_lane.submit("target-suffix", target_suffix, run, target_cache, channel, exit_layer,
-                                        rollouts_done, label=f"layers {exit_layer + 1}-{pair.target.num_layers}, "
-                                        f"{T} tokens", step=step, tokens=T)
-        _, top_ids, top_logp, window_logp = channel.result()
-        branches = choose_branches(window, top_ids, top_logp, window_logp, branch_budget)
-        rolled = run.draft_lane.submit("draft-rollout", roll_out, run, draft_cache, window, branches, gamma,
-                                       label=f"{len(branches)} branches x {gamma} tokens", step=step,
-                                       tokens=len(branches) * gamma)
-        rolled.add_done_callback(lambda _: rollouts_done.set_result(None))
-        logits = suffix.result()
-        branches = rolled.result()
-        verdict, hit = run.target_lane.run("rendezvous", rendezvous, window, q, logits, run.target_sampler, branches,
-                                           label="verify + match branch", step=step)
+        verdict, hit, top_ids, branches = step_on(run, target_cache, draft_cache, window, q, step, exit_layer, kappa,
+                                                  head, branch_budget, gamma, roll_out)
         tokens, origins = verdict.committed(window)
         target_cache.rollback(n + verdict.accepted)
         draft_cache.rollback(min(draft_cache.length, n + verdict.accepted))
-        record = Rendezvous(exit_candidates=top_ids.tolist(), branches=[(b.accepted, b.root, b.tokens) for b in branches],
+        record = Rendezvous(exit_candidates=top_ids, branches=[(b.accepted, b.root, b.tokens) for b in branches],
                             branch_used=hit, fallback=fallback, copied=copied)
         yield run.commit(Step(step, tokens, origins, proposed=window, accepted=verdict.accepted, rendezvous=record))
         if hit is None:
@@ -338,3 +372,80 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
         else:
             window = branches[hit].tokens
             q = torch.stack(branches[hit].q) if branches[hit].q else None
+
+
+def host_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, budget, gamma, roll_out):
+    """One step on the lanes' threads: the target lane's prefix and early exit, read by the host,
+    which chooses the branches and hands them to the draft lane, while the target lane goes on
+    with the suffix. Returns the verdict, the branch it hit (or None), the early-exit candidates
+    [T][kappa] and the branches."""
+    pair = run.pair
+    T = len(window) + 1
+    channel = run.target_lane.submit(
+        "target-prefix", token_channel, run, target_cache, [run.sequence[-1], *window], exit_layer, kappa, head,
+        label=prefix_label(exit_layer, head, T), step=step, tokens=T,
+        alone=True)  # the draft lane waits for the token channel: the prefix may use its cores too
+    # The suffix goes in the target lane's queue now, so it starts as soon as the token channel is
+    # done, while this thread reads the channel and lays out the rollouts.
+    rollouts_done = Future()  # set once the rollouts (not submitted yet) are done: the suffix widens then
+    suffix = run.target_lane.submit("target-suffix", target_suffix, run, target_cache, channel, exit_layer,
+                                    rollouts_done, label=suffix_label(pair, exit_layer, T), step=step, tokens=T)
+    _, top_ids, top_logp, window_logp = channel.result()
+    branches = choose_branches(window, top_ids, top_logp, window_logp, budget)
+    rolled = run.draft_lane.submit("draft-rollout", roll_out, run, draft_cache, window, branches, gamma,
+                                   label=f"{len(branches)} branches x {gamma} tokens", step=step,
+                                   tokens=len(branches) * gamma)
+    rolled.add_done_callback(lambda _: rollouts_done.set_result(None))
+    logits = suffix.result()
+    branches = rolled.result()
+    verdict, hit = run.target_lane.run("rendezvous", rendezvous, window, q, logits, run.target_sampler, branches,
+                                       label="verify + match branch", step=step)
+    return verdict, hit, top_ids.tolist(), branches
+
+
+def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, budget, gamma, roll_out=None):
+    """One step queued on the lanes' streams from this thread, which waits for the GPU once, at the
+    rendezvous: the target stream runs the prefix, the early exit and the suffix back to back; the
+    draft stream waits for the token channel on a CUDA event (``Lane.queue``'s ``after``), then
+    chooses the branches and rolls them out, all on the device (``choose_branches_on_device``,
+    ``roll_out_tree``). T = 0, token by token (``queues_steps``). On CPU lanes the same work runs
+    in turn on this thread. Returns what ``host_step`` does."""
+    pair = run.pair
+    T = len(window) + 1
+    (hidden, top_ids, top_logp, window_logp), channel = run.target_lane.queue(
+        "target-prefix", token_channel, run, target_cache, [run.sequence[-1], *window], exit_layer, kappa, head,
+        on_host=False, label=prefix_label(exit_layer, head, T), step=step, tokens=T)
+    logits, suffix = run.target_lane.queue("target-suffix", suffix_logits, run, target_cache, hidden, exit_layer,
+                                           label=suffix_label(pair, exit_layer, T), step=step, tokens=T)
+    B = min(budget, T * kappa)
+
+    def choose_and_roll_out():
+        dev = pair.draft.device
+        if channel.done is not None and dev.type != "cuda":
+            channel.done.synchronize()  # a draft off CUDA reads the channel once the GPU has made it
+        channel_here = [t.to(dev, non_blocking=dev.type == "cuda") for t in (top_ids, top_logp, window_logp)]
+        r, roots, scores, valid = choose_branches_on_device(window, *channel_here, budget)
+        return r, roots, scores, valid, roll_out_tree(run, draft_cache, window, r, roots, gamma)
+
+    (r, roots, scores, valid, picks), rolled = run.draft_lane.queue(
+        "draft-rollout", choose_and_roll_out, after=channel.done, label=f"{B} branches x {gamma} tokens", step=step,
+        tokens=B * gamma)
+    for queued in (suffix, rolled):
+        if queued.done is not None:
+            queued.done.synchronize()  # the host's one wait of the step
+    for queued in (channel, suffix, rolled):
+        queued.record()
+    rows = torch.cat([torch.stack([r, roots, valid.long()], dim=1), picks], dim=1).tolist()  # [B, 3 + gamma]
+    branches = [Branch(row[0], row[1], score, tokens=row[3:]) for row, score in zip(rows, scores.tolist()) if row[2]]
+    (verdict, hit), verified = run.target_lane.queue("rendezvous", rendezvous, window, q, logits, run.target_sampler,
+                                                     branches, label="verify + match branch", step=step)
+    verified.record()  # the verdict is on the host: its work is done
+    return verdict, hit, top_ids.tolist(), branches
+
+
+def prefix_label(exit_layer: int, head, T: int) -> str:
+    return f"layers 1-{exit_layer} + {'trained ' if head else ''}early exit, {T} tokens"
+
+
+def suffix_label(pair, exit_layer: int, T: int) -> str:
+    return f"layers {exit_layer + 1}-{pair.target.num_layers}, {T} tokens"
