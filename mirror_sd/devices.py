@@ -388,7 +388,6 @@ class Lane:
             self._worker.shutdown(wait=False)
 
 
-
 class Queued:
     """Work a lane queued (``Lane.queue``): ``done`` is a CUDA event recorded after it on the lane's
     stream (None off CUDA), for another lane's stream to wait on; ``record()``, called once the

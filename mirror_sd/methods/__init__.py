@@ -71,8 +71,8 @@ SD_STREAMS = Option("streams", 0, 0, 2, "how the draft drafts: 0 token by token;
                     "in the one before (the tokens of 0, in fewer forwards)")
 BRANCH_BUDGET = Option("branch_budget", 16, 1, 256, "branches the draft rolls out per step")
 EXIT_HEAD = Option("exit_head", -1, -1, 1, "what reads the exit layer's hidden states: 1 a head trained for this target "
-                   "and exit layer, before the target's own final norm and LM head (the embedded target ships one for "
-                   "layer 22); 0 that norm and head alone (a logit lens); -1 the trained head where there is one, "
+                   "and exit layer, before the target's own final norm and LM head (the embedded target ships heads for "
+                   "layers 14, 18 and 22); 0 that norm and head alone (a logit lens); -1 the trained head where there is one, "
                    "else the logit lens")
 
 QUEUED = Option("queued", -1, -1, 1, "1: this thread queues each step's work on the lanes' CUDA streams and waits "

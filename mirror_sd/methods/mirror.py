@@ -410,21 +410,22 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
     chooses the branches and rolls them out, all on the device (``choose_branches_on_device``,
     ``roll_out_tree``). T = 0, token by token (``queues_steps``). On CPU lanes the same work runs
     in turn on this thread. Returns what ``host_step`` does."""
-    pair = run.pair
+    pair, draft_device = run.pair, run.pair.draft.device
     T = len(window) + 1
-    (hidden, top_ids, top_logp, window_logp), channel = run.target_lane.queue(
-        "target-prefix", token_channel, run, target_cache, [run.sequence[-1], *window], exit_layer, kappa, head,
-        on_host=False, label=prefix_label(exit_layer, head, T), step=step, tokens=T)
+
+    def token_channel_to_draft():  # the channel, sent on to the draft's device (off CUDA: read, so done)
+        hidden, *channel = token_channel(run, target_cache, [run.sequence[-1], *window], exit_layer, kappa, head,
+                                         on_host=False)
+        return hidden, [t.to(draft_device, non_blocking=draft_device.type == "cuda") for t in channel]
+
+    (hidden, channel_there), channel = run.target_lane.queue(
+        "target-prefix", token_channel_to_draft, label=prefix_label(exit_layer, head, T), step=step, tokens=T)
     logits, suffix = run.target_lane.queue("target-suffix", suffix_logits, run, target_cache, hidden, exit_layer,
                                            label=suffix_label(pair, exit_layer, T), step=step, tokens=T)
     B = min(budget, T * kappa)
 
     def choose_and_roll_out():
-        dev = pair.draft.device
-        if channel.done is not None and dev.type != "cuda":
-            channel.done.synchronize()  # a draft off CUDA reads the channel once the GPU has made it
-        channel_here = [t.to(dev, non_blocking=dev.type == "cuda") for t in (top_ids, top_logp, window_logp)]
-        r, roots, scores, valid = choose_branches_on_device(window, *channel_here, budget)
+        r, roots, scores, valid = choose_branches_on_device(window, *channel_there, budget)
         return r, roots, scores, valid, roll_out_tree(run, draft_cache, window, r, roots, gamma)
 
     (r, roots, scores, valid, picks), rolled = run.draft_lane.queue(
@@ -440,7 +441,7 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
     (verdict, hit), verified = run.target_lane.queue("rendezvous", rendezvous, window, q, logits, run.target_sampler,
                                                      branches, label="verify + match branch", step=step)
     verified.record()  # the verdict is on the host: its work is done
-    return verdict, hit, top_ids.tolist(), branches
+    return verdict, hit, channel_there[0].tolist(), branches
 
 
 def prefix_label(exit_layer: int, head, T: int) -> str:
