@@ -132,6 +132,20 @@ def test_the_shipped_head_is_for_exit_layer_22_and_stays_lossless(embedded_pair,
         assert out.error is None and out.token_ids == expected, f"mirror exit_head=1 differs on {prompt[:60]!r}"
 
 
+@pytest.mark.skipif(not SHIPPED, reason="the trained head is not shipped yet")
+def test_the_embedded_target_reads_each_shipped_exit_layer_with_its_own_head(embedded_pair, equality_prompts,
+                                                                              vanilla_reference):
+    from mirror_sd.models.exit_head import available_exit_head, embedded_exit_heads
+
+    shipped = embedded_exit_heads()
+    assert {14, 22} <= set(shipped)
+    assert all(available_exit_head(embedded_pair, layer).exit_layer == layer for layer in shipped)
+    assert available_exit_head(embedded_pair, 20) is None  # no head there: the logit lens
+    out = generate(embedded_pair, equality_prompts[1], method="mirror", max_new_tokens=EQUALITY_TOKENS, exit_layer=14)
+    assert out.error is None and out.token_ids == vanilla_reference[1]
+    assert all("trained early exit" in s.label for s in out.trace.spans if s.kind == "target-prefix")
+
+
 def test_the_trainer_is_a_subcommand():
     from mirror_sd.train.__main__ import build_parser
 

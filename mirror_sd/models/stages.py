@@ -54,9 +54,10 @@ not timed and keep the smallest bucket.
 Not here (these run the plain forward, on the same cache, with graphs on): the LM head over
 EAGLE's features and its head's logits (one product each: one launch, nothing for a graph to
 save), tree windows of more than 64 rows, and any sharded model. A CUDA lane's spans come from
-CUDA events around its work (devices.EventClock). The host still synchronises a lane after each
-piece of work: Mirror-SD's draft stream starts its rollouts once the host has read the token
-channel, not on a CUDA event.
+CUDA events around its work (devices.EventClock). A lane's thread synchronises after each piece
+of work it runs; Mirror-SD's queued steps (methods/mirror.py: queued_step) instead queue a whole
+step on both streams from one thread, the draft stream waiting for the token channel on a CUDA
+event, and synchronise once.
 """
 from __future__ import annotations
 
