@@ -36,6 +36,12 @@ class Sampler:
             return int(probs.argmax())
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
+    def sample_rows(self, probs: torch.Tensor) -> list[int]:
+        """One token from each row of probs [n, V], each drawn independently (one call for all rows)."""
+        if self.greedy:
+            return probs.argmax(-1).tolist()
+        return torch.multinomial(probs, 1, generator=self.generator)[:, 0].tolist()
+
     def pick(self, logits: torch.Tensor) -> int:
         """One token from logits [V]: argmax at temperature 0, else a draw from probs(logits)."""
         if self.greedy:
@@ -48,7 +54,7 @@ class Sampler:
         if self.greedy:
             return logits.argmax(-1).tolist(), None
         probs = self.probs(logits)
-        return [self.sample(p) for p in probs], probs
+        return self.sample_rows(probs), probs
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator))

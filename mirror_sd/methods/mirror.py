@@ -275,10 +275,11 @@ def roll_out_tree(run, cache, draft: list[int], r: torch.Tensor, roots: torch.Te
         logits = run.as_target_vocab(_forward_rows(model, cache, ids, positions, mask, rows=B))  # [B, V]
         if sampler.greedy:
             picks.append(logits.argmax(-1))
-        else:
-            for b, row in zip(branches, logits):
-                b.q.append(sampler.probs(row))
-                b.tokens.append(sampler.sample(b.q[-1]))
+        else:  # every branch's token drawn from its own row, in one call
+            q = sampler.probs(logits)  # [B, V]
+            for b, q_b, token in zip(branches, q, sampler.sample_rows(q)):
+                b.q.append(q_b)
+                b.tokens.append(token)
         if k == gamma - 1:
             break
         ids = picks[-1] if sampler.greedy else to_device([b.tokens[-1] for b in branches], dev, torch.long)
@@ -408,8 +409,8 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
     rendezvous: the target stream runs the prefix, the early exit and the suffix back to back; the
     draft stream waits for the token channel on a CUDA event (``Lane.queue``'s ``after``), then
     chooses the branches and rolls them out, all on the device (``choose_branches_on_device``,
-    ``roll_out_tree``). T = 0, token by token (``queues_steps``). On CPU lanes the same work runs
-    in turn on this thread. Returns what ``host_step`` does."""
+    ``roll_out_tree``). T = 0, token by token (``queues_steps``; so ``roll_out`` is not needed). On
+    CPU lanes the same work runs in turn on this thread. Returns what ``host_step`` does."""
     pair, draft_device = run.pair, run.pair.draft.device
     T = len(window) + 1
 
