@@ -8,7 +8,10 @@ Every piece of work records a :class:`~mirror_sd.trace.Span` on one monotonic cl
 lane the span runs from the host's reading before the work to its reading after. On a CUDA lane it
 comes from CUDA events recorded around the work on the lane's stream (:class:`EventClock`): when
 the GPU itself began and finished it, which with CUDA graphs is not when the host launched it, and
-on two streams of one GPU the spans' overlap is the GPU's own.
+on two streams of one GPU the spans' overlap is the GPU's own. ``Lane.queue`` is the other way to
+run work: on the calling thread, queued on the lane's stream without waiting (another lane's
+stream may wait for it on a CUDA event), its span recorded once the caller has synchronised
+(Mirror-SD's queued steps).
 
 CPU lanes run on shared CPU workers, not on threads of their own. PyTorch's CPU kernels split work
 over an OpenMP thread team, and each OS thread that ever ran a team keeps its own pool of team
