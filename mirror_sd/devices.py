@@ -403,9 +403,10 @@ class Queued:
     def record(self):
         if self.trace is None:
             return
-        start, end = self.start, time.perf_counter() if self.events is not None else self.launched
-        if self.events is not None:  # the GPU's own times, within the host's readings around the work
-            start, end = self.lane.clock.span(self.events, start, end)
+        if self.events is None:  # the host's readings around the work (it ran to its end)
+            start, end = self.start, self.launched
+        else:  # the GPU's own times, within the host's readings: from the launch to now, after the sync
+            start, end = self.lane.clock.span(self.events, self.start, time.perf_counter())
         self.trace.add_span(self.lane, self.kind, self.label, start, end, self.step, self.tokens)
 
 

@@ -14,11 +14,12 @@ the head learns from the cached early features (h through the exit layer's own i
 A head belongs to one target and one exit layer: config.json records both (the target's shape and
 a few of its norm weights, which tell targets of the same shape apart), and loading checks them.
 A pair keeps a head per exit layer (``pair.exit_heads``); the embedded target ships heads for a few
-layers (``EMBEDDED_EXIT_HEADS``: the default exit layer 22, and earlier ones, whose longer suffix
+layers (``embedded_exit_heads``: the default exit layer 22, and earlier ones, whose longer suffix
 leaves a GPU's rollouts more time to hide under).
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -34,8 +35,10 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_EXIT_HEAD = ASSETS / "exit-head-smollm2-135m"  # exit layer 22, mirror's default
 
 
+@functools.cache
 def embedded_exit_heads() -> dict[int, Path]:
-    """Exit layer -> folder of each head shipped for the embedded target (``exit-head-smollm2-135m*``)."""
+    """Exit layer -> folder of each head shipped for the embedded target (``exit-head-smollm2-135m*``);
+    read once: the shipped assets do not change while the process runs."""
     heads = {}
     for folder in sorted(ASSETS.glob("exit-head-smollm2-135m*")):
         if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
