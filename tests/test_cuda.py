@@ -151,3 +151,46 @@ def test_to_device_queues_its_copy_behind_the_streams_work():
     assert ids.add(1).tolist() == [[4, 2, 5, 2, 6]]
     mask = to_device(torch.ones(2, 3, dtype=torch.int64), device, torch.bool)
     assert mask.dtype == torch.bool and bool(mask.all())
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+def test_every_formulation_is_f_linears_product_on_the_gpu(dtype, tolerance):
+    """models/products.py's formulations, the Triton kernel compiled for this GPU included, at the
+    embedded target's shapes and every row count a stage runs."""
+    import torch.nn.functional as F
+
+    from mirror_sd.models.products import FORMULATIONS, run
+    from mirror_sd.models.stages import BUCKETS
+
+    torch.manual_seed(0)
+    for n, k, bias in [(576, 576, False), (1536, 576, False), (576, 1536, False), (192, 576, True)]:
+        w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(dtype)
+        b = torch.randn(n, device="cuda").to(dtype) if bias else None
+        for rows in BUCKETS:
+            x = torch.randn(rows, k, device="cuda").to(dtype)
+            expected = F.linear(x, w, b).float()
+            for name in FORMULATIONS:
+                torch.testing.assert_close(run(name, x, w, b).float(), expected, rtol=tolerance, atol=tolerance,
+                                           msg=lambda m: f"{name}, {rows} x {k} by {n} x {k}: {m}")
+
+
+def test_captured_stages_time_every_formulation_and_record_the_fastest(tiny_dirs):
+    """Capturing a stage set tunes each product it records: every formulation timed on this GPU
+    (the Triton kernel compiled and ran), and the stages' logits are still the plain forward's."""
+    from mirror_sd.models import products
+    from mirror_sd.models.loading import load_model
+    from mirror_sd.models.stages import BUCKETS, Stages
+
+    model, _ = load_model(tiny_dirs["target"], torch.device("cuda"), torch.float32)
+    with torch.inference_mode():
+        stages = Stages(model, 64)
+        stages.capture_all(["full"])
+        ids = torch.tensor([[1, 5, 2, 9, 3]], device="cuda")
+        plain = model.forward(ids, model.new_cache(64), commit=False)
+        torch.testing.assert_close(stages.run("full", ids), plain, rtol=1e-4, atol=1e-4)
+    head = (model.args.vocab_size, model.args.hidden_size)
+    for rows in BUCKETS:
+        key = next(k for k in products.PLAN if k[0].startswith("cuda") and k[1] == head and k[2] == rows)
+        times = products.TIMES[key]
+        assert all(isinstance(times[name], float) and times[name] > 0 for name in products.FORMULATIONS), times
+        assert products.PLAN[key] == "cublas" or times[products.PLAN[key]] < times["cublas"]

@@ -51,6 +51,11 @@ that holds it: :func:`cheapest_bucket`, where a wider bucket must save more than
 taken. Padding rows never change a real row, so only the time moves. Eager stages (the CPU) are
 not timed and keep the smallest bucket.
 
+The fastest products. For the same reason, each matrix product a captured stage records runs the
+fp32 formulation (cuBLAS's, the same product with its sides swapped, or a Triton kernel for few
+rows) measured fastest on the device for its shape and row count: models/products.py, tuned in
+each stage's warm-up (``Stages.planned_products``; off: every product is ``F.linear``'s).
+
 Not here (these run the plain forward, on the same cache, with graphs on): the LM head over
 EAGLE's features and its head's logits (one product each: one launch, nothing for a graph to
 save), tree windows of more than 64 rows, and any sharded model. A CUDA lane's spans come from
@@ -68,6 +73,7 @@ import torch
 
 from ..devices import to_device
 from ..errors import MirrorSDError
+from . import products
 from .llama import KVCache, Transformer
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -178,6 +184,7 @@ class Stage:
             raise MirrorSDError("stream rows enter a layer above the first and run at least one")
         self.model, self.width, self.cache, self.layers, self.head = model, width, cache, (a, b), head
         self.streams = streams
+        self.planned_products = True  # capture with products.planned (models/products.py; Stages sets it)
         self.embed = a == 0 and b > 0
         B, W, device = cache.k.shape[1] if cache is not None else 1, width, model.device
         # Static buffers: run() copies into them, the body (and a captured graph) reads them.
@@ -325,9 +332,12 @@ class Stage:
         ("global") any event query or allocation in the process invalidates it, and both happen
         here: the other lane's thread works meanwhile, and PyTorch's pinned-memory allocator queries
         the events of the non-blocking copies ``to_device`` made before. The body itself only
-        launches kernels on the stage's buffers, so nothing it records depends on that other work."""
+        launches kernels on the stage's buffers, so nothing it records depends on that other work.
+
+        Its matrix products are recorded in the formulation measured fastest for each shape and
+        row count (``planned_products``; models/products.py), tuned during the warm-up."""
         device = self.x.device
-        with torch.inference_mode(), torch.cuda.device(device):
+        with torch.inference_mode(), torch.cuda.device(device), products.planned(self.planned_products):
             self.load_padding()
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
@@ -382,6 +392,7 @@ class Stages:
         self._stages: dict[tuple[str, int], Stage] = {}
         self.replay_ms: dict[str, dict[int, float]] = {}  # name -> bucket -> GPU ms (captured stages)
         self.cheapest = True  # route windows by replay_ms (False: always the smallest bucket)
+        self.planned_products = True  # capture products in their fastest formulation (False: F.linear's)
 
     def add(self, name: str, layers: tuple[int, int], head: bool, streams=None):
         """Name the forward of layers [a, b) (then the LM head, if ``head``); with ``streams``, of their
@@ -400,6 +411,7 @@ class Stages:
         key = (name, bucket(width))
         if key not in self._stages:
             stage = self.make(name, key[1])
+            stage.planned_products = self.planned_products
             if self.graphs:
                 stage.capture(self.pool, self.stream)
                 self.replay_ms.setdefault(name, {})[key[1]] = stage.time_replays()
