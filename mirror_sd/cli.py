@@ -51,9 +51,9 @@ def _add_model_args(p: argparse.ArgumentParser):
     g.add_argument("--buckets", choices=("cheapest", "smallest"), default="cheapest",
                    help="with graphs: run a window at the captured width that holds it and replayed fastest "
                         "when captured (cheapest), or always at the smallest that holds it")
-    g.add_argument("--products", choices=("tuned", "cublas"), default="tuned",
-                   help="with graphs on a GPU: record each matrix product in the fp32 formulation measured fastest "
-                        "for its shape and row count when captured (tuned), or always as F.linear (cublas)")
+    g.add_argument("--kernels", choices=("tuned", "default"), default="tuned",
+                   help="with graphs on a GPU: record each matrix product and attention in the formulation measured "
+                        "fastest for its shapes when captured (tuned), or as PyTorch's default calls (default)")
 
 
 def _add_decoding_args(p: argparse.ArgumentParser):
@@ -130,7 +130,7 @@ def _load(args):
 
     return load_pair(target=args.target, draft=args.draft or DEFAULT, target_device=args.target_device,
                      draft_device=args.draft_device, dtype=args.dtype, int8_drafting=not args.fp32_drafting,
-                     graphs=args.graphs, buckets=args.buckets, products=args.products)
+                     graphs=args.graphs, buckets=args.buckets, kernels=args.kernels)
 
 
 def _settings(args) -> dict:

@@ -11,13 +11,14 @@ DIR:
    on two streams: a hardware profile in the format of ``mirror_sd/profiles/*.json`` (whatif.py),
    ``profile-<gpu>.json``; then why the target's time moves with the width (mirror_sd/kernels.py:
    its top kernels at widths 1, 8 and 32, and its replays with TF32 products and in bf16), and
-   which widths the stages route to a wider, cheaper bucket, and each matrix product's time in
-   every formulation models/products.py tunes among, with the one the stages chose;
+   which widths the stages route to a wider, cheaper bucket, and each matrix product's and
+   attention's time in every formulation models/tuning.py tunes among, with the one chosen;
 2. the bench (vanilla, sd, eagle, ss, mirror; 2 prompts per category, 64 tokens, T = 0) on this
    machine's default devices with ``--graphs on`` (the methods on captured stages, each window at
    its cheapest bucket; Mirror-SD's steps queued on the two streams), then vanilla and Mirror-SD
    with ``--queued 0`` (the host choosing the branches between the streams: what queuing wins),
-   then every method with ``--products cublas`` (what the tuned products win), then again with ``--buckets smallest`` (what that routing wins): ``bench-*/`` and ``bench-*.md``;
+   then every method with ``--kernels default`` (what the tuned kernels win), then again with
+   ``--buckets smallest`` (what that routing wins): ``bench-*/`` and ``bench-*.md``;
 3. the CUDA tests (``tests/test_cuda.py``; ``tests/test_stages.py``, whose graph tests run only
    on a GPU; ``tests/test_graphs.py``, every method on the tiny pair's captured stages there):
    ``tests.log``;
@@ -48,8 +49,7 @@ import torch
 from .devices import hardware_name
 from .errors import MirrorSDError
 from .kernels import PROFILED_WIDTHS, format_times, kernel_table
-from .models import products
-from .models.products import FORMULATIONS
+from .models import tuning
 from .models.stages import BUCKETS, routed_widths
 from .trace import Trace, step_cost_table
 
@@ -60,7 +60,7 @@ BENCH = ["--methods", "vanilla,sd,eagle,ss,mirror", "--per-category", "2", "--ma
 BENCHES = [  # (part, extra arguments, most seconds): graphs on, graphs off, the draft on the CPU
     ("bench-graphs-on", ["--graphs", "on", "--traces", "{out}/traces"], 150),
     ("bench-host-rendezvous", ["--graphs", "on", "--methods", "vanilla,mirror", "--queued", "0"], 90),
-    ("bench-cublas-products", ["--graphs", "on", "--products", "cublas"], 150),
+    ("bench-default-kernels", ["--graphs", "on", "--kernels", "default"], 150),
     ("bench-smallest-bucket", ["--graphs", "on", "--buckets", "smallest"], 150),
     ("bench-graphs-off", ["--graphs", "off"], 150),
     ("bench-draft-cpu", ["--graphs", "auto", "--draft-device", "cpu"], 150),
@@ -68,8 +68,8 @@ BENCHES = [  # (part, extra arguments, most seconds): graphs on, graphs off, the
 BENCH_TITLES = {"bench-graphs-on": "the methods on CUDA graphs (--graphs on), each window at its cheapest bucket",
                 "bench-host-rendezvous": "Mirror-SD's steps on the lanes' threads, the host choosing the branches "
                                          "(--queued 0), against queued steps in bench-graphs-on",
-                "bench-cublas-products": "CUDA graphs, every matrix product as F.linear (--products cublas), "
-                                         "against the tuned products in bench-graphs-on",
+                "bench-default-kernels": "CUDA graphs, PyTorch's default products and attention (--kernels default), "
+                                         "against the tuned ones in bench-graphs-on",
                 "bench-smallest-bucket": "CUDA graphs, each window at its smallest bucket (--buckets smallest)",
                 "bench-graphs-off": "the plain forward (--graphs off)",
                 "bench-draft-cpu": "the draft on the CPU, the target on CUDA graphs (--draft-device cpu)"}
@@ -145,7 +145,7 @@ def _stage_part(out: Path, deadline: float) -> dict:
         path.write_text(json.dumps(profile, indent=1), encoding="utf-8")
         agree = "DIFFERENT" not in profile["notes"]  # graphs_agree: graphs commit the plain forward's tokens
         part.update(ok=agree, outcome=f"wrote {path.name}", table=table, profile=profile, diagnosis=diagnosis,
-                    products=products.plan_table())
+                    tuned=tuning.plan_table())
     except Exception as e:  # noqa: BLE001  (reported; the benches still run)
         part.update(outcome=f"{type(e).__name__}: {e}")
     part["wall_s"] = time.monotonic() - start
@@ -373,7 +373,7 @@ def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
                   "", "Windows that run at a wider, cheaper bucket (models/stages.py routes them by these times): "
                       + "; ".join(f"{columns[k]}: {_routes({row['width']: row[k] for row in stages['table']})}"
                                   for k in columns if k != "plain") + "."]
-        lines += products_section(stages.get("products", []))
+        lines += tuning_section(stages.get("tuned", []))
         lines += diagnosis_section(stages.get("diagnosis", {}))
     for name, title in BENCH_TITLES.items():
         summary = out / name / "summary.md"
@@ -397,27 +397,29 @@ def _routes(ms_by_width: dict[int, float]) -> str:
     return ", ".join(f"{a}-{b} at {to}" if a < b else f"{a} at {to}" for a, b, to in runs) or "none"
 
 
-def products_section(rows: list[dict]) -> list[str]:
-    """Report lines: each fp32 product the stages captured, by weight and row count, with every
-    formulation's GPU time and the one chosen (models/products.py); what could not run, once."""
-    rows = [r for r in rows if r["dtype"] == "float32" and not r["tf32"]]
-    if not rows:
-        return []
-    lines = ["", "## Matrix products by row count (GPU us per product in a CUDA graph; the stages record the "
-                 "chosen one: models/products.py)", "",
-             "| weight | rows | chosen | " + " | ".join(FORMULATIONS) + " |", "|---" * (len(FORMULATIONS) + 3) + "|"]
-    failed = {}
-    for r in rows:
-        cells = []
-        for name in FORMULATIONS:
-            if isinstance(r[name], str):
-                failed.setdefault(name, r[name])
-                cells.append("-")
-            else:
-                cells.append(f"**{r[name]:.1f}**" if name == r["chosen"] else f"{r[name]:.1f}")
-        lines.append(f"| {r['weight']}{' + bias' if r['bias'] else ''} | {r['rows']} | {r['chosen']} | "
-                     + " | ".join(cells) + " |")
-    lines += [""] + [f"{name} could not run: {why.replace('|', '/')}" for name, why in failed.items()]
+def tuning_section(rows: list[dict]) -> list[str]:
+    """Report lines: each fp32 matrix product and attention the stages captured, by shape and rows,
+    with every formulation's GPU time and the one chosen (models/tuning.py); what could not run, once."""
+    lines = []
+    for op, title in (("product", "Matrix products (weight N x K)"), ("attention", "Attention")):
+        names = tuning.FORMULATIONS[op]
+        kept = [r for r in rows if r["op"] == op and r["dtype"] == "float32" and not r["tf32"]]
+        if not kept:
+            continue
+        lines += ["", f"## {title} by rows, tuned (GPU us per run in a CUDA graph; the stages record the chosen "
+                      f"one: models/tuning.py)", "",
+                  "| shape | rows | chosen | " + " | ".join(names) + " |", "|---" * (len(names) + 3) + "|"]
+        failed = {}
+        for r in kept:
+            cells = []
+            for name in names:
+                if isinstance(r[name], str):
+                    failed.setdefault(name, r[name])
+                    cells.append("-")
+                else:
+                    cells.append(f"**{r[name]:.1f}**" if name == r["chosen"] else f"{r[name]:.1f}")
+            lines.append(f"| {r['shape']} | {r['rows']} | {r['chosen']} | " + " | ".join(cells) + " |")
+        lines += [""] + [f"{name} could not run: {why.replace('|', '/')}" for name, why in failed.items()]
     return lines
 
 

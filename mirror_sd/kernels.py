@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .models import products
+from .models import tuning
 from .models.stages import BUCKETS, Stages
 
 PROFILED_WIDTHS = (1, 8, 32)
@@ -31,7 +31,7 @@ def top_kernels(stage, repeats: int = 3, top: int = TOP) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     cuda = stage.x.device.type == "cuda"
-    with torch.inference_mode(), products.planned(cuda and stage.planned_products):  # the kernels its graph records
+    with torch.inference_mode(), tuning.planned(cuda and stage.tuned_kernels):  # the kernels its graph records
         stage.load_padding()
         stage.body()  # warm: kernels chosen, memory allocated
         with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:

@@ -154,13 +154,14 @@ def test_to_device_queues_its_copy_behind_the_streams_work():
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
-def test_every_formulation_is_f_linears_product_on_the_gpu(dtype, tolerance):
-    """models/products.py's formulations, the Triton kernel compiled for this GPU included, at the
-    embedded target's shapes and every row count a stage runs."""
+def test_every_formulation_is_the_default_ones_result_on_the_gpu(dtype, tolerance):
+    """models/tuning.py's formulations, the Triton kernel compiled for this GPU included, at the
+    embedded target's shapes and every row count a stage runs: its products, and its attention
+    over a stage's slots under a mask."""
     import torch.nn.functional as F
 
-    from mirror_sd.models.products import FORMULATIONS, run
     from mirror_sd.models.stages import BUCKETS
+    from mirror_sd.models.tuning import FORMULATIONS, run_attention, run_product
 
     torch.manual_seed(0)
     for n, k, bias in [(576, 576, False), (1536, 576, False), (576, 1536, False), (192, 576, True)]:
@@ -169,15 +170,25 @@ def test_every_formulation_is_f_linears_product_on_the_gpu(dtype, tolerance):
         for rows in BUCKETS:
             x = torch.randn(rows, k, device="cuda").to(dtype)
             expected = F.linear(x, w, b).float()
-            for name in FORMULATIONS:
-                torch.testing.assert_close(run(name, x, w, b).float(), expected, rtol=tolerance, atol=tolerance,
-                                           msg=lambda m: f"{name}, {rows} x {k} by {n} x {k}: {m}")
+            for name in FORMULATIONS["product"]:
+                torch.testing.assert_close(run_product(name, x, w, b).float(), expected, rtol=tolerance,
+                                           atol=tolerance, msg=lambda m: f"{name}, {rows} x {k} by {n} x {k}: {m}")
+    for rows in BUCKETS:
+        q = torch.randn(1, 9, rows, 64, device="cuda").to(dtype)
+        k, v = (torch.randn(1, 3, 1088, 64, device="cuda").to(dtype) for _ in range(2))
+        mask = torch.rand(1, 1, rows, 1088, device="cuda") > 0.5
+        mask[..., 0] = True
+        expected = run_attention("sdpa", q, k, v, mask, False).float()
+        for name in FORMULATIONS["attention"]:
+            torch.testing.assert_close(run_attention(name, q, k, v, mask, False).float(), expected, rtol=tolerance,
+                                       atol=tolerance, msg=lambda m: f"attention {name}, {rows} rows: {m}")
 
 
 def test_captured_stages_time_every_formulation_and_record_the_fastest(tiny_dirs):
-    """Capturing a stage set tunes each product it records: every formulation timed on this GPU
-    (the Triton kernel compiled and ran), and the stages' logits are still the plain forward's."""
-    from mirror_sd.models import products
+    """Capturing a stage set tunes each product and attention it records: every formulation timed
+    on this GPU (the Triton kernel compiled and ran), and the stages' logits are still the plain
+    forward's."""
+    from mirror_sd.models import tuning
     from mirror_sd.models.loading import load_model
     from mirror_sd.models.stages import BUCKETS, Stages
 
@@ -188,9 +199,11 @@ def test_captured_stages_time_every_formulation_and_record_the_fastest(tiny_dirs
         ids = torch.tensor([[1, 5, 2, 9, 3]], device="cuda")
         plain = model.forward(ids, model.new_cache(64), commit=False)
         torch.testing.assert_close(stages.run("full", ids), plain, rtol=1e-4, atol=1e-4)
-    head = (model.args.vocab_size, model.args.hidden_size)
+    head = f"{model.args.vocab_size} x {model.args.hidden_size}"
     for rows in BUCKETS:
-        key = next(k for k in products.PLAN if k[0].startswith("cuda") and k[1] == head and k[2] == rows)
-        times = products.TIMES[key]
-        assert all(isinstance(times[name], float) and times[name] > 0 for name in products.FORMULATIONS), times
-        assert products.PLAN[key] == "cublas" or times[products.PLAN[key]] < times["cublas"]
+        for op, shape in (("product", head), ("attention", None)):
+            key = next(k for k in tuning.PLAN if k[0] == op and k[1].startswith("cuda") and k[3] == rows
+                       and shape in (None, k[2]))
+            times, names = tuning.TIMES[key], tuning.FORMULATIONS[op]
+            assert all(isinstance(times[name], float) and times[name] > 0 for name in names), times
+            assert tuning.PLAN[key] == names[0] or times[tuning.PLAN[key]] < times[names[0]]

@@ -46,20 +46,20 @@ def range_name(model: Transformer, a: int, b: int | None, head) -> str:
 
 def stage_cache(sets: dict, model: Transformer, slots: int, ranges: list[Range] = (FULL,), stream=None,
                 progress: Callable[[int], object] | None = None, stage_set: type = Stages,
-                planned_products: bool = True) -> KVCache:
+                tuned_kernels: bool = True) -> KVCache:
     """The cache of ``model``'s stage set in ``sets`` (model -> Stages), emptied, with at least
     ``slots`` usable slots, and every stage of ``ranges`` (none: every forward the set names) made
     at every width (on CUDA: captured now, on ``stream``, so that no step pays for a capture and no
     capture runs beside another lane's work). A set too small for ``slots`` is replaced by a bigger
     one. ``stage_set``: the set's class (models/eagle.py's ``HeadStages`` for an EAGLE head).
-    ``planned_products``: stages made from now on capture their products in the fastest formulation
-    (models/products.py).
+    ``tuned_kernels``: stages made from now on capture their products and attention in the fastest
+    formulation (models/tuning.py).
 
     progress(total) -> a callable(done, total) for the stages still to make, or None."""
     stages = sets.get(model)
     if stages is None or stages.cache.max_slots < slots:
         stages = sets[model] = stage_set(model, -(-slots // SLOT_STEP) * SLOT_STEP, stream=stream)
-    stages.planned_products = planned_products
+    stages.tuned_kernels = tuned_kernels
     names = [name_range(stages, r) for r in ranges if r[0] != r[1] or r[2]]  # (a, a, False): no work
     missing = stages.missing(names)
     stages.capture_all(names, progress=progress(len(missing)) if progress and missing else None)

@@ -1,7 +1,7 @@
 """Linear layers that multiply by a oneDNN-prepacked copy of their weight on CPU at inference.
 
 (On a GPU, the products a captured stage records run the formulation measured fastest for their
-shape and row count instead: models/products.py.)
+shape and row count instead: models/tuning.py.)
 
 Decoding multiplies a few rows (1 token, or a draft window of 2-16) by every weight matrix, so on
 a CPU its speed is how fast the weights stream from memory. PyTorch's default fp32 path for
@@ -41,7 +41,7 @@ from torch import nn
 
 # int8_products is also imported from here (tests, scripts): the switch lives with the lanes that set it
 from ..devices import int8_products, int8_products_on  # noqa: F401
-from . import products
+from . import tuning
 
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 # Weights with fewer elements take F.linear in fp32: a 64 x 32 product costs 12 us there against
@@ -103,9 +103,9 @@ REDUCE_RANGE = _full_range_saturates()  # 7-bit activations where 8 bits would s
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, int8: bool = True) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: x [..., in], weight [out, in] -> [..., out]; prepacked on CPU,
     or through the weight's int8 copy inside ``devices.int8_products`` (unless int8=False); in the
-    formulation measured fastest inside ``products.planned`` (a CUDA stage's capture)."""
-    if products.planning():
-        return products.product(x, weight, bias)
+    formulation measured fastest inside ``tuning.planned`` (a CUDA stage's capture)."""
+    if tuning.planning():
+        return tuning.product(x, weight, bias)
     if not uses_prepacked(x, weight, bias):
         return F.linear(x, weight, bias)
     if int8 and INT8 and int8_products_on():

@@ -26,6 +26,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from ..devices import to_device
+from . import tuning
 from .linear import Linear
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -204,8 +205,7 @@ class Attention(nn.Module):
             k, v = cache.write(layer, win.start, k, v)  # [B, K, S, D], S = start + T
         elif cache is not None:  # trailing stream rows: used here, not stored
             k, v = cache.attend(layer, win.start, k, v, stored)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=win.mask, is_causal=win.causal,
-                                           enable_gqa=True)  # [B, H, T, D]
+        y = tuning.attention(q, k, v, win.mask, win.causal)  # [B, H, T, D] (grouped-query heads)
         return win.project(self.o_proj, y.transpose(1, 2).reshape(B, T, -1), layer, "o_proj")
 
 

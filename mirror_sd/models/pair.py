@@ -46,7 +46,7 @@ class ModelPair:
     loaded_drafts: dict = field(default_factory=dict, repr=False)  # use_draft: name -> (model, name, folder)
     graphs: str = "auto"  # fixed-shape stages: "on", "off", or "auto" (on for CUDA lanes); see new_cache
     buckets: str = "cheapest"  # a stage's window: at the "cheapest" bucket timed at capture, or the "smallest"
-    products: str = "tuned"  # a stage's products: "tuned" (the fastest formulation, at capture) or "cublas"
+    kernels: str = "tuned"  # a stage's products and attention: "tuned" (the fastest, at capture) or "default"
     stage_sets: dict = field(default_factory=dict, repr=False)  # model -> its Stages (models/forwards.py)
 
     @property
@@ -120,14 +120,14 @@ class ModelPair:
             return model.new_cache(slots)
         cache = stage_cache(self.stage_sets, model, slots, list(ranges), lane.stream,
                             _capture_bar(lane) if lane.device.type == "cuda" else None, stage_set,
-                            planned_products=self.products == "tuned")
+                            tuned_kernels=self.kernels == "tuned")
         cache.stages.cheapest = self.buckets == "cheapest"
         return cache
 
     def describe(self) -> dict:
         """Models and lanes, for traces and reports."""
         return dict(target=self.target_name, draft=self.draft_name, int8_drafting=self.int8_drafting,
-                    graphs=self.graphs, buckets=self.buckets, products=self.products, target_lane=self.target_lane.label,
+                    graphs=self.graphs, buckets=self.buckets, kernels=self.kernels, target_lane=self.target_lane.label,
                     draft_lane=self.draft_lane.label, target_layers=self.target.num_layers,
                     draft_layers=self.draft.num_layers if self.draft is not None else None)
 
@@ -135,7 +135,7 @@ class ModelPair:
 def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_device: str | None = None,
               draft_device: str | None = None, dtype: str | torch.dtype | None = None,
               int8_drafting: bool = True, graphs: str = "auto", buckets: str = "cheapest",
-              products: str = "tuned") -> ModelPair:
+              kernels: str = "tuned") -> ModelPair:
     """Load a target and a draft on their lanes. With no arguments: the embedded default pair.
 
     target: None / "smollm2-135m-instruct" (embedded), a Hugging Face id, or a local folder.
@@ -152,25 +152,26 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     run eagerly elsewhere (how the CPU tests that path). ``pair.graphs`` changes it later.
     buckets: "cheapest" (a window runs at the captured bucket that holds it and replayed fastest when
     captured) or "smallest" (always the smallest that holds it); models/stages.py says why.
-    products: "tuned" (each matrix product a stage captures on a GPU runs the fp32 formulation
-    measured fastest for its shape and row count; models/products.py) or "cublas" (``F.linear``).
-    It applies to stages captured from then on (``pair.products`` changes it).
+    kernels: "tuned" (each matrix product and attention a stage captures on a GPU runs the
+    formulation measured fastest for its shapes; models/tuning.py) or "default" (PyTorch's
+    ``F.linear`` and grouped-query attention). It applies to stages captured from then on
+    (``pair.kernels`` changes it).
     Loading runs on the CPU lanes' shared worker thread (devices.on_cpu_worker says why).
     """
     check_graphs(graphs)
     if buckets not in BUCKETS:
         raise MirrorSDError(f"buckets must be one of {', '.join(BUCKETS)}, got {buckets!r}")
-    if products not in PRODUCTS:
-        raise MirrorSDError(f"products must be one of {', '.join(PRODUCTS)}, got {products!r}")
+    if kernels not in KERNELS:
+        raise MirrorSDError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
     pair = on_cpu_worker(_load_pair, target, draft, target_device, draft_device, dtype)
     pair.int8_drafting = int8_drafting
-    pair.graphs, pair.buckets, pair.products = graphs, buckets, products
+    pair.graphs, pair.buckets, pair.kernels = graphs, buckets, kernels
     return pair
 
 
 GRAPHS = ("auto", "on", "off")
 BUCKETS = ("cheapest", "smallest")
-PRODUCTS = ("tuned", "cublas")
+KERNELS = ("tuned", "default")
 
 
 def check_graphs(graphs: str):

@@ -51,10 +51,11 @@ that holds it: :func:`cheapest_bucket`, where a wider bucket must save more than
 taken. Padding rows never change a real row, so only the time moves. Eager stages (the CPU) are
 not timed and keep the smallest bucket.
 
-The fastest products. For the same reason, each matrix product a captured stage records runs the
-fp32 formulation (cuBLAS's, the same product with its sides swapped, or a Triton kernel for few
-rows) measured fastest on the device for its shape and row count: models/products.py, tuned in
-each stage's warm-up (``Stages.planned_products``; off: every product is ``F.linear``'s).
+Tuned kernels. For the same reason, each matrix product a captured stage records runs the fp32
+formulation (cuBLAS's, the same product with its sides swapped, or a Triton kernel for few rows)
+measured fastest on the device for its shape and row count, and so does its attention (grouped
+heads, or heads expanded for a fused kernel): models/tuning.py, tuned in each stage's warm-up
+(``Stages.tuned_kernels``; off: PyTorch's default calls).
 
 Not here (these run the plain forward, on the same cache, with graphs on): the LM head over
 EAGLE's features and its head's logits (one product each: one launch, nothing for a graph to
@@ -73,7 +74,7 @@ import torch
 
 from ..devices import to_device
 from ..errors import MirrorSDError
-from . import products
+from . import tuning
 from .llama import KVCache, Transformer
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -184,7 +185,7 @@ class Stage:
             raise MirrorSDError("stream rows enter a layer above the first and run at least one")
         self.model, self.width, self.cache, self.layers, self.head = model, width, cache, (a, b), head
         self.streams = streams
-        self.planned_products = True  # capture with products.planned (models/products.py; Stages sets it)
+        self.tuned_kernels = True  # capture inside tuning.planned (models/tuning.py; Stages sets it)
         self.embed = a == 0 and b > 0
         B, W, device = cache.k.shape[1] if cache is not None else 1, width, model.device
         # Static buffers: run() copies into them, the body (and a captured graph) reads them.
@@ -334,10 +335,10 @@ class Stage:
         the events of the non-blocking copies ``to_device`` made before. The body itself only
         launches kernels on the stage's buffers, so nothing it records depends on that other work.
 
-        Its matrix products are recorded in the formulation measured fastest for each shape and
-        row count (``planned_products``; models/products.py), tuned during the warm-up."""
+        Its matrix products and attention are recorded in the formulation measured fastest for their
+        shapes (``tuned_kernels``; models/tuning.py), tuned during the warm-up."""
         device = self.x.device
-        with torch.inference_mode(), torch.cuda.device(device), products.planned(self.planned_products):
+        with torch.inference_mode(), torch.cuda.device(device), tuning.planned(self.tuned_kernels):
             self.load_padding()
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
@@ -392,7 +393,7 @@ class Stages:
         self._stages: dict[tuple[str, int], Stage] = {}
         self.replay_ms: dict[str, dict[int, float]] = {}  # name -> bucket -> GPU ms (captured stages)
         self.cheapest = True  # route windows by replay_ms (False: always the smallest bucket)
-        self.planned_products = True  # capture products in their fastest formulation (False: F.linear's)
+        self.tuned_kernels = True  # capture products and attention in their fastest formulation (models/tuning.py)
 
     def add(self, name: str, layers: tuple[int, int], head: bool, streams=None):
         """Name the forward of layers [a, b) (then the LM head, if ``head``); with ``streams``, of their
@@ -411,7 +412,7 @@ class Stages:
         key = (name, bucket(width))
         if key not in self._stages:
             stage = self.make(name, key[1])
-            stage.planned_products = self.planned_products
+            stage.tuned_kernels = self.tuned_kernels
             if self.graphs:
                 stage.capture(self.pool, self.stream)
                 self.replay_ms.setdefault(name, {})[key[1]] = stage.time_replays()

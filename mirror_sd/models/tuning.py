@@ -1,0 +1,221 @@
+"""Tuned kernels: each matrix product and attention a CUDA stage captures runs the way measured
+fastest on that GPU for its shape.
+
+Decoding runs a few rows at a time (a token, a draft window, a tree, a batch of branches: 1 to 64).
+On a GPU in fp32, cuBLAS's kernels for 2 to 16 rows can cost many times its one-row kernels: on an
+H200, a width-8 forward of the target cost 2.4 one-token forwards, and most of it went to its gate
+and up products, which ran a 32x128-tile kernel at 52 us each where a one-row product took a 3.5 us
+matrix-vector kernel (docs/devices.md). Then verifying a window costs more than the decoding steps
+it saves. So each such operation a captured stage records (models/stages.py) runs the fastest of
+a few formulations, measured on the device. Matrix products (``models/linear.py``):
+
+* ``cublas``: ``F.linear``, PyTorch's own call (what every product runs outside a stage);
+* ``swapped``: the same product with its two sides swapped, ``(W x^T)^T``: cuBLAS picks a
+  kernel by the shapes it is given, so it may pick another one;
+* ``skinny`` and ``skinny-wide``: a Triton kernel written for few rows (models/skinny.py): each
+  program multiplies a block of weight rows (16, or 64 for the wide one) by 16 rows of x at a time,
+  reading the block once, in IEEE fp32 (no TF32).
+
+Attention (``Attention.forward``, over every slot of a stage's cache under its mask):
+
+* ``sdpa``: ``F.scaled_dot_product_attention`` with grouped-query heads, as outside a stage
+  (PyTorch runs its plain "math" attention for it in fp32: a product, a softmax, a product);
+* ``expanded``: the key and value heads repeated to one per query head first, so that PyTorch may
+  choose its fused memory-efficient kernel, which takes fp32 and masks but not grouped heads.
+
+The formulations of an operation differ only in the order of floating-point sums, as cuBLAS's own
+kernels for two widths do, so every method stays as lossless as before (the tests hold each
+formulation to the default one and the methods to vanilla).
+
+Measured, not assumed: inside :func:`planned` (a stage's warm-up and capture on a CUDA lane), the
+first operation of a new kind (its op, device, shapes, dtype, TF32 on or off) is tuned: :func:`tune`
+times each formulation (:func:`graph_us`: REPEATS runs captured as one CUDA graph, its replays
+timed with CUDA events) and keeps the fastest, unless it saves less than MARGIN against the
+default. A formulation that cannot run here (no Triton, a compile error, no fused kernel for
+these inputs) is recorded with its error and left out. The choices and their times hold for the
+process (``PLAN``, ``TIMES``; :func:`plan_table` for gpu-check's report).
+"""
+from __future__ import annotations
+
+import functools
+import statistics
+import threading
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+FORMULATIONS = {"product": ("cublas", "swapped", "skinny", "skinny-wide"), "attention": ("sdpa", "expanded")}
+REPEATS = 10  # runs captured in one timed graph
+TIMED_REPLAYS = 5  # replays of it timed (the median is kept)
+MARGIN = 0.05  # another formulation replaces the default only if it saves more than this fraction
+SKINNY = {"skinny": (16, 2), "skinny-wide": (64, 4)}  # formulation -> (weight rows per program, warps)
+BLOCK_M, BLOCK_K = 16, 64  # rows of x per program (tl.dot's least), inputs per loop step
+
+PLAN: dict[tuple, str] = {}  # kind of operation -> the formulation it runs inside planned()
+TIMES: dict[tuple, dict[str, float | str]] = {}  # kind -> formulation -> GPU us per run, or why it cannot run
+_planning = threading.local()  # .timer: how this thread tunes a new kind (None: no planning)
+
+
+@contextmanager
+def planned(on: bool = True, timer=None):
+    """While inside, this thread's products and attention run their planned formulation, a new
+    kind tuned first with ``timer(fn) -> us per call`` (default :func:`graph_us`, CUDA only).
+    on=False: the default formulations inside too."""
+    before = getattr(_planning, "timer", None)
+    _planning.timer = (timer or graph_us) if on else None
+    try:
+        yield
+    finally:
+        _planning.timer = before
+
+
+def planning() -> bool:
+    """Whether this thread is inside ``planned(True)``."""
+    return getattr(_planning, "timer", None) is not None
+
+
+def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``: x [..., K], weight [N, K] -> [..., N], in the formulation
+    planned for its kind (outside :func:`planned`: ``F.linear``)."""
+    x2d = x.reshape(-1, x.shape[-1])  # [M, K]
+    shape = f"{weight.shape[0]} x {weight.shape[1]}" + (" + bias" if bias is not None else "")
+    name = choice("product", shape, x2d.shape[0], x, lambda name: run_product(name, x2d, weight, bias))
+    if name == "cublas":
+        return F.linear(x, weight, bias)
+    return run_product(name, x2d, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              causal: bool) -> torch.Tensor:
+    """Scaled dot-product attention of q [B, H, T, D] over k, v [B, KV, S, D] (KV divides H) under
+    ``mask`` [B|1, 1, T, S] (True: may attend) or ``causal``: [B, H, T, D], in the formulation
+    planned for its kind (outside :func:`planned`: ``sdpa``)."""
+    if not planning():
+        return run_attention("sdpa", q, k, v, mask, causal)
+    B, H, T, D = q.shape
+    shape = f"{H} heads of {D} over {k.shape[2]} slots, {k.shape[1]} key heads" + (", causal" if causal else "")
+    name = choice("attention", shape, B * T, q, lambda name: run_attention(name, q, k, v, mask, causal))
+    return run_attention(name, q, k, v, mask, causal)
+
+
+def choice(op: str, shape: str, rows: int, x: torch.Tensor, call) -> str:
+    """The formulation of this kind of ``op``: the default outside :func:`planned`; else the planned
+    one, tuned now with ``call(name)`` if new (not while a graph is being captured, which then
+    records the default)."""
+    default = FORMULATIONS[op][0]
+    timer = getattr(_planning, "timer", None)
+    if timer is None:
+        return default
+    key = (op, str(x.device), shape, rows, str(x.dtype).removeprefix("torch."), torch.backends.cuda.matmul.allow_tf32)
+    if key not in PLAN:
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return default
+        tune(key, call, timer)
+    return PLAN[key]
+
+
+def tune(key: tuple, call, timer=None) -> str:
+    """Time every formulation of ``key``'s op, ``call(name)`` running one, with ``timer(fn) -> us
+    per call`` (default :func:`graph_us`); record the times in TIMES and the choice in PLAN."""
+    timer = timer or graph_us
+    names = FORMULATIONS[key[0]]
+    times: dict[str, float | str] = {}
+    for name in names:
+        try:
+            times[name] = float(timer(lambda name=name: call(name)))
+        except Exception as e:  # noqa: BLE001  (this machine cannot run it: no Triton, a compile error, ...)
+            times[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
+    measured = {name: t for name, t in times.items() if isinstance(t, float)}
+    best = min(measured, key=measured.get, default=names[0])
+    if names[0] in measured and measured[best] > measured[names[0]] * (1 - MARGIN):
+        best = names[0]
+    PLAN[key], TIMES[key] = best, times
+    return best
+
+
+def run_product(name: str, x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x2d [M, K] by weight [N, K] (plus bias [N]) -> [M, N], in formulation ``name``."""
+    if name == "cublas":
+        return F.linear(x2d, weight, bias)
+    if name == "swapped":  # [N, M] = W x^T, then its transpose laid out as [M, N]
+        y = torch.mm(weight, x2d.t()) if bias is None else torch.addmm(bias[:, None], weight, x2d.t())
+        return y.t().contiguous()
+    if name in SKINNY:
+        return skinny(x2d, weight, bias, *SKINNY[name])
+    raise ValueError(f"no product formulation {name!r} (formulations: {', '.join(FORMULATIONS['product'])})")
+
+
+def run_attention(name: str, q, k, v, mask, causal: bool) -> torch.Tensor:
+    """:func:`attention` in formulation ``name``."""
+    if name == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+    if name == "expanded":
+        repeats = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)  # [B, H, S, D]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    raise ValueError(f"no attention formulation {name!r} (formulations: {', '.join(FORMULATIONS['attention'])})")
+
+
+def skinny(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block_n: int, warps: int):
+    """x2d [M, K] by weight [N, K] (plus bias) -> [M, N] through models/skinny.py's kernel, each program
+    ``block_n`` weight rows by 16 rows of x. CPU tensors need Triton's interpreter (tests)."""
+    import triton
+
+    from .skinny import skinny_kernel
+
+    if not x2d.is_cuda and not triton.knobs.runtime.interpret:
+        raise RuntimeError("the skinny kernel runs CPU tensors only in Triton's interpreter (TRITON_INTERPRET=1)")
+    x2d, weight = x2d.contiguous(), weight.contiguous()
+    (M, K), N = x2d.shape, weight.shape[0]
+    y = torch.empty(M, N, dtype=x2d.dtype, device=x2d.device)
+    grid = (triton.cdiv(N, block_n), triton.cdiv(M, BLOCK_M))
+    skinny_kernel[grid](x2d, weight, weight if bias is None else bias, y, M, N, K=K, HAS_BIAS=bias is not None,
+                        IEEE=x2d.dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
+                        num_warps=warps)
+    return y
+
+
+def graph_us(fn, repeats: int = REPEATS, replays: int = TIMED_REPLAYS) -> float:
+    """GPU microseconds of one call of ``fn`` (CUDA work only): ``repeats`` calls captured as one
+    CUDA graph, the median of ``replays`` replays timed with CUDA events, over ``repeats``."""
+    current = torch.cuda.current_stream()
+    side = _tuning_stream(current.device)
+    side.wait_stream(current)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        fn()  # warm up: kernels chosen, Triton's compiled
+        # capture_begin/end rather than torch.cuda.graph, which synchronises the device and collects
+        # garbage each time: hundreds of times per process here
+        graph.capture_begin(capture_error_mode="relaxed")
+        try:
+            for _ in range(repeats):
+                fn()
+        finally:
+            graph.capture_end()
+    current.wait_stream(side)
+    graph.replay()  # the first replay uploads the graph
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
+    for begin, end in events:
+        begin.record()
+        graph.replay()
+        end.record()
+    events[-1][1].synchronize()
+    return 1e3 * statistics.median(begin.elapsed_time(end) for begin, end in events) / repeats
+
+
+@functools.cache
+def _tuning_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per GPU for every timing (cuBLAS keeps a workspace per stream it runs on)."""
+    return torch.cuda.Stream(device)
+
+
+def plan_table() -> list[dict]:
+    """One row per kind tuned so far: op, device, shape, rows, dtype, tf32, the chosen formulation
+    and each formulation's us per run (or why it could not run)."""
+    rows = []
+    for key, times in sorted(TIMES.items(), key=lambda item: item[0][:4]):
+        op, device, shape, rows_, dtype, tf32 = key
+        rows.append(dict(op=op, device=device, shape=shape, rows=rows_, dtype=dtype, tf32=tf32, chosen=PLAN[key],
+                         **times))
+    return rows

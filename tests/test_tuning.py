@@ -1,0 +1,136 @@
+"""Tuned kernels (models/tuning.py), on the CPU: every formulation of a matrix product or of
+attention computes what the default one does, the tuner keeps the fastest by its timer, and a
+forward in any formulation gives the plain forward's logits. The skinny Triton kernel runs in
+Triton's interpreter here (conftest sets TRITON_INTERPRET=1 on machines without CUDA);
+tests/test_cuda.py times and checks them on a GPU."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mirror_sd import load_pair
+from mirror_sd.errors import MirrorSDError
+from mirror_sd.gpu_check import tuning_section
+from mirror_sd.models import tuning
+from mirror_sd.models.linear import linear
+from mirror_sd.models.loading import load_model
+from mirror_sd.models.tuning import FORMULATIONS, MARGIN, planned
+
+pytest.importorskip("triton")
+
+
+@pytest.fixture(autouse=True)
+def fresh_plan(monkeypatch):
+    """Each test tunes from an empty plan."""
+    monkeypatch.setattr(tuning, "PLAN", {})
+    monkeypatch.setattr(tuning, "TIMES", {})
+
+
+def timer_for(times: dict[str, float]):
+    """A stand-in for graph_us: each formulation's 'time' from ``times`` (a name missing raises)."""
+    def timer(fn):
+        name = fn.__defaults__[0]  # tune's lambda binds the formulation's name
+        if name not in times:
+            raise RuntimeError(f"{name} cannot run here")
+        return times[name]
+    return timer
+
+
+def fastest(product: str, attention: str = "sdpa"):
+    return timer_for({n: (1.0 if n in (product, attention) else 10.0) for names in FORMULATIONS.values() for n in names})
+
+
+@pytest.mark.parametrize("name", FORMULATIONS["product"])
+@pytest.mark.parametrize("rows, n, k, bias", [(1, 96, 64, False), (3, 40, 70, True), (16, 64, 128, False),
+                                              (17, 33, 64, True)])
+def test_every_product_formulation_is_f_linears_product(name, rows, n, k, bias):
+    gen = torch.Generator().manual_seed(rows * n)
+    x, w = torch.randn(rows, k, generator=gen), torch.randn(n, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
+    y = tuning.run_product(name, x, w, b)
+    assert y.shape == (rows, n) and y.is_contiguous()
+    torch.testing.assert_close(y, F.linear(x, w, b), rtol=1e-5, atol=1e-5)  # only the order of sums differs
+
+
+@pytest.mark.parametrize("name", FORMULATIONS["attention"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_attention_formulation_is_grouped_query_attention(name, causal):
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 6, 5, 8, generator=gen)
+    k, v = torch.randn(1, 2, 5 if causal else 12, 8, generator=gen), torch.randn(1, 2, 5 if causal else 12, 8, generator=gen)
+    mask = None if causal else torch.rand(1, 1, 5, 12, generator=gen) > 0.3
+    if mask is not None:
+        mask[..., 0] = True  # every row sees something
+    expected = F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1),
+                                              attn_mask=mask, is_causal=causal)
+    torch.testing.assert_close(tuning.run_attention(name, q, k, v, mask, causal), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_tuner_keeps_the_fastest_and_records_every_time():
+    x, w = torch.randn(4, 32), torch.randn(48, 32)
+    times = {"cublas": 9.0, "swapped": 7.0, "skinny": 2.0, "skinny-wide": 3.0}
+    with planned(True, timer=timer_for(times)):
+        linear(x, w)
+    [(key, chosen)] = tuning.PLAN.items()
+    assert key[:4] == ("product", "cpu", "48 x 32", 4) and chosen == "skinny" and tuning.TIMES[key] == times
+    [row] = tuning.plan_table()
+    assert (row["op"], row["shape"], row["rows"], row["chosen"], row["skinny"]) == ("product", "48 x 32", 4, "skinny", 2.0)
+
+
+def test_the_tuner_keeps_the_default_unless_another_saves_more_than_the_margin():
+    x, w = torch.randn(2, 32), torch.randn(48, 32)
+    with planned(True, timer=timer_for({"cublas": 10.0, "swapped": 10.0 * (1 - MARGIN / 2), "skinny": 11.0})):
+        linear(x, w)
+    assert list(tuning.PLAN.values()) == ["cublas"]
+
+
+def test_a_formulation_that_cannot_run_is_recorded_and_left_out():
+    x, w = torch.randn(8, 32), torch.randn(48, 32)
+    with planned(True, timer=timer_for({"cublas": 10.0, "swapped": 4.0})):
+        linear(x, w)
+    [(key, chosen)] = tuning.PLAN.items()
+    assert chosen == "swapped" and tuning.TIMES[key]["skinny"] == "RuntimeError: skinny cannot run here"
+    section = "\n".join(tuning_section(tuning.plan_table()))
+    assert "| 48 x 32 | 8 | swapped | 10.0 | **4.0** | - | - |" in section
+    assert "skinny could not run: RuntimeError: skinny cannot run here" in section
+
+
+def test_kernels_take_their_plan_only_inside_planned():
+    x, w = torch.randn(1, 5, 32), torch.randn(48, 32)
+    linear(x, w)
+    assert tuning.PLAN == {}  # outside planned(): the default calls (the CPU's own paths), nothing tuned
+    with planned(True, timer=fastest("swapped")):
+        y = linear(x, w)
+        linear(x, w)  # the same kind again: planned already
+    assert list(tuning.PLAN.values()) == ["swapped"] and len(tuning.TIMES) == 1
+    assert y.shape == (1, 5, 48)
+    torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
+    with planned(False):
+        assert not tuning.planning()
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # qwen2: q, k and v products with biases
+@pytest.mark.parametrize("product", FORMULATIONS["product"])
+def test_a_forward_in_any_formulation_gives_the_plain_logits(tiny_dirs, tmp_path, model_type, product):
+    from conftest import make_tiny_model
+
+    folder = tiny_dirs["target"] if model_type == "llama" else make_tiny_model(tmp_path / "qwen2", 5, "qwen2")
+    model, _ = load_model(folder, torch.device("cpu"), torch.float32)
+    ids = torch.tensor([[1, 5, 2, 9, 3]])
+    with torch.inference_mode():
+        plain = model.forward(ids, model.new_cache(16))
+        with planned(True, timer=fastest(product, "expanded")):
+            tuned = model.forward(ids, model.new_cache(16))
+    assert set(tuning.PLAN.values()) == {product, "expanded"}
+    torch.testing.assert_close(tuned, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_the_pair_passes_its_kernels_setting_to_its_stages(tiny_dirs):
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on", kernels="default")
+    cache = pair.new_cache(pair.target, 32)
+    assert cache.stages.tuned_kernels is False
+    assert all(not stage.tuned_kernels for stage in cache.stages._stages.values())
+    pair.kernels = "tuned"
+    assert pair.new_cache(pair.target, 32).stages.tuned_kernels is True
+    assert pair.describe()["kernels"] == "tuned"
+    with pytest.raises(MirrorSDError, match="kernels must be one of tuned, default"):
+        load_pair(target=str(tiny_dirs["target"]), draft=None, kernels="fast")
