@@ -124,6 +124,29 @@ def test_every_method_on_stages_commits_vanillas_tokens(pair, stage_runs, method
     assert len(set(expected)) > 1  # not a degenerate run
 
 
+@pytest.mark.parametrize("method,options,stages", METHODS[1:], ids=[f"{m}-{o}" for m, o, _ in METHODS[1:]])
+def test_every_method_commits_vanillas_tokens_with_the_other_tuned_kernels(pair, monkeypatch, method, options, stages):
+    """Every product and attention the methods run, in every thread, in the formulation a GPU may
+    tune them to (models/tuning.py): products with their sides swapped, attention with its key and
+    value heads expanded; vanilla (the reference) in the default ones. The Triton kernel is checked
+    per forward in tests/test_tuning.py (Triton's interpreter is too slow for whole runs)."""
+    from types import SimpleNamespace
+
+    from mirror_sd.models import tuning
+
+    other = {"swapped": 1.0, "expanded": 1.0, "cublas": 10.0, "sdpa": 10.0}
+    planning_everywhere = SimpleNamespace(timer=lambda fn: other.get(fn.__defaults__[0], 99.0))
+    expected = {prompt: vanilla_tokens(pair, prompt) for prompt in PROMPTS}
+    monkeypatch.setattr(tuning, "PLAN", {})
+    monkeypatch.setattr(tuning, "TIMES", {})
+    monkeypatch.setattr(tuning, "_planning", planning_everywhere)  # the lanes' threads too
+    for prompt in PROMPTS:
+        out = generate(pair, prompt, method=method, max_new_tokens=TOKENS, raw=True, **options)
+        assert out.error is None and out.token_ids == expected[prompt], f"{method} {options} on {prompt!r}"
+    assert set(tuning.PLAN.values()) == {"swapped", "expanded"}
+    assert {key[0] for key in tuning.PLAN} == {"product", "attention"}
+
+
 @pytest.mark.parametrize("method,options", [("vanilla", {}), ("sd", dict(gamma=3)), ("mirror", dict(exit_layer=1)),
                                             ("eagle", {}), ("ss", dict(gamma=3)), ("ss", dict(gamma=3, one_forward=1))])
 def test_a_prompt_longer_than_the_widest_stage_prefills_in_chunks(pair, stage_runs, method, options):
