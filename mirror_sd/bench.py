@@ -5,7 +5,9 @@ value of a swept option), so a slow spell of a shared machine slows all of them 
 is compared to vanilla token for token, and its wall-time speedup is measured against vanilla's
 on the same prompts. Outputs in ``out_dir``: results.csv (one row per method and prompt),
 summary.csv and summary.md (one row per method), by_category.csv (per method and category;
-Mirror-SD's hit rate per category among them); a sweep writes results.csv, sweep.csv and sweep.html.
+Mirror-SD's hit rate per category among them), and tuned_kernels.csv where stages were captured
+with tuned kernels (each product's and attention's formulation and times: models/tuning.py); a
+sweep writes results.csv, sweep.csv and sweep.html.
 :func:`write_report` writes a one-page markdown report of a bench run (``bench --report``).
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .devices import cpu_cores, hardware_name
 from .engine import generate
 from .errors import MirrorSDError
 from .methods import get_method
+from .models import tuning
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "bench_prompts.jsonl"
 SPAN_PREFIX = "span_s_"  # results columns: seconds of spans of one kind over a prompt's decoding steps
@@ -139,7 +142,8 @@ def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max
 def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 128, out_dir: str | Path = "bench-out",
           options: dict | None = None, traces_dir: str | Path | None = None, **settings) -> pd.DataFrame:
     """Run every method on every prompt; write results.csv, summary.csv, by_category.csv, step_ms.csv,
-    summary.md and the what-if model's held-out check (``whatif_check``); return the summary.
+    summary.md, the what-if model's held-out check (``whatif_check``) and, if any, the tuned
+    kernels (tuned_kernels.csv); return the summary.
     traces_dir: also write every run's trace JSON there (METHOD-ID-turnK.json)."""
     methods = ["vanilla"] + [m for m in methods if m != "vanilla"]  # vanilla first: the reference
     runs = [(m, _options_for(m, options or {})) for m in methods]
@@ -164,6 +168,9 @@ def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 1
         + steps.to_markdown(index=False, floatfmt=".2f") + "\n" + whatif_section)
     if traces_dir is not None:
         write_traces(traced, Path(traces_dir))
+    tuned = tuning.plan_table()
+    if tuned:
+        pd.DataFrame(tuned).to_csv(out / "tuned_kernels.csv", index=False)
     return summary
 
 

@@ -49,6 +49,20 @@ def test_bench_writes_results_and_summary(tiny_dirs, tmp_path, capsys):
     assert step_ms.loc["sd", "draft"] > 0 and step_ms.loc["sd", "verify"] > 0 and pd.isna(step_ms.loc["sd", "decode"])
     assert step_ms.loc["mirror", "target-suffix"] > 0 and step_ms.loc["mirror", "draft-rollout"] > 0
     assert "Mean time per decoding step by span kind" in (out / "summary.md").read_text()
+    assert not (out / "tuned_kernels.csv").exists()  # nothing tuned on the CPU (models/tuning.py)
+
+
+def test_bench_writes_the_kernels_its_stages_tuned(tiny_dirs, tmp_path, monkeypatch):
+    from mirror_sd.models import tuning
+
+    kind = ("product", "cuda:0", "1536 x 576", 8, "float32", False)  # as a GPU's stages would have tuned it
+    monkeypatch.setattr(tuning, "PLAN", {kind: "skinny"})
+    monkeypatch.setattr(tuning, "TIMES", {kind: {"cublas": 52.5, "swapped": 30.0, "skinny": 4.0, "skinny-wide": 6.0}})
+    out = tmp_path / "out"
+    assert main(["bench", "--methods", "vanilla", "--limit", "1", "--max-new-tokens", "2", "--out", str(out),
+                 "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"])]) == 0
+    tuned = pd.read_csv(out / "tuned_kernels.csv")
+    assert tuned.iloc[0][["op", "shape", "rows", "chosen", "skinny"]].tolist() == ["product", "1536 x 576", 8, "skinny", 4.0]
 
 
 def test_bench_report_gives_the_command_and_one_row_per_method(tiny_dirs, tmp_path, capsys):

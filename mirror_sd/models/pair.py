@@ -127,8 +127,9 @@ class ModelPair:
     def describe(self) -> dict:
         """Models and lanes, for traces and reports."""
         return dict(target=self.target_name, draft=self.draft_name, int8_drafting=self.int8_drafting,
-                    graphs=self.graphs, buckets=self.buckets, kernels=self.kernels, target_lane=self.target_lane.label,
-                    draft_lane=self.draft_lane.label, target_layers=self.target.num_layers,
+                    graphs=self.graphs, buckets=self.buckets, kernels=self.kernels,
+                    target_lane=self.target_lane.label, draft_lane=self.draft_lane.label,
+                    target_layers=self.target.num_layers,
                     draft_layers=self.draft.num_layers if self.draft is not None else None)
 
 
