@@ -11,8 +11,9 @@ DIR:
    on two streams: a hardware profile in the format of ``mirror_sd/profiles/*.json`` (whatif.py),
    ``profile-<gpu>.json``; then why the target's time moves with the width (mirror_sd/kernels.py:
    its top kernels at widths 1, 8 and 32, and its replays with TF32 products and in bf16), and
-   which widths the stages route to a wider, cheaper bucket, and each matrix product's and
-   attention's time in every formulation models/tuning.py tunes among, with the one chosen;
+   which widths the stages route to a wider, cheaper bucket, and each matrix product's,
+   attention's, RMSNorm's and rotary embedding's time in every formulation models/tuning.py tunes
+   among, with the one chosen;
 2. the bench (vanilla, sd, eagle, ss, mirror; 2 prompts per category, 64 tokens, T = 0) on this
    machine's default devices with ``--graphs on`` (the methods on captured stages, each window at
    its cheapest bucket; Mirror-SD's steps queued on the two streams), then vanilla and Mirror-SD
@@ -68,7 +69,7 @@ BENCHES = [  # (part, extra arguments, most seconds): graphs on, graphs off, the
 BENCH_TITLES = {"bench-graphs-on": "the methods on CUDA graphs (--graphs on), each window at its cheapest bucket",
                 "bench-host-rendezvous": "Mirror-SD's steps on the lanes' threads, the host choosing the branches "
                                          "(--queued 0), against queued steps in bench-graphs-on",
-                "bench-default-kernels": "CUDA graphs, PyTorch's default products and attention (--kernels default), "
+                "bench-default-kernels": "CUDA graphs, PyTorch's default kernels (--kernels default), "
                                          "against the tuned ones in bench-graphs-on",
                 "bench-smallest-bucket": "CUDA graphs, each window at its smallest bucket (--buckets smallest)",
                 "bench-graphs-off": "the plain forward (--graphs off)",
@@ -398,10 +399,12 @@ def _routes(ms_by_width: dict[int, float]) -> str:
 
 
 def tuning_section(rows: list[dict]) -> list[str]:
-    """Report lines: each fp32 matrix product and attention the stages captured, by shape and rows,
-    with every formulation's GPU time and the one chosen (models/tuning.py); what could not run, once."""
+    """Report lines: each fp32 operation the stages captured in a tuned formulation (matrix products,
+    attention, RMSNorm, the rotary embedding), by shape and rows, with every formulation's GPU time
+    and the one chosen (models/tuning.py); what could not run, once per formulation."""
     lines = []
-    for op, title in (("product", "Matrix products (weight N x K)"), ("attention", "Attention")):
+    for op, title in (("product", "Matrix products (weight N x K)"), ("attention", "Attention"), ("norm", "RMSNorm"),
+                      ("rotary", "Rotary embedding")):
         names = tuning.FORMULATIONS[op]
         kept = [r for r in rows if r["op"] == op and r["dtype"] == "float32" and not r["tf32"]]
         if not kept:

@@ -10,7 +10,7 @@ import torch
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-if not torch.cuda.is_available():  # Triton's interpreter runs models/skinny.py's kernel on CPU tensors
+if not torch.cuda.is_available():  # Triton's interpreter runs models/fused.py's kernels on CPU tensors
     os.environ.setdefault("TRITON_INTERPRET", "1")  # (read when Triton is first imported)
 
 from mirror_sd import load_pair  # noqa: E402

@@ -156,12 +156,12 @@ def test_to_device_queues_its_copy_behind_the_streams_work():
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
 def test_every_formulation_is_the_default_ones_result_on_the_gpu(dtype, tolerance):
     """models/tuning.py's formulations, the Triton kernel compiled for this GPU included, at the
-    embedded target's shapes and every row count a stage runs: its products, and its attention
-    over a stage's slots under a mask."""
+    embedded target's shapes and every row count a stage runs: its products, its attention over a
+    stage's slots under a mask, its RMSNorm and its rotary embedding."""
     import torch.nn.functional as F
 
     from mirror_sd.models.stages import BUCKETS
-    from mirror_sd.models.tuning import FORMULATIONS, run_attention, run_product
+    from mirror_sd.models.tuning import FORMULATIONS, run_attention, run_norm, run_product, run_rotary
 
     torch.manual_seed(0)
     for n, k, bias in [(576, 576, False), (1536, 576, False), (576, 1536, False), (192, 576, True)]:
@@ -182,12 +182,24 @@ def test_every_formulation_is_the_default_ones_result_on_the_gpu(dtype, toleranc
         for name in FORMULATIONS["attention"]:
             torch.testing.assert_close(run_attention(name, q, k, v, mask, False).float(), expected, rtol=tolerance,
                                        atol=tolerance, msg=lambda m: f"attention {name}, {rows} rows: {m}")
+        x, w = (torch.randn(1, rows, 576, device="cuda") * 3).to(dtype), torch.randn(576, device="cuda").to(dtype)
+        expected = run_norm("composite", x, w, 1e-5).float()
+        for name in FORMULATIONS["norm"]:
+            torch.testing.assert_close(run_norm(name, x, w, 1e-5).float(), expected, rtol=tolerance, atol=tolerance,
+                                       msg=lambda m: f"norm {name}, {rows} rows: {m}")
+        q = torch.randn(1, rows, 9, 64, device="cuda").to(dtype).transpose(1, 2)  # [B, H, T, D], as Attention has it
+        angles = torch.rand(1, 1, rows, 32, device="cuda") * 6
+        cos, sin = (torch.cat([f(angles)] * 2, dim=-1).to(dtype) for f in (torch.cos, torch.sin))
+        expected = run_rotary("composite", q, cos, sin).float()
+        for name in FORMULATIONS["rotary"]:
+            torch.testing.assert_close(run_rotary(name, q, cos, sin).float(), expected, rtol=tolerance, atol=tolerance,
+                                       msg=lambda m: f"rotary {name}, {rows} rows: {m}")
 
 
 def test_captured_stages_time_every_formulation_and_record_the_fastest(tiny_dirs):
-    """Capturing a stage set tunes each product and attention it records: every formulation timed
-    on this GPU (the Triton kernel compiled and ran), and the stages' logits are still the plain
-    forward's."""
+    """Capturing a stage set tunes each product, attention, norm and rotary embedding it records:
+    every formulation timed on this GPU (the Triton kernels compiled and ran), and the stages'
+    logits are still the plain forward's."""
     from mirror_sd.models import tuning
     from mirror_sd.models.loading import load_model
     from mirror_sd.models.stages import BUCKETS, Stages
@@ -201,7 +213,7 @@ def test_captured_stages_time_every_formulation_and_record_the_fastest(tiny_dirs
         torch.testing.assert_close(stages.run("full", ids), plain, rtol=1e-4, atol=1e-4)
     head = f"{model.args.vocab_size} x {model.args.hidden_size}"
     for rows in BUCKETS:
-        for op, shape in (("product", head), ("attention", None)):
+        for op, shape in (("product", head), ("attention", None), ("norm", None), ("rotary", None)):
             key = next(k for k in tuning.PLAN if k[0] == op and k[1].startswith("cuda") and k[3] == rows
                        and shape in (None, k[2]))
             times, names = tuning.TIMES[key], tuning.FORMULATIONS[op]

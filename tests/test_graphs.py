@@ -128,13 +128,14 @@ def test_every_method_on_stages_commits_vanillas_tokens(pair, stage_runs, method
 def test_every_method_commits_vanillas_tokens_with_the_other_tuned_kernels(pair, monkeypatch, method, options, stages):
     """Every product and attention the methods run, in every thread, in the formulation a GPU may
     tune them to (models/tuning.py): products with their sides swapped, attention with its key and
-    value heads expanded; vanilla (the reference) in the default ones. The Triton kernel is checked
-    per forward in tests/test_tuning.py (Triton's interpreter is too slow for whole runs)."""
+    value heads expanded, RMSNorm as PyTorch's fused op; vanilla (the reference) in the default
+    ones. The Triton kernels are checked per forward in tests/test_tuning.py (Triton's interpreter
+    is too slow for whole runs)."""
     from types import SimpleNamespace
 
     from mirror_sd.models import tuning
 
-    other = {"swapped": 1.0, "expanded": 1.0, "cublas": 10.0, "sdpa": 10.0}
+    other = {"swapped": 1.0, "expanded": 1.0, "fused": 1.0, "cublas": 10.0, "sdpa": 10.0, "composite": 10.0}
     planning_everywhere = SimpleNamespace(timer=lambda fn: other.get(fn.__defaults__[0], 99.0))
     expected = {prompt: vanilla_tokens(pair, prompt) for prompt in PROMPTS}
     monkeypatch.setattr(tuning, "PLAN", {})
@@ -143,8 +144,8 @@ def test_every_method_commits_vanillas_tokens_with_the_other_tuned_kernels(pair,
     for prompt in PROMPTS:
         out = generate(pair, prompt, method=method, max_new_tokens=TOKENS, raw=True, **options)
         assert out.error is None and out.token_ids == expected[prompt], f"{method} {options} on {prompt!r}"
-    assert set(tuning.PLAN.values()) == {"swapped", "expanded"}
-    assert {key[0] for key in tuning.PLAN} == {"product", "attention"}
+    assert {op: name for (op, *_), name in tuning.PLAN.items()} == dict(
+        product="swapped", attention="expanded", norm="fused", rotary="composite")
 
 
 @pytest.mark.parametrize("method,options", [("vanilla", {}), ("sd", dict(gamma=3)), ("mirror", dict(exit_layer=1)),

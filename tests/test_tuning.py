@@ -1,5 +1,5 @@
-"""Tuned kernels (models/tuning.py), on the CPU: every formulation of a matrix product or of
-attention computes what the default one does, the tuner keeps the fastest by its timer, and a
+"""Tuned kernels (models/tuning.py), on the CPU: every formulation of a matrix product, attention,
+RMSNorm and the rotary embedding computes what the default one does, the tuner keeps the fastest by its timer, and a
 forward in any formulation gives the plain forward's logits. The skinny Triton kernel runs in
 Triton's interpreter here (conftest sets TRITON_INTERPRET=1 on machines without CUDA);
 tests/test_cuda.py times and checks them on a GPU."""
@@ -35,8 +35,10 @@ def timer_for(times: dict[str, float]):
     return timer
 
 
-def fastest(product: str, attention: str = "sdpa"):
-    return timer_for({n: (1.0 if n in (product, attention) else 10.0) for names in FORMULATIONS.values() for n in names})
+def fastest(*chosen: str):
+    """A timer under which ``chosen`` (a formulation per op, in FORMULATIONS' order) win."""
+    winners = dict(zip(FORMULATIONS, chosen))
+    return lambda fn: 1.0 if winners.get(fn.__defaults__[1]) == fn.__defaults__[0] else 10.0
 
 
 @pytest.mark.parametrize("name", FORMULATIONS["product"])
@@ -63,6 +65,27 @@ def test_every_attention_formulation_is_grouped_query_attention(name, causal):
     expected = F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1),
                                               attn_mask=mask, is_causal=causal)
     torch.testing.assert_close(tuning.run_attention(name, q, k, v, mask, causal), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FORMULATIONS["norm"])
+@pytest.mark.parametrize("shape", [(1, 1, 64), (2, 5, 96), (3, 4, 6, 8)])  # the last: a per-head norm (qk_norm)
+def test_every_norm_formulation_is_the_llama_rms_norm(name, shape):
+    gen = torch.Generator().manual_seed(len(shape))
+    x, w = torch.randn(*shape, generator=gen) * 3, torch.randn(shape[-1], generator=gen)
+    expected = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))  # Hugging Face's Llama RMSNorm
+    torch.testing.assert_close(tuning.run_norm(name, x, w, 1e-5), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FORMULATIONS["rotary"])
+@pytest.mark.parametrize("cos_batch", [1, 2])
+def test_every_rotary_formulation_turns_q_as_rotate_half_does(name, cos_batch):
+    gen = torch.Generator().manual_seed(cos_batch)
+    q = torch.randn(2, 5, 6, 16, generator=gen).transpose(1, 2)  # [B, H, T, D] as Attention makes it: not contiguous
+    angles = torch.rand(cos_batch, 1, 5, 8, generator=gen) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)  # [B|1, 1, T, D]
+    q1, q2 = q.chunk(2, dim=-1)
+    expected = q * cos + torch.cat((-q2, q1), dim=-1) * sin
+    torch.testing.assert_close(tuning.run_rotary(name, q, cos, sin), expected, rtol=1e-6, atol=1e-6)
 
 
 def test_the_tuner_keeps_the_fastest_and_records_every_time():
@@ -108,19 +131,23 @@ def test_kernels_take_their_plan_only_inside_planned():
         assert not tuning.planning()
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2"])  # qwen2: q, k and v products with biases
-@pytest.mark.parametrize("product", FORMULATIONS["product"])
-def test_a_forward_in_any_formulation_gives_the_plain_logits(tiny_dirs, tmp_path, model_type, product):
+COMBINATIONS = [("swapped", "expanded", "fused", "composite"), ("skinny", "expanded", "triton", "triton"),
+                ("skinny-wide", "sdpa", "fused", "triton"), ("cublas", "sdpa", "composite", "composite")]
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])  # qwen2: biases; qwen3: q and k norms
+@pytest.mark.parametrize("chosen", COMBINATIONS, ids=["-".join(c) for c in COMBINATIONS])
+def test_a_forward_in_any_formulation_gives_the_plain_logits(tiny_dirs, tmp_path, model_type, chosen):
     from conftest import make_tiny_model
 
-    folder = tiny_dirs["target"] if model_type == "llama" else make_tiny_model(tmp_path / "qwen2", 5, "qwen2")
+    folder = tiny_dirs["target"] if model_type == "llama" else make_tiny_model(tmp_path / model_type, 5, model_type)
     model, _ = load_model(folder, torch.device("cpu"), torch.float32)
     ids = torch.tensor([[1, 5, 2, 9, 3]])
     with torch.inference_mode():
         plain = model.forward(ids, model.new_cache(16))
-        with planned(True, timer=fastest(product, "expanded")):
+        with planned(True, timer=fastest(*chosen)):
             tuned = model.forward(ids, model.new_cache(16))
-    assert set(tuning.PLAN.values()) == {product, "expanded"}
+    assert {op: name for (op, *_), name in tuning.PLAN.items()} == dict(zip(FORMULATIONS, chosen))
     torch.testing.assert_close(tuned, plain, rtol=1e-5, atol=1e-5)
 
 

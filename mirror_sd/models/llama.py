@@ -165,15 +165,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-def rotate_half(x):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+        return tuning.norm(x, self.weight, self.eps)  # weight * normalised x (in fp32, then x's dtype)
 
 
 class Attention(nn.Module):
@@ -198,8 +190,7 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
-        q = q * win.cos + rotate_half(q) * win.sin
-        k = k * win.cos + rotate_half(k) * win.sin
+        q, k = tuning.rotary(q, k, win.cos, win.sin)
         stored = win.stored(T)
         if cache is not None and stored == T:
             k, v = cache.write(layer, win.start, k, v)  # [B, K, S, D], S = start + T

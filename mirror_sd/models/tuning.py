@@ -1,5 +1,5 @@
-"""Tuned kernels: each matrix product and attention a CUDA stage captures runs the way measured
-fastest on that GPU for its shape.
+"""Tuned kernels: each matrix product, attention, RMSNorm and rotary embedding a CUDA stage
+captures runs the way measured fastest on that GPU for its shape.
 
 Decoding runs a few rows at a time (a token, a draft window, a tree, a batch of branches: 1 to 64).
 On a GPU in fp32, cuBLAS's kernels for 2 to 16 rows can cost many times its one-row kernels: on an
@@ -12,7 +12,7 @@ a few formulations, measured on the device. Matrix products (``models/linear.py`
 * ``cublas``: ``F.linear``, PyTorch's own call (what every product runs outside a stage);
 * ``swapped``: the same product with its two sides swapped, ``(W x^T)^T``: cuBLAS picks a
   kernel by the shapes it is given, so it may pick another one;
-* ``skinny`` and ``skinny-wide``: a Triton kernel written for few rows (models/skinny.py): each
+* ``skinny`` and ``skinny-wide``: a Triton kernel written for few rows (models/fused.py): each
   program multiplies a block of weight rows (16, or 64 for the wide one) by 16 rows of x at a time,
   reading the block once, in IEEE fp32 (no TF32).
 
@@ -22,6 +22,12 @@ Attention (``Attention.forward``, over every slot of a stage's cache under its m
   (PyTorch runs its plain "math" attention for it in fp32: a product, a softmax, a product);
 * ``expanded``: the key and value heads repeated to one per query head first, so that PyTorch may
   choose its fused memory-efficient kernel, which takes fp32 and masks but not grouped heads.
+
+And the small operations, which cost a kernel launch each whatever their size, so that a
+one-token forward's time is mostly their count: RMSNorm (``RMSNorm.forward``): ``composite``
+(six PyTorch kernels, as outside a stage), ``fused`` (PyTorch's own ``F.rms_norm``) or ``triton``
+(models/fused.py); the rotary embedding of q and k (``Attention.forward``): ``composite`` (five
+kernels each) or ``triton`` (one each).
 
 The formulations of an operation differ only in the order of floating-point sums, as cuBLAS's own
 kernels for two widths do, so every method stays as lossless as before (the tests hold each
@@ -45,7 +51,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-FORMULATIONS = {"product": ("cublas", "swapped", "skinny", "skinny-wide"), "attention": ("sdpa", "expanded")}
+FORMULATIONS = {"product": ("cublas", "swapped", "skinny", "skinny-wide"), "attention": ("sdpa", "expanded"),
+                "norm": ("composite", "fused", "triton"), "rotary": ("composite", "triton")}  # the default first
 REPEATS = 10  # runs captured in one timed graph
 TIMED_REPLAYS = 5  # replays of it timed (the median is kept)
 MARGIN = 0.05  # another formulation replaces the default only if it saves more than this fraction
@@ -99,6 +106,30 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     return run_attention(name, q, k, v, mask, causal)
 
 
+def norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x [..., D] with ``weight`` [D], as Hugging Face's Llama computes it, in the
+    formulation planned for its kind (outside :func:`planned`: ``composite``)."""
+    if not planning():
+        return run_norm("composite", x, weight, eps)
+    rows = x.numel() // x.shape[-1]
+    name = choice("norm", f"{x.shape[-1]} wide", rows, x, lambda name: run_norm(name, x, weight, eps))
+    return run_norm(name, x, weight, eps)
+
+
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """(q, k) [B, heads, T, D] turned by the rotary embedding: x * cos + rotate_half(x) * sin, cos and
+    sin [B or 1, 1, T, D]; in the formulation planned for their kind (outside :func:`planned`:
+    ``composite``)."""
+    if not planning():
+        return run_rotary("composite", q, cos, sin), run_rotary("composite", k, cos, sin)
+    turned = []
+    for x in (q, k):
+        B, H, T, D = x.shape
+        name = choice("rotary", f"{H} heads of {D}", B * T, x, lambda name, x=x: run_rotary(name, x, cos, sin))
+        turned.append(run_rotary(name, x, cos, sin))
+    return tuple(turned)
+
+
 def choice(op: str, shape: str, rows: int, x: torch.Tensor, call) -> str:
     """The formulation of this kind of ``op``: the default outside :func:`planned`; else the planned
     one, tuned now with ``call(name)`` if new (not while a graph is being captured, which then
@@ -123,7 +154,7 @@ def tune(key: tuple, call, timer=None) -> str:
     times: dict[str, float | str] = {}
     for name in names:
         try:
-            times[name] = float(timer(lambda name=name: call(name)))
+            times[name] = float(timer(lambda name=name, op=key[0]: call(name)))  # (name, op): what is timed
         except Exception as e:  # noqa: BLE001  (this machine cannot run it: no Triton, a compile error, ...)
             times[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
     measured = {name: t for name, t in times.items() if isinstance(t, float)}
@@ -157,22 +188,74 @@ def run_attention(name: str, q, k, v, mask, causal: bool) -> torch.Tensor:
     raise ValueError(f"no attention formulation {name!r} (formulations: {', '.join(FORMULATIONS['attention'])})")
 
 
-def skinny(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block_n: int, warps: int):
-    """x2d [M, K] by weight [N, K] (plus bias) -> [M, N] through models/skinny.py's kernel, each program
-    ``block_n`` weight rows by 16 rows of x. CPU tensors need Triton's interpreter (tests)."""
+def run_norm(name: str, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`norm` in formulation ``name``."""
+    if name == "composite":
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * normed.to(x.dtype)
+    if name == "fused":
+        if x.dtype == torch.float32 and weight.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+    if name == "triton":
+        fused = _fused(x)
+        if x.dtype != weight.dtype:
+            raise ValueError("the RMSNorm kernel takes x and its weight in one dtype")
+        x2d = x.reshape(-1, x.shape[-1]).contiguous()
+        y = torch.empty_like(x2d)
+        D = x.shape[-1]
+        fused.rms_norm_kernel[(x2d.shape[0],)](x2d, weight.contiguous(), y, eps, D=D, BLOCK=_power_of_two(D))
+        return y.view(*x.shape[:-1], D)
+    raise ValueError(f"no norm formulation {name!r} (formulations: {', '.join(FORMULATIONS['norm'])})")
+
+
+def run_rotary(name: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, D] turned by the rotary embedding (cos, sin [B or 1, 1, T, D]), in ``name``."""
+    if name == "composite":
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    if name == "triton":
+        fused = _fused(x)
+        B, H, T, D = x.shape
+        if x.stride(-1) != 1 or cos.stride(-1) != 1 or cos.stride() != sin.stride():
+            raise ValueError("the rotary kernel reads rows of stride 1, and cos and sin laid out alike")
+        y = torch.empty(B, H, T, D, dtype=x.dtype, device=x.device)
+        fused.rotary_kernel[(B * H * T,)](x, cos, sin, y, H, T, x.stride(0), x.stride(1), x.stride(2),
+                                          cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(2),
+                                          HALF=D // 2, BLOCK=_power_of_two(D // 2))
+        return y
+    raise ValueError(f"no rotary formulation {name!r} (formulations: {', '.join(FORMULATIONS['rotary'])})")
+
+
+def _power_of_two(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _fused(x: torch.Tensor):
+    """models/fused.py (importing Triton), refusing CPU tensors outside Triton's interpreter."""
     import triton
 
-    from .skinny import skinny_kernel
+    from . import fused
 
-    if not x2d.is_cuda and not triton.knobs.runtime.interpret:
-        raise RuntimeError("the skinny kernel runs CPU tensors only in Triton's interpreter (TRITON_INTERPRET=1)")
+    if not x.is_cuda and not triton.knobs.runtime.interpret:
+        raise RuntimeError("Triton kernels run CPU tensors only in Triton's interpreter (TRITON_INTERPRET=1)")
+    return fused
+
+
+def skinny(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block_n: int, warps: int):
+    """x2d [M, K] by weight [N, K] (plus bias) -> [M, N] through models/fused.py's skinny kernel,
+    each program ``block_n`` weight rows by 16 rows of x. CPU tensors need Triton's interpreter."""
+    import triton
+
+    fused = _fused(x2d)
     x2d, weight = x2d.contiguous(), weight.contiguous()
     (M, K), N = x2d.shape, weight.shape[0]
     y = torch.empty(M, N, dtype=x2d.dtype, device=x2d.device)
     grid = (triton.cdiv(N, block_n), triton.cdiv(M, BLOCK_M))
-    skinny_kernel[grid](x2d, weight, weight if bias is None else bias, y, M, N, K=K, HAS_BIAS=bias is not None,
-                        IEEE=x2d.dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
-                        num_warps=warps)
+    fused.skinny_kernel[grid](x2d, weight, weight if bias is None else bias, y, M, N, K=K,
+                              HAS_BIAS=bias is not None, IEEE=x2d.dtype == torch.float32, BLOCK_M=BLOCK_M,
+                              BLOCK_N=block_n, BLOCK_K=BLOCK_K, num_warps=warps)
     return y
 
 
