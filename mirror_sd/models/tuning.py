@@ -29,8 +29,8 @@ one-token forward's time is mostly their count: RMSNorm (``RMSNorm.forward``): `
 (models/fused.py); the rotary embedding of q and k (``Attention.forward``): ``composite`` (five
 kernels each) or ``triton`` (one each).
 
-The formulations of an operation differ only in the order of floating-point sums, as cuBLAS's own
-kernels for two widths do, so every method stays as lossless as before (the tests hold each
+The formulations of an operation differ only in rounding (the order of floating-point sums, fused
+multiply-adds), as cuBLAS's own kernels for two widths do, so every method stays as lossless as before (the tests hold each
 formulation to the default one and the methods to vanilla).
 
 Measured, not assumed: inside :func:`planned` (a stage's warm-up and capture on a CUDA lane), the
@@ -66,8 +66,8 @@ _planning = threading.local()  # .timer: how this thread tunes a new kind (None:
 
 @contextmanager
 def planned(on: bool = True, timer=None):
-    """While inside, this thread's products and attention run their planned formulation, a new
-    kind tuned first with ``timer(fn) -> us per call`` (default :func:`graph_us`, CUDA only).
+    """While inside, this thread's tuned operations run their planned formulation, a new kind tuned
+    first with ``timer(fn) -> us per call`` (default :func:`graph_us`, CUDA only).
     on=False: the default formulations inside too."""
     before = getattr(_planning, "timer", None)
     _planning.timer = (timer or graph_us) if on else None
