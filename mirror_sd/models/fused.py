@@ -31,12 +31,12 @@ def skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K: tl.constexpr, HAS_BIAS: t
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] weight rows (columns of y)
     rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] rows of x
-    # a big model's LM head can have more than 2**31 elements: its offsets in int64
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rm[:, None] * K + k[None, :], mask=(rm[:, None] < M) & (k[None, :] < K),
                     other=0.0)  # [BLOCK_M, BLOCK_K]
+        # (a big model's LM head can hold more than 2**31 elements: offsets into it in int64)
         w = tl.load(w_ptr + rn[None, :].to(tl.int64) * K + k[:, None], mask=(rn[None, :] < N) & (k[:, None] < K),
                     other=0.0)  # [BLOCK_K, BLOCK_N]
         if IEEE:
