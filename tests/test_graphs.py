@@ -136,7 +136,13 @@ def test_every_method_commits_vanillas_tokens_with_the_other_tuned_kernels(pair,
     from mirror_sd.models import tuning
 
     other = {"swapped": 1.0, "expanded": 1.0, "fused": 1.0, "cublas": 10.0, "sdpa": 10.0, "composite": 10.0}
-    planning_everywhere = SimpleNamespace(timer=lambda fn: other.get(fn.__defaults__[0], 99.0))
+
+    def timer(fn):  # the Triton kernels "cannot run" here: their interpreter is too slow for whole runs
+        if fn.__defaults__[0] not in other:
+            raise RuntimeError("left out")
+        return other[fn.__defaults__[0]]
+
+    planning_everywhere = SimpleNamespace(timer=timer)
     expected = {prompt: vanilla_tokens(pair, prompt) for prompt in PROMPTS}
     monkeypatch.setattr(tuning, "PLAN", {})
     monkeypatch.setattr(tuning, "TIMES", {})

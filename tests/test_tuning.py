@@ -117,6 +117,25 @@ def test_a_formulation_that_cannot_run_is_recorded_and_left_out():
     assert "skinny could not run: RuntimeError: skinny cannot run here" in section
 
 
+def test_a_fast_formulation_with_a_wrong_result_is_left_out(monkeypatch):
+    run = tuning.run_product
+    monkeypatch.setattr(tuning, "run_product", lambda name, *a: run(name, *a) * (1.01 if name == "swapped" else 1))
+    x, w = torch.randn(8, 32), torch.randn(48, 32)
+    with planned(True, timer=timer_for({"cublas": 10.0, "swapped": 1.0, "skinny": 5.0, "skinny-wide": 6.0})):
+        y = linear(x, w)
+    [(key, chosen)] = tuning.PLAN.items()
+    assert chosen == "skinny" and tuning.TIMES[key]["swapped"] == "wrong: off by 1.0e-02 of the largest value"
+    torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_differs_allows_rounding_only():
+    expected = torch.tensor([100.0, -3.0, float("nan")])
+    assert tuning.differs(expected + 1e-3, expected) is None  # 1e-5 of the largest value
+    assert tuning.differs(expected + 0.5, expected) == "wrong: off by 5.0e-03 of the largest value"
+    assert tuning.differs(expected + 0.5, expected, loose=True) is None  # bf16, TF32
+    assert tuning.differs(expected[:2], expected).startswith("wrong: shape (2,)")
+
+
 def test_kernels_take_their_plan_only_inside_planned():
     x, w = torch.randn(1, 5, 32), torch.randn(48, 32)
     linear(x, w)

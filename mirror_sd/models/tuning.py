@@ -36,9 +36,11 @@ formulation to the default one and the methods to vanilla).
 Measured, not assumed: inside :func:`planned` (a stage's warm-up and capture on a CUDA lane), the
 first operation of a new kind (its op, device, shapes, dtype, TF32 on or off) is tuned: :func:`tune`
 times each formulation (:func:`graph_us`: REPEATS runs captured as one CUDA graph, its replays
-timed with CUDA events) and keeps the fastest, unless it saves less than MARGIN against the
-default. A formulation that cannot run here (no Triton, a compile error, no fused kernel for
-these inputs) is recorded with its error and left out. The choices and their times hold for the
+timed with CUDA events), checks its result against the default one's on the same inputs, and
+keeps the fastest, unless it saves less than MARGIN against the default. A formulation that
+cannot run here (no Triton, a compile error, no fused kernel for these inputs) or whose result
+differs by more than rounding is recorded with the reason and left out, so a kernel that is fast
+but wrong on some GPU is never chosen. The choices and their times hold for the
 process (``PLAN``, ``TIMES``; :func:`plan_table` for gpu-check's report).
 """
 from __future__ import annotations
@@ -56,6 +58,7 @@ FORMULATIONS = {"product": ("cublas", "swapped", "skinny", "skinny-wide"), "atte
 REPEATS = 10  # runs captured in one timed graph
 TIMED_REPLAYS = 5  # replays of it timed (the median is kept)
 MARGIN = 0.05  # another formulation replaces the default only if it saves more than this fraction
+ROUNDING, LOOSE = 1e-4, 3e-2  # a formulation's result must be the default's within this, relative to its largest value
 SKINNY = {"skinny": (16, 2), "skinny-wide": (64, 4)}  # formulation -> (weight rows per program, warps)
 BLOCK_M, BLOCK_K = 16, 64  # rows of x per program (tl.dot's least), inputs per loop step
 
@@ -148,13 +151,17 @@ def choice(op: str, shape: str, rows: int, x: torch.Tensor, call) -> str:
 
 def tune(key: tuple, call, timer=None) -> str:
     """Time every formulation of ``key``'s op, ``call(name)`` running one, with ``timer(fn) -> us
-    per call`` (default :func:`graph_us`); record the times in TIMES and the choice in PLAN."""
+    per call`` (default :func:`graph_us`), and check its result against the default one's: one that
+    fails or differs by more than rounding (:func:`differs`) is left out. Record the times, or why a
+    formulation was left out, in TIMES and the choice in PLAN."""
     timer = timer or graph_us
     names = FORMULATIONS[key[0]]
+    expected = call(names[0])
     times: dict[str, float | str] = {}
     for name in names:
         try:
-            times[name] = float(timer(lambda name=name, op=key[0]: call(name)))  # (name, op): what is timed
+            us = float(timer(lambda name=name, op=key[0]: call(name)))  # (name, op): what is timed
+            times[name] = differs(call(name), expected, loose=key[4] != "float32" or key[5]) or us
         except Exception as e:  # noqa: BLE001  (this machine cannot run it: no Triton, a compile error, ...)
             times[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
     measured = {name: t for name, t in times.items() if isinstance(t, float)}
@@ -163,6 +170,21 @@ def tune(key: tuple, call, timer=None) -> str:
         best = names[0]
     PLAN[key], TIMES[key] = best, times
     return best
+
+
+def differs(got: torch.Tensor, expected: torch.Tensor, loose: bool = False) -> str | None:
+    """None if ``got`` is ``expected`` up to rounding (within ROUNDING of its largest value; LOOSE
+    for half precision or TF32), else what is wrong with it."""
+    if got.shape != expected.shape:
+        return f"wrong: shape {tuple(got.shape)}, not {tuple(expected.shape)}"
+    got, expected = got.float(), expected.float()
+    scale = expected.nan_to_num(0.0, 0.0, 0.0).abs().max().item() or 1.0
+    tolerance = (LOOSE if loose else ROUNDING) * scale
+    if torch.isclose(got, expected, rtol=0.0, atol=tolerance, equal_nan=True).all():
+        return None
+    both_nan = got.isnan() & expected.isnan()
+    error = (got - expected).abs().masked_fill(both_nan, 0.0).nan_to_num(float("inf")).max().item()
+    return f"wrong: off by {error / scale:.1e} of the largest value"
 
 
 def run_product(name: str, x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
