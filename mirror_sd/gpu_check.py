@@ -11,9 +11,9 @@ DIR:
    on two streams: a hardware profile in the format of ``mirror_sd/profiles/*.json`` (whatif.py),
    ``profile-<gpu>.json``; then why the target's time moves with the width (mirror_sd/kernels.py:
    its top kernels at widths 1, 8 and 32, and its replays with TF32 products and in bf16), and
-   which widths the stages route to a wider, cheaper bucket, and each matrix product's,
-   attention's, RMSNorm's and rotary embedding's time in every formulation models/tuning.py tunes
-   among, with the one chosen;
+   which widths the stages route to a wider, cheaper bucket, and each tuned operation's time in
+   every formulation models/tuning.py tries (products, attention, norms, rotary embeddings, q/k/v
+   and the MLP's gate and up), with the one chosen;
 2. the bench (vanilla, sd, eagle, ss, mirror; 2 prompts per category, 64 tokens, T = 0) on this
    machine's default devices with ``--graphs on`` (the methods on captured stages, each window at
    its cheapest bucket; Mirror-SD's steps queued on the two streams), then vanilla and Mirror-SD
@@ -399,12 +399,13 @@ def _routes(ms_by_width: dict[int, float]) -> str:
 
 
 def tuning_section(rows: list[dict]) -> list[str]:
-    """Report lines: each fp32 operation the stages captured in a tuned formulation (matrix products,
-    attention, RMSNorm, the rotary embedding), by shape and rows, with every formulation's GPU time
-    and the one chosen (models/tuning.py); what could not run, once per formulation."""
+    """Report lines: each fp32 operation the stages captured in a tuned formulation, by op, shape and
+    rows, with every formulation's GPU time and the one chosen (models/tuning.py); why one was left
+    out, once per formulation."""
     lines = []
     for op, title in (("product", "Matrix products (weight N x K)"), ("attention", "Attention"), ("norm", "RMSNorm"),
-                      ("rotary", "Rotary embedding")):
+                      ("rotary", "Rotary embedding"), ("projections", "q, k and v products"),
+                      ("gated", "The MLP's silu(gate) * up")):
         names = tuning.FORMULATIONS[op]
         kept = [r for r in rows if r["op"] == op and r["dtype"] == "float32" and not r["tf32"]]
         if not kept:
@@ -422,7 +423,7 @@ def tuning_section(rows: list[dict]) -> list[str]:
                 else:
                     cells.append(f"**{r[name]:.1f}**" if name == r["chosen"] else f"{r[name]:.1f}")
             lines.append(f"| {r['shape']} | {r['rows']} | {r['chosen']} | " + " | ".join(cells) + " |")
-        lines += [""] + [f"{name} could not run: {why.replace('|', '/')}" for name, why in failed.items()]
+        lines += [""] + [f"{name} left out: {why.replace('|', '/')}" for name, why in failed.items()]
     return lines
 
 

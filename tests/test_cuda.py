@@ -157,11 +157,17 @@ def test_to_device_queues_its_copy_behind_the_streams_work():
 def test_every_formulation_is_the_default_ones_result_on_the_gpu(dtype, tolerance):
     """models/tuning.py's formulations, the Triton kernel compiled for this GPU included, at the
     embedded target's shapes and every row count a stage runs: its products, its attention over a
-    stage's slots under a mask, its RMSNorm and its rotary embedding."""
+    stage's slots under a mask, its RMSNorm, its rotary embedding, its q, k and v products and its
+    gated MLP's first half."""
     import torch.nn.functional as F
 
+    from mirror_sd.models.linear import Linear
     from mirror_sd.models.stages import BUCKETS
-    from mirror_sd.models.tuning import FORMULATIONS, run_attention, run_norm, run_product, run_rotary
+    from mirror_sd.models.tuning import (FORMULATIONS, run_attention, run_gated, run_norm, run_product, run_projections,
+                                         run_rotary)
+
+    qkv = [Linear(576, n).to("cuda", dtype) for n in (576, 192, 192)]
+    gate, up = (Linear(576, 1536, bias=False).to("cuda", dtype) for _ in range(2))
 
     torch.manual_seed(0)
     for n, k, bias in [(576, 576, False), (1536, 576, False), (576, 1536, False), (192, 576, True)]:
@@ -194,10 +200,20 @@ def test_every_formulation_is_the_default_ones_result_on_the_gpu(dtype, toleranc
         for name in FORMULATIONS["rotary"]:
             torch.testing.assert_close(run_rotary(name, q, cos, sin).float(), expected, rtol=tolerance, atol=tolerance,
                                        msg=lambda m: f"rotary {name}, {rows} rows: {m}")
+        x = torch.randn(1, rows, 576, device="cuda").to(dtype)
+        with torch.no_grad():
+            expected = [y.float() for y in run_projections("separate", x, qkv)]
+            for name in FORMULATIONS["projections"]:
+                for got, want in zip(run_projections(name, x, qkv), expected):
+                    torch.testing.assert_close(got.float(), want, rtol=tolerance, atol=tolerance)
+            expected = run_gated("separate", x, gate, up).float()
+            for name in FORMULATIONS["gated"]:
+                torch.testing.assert_close(run_gated(name, x, gate, up).float(), expected, rtol=tolerance,
+                                           atol=tolerance, msg=lambda m: f"gated {name}, {rows} rows: {m}")
 
 
 def test_captured_stages_time_every_formulation_and_record_the_fastest(tiny_dirs):
-    """Capturing a stage set tunes each product, attention, norm and rotary embedding it records:
+    """Capturing a stage set tunes each operation it records (models/tuning.py):
     every formulation timed on this GPU (the Triton kernels compiled and ran), and the stages'
     logits are still the plain forward's."""
     from mirror_sd.models import tuning
@@ -213,7 +229,8 @@ def test_captured_stages_time_every_formulation_and_record_the_fastest(tiny_dirs
         torch.testing.assert_close(stages.run("full", ids), plain, rtol=1e-4, atol=1e-4)
     head = f"{model.args.vocab_size} x {model.args.hidden_size}"
     for rows in BUCKETS:
-        for op, shape in (("product", head), ("attention", None), ("norm", None), ("rotary", None)):
+        for op, shape in (("product", head), ("attention", None), ("norm", None), ("rotary", None),
+                          ("projections", None), ("gated", None)):
             key = next(k for k in tuning.PLAN if k[0] == op and k[1].startswith("cuda") and k[3] == rows
                        and shape in (None, k[2]))
             times, names = tuning.TIMES[key], tuning.FORMULATIONS[op]

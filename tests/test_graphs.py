@@ -128,14 +128,16 @@ def test_every_method_on_stages_commits_vanillas_tokens(pair, stage_runs, method
 def test_every_method_commits_vanillas_tokens_with_the_other_tuned_kernels(pair, monkeypatch, method, options, stages):
     """Every product and attention the methods run, in every thread, in the formulation a GPU may
     tune them to (models/tuning.py): products with their sides swapped, attention with its key and
-    value heads expanded, RMSNorm as PyTorch's fused op; vanilla (the reference) in the default
+    value heads expanded, RMSNorm as PyTorch's fused op, q, k and v (and gate and up) as one product
+    each; vanilla (the reference) in the default
     ones. The Triton kernels are checked per forward in tests/test_tuning.py (Triton's interpreter
     is too slow for whole runs)."""
     from types import SimpleNamespace
 
     from mirror_sd.models import tuning
 
-    other = {"swapped": 1.0, "expanded": 1.0, "fused": 1.0, "cublas": 10.0, "sdpa": 10.0, "composite": 10.0}
+    other = {"swapped": 1.0, "expanded": 1.0, "fused": 1.0, "joined": 1.0,
+             "cublas": 10.0, "sdpa": 10.0, "composite": 10.0, "separate": 10.0}
 
     def timer(fn):  # the Triton kernels "cannot run" here: their interpreter is too slow for whole runs
         if fn.__defaults__[0] not in other:
@@ -151,7 +153,8 @@ def test_every_method_commits_vanillas_tokens_with_the_other_tuned_kernels(pair,
         out = generate(pair, prompt, method=method, max_new_tokens=TOKENS, raw=True, **options)
         assert out.error is None and out.token_ids == expected[prompt], f"{method} {options} on {prompt!r}"
     assert {op: name for (op, *_), name in tuning.PLAN.items()} == dict(
-        product="swapped", attention="expanded", norm="fused", rotary="composite")
+        product="swapped", attention="expanded", norm="fused", rotary="composite", projections="joined",
+        gated="joined")
 
 
 @pytest.mark.parametrize("method,options", [("vanilla", {}), ("sd", dict(gamma=3)), ("mirror", dict(exit_layer=1)),

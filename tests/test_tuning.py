@@ -11,7 +11,7 @@ from mirror_sd import load_pair
 from mirror_sd.errors import MirrorSDError
 from mirror_sd.gpu_check import tuning_section
 from mirror_sd.models import tuning
-from mirror_sd.models.linear import linear
+from mirror_sd.models.linear import Linear, linear
 from mirror_sd.models.loading import load_model
 from mirror_sd.models.tuning import FORMULATIONS, MARGIN, planned
 
@@ -88,6 +88,35 @@ def test_every_rotary_formulation_turns_q_as_rotate_half_does(name, cos_batch):
     torch.testing.assert_close(tuning.run_rotary(name, q, cos, sin), expected, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", FORMULATIONS["projections"])
+def test_every_projections_formulation_is_each_product(name):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 64)
+    linears = [Linear(64, n, bias=bias) for n, bias in ((48, True), (16, False), (16, True))]  # biases: some
+    got = tuning.run_projections(name, x, linears)
+    assert [tuple(y.shape) for y in got] == [(2, 3, 48), (2, 3, 16), (2, 3, 16)]
+    for y, linear in zip(got, linears):
+        torch.testing.assert_close(y, F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FORMULATIONS["gated"])
+def test_every_gated_formulation_is_silu_of_gate_times_up(name):
+    torch.manual_seed(1)
+    x, gate, up = torch.randn(2, 5, 64), Linear(64, 40, bias=False), Linear(64, 40, bias=False)
+    expected = F.silu(F.linear(x, gate.weight)) * F.linear(x, up.weight)
+    torch.testing.assert_close(tuning.run_gated(name, x, gate, up), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_joined_weights_are_made_once_and_again_for_other_weights():
+    linears = [Linear(8, 4), Linear(8, 2, bias=False)]
+    weight, bias = tuning.joined(linears)
+    assert weight.shape == (6, 8) and bias[4:].eq(0).all()  # the missing bias as zeros
+    assert tuning.joined(linears)[0] is weight  # kept
+    linears[1].weight = torch.nn.Parameter(torch.randn(2, 8))
+    again, _ = tuning.joined(linears)
+    assert again is not weight and torch.equal(again[4:], linears[1].weight)
+
+
 def test_the_tuner_keeps_the_fastest_and_records_every_time():
     x, w = torch.randn(4, 32), torch.randn(48, 32)
     times = {"cublas": 9.0, "swapped": 7.0, "skinny": 2.0, "skinny-wide": 3.0}
@@ -114,7 +143,7 @@ def test_a_formulation_that_cannot_run_is_recorded_and_left_out():
     assert chosen == "swapped" and tuning.TIMES[key]["skinny"] == "RuntimeError: skinny cannot run here"
     section = "\n".join(tuning_section(tuning.plan_table()))
     assert "| 48 x 32 | 8 | swapped | 10.0 | **4.0** | - | - |" in section
-    assert "skinny could not run: RuntimeError: skinny cannot run here" in section
+    assert "skinny left out: RuntimeError: skinny cannot run here" in section
 
 
 def test_a_fast_formulation_with_a_wrong_result_is_left_out(monkeypatch):
@@ -150,8 +179,11 @@ def test_kernels_take_their_plan_only_inside_planned():
         assert not tuning.planning()
 
 
-COMBINATIONS = [("swapped", "expanded", "fused", "composite"), ("skinny", "expanded", "triton", "triton"),
-                ("skinny-wide", "sdpa", "fused", "triton"), ("cublas", "sdpa", "composite", "composite")]
+COMBINATIONS = [  # a formulation per op, in FORMULATIONS' order: product, attention, norm, rotary, projections, gated
+    ("swapped", "expanded", "fused", "composite", "joined", "joined"),
+    ("skinny", "expanded", "triton", "triton", "joined", "joined-triton"),
+    ("skinny-wide", "sdpa", "fused", "triton", "separate", "joined-triton"),
+    ("cublas", "sdpa", "composite", "composite", "separate", "separate")]
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])  # qwen2: biases; qwen3: q and k norms

@@ -52,8 +52,8 @@ def stage_cache(sets: dict, model: Transformer, slots: int, ranges: list[Range] 
     at every width (on CUDA: captured now, on ``stream``, so that no step pays for a capture and no
     capture runs beside another lane's work). A set too small for ``slots`` is replaced by a bigger
     one. ``stage_set``: the set's class (models/eagle.py's ``HeadStages`` for an EAGLE head).
-    ``tuned_kernels``: stages made from now on capture their products, attention, norms and rotary
-    embeddings in the fastest formulation (models/tuning.py).
+    ``tuned_kernels``: stages made from now on capture each operation models/tuning.py tunes in
+    its fastest formulation.
 
     progress(total) -> a callable(done, total) for the stages still to make, or None."""
     stages = sets.get(model)

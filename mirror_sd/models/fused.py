@@ -14,6 +14,8 @@ arithmetic, sets a one-token forward's time (docs/devices.md). These kernels cut
 * :func:`rotary_kernel`: rotary embedding of one head's row per program (five PyTorch kernels:
   a negation, a concatenation, two products and a sum), reading any strides, so q and k need
   no copy first.
+* :func:`silu_mul_kernel`: silu(g) * u from one product's output [g | u] (a gated MLP's gate and
+  up products done as one), for a block of one row per program (PyTorch: a split, silu, product).
 
 models/tuning.py decides where each runs (measured against PyTorch's own kernels on the device),
 and imports this module, so Triton, only then. Under ``TRITON_INTERPRET=1`` (set before Triton is
@@ -76,3 +78,13 @@ def rotary_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, H, T, sxb, sxh, sxt, scb, sct,
     y = y_ptr + row.to(tl.int64) * 2 * HALF  # x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]
     tl.store(y + i, x1 * c1 - x2 * s1, mask=inside)
     tl.store(y + HALF + i, x2 * c2 + x1 * s2, mask=inside)
+
+
+@triton.jit
+def silu_mul_kernel(both_ptr, y_ptr, I: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # both [rows, 2I] = [gate | up], y [rows, I]
+    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = i < I
+    g = tl.load(both_ptr + row * 2 * I + i, mask=inside, other=0.0).to(tl.float32)
+    u = tl.load(both_ptr + row * 2 * I + I + i, mask=inside, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * I + i, (g * tl.sigmoid(g) * u).to(y_ptr.dtype.element_ty), mask=inside)

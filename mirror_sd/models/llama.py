@@ -184,9 +184,9 @@ class Attention(nn.Module):
 
     def forward(self, x, win: "Window", cache: KVCache | None, layer: int):
         B, T, _ = x.shape
-        q = win.project(self.q_proj, x, layer, "q_proj").view(B, T, self.num_heads, self.head_dim)
-        k = win.project(self.k_proj, x, layer, "k_proj").view(B, T, self.num_kv_heads, self.head_dim)
-        v = win.project(self.v_proj, x, layer, "v_proj").view(B, T, self.num_kv_heads, self.head_dim)
+        q, k, v = win.project_all((self.q_proj, self.k_proj, self.v_proj), x, layer, ("q_proj", "k_proj", "v_proj"))
+        q = q.view(B, T, self.num_heads, self.head_dim)
+        k, v = k.view(B, T, self.num_kv_heads, self.head_dim), v.view(B, T, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
@@ -208,9 +208,12 @@ class MLP(nn.Module):
         self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x, win: "Window", layer: int):
-        gate = win.project(self.gate_proj, x, layer, "gate_proj")
-        up = win.project(self.up_proj, x, layer, "up_proj")
-        return win.project(self.down_proj, F.silu(gate) * up, layer, "down_proj")
+        if win.adapter is None:  # no stream rows to adapt: the products may be joined (models/tuning.py)
+            hidden = tuning.gated(x, self.gate_proj, self.up_proj)
+        else:
+            hidden = F.silu(win.project(self.gate_proj, x, layer, "gate_proj")) * win.project(self.up_proj, x, layer,
+                                                                                               "up_proj")
+        return win.project(self.down_proj, hidden, layer, "down_proj")
 
 
 class DecoderLayer(nn.Module):
@@ -268,6 +271,13 @@ class Window:
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return replace(self, positions=move(self.positions), mask=move(self.mask), cos=move(self.cos),
                        sin=move(self.sin))
+
+    def project_all(self, linears, x: torch.Tensor, layer: int, names) -> list[torch.Tensor]:
+        """[project(linear, x, layer, name) for each], as one joined product where tuning plans it
+        (models/tuning.py: ``projections``) and no adapter acts."""
+        if self.adapter is None:
+            return tuning.projections(x, linears)
+        return [self.project(linear, x, layer, name) for linear, name in zip(linears, names)]
 
     def project(self, linear: Linear, x: torch.Tensor, layer: int, name: str) -> torch.Tensor:
         """linear(x) for x [B, T, in], plus the adapter's delta on the stream rows."""

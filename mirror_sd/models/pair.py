@@ -46,7 +46,7 @@ class ModelPair:
     loaded_drafts: dict = field(default_factory=dict, repr=False)  # use_draft: name -> (model, name, folder)
     graphs: str = "auto"  # fixed-shape stages: "on", "off", or "auto" (on for CUDA lanes); see new_cache
     buckets: str = "cheapest"  # a stage's window: at the "cheapest" bucket timed at capture, or the "smallest"
-    kernels: str = "tuned"  # a stage's products, attention, norms...: "tuned" (the fastest, at capture) or "default"
+    kernels: str = "tuned"  # a stage's operations: "tuned" (the fastest, at capture; models/tuning.py) or "default"
     stage_sets: dict = field(default_factory=dict, repr=False)  # model -> its Stages (models/forwards.py)
 
     @property
@@ -153,7 +153,7 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     run eagerly elsewhere (how the CPU tests that path). ``pair.graphs`` changes it later.
     buckets: "cheapest" (a window runs at the captured bucket that holds it and replayed fastest when
     captured) or "smallest" (always the smallest that holds it); models/stages.py says why.
-    kernels: "tuned" (each matrix product, attention, RMSNorm and rotary embedding a stage captures
+    kernels: "tuned" (each matrix product, attention, norm, rotary embedding and MLP a stage captures
     on a GPU runs the formulation measured fastest for its shapes; models/tuning.py) or "default"
     (PyTorch's calls, as outside a stage). It applies to stages captured from then on
     (``pair.kernels`` changes it).

@@ -55,7 +55,8 @@ Tuned kernels. For the same reason, each matrix product a captured stage records
 formulation (cuBLAS's, the same product with its sides swapped, or a Triton kernel for few rows)
 measured fastest on the device for its shape and row count, and so do its attention (grouped
 heads, or heads expanded for a fused kernel), RMSNorm and rotary embedding (PyTorch's several
-small kernels, or one): models/tuning.py, tuned in each stage's warm-up (``Stages.tuned_kernels``;
+small kernels, or one), and q, k, v and the MLP's gate and up (separate products, or one):
+models/tuning.py, tuned in each stage's warm-up (``Stages.tuned_kernels``;
 off: PyTorch's default calls).
 
 Not here (these run the plain forward, on the same cache, with graphs on): the LM head over
@@ -336,8 +337,8 @@ class Stage:
         the events of the non-blocking copies ``to_device`` made before. The body itself only
         launches kernels on the stage's buffers, so nothing it records depends on that other work.
 
-        Its matrix products, attention, norms and rotary embeddings are recorded in the formulation
-        measured fastest for their shapes (``tuned_kernels``; models/tuning.py), tuned during the
+        Its matrix products, attention, norms, rotary embeddings and MLPs are recorded in the
+        formulation measured fastest for their shapes (``tuned_kernels``; models/tuning.py), tuned during the
         warm-up."""
         device = self.x.device
         with torch.inference_mode(), torch.cuda.device(device), tuning.planned(self.tuned_kernels):
@@ -395,7 +396,7 @@ class Stages:
         self._stages: dict[tuple[str, int], Stage] = {}
         self.replay_ms: dict[str, dict[int, float]] = {}  # name -> bucket -> GPU ms (captured stages)
         self.cheapest = True  # route windows by replay_ms (False: always the smallest bucket)
-        self.tuned_kernels = True  # capture products, attention, norms... in their fastest formulation (models/tuning.py)
+        self.tuned_kernels = True  # capture each operation in its fastest formulation (models/tuning.py)
 
     def add(self, name: str, layers: tuple[int, int], head: bool, streams=None):
         """Name the forward of layers [a, b) (then the LM head, if ``head``); with ``streams``, of their

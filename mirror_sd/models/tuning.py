@@ -27,7 +27,11 @@ And the small operations, which cost a kernel launch each whatever their size, s
 one-token forward's time is mostly their count: RMSNorm (``RMSNorm.forward``): ``composite``
 (six PyTorch kernels, as outside a stage), ``fused`` (PyTorch's own ``F.rms_norm``) or ``triton``
 (models/fused.py); the rotary embedding of q and k (``Attention.forward``): ``composite`` (five
-kernels each) or ``triton`` (one each).
+kernels each) or ``triton`` (one each). And products that share their input: q, k and v
+(:func:`projections`) as three products (``separate``) or one over their weights stacked
+(``joined``, the stack made once in a warm-up); the MLP's silu(gate(x)) * up(x) (:func:`gated`)
+as two products, a silu and a product (``separate``), one product and the two (``joined``), or
+one product and one Triton kernel (``joined-triton``). The joined products are tuned as products.
 
 The formulations of an operation differ only in rounding (the order of floating-point sums, fused
 multiply-adds), as cuBLAS's own kernels for two widths do, so every method stays as lossless as before (the tests hold each
@@ -54,7 +58,8 @@ import torch
 import torch.nn.functional as F
 
 FORMULATIONS = {"product": ("cublas", "swapped", "skinny", "skinny-wide"), "attention": ("sdpa", "expanded"),
-                "norm": ("composite", "fused", "triton"), "rotary": ("composite", "triton")}  # the default first
+                "norm": ("composite", "fused", "triton"), "rotary": ("composite", "triton"),
+                "projections": ("separate", "joined"), "gated": ("separate", "joined", "joined-triton")}  # default first
 REPEATS = 10  # runs captured in one timed graph
 TIMED_REPLAYS = 5  # replays of it timed (the median is kept)
 MARGIN = 0.05  # another formulation replaces the default only if it saves more than this fraction
@@ -133,6 +138,26 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     return tuple(turned)
 
 
+def projections(x: torch.Tensor, linears) -> list[torch.Tensor]:
+    """[linear(x) for each of ``linears``] (x [..., K], each linear [N_i, K]), in the formulation
+    planned for their kind (outside :func:`planned`: ``separate``)."""
+    if not planning():
+        return [linear(x) for linear in linears]
+    shape = " + ".join(str(linear.out_features) for linear in linears) + f" x {x.shape[-1]}"
+    name = choice("projections", shape, x.numel() // x.shape[-1], x, lambda name: run_projections(name, x, linears))
+    return run_projections(name, x, linears)
+
+
+def gated(x: torch.Tensor, gate, up) -> torch.Tensor:
+    """silu(gate(x)) * up(x) (x [..., K]; gate, up [I, K]): a gated MLP's first half, in the
+    formulation planned for its kind (outside :func:`planned`: ``separate``)."""
+    if not planning():
+        return F.silu(gate(x)) * up(x)
+    shape = f"2 x {gate.out_features} x {x.shape[-1]}"
+    name = choice("gated", shape, x.numel() // x.shape[-1], x, lambda name: run_gated(name, x, gate, up))
+    return run_gated(name, x, gate, up)
+
+
 def choice(op: str, shape: str, rows: int, x: torch.Tensor, call) -> str:
     """The formulation of this kind of ``op``: the default outside :func:`planned`; else the planned
     one, tuned now with ``call(name)`` if new (not while a graph is being captured, which then
@@ -172,9 +197,11 @@ def tune(key: tuple, call, timer=None) -> str:
     return best
 
 
-def differs(got: torch.Tensor, expected: torch.Tensor, loose: bool = False) -> str | None:
+def differs(got, expected, loose: bool = False) -> str | None:
     """None if ``got`` is ``expected`` up to rounding (within ROUNDING of its largest value; LOOSE
-    for half precision or TF32), else what is wrong with it."""
+    for half precision or TF32), else what is wrong with it; tensors, or lists of them."""
+    if isinstance(expected, (list, tuple)):
+        return next(filter(None, (differs(g, e, loose) for g, e in zip(got, expected, strict=True))), None)
     if got.shape != expected.shape:
         return f"wrong: shape {tuple(got.shape)}, not {tuple(expected.shape)}"
     got, expected = got.float(), expected.float()
@@ -248,6 +275,54 @@ def run_rotary(name: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
                                           HALF=D // 2, BLOCK=_power_of_two(D // 2))
         return y
     raise ValueError(f"no rotary formulation {name!r} (formulations: {', '.join(FORMULATIONS['rotary'])})")
+
+
+def run_projections(name: str, x: torch.Tensor, linears) -> list[torch.Tensor]:
+    """:func:`projections` in formulation ``name``."""
+    if name == "separate":
+        return [linear(x) for linear in linears]
+    if name == "joined":  # one product, its output split into views [..., N_i]
+        weight, bias = joined(linears)
+        return list(product(x, weight, bias).split([linear.out_features for linear in linears], dim=-1))
+    raise ValueError(f"no projections formulation {name!r} (formulations: {', '.join(FORMULATIONS['projections'])})")
+
+
+def run_gated(name: str, x: torch.Tensor, gate, up) -> torch.Tensor:
+    """:func:`gated` in formulation ``name``."""
+    if name == "separate":
+        return F.silu(gate(x)) * up(x)
+    if name not in FORMULATIONS["gated"]:
+        raise ValueError(f"no gated formulation {name!r} (formulations: {', '.join(FORMULATIONS['gated'])})")
+    weight, bias = joined((gate, up))
+    both = product(x, weight, bias)  # [..., 2I]: gate(x), then up(x)
+    if name == "joined":
+        g, u = both.chunk(2, dim=-1)
+        return F.silu(g) * u
+    fused, I = _fused(x), gate.out_features
+    rows = both.reshape(-1, 2 * I)
+    y = torch.empty(rows.shape[0], I, dtype=both.dtype, device=both.device)
+    block = min(1024, _power_of_two(I))
+    fused.silu_mul_kernel[(rows.shape[0], -(-I // block))](rows, y, I=I, BLOCK=block)
+    return y.view(*x.shape[:-1], I)
+
+
+def joined(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight [sum of N_i, K], bias or None): the weights and biases of ``linears`` stacked, made
+    once and kept on the first one's weight (made again if any of them is another tensor now). Made
+    in a stage's warm-up: a tensor made while a graph is captured would hold nothing until replayed."""
+    first, weights = linears[0].weight, [linear.weight for linear in linears]
+    ids = tuple((id(w), w.data_ptr()) for w in weights)
+    kept = getattr(first, "_joined", None)
+    if kept is None or kept[0] != ids:
+        if first.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("joined weights are made before a capture (in its warm-up), not during it")
+        with torch.no_grad():
+            biases = [linear.bias for linear in linears]
+            bias = None if all(b is None for b in biases) else torch.cat(
+                [b if b is not None else w.new_zeros(w.shape[0]) for b, w in zip(biases, weights)])
+            kept = (ids, torch.cat(weights), bias)
+        first._joined = kept
+    return kept[1], kept[2]
 
 
 def _power_of_two(n: int) -> int:
