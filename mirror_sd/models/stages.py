@@ -317,8 +317,13 @@ class Stage:
         return self.head(h) if self.head else h  # a module in place of the LM head, or none
 
     def load_padding(self):
-        """Buffers as for a window of padding rows only: running them writes scratch slots only."""
-        self.x.zero_()
+        """Buffers as for a window of padding rows only: running them writes scratch slots only.
+        Hidden states get seeded random numbers, not zeros, so that a warm-up's tuning checks its
+        kernels' results on numbers that tell them apart (models/tuning.py)."""
+        if self.embed or self.x.dtype == torch.long:
+            self.x.zero_()
+        else:
+            self.x.normal_(generator=torch.Generator(self.x.device).manual_seed(0))
         self.positions.zero_()
         if self.layers[0] < self.layers[1]:
             self.window.zero_()  # not a causal window: the body keeps what is written here
