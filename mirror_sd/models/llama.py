@@ -211,8 +211,8 @@ class MLP(nn.Module):
         if win.adapter is None:  # no stream rows to adapt: the products may be joined (models/tuning.py)
             hidden = tuning.gated(x, self.gate_proj, self.up_proj)
         else:
-            hidden = F.silu(win.project(self.gate_proj, x, layer, "gate_proj")) * win.project(self.up_proj, x, layer,
-                                                                                               "up_proj")
+            gate = win.project(self.gate_proj, x, layer, "gate_proj")
+            hidden = F.silu(gate) * win.project(self.up_proj, x, layer, "up_proj")
         return win.project(self.down_proj, hidden, layer, "down_proj")
 
 

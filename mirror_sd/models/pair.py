@@ -159,11 +159,10 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     (``pair.kernels`` changes it).
     Loading runs on the CPU lanes' shared worker thread (devices.on_cpu_worker says why).
     """
-    check_graphs(graphs)
-    if buckets not in BUCKETS:
-        raise MirrorSDError(f"buckets must be one of {', '.join(BUCKETS)}, got {buckets!r}")
-    if kernels not in KERNELS:
-        raise MirrorSDError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
+    for name, value, choices in (("graphs", graphs, GRAPHS), ("buckets", buckets, BUCKETS),
+                                 ("kernels", kernels, KERNELS)):
+        if value not in choices:
+            raise MirrorSDError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
     pair = on_cpu_worker(_load_pair, target, draft, target_device, draft_device, dtype)
     pair.int8_drafting = int8_drafting
     pair.graphs, pair.buckets, pair.kernels = graphs, buckets, kernels
@@ -173,11 +172,6 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
 GRAPHS = ("auto", "on", "off")
 BUCKETS = ("cheapest", "smallest")
 KERNELS = ("tuned", "default")
-
-
-def check_graphs(graphs: str):
-    if graphs not in GRAPHS:
-        raise MirrorSDError(f"graphs must be one of {', '.join(GRAPHS)}, got {graphs!r}")
 
 
 def _capture_bar(lane: Lane):

@@ -320,7 +320,7 @@ class Stage:
         """Buffers as for a window of padding rows only: running them writes scratch slots only.
         Hidden states get seeded random numbers, not zeros, so that a warm-up's tuning checks its
         kernels' results on numbers that tell them apart (models/tuning.py)."""
-        if self.embed or self.x.dtype == torch.long:
+        if self.embed:  # token ids
             self.x.zero_()
         else:
             self.x.normal_(generator=torch.Generator(self.x.device).manual_seed(0))
