@@ -157,15 +157,17 @@ def test_to_device_queues_its_copy_behind_the_streams_work():
 def test_every_formulation_is_the_default_ones_result_on_the_gpu(dtype, tolerance):
     """models/tuning.py's formulations, the Triton kernel compiled for this GPU included, at the
     embedded target's shapes and every row count a stage runs: its products, its attention over a
-    stage's slots under a mask, its RMSNorm, its rotary embedding, its q, k and v products and its
-    gated MLP's first half."""
+    stage's slots under a mask, its RMSNorm (alone and after a residual add), its rotary embedding,
+    its q, k and v products and its gated MLP's first half."""
     import torch.nn.functional as F
 
     from mirror_sd.models.linear import Linear
     from mirror_sd.models.stages import BUCKETS
-    from mirror_sd.models.tuning import (FORMULATIONS, run_attention, run_gated, run_norm, run_product, run_projections,
-                                         run_rotary)
+    from mirror_sd.models.llama import RMSNorm
+    from mirror_sd.models.tuning import (FORMULATIONS, run_added_norm, run_attention, run_gated, run_norm, run_product,
+                                         run_projections, run_rotary)
 
+    rms = RMSNorm(576, 1e-5).to("cuda", dtype)
     qkv = [Linear(576, n).to("cuda", dtype) for n in (576, 192, 192)]
     gate, up = (Linear(576, 1536, bias=False).to("cuda", dtype) for _ in range(2))
 
@@ -193,6 +195,14 @@ def test_every_formulation_is_the_default_ones_result_on_the_gpu(dtype, toleranc
         for name in FORMULATIONS["norm"]:
             torch.testing.assert_close(run_norm(name, x, w, 1e-5).float(), expected, rtol=tolerance, atol=tolerance,
                                        msg=lambda m: f"norm {name}, {rows} rows: {m}")
+        delta = torch.randn(1, rows, 576, device="cuda").to(dtype)
+        with torch.no_grad():
+            rms.weight.copy_(w)
+            expected = [y.float() for y in run_added_norm("separate", x, delta, rms)]
+            for name in FORMULATIONS["added_norm"]:
+                for got, want in zip(run_added_norm(name, x, delta, rms), expected):
+                    torch.testing.assert_close(got.float(), want, rtol=tolerance, atol=tolerance,
+                                               msg=lambda m: f"added_norm {name}, {rows} rows: {m}")
         q = torch.randn(1, rows, 9, 64, device="cuda").to(dtype).transpose(1, 2)  # [B, H, T, D], as Attention has it
         angles = torch.rand(1, 1, rows, 32, device="cuda") * 6
         cos, sin = (torch.cat([f(angles)] * 2, dim=-1).to(dtype) for f in (torch.cos, torch.sin))
@@ -229,8 +239,8 @@ def test_captured_stages_time_every_formulation_and_record_the_fastest(tiny_dirs
         torch.testing.assert_close(stages.run("full", ids), plain, rtol=1e-4, atol=1e-4)
     head = f"{model.args.vocab_size} x {model.args.hidden_size}"
     for rows in BUCKETS:
-        for op, shape in (("product", head), ("attention", None), ("norm", None), ("rotary", None),
-                          ("projections", None), ("gated", None)):
+        for op, shape in (("product", head), ("attention", None), ("norm", None), ("added_norm", None),
+                          ("rotary", None), ("projections", None), ("gated", None)):
             key = next(k for k in tuning.PLAN if k[0] == op and k[1].startswith("cuda") and k[3] == rows
                        and shape in (None, k[2]))
             times, names = tuning.TIMES[key], tuning.FORMULATIONS[op]

@@ -76,6 +76,43 @@ def test_every_norm_formulation_is_the_llama_rms_norm(name, shape):
     torch.testing.assert_close(tuning.run_norm(name, x, w, 1e-5), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", FORMULATIONS["added_norm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_added_norm_formulation_adds_then_normalises(name, dtype):
+    from mirror_sd.models.llama import RMSNorm
+
+    gen = torch.Generator().manual_seed(3)
+    x, delta = (torch.randn(2, 5, 96, generator=gen).to(dtype) for _ in range(2))
+    rms = RMSNorm(96, 1e-5).to(dtype)
+    with torch.no_grad():
+        rms.weight.copy_(torch.randn(96, generator=gen))
+    total, normed = tuning.run_added_norm(name, x, delta, rms)
+    # the sum in x's dtype: the same in fp32; in bf16 within one rounding (Triton's interpreter
+    # truncates to bf16 where PyTorch and a GPU round to nearest)
+    exact = dtype == torch.float32
+    torch.testing.assert_close(total, x + delta, rtol=0 if exact else 2 ** -7, atol=0)
+    torch.testing.assert_close(normed, rms(x + delta), rtol=1e-5 if exact else 2 ** -6, atol=1e-5 if exact else 2e-2)
+    assert tuning.added_norm(x, None, rms)[1].equal(rms(x))  # no delta: the norm alone
+
+
+def test_triton_attention_skips_hidden_blocks_and_zeroes_rows_that_see_nothing():
+    """The split attention kernel over many chunks of slots, most of them hidden (a stage's unused
+    slots), a batch whose second row sees no slot (zero, as PyTorch's attention gives it) and q, k
+    in the strides Attention hands it."""
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 3, 6, 16, generator=gen).transpose(1, 2)  # [B, H, T, D], not contiguous
+    k, v = (torch.randn(2, 2, 700, 16, generator=gen)[:, :, :600] for _ in range(2))  # 3 chunks, 2 key heads
+    mask = torch.zeros(2, 1, 3, 600, dtype=torch.bool)
+    mask[..., :20] = torch.rand(2, 1, 3, 20, generator=gen) > 0.3
+    mask[..., 580:] = True  # scratch slots at the end
+    mask[1, 0, 1] = False
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    got = tuning.run_attention("triton", q, k, v, mask, False)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert got[1, :, 1].eq(0).all()
+    assert got.transpose(1, 2).is_contiguous()  # [B, T, H, D] memory: the output product reads it as it is
+
+
 @pytest.mark.parametrize("name", FORMULATIONS["rotary"])
 @pytest.mark.parametrize("cos_batch", [1, 2])
 def test_every_rotary_formulation_turns_q_as_rotate_half_does(name, cos_batch):
@@ -179,11 +216,12 @@ def test_kernels_take_their_plan_only_inside_planned():
         assert not tuning.planning()
 
 
-COMBINATIONS = [  # a formulation per op, in FORMULATIONS' order: product, attention, norm, rotary, projections, gated
-    ("swapped", "expanded", "fused", "composite", "joined", "joined"),
-    ("skinny", "expanded", "triton", "triton", "joined", "joined-triton"),
-    ("skinny-wide", "sdpa", "fused", "triton", "separate", "joined-triton"),
-    ("cublas", "sdpa", "composite", "composite", "separate", "separate")]
+COMBINATIONS = [  # a formulation per op, in FORMULATIONS' order: product, attention, norm, added_norm, rotary,
+    # projections, gated
+    ("swapped", "expanded", "fused", "triton", "composite", "joined", "joined"),
+    ("skinny", "triton", "triton", "triton", "triton", "joined", "joined-triton"),
+    ("skinny-wide", "sdpa", "fused", "separate", "triton", "separate", "joined-triton"),
+    ("cublas", "sdpa", "composite", "separate", "composite", "separate", "separate")]
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])  # qwen2: biases; qwen3: q and k norms

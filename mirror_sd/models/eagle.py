@@ -144,7 +144,7 @@ class EagleHead(nn.Module):
             return h
         x = self.inputs(feats, ids, early)
         win = self.window(cache, T, positions, tree_mask, batch=ids.shape[0])
-        h = self.layer(x, win, cache, 0)
+        h = self.layer.output(x, win, cache, 0)
         if cache is not None:
             cache.length = win.start + T
         return h
@@ -190,7 +190,7 @@ class HeadStage(Stage):
         self.settle()
         x = head.inputs(self.feats, self.x, self.early)  # [B, W, d]
         win = head.window(None, self.width, positions=self.positions, batch=self.batch)
-        return head.layer(x, replace(win, mask=self.mask, causal=False), self.writer, 0)
+        return head.layer.output(x, replace(win, mask=self.mask, causal=False), self.writer, 0)
 
 
 class HeadStages(Stages):

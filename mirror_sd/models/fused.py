@@ -52,11 +52,16 @@ def skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K: tl.constexpr, HAS_BIAS: t
 
 
 @triton.jit(do_not_specialize=["eps"])
-def rms_norm_kernel(x_ptr, w_ptr, y_ptr, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+def rms_norm_kernel(x_ptr, delta_ptr, sum_ptr, w_ptr, y_ptr, eps, D: tl.constexpr, ADD: tl.constexpr,
+                    BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)  # BLOCK: D rounded up to a power of two
     inside = i < D
-    x = tl.load(x_ptr + row * D + i, mask=inside, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * D + i, mask=inside, other=0.0)
+    if ADD:  # the residual add first: sum = x + delta, in x's dtype, kept for the next residual
+        x = (x.to(tl.float32) + tl.load(delta_ptr + row * D + i, mask=inside, other=0.0).to(tl.float32)).to(x.dtype)
+        tl.store(sum_ptr + row * D + i, x, mask=inside)
+    x = x.to(tl.float32)
     normed = x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
     w = tl.load(w_ptr + i, mask=inside, other=0.0)
     y = w.to(tl.float32) * normed.to(y_ptr.dtype.element_ty).to(tl.float32)  # as weight * x.to(dtype)
@@ -88,3 +93,70 @@ def silu_mul_kernel(both_ptr, y_ptr, I: tl.constexpr, BLOCK: tl.constexpr):
     g = tl.load(both_ptr + row * 2 * I + i, mask=inside, other=0.0).to(tl.float32)
     u = tl.load(both_ptr + row * 2 * I + I + i, mask=inside, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * I + i, (g * tl.sigmoid(g) * u).to(y_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def attention_part_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr, H, T, S, GROUP, scale,
+                          sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sms,
+                          D: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, BLOCK_T: tl.constexpr,
+                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr):
+    bh, part = tl.program_id(0), tl.program_id(2)  # (batch row, query head), chunk of CHUNK slots
+    b, h = bh // H, bh % H
+    kv = h // GROUP  # the key head this query head shares with GROUP - 1 others
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T] window rows
+    d = tl.arange(0, BLOCK_D)
+    q = tl.load(q_ptr + b.to(tl.int64) * sqb + h * sqh + t[:, None] * sqt + d[None, :],
+                mask=(t[:, None] < T) & (d[None, :] < D), other=0.0)  # [BLOCK_T, BLOCK_D]
+    k_base = k_ptr + b.to(tl.int64) * skb + kv * skh
+    v_base = v_ptr + b.to(tl.int64) * svb + kv * svh
+    best = tl.full((BLOCK_T,), float("-inf"), dtype=tl.float32)  # running max of each row's scores
+    total = tl.zeros((BLOCK_T,), dtype=tl.float32)  # running sum of exp(score - best)
+    acc = tl.zeros((BLOCK_T, BLOCK_D), dtype=tl.float32)  # running sum of exp(score - best) * value
+    for step in range(0, CHUNK, BLOCK_S):
+        s = part * CHUNK + step + tl.arange(0, BLOCK_S)  # [BLOCK_S] slots
+        seen = (t[:, None] < T) & (s[None, :] < S)  # [BLOCK_T, BLOCK_S]
+        if CAUSAL:  # row t is slot S - T + t and sees the slots up to it
+            seen &= s[None, :] <= (S - T + t)[:, None]
+        if HAS_MASK:
+            seen &= tl.load(mask_ptr + b.to(tl.int64) * smb + t[:, None] * smt + s[None, :] * sms,
+                            mask=seen, other=0) != 0
+        if tl.sum(seen.to(tl.int32)) > 0:  # a block no row may see (an unused slot) costs no reads of k, v
+            inside = (s[:, None] < S) & (d[None, :] < D)
+            k = tl.load(k_base + s[:, None] * sks + d[None, :], mask=inside, other=0.0)  # [BLOCK_S, BLOCK_D]
+            if IEEE:
+                score = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                score = tl.dot(q, tl.trans(k))
+            score = tl.where(seen, score * scale, float("-inf"))  # [BLOCK_T, BLOCK_S]
+            new_best = tl.maximum(best, tl.max(score, axis=1))
+            shift = tl.where(new_best == float("-inf"), 0.0, new_best)  # a row that saw nothing yet: exp(-inf) = 0
+            p = tl.exp(score - shift[:, None])
+            fade = tl.exp(best - shift)
+            total = total * fade + tl.sum(p, axis=1)
+            v = tl.load(v_base + s[:, None] * svs + d[None, :], mask=inside, other=0.0)
+            if IEEE:
+                acc = acc * fade[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * fade[:, None] + tl.dot(p.to(v.dtype), v)
+            best = new_best
+    row = (bh.to(tl.int64) * T + t) * tl.num_programs(2) + part  # partials [B * H * T, parts]
+    tl.store(m_ptr + row, best, mask=t < T)
+    tl.store(l_ptr + row, total, mask=t < T)
+    tl.store(acc_ptr + row[:, None] * D + d[None, :], acc, mask=(t[:, None] < T) & (d[None, :] < D))
+
+
+@triton.jit
+def attention_join_kernel(m_ptr, l_ptr, acc_ptr, y_ptr, H, T, PARTS, syb, syh, syt,
+                          D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)  # over B * H * T rows
+    t, h, b = row % T, (row // T) % H, row // (T * H)
+    p = tl.arange(0, BLOCK_P)
+    d = tl.arange(0, BLOCK_D)
+    best = tl.load(m_ptr + row.to(tl.int64) * PARTS + p, mask=p < PARTS, other=float("-inf"))  # [BLOCK_P]
+    top = tl.max(best, axis=0)
+    weight = tl.exp(best - tl.where(top == float("-inf"), 0.0, top))  # a part that saw nothing: 0
+    total = tl.sum(weight * tl.load(l_ptr + row.to(tl.int64) * PARTS + p, mask=p < PARTS, other=0.0), axis=0)
+    acc = tl.load(acc_ptr + (row.to(tl.int64) * PARTS + p[:, None]) * D + d[None, :],
+                  mask=(p[:, None] < PARTS) & (d[None, :] < D), other=0.0)  # [BLOCK_P, BLOCK_D]
+    out = tl.sum(weight[:, None] * acc, axis=0) / tl.where(total > 0, total, 1.0)  # a row that saw nothing: 0
+    tl.store(y_ptr + b.to(tl.int64) * syb + h * syh + t * syt + d, out.to(y_ptr.dtype.element_ty), mask=d < D)

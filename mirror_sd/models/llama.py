@@ -224,9 +224,18 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def forward(self, x, win, cache, layer):
-        x = x + self.self_attn(self.input_layernorm(x), win, cache, layer)
-        return x + self.mlp(self.post_attention_layernorm(x), win, layer)
+    def forward(self, x, win, cache, layer, delta=None):
+        """The layer on hidden states x + delta (delta: the previous layer's MLP output, not yet
+        added; None: x alone). Returns (x', its MLP output): the layer's output is their sum, which
+        the next layer adds with its first norm (one kernel in a tuned stage, models/tuning.py)."""
+        x, normed = tuning.added_norm(x, delta, self.input_layernorm)
+        x, normed = tuning.added_norm(x, self.self_attn(normed, win, cache, layer), self.post_attention_layernorm)
+        return x, self.mlp(normed, win, layer)
+
+    def output(self, x, win, cache, layer):
+        """The layer's output hidden states for input x: [B, T, hidden]."""
+        x, delta = self(x, win, cache, layer)
+        return x + delta
 
 
 class Backbone(nn.Module):
@@ -367,11 +376,13 @@ class Transformer(nn.Module):
     def forward_layers(self, h, cache: KVCache | None, win: Window, start_layer: int = 0, end_layer=None):
         """Run decoder layers [start_layer, end_layer) on hidden states h [B, T, hidden]."""
         end_layer = self.num_layers if end_layer is None else end_layer
+        delta = None  # the last layer's MLP output, added to h by the next layer (or at the end)
         for i in range(start_layer, end_layer):
             if self.layer_devices:  # sharded: hidden states and window follow the layers' devices
                 h, win = h.to(self.layer_devices[i]), win.to(self.layer_devices[i])
-            h = self.model.layers[i](h, win, cache, i)
-        return h
+                delta = None if delta is None else delta.to(h.device)
+            h, delta = self.model.layers[i](h, win, cache, i, delta)
+        return h if delta is None else h + delta
 
     def to_target_ids(self, rows: torch.Tensor) -> torch.Tensor:
         """Head rows -> target token ids (the same for a full-vocabulary head)."""

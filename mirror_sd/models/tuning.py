@@ -57,8 +57,9 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-FORMULATIONS = {"product": ("cublas", "swapped", "skinny", "skinny-wide"), "attention": ("sdpa", "expanded"),
-                "norm": ("composite", "fused", "triton"), "rotary": ("composite", "triton"),
+FORMULATIONS = {"product": ("cublas", "swapped", "skinny", "skinny-wide"), "attention": ("sdpa", "expanded", "triton"),
+                "norm": ("composite", "fused", "triton"),
+               "added_norm": ("separate", "triton"), "rotary": ("composite", "triton"),
                 "projections": ("separate", "joined"), "gated": ("separate", "joined", "joined-triton")}  # default first
 REPEATS = 10  # runs captured in one timed graph
 TIMED_REPLAYS = 5  # replays of it timed (the median is kept)
@@ -66,6 +67,7 @@ MARGIN = 0.05  # another formulation replaces the default only if it saves more 
 ROUNDING, LOOSE = 1e-4, 3e-2  # a formulation's result must be the default's within this, relative to its largest value
 SKINNY = {"skinny": (16, 2), "skinny-wide": (64, 4)}  # formulation -> (weight rows per program, warps)
 BLOCK_M, BLOCK_K = 16, 64  # rows of x per program (tl.dot's least), inputs per loop step
+CHUNK, BLOCK_S = 256, 64  # split attention: slots per program, slots per loop step
 
 PLAN: dict[tuple, str] = {}  # kind of operation -> the formulation it runs inside planned()
 TIMES: dict[tuple, dict[str, float | str]] = {}  # kind -> formulation -> GPU us per run, or why it cannot run
@@ -122,6 +124,19 @@ def norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
     name = choice("norm", f"{x.shape[-1]} wide", rows, x, lambda name: run_norm(name, x, weight, eps))
     return run_norm(name, x, weight, eps)
+
+
+def added_norm(x: torch.Tensor, delta: torch.Tensor | None, rms: torch.nn.Module):
+    """(x + delta, rms(x + delta)): a residual add and the RMSNorm after it (x, delta [..., D];
+    delta None: no add, (x, rms(x))), in the formulation planned for their kind (outside
+    :func:`planned`: ``separate``, the add, then ``rms``)."""
+    if delta is None:
+        return x, rms(x)
+    if not planning():
+        return run_added_norm("separate", x, delta, rms)
+    rows = x.numel() // x.shape[-1]
+    name = choice("added_norm", f"{x.shape[-1]} wide", rows, x, lambda name: run_added_norm(name, x, delta, rms))
+    return run_added_norm(name, x, delta, rms)
 
 
 def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -235,6 +250,8 @@ def run_attention(name: str, q, k, v, mask, causal: bool) -> torch.Tensor:
         repeats = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)  # [B, H, S, D]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    if name == "triton":
+        return split_attention(q, k, v, mask, causal)
     raise ValueError(f"no attention formulation {name!r} (formulations: {', '.join(FORMULATIONS['attention'])})")
 
 
@@ -255,9 +272,27 @@ def run_norm(name: str, x: torch.Tensor, weight: torch.Tensor, eps: float) -> to
         x2d = x.reshape(-1, x.shape[-1]).contiguous()
         y = torch.empty_like(x2d)
         D = x.shape[-1]
-        fused.rms_norm_kernel[(x2d.shape[0],)](x2d, weight.contiguous(), y, eps, D=D, BLOCK=_power_of_two(D))
+        fused.rms_norm_kernel[(x2d.shape[0],)](x2d, x2d, x2d, weight.contiguous(), y, eps, D=D, ADD=False,
+                                               BLOCK=_power_of_two(D))
         return y.view(*x.shape[:-1], D)
     raise ValueError(f"no norm formulation {name!r} (formulations: {', '.join(FORMULATIONS['norm'])})")
+
+
+def run_added_norm(name: str, x: torch.Tensor, delta: torch.Tensor, rms: torch.nn.Module):
+    """:func:`added_norm` in formulation ``name``."""
+    if name == "separate":
+        x = x + delta
+        return x, rms(x)
+    if name == "triton":
+        fused, D = _fused(x), x.shape[-1]
+        if not x.dtype == delta.dtype == rms.weight.dtype:
+            raise ValueError("the RMSNorm kernel takes x, delta and its weight in one dtype")
+        x2d, delta2d = x.reshape(-1, D).contiguous(), delta.reshape(-1, D).contiguous()
+        total, y = torch.empty_like(x2d), torch.empty_like(x2d)
+        fused.rms_norm_kernel[(x2d.shape[0],)](x2d, delta2d, total, rms.weight.contiguous(), y, rms.eps, D=D,
+                                               ADD=True, BLOCK=_power_of_two(D))
+        return total.view(x.shape), y.view(x.shape)
+    raise ValueError(f"no added_norm formulation {name!r} (formulations: {', '.join(FORMULATIONS['added_norm'])})")
 
 
 def run_rotary(name: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -353,6 +388,33 @@ def skinny(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, b
                               HAS_BIAS=bias is not None, IEEE=x2d.dtype == torch.float32, BLOCK_M=BLOCK_M,
                               BLOCK_N=block_n, BLOCK_K=BLOCK_K, num_warps=warps)
     return y
+
+
+def split_attention(q, k, v, mask, causal: bool) -> torch.Tensor:
+    """:func:`attention` through models/fused.py's two attention kernels: each program attends one
+    query head's rows over one CHUNK of slots, skipping blocks its mask (or causality) hides, and a second kernel
+    joins the chunks' partial softmaxes. The result [B, H, T, D] is a view of [B, T, H, D] memory,
+    which the output product reads without a copy."""
+    fused = _fused(q)
+    (B, H, T, D), (S, group) = q.shape, (k.shape[2], q.shape[1] // k.shape[1])
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("the attention kernels read rows of stride 1")
+    parts, block_d = -(-S // CHUNK), max(16, _power_of_two(D))
+    m = torch.empty(B * H * T, parts, dtype=torch.float32, device=q.device)  # each part's max score
+    l, acc = torch.empty_like(m), torch.empty(B * H * T, parts, D, dtype=torch.float32, device=q.device)
+    if mask is None:  # attend to every slot
+        mask, strides = q, (0, 0, 0)
+    else:
+        strides = tuple(stride if size > 1 else 0 for size, stride in zip(mask.shape, mask.stride()))
+        strides = (strides[0], strides[2], strides[3])  # [B|1, 1, T|1, S]
+    fused.attention_part_kernel[(B * H, -(-T // BLOCK_M), parts)](
+        q, k, v, mask, m, l, acc, H, T, S, group, D ** -0.5, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+        *strides, D=D, HAS_MASK=mask is not q, CAUSAL=causal, IEEE=q.dtype == torch.float32, BLOCK_T=BLOCK_M, BLOCK_S=BLOCK_S,
+        BLOCK_D=block_d, CHUNK=CHUNK)
+    y = torch.empty(B, T, H, D, dtype=q.dtype, device=q.device)
+    fused.attention_join_kernel[(B * H * T,)](m, l, acc, y, H, T, parts, y.stride(0), y.stride(2), y.stride(1), D=D,
+                                              BLOCK_P=max(2, _power_of_two(parts)), BLOCK_D=block_d)
+    return y.transpose(1, 2)
 
 
 def graph_us(fn, repeats: int = REPEATS, replays: int = TIMED_REPLAYS) -> float:
