@@ -10,12 +10,21 @@ arithmetic, sets a one-token forward's time (docs/devices.md). These kernels cut
   products for fp32 inputs: no TF32). K is a compile-time constant (a model has a few).
 * :func:`rms_norm_kernel`: RMSNorm of one row per program (six PyTorch kernels: cast, square,
   mean, add, rsqrt, two products), with Hugging Face's order: normalise in fp32, cast to the
-  model's dtype, then multiply by the weight.
+  model's dtype, then multiply by the weight; with ADD, the residual add before it too (the sum
+  written out as well, for the next residual).
 * :func:`rotary_kernel`: rotary embedding of one head's row per program (five PyTorch kernels:
   a negation, a concatenation, two products and a sum), reading any strides, so q and k need
   no copy first.
 * :func:`silu_mul_kernel`: silu(g) * u from one product's output [g | u] (a gated MLP's gate and
   up products done as one), for a block of one row per program (PyTorch: a split, silu, product).
+* :func:`attention_part_kernel` and :func:`attention_join_kernel`: attention of a few query rows
+  over every slot of a stage's cache under its mask, split as flash-decoding splits it. Program
+  (b * H + h, row block, part) runs one query head (reading its key head in place: grouped-query
+  attention needs no repeated keys) over the part's CHUNK slots, BLOCK_S at a time with a running
+  softmax (max, sum, weighted values), and skips a block no row may see: a stage's cache has a
+  few thousand slots, mostly unused, so the work follows the slots in use. The join kernel
+  weighs each part's partial result by exp(its max - the overall max). A row that sees no slot
+  gets zeros, as PyTorch's attention gives it.
 
 models/tuning.py decides where each runs (measured against PyTorch's own kernels on the device),
 and imports this module, so Triton, only then. Under ``TRITON_INTERPRET=1`` (set before Triton is

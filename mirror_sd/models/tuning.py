@@ -21,12 +21,15 @@ Attention (``Attention.forward``, over every slot of a stage's cache under its m
 * ``sdpa``: ``F.scaled_dot_product_attention`` with grouped-query heads, as outside a stage
   (PyTorch runs its plain "math" attention for it in fp32: a product, a softmax, a product);
 * ``expanded``: the key and value heads repeated to one per query head first, so that PyTorch may
-  choose its fused memory-efficient kernel, which takes fp32 and masks but not grouped heads.
+  choose its fused memory-efficient kernel, which takes fp32 and masks but not grouped heads;
+* ``triton``: split attention (:func:`split_attention`, models/fused.py): two kernels, whose work
+  follows the slots the mask admits rather than every slot of the stage's cache.
 
 And the small operations, which cost a kernel launch each whatever their size, so that a
 one-token forward's time is mostly their count: RMSNorm (``RMSNorm.forward``): ``composite``
 (six PyTorch kernels, as outside a stage), ``fused`` (PyTorch's own ``F.rms_norm``) or ``triton``
-(models/fused.py); the rotary embedding of q and k (``Attention.forward``): ``composite`` (five
+(models/fused.py); a residual add and the RMSNorm after it (:func:`added_norm`): ``separate``
+or ``triton`` (one kernel writing both); the rotary embedding of q and k (``Attention.forward``): ``composite`` (five
 kernels each) or ``triton`` (one each). And products that share their input: q, k and v
 (:func:`projections`) as three products (``separate``) or one over their weights stacked
 (``joined``, the stack made once in a warm-up); the MLP's silu(gate(x)) * up(x) (:func:`gated`)
