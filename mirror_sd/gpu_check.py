@@ -404,7 +404,8 @@ def tuning_section(rows: list[dict]) -> list[str]:
     out, once per formulation."""
     lines = []
     for op, title in (("product", "Matrix products (weight N x K)"), ("attention", "Attention"), ("norm", "RMSNorm"),
-                      ("added_norm", "Residual add and RMSNorm"), ("rotary", "Rotary embedding"), ("projections", "q, k and v products"),
+                      ("added_norm", "Residual add and RMSNorm"), ("rotary", "Rotary embedding"),
+                      ("rotary_store", "Rotary embedding and cache writes"), ("projections", "q, k and v products"),
                       ("gated", "The MLP's silu(gate) * up")):
         names = tuning.FORMULATIONS[op]
         kept = [r for r in rows if r["op"] == op and r["dtype"] == "float32" and not r["tf32"]]

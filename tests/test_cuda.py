@@ -158,14 +158,15 @@ def test_every_formulation_is_the_default_ones_result_on_the_gpu(dtype, toleranc
     """models/tuning.py's formulations, the Triton kernel compiled for this GPU included, at the
     embedded target's shapes and every row count a stage runs: its products, its attention over a
     stage's slots under a mask, its RMSNorm (alone and after a residual add), its rotary embedding,
-    its q, k and v products and its gated MLP's first half."""
+    its rotary embedding fused with the cache writes, its q, k and v products and its gated MLP's
+    first half."""
     import torch.nn.functional as F
 
     from mirror_sd.models.linear import Linear
     from mirror_sd.models.stages import BUCKETS
     from mirror_sd.models.llama import RMSNorm
     from mirror_sd.models.tuning import (FORMULATIONS, run_added_norm, run_attention, run_gated, run_norm, run_product,
-                                         run_projections, run_rotary)
+                                         run_projections, run_rotary, run_rotary_store)
 
     rms = RMSNorm(576, 1e-5).to("cuda", dtype)
     qkv = [Linear(576, n).to("cuda", dtype) for n in (576, 192, 192)]
@@ -210,6 +211,15 @@ def test_every_formulation_is_the_default_ones_result_on_the_gpu(dtype, toleranc
         for name in FORMULATIONS["rotary"]:
             torch.testing.assert_close(run_rotary(name, q, cos, sin).float(), expected, rtol=tolerance, atol=tolerance,
                                        msg=lambda m: f"rotary {name}, {rows} rows: {m}")
+        k, v = (torch.randn(1, rows, 3, 64, device="cuda").to(dtype).transpose(1, 2) for _ in range(2))
+        slots = torch.randperm(1088, device="cuda")[:rows]
+        stored = {}
+        for name in FORMULATIONS["rotary_store"]:
+            caches = [torch.zeros(1, 3, 1088, 64, device="cuda", dtype=dtype) for _ in range(2)]
+            stored[name] = [x.float() for x in run_rotary_store(name, q, k, v, cos, sin, *caches, slots)]
+            for got, want in zip(stored[name], stored["separate"]):
+                torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance,
+                                           msg=lambda m: f"rotary_store {name}, {rows} rows: {m}")
         x = torch.randn(1, rows, 576, device="cuda").to(dtype)
         with torch.no_grad():
             expected = [y.float() for y in run_projections("separate", x, qkv)]
@@ -240,7 +250,7 @@ def test_captured_stages_time_every_formulation_and_record_the_fastest(tiny_dirs
     head = f"{model.args.vocab_size} x {model.args.hidden_size}"
     for rows in BUCKETS:
         for op, shape in (("product", head), ("attention", None), ("norm", None), ("added_norm", None),
-                          ("rotary", None), ("projections", None), ("gated", None)):
+                          ("rotary", None), ("rotary_store", None), ("projections", None), ("gated", None)):
             key = next(k for k in tuning.PLAN if k[0] == op and k[1].startswith("cuda") and k[3] == rows
                        and shape in (None, k[2]))
             times, names = tuning.TIMES[key], tuning.FORMULATIONS[op]

@@ -154,7 +154,7 @@ def test_every_method_commits_vanillas_tokens_with_the_other_tuned_kernels(pair,
         assert out.error is None and out.token_ids == expected[prompt], f"{method} {options} on {prompt!r}"
     assert {op: name for (op, *_), name in tuning.PLAN.items()} == dict(
         product="swapped", attention="expanded", norm="fused", added_norm="separate", rotary="composite",
-        projections="joined", gated="joined")
+        rotary_store="separate", projections="joined", gated="joined")
 
 
 @pytest.mark.parametrize("method,options", [("vanilla", {}), ("sd", dict(gamma=3)), ("mirror", dict(exit_layer=1)),

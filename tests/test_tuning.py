@@ -125,6 +125,27 @@ def test_every_rotary_formulation_turns_q_as_rotate_half_does(name, cos_batch):
     torch.testing.assert_close(tuning.run_rotary(name, q, cos, sin), expected, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", FORMULATIONS["rotary_store"])
+@pytest.mark.parametrize("cos_batch", [1, 2])
+def test_every_rotary_store_formulation_turns_q_and_k_and_stores_k_and_v_at_their_slots(name, cos_batch):
+    gen = torch.Generator().manual_seed(5 + cos_batch)
+    qkv = torch.randn(2, 3, (6 + 2 + 2) * 16, generator=gen)  # [B, T, q | k | v], as one joined product gives it
+    q, k, v = (x.view(2, 3, -1, 16).transpose(1, 2) for x in qkv.split([96, 32, 32], dim=-1))  # [B, heads, T, D]
+    angles = torch.rand(cos_batch, 1, 3, 8, generator=gen) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, dim=-1), torch.cat([angles.sin()] * 2, dim=-1)
+    slots = torch.tensor([4, 5, 9])  # a window's two real rows, then a padding row's scratch slot
+    k_cache, v_cache = torch.randn(2, 2, 10, 16, generator=gen), torch.randn(2, 2, 10, 16, generator=gen)
+    before = k_cache.clone()
+    turned, k_all, v_all = tuning.run_rotary_store(name, q, k, v, cos, sin, k_cache, v_cache, slots)
+    expected_q, expected_k = tuning.run_rotary("composite", q, cos, sin), tuning.run_rotary("composite", k, cos, sin)
+    torch.testing.assert_close(turned, expected_q, rtol=1e-6, atol=1e-6)
+    assert k_all is k_cache and v_all is v_cache  # stored in place, every slot returned
+    torch.testing.assert_close(k_cache[:, :, slots], expected_k, rtol=1e-6, atol=1e-6)
+    assert v_cache[:, :, slots].equal(v)
+    others = [s for s in range(10) if s not in slots.tolist()]
+    assert k_cache[:, :, others].equal(before[:, :, others])  # no other slot touched
+
+
 @pytest.mark.parametrize("name", FORMULATIONS["projections"])
 def test_every_projections_formulation_is_each_product(name):
     torch.manual_seed(0)
@@ -217,11 +238,11 @@ def test_kernels_take_their_plan_only_inside_planned():
 
 
 COMBINATIONS = [  # a formulation per op, in FORMULATIONS' order: product, attention, norm, added_norm, rotary,
-    # projections, gated
-    ("swapped", "expanded", "fused", "triton", "composite", "joined", "joined"),
-    ("skinny", "triton", "triton", "triton", "triton", "joined", "joined-triton"),
-    ("skinny-wide", "sdpa", "fused", "separate", "triton", "separate", "joined-triton"),
-    ("cublas", "sdpa", "composite", "separate", "composite", "separate", "separate")]
+    # rotary_store, projections, gated
+    ("swapped", "expanded", "fused", "triton", "composite", "triton", "joined", "joined"),
+    ("skinny", "triton", "triton", "triton", "triton", "triton", "joined", "joined-triton"),
+    ("skinny-wide", "sdpa", "fused", "separate", "triton", "separate", "separate", "joined-triton"),
+    ("cublas", "sdpa", "composite", "separate", "composite", "separate", "separate", "separate")]
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])  # qwen2: biases; qwen3: q and k norms

@@ -15,6 +15,9 @@ arithmetic, sets a one-token forward's time (docs/devices.md). These kernels cut
 * :func:`rotary_kernel`: rotary embedding of one head's row per program (five PyTorch kernels:
   a negation, a concatenation, two products and a sum), reading any strides, so q and k need
   no copy first.
+* :func:`rotary_store_kernel`: in one launch, what a layer does between its q, k, v products and
+  its attention: q turned, k turned and written to its cache slots, v written to its slots (with
+  PyTorch: ten kernels for the rotary embeddings and two index copies). One row per program.
 * :func:`silu_mul_kernel`: silu(g) * u from one product's output [g | u] (a gated MLP's gate and
   up products done as one), for a block of one row per program (PyTorch: a split, silu, product).
 * :func:`attention_part_kernel` and :func:`attention_join_kernel`: attention of a few query rows
@@ -92,6 +95,34 @@ def rotary_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, H, T, sxb, sxh, sxt, scb, sct,
     y = y_ptr + row.to(tl.int64) * 2 * HALF  # x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]
     tl.store(y + i, x1 * c1 - x2 * s1, mask=inside)
     tl.store(y + HALF + i, x2 * c2 + x1 * s2, mask=inside)
+
+
+@triton.jit
+def rotary_store_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slots_ptr, out_ptr, kc_ptr, vc_ptr, H, KV, T,
+                        sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, scb, sct, scb_, sch_, scs_,
+                        HALF: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)  # over B * (H + 2 KV) * T rows: each batch row's q heads, k heads, v heads
+    t, j, b = row % T, (row // T) % (H + 2 * KV), row // (T * (H + 2 * KV))
+    i = tl.arange(0, BLOCK)  # BLOCK: HALF rounded up to a power of two
+    inside = i < HALF
+    c = b.to(tl.int64) * scb + t * sct  # cos, sin [B or 1, 1, T, D]
+    slot = tl.load(slots_ptr + t)  # the cache slot of window row t
+    if j < H:  # a q row, turned into out [B, H, T, D] (contiguous)
+        x = q_ptr + b.to(tl.int64) * sqb + j * sqh + t * sqt
+        y = out_ptr + ((b.to(tl.int64) * H + j) * T + t) * 2 * HALF
+    elif j < H + KV:  # a k row, turned into its cache slot: caches [B, KV, S, D] (strides scb_, sch_, scs_)
+        x = k_ptr + b.to(tl.int64) * skb + (j - H) * skh + t * skt
+        y = kc_ptr + b.to(tl.int64) * scb_ + (j - H) * sch_ + slot * scs_
+    else:  # a v row, copied into its cache slot
+        x = v_ptr + b.to(tl.int64) * svb + (j - H - KV) * svh + t * svt
+        y = vc_ptr + b.to(tl.int64) * scb_ + (j - H - KV) * sch_ + slot * scs_
+    x1, x2 = tl.load(x + i, mask=inside), tl.load(x + HALF + i, mask=inside)
+    if j < H + KV:  # x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]
+        c1, c2 = tl.load(cos_ptr + c + i, mask=inside), tl.load(cos_ptr + c + HALF + i, mask=inside)
+        s1, s2 = tl.load(sin_ptr + c + i, mask=inside), tl.load(sin_ptr + c + HALF + i, mask=inside)
+        x1, x2 = x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
+    tl.store(y + i, x1, mask=inside)
+    tl.store(y + HALF + i, x2, mask=inside)
 
 
 @triton.jit

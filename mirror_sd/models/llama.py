@@ -88,6 +88,14 @@ class KVCache(nn.Module):
         self.v[layer, :, :, start:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
+    def write_turned(self, layer: int, start: int, q, k, v, cos, sin):
+        """q and k [B, heads, T, D] turned by the rotary embedding (cos, sin [B|1, 1, T, D]), and k
+        and v stored as ``write`` stores them: (q turned, every slot's k, v up to there), as one tuned
+        operation (models/tuning.py), which may be one kernel."""
+        end = start + k.shape[2]
+        slots = torch.arange(start, end, device=self.k.device)
+        return tuning.rotary_store(q, k, v, cos, sin, self.k[layer, :, :, :end], self.v[layer, :, :, :end], slots)
+
     def attend(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, stored: int):
         """Store the first ``stored`` rows of k, v [B, K, T, D] at slots [start, start + stored) and
         return every slot up to there followed by the other rows, which are not stored: rows whose
@@ -145,6 +153,10 @@ class ShardedKVCache:
         part, i = self.part_of[layer]
         return part.write(i, start, k, v)
 
+    def write_turned(self, layer: int, start: int, q, k, v, cos, sin):
+        part, i = self.part_of[layer]
+        return part.write_turned(i, start, q, k, v, cos, sin)
+
     def attend(self, layer: int, start: int, k, v, stored: int):
         part, i = self.part_of[layer]
         return part.attend(i, start, k, v, stored)
@@ -190,12 +202,15 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
-        q, k = tuning.rotary(q, k, win.cos, win.sin)
-        stored = win.stored(T)
-        if cache is not None and stored == T:
-            k, v = cache.write(layer, win.start, k, v)  # [B, K, S, D], S = start + T
-        elif cache is not None:  # trailing stream rows: used here, not stored
-            k, v = cache.attend(layer, win.start, k, v, stored)
+        stored = win.stored(T)  # k, v below: [B, K, S, D], S = start + T (a stage's: every slot)
+        if cache is not None and stored == T and tuning.planning():  # a tuned stage: rotary and writes in one
+            q, k, v = cache.write_turned(layer, win.start, q, k, v, win.cos, win.sin)
+        else:
+            q, k = tuning.rotary(q, k, win.cos, win.sin)
+            if cache is not None and stored == T:
+                k, v = cache.write(layer, win.start, k, v)
+            elif cache is not None:  # trailing stream rows: used here, not stored
+                k, v = cache.attend(layer, win.start, k, v, stored)
         y = tuning.attention(q, k, v, win.mask, win.causal)  # [B, H, T, D] (grouped-query heads)
         return win.project(self.o_proj, y.transpose(1, 2).reshape(B, T, -1), layer, "o_proj")
 

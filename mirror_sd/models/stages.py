@@ -142,6 +142,11 @@ class _SlotWriter:
         self.cache.v[layer].index_copy_(2, self.slots, v)
         return self.cache.k[layer], self.cache.v[layer]
 
+    def write_turned(self, layer: int, start: int, q, k, v, cos, sin):
+        """``write``, with q and k turned by the rotary embedding first: one tuned operation
+        (models/tuning.py), which may be one kernel."""
+        return tuning.rotary_store(q, k, v, cos, sin, self.cache.k[layer], self.cache.v[layer], self.slots)
+
     def attend(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, stored: int):
         """Stream rows (``Window.main_rows`` 0): their slots are scratch slots, so writing them there
         stores nothing a real row reads."""

@@ -26,19 +26,26 @@ Attention (``Attention.forward``, over every slot of a stage's cache under its m
   follows the slots the mask admits rather than every slot of the stage's cache.
 
 And the small operations, which cost a kernel launch each whatever their size, so that a
-one-token forward's time is mostly their count: RMSNorm (``RMSNorm.forward``): ``composite``
-(six PyTorch kernels, as outside a stage), ``fused`` (PyTorch's own ``F.rms_norm``) or ``triton``
-(models/fused.py); a residual add and the RMSNorm after it (:func:`added_norm`): ``separate``
-or ``triton`` (one kernel writing both); the rotary embedding of q and k (``Attention.forward``): ``composite`` (five
-kernels each) or ``triton`` (one each). And products that share their input: q, k and v
-(:func:`projections`) as three products (``separate``) or one over their weights stacked
-(``joined``, the stack made once in a warm-up); the MLP's silu(gate(x)) * up(x) (:func:`gated`)
-as two products, a silu and a product (``separate``), one product and the two (``joined``), or
-one product and one Triton kernel (``joined-triton``). The joined products are tuned as products.
+one-token forward's time is mostly their count:
+
+* RMSNorm (``RMSNorm.forward``): ``composite`` (six PyTorch kernels, as outside a stage),
+  ``fused`` (PyTorch's own ``F.rms_norm``) or ``triton`` (models/fused.py);
+* a residual add and the RMSNorm after it (:func:`added_norm`): ``separate`` or ``triton`` (one
+  kernel writing both);
+* the rotary embedding of q and k (:func:`rotary`): ``composite`` (five kernels each) or
+  ``triton`` (one each);
+* that rotary embedding and the cache writes of k and v together (:func:`rotary_store`, a
+  stage's attention): ``separate`` (the rotary embedding, then two index copies) or ``triton``
+  (one kernel);
+* products that share their input: q, k and v (:func:`projections`) as three products
+  (``separate``) or one over their weights stacked (``joined``, the stack made once in a
+  warm-up); the MLP's silu(gate(x)) * up(x) (:func:`gated`) as two products, a silu and a
+  product (``separate``), one product and the two (``joined``), or one product and one Triton
+  kernel (``joined-triton``). The joined products are tuned as products.
 
 The formulations of an operation differ only in rounding (the order of floating-point sums, fused
-multiply-adds), as cuBLAS's own kernels for two widths do, so every method stays as lossless as before (the tests hold each
-formulation to the default one and the methods to vanilla).
+multiply-adds), as cuBLAS's own kernels for two widths do, so every method stays as lossless as
+before (the tests hold each formulation to the default one and the methods to vanilla).
 
 Measured, not assumed: inside :func:`planned` (a stage's warm-up and capture on a CUDA lane), the
 first operation of a new kind (its op, device, shapes, dtype, TF32 on or off) is tuned: :func:`tune`
@@ -63,6 +70,7 @@ import torch.nn.functional as F
 FORMULATIONS = {"product": ("cublas", "swapped", "skinny", "skinny-wide"), "attention": ("sdpa", "expanded", "triton"),
                 "norm": ("composite", "fused", "triton"),
                "added_norm": ("separate", "triton"), "rotary": ("composite", "triton"),
+               "rotary_store": ("separate", "triton"),
                 "projections": ("separate", "joined"), "gated": ("separate", "joined", "joined-triton")}  # default first
 REPEATS = 10  # runs captured in one timed graph
 TIMED_REPLAYS = 5  # replays of it timed (the median is kept)
@@ -154,6 +162,26 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
         name = choice("rotary", f"{H} heads of {D}", B * T, x, lambda name, x=x: run_rotary(name, x, cos, sin))
         turned.append(run_rotary(name, x, cos, sin))
     return tuple(turned)
+
+
+def rotary_store(q, k, v, cos, sin, k_cache, v_cache, slots):
+    """q turned by the rotary embedding, and k turned and v as it is stored in the caches at
+    ``slots``: q, k, v [B, heads, T, D], cos, sin [B|1, 1, T, D], k_cache, v_cache [B, KV, S, D],
+    slots [T] (window row t goes to slot slots[t]). Returns (q turned, k_cache, v_cache), in the
+    formulation planned for their kind (outside :func:`planned`: ``separate``, :func:`rotary` and
+    two index copies). Tuned on zeroed copies of the caches, one per formulation, so that the
+    check sees what each formulation itself stored."""
+    if not planning():
+        return run_rotary_store("separate", q, k, v, cos, sin, k_cache, v_cache, slots)
+    B, H, T, D = q.shape
+    copies = {}
+
+    def trial(name):
+        if name not in copies:  # made before any capture: tune runs each formulation once first
+            copies[name] = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+        return run_rotary_store(name, q, k, v, cos, sin, *copies[name], slots)
+    name = choice("rotary_store", f"{H} + {k.shape[1]} heads of {D} into {k_cache.shape[2]} slots", B * T, q, trial)
+    return run_rotary_store(name, q, k, v, cos, sin, k_cache, v_cache, slots)
 
 
 def projections(x: torch.Tensor, linears) -> list[torch.Tensor]:
@@ -314,6 +342,28 @@ def run_rotary(name: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
                                           HALF=D // 2, BLOCK=_power_of_two(D // 2))
         return y
     raise ValueError(f"no rotary formulation {name!r} (formulations: {', '.join(FORMULATIONS['rotary'])})")
+
+
+def run_rotary_store(name: str, q, k, v, cos, sin, k_cache, v_cache, slots):
+    """:func:`rotary_store` in formulation ``name``."""
+    if name == "separate":
+        q, k = rotary(q, k, cos, sin)
+        k_cache.index_copy_(2, slots, k)
+        v_cache.index_copy_(2, slots, v)
+        return q, k_cache, v_cache
+    if name == "triton":
+        fused = _fused(q)
+        (B, H, T, D), KV = q.shape, k.shape[1]
+        if any(x.stride(-1) != 1 for x in (q, k, v, cos, k_cache)) or cos.stride() != sin.stride() \
+                or k_cache.stride() != v_cache.stride():
+            raise ValueError("the rotary-store kernel reads rows of stride 1, cos and sin alike, both caches alike")
+        out = torch.empty(B, H, T, D, dtype=q.dtype, device=q.device)
+        fused.rotary_store_kernel[(B * (H + 2 * KV) * T,)](
+            q, k, v, cos, sin, slots, out, k_cache, v_cache, H, KV, T, *q.stride()[:3], *k.stride()[:3],
+            *v.stride()[:3], cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(2), *k_cache.stride()[:3],
+            HALF=D // 2, BLOCK=_power_of_two(D // 2))
+        return out, k_cache, v_cache
+    raise ValueError(f"no rotary_store formulation {name!r} (formulations: {', '.join(FORMULATIONS['rotary_store'])})")
 
 
 def run_projections(name: str, x: torch.Tensor, linears) -> list[torch.Tensor]:
