@@ -49,7 +49,7 @@ import torch
 
 from .devices import hardware_name
 from .errors import MirrorSDError
-from .kernels import PROFILED_WIDTHS, format_times, kernel_table
+from .kernels import EVERY, PROFILED_WIDTHS, format_times, kernel_table
 from .models import tuning
 from .models.stages import BUCKETS, routed_widths
 from .trace import Trace, step_cost_table
@@ -433,7 +433,8 @@ def diagnosis_section(diagnosis: dict) -> list[str]:
     lines = []
     kernels = diagnosis.get("kernels")
     if kernels is not None:
-        lines += ["", "## The target's top kernels by width (torch.profiler, one eager forward; us per forward)", ""]
+        lines += ["", "## The target's top kernels by width (torch.profiler, one eager forward in the kernels "
+                      "its graph records; us per forward; first, every kernel together)", ""]
         if isinstance(kernels, str):
             lines.append(kernels)
         else:
@@ -441,8 +442,8 @@ def diagnosis_section(diagnosis: dict) -> list[str]:
             lines += [f"| kernel | calls | {widths} |", "|---|---" + "|---" * len(PROFILED_WIDTHS) + "|"]
             for row in kernels:
                 name = row["kernel"].replace("|", "/")
-                name = name if len(name) <= 90 else name[:87] + "..."
-                lines.append(f"| `{name}` | {row['calls']:g} | "
+                name = f"**{name}**" if name == EVERY else f"`{name if len(name) <= 90 else name[:87] + '...'}`"
+                lines.append(f"| {name} | {row['calls']:g} | "
                              + " | ".join(_us(row[f"us_w{w}"]) for w in PROFILED_WIDTHS) + " |")
     formats = diagnosis.get("formats")
     if formats is not None:

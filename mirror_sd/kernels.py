@@ -23,11 +23,13 @@ from .models.stages import BUCKETS, Stages
 
 PROFILED_WIDTHS = (1, 8, 32)
 TOP = 8  # kernels per width kept in the table
+EVERY = "every kernel"  # the row of all of a forward's kernels together: how many, and their time
 
 
 def top_kernels(stage, repeats: int = 3, top: int = TOP) -> list[dict]:
-    """[{kernel, calls, us}] per forward: the ``top`` kernels (CPU: operators) of ``stage``'s eager
-    body by self time, run on padding (scratch slots only), averaged over ``repeats`` runs."""
+    """[{kernel, calls, us}] per forward: every kernel together (EVERY: how many a forward launches,
+    and their summed time), then the ``top`` kernels (CPU: operators) of ``stage``'s eager body by
+    self time, run on padding (scratch slots only), averaged over ``repeats`` runs."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = stage.x.device.type == "cuda"
@@ -44,7 +46,8 @@ def top_kernels(stage, repeats: int = 3, top: int = TOP) -> list[dict]:
         us = (_device_us(event) if cuda else event.self_cpu_time_total) / repeats
         if us > 0:
             rows.append(dict(kernel=event.key, calls=event.count / repeats, us=us))
-    return sorted(rows, key=lambda r: -r["us"])[:top]
+    every = dict(kernel=EVERY, calls=sum(r["calls"] for r in rows), us=sum(r["us"] for r in rows))
+    return [every] + sorted(rows, key=lambda r: -r["us"])[:top]
 
 
 def _device_us(event) -> float:
