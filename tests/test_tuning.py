@@ -1,8 +1,9 @@
 """Tuned kernels (models/tuning.py), on the CPU: every formulation of a matrix product, attention,
 RMSNorm (alone or after a residual add), the rotary embedding, q, k and v and the gated MLP computes
 what the default one does, the tuner keeps the fastest by its timer, and a forward in any
-formulation gives the plain forward's logits. The Triton kernels run in Triton's interpreter here (conftest sets TRITON_INTERPRET=1 on machines without CUDA);
-tests/test_cuda.py times and checks them on a GPU."""
+formulation gives the plain forward's logits. The Triton kernels run in Triton's interpreter here
+(conftest sets TRITON_INTERPRET=1 on machines without CUDA); tests/test_cuda.py times and checks
+them on a GPU."""
 import pytest
 import torch
 import torch.nn.functional as F

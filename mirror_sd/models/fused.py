@@ -138,8 +138,8 @@ def silu_mul_kernel(both_ptr, y_ptr, I: tl.constexpr, BLOCK: tl.constexpr):
 @triton.jit
 def attention_part_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, m_ptr, l_ptr, acc_ptr, H, T, S, GROUP, scale,
                           sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sms,
-                          D: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, BLOCK_T: tl.constexpr,
-                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr):
+                          D: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+                          BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr):
     bh, part = tl.program_id(0), tl.program_id(2)  # (batch row, query head), chunk of CHUNK slots
     b, h = bh // H, bh % H
     kv = h // GROUP  # the key head this query head shares with GROUP - 1 others

@@ -462,8 +462,8 @@ def split_attention(q, k, v, mask, causal: bool) -> torch.Tensor:
         strides = (strides[0], strides[2], strides[3])  # [B|1, 1, T|1, S]
     fused.attention_part_kernel[(B * H, -(-T // BLOCK_M), parts)](
         q, k, v, mask, m, l, acc, H, T, S, group, D ** -0.5, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-        *strides, D=D, HAS_MASK=mask is not q, CAUSAL=causal, IEEE=q.dtype == torch.float32, BLOCK_T=BLOCK_M, BLOCK_S=BLOCK_S,
-        BLOCK_D=block_d, CHUNK=CHUNK)
+        *strides, D=D, HAS_MASK=mask is not q, CAUSAL=causal, IEEE=q.dtype == torch.float32, BLOCK_T=BLOCK_M,
+        BLOCK_S=BLOCK_S, BLOCK_D=block_d, CHUNK=CHUNK)
     y = torch.empty(B, T, H, D, dtype=q.dtype, device=q.device)
     fused.attention_join_kernel[(B * H * T,)](m, l, acc, y, H, T, parts, y.stride(0), y.stride(2), y.stride(1), D=D,
                                               BLOCK_P=max(2, _power_of_two(parts)), BLOCK_D=block_d)
