@@ -176,6 +176,29 @@ def test_joined_weights_are_made_once_and_again_for_other_weights():
     assert again is not weight and torch.equal(again[4:], linears[1].weight)
 
 
+def test_attention_is_tuned_on_random_inputs_that_use_every_block_of_slots(monkeypatch):
+    """A stage's warm-up gives attention padding rows, each seeing one slot. A formulation wrong
+    only where a row sees several slots (here: the value of the first slot it sees) passes on
+    those; the tuner times and checks attention on random inputs instead, so it is left out."""
+    q, k, v = torch.randn(1, 4, 2, 8), torch.zeros(1, 2, 300, 8), torch.zeros(1, 2, 300, 8)
+    mask = torch.zeros(1, 1, 2, 300, dtype=torch.bool)
+    mask[..., 0] = True  # padding rows: one slot each
+    rq, rk, rv, seen = tuning.trial_attention_inputs(q, k, v, mask)
+    assert rq.shape == q.shape and rk.shape == k.shape and seen.shape == mask.shape and rk.abs().sum() > 0
+    assert seen[..., 0].all() and all(seen[..., i:i + 64].any() for i in range(0, 300, 64))  # every block in use
+    real = tuning.run_attention
+
+    def first_slot_only(name, q, k, v, mask, causal):
+        if name != "expanded":
+            return real(name, q, k, v, mask, causal)
+        return v[:, :, :1].repeat_interleave(2, dim=1).expand(-1, -1, q.shape[2], -1)
+    monkeypatch.setattr(tuning, "run_attention", first_slot_only)
+    with planned(True, timer=timer_for({"sdpa": 5.0, "expanded": 1.0})):
+        tuning.attention(q, k, v, mask, False)
+    [(key, chosen)] = tuning.PLAN.items()
+    assert chosen == "sdpa" and tuning.TIMES[key]["expanded"].startswith("wrong")
+
+
 def test_the_tuner_keeps_the_fastest_and_records_every_time():
     x, w = torch.randn(4, 32), torch.randn(48, 32)
     times = {"cublas": 9.0, "swapped": 7.0, "skinny": 2.0, "skinny-wide": 3.0}

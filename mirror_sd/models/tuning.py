@@ -118,13 +118,35 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
               causal: bool) -> torch.Tensor:
     """Scaled dot-product attention of q [B, H, T, D] over k, v [B, KV, S, D] (KV divides H) under
     ``mask`` [B|1, 1, T, S] (True: may attend) or ``causal``: [B, H, T, D], in the formulation
-    planned for its kind (outside :func:`planned`: ``sdpa``)."""
+    planned for its kind (outside :func:`planned`: ``sdpa``). Tuned on random inputs of the same
+    shapes (:func:`trial_attention_inputs`)."""
     if not planning():
         return run_attention("sdpa", q, k, v, mask, causal)
     B, H, T, D = q.shape
+    inputs = []  # made on the first trial, before any capture (tune runs the default once first)
+
+    def trial(name):
+        if not inputs:
+            inputs.extend(trial_attention_inputs(q, k, v, mask))
+        return run_attention(name, *inputs, causal)
     shape = f"{H} heads of {D} over {k.shape[2]} slots, {k.shape[1]} key heads" + (", causal" if causal else "")
-    name = choice("attention", shape, B * T, q, lambda name: run_attention(name, q, k, v, mask, causal))
+    name = choice("attention", shape, B * T, q, trial)
     return run_attention(name, q, k, v, mask, causal)
+
+
+def trial_attention_inputs(q, k, v, mask):
+    """Random q, k, v like these, and a random mask like this one (each row sees slot 0 and about
+    half of the others): what attention is tuned on. A stage's warm-up runs padding rows, each
+    seeing one slot: timed on them, the split kernel would skip nearly every block of slots, which
+    real windows do not, and its check would never join two parts' results. Here every block is in
+    use, its slowest case, so a formulation chosen here is at least as fast in use."""
+    gen = torch.Generator(q.device).manual_seed(0)
+    like = [torch.randn(x.shape, generator=gen, device=x.device).to(x.dtype) for x in (q, k, v)]
+    if mask is None:
+        return [*like, None]
+    seen = torch.rand(mask.shape, generator=gen, device=mask.device) < 0.5
+    seen[..., 0] = True
+    return [*like, seen]
 
 
 def norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
