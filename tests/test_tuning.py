@@ -295,3 +295,26 @@ def test_the_pair_passes_its_kernels_setting_to_its_stages(tiny_dirs):
     assert pair.describe()["kernels"] == "tuned"
     with pytest.raises(MirrorSDError, match="kernels must be one of tuned, default"):
         load_pair(target=str(tiny_dirs["target"]), draft=None, kernels="fast")
+
+
+def test_every_triton_kernel_compiles_for_a_hopper_gpu():
+    """Triton's interpreter (the CPU tests) runs Python; a GPU compiles the kernels. Each is compiled
+    here ahead of time for sm_90 (an H100's or H200's) with Triton's own ptxas, so that a kernel the
+    compiler rejects shows here, not in a rare GPU session; the products and attention in fp32 (on
+    the FMA units: IEEE, no TF32) and in bf16 (tensor cores). In a process of its own: Triton's
+    library functions are made for the interpreter in this one (conftest's TRITON_INTERPRET=1)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("compile_kernels.py")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(script.parent.parent)}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.split("\n")
+    for kernel in ("skinny_kernel", "attention_part_kernel"):
+        assert f"{kernel} float32 fma.rn.f32" in lines and f"{kernel} bfloat16 mma" in lines
+    for kernel in ("attention_join_kernel", "rms_norm_kernel", "rotary_kernel", "rotary_store_kernel",
+                   "silu_mul_kernel"):
+        assert f"{kernel} float32" in lines
