@@ -22,8 +22,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from ..devices import to_device
 from . import tuning
@@ -425,7 +423,11 @@ class Transformer(nn.Module):
 
 
 def _rope_frequencies(rope_config, args: ModelArgs):
-    """Inverse RoPE frequencies and scale, computed by transformers' own rope functions."""
+    """Inverse RoPE frequencies and scale, computed by transformers' own rope functions (imported
+    here, when a model is made: importing Llama's modeling module takes seconds)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
     if rope_config is None:
         base = 10000.0
         inv = 1.0 / (base ** (torch.arange(0, args.head_dim, 2, dtype=torch.float) / args.head_dim))
