@@ -1,5 +1,5 @@
-"""Tuned kernels: each matrix product, attention, RMSNorm and rotary embedding a CUDA stage
-captures runs the way measured fastest on that GPU for its shape.
+"""Tuned kernels: each matrix product, attention, RMSNorm, residual add, rotary embedding and cache
+write a CUDA stage captures runs the way measured fastest on that GPU for its shape.
 
 Decoding runs a few rows at a time (a token, a draft window, a tree, a batch of branches: 1 to 64).
 On a GPU in fp32, cuBLAS's kernels for 2 to 16 rows can cost many times its one-row kernels: on an
@@ -67,11 +67,16 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-FORMULATIONS = {"product": ("cublas", "swapped", "skinny", "skinny-wide"), "attention": ("sdpa", "expanded", "triton"),
-                "norm": ("composite", "fused", "triton"),
-               "added_norm": ("separate", "triton"), "rotary": ("composite", "triton"),
-               "rotary_store": ("separate", "triton"),
-                "projections": ("separate", "joined"), "gated": ("separate", "joined", "joined-triton")}  # default first
+FORMULATIONS = {  # op -> its formulations, the default first
+    "product": ("cublas", "swapped", "skinny", "skinny-wide"),
+    "attention": ("sdpa", "expanded", "triton"),
+    "norm": ("composite", "fused", "triton"),
+    "added_norm": ("separate", "triton"),
+    "rotary": ("composite", "triton"),
+    "rotary_store": ("separate", "triton"),
+    "projections": ("separate", "joined"),
+    "gated": ("separate", "joined", "joined-triton"),
+}
 REPEATS = 10  # runs captured in one timed graph
 TIMED_REPLAYS = 5  # replays of it timed (the median is kept)
 MARGIN = 0.05  # another formulation replaces the default only if it saves more than this fraction
