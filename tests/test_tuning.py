@@ -2,8 +2,10 @@
 RMSNorm (alone or after a residual add), the rotary embedding, q, k and v and the gated MLP computes
 what the default one does, the tuner keeps the fastest by its timer, and a forward in any
 formulation gives the plain forward's logits. The Triton kernels run in Triton's interpreter here
-(conftest sets TRITON_INTERPRET=1 on machines without CUDA); tests/test_cuda.py times and checks
-them on a GPU."""
+(conftest sets TRITON_INTERPRET=1 on machines without CUDA; on a CUDA machine the tests that run
+them are skipped); tests/test_cuda.py times and checks them on a GPU."""
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,6 +19,14 @@ from mirror_sd.models.loading import load_model
 from mirror_sd.models.tuning import FORMULATIONS, MARGIN, planned
 
 pytest.importorskip("triton")
+TRITON = {"skinny", "skinny-wide", "triton", "joined-triton"}  # the formulations that run Triton kernels
+
+
+def needs_interpreter(*names: str):
+    """Skip where Triton runs CPU tensors not at all: its interpreter does (conftest turns it on
+    where there is no CUDA); on a CUDA machine tests/test_cuda.py checks these kernels instead."""
+    if TRITON & set(names) and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton's kernels run CPU tensors in its interpreter only: tests/test_cuda.py checks them here")
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +56,7 @@ def fastest(*chosen: str):
 @pytest.mark.parametrize("rows, n, k, bias", [(1, 96, 64, False), (3, 40, 70, True), (16, 64, 128, False),
                                               (17, 33, 64, True)])
 def test_every_product_formulation_is_f_linears_product(name, rows, n, k, bias):
+    needs_interpreter(name)
     gen = torch.Generator().manual_seed(rows * n)
     x, w = torch.randn(rows, k, generator=gen), torch.randn(n, k, generator=gen)
     b = torch.randn(n, generator=gen) if bias else None
@@ -57,6 +68,7 @@ def test_every_product_formulation_is_f_linears_product(name, rows, n, k, bias):
 @pytest.mark.parametrize("name", FORMULATIONS["attention"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_attention_formulation_is_grouped_query_attention(name, causal):
+    needs_interpreter(name)
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(1, 6, 5, 8, generator=gen)
     k, v = torch.randn(1, 2, 5 if causal else 12, 8, generator=gen), torch.randn(1, 2, 5 if causal else 12, 8, generator=gen)
@@ -71,6 +83,7 @@ def test_every_attention_formulation_is_grouped_query_attention(name, causal):
 @pytest.mark.parametrize("name", FORMULATIONS["norm"])
 @pytest.mark.parametrize("shape", [(1, 1, 64), (2, 5, 96), (3, 4, 6, 8)])  # the last: a per-head norm (qk_norm)
 def test_every_norm_formulation_is_the_llama_rms_norm(name, shape):
+    needs_interpreter(name)
     gen = torch.Generator().manual_seed(len(shape))
     x, w = torch.randn(*shape, generator=gen) * 3, torch.randn(shape[-1], generator=gen)
     expected = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))  # Hugging Face's Llama RMSNorm
@@ -80,6 +93,7 @@ def test_every_norm_formulation_is_the_llama_rms_norm(name, shape):
 @pytest.mark.parametrize("name", FORMULATIONS["added_norm"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_added_norm_formulation_adds_then_normalises(name, dtype):
+    needs_interpreter(name)
     from mirror_sd.models.llama import RMSNorm
 
     gen = torch.Generator().manual_seed(3)
@@ -100,6 +114,7 @@ def test_triton_attention_skips_hidden_blocks_and_zeroes_rows_that_see_nothing()
     """The split attention kernel over many chunks of slots, most of them hidden (a stage's unused
     slots), a batch whose second row sees no slot (zero, as PyTorch's attention gives it) and q, k
     in the strides Attention hands it."""
+    needs_interpreter("triton")
     gen = torch.Generator().manual_seed(11)
     q = torch.randn(2, 3, 6, 16, generator=gen).transpose(1, 2)  # [B, H, T, D], not contiguous
     k, v = (torch.randn(2, 2, 700, 16, generator=gen)[:, :, :600] for _ in range(2))  # 3 chunks, 2 key heads
@@ -117,6 +132,7 @@ def test_triton_attention_skips_hidden_blocks_and_zeroes_rows_that_see_nothing()
 @pytest.mark.parametrize("name", FORMULATIONS["rotary"])
 @pytest.mark.parametrize("cos_batch", [1, 2])
 def test_every_rotary_formulation_turns_q_as_rotate_half_does(name, cos_batch):
+    needs_interpreter(name)
     gen = torch.Generator().manual_seed(cos_batch)
     q = torch.randn(2, 5, 6, 16, generator=gen).transpose(1, 2)  # [B, H, T, D] as Attention makes it: not contiguous
     angles = torch.rand(cos_batch, 1, 5, 8, generator=gen) * 6
@@ -129,6 +145,7 @@ def test_every_rotary_formulation_turns_q_as_rotate_half_does(name, cos_batch):
 @pytest.mark.parametrize("name", FORMULATIONS["rotary_store"])
 @pytest.mark.parametrize("cos_batch", [1, 2])
 def test_every_rotary_store_formulation_turns_q_and_k_and_stores_k_and_v_at_their_slots(name, cos_batch):
+    needs_interpreter(name)
     gen = torch.Generator().manual_seed(5 + cos_batch)
     qkv = torch.randn(2, 3, (6 + 2 + 2) * 16, generator=gen)  # [B, T, q | k | v], as one joined product gives it
     q, k, v = (x.view(2, 3, -1, 16).transpose(1, 2) for x in qkv.split([96, 32, 32], dim=-1))  # [B, heads, T, D]
@@ -160,6 +177,7 @@ def test_every_projections_formulation_is_each_product(name):
 
 @pytest.mark.parametrize("name", FORMULATIONS["gated"])
 def test_every_gated_formulation_is_silu_of_gate_times_up(name):
+    needs_interpreter(name)
     torch.manual_seed(1)
     x, gate, up = torch.randn(2, 5, 64), Linear(64, 40, bias=False), Linear(64, 40, bias=False)
     expected = F.silu(F.linear(x, gate.weight)) * F.linear(x, up.weight)
@@ -200,6 +218,7 @@ def test_attention_is_tuned_on_random_inputs_that_use_every_block_of_slots(monke
 
 
 def test_the_tuner_keeps_the_fastest_and_records_every_time():
+    needs_interpreter("skinny")  # it wins, and runs
     x, w = torch.randn(4, 32), torch.randn(48, 32)
     times = {"cublas": 9.0, "swapped": 7.0, "skinny": 2.0, "skinny-wide": 3.0}
     with planned(True, timer=timer_for(times)):
@@ -229,6 +248,7 @@ def test_a_formulation_that_cannot_run_is_recorded_and_left_out():
 
 
 def test_a_fast_formulation_with_a_wrong_result_is_left_out(monkeypatch):
+    needs_interpreter("skinny")  # it wins, and runs
     run = tuning.run_product
     monkeypatch.setattr(tuning, "run_product", lambda name, *a: run(name, *a) * (1.01 if name == "swapped" else 1))
     x, w = torch.randn(8, 32), torch.randn(48, 32)
@@ -272,6 +292,7 @@ COMBINATIONS = [  # a formulation per op, in FORMULATIONS' order: product, atten
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])  # qwen2: biases; qwen3: q and k norms
 @pytest.mark.parametrize("chosen", COMBINATIONS, ids=["-".join(c) for c in COMBINATIONS])
 def test_a_forward_in_any_formulation_gives_the_plain_logits(tiny_dirs, tmp_path, model_type, chosen):
+    needs_interpreter(*chosen)
     from conftest import make_tiny_model
 
     folder = tiny_dirs["target"] if model_type == "llama" else make_tiny_model(tmp_path / model_type, 5, model_type)
