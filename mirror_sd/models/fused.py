@@ -89,12 +89,19 @@ def rotary_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, H, T, sxb, sxh, sxt, scb, sct,
     inside = i < HALF
     x = x_ptr + b.to(tl.int64) * sxb + h * sxh + t * sxt  # x [B, H, T, D] in any strides but the last
     x1, x2 = tl.load(x + i, mask=inside), tl.load(x + HALF + i, mask=inside)
-    c = b.to(tl.int64) * scb + t * sct  # cos, sin [B or 1, 1, T, D]
+    y1, y2 = turned(x1, x2, cos_ptr, sin_ptr, b.to(tl.int64) * scb + t * sct, i, inside, HALF)
+    y = y_ptr + row.to(tl.int64) * 2 * HALF
+    tl.store(y + i, y1, mask=inside)
+    tl.store(y + HALF + i, y2, mask=inside)
+
+
+@triton.jit
+def turned(x1, x2, cos_ptr, sin_ptr, c, i, inside, HALF: tl.constexpr):
+    """A row's halves (x1, x2) turned by the rotary embedding: x * cos + rotate_half(x) * sin,
+    rotate_half(x) = [-x2, x1]; cos and sin [B or 1, 1, T, D], the row's at offset c."""
     c1, c2 = tl.load(cos_ptr + c + i, mask=inside), tl.load(cos_ptr + c + HALF + i, mask=inside)
     s1, s2 = tl.load(sin_ptr + c + i, mask=inside), tl.load(sin_ptr + c + HALF + i, mask=inside)
-    y = y_ptr + row.to(tl.int64) * 2 * HALF  # x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]
-    tl.store(y + i, x1 * c1 - x2 * s1, mask=inside)
-    tl.store(y + HALF + i, x2 * c2 + x1 * s2, mask=inside)
+    return x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
 
 
 @triton.jit
@@ -105,7 +112,6 @@ def rotary_store_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slots_ptr, out_pt
     t, j, b = row % T, (row // T) % (H + 2 * KV), row // (T * (H + 2 * KV))
     i = tl.arange(0, BLOCK)  # BLOCK: HALF rounded up to a power of two
     inside = i < HALF
-    c = b.to(tl.int64) * scb + t * sct  # cos, sin [B or 1, 1, T, D]
     slot = tl.load(slots_ptr + t)  # the cache slot of window row t
     if j < H:  # a q row, turned into out [B, H, T, D] (contiguous)
         x = q_ptr + b.to(tl.int64) * sqb + j * sqh + t * sqt
@@ -117,10 +123,8 @@ def rotary_store_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, slots_ptr, out_pt
         x = v_ptr + b.to(tl.int64) * svb + (j - H - KV) * svh + t * svt
         y = vc_ptr + b.to(tl.int64) * scb_ + (j - H - KV) * sch_ + slot * scs_
     x1, x2 = tl.load(x + i, mask=inside), tl.load(x + HALF + i, mask=inside)
-    if j < H + KV:  # x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]
-        c1, c2 = tl.load(cos_ptr + c + i, mask=inside), tl.load(cos_ptr + c + HALF + i, mask=inside)
-        s1, s2 = tl.load(sin_ptr + c + i, mask=inside), tl.load(sin_ptr + c + HALF + i, mask=inside)
-        x1, x2 = x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
+    if j < H + KV:  # q and k rows are turned, v rows copied
+        x1, x2 = turned(x1, x2, cos_ptr, sin_ptr, b.to(tl.int64) * scb + t * sct, i, inside, HALF)
     tl.store(y + i, x1, mask=inside)
     tl.store(y + HALF + i, x2, mask=inside)
 

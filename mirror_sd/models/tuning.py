@@ -324,15 +324,7 @@ def run_norm(name: str, x: torch.Tensor, weight: torch.Tensor, eps: float) -> to
             return F.rms_norm(x, (x.shape[-1],), weight, eps)
         return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
     if name == "triton":
-        fused = _fused(x)
-        if x.dtype != weight.dtype:
-            raise ValueError("the RMSNorm kernel takes x and its weight in one dtype")
-        x2d = x.reshape(-1, x.shape[-1]).contiguous()
-        y = torch.empty_like(x2d)
-        D = x.shape[-1]
-        fused.rms_norm_kernel[(x2d.shape[0],)](x2d, x2d, x2d, weight.contiguous(), y, eps, D=D, ADD=False,
-                                               BLOCK=_power_of_two(D))
-        return y.view(*x.shape[:-1], D)
+        return triton_rms_norm(x, None, weight, eps)[1]
     raise ValueError(f"no norm formulation {name!r} (formulations: {', '.join(FORMULATIONS['norm'])})")
 
 
@@ -342,15 +334,25 @@ def run_added_norm(name: str, x: torch.Tensor, delta: torch.Tensor, rms: torch.n
         x = x + delta
         return x, rms(x)
     if name == "triton":
-        fused, D = _fused(x), x.shape[-1]
-        if not x.dtype == delta.dtype == rms.weight.dtype:
-            raise ValueError("the RMSNorm kernel takes x, delta and its weight in one dtype")
-        x2d, delta2d = x.reshape(-1, D).contiguous(), delta.reshape(-1, D).contiguous()
-        total, y = torch.empty_like(x2d), torch.empty_like(x2d)
-        fused.rms_norm_kernel[(x2d.shape[0],)](x2d, delta2d, total, rms.weight.contiguous(), y, rms.eps, D=D,
-                                               ADD=True, BLOCK=_power_of_two(D))
-        return total.view(x.shape), y.view(x.shape)
+        return triton_rms_norm(x, delta, rms.weight, rms.eps)
     raise ValueError(f"no added_norm formulation {name!r} (formulations: {', '.join(FORMULATIONS['added_norm'])})")
+
+
+def triton_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """models/fused.py's RMSNorm kernel: (x + delta, its RMSNorm) [..., D], or with delta None
+    (x, its RMSNorm). x, delta and weight in one dtype."""
+    if any(t is not None and t.dtype != weight.dtype for t in (x, delta)):
+        raise ValueError("the RMSNorm kernel takes x, delta and its weight in one dtype")
+    fused, D = _fused(x), x.shape[-1]
+    x2d = x.reshape(-1, D).contiguous()
+    y = torch.empty_like(x2d)
+    if delta is None:
+        total, delta2d = x2d, x2d  # nothing added, nothing written but y
+    else:
+        total, delta2d = torch.empty_like(x2d), delta.reshape(-1, D).contiguous()
+    fused.rms_norm_kernel[(x2d.shape[0],)](x2d, delta2d, total, weight.contiguous(), y, eps, D=D,
+                                           ADD=delta is not None, BLOCK=_power_of_two(D))
+    return (x if delta is None else total.view(x.shape)), y.view(x.shape)
 
 
 def run_rotary(name: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
