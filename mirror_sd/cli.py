@@ -52,7 +52,7 @@ def _add_model_args(p: argparse.ArgumentParser):
                    help="with graphs: run a window at the captured width that holds it and replayed fastest "
                         "when captured (cheapest), or always at the smallest that holds it")
     g.add_argument("--kernels", choices=("tuned", "default"), default="tuned",
-                   help="with graphs on a GPU: record each matrix product, attention, norm, rotary embedding and MLP "
+                   help="with graphs on a GPU: record each operation of a stage (products, attention, norms, ...) "
                         "in the formulation measured fastest for its shapes when captured (tuned), or as PyTorch's "
                         "default calls (default)")
 

@@ -153,8 +153,8 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     run eagerly elsewhere (how the CPU tests that path). ``pair.graphs`` changes it later.
     buckets: "cheapest" (a window runs at the captured bucket that holds it and replayed fastest when
     captured) or "smallest" (always the smallest that holds it); models/stages.py says why.
-    kernels: "tuned" (each matrix product, attention, norm, rotary embedding and MLP a stage captures
-    on a GPU runs the formulation measured fastest for its shapes; models/tuning.py) or "default"
+    kernels: "tuned" (each operation a stage captures on a GPU, from its products to its attention,
+    runs the formulation measured fastest for its shapes; models/tuning.py) or "default"
     (PyTorch's calls, as outside a stage). It applies to stages captured from then on
     (``pair.kernels`` changes it).
     Loading runs on the CPU lanes' shared worker thread (devices.on_cpu_worker says why).

@@ -51,13 +51,11 @@ that holds it: :func:`cheapest_bucket`, where a wider bucket must save more than
 taken. Padding rows never change a real row, so only the time moves. Eager stages (the CPU) are
 not timed and keep the smallest bucket.
 
-Tuned kernels. For the same reason, each matrix product a captured stage records runs the fp32
-formulation (cuBLAS's, the same product with its sides swapped, or a Triton kernel for few rows)
-measured fastest on the device for its shape and row count, and so do its attention (grouped
-heads, or heads expanded for a fused kernel), RMSNorm and rotary embedding (PyTorch's several
-small kernels, or one), and q, k, v and the MLP's gate and up (separate products, or one):
-models/tuning.py, tuned in each stage's warm-up (``Stages.tuned_kernels``;
-off: PyTorch's default calls).
+Tuned kernels. For the same reason, each operation a captured stage records (its matrix
+products, attention, norms, rotary embeddings, cache writes and MLP) runs the formulation measured
+fastest on the device for its shape and row count: PyTorch's calls, or fewer, fused kernels
+(models/tuning.py lists them), tuned in each stage's warm-up (``Stages.tuned_kernels``; off:
+PyTorch's default calls).
 
 Not here (these run the plain forward, on the same cache, with graphs on): the LM head over
 EAGLE's features and its head's logits (one product each: one launch, nothing for a graph to
@@ -347,9 +345,8 @@ class Stage:
         the events of the non-blocking copies ``to_device`` made before. The body itself only
         launches kernels on the stage's buffers, so nothing it records depends on that other work.
 
-        Its matrix products, attention, norms, rotary embeddings and MLPs are recorded in the
-        formulation measured fastest for their shapes (``tuned_kernels``; models/tuning.py), tuned during the
-        warm-up."""
+        Its operations are recorded in the formulation measured fastest for their shapes
+        (``tuned_kernels``; models/tuning.py), tuned during the warm-up."""
         device = self.x.device
         with torch.inference_mode(), torch.cuda.device(device), tuning.planned(self.tuned_kernels):
             self.load_padding()
