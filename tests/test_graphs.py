@@ -100,6 +100,7 @@ METHODS = [
     ("sd", dict(gamma=3), {"full"}),
     ("sd", dict(gamma=3, streams=1), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("sd", dict(gamma=3, streams=2), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
+    ("sd", dict(gamma=3, tree=6, branching=2), {"full"}),  # the draft's tree levels and the target's tree verify
     ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=0),  # the trained exit head, in a stage of its own
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),
     ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=1),  # the whole step queued: the branches chosen on the device

@@ -23,13 +23,15 @@ import torch
 from ..models.forwards import FULL
 from ..options import Option
 from ..trace import DraftWork
+from .tree import Tree
 
 
 @dataclass
 class Proposal:
-    tokens: list[int]  # the window
+    tokens: list[int]  # the window (a tree's nodes, in creation order)
     q: torch.Tensor | None  # [len(tokens), V]: each token's law at T > 0; None at T = 0
     work: DraftWork  # draft forwards, copies, lookahead checked
+    tree: Tree | None = None  # the draft tree the tokens are the nodes of (None: a chain)
 
 
 class Drafter:
@@ -37,11 +39,12 @@ class Drafter:
 
     OPTIONS: tuple[Option, ...] = ()
     how = ""  # how it drafts, for span labels ("" for token by token)
+    tree = 0  # draft tree nodes it proposes at T = 0 (0: a chain of gamma)
 
     def check(self, pair, gamma: int):
         """Refuse, with a MirrorSDError, a pair or window this drafter cannot draft with."""
 
-    def extra_slots(self, pair) -> tuple[int, int]:
+    def extra_slots(self, pair, gamma: int) -> tuple[int, int]:
         """Cache room beyond a window of gamma: (draft cache, target cache)."""
         return 0, 0
 

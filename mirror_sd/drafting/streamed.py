@@ -157,7 +157,7 @@ class CheckedStreams(Drafter):
     def check(self, pair, gamma: int):
         draft_streams(pair)
 
-    def extra_slots(self, pair) -> tuple[int, int]:
+    def extra_slots(self, pair, gamma: int) -> tuple[int, int]:
         past_gamma = draft_streams(pair).num_streams * self.overshoot  # window tokens past gamma
         return self.total_tokens + self.lookup + past_gamma, past_gamma  # a forward's tree, behind the window
 

@@ -1,5 +1,12 @@
 """The classic draft: one draft forward per window token, each token the draft's own pick.
 
+With option ``tree`` > 0 (temperature 0), the draft grows a tree instead of a chain: EAGLE-2's
+dynamic tree (``tree.grow_tree``), ``gamma`` levels deep, each level one draft forward over the
+``branching`` best nodes of the level before (tree mask, depth positions), each node given its
+``branching`` most likely children; the best ``tree`` nodes by summed log-prob are what the target
+verifies, in one forward (methods/sd.py). At T > 0 it drafts the chain: a deterministic top-k
+tree has no exact sampling rule (as in methods/eagle.py).
+
 With option ``copy_below`` > 0, where the draft is unsure (its top-1 probability below it) and the
 context continues the last 3 or 2 tokens somewhere, the draft proposes that copied token instead
 (``unsure_copy``): small drafts copy names, numbers and phrases from a prompt's passage badly. At
@@ -12,15 +19,20 @@ import torch
 import torch.nn.functional as F
 
 from ..devices import to_device
+from ..errors import MirrorSDError
 from ..models.forwards import forward
 from ..options import Option
 from ..trace import DraftWork
 from . import Drafter, Proposal
 from .lookup import copy_from_context
+from .tree import Tree, grow_tree, tree_positions
 
 COPY_NGRAM_SIZES = (3, 2)  # the last token alone matches too often where the draft was right
 COPY_BELOW = Option("copy_below", 0.0, 0.0, 1.0, "where the draft's top-1 probability is below this and the "
                     "context continues the last 3 or 2 tokens, propose the copied token instead (0: off)", kind=float)
+TREE = Option("tree", 0, 0, 63, "draft tree nodes the target verifies in one forward: the best of a tree the draft "
+              "grows gamma levels deep (greedy only; T > 0 verifies a chain of gamma); 0: a chain of gamma tokens")
+BRANCHING = Option("branching", 4, 1, 16, "with tree: children per expanded node, and nodes expanded per level")
 
 
 def unsure_copy(sequence: list[int], logits: torch.Tensor, probs: torch.Tensor | None, below: float) -> int | None:
@@ -75,12 +87,46 @@ def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
     return tokens, (torch.stack(q) if q else None), copies
 
 
-class TokenByToken(Drafter):
-    OPTIONS = (COPY_BELOW,)
+def draft_tree(run, cache, depth: int, branching: int, nodes: int) -> Tree:
+    """A dynamic tree of ``nodes`` draft tokens, ``depth`` levels deep (module docstring), after the
+    committed sequence; the draft's cache ends holding the sequence (the tree's entries rolled back)."""
+    draft, n = run.pair.draft, len(run.sequence)
+    vocab_map = draft.vocab_map.cpu() if draft.vocab_map is not None else None
+    V = run.pair.target.args.vocab_size
 
-    def __init__(self, copy_below: float = 0.0):
-        self.copy_below = copy_below
+    def log_probs(logits: torch.Tensor) -> torch.Tensor:  # [k, draft rows] -> [k, rows]
+        return torch.log_softmax((logits if vocab_map is not None else logits[..., :V]).float(), dim=-1)
+
+    def expand(_nodes, _parents, tokens, depths, mask):
+        ids = to_device([tokens], draft.device)  # [1, k]
+        positions = to_device(tree_positions(depths, n - 1)[:, 1:], draft.device)  # node at depth j: n-1+j
+        return log_probs(forward(draft, ids, cache, positions, to_device(mask, draft.device))[0])
+
+    first = log_probs(forward(draft, to_device([run.sequence[cache.length:]], draft.device), cache)[0, -1])
+    to_ids = (lambda rows: vocab_map[rows]) if vocab_map is not None else (lambda rows: rows)
+    tree = grow_tree(first, expand, to_ids, depth, branching, nodes, cache.length)
+    cache.rollback(n)
+    return tree
+
+
+class TokenByToken(Drafter):
+    OPTIONS = (COPY_BELOW, TREE, BRANCHING)
+
+    def __init__(self, copy_below: float = 0.0, tree: int = 0, branching: int = 4):
+        self.copy_below, self.tree, self.branching = copy_below, tree, branching
+
+    def check(self, pair, gamma: int):
+        if self.tree and self.copy_below:
+            raise MirrorSDError("copy_below works on a chain of draft tokens, not on a tree: set tree=0 or copy_below=0")
+
+    def extra_slots(self, pair, gamma: int) -> tuple[int, int]:
+        """A tree's expanded nodes sit in the draft's cache while it grows (its target window, at most
+        64 rows, fits the usual margin)."""
+        return (self.branching * (gamma - 1), 0) if self.tree else (0, 0)
 
     def propose(self, run, cache, gamma: int) -> Proposal:
+        if self.tree and run.draft_sampler.greedy:
+            tree = draft_tree(run, cache, gamma, self.branching, self.tree)
+            return Proposal(tree.tokens, None, DraftWork(forwards=gamma), tree=tree)
         tokens, q, copies = draft_window(run, cache, gamma, self.copy_below)
         return Proposal(tokens, q, DraftWork(forwards=gamma, copied_at=copies))

@@ -62,6 +62,52 @@ def best_subtree(tokens: list[int], parents: list[int], depths: list[int], score
                 [depths[i] for i in keep], [round(scores[i], 4) for i in keep])
 
 
+def grow_tree(first: torch.Tensor, expand, to_ids, depth: int, top_k: int, total_tokens: int, base: int) -> Tree:
+    """EAGLE-2's dynamic tree, for a drafter that feeds nodes to a KV cache of ``base`` committed slots.
+
+    first: log-probs [rows] of the root's children. For ``depth - 1`` more levels, the ``top_k`` best
+    nodes of the newest level (by summed log-prob along the path) are the frontier, fed together:
+    ``expand(nodes, parents, tokens, depths, mask)`` gets their indices, their parents' (-1: the
+    root), tokens and depths, and ``mask``
+    [k, slots + k] (what each sees of the cache: the committed slots, its expanded ancestors'
+    entries, itself), writes them after the cache's slots and returns their children's log-probs
+    [k, rows]. Each node gets its ``top_k`` best children. The best ``total_tokens`` nodes are kept
+    (``best_subtree``). to_ids maps rows (a tensor) to target ids.
+    """
+    tokens, parents, depths, scores = [], [], [], []
+    slot_of: dict[int, int] = {}  # expanded node -> its cache slot
+    slots = base
+
+    def add_children(parents_: list[int], logp: torch.Tensor, d: int) -> list[int]:
+        top = logp.float().cpu().topk(min(top_k, logp.shape[-1]), dim=-1)
+        new = []
+        for parent, ids, lps in zip(parents_, to_ids(top.indices).tolist(), top.values.tolist()):
+            for token, lp in zip(ids, lps):
+                tokens.append(int(token))
+                parents.append(parent)
+                depths.append(d)
+                scores.append((scores[parent] if parent >= 0 else 0.0) + lp)
+                new.append(len(tokens) - 1)
+        return new
+
+    level = add_children([-1], first[None], 1)
+    for d in range(2, depth + 1):
+        frontier = sorted(level, key=lambda i: (-scores[i], i))[:top_k]
+        mask = torch.zeros(len(frontier), slots + len(frontier), dtype=torch.bool)  # [k, slots + k]
+        mask[:, :base] = True  # committed positions
+        for row, node in enumerate(frontier):
+            slot_of[node] = slots + row
+            a = node
+            while a >= 0:  # itself and its expanded ancestors
+                mask[row, slot_of[a]] = True
+                a = parents[a]
+        logp = expand(frontier, [parents[i] for i in frontier], [tokens[i] for i in frontier],
+                      [depths[i] for i in frontier], mask)
+        slots += len(frontier)
+        level = add_children(frontier, logp, d)
+    return best_subtree(tokens, parents, depths, scores, total_tokens)
+
+
 def stream_tree(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> Tree:
     """A draft tree from speculative streams' log-probs logp [gamma, head rows] at one position
     (the tree drafting of Speculative Streaming): the top_k tokens of stream 1 are

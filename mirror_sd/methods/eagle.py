@@ -38,7 +38,7 @@ import torch
 
 from ..devices import to_device
 from ..drafting.lookup import copy_from_context
-from ..drafting.tree import Tree, best_subtree, graft, sampled_chain, tree_mask, tree_positions
+from ..drafting.tree import Tree, graft, grow_tree, sampled_chain, tree_mask, tree_positions
 from ..errors import MirrorSDError
 from ..models.eagle import EMBEDDED_HEAD, EagleHead, HeadStages, feature_ranges, load_head, target_features
 from ..models.loading import EMBEDDED_NAME
@@ -91,46 +91,20 @@ def to_target_logits(head: EagleHead, feats: torch.Tensor, vocab_size: int) -> t
 
 
 def draft_tree(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, top_k: int, total_tokens: int) -> Tree:
-    """EAGLE-2 dynamic tree (module docstring, step 1). last: f^_{n-1} [d]; cache length n - 1."""
-    base = cache.length
-    vocab_map = head.vocab_map.cpu()
-    tokens, parents, depths, scores = [], [], [], []
-    slot_of: dict[int, int] = {}  # node -> its head cache slot (expanded nodes only)
-
-    def add_children(parents_: list[int], feats: torch.Tensor, d: int) -> list[int]:
-        """The top_k children of each node in parents_ (-1: the root), from its predicted feature [k, d]."""
-        logp = torch.log_softmax(head.logits(feats), dim=-1).cpu()  # [k, rows]
-        top = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
-        new = []
-        for parent, rows, lps in zip(parents_, top.indices.tolist(), top.values.tolist()):
-            base_score = scores[parent] if parent >= 0 else 0.0
-            for row, lp in zip(rows, lps):
-                tokens.append(int(vocab_map[row]))
-                parents.append(parent)
-                depths.append(d)
-                scores.append(base_score + lp)
-                new.append(len(tokens) - 1)
-        return new
-
-    level = add_children([-1], last[None], 1)
+    """EAGLE-2 dynamic tree (module docstring, step 1; ``tree.grow_tree``). last: f^_{n-1} [d]; cache
+    length n - 1. Each frontier node feeds the head its parent's predicted feature (the root's: last)."""
     predicted: dict[int, torch.Tensor] = {}  # node -> the head's output with that node as input
-    for d in range(2, depth + 1):
-        frontier = sorted(level, key=lambda i: (-scores[i], i))[:top_k]
-        start = cache.length
-        mask = torch.zeros(len(frontier), start + len(frontier), dtype=torch.bool)  # [k, start + k]
-        mask[:, :base] = True  # committed positions
-        for row, node in enumerate(frontier):
-            slot_of[node] = start + row
-            a = node
-            while a >= 0:  # itself and its expanded ancestors
-                mask[row, slot_of[a]] = True
-                a = parents[a]
-        feats = torch.stack([predicted[parents[i]] if parents[i] >= 0 else last for i in frontier])  # [k, d]
-        positions = torch.tensor([[n - 2 + depths[i] for i in frontier]])  # node at depth j: position n-2+j
-        out = head_step(head, cache, feats, [tokens[i] for i in frontier], positions, mask)  # [k, d]
-        predicted.update({i: out[row] for row, i in enumerate(frontier)})
-        level = add_children(frontier, out, d)
-    return best_subtree(tokens, parents, depths, scores, total_tokens)
+
+    def expand(nodes, parents, tokens, depths, mask):
+        feats = torch.stack([predicted[p] if p >= 0 else last for p in parents])  # [k, d]
+        positions = torch.tensor([[n - 2 + d for d in depths]])  # node at depth j: position n-2+j
+        out = head_step(head, cache, feats, tokens, positions, mask)  # [k, d]
+        predicted.update({i: out[row] for row, i in enumerate(nodes)})
+        return torch.log_softmax(head.logits(out), dim=-1)
+
+    vocab_map = head.vocab_map.cpu()
+    first = torch.log_softmax(head.logits(last[None]), dim=-1)[0]
+    return grow_tree(first, expand, lambda rows: vocab_map[rows], depth, top_k, total_tokens, cache.length)
 
 
 def draft_chain(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, sampler, vocab_size: int) -> Tree:

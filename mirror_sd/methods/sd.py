@@ -4,18 +4,22 @@ Each step a drafter (``mirror_sd/drafting``: option ``streams`` picks token by t
 streams in one forward, or the draft checking its streams' lookahead) proposes gamma tokens on the
 draft lane; the target scores all gamma + 1 positions in one forward on the target lane;
 ``verify`` accepts a prefix and adds the correction or bonus token. Both KV caches are rolled back
-to what was committed. The draft sits on the critical path: draft and target take turns (the
+to what was committed. With ``tree`` > 0 (token by token, T = 0) the draft proposes a tree of that
+many tokens instead, and the target verifies it as eagle verifies its head's: one forward under
+the tree mask, then the walk down the children that match its argmax (``verify_tree``). The draft sits on the critical path: draft and target take turns (the
 serial barrier that Mirror-SD removes).
 """
 from __future__ import annotations
 
 import torch
 
+from ..devices import to_device
 from ..drafting import make_drafter
+from ..drafting.tree import Tree, tree_mask, tree_positions
 from ..models.forwards import forward
 from ..trace import Step
 from .prefill import prefill_pair
-from .verify import verify
+from .verify import accept_tree, verify
 
 
 def check(pair, options):
@@ -26,26 +30,44 @@ def _drafter_options(options: dict) -> dict:
     return {name: value for name, value in options.items() if name != "gamma"}
 
 
+def verify_tree(run, cache, tree: Tree) -> tuple[list[int], int]:
+    """One target forward over [last committed token, tree nodes] under the tree mask; the accepted
+    path (nodes) and the next token. The cache keeps the root and the path."""
+    target, n = run.pair.target, len(run.sequence)
+    ids = to_device([[run.sequence[-1], *tree.tokens]], target.device)  # [1, N + 1]
+    positions = to_device(tree_positions(tree.depths, n - 1), target.device)
+    logits = forward(target, ids, cache, positions, tree_mask(tree.parents))[0]  # [N + 1, V]
+    path, token = accept_tree(tree, logits, run.target_sampler)
+    cache.keep([n - 1] + [n + i for i in path], at=n - 1)  # root + accepted path -> slots n-1 .. n-1+A
+    return path, token
+
+
 def decode(run, gamma: int, **drafter_options):
     pair = run.pair
     drafter = make_drafter(**drafter_options)
-    extra_draft, past_gamma = drafter.extra_slots(pair)
+    extra_draft, past_gamma = drafter.extra_slots(pair, gamma)
     target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=extra_draft, extra_target_slots=past_gamma,
                                                     draft_ranges=drafter.layer_ranges(pair))
     yield first
     label = f"draft {'≥' if past_gamma else ''}{gamma} tokens{drafter.how}"
+    if drafter.tree and run.draft_sampler.greedy:
+        label = f"draft tree of {drafter.tree} tokens, depth {gamma}"
     while not run.done:
         step = run.next_step
         committed = len(run.sequence)
         proposal = run.draft_lane.run("draft", drafter.propose, run, draft_cache, gamma, label=label, step=step,
                                       tokens=gamma)
         draft = proposal.tokens
-        window = torch.tensor([[run.sequence[-1], *draft]], device=pair.target.device)  # [1, len(draft) + 1]
-        logits = run.target_lane.run("verify", forward, pair.target, window, target_cache,
-                                     label=f"verify {len(draft) + 1} tokens", step=step, tokens=len(draft) + 1)
-        verdict = verify(draft, proposal.q, logits[0], run.target_sampler)
-        tokens, origins = verdict.committed(draft)
-        target_cache.rollback(committed + verdict.accepted)  # last committed + accepted drafts
-        draft_cache.rollback(min(draft_cache.length, committed + verdict.accepted))
-        drafter.settle(proposal, verdict.accepted)
-        yield run.commit(Step(step, tokens, origins, proposed=draft, accepted=verdict.accepted, draft=proposal.work))
+        verifying = dict(label=f"verify {len(draft) + 1} tokens", step=step, tokens=len(draft) + 1)
+        if proposal.tree is not None:
+            path, token = run.target_lane.run("verify", verify_tree, run, target_cache, proposal.tree, **verifying)
+            accepted, (tokens, origins), tree = len(path), proposal.tree.committed(path, token), proposal.tree.record(path)
+        else:
+            window = torch.tensor([[run.sequence[-1], *draft]], device=pair.target.device)  # [1, len(draft) + 1]
+            logits = run.target_lane.run("verify", forward, pair.target, window, target_cache, **verifying)
+            verdict = verify(draft, proposal.q, logits[0], run.target_sampler)
+            accepted, (tokens, origins), tree = verdict.accepted, verdict.committed(draft), None
+            target_cache.rollback(committed + accepted)  # last committed + accepted drafts
+        draft_cache.rollback(min(draft_cache.length, committed + accepted))
+        drafter.settle(proposal, accepted)
+        yield run.commit(Step(step, tokens, origins, proposed=draft, accepted=accepted, draft=proposal.work, tree=tree))
