@@ -68,11 +68,11 @@ def grow_tree(first: torch.Tensor, expand, to_ids, depth: int, top_k: int, total
     first: log-probs [rows] of the root's children. For ``depth - 1`` more levels, the ``top_k`` best
     nodes of the newest level (by summed log-prob along the path) are the frontier, fed together:
     ``expand(nodes, parents, tokens, depths, mask)`` gets their indices, their parents' (-1: the
-    root), tokens and depths, and ``mask``
-    [k, slots + k] (what each sees of the cache: the committed slots, its expanded ancestors'
-    entries, itself), writes them after the cache's slots and returns their children's log-probs
-    [k, rows]. Each node gets its ``top_k`` best children. The best ``total_tokens`` nodes are kept
-    (``best_subtree``). to_ids maps rows (a tensor) to target ids.
+    root), tokens and depths, and mask [k, slots + k] (what each may see of the cache: the
+    committed slots, its expanded ancestors' entries, itself); it writes them after the cache's
+    slots and returns their children's log-probs [k, rows]. Each node gets its ``top_k`` best
+    children. The best ``total_tokens`` nodes are kept (``best_subtree``). to_ids maps rows (a
+    tensor) to target ids.
     """
     tokens, parents, depths, scores = [], [], [], []
     slot_of: dict[int, int] = {}  # expanded node -> its cache slot

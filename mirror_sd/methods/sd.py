@@ -6,8 +6,8 @@ draft lane; the target scores all gamma + 1 positions in one forward on the targ
 ``verify`` accepts a prefix and adds the correction or bonus token. Both KV caches are rolled back
 to what was committed. With ``tree`` > 0 (token by token, T = 0) the draft proposes a tree of that
 many tokens instead, and the target verifies it as eagle verifies its head's: one forward under
-the tree mask, then the walk down the children that match its argmax (``verify_tree``). The draft sits on the critical path: draft and target take turns (the
-serial barrier that Mirror-SD removes).
+the tree mask, then the walk down the children that match its argmax (``verify_tree``). The draft
+sits on the critical path: draft and target take turns (the serial barrier that Mirror-SD removes).
 """
 from __future__ import annotations
 
