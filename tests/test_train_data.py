@@ -11,6 +11,7 @@ from mirror_sd.train.instruct import rejection, resume_point, self_instruct_prom
 from mirror_sd.train.prompts import CATEGORIES, BenchFilter, build_prompts
 
 
+@pytest.mark.slow  # training data, sampled with the real target: make test-all
 def test_prompts_are_reproducible_cover_every_category_and_avoid_the_bench_set():
     prompts = build_prompts(24, seed=0)
     assert prompts == build_prompts(24, seed=0)
@@ -38,6 +39,7 @@ def test_batched_greedy_answers_equal_transformers_generate(hf_target):
     assert all(0 < len(a) <= 12 for a in ours)
 
 
+@pytest.mark.slow  # training data, sampled with the real target: make test-all
 def test_self_instruct_prompts_are_reproducible_single_user_turns_and_avoid_the_bench_set(hf_target):
     model, tokenizer = hf_target
     prefix = tokenizer.decode(user_turn_prefix(tokenizer))
@@ -149,6 +151,7 @@ def test_data_on_a_device_this_machine_lacks_is_a_clear_error(tmp_path, capsys):
     assert rc == 2 and "device 'cuda:3' is not available" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # training data, sampled with the real target: make test-all
 def test_prompts_only_then_answers_them_where_the_corpora_are_missing(tmp_path, monkeypatch):
     """--prompts-only writes the prompts and stops; the same command without it reads them back
     (here with the corpora made unreachable, as on a GPU box) and writes one answer per turn."""
