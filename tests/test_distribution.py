@@ -12,9 +12,10 @@ from mirror_sd import generate, load_pair
 from mirror_sd.sampling import Sampler
 
 PROMPT = "t1 t2 t3"
-# Seeded runs per chi-square test. Enough: with the tiny pair, the tests' negative controls (the
-# draft's own law) already fail at p < 1e-300 from 1,000 runs (sd and mirror, measured 2026-11-26).
-SAMPLES = 1500
+# Seeded runs per chi-square test (sd, mirror, eagle, ss and the copies use this count). Enough:
+# with the tiny pair, the tests' negative controls (the draft's own law) already fail at p < 1e-300
+# from 1,000 runs (sd and mirror, measured 2026-11-26).
+SAMPLES = 1200
 
 
 def exact_joint_law(model, prompt_ids, temperature, top_p, n: int) -> torch.Tensor:
