@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..devices import to_device
 from ..trace import DraftTree
 
 
@@ -165,6 +166,20 @@ def tree_mask(parents: list[int]) -> torch.Tensor:
 def tree_positions(depths: list[int], root_position: int) -> torch.Tensor:
     """[1, N + 1] rotary positions of [root, nodes]: the root's, plus each node's depth."""
     return torch.tensor([[root_position] + [root_position + d for d in depths]])
+
+
+def tree_window(tree: Tree, sequence: list[int], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a target forward over [last committed token, nodes] takes, on ``device``: ids [1, N + 1],
+    positions [1, N + 1] (the root at len(sequence) - 1, a node its depth beyond) and the tree mask
+    [N + 1, N + 1]."""
+    ids = to_device([[sequence[-1], *tree.tokens]], device)
+    return ids, to_device(tree_positions(tree.depths, len(sequence) - 1), device), tree_mask(tree.parents)
+
+
+def keep_path(cache, path: list[int], n: int):
+    """After a forward over [root, nodes] written at slots n - 1, n, ...: the cache keeps the root and
+    the accepted path (nodes), moved to slots n - 1 .. n - 1 + A."""
+    cache.keep([n - 1] + [n + i for i in path], at=n - 1)
 
 
 def walk_tree(tokens: list[int], children: dict[int, list[int]], logits_at, pick) -> tuple[list[int], int]:

@@ -38,7 +38,7 @@ import torch
 
 from ..devices import to_device
 from ..drafting.lookup import copy_from_context
-from ..drafting.tree import Tree, graft, grow_tree, sampled_chain, tree_mask, tree_positions
+from ..drafting.tree import Tree, graft, grow_tree, keep_path, sampled_chain, tree_window
 from ..errors import MirrorSDError
 from ..models.eagle import EMBEDDED_HEAD, EagleHead, HeadStages, feature_ranges, load_head, target_features
 from ..models.loading import EMBEDDED_NAME
@@ -152,13 +152,12 @@ def verify_tree(run, cache, tree: Tree, early_layers=()):
     """One target forward over [root, nodes]; the accepted path (nodes), the next token, and the
     features of the root and the path [A + 1, d] with their early features; the cache keeps the
     root and the path."""
-    target, n = run.pair.target, len(run.sequence)
-    ids = to_device([[run.sequence[-1], *tree.tokens]], target.device)  # [1, N + 1]
-    positions = to_device(tree_positions(tree.depths, n - 1), target.device)
-    feats, early = features_of(target, ids, cache, early_layers, positions, tree_mask(tree.parents))
+    target = run.pair.target
+    ids, positions, mask = tree_window(tree, run.sequence, target.device)
+    feats, early = features_of(target, ids, cache, early_layers, positions, mask)
     logits = target.lm_head(feats).float()  # [N + 1, V]: one pass over the head's weights for every node
     path, token = accept_tree(tree, logits, run.target_sampler)
-    cache.keep([n - 1] + [n + i for i in path], at=n - 1)  # root + accepted path -> slots n-1 .. n-1+A
+    keep_path(cache, path, len(run.sequence))
     rows = [0] + [i + 1 for i in path]
     return path, token, feats[rows], (early[rows] if early is not None else None)
 

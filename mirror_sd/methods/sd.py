@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from ..devices import to_device
 from ..drafting import make_drafter
-from ..drafting.tree import Tree, tree_mask, tree_positions
+from ..drafting.tree import Tree, keep_path, tree_window
 from ..models.forwards import forward
 from ..trace import Step
 from .prefill import prefill_pair
@@ -33,12 +32,10 @@ def _drafter_options(options: dict) -> dict:
 def verify_tree(run, cache, tree: Tree) -> tuple[list[int], int]:
     """One target forward over [last committed token, tree nodes] under the tree mask; the accepted
     path (nodes) and the next token. The cache keeps the root and the path."""
-    target, n = run.pair.target, len(run.sequence)
-    ids = to_device([[run.sequence[-1], *tree.tokens]], target.device)  # [1, N + 1]
-    positions = to_device(tree_positions(tree.depths, n - 1), target.device)
-    logits = forward(target, ids, cache, positions, tree_mask(tree.parents))[0]  # [N + 1, V]
+    ids, positions, mask = tree_window(tree, run.sequence, run.pair.target.device)
+    logits = forward(run.pair.target, ids, cache, positions, mask)[0]  # [N + 1, V]
     path, token = accept_tree(tree, logits, run.target_sampler)
-    cache.keep([n - 1] + [n + i for i in path], at=n - 1)  # root + accepted path -> slots n-1 .. n-1+A
+    keep_path(cache, path, len(run.sequence))
     return path, token
 
 

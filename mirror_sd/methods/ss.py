@@ -36,7 +36,7 @@ import torch
 
 from ..devices import to_device
 from ..drafting.lookup import copy_from_context
-from ..drafting.tree import Tree, graft, sampled_chain, stream_tree, tree_mask, tree_positions
+from ..drafting.tree import Tree, graft, keep_path, sampled_chain, stream_tree, tree_window
 from ..models.streams import forward_with_streams, split_forward, stream_ranges, target_streams
 from ..sampling import to_target_vocab
 from ..trace import Step
@@ -69,16 +69,15 @@ def verify_tree(run, streams, cache, tree: Tree, gamma: int, one_forward: bool):
     draft needs: with one_forward the streams' logits [gamma, head rows] at the path's last node
     (they rode in this forward), else that node's layer-L0 hidden state [1, 1, d]. The cache keeps
     the root and the path."""
-    target, n = run.pair.target, len(run.sequence)
-    ids = to_device([[run.sequence[-1], *tree.tokens]], target.device)  # [1, N + 1]
-    positions = to_device(tree_positions(tree.depths, n - 1), target.device)
+    target = run.pair.target
+    ids, positions, mask = tree_window(tree, run.sequence, target.device)
     if one_forward:
         logits, stream_logits = forward_with_streams(target, streams, ids, cache, gamma, positions=positions,
-                                                     tree_mask=tree_mask(tree.parents))  # [1, N+1, V], [1, N+1, g, .]
+                                                     tree_mask=mask)  # [1, N+1, V], [1, N+1, g, .]
     else:
-        logits, h0 = split_forward(target, ids, cache, streams.first_layer, positions, tree_mask(tree.parents))
+        logits, h0 = split_forward(target, ids, cache, streams.first_layer, positions, mask)
     path, token = accept_tree(tree, logits[0], run.target_sampler)
-    cache.keep([n - 1] + [n + i for i in path], at=n - 1)  # root + accepted path -> slots n-1 .. n-1+A
+    keep_path(cache, path, len(run.sequence))
     last = path[-1] + 1 if path else 0  # window index of the last accepted token
     return path, token, stream_logits[0, last] if one_forward else h0[:, last:last + 1]
 
