@@ -11,7 +11,7 @@ from mirror_sd.train.instruct import rejection, resume_point, self_instruct_prom
 from mirror_sd.train.prompts import CATEGORIES, BenchFilter, build_prompts
 
 
-@pytest.mark.slow  # training data, sampled with the real target: make test-all
+@pytest.mark.slow  # training prompts built from the corpora (about 20 s): make test-all
 def test_prompts_are_reproducible_cover_every_category_and_avoid_the_bench_set():
     prompts = build_prompts(24, seed=0)
     assert prompts == build_prompts(24, seed=0)
