@@ -4,6 +4,7 @@ from __future__ import annotations
 from mirror_sd.trace import Trace
 
 from .tokens import copied_marks, piece
+from .trees import verdict_row
 
 
 def step_ms(trace: Trace, index: int) -> float:
@@ -89,7 +90,8 @@ def _mirror(step, pieces: dict) -> str:
                           "so the next window was already drafted (hit).")
     candidates = record.exit_candidates
     token = step.committed[-1] if step.committed else None
-    at = candidates[step.accepted] if step.accepted < len(candidates) else []
+    row = verdict_row(step)
+    at = candidates[row] if row < len(candidates) else []
     why = "was among the early-exit candidates but its branch was not rolled out" if token in at else \
         f"{piece(pieces, token)!r} was not among the early-exit candidates"
     return opening + f" The outcome {why}, so the next window is copied from the context or drafted afresh (miss)."

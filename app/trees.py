@@ -2,9 +2,10 @@
 
 Two records are drawn, so new methods that record one need no app change:
 
-* ``step.rendezvous`` (Mirror-SD): the draft window as a chain, the early-exit candidates hanging
-  off each window position, the branches the draft lane rolled out, and the one used at the
-  rendezvous (a hit) or the target's token that no branch foresaw (a miss: fallback).
+* ``step.rendezvous`` (Mirror-SD): the draft window (a chain, or the step's tree with mirror's tree
+  option), the early-exit candidates hanging off each window position, the branches the draft lane
+  rolled out (chains or trees), and the one used at the rendezvous (a hit) or the target's token
+  that no branch foresaw (a miss: fallback).
 * ``step.tree``, any draft tree (``DraftTree``: tokens, parents (-1 for children of the root),
   scores, the accepted path and the nodes copied from the context), as eagle and ss record.
 """
@@ -35,32 +36,47 @@ def step_tree(step) -> list[Node]:
     return []
 
 
+def verdict_row(step) -> int:
+    """The window row where the target's verdict fell: after the accepted draft tokens of a chain, or
+    at the end of the accepted path of a tree window (row 0: the last committed token)."""
+    if step.tree is None:
+        return step.accepted
+    return step.tree.path[-1] + 1 if step.tree.path else 0
+
+
 def mirror_tree(step) -> list[Node]:
     record = step.rendezvous
     nodes = [Node(None, None, ROOT, "committed prefix")]
-    chain = [0]  # node index of window position r (after r draft tokens)
-    for i, token in enumerate(step.proposed):
-        kind = ACCEPTED if i < step.accepted else REJECTED
-        nodes.append(Node(token, chain[-1], kind, f"draft token d{i + 1}"))
-        chain.append(len(nodes) - 1)
-    rolled = {(int(b[0]), int(b[1])): list(b[2]) for b in record.branches}
+    window = step.tree  # a tree window (mirror's tree option), or None: a chain
+    parents = window.parents if window is not None else list(range(-1, len(step.proposed) - 1))
+    accepted = set(window.path) if window is not None else set(range(step.accepted))
+    row_node = [0]  # node index of window row r (row 0: the last committed token; row i + 1: draft token i)
+    children = [set() for _ in range(len(step.proposed) + 1)]  # the draft tokens that follow each row
+    for i, (token, parent) in enumerate(zip(step.proposed, parents)):
+        kind = ACCEPTED if i in accepted else REJECTED
+        nodes.append(Node(token, row_node[parent + 1], kind, f"draft token d{i + 1}"))
+        row_node.append(len(nodes) - 1)
+        children[parent + 1].add(token)
+    shapes = record.branch_parents or [list(range(-1, len(b[2]) - 1)) for b in record.branches]  # chains
+    rolled = {(int(b[0]), int(b[1])): (list(b[2]), shape) for b, shape in zip(record.branches, shapes)}
     used = record.branches[record.branch_used][:2] if record.hit else None
-    target = (step.accepted, step.committed[-1]) if step.origins and step.origins[-1] in ("correction", "bonus") \
-        else None  # what the target emitted after the accepted prefix
+    target = (verdict_row(step), step.committed[-1]) if step.origins and step.origins[-1] in ("correction", "bonus") \
+        else None  # what the target emitted where the verdict fell
     missed = target if used is None else None
-    for r, candidates in enumerate(record.exit_candidates[:len(chain)]):
+    for r, candidates in enumerate(record.exit_candidates[:len(row_node)]):
         for rank, v in enumerate(candidates):
-            if r < len(step.proposed) and v == step.proposed[r]:
-                continue  # the draft token itself: that is the chain, not a branch
+            if v in children[r]:
+                continue  # a draft token itself: that is the window, not a branch
             is_used = used is not None and (r, v) == (int(used[0]), int(used[1]))
             kind = USED if is_used else TARGET_MISS if (r, v) == missed else ROLLED if (r, v) in rolled else CANDIDATE
-            nodes.append(Node(v, chain[r], kind, f"early-exit candidate #{rank + 1} at position {r}"))
-            parent = len(nodes) - 1
-            for k, token in enumerate(rolled.get((r, v), [])):
-                nodes.append(Node(token, parent, kind, f"draft rollout token {k + 1}"))
-                parent = len(nodes) - 1
-    if missed and not any(n.kind == TARGET_MISS for n in nodes) and missed[0] < len(chain):
-        nodes.append(Node(missed[1], chain[missed[0]], TARGET_MISS, "the target's token: not an early-exit candidate"))
+            nodes.append(Node(v, row_node[r], kind, f"early-exit candidate #{rank + 1} at position {r}"))
+            rollout = [len(nodes) - 1]  # node index of the branch root, then of each rolled-out token
+            tokens, shape = rolled.get((r, v), ([], []))
+            for k, (token, parent) in enumerate(zip(tokens, shape)):
+                nodes.append(Node(token, rollout[parent + 1], kind, f"draft rollout token {k + 1}"))
+                rollout.append(len(nodes) - 1)
+    if missed and not any(n.kind == TARGET_MISS for n in nodes) and missed[0] < len(row_node):
+        nodes.append(Node(missed[1], row_node[missed[0]], TARGET_MISS, "the target's token: not an early-exit candidate"))
     return nodes
 
 

@@ -98,6 +98,9 @@ class Rendezvous(Record):
     branch_used: int | None  # index in branches of the verdict's (accepted, token); None: a miss
     fallback: bool  # this window was drafted afresh, on the critical path
     copied: bool  # this window was copied from the context (after a miss)
+    # Tree windows (the step's ``tree`` is the window): r is a row of [root, nodes], and each branch's
+    # continuation is a tree, these its nodes' parents (-1: the branch's root token v). Chains: [].
+    branch_parents: list[list[int]] = field(default_factory=list)
 
     @property
     def hit(self) -> bool:

@@ -105,6 +105,8 @@ METHODS = [
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),
     ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=1),  # the whole step queued: the branches chosen on the device
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),
+    ("mirror", dict(gamma=3, exit_layer=1, tree=6, branching=2),  # tree windows: the prefix and suffix under a tree mask
+     {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),
     ("mirror", dict(gamma=2, exit_layer=1, streams=1, branch_budget=4, exit_head=0),
      {"full", "layers 0-1", "early exit at 1", "layers 1-2 + head", "streams 1-2"}),
     ("eagle", dict(depth=3, top_k=3, total_tokens=8), {"layers 0-1", "layers 1-2", "pairs", "pairs + early features"}),

@@ -87,15 +87,24 @@ def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
     return tokens, (torch.stack(q) if q else None), copies
 
 
+def tree_readers(run):
+    """How a draft tree reads the draft's logits: (log_probs, to_ids). log_probs: logits [k, draft rows]
+    -> log-probs [k, rows] (rows: the draft's vocabulary, or the target's where the draft's head is
+    wider); to_ids: rows (a tensor) -> target ids."""
+    draft, V = run.pair.draft, run.pair.target.args.vocab_size
+    vocab_map = draft.vocab_map.cpu() if draft.vocab_map is not None else None
+
+    def log_probs(logits: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax((logits if vocab_map is not None else logits[..., :V]).float(), dim=-1)
+
+    return log_probs, (lambda rows: vocab_map[rows]) if vocab_map is not None else (lambda rows: rows)
+
+
 def draft_tree(run, cache, depth: int, branching: int, nodes: int) -> Tree:
     """A dynamic tree of ``nodes`` draft tokens, ``depth`` levels deep (module docstring), after the
     committed sequence; the draft's cache ends holding the sequence (the tree's entries rolled back)."""
     draft, n = run.pair.draft, len(run.sequence)
-    vocab_map = draft.vocab_map.cpu() if draft.vocab_map is not None else None
-    V = run.pair.target.args.vocab_size
-
-    def log_probs(logits: torch.Tensor) -> torch.Tensor:  # [k, draft rows] -> [k, rows]
-        return torch.log_softmax((logits if vocab_map is not None else logits[..., :V]).float(), dim=-1)
+    log_probs, to_ids = tree_readers(run)
 
     def expand(_nodes, _parents, tokens, depths, mask):
         ids = to_device([tokens], draft.device)  # [1, k]
@@ -103,7 +112,6 @@ def draft_tree(run, cache, depth: int, branching: int, nodes: int) -> Tree:
         return log_probs(forward(draft, ids, cache, positions, to_device(mask, draft.device))[0])
 
     first = log_probs(forward(draft, to_device([run.sequence[cache.length:]], draft.device), cache)[0, -1])
-    to_ids = (lambda rows: vocab_map[rows]) if vocab_map is not None else (lambda rows: rows)
     tree = grow_tree(first, expand, to_ids, depth, branching, nodes, cache.length)
     cache.rollback(n)
     return tree

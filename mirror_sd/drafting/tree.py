@@ -64,49 +64,67 @@ def best_subtree(tokens: list[int], parents: list[int], depths: list[int], score
 
 
 def grow_tree(first: torch.Tensor, expand, to_ids, depth: int, top_k: int, total_tokens: int, base: int) -> Tree:
-    """EAGLE-2's dynamic tree, for a drafter that feeds nodes to a KV cache of ``base`` committed slots.
+    """EAGLE-2's dynamic tree, for a drafter that feeds nodes to a KV cache of ``base`` committed slots:
+    ``grow_trees`` for one root, whose nodes see every committed slot. expand(nodes, parents, tokens,
+    depths, mask) as there, without the trees."""
+    def expand_one(_trees, *frontier):
+        return expand(*frontier)
 
-    first: log-probs [rows] of the root's children. For ``depth - 1`` more levels, the ``top_k`` best
-    nodes of the newest level (by summed log-prob along the path) are the frontier, fed together:
-    ``expand(nodes, parents, tokens, depths, mask)`` gets their indices, their parents' (-1: the
-    root), tokens and depths, and mask [k, slots + k] (what each may see of the cache: the
-    committed slots, its expanded ancestors' entries, itself); it writes them after the cache's
-    slots and returns their children's log-probs [k, rows]. Each node gets its ``top_k`` best
-    children. The best ``total_tokens`` nodes are kept (``best_subtree``). to_ids maps rows (a
-    tensor) to target ids.
+    return grow_trees(first[None], expand_one, to_ids, depth, top_k, total_tokens,
+                      torch.ones(1, base, dtype=torch.bool))[0]
+
+
+def grow_trees(first: torch.Tensor, expand, to_ids, depth: int, top_k: int, total_tokens: int,
+               sees: torch.Tensor) -> list[Tree]:
+    """EAGLE-2's dynamic tree from each of B roots at once, every level of all of them in one forward.
+
+    first: log-probs [B, rows] of each root's children. sees [B, slots]: what tree b's nodes may see
+    of the cache before any node is fed (its committed slots and its root). For ``depth - 1`` more
+    levels, the ``top_k`` best nodes of each tree's newest level (by summed log-prob along the
+    path) are its frontier, and all frontiers are fed together: ``expand(trees, nodes, parents,
+    tokens, depths, mask)`` gets each row's tree, node index (in its tree), parent (-1: the root),
+    token and depth, and mask [R, slots + R] (what each row may see of the cache: ``sees``, its
+    expanded ancestors' entries, itself); it writes them after the cache's slots and returns their
+    children's log-probs [R, rows]. Each node gets its ``top_k`` best children. The best
+    ``total_tokens`` nodes of each tree are kept (``best_subtree``). to_ids maps rows (a tensor)
+    to target ids.
     """
-    tokens, parents, depths, scores = [], [], [], []
-    slot_of: dict[int, int] = {}  # expanded node -> its cache slot
-    slots = base
+    B = len(first)
+    grown = [([], [], [], []) for _ in range(B)]  # per tree: tokens, parents, depths, scores
+    slot_of: list[dict[int, int]] = [{} for _ in range(B)]  # per tree: expanded node -> its cache slot
+    slots = sees.shape[1]
 
-    def add_children(parents_: list[int], logp: torch.Tensor, d: int) -> list[int]:
-        top = logp.float().cpu().topk(min(top_k, logp.shape[-1]), dim=-1)
-        new = []
-        for parent, ids, lps in zip(parents_, to_ids(top.indices).tolist(), top.values.tolist()):
+    def add_children(rows: list[tuple[int, int]], logp: torch.Tensor, d: int) -> list[list[int]]:
+        """Each row's (tree, parent) gets its top_k children from logp [R, rows]: the new nodes per tree."""
+        top = logp.float().cpu().topk(min(top_k, logp.shape[-1]), dim=-1)  # one read for every tree
+        new = [[] for _ in range(B)]
+        for (b, parent), ids, lps in zip(rows, to_ids(top.indices).tolist(), top.values.tolist()):
+            tokens, parents, depths, scores = grown[b]
             for token, lp in zip(ids, lps):
                 tokens.append(int(token))
                 parents.append(parent)
                 depths.append(d)
                 scores.append((scores[parent] if parent >= 0 else 0.0) + lp)
-                new.append(len(tokens) - 1)
+                new[b].append(len(tokens) - 1)
         return new
 
-    level = add_children([-1], first[None], 1)
+    level = add_children([(b, -1) for b in range(B)], first, 1)
     for d in range(2, depth + 1):
-        frontier = sorted(level, key=lambda i: (-scores[i], i))[:top_k]
-        mask = torch.zeros(len(frontier), slots + len(frontier), dtype=torch.bool)  # [k, slots + k]
-        mask[:, :base] = True  # committed positions
-        for row, node in enumerate(frontier):
-            slot_of[node] = slots + row
+        rows = [(b, node) for b in range(B)
+                for node in sorted(level[b], key=lambda i: (-grown[b][3][i], i))[:top_k]]  # each tree's frontier
+        mask = torch.zeros(len(rows), slots + len(rows), dtype=torch.bool)  # [R, slots + R]
+        mask[:, :sees.shape[1]] = sees[[b for b, _ in rows]]
+        for row, (b, node) in enumerate(rows):
+            slot_of[b][node] = slots + row
             a = node
             while a >= 0:  # itself and its expanded ancestors
-                mask[row, slot_of[a]] = True
-                a = parents[a]
-        logp = expand(frontier, [parents[i] for i in frontier], [tokens[i] for i in frontier],
-                      [depths[i] for i in frontier], mask)
-        slots += len(frontier)
-        level = add_children(frontier, logp, d)
-    return best_subtree(tokens, parents, depths, scores, total_tokens)
+                mask[row, slot_of[b][a]] = True
+                a = grown[b][1][a]
+        logp = expand([b for b, _ in rows], [node for _, node in rows], [grown[b][1][i] for b, i in rows],
+                      [grown[b][0][i] for b, i in rows], [grown[b][2][i] for b, i in rows], mask)
+        slots += len(rows)
+        level = add_children(rows, logp, d)
+    return [best_subtree(*tree, total_tokens) for tree in grown]
 
 
 def stream_tree(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> Tree:

@@ -69,6 +69,11 @@ MIRROR_STREAMS = Option("streams", 0, 0, 1, "how the draft drafts: 0 token by to
 SD_STREAMS = Option("streams", 0, 0, 2, "how the draft drafts: 0 token by token; 1 each window in one forward with "
                     "its trained speculative streams; 2 each draft forward checks the lookahead its streams proposed "
                     "in the one before (the tokens of 0, in fewer forwards)")
+MIRROR_TREE = Option("tree", 0, 0, 63, "tree windows (greedy only; T > 0 keeps chains): the fallback draft and "
+                     "every branch's rollout grow a tree gamma levels deep and keep this many nodes, and the target "
+                     "verifies the window as a tree; 0: chains of gamma").scoped("streams", 0)
+MIRROR_BRANCHING = Option("branching", 4, 1, 16, "with tree: children per expanded node, and nodes expanded per "
+                          "level").scoped("streams", 0)
 BRANCH_BUDGET = Option("branch_budget", 16, 1, 256, "branches the draft rolls out per step")
 EXIT_HEAD = Option("exit_head", -1, -1, 1, "what reads the exit layer's hidden states: 1 a head trained for this target "
                    "and exit layer, before the target's own final norm and LM head (the embedded target ships heads for "
@@ -93,6 +98,9 @@ def _check_mirror(pair, options):
     if options["exit_head"] == 1:  # load now: a missing or mismatched head is an input error, not a failure mid-run
         mirror.exit_head_for(pair, options["exit_layer"] or mirror.default_exit_layer(pair.target.num_layers))
     make_drafter(options["streams"]).check(pair, options["gamma"])  # the fresh draft after a miss
+    if options.get("tree") and pair.target.layer_devices:
+        raise MirrorSDError(f"mirror's tree windows need the target on one device, not sharded "
+                            f"({pair.target_lane.display_device}): set tree=0")
 
 
 def _one_device_target(pair, method: str):
@@ -128,7 +136,8 @@ register(Method("ss", "Speculative Streaming", "the target drafts for itself: tr
                 parallel_lanes=False, options=(SS_GAMMA, SS_TOP_K, SS_TOTAL_TOKENS, LOOKUP, SS_ONE_FORWARD), check=_check_streams))
 register(Method("mirror", "Mirror-SD", "the target's early exit steers branch rollouts on the draft lane, "
                 "which run while the target finishes its layers", mirror.decode, needs_draft=True,
-                parallel_lanes=True, options=(GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, MIRROR_STREAMS, MIRROR_LOOKUP, EXIT_HEAD, QUEUED),
+                parallel_lanes=True, options=(GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, MIRROR_STREAMS, MIRROR_LOOKUP, EXIT_HEAD, QUEUED,
+                                  MIRROR_TREE, MIRROR_BRANCHING),
                 check=_check_mirror))
 register(Method("eagle", "EAGLE-2", "a feature-level head on the target's lane drafts a dynamic tree; "
                 "the target verifies the whole tree in one forward", eagle.decode, needs_draft=False,

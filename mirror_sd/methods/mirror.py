@@ -49,11 +49,13 @@ import torch
 from ..devices import to_device
 from ..drafting import make_drafter
 from ..drafting.lookup import copy_from_context
+from ..drafting.tree import Tree, keep_path, tree_window
 from ..models.exit_head import EarlyExit, available_exit_head, exit_head_for
 from ..models.forwards import FULL, layers
 from ..models.streams import draft_streams, split_forward, split_ranges
 from ..sampling import to_target_vocab
 from ..trace import Rendezvous, Step
+from . import mirror_tree
 from .prefill import prefill_pair
 from .verify import verify
 
@@ -63,8 +65,9 @@ class Branch:
     accepted: int  # r: window tokens accepted before the branch point
     root: int  # v: the token the target emits at position r in this hypothesis
     score: float  # early-exit log-probability of this hypothesis
-    tokens: list[int] = field(default_factory=list)  # the draft's continuation after root
+    tokens: list[int] = field(default_factory=list)  # the draft's continuation after root (a tree's nodes)
     q: list[torch.Tensor] = field(default_factory=list)  # its distributions [V] (temperature > 0)
+    tree: Tree | None = None  # the continuation as a tree hanging from root (tree windows; None: a chain)
 
 
 def default_exit_layer(num_layers: int) -> int:
@@ -122,18 +125,24 @@ def choose_exit_head(pair, exit_layer: int, exit_head: int):
     return available_exit_head(pair, exit_layer) if exit_head == -1 else None
 
 
-def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, head=None, on_host: bool = True):
+def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, head=None, on_host: bool = True,
+                  tree: Tree | None = None):
     """Target lane: layers [0, exit_layer) over the window and the early exit, through the trained
-    exit head ``head`` first when one is given (its cost is the target prefix's).
+    exit head ``head`` first when one is given (its cost is the target prefix's). ``tree``: the
+    window's draft tokens are this tree's nodes (window = [last committed token, nodes]), seen
+    under its tree mask (methods/mirror_tree.py).
 
     Returns hidden [1, T, d] (kept on the target lane for the suffix), and what crosses to the
     draft lane: top-kappa ids and log-probs [T, kappa], and the early-exit log-prob of each draft
-    token d_{i+1} at position i [T - 1]; read to the host, or (``on_host=False``, the queued step)
-    left on the device, unread.
+    token at the row before it (a tree node's: at its parent's row) [T - 1]; read to the host, or
+    (``on_host=False``, the queued step) left on the device, unread.
     """
     pair, target = run.pair, run.pair.target
-    ids = to_device([window], target.device)  # [1, T]
-    hidden = layers(target, ids, cache, 0, exit_layer)  # [1, T, d]
+    if tree is None:
+        ids, positions, mask = to_device([window], target.device), None, None  # [1, T]: causal
+    else:
+        ids, positions, mask = tree_window(tree, run.sequence, target.device)
+    hidden = layers(target, ids, cache, 0, exit_layer, positions, mask)  # [1, T, d]
     if target.layer_devices:  # sharded: the plain forwards, the whole LM head
         exit_logp = full_head_exit(pair, hidden if head is None else head(hidden))  # [T, V]
     else:  # one stage of its own on a stage cache
@@ -141,7 +150,8 @@ def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, he
         exit_logp = on_target_vocab(pair, layers(target, hidden, cache, exit_layer, exit_layer, head=reader)[0], reader)
     top = exit_logp.topk(kappa, dim=-1)
     drafted = to_device(window[1:], exit_logp.device)
-    window_logp = exit_logp[:-1].gather(-1, drafted[:, None])[:, 0]
+    before = exit_logp[:-1] if tree is None else exit_logp[to_device([p + 1 for p in tree.parents], exit_logp.device)]
+    window_logp = before.gather(-1, drafted[:, None])[:, 0]
     if not on_host:
         return hidden, top.indices, top.values, window_logp
     return hidden, top.indices.cpu(), top.values.cpu(), window_logp.cpu()
@@ -154,40 +164,44 @@ def target_ranges(pair, exit_layer: int, head=None) -> list:
     return [FULL, *split_ranges(exit_layer), *exit_range]
 
 
-def target_suffix(run, cache, channel, exit_layer: int, rollouts=None) -> torch.Tensor:
+def target_suffix(run, cache, channel, exit_layer: int, rollouts=None, positions=None, mask=None) -> torch.Tensor:
     """Target lane: layers [exit_layer, N) over the same window -> final logits [T, V].
 
     channel: the token channel's Future (done: it ran before on this lane), whose hidden states
     [1, T, d] the suffix goes on from. rollouts: a Future done once the draft lane's rollouts are;
     then the rest of the suffix takes the cores the lanes shared (``Lane.widen_when_done``), checked
     before each layer and before the LM head (once, before the whole suffix, on stages).
+    positions, mask: a tree window's, as the prefix saw it (None: causal).
     """
-    return suffix_logits(run, cache, channel.result()[0], exit_layer, rollouts)
+    return suffix_logits(run, cache, channel.result()[0], exit_layer, rollouts, positions, mask)
 
 
-def suffix_logits(run, cache, hidden, exit_layer: int, rollouts=None) -> torch.Tensor:
+def suffix_logits(run, cache, hidden, exit_layer: int, rollouts=None, positions=None, mask=None) -> torch.Tensor:
     """Layers [exit_layer, N) and the LM head over the prefix's hidden states [1, T, d] -> [T, V]."""
     target, lane = run.pair.target, run.target_lane
-    logits = layers(target, hidden, cache, exit_layer, None, head=True,
+    logits = layers(target, hidden, cache, exit_layer, None, positions, mask, head=True,
                     each_layer=lambda: lane.widen_when_done(rollouts))  # [1, T, V]
     cache.length += hidden.shape[1]
     return logits[0]
 
 
-def choose_branches(draft: list[int], top_ids, top_logp, window_logp, budget: int) -> list[Branch]:
+def choose_branches(draft: list[int], top_ids, top_logp, window_logp, budget: int,
+                    parents: list[int] | None = None) -> list[Branch]:
     """The ``budget`` most likely (accepted prefix, target token) hypotheses, by early-exit log-probs.
 
     score(r, v) = sum_{i<r} log p_exit(d_{i+1} at i) + log p_exit(v at r); v = d_{r+1} is skipped
-    (that is an acceptance, not a branch point).
+    (that is an acceptance, not a branch point). With ``parents``, the window is a tree of these
+    nodes (row 0 the last committed token, node i at row i + 1): r is a row, the sum runs over the
+    path to it, and every child of row r is skipped.
     """
-    branches, prefix = [], 0.0
-    for r in range(len(draft) + 1):
-        for v, logp in zip(top_ids[r].tolist(), top_logp[r].tolist()):
-            if r < len(draft) and v == draft[r]:
-                continue
-            branches.append(Branch(r, v, prefix + logp))
-        if r < len(draft):
-            prefix += float(window_logp[r])
+    parents = list(range(-1, len(draft) - 1)) if parents is None else parents
+    path_logp, children = [0.0], [set() for _ in range(len(draft) + 1)]  # per row
+    for i, (p, token) in enumerate(zip(parents, draft)):  # parents come first
+        path_logp.append(path_logp[p + 1] + float(window_logp[i]))
+        children[p + 1].add(token)
+    branches = [Branch(r, v, path_logp[r] + logp)
+                for r in range(len(draft) + 1)
+                for v, logp in zip(top_ids[r].tolist(), top_logp[r].tolist()) if v not in children[r]]
     branches.sort(key=lambda b: -b.score)
     return branches[:budget]
 
@@ -324,28 +338,34 @@ def rendezvous(draft, q, logits, sampler, branches: list[Branch]):
     return verdict, hit
 
 
-def queues_steps(run, streams: int, queued: int) -> bool:
+def queues_steps(run, streams: int, queued: int, trees: bool = False) -> bool:
     """Whether steps are queued on the lanes' streams (``queued_step``): always with ``queued`` 1, never
-    with 0, and with -1 where both lanes are CUDA devices; at T = 0, token by token, on one device's target."""
+    with 0, and with -1 where both lanes are CUDA devices; at T = 0, token by token, over chain
+    windows, on one device's target."""
     pair = run.pair
-    possible = run.draft_sampler.greedy and not streams and not pair.target.layer_devices
+    possible = run.draft_sampler.greedy and not streams and not trees and not pair.target.layer_devices
     cuda = pair.target_lane.device.type == "cuda" and pair.draft_lane.device.type == "cuda"
     return possible and (queued == 1 or (queued == -1 and cuda))
 
 
 def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, streams: int = 0, lookup: int = 0,
-           exit_head: int = -1, queued: int = -1):
+           exit_head: int = -1, queued: int = -1, tree: int = 0, branching: int = 4):
     pair = run.pair
-    fresh = make_drafter(streams)  # a fresh window after a miss: token by token, or the draft's streams
+    trees = bool(tree) and run.draft_sampler.greedy  # tree windows (methods/mirror_tree.py); T > 0: chains
+    # a fresh window after a miss: token by token (a tree, with trees), or the draft's streams
+    fresh = make_drafter(streams, tree=tree if trees else 0, branching=branching)
     roll_out = rollout_streamed if streams else rollout
-    step_on = queued_step if queues_steps(run, streams, queued) else host_step
+    step_on = queued_step if queues_steps(run, streams, queued, trees) else host_step
     exit_layer = exit_layer or default_exit_layer(pair.target.num_layers)
     head = choose_exit_head(pair, exit_layer, exit_head)  # None: the logit lens
-    target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=branch_budget * gamma + lookup,
+    rollout_slots = branch_budget * (1 + branching * (gamma - 1)) + max(tree, lookup) if trees \
+        else branch_budget * gamma + lookup
+    target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=rollout_slots,
                                                     target_ranges=target_ranges(pair, exit_layer, head),
                                                     draft_ranges=fresh.layer_ranges(pair))  # the rollouts' too
     yield first
-    window, q = None, None
+    fresh_label = f"fallback draft tree of {tree} tokens, depth {gamma}" if trees else f"fallback draft {gamma} tokens"
+    window, q = None, None  # the window: draft tokens, or a Tree with trees
     while not run.done:
         step = run.next_step
         n = len(run.sequence)
@@ -353,25 +373,36 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
         copy = copy_from_context(run.sequence, lookup) if window is None and run.draft_sampler.greedy else []
         copied = bool(copy)
         if copied:  # the last step missed, and the context holds a continuation: copy it, no draft work
-            window, q = copy, None
+            window, q = (mirror_tree.copied_tree(copy) if trees else copy), None
         fallback = window is None
         if fallback:  # the first step, or the last one missed: draft afresh, on the critical path
             proposal = run.draft_lane.run("fallback-draft", fresh.propose, run, draft_cache, gamma,
-                                          label=f"fallback draft {gamma} tokens", step=step, tokens=gamma)
-            window, q = proposal.tokens, proposal.q
+                                          label=fresh_label, step=step, tokens=gamma)
+            window, q = (proposal.tree if trees else proposal.tokens), proposal.q
             draft_cache.rollback(min(draft_cache.length, n - 1))
-        verdict, hit, top_ids, branches = step_on(run, target_cache, draft_cache, window, q, step, exit_layer, kappa,
-                                                  head, branch_budget, gamma, roll_out)
-        tokens, origins = verdict.committed(window)
-        target_cache.rollback(n + verdict.accepted)
-        draft_cache.rollback(min(draft_cache.length, n + verdict.accepted))
-        record = Rendezvous(exit_candidates=top_ids, branches=[(b.accepted, b.root, b.tokens) for b in branches],
-                            branch_used=hit, fallback=fallback, copied=copied)
-        yield run.commit(Step(step, tokens, origins, proposed=window, accepted=verdict.accepted, rendezvous=record))
+        if trees:
+            path, token, hit, top_ids, branches = mirror_tree.tree_step(
+                run, target_cache, draft_cache, window, step, exit_layer, kappa, head, branch_budget, gamma, branching,
+                tree)
+            keep_path(target_cache, path, n)
+            keep_path(draft_cache, path, n)  # the rollouts wrote the window's nodes after the sequence
+            (tokens, origins), accepted, proposed, record = window.committed(path, token), len(path), window.tokens, \
+                window.record(path)
+        else:
+            verdict, hit, top_ids, branches = step_on(run, target_cache, draft_cache, window, q, step, exit_layer,
+                                                      kappa, head, branch_budget, gamma, roll_out)
+            (tokens, origins), accepted, proposed, record = verdict.committed(window), verdict.accepted, window, None
+            target_cache.rollback(n + accepted)
+            draft_cache.rollback(min(draft_cache.length, n + accepted))
+        rendezvous = Rendezvous(exit_candidates=top_ids, branches=[(b.accepted, b.root, b.tokens) for b in branches],
+                                branch_used=hit, fallback=fallback, copied=copied,
+                                branch_parents=[b.tree.parents for b in branches] if trees else [])
+        yield run.commit(Step(step, tokens, origins, proposed=proposed, accepted=accepted, tree=record,
+                              rendezvous=rendezvous))
         if hit is None:
             window, q = None, None
         else:
-            window = branches[hit].tokens
+            window = branches[hit].tree if trees else branches[hit].tokens
             q = torch.stack(branches[hit].q) if branches[hit].q else None
 
 

@@ -1,0 +1,122 @@
+"""Mirror-SD's tree windows (option ``tree`` > 0; methods/mirror_tree.py): the window is a tree, every
+branch's rollout grows one (drafting/tree.py: grow_trees), and at temperature 0 it commits vanilla's
+tokens."""
+import pytest
+import torch
+
+from conftest import EQUALITY_TOKENS
+from mirror_sd import MirrorSDError, generate, load_pair
+from mirror_sd.drafting.tree import grow_tree, grow_trees
+from mirror_sd.methods.mirror import choose_branches
+
+
+def children_of(tokens, depths):
+    """Log-probs [k, 6] of each node's children, from its token and depth: a deterministic table."""
+    logp = torch.empty(len(tokens), 6)
+    for row, (t, d) in enumerate(zip(tokens, depths)):
+        weights = torch.tensor([(t * 5 + d * 3 + j * 7) % 11 + 1 for j in range(6)], dtype=torch.float)
+        logp[row] = torch.log_softmax(weights, dim=-1)
+    return logp
+
+
+def test_grow_trees_grows_each_root_s_tree_as_grow_tree_alone_would():
+    first = torch.stack([children_of([r], [0])[0] for r in (1, 4)])  # [2, 6]: two roots' children
+    sees = torch.tensor([[True, True, False, True, False], [True, True, True, False, True]])  # [2, 5]
+    fed = []
+
+    def expand(trees, nodes, parents, tokens, depths, mask):
+        fed.append((trees, mask))
+        return children_of(tokens, depths)
+
+    together = grow_trees(first, expand, lambda rows: rows, depth=3, top_k=2, total_tokens=5, sees=sees)
+    for b, tree in enumerate(together):
+        alone = grow_tree(first[b], lambda n, p, t, d, m: children_of(t, d), lambda rows: rows, 3, 2, 5, base=5)
+        assert (tree.tokens, tree.parents, tree.depths, tree.scores) == \
+            (alone.tokens, alone.parents, alone.depths, alone.scores)
+    (trees1, mask1), (trees2, mask2) = fed  # two levels after the first, each in one call
+    assert trees1 == [0, 0, 1, 1] and trees2 == [0, 0, 1, 1]
+    assert mask1.shape == (4, 9) and mask2.shape == (4, 13)
+    assert mask1[:, :5].tolist() == [sees[b].tolist() for b in trees1]  # what each tree's root allows
+    assert mask1[:, 5:].tolist() == torch.eye(4, dtype=torch.bool).tolist()  # level 2: itself only
+    for row, b in enumerate(trees2):  # level 3: its tree's expanded ancestor (one of its own tree's rows) and itself
+        seen = mask2[row, 5:9].nonzero().flatten().tolist()
+        assert len(seen) == 1 and trees1[seen[0]] == b
+        assert mask2[row, 9:].nonzero().flatten().tolist() == [row]
+
+
+def test_tree_branches_skip_every_child_and_score_the_path():
+    # window: root -> a(5) -> b(6); root -> c(7). Rows: 0 root, 1 a, 2 b, 3 c.
+    tokens, parents = [5, 6, 7], [-1, 0, -1]
+    top_ids = torch.tensor([[5, 7, 8], [6, 9, 1], [2, 3, 4], [0, 1, 6]])  # [rows, kappa]
+    top_logp = torch.tensor([[-0.5, -1.0, -2.0], [-0.2, -1.5, -3.0], [-0.1, -0.3, -4.0], [-0.4, -2.0, -5.0]])
+    window_logp = torch.tensor([-0.5, -0.2, -1.0])  # each node at its parent's row
+    branches = choose_branches(tokens, top_ids, top_logp, window_logp, budget=20, parents=parents)
+    got = {(b.accepted, b.root): round(b.score, 4) for b in branches}
+    assert (0, 5) not in got and (0, 7) not in got and (1, 6) not in got  # children: acceptances, not branches
+    assert got[(0, 8)] == -2.0 and got[(1, 9)] == -2.0 and got[(2, 2)] == -0.8 and got[(3, 0)] == -1.4
+    assert [round(b.score, 4) for b in branches] == sorted(got.values(), reverse=True)
+    chain = choose_branches([5, 6], top_ids[:3], top_logp[:3], window_logp[:2], budget=20)
+    as_tree = choose_branches([5, 6], top_ids[:3], top_logp[:3], window_logp[:2], budget=20, parents=[-1, 0])
+    assert [(b.accepted, b.root, b.score) for b in chain] == [(b.accepted, b.root, b.score) for b in as_tree]
+
+
+def test_mirror_with_trees_commits_vanillas_tokens(tiny_dirs):
+    prompts = ["t1 t2 t3", "t9", "t4 t4 t4 t4", "t15 t0 t7"]
+    variants = [dict(gamma=3, tree=6), dict(gamma=2, tree=3, branching=2, branch_budget=3),
+                dict(gamma=4, tree=12, branching=3, kappa=3, lookup=0), dict(gamma=1, tree=4, exit_head=0)]
+    for draft in ("draft", "reduced_draft"):  # a draft with the target's head, and one over 8 of its 16 tokens
+        pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs[draft]))
+        expected = [generate(pair, p, method="vanilla", max_new_tokens=24, raw=True).token_ids for p in prompts]
+        hits, tree_hits = 0, 0
+        for options in variants:
+            for prompt, tokens in zip(prompts, expected):
+                out = generate(pair, prompt, method="mirror", max_new_tokens=24, raw=True, exit_layer=1, **options)
+                assert out.error is None and out.token_ids == tokens, f"mirror {options} with {draft} on {prompt!r}"
+                steps = out.trace.steps[1:]
+                assert all(s.tree is not None and len(s.proposed) <= max(options["tree"], 8) for s in steps)
+                for before, after in zip(steps, steps[1:]):
+                    if before.rendezvous.hit:  # the hit branch's rolled-out tree is the next window
+                        r, root, rolled = before.rendezvous.branches[before.rendezvous.branch_used]
+                        assert before.committed[-1] == root and after.proposed == rolled
+                        assert after.tree.parents == before.rendezvous.branch_parents[before.rendezvous.branch_used]
+                        hits += 1
+                        tree_hits += len(set(after.tree.depths)) < len(after.tree.depths)  # not a chain
+        assert hits > 0 and tree_hits > 0
+
+
+def test_mirror_with_trees_rolls_out_chains_at_temperature_above_zero(tiny_pair):
+    out = generate(tiny_pair, "t1 t2 t3", method="mirror", max_new_tokens=16, raw=True, temperature=1.0, gamma=3,
+                   tree=8, exit_layer=1)
+    assert out.error is None and len(out.token_ids) == 16
+    assert all(s.tree is None and s.rendezvous.branch_parents == [] for s in out.trace.steps[1:])
+
+
+def test_mirror_trees_are_refused_with_the_draft_s_streams(tiny_pair):
+    with pytest.raises(MirrorSDError, match="tree applies with streams=0 only"):
+        generate(tiny_pair, "t1", method="mirror", max_new_tokens=4, raw=True, streams=1, tree=8)
+
+
+def test_the_app_draws_a_tree_window_and_its_rolled_out_trees(tiny_pair):
+    from app.trees import ACCEPTED, ROLLED, USED, step_tree, verdict_row
+
+    out = generate(tiny_pair, "t4 t4 t4 t4", method="mirror", max_new_tokens=24, raw=True, gamma=3, tree=6, exit_layer=1)
+    step = next(s for s in out.trace.steps[1:] if s.rendezvous.hit and s.tree.path)
+    nodes = step_tree(step)
+    window = nodes[1:1 + len(step.proposed)]
+    assert [n.token for n in window] == step.proposed
+    assert [n.parent for n in window] == [0 if p < 0 else p + 1 for p in step.tree.parents]  # as drawn: row = node
+    assert sum(n.kind == ACCEPTED for n in window) == len(step.tree.path)
+    r, root, rolled = step.rendezvous.branches[step.rendezvous.branch_used]
+    assert r == verdict_row(step) == step.tree.path[-1] + 1
+    used = [i for i, n in enumerate(nodes) if n.kind == USED]
+    assert nodes[used[0]].token == root and [nodes[i].token for i in used[1:]] == rolled
+    shape = step.rendezvous.branch_parents[step.rendezvous.branch_used]
+    assert [nodes[i].parent for i in used[1:]] == [used[0] if p < 0 else used[p + 1] for p in shape]
+    assert any(n.kind == ROLLED for n in nodes)
+
+
+def test_the_shipped_pair_s_tree_windows_commit_vanillas_tokens(embedded_pair, equality_prompts, vanilla_reference):
+    for prompt, expected in list(zip(equality_prompts, vanilla_reference))[:2]:
+        out = generate(embedded_pair, prompt, method="mirror", max_new_tokens=EQUALITY_TOKENS, gamma=3, tree=8)
+        assert out.error is None and out.token_ids == expected, f"mirror with trees differs from vanilla on {prompt[:60]!r}"
+        assert all(s.tree is not None for s in out.trace.steps[1:])
