@@ -1,5 +1,5 @@
-"""Draft trees, shared by the tree-drafting methods (eagle, ss, and the draft checking its streams'
-lookahead): the nodes, how the verifying model sees them in one forward (tree mask, depth
+"""Draft trees, shared by the tree-drafting methods (eagle, ss, sd and mirror with ``tree``, and the
+draft checking its streams' lookahead): the nodes, how the verifying model sees them in one forward (tree mask, depth
 positions), the best-scoring subtree, the tree of speculative streams' candidates, and the walk
 down a tree by a rule for the token at each row.
 
