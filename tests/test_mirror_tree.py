@@ -10,38 +10,75 @@ from mirror_sd.drafting.tree import grow_tree, grow_trees
 from mirror_sd.methods.mirror import choose_branches
 
 
-def children_of(tokens, depths):
-    """Log-probs [k, 6] of each node's children, from its token and depth: a deterministic table."""
-    logp = torch.empty(len(tokens), 6)
-    for row, (t, d) in enumerate(zip(tokens, depths)):
-        weights = torch.tensor([(t * 5 + d * 3 + j * 7) % 11 + 1 for j in range(6)], dtype=torch.float)
-        logp[row] = torch.log_softmax(weights, dim=-1)
-    return logp
+def reference_trees(first, expand, depth, top_k, total, sees):
+    """EAGLE-2's dynamic trees grown one by one on the host, node by node in Python lists (what
+    grow_trees computes on the device): the trees as (tokens, parents, depths, scores), and each
+    level's (rows' trees, tokens, depth, mask)."""
+    B, slots = len(first), sees.shape[1]
+    grown = [([], [], [], []) for _ in range(B)]
+    slot_of = [{} for _ in range(B)]
+
+    def add(rows, logp, d):
+        new = [[] for _ in range(B)]
+        top = logp.double().topk(top_k, dim=-1)
+        for (b, parent), ids, lps in zip(rows, top.indices.tolist(), top.values.tolist()):
+            tokens, parents, depths, scores = grown[b]
+            for token, lp in zip(ids, lps):
+                tokens.append(token), parents.append(parent), depths.append(d)
+                scores.append((scores[parent] if parent >= 0 else 0.0) + lp)
+                new[b].append(len(tokens) - 1)
+        return new
+
+    fed, level = [], add([(b, -1) for b in range(B)], first, 1)
+    for d in range(2, depth + 1):
+        rows = [(b, i) for b in range(B) for i in sorted(level[b], key=lambda i: (-grown[b][3][i], i))[:top_k]]
+        mask = torch.zeros(len(rows), slots + len(rows), dtype=torch.bool)
+        mask[:, :sees.shape[1]] = sees[[b for b, _ in rows]]
+        for row, (b, node) in enumerate(rows):
+            slot_of[b][node] = slots + row
+            a = node
+            while a >= 0:
+                mask[row, slot_of[b][a]] = True
+                a = grown[b][1][a]
+        tokens = torch.tensor([grown[b][0][i] for b, i in rows])
+        fed.append(([b for b, _ in rows], tokens.tolist(), d - 1, mask))
+        level = add(rows, expand(torch.tensor([b for b, _ in rows]), None, None, tokens, d - 1, mask), d)
+        slots += len(rows)
+    trees = []
+    for tokens, parents, depths, scores in grown:
+        keep = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:total])
+        index = {old: new for new, old in enumerate(keep)}
+        trees.append(([tokens[i] for i in keep], [index[parents[i]] if parents[i] >= 0 else -1 for i in keep],
+                      [depths[i] for i in keep], [round(scores[i], 4) for i in keep]))
+    return trees, fed
 
 
-def test_grow_trees_grows_each_root_s_tree_as_grow_tree_alone_would():
-    first = torch.stack([children_of([r], [0])[0] for r in (1, 4)])  # [2, 6]: two roots' children
-    sees = torch.tensor([[True, True, False, True, False], [True, True, True, False, True]])  # [2, 5]
+@pytest.mark.parametrize("B,depth,top_k,total", [(1, 3, 2, 5), (2, 3, 2, 5), (3, 4, 3, 10), (4, 2, 4, 16),
+                                                 (2, 1, 3, 2), (5, 5, 2, 64)])
+def test_grow_trees_grows_on_the_device_what_the_host_grows_node_by_node(B, depth, top_k, total):
+    V = 7
+    table = torch.randn(B, depth + 1, V, V, generator=torch.Generator().manual_seed(B * 100 + depth))
+
+    def expand(trees, nodes, parents, tokens, depth, mask):  # children's log-probs: by tree, depth and token
+        return torch.log_softmax(table[trees, depth, tokens], dim=-1)
+
+    first = torch.log_softmax(torch.randn(B, V, generator=torch.Generator().manual_seed(7)), dim=-1)
+    sees = torch.rand(B, 5, generator=torch.Generator().manual_seed(8)) < 0.5
     fed = []
 
-    def expand(trees, nodes, parents, tokens, depths, mask):
-        fed.append((trees, mask))
-        return children_of(tokens, depths)
+    def recorded(trees, nodes, parents, tokens, depth, mask):
+        fed.append((trees.tolist(), tokens.tolist(), depth, mask))
+        return expand(trees, nodes, parents, tokens, depth, mask)
 
-    together = grow_trees(first, expand, lambda rows: rows, depth=3, top_k=2, total_tokens=5, sees=sees)
-    for b, tree in enumerate(together):
-        alone = grow_tree(first[b], lambda n, p, t, d, m: children_of(t, d), lambda rows: rows, 3, 2, 5, base=5)
-        assert (tree.tokens, tree.parents, tree.depths, tree.scores) == \
-            (alone.tokens, alone.parents, alone.depths, alone.scores)
-    (trees1, mask1), (trees2, mask2) = fed  # two levels after the first, each in one call
-    assert trees1 == [0, 0, 1, 1] and trees2 == [0, 0, 1, 1]
-    assert mask1.shape == (4, 9) and mask2.shape == (4, 13)
-    assert mask1[:, :5].tolist() == [sees[b].tolist() for b in trees1]  # what each tree's root allows
-    assert mask1[:, 5:].tolist() == torch.eye(4, dtype=torch.bool).tolist()  # level 2: itself only
-    for row, b in enumerate(trees2):  # level 3: its tree's expanded ancestor (one of its own tree's rows) and itself
-        seen = mask2[row, 5:9].nonzero().flatten().tolist()
-        assert len(seen) == 1 and trees1[seen[0]] == b
-        assert mask2[row, 9:].nonzero().flatten().tolist() == [row]
+    grown = grow_trees(first, recorded, lambda rows: rows, depth, top_k, total, sees)
+    expected, expected_fed = reference_trees(first, expand, depth, top_k, total, sees)
+    assert [(t.tokens, t.parents, t.depths, t.scores) for t in grown] == expected
+    assert len(fed) == len(expected_fed) == depth - 1  # one call per level, every tree in it
+    for (trees, tokens, d, mask), (trees_, tokens_, d_, mask_) in zip(fed, expected_fed):
+        assert (trees, tokens, d) == (trees_, tokens_, d_) and torch.equal(mask, mask_)
+    one = grow_tree(first[0], recorded, lambda rows: rows, depth, top_k, total, base=5)
+    assert (one.tokens, one.parents, one.depths, one.scores) == \
+        reference_trees(first[:1], expand, depth, top_k, total, torch.ones(1, 5, dtype=torch.bool))[0][0]
 
 
 def test_tree_branches_skip_every_child_and_score_the_path():

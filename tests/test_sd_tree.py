@@ -14,10 +14,10 @@ def test_grow_tree_expands_the_best_nodes_each_seeing_its_ancestors():
     first = torch.tensor([0.05, 0.3, 0.05, 0.6]).log()  # the root's children: token 3, then 1
     fed = []
 
-    def expand(nodes, parents, tokens, depths, mask):
-        fed.append((nodes, parents, tokens, depths, mask))
+    def expand(trees, nodes, parents, tokens, depth, mask):
+        fed.append((nodes.tolist(), parents.tolist(), tokens.tolist(), depth, mask))
         logp = torch.empty(len(tokens), 4)
-        for row, t in enumerate(tokens):  # each node's children: t + 1 (0.6), t + 2 (0.25), the rest less
+        for row, t in enumerate(tokens.tolist()):  # each node's children: t + 1 (0.6), t + 2 (0.25), the rest less
             logp[row, [(t + 1) % 4, (t + 2) % 4, (t + 3) % 4, t]] = torch.tensor([0.6, 0.25, 0.1, 0.05]).log()
         return logp
 
@@ -27,8 +27,7 @@ def test_grow_tree_expands_the_best_nodes_each_seeing_its_ancestors():
     assert tree.parents == [-1, -1, 0, 1, 2] and tree.depths == [1, 1, 2, 2, 3]
     assert math.isclose(tree.scores[-1], math.log(0.6 * 0.6 * 0.6), abs_tol=1e-4)
     # level 2 fed the root's two children; level 3 the two best of level 2 (3>0 and 1>2), not 3>1
-    assert [(n, p, t, d) for n, p, t, d, _ in fed] == [([0, 1], [-1, -1], [3, 1], [1, 1]),
-                                                        ([2, 4], [0, 1], [0, 2], [2, 2])]
+    assert [(n, p, t, d) for n, p, t, d, _ in fed] == [([0, 1], [-1, -1], [3, 1], 1), ([2, 4], [0, 1], [0, 2], 2)]
     first_mask, second_mask = fed[0][4], fed[1][4]
     assert first_mask.shape == (2, 12) and second_mask.shape == (2, 14)
     assert first_mask[:, :10].all() and first_mask[0, 10:].tolist() == [True, False]

@@ -25,7 +25,7 @@ from ..options import Option
 from ..trace import DraftWork
 from . import Drafter, Proposal
 from .lookup import copy_from_context
-from .tree import Tree, grow_tree, tree_positions
+from .tree import Tree, grow_tree
 
 COPY_NGRAM_SIZES = (3, 2)  # the last token alone matches too often where the draft was right
 COPY_BELOW = Option("copy_below", 0.0, 0.0, 1.0, "where the draft's top-1 probability is below this and the "
@@ -92,7 +92,7 @@ def tree_readers(run):
     -> log-probs [k, rows] (rows: the draft's vocabulary, or the target's where the draft's head is
     wider); to_ids: rows (a tensor) -> target ids."""
     draft, V = run.pair.draft, run.pair.target.args.vocab_size
-    vocab_map = draft.vocab_map.cpu() if draft.vocab_map is not None else None
+    vocab_map = draft.vocab_map
 
     def log_probs(logits: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax((logits if vocab_map is not None else logits[..., :V]).float(), dim=-1)
@@ -106,10 +106,9 @@ def draft_tree(run, cache, depth: int, branching: int, nodes: int) -> Tree:
     draft, n = run.pair.draft, len(run.sequence)
     log_probs, to_ids = tree_readers(run)
 
-    def expand(_nodes, _parents, tokens, depths, mask):
-        ids = to_device([tokens], draft.device)  # [1, k]
-        positions = to_device(tree_positions(depths, n - 1)[:, 1:], draft.device)  # node at depth j: n-1+j
-        return log_probs(forward(draft, ids, cache, positions, to_device(mask, draft.device))[0])
+    def expand(_trees, _nodes, _parents, tokens, depth, mask):  # tokens [k] at ``depth``: position n-1+depth
+        positions = torch.full((1, len(tokens)), n - 1 + depth, device=draft.device)
+        return log_probs(forward(draft, tokens[None], cache, positions, mask)[0])
 
     first = log_probs(forward(draft, to_device([run.sequence[cache.length:]], draft.device), cache)[0, -1])
     tree = grow_tree(first, expand, to_ids, depth, branching, nodes, cache.length)

@@ -65,66 +65,72 @@ def best_subtree(tokens: list[int], parents: list[int], depths: list[int], score
 
 def grow_tree(first: torch.Tensor, expand, to_ids, depth: int, top_k: int, total_tokens: int, base: int) -> Tree:
     """EAGLE-2's dynamic tree, for a drafter that feeds nodes to a KV cache of ``base`` committed slots:
-    ``grow_trees`` for one root, whose nodes see every committed slot. expand(nodes, parents, tokens,
-    depths, mask) as there, without the trees."""
-    def expand_one(_trees, *frontier):
-        return expand(*frontier)
-
-    return grow_trees(first[None], expand_one, to_ids, depth, top_k, total_tokens,
-                      torch.ones(1, base, dtype=torch.bool))[0]
+    ``grow_trees`` for one root (first: log-probs [rows]), whose nodes see every committed slot."""
+    sees = torch.ones(1, base, dtype=torch.bool, device=first.device)
+    return grow_trees(first[None], expand, to_ids, depth, top_k, total_tokens, sees)[0]
 
 
 def grow_trees(first: torch.Tensor, expand, to_ids, depth: int, top_k: int, total_tokens: int,
                sees: torch.Tensor) -> list[Tree]:
-    """EAGLE-2's dynamic tree from each of B roots at once, every level of all of them in one forward.
+    """EAGLE-2's dynamic tree from each of B roots at once, grown on their device: every level of all
+    the trees is one ``expand`` call, and the host reads the trees once, at the end.
 
-    first: log-probs [B, rows] of each root's children. sees [B, slots]: what tree b's nodes may see
-    of the cache before any node is fed (its committed slots and its root). For ``depth - 1`` more
-    levels, the ``top_k`` best nodes of each tree's newest level (by summed log-prob along the
-    path) are its frontier, and all frontiers are fed together: ``expand(trees, nodes, parents,
-    tokens, depths, mask)`` gets each row's tree, node index (in its tree), parent (-1: the root),
-    token and depth, and mask [R, slots + R] (what each row may see of the cache: ``sees``, its
-    expanded ancestors' entries, itself); it writes them after the cache's slots and returns their
-    children's log-probs [R, rows]. Each node gets its ``top_k`` best children. The best
-    ``total_tokens`` nodes of each tree are kept (``best_subtree``). to_ids maps rows (a tensor)
-    to target ids.
+    first: log-probs [B, rows] of each root's children; sees [B, slots]: what tree b's nodes may see
+    of the cache before any node is fed (its committed slots, its root). Each tree starts with its
+    root's ``top_k`` best children. For ``depth - 1`` more levels, the ``top_k`` best nodes of each
+    tree's newest level (by summed log-prob along the path; ties to the earlier node) are its
+    frontier, and all frontiers are fed together, tree by tree:
+    ``expand(trees, nodes, parents, tokens, depth, mask)`` gets each row's tree, node index (in its
+    tree, in creation order), parent's (-1: the root) and token [R], the frontier's depth (an int)
+    and mask [R, slots + R] (what each row may see of the cache: ``sees``, its expanded ancestors'
+    entries, itself); it writes the rows after the cache's slots and returns their children's
+    log-probs [R, rows]. Each frontier node gets its ``top_k`` best children. The best
+    ``total_tokens`` nodes of each tree are kept (``best_subtree``'s rule). to_ids maps rows (a
+    tensor on the device) to target ids. Scores are summed in float64.
     """
-    B = len(first)
-    grown = [([], [], [], []) for _ in range(B)]  # per tree: tokens, parents, depths, scores
-    slot_of: list[dict[int, int]] = [{} for _ in range(B)]  # per tree: expanded node -> its cache slot
-    slots = sees.shape[1]
-
-    def add_children(rows: list[tuple[int, int]], logp: torch.Tensor, d: int) -> list[list[int]]:
-        """Each row's (tree, parent) gets its top_k children from logp [R, rows]: the new nodes per tree."""
-        top = logp.float().cpu().topk(min(top_k, logp.shape[-1]), dim=-1)  # one read for every tree
-        new = [[] for _ in range(B)]
-        for (b, parent), ids, lps in zip(rows, to_ids(top.indices).tolist(), top.values.tolist()):
-            tokens, parents, depths, scores = grown[b]
-            for token, lp in zip(ids, lps):
-                tokens.append(int(token))
-                parents.append(parent)
-                depths.append(d)
-                scores.append((scores[parent] if parent >= 0 else 0.0) + lp)
-                new[b].append(len(tokens) - 1)
-        return new
-
-    level = add_children([(b, -1) for b in range(B)], first, 1)
+    B, dev = first.shape[0], first.device
+    k = min(top_k, first.shape[-1])
+    top = first.topk(k, dim=-1)  # its values, and the children's below, summed in float64
+    tokens, scores = [to_ids(top.indices)], [top.values.double()]  # per level: [B, nodes of the level]
+    parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
+    start, columns = 0, (depth - 1) * B * k  # first node of the newest level; expanded rows, all levels
+    seen = torch.zeros(B, k, columns, dtype=torch.bool, device=dev)  # per newest node: its expanded ancestors' rows
+    rows, trees = torch.arange(B * k, device=dev), torch.arange(B, device=dev).repeat_interleave(k)  # [R]
+    sees = sees.repeat_interleave(k, dim=0)  # [R, slots]
     for d in range(2, depth + 1):
-        rows = [(b, node) for b in range(B)
-                for node in sorted(level[b], key=lambda i: (-grown[b][3][i], i))[:top_k]]  # each tree's frontier
-        mask = torch.zeros(len(rows), slots + len(rows), dtype=torch.bool)  # [R, slots + R]
-        mask[:, :sees.shape[1]] = sees[[b for b, _ in rows]]
-        for row, (b, node) in enumerate(rows):
-            slot_of[b][node] = slots + row
-            a = node
-            while a >= 0:  # itself and its expanded ancestors
-                mask[row, slot_of[b][a]] = True
-                a = grown[b][1][a]
-        logp = expand([b for b, _ in rows], [node for _, node in rows], [grown[b][1][i] for b, i in rows],
-                      [grown[b][0][i] for b, i in rows], [grown[b][2][i] for b, i in rows], mask)
-        slots += len(rows)
-        level = add_children(rows, logp, d)
-    return [best_subtree(*tree, total_tokens) for tree in grown]
+        frontier = torch.sort(scores[-1], dim=-1, descending=True, stable=True).indices[:, :k]  # [B, k] in the level
+        done = (d - 2) * B * k  # rows expanded before this level
+        mine = seen.gather(1, frontier[..., None].expand(B, k, columns)).view(B * k, columns)
+        mine[rows, done + rows] = True  # each row sees itself
+        mask = torch.cat([sees, mine[:, :done + B * k]], dim=1)  # [R, slots + R]
+        nodes = start + frontier  # [B, k]
+        logp = expand(trees, nodes.flatten(), parents[-1].gather(1, frontier).flatten(),
+                      tokens[-1].gather(1, frontier).flatten(), d - 1, mask)  # [R, rows]
+        child = logp.topk(k, dim=-1)  # [R, k]: each frontier node's children
+        start += scores[-1].shape[1]
+        tokens.append(to_ids(child.indices).view(B, k * k))
+        scores.append((scores[-1].gather(1, frontier)[..., None] + child.values.double().view(B, k, k)).view(B, k * k))
+        parents.append(nodes[..., None].expand(B, k, k).reshape(B, k * k))
+        seen = mine.view(B, k, 1, columns).expand(B, k, k, columns).reshape(B, k * k, columns)
+    return _best_subtrees(tokens, parents, scores, total_tokens)
+
+
+def _best_subtrees(tokens: list, parents: list, scores: list, total_tokens: int) -> list[Tree]:
+    """The ``total_tokens`` best-scoring nodes of each tree (per level: tokens, parents, scores
+    [B, nodes]), re-indexed in creation order, read to the host once. As ``best_subtree``: a child
+    never outscores its parent and ties go to the earlier node, so the kept set is a tree."""
+    depths = torch.cat([torch.full_like(level, d) for d, level in enumerate(tokens, start=1)], dim=1)
+    tokens, parents, scores = torch.cat(tokens, dim=1), torch.cat(parents, dim=1), torch.cat(scores, dim=1)
+    B, N = tokens.shape
+    M = min(total_tokens, N)
+    keep = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :M].sort(dim=-1).values  # [B, M]
+    index = torch.full_like(tokens, -1).scatter_(1, keep, torch.arange(M, device=keep.device).expand(B, M))
+    kept_parents = parents.gather(1, keep)
+    kept_parents = torch.where(kept_parents >= 0, index.gather(1, kept_parents.clamp(min=0)), -1)
+    fields = torch.stack([tokens.gather(1, keep).double(), kept_parents.double(), depths.gather(1, keep).double(),
+                          scores.gather(1, keep)], dim=1).tolist()  # [B, 4, M]: the one read
+    return [Tree([int(t) for t in toks], [int(p) for p in pars], [int(d) for d in deps], [round(x, 4) for x in scs])
+            for toks, pars, deps, scs in fields]
 
 
 def stream_tree(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> Tree:

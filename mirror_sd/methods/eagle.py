@@ -79,7 +79,7 @@ def head_step(head: EagleHead, cache, feats, ids, positions=None, mask=None, ear
     early [T, n * d]: the pairs' early features (true target features only)."""
     dev = head.device
     feats = feats.to(dev)[None]  # [1, T, d]
-    ids = to_device([ids], dev)  # [1, T]
+    ids = ids.to(dev)[None] if isinstance(ids, torch.Tensor) else to_device([ids], dev)  # [1, T]
     positions = to_device(positions, dev) if positions is not None else None
     early = early.to(dev)[None] if early is not None else None
     return head(feats, ids, cache, positions, to_device(mask, dev) if mask is not None else None, early)[0]
@@ -93,18 +93,18 @@ def to_target_logits(head: EagleHead, feats: torch.Tensor, vocab_size: int) -> t
 def draft_tree(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, top_k: int, total_tokens: int) -> Tree:
     """EAGLE-2 dynamic tree (module docstring, step 1; ``tree.grow_tree``). last: f^_{n-1} [d]; cache
     length n - 1. Each frontier node feeds the head its parent's predicted feature (the root's: last)."""
-    predicted: dict[int, torch.Tensor] = {}  # node -> the head's output with that node as input
+    k = min(top_k, head.vocab_map.numel())
+    predicted = last.new_zeros(1 + k + (depth - 1) * k * k, last.shape[-1])  # [1 + nodes, d]: row i + 1 for node i
+    predicted[0] = last  # the root's
 
-    def expand(nodes, parents, tokens, depths, mask):
-        feats = torch.stack([predicted[p] if p >= 0 else last for p in parents])  # [k, d]
-        positions = torch.tensor([[n - 2 + d for d in depths]])  # node at depth j: position n-2+j
-        out = head_step(head, cache, feats, tokens, positions, mask)  # [k, d]
-        predicted.update({i: out[row] for row, i in enumerate(nodes)})
+    def expand(_trees, nodes, parents, tokens, depth, mask):  # each node's input: its parent's output
+        positions = torch.full((1, len(tokens)), n - 2 + depth, device=last.device)  # node at depth j: n-2+j
+        out = head_step(head, cache, predicted[parents + 1], tokens, positions, mask)  # [k, d]
+        predicted[nodes + 1] = out
         return torch.log_softmax(head.logits(out), dim=-1)
 
-    vocab_map = head.vocab_map.cpu()
     first = torch.log_softmax(head.logits(last[None]), dim=-1)[0]
-    return grow_tree(first, expand, lambda rows: vocab_map[rows], depth, top_k, total_tokens, cache.length)
+    return grow_tree(first, expand, lambda rows: head.vocab_map[rows], depth, top_k, total_tokens, cache.length)
 
 
 def draft_chain(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, sampler, vocab_size: int) -> Tree:

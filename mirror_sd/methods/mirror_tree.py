@@ -108,21 +108,15 @@ def roll_out_trees(run, cache, window: Tree, branches: list, gamma: int, branchi
     model = run.pair.draft
     log_probs, to_ids = tree_readers(run)
     ids, positions, mask = rollout_layout(run, cache, window, branches)
-    B = len(branches)
-    first = log_probs(_forward(model, cache, ids, positions, mask, rows=B))  # [B, rows]: the roots' children
+    B, dev = len(branches), model.device
+    ids, positions, mask = (to_device(ids, dev, torch.long), to_device(positions, dev, torch.long),
+                            to_device(mask, dev, torch.bool))
+    first = log_probs(mirror._forward_rows(model, cache, ids, positions, mask, rows=B))  # [B, rows]: the roots' children
     root_position = positions[-B:]
 
-    def expand(trees, _nodes, _parents, tokens, depths, mask):
-        return log_probs(_forward(model, cache, tokens, [root_position[b] + d for b, d in zip(trees, depths)],
-                                  mask, rows=len(tokens)))
+    def expand(trees, _nodes, _parents, tokens, depth, mask):  # a node at ``depth`` below its branch's root
+        return log_probs(mirror._forward_rows(model, cache, tokens, root_position[trees] + depth, mask, rows=len(tokens)))
 
     for branch, tree in zip(branches, grow_trees(first, expand, to_ids, gamma, branching, nodes, mask[-B:])):
         branch.tree, branch.tokens = tree, tree.tokens
     return branches
-
-
-def _forward(model, cache, ids: list[int], positions: list[int], mask: torch.Tensor, rows: int) -> torch.Tensor:
-    """``mirror._forward_rows`` from host lists: logits [rows, V_draft] of the last ``rows`` tokens."""
-    dev = model.device
-    return mirror._forward_rows(model, cache, to_device(ids, dev, torch.long), to_device(positions, dev, torch.long),
-                                to_device(mask, dev, torch.bool), rows)
