@@ -25,6 +25,8 @@ METHODS = {  # method (and a variant after a comma) -> options; lookup 0 keeps c
     "ss, one forward": dict(gamma=3, top_k=2, total_tokens=6, lookup=0, one_forward=1),
     "mirror": dict(gamma=3, kappa=2, branch_budget=3, lookup=0),  # each step queued on the two streams
     "mirror, host": dict(gamma=3, kappa=2, branch_budget=3, lookup=0, queued=0),  # the lanes' threads, the host between
+    "mirror, trees": dict(gamma=3, kappa=2, branch_budget=3, lookup=0, tree=6, branching=2),  # queued tree steps
+    "sd, tree": dict(gamma=3, tree=6, branching=2),  # the draft's tree grown on the GPU, read once
 }
 
 

@@ -105,7 +105,9 @@ METHODS = [
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),
     ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=1),  # the whole step queued: the branches chosen on the device
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),
-    ("mirror", dict(gamma=3, exit_layer=1, tree=6, branching=2),  # tree windows: the prefix and suffix under a tree mask
+    ("mirror", dict(gamma=3, exit_layer=1, tree=6, branching=2, queued=0),  # tree windows: the prefix and suffix
+     {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),  # under a tree mask
+    ("mirror", dict(gamma=3, exit_layer=1, tree=6, branching=2, queued=1),  # queued tree steps
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),
     ("mirror", dict(gamma=2, exit_layer=1, streams=1, branch_budget=4, exit_head=0),
      {"full", "layers 0-1", "early exit at 1", "layers 1-2 + head", "streams 1-2"}),

@@ -157,3 +157,48 @@ def test_the_shipped_pair_s_tree_windows_commit_vanillas_tokens(embedded_pair, e
         out = generate(embedded_pair, prompt, method="mirror", max_new_tokens=EQUALITY_TOKENS, gamma=3, tree=8)
         assert out.error is None and out.token_ids == expected, f"mirror with trees differs from vanilla on {prompt[:60]!r}"
         assert all(s.tree is not None for s in out.trace.steps[1:])
+
+
+def random_tree(nodes: int, gen) -> list[int]:
+    """Parents of a random tree of ``nodes`` nodes (each parent before its children)."""
+    return [int(torch.randint(-1, i, (1,), generator=gen)) for i in range(nodes)]
+
+
+def test_the_device_chooses_the_hosts_branches_over_a_tree():
+    """choose_branches_on_device with the tree's parents (the queued tree step) keeps the host's valid
+    branches, scores and order, ties and -inf included; skipped candidates (children) after them."""
+    from mirror_sd.methods.mirror import choose_branches_on_device
+
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(40):
+        N, kappa = 1 + trial % 7, 1 + trial % 4
+        parents = random_tree(N, gen)
+        draft = torch.randint(0, 6, (N,), generator=gen).tolist()  # few tokens: children often among candidates
+        top_ids = torch.stack([torch.randperm(8, generator=gen)[:kappa] for _ in range(N + 1)])
+        top_logp = torch.randn(N + 1, kappa, generator=gen).sort(dim=-1, descending=True).values
+        top_logp[:, -1] = top_logp[:, 0] if trial % 3 == 0 else top_logp[:, -1]  # ties
+        window_logp = torch.randn(N, generator=gen)
+        if trial % 5 == 0:
+            window_logp[0] = float("-inf")
+        for budget in (1, 3, 64):
+            host = choose_branches(draft, top_ids, top_logp, window_logp, budget, parents)
+            r, roots, scores, valid = choose_branches_on_device(draft, top_ids, top_logp, window_logp, budget, parents)
+            assert len(r) == min(budget, (N + 1) * kappa) and not valid[len(host):].any()
+            assert [(b.accepted, b.root, b.score) for b in host] == list(zip(r.tolist(), roots.tolist(),
+                                                                             scores.tolist()))[:len(host)]
+
+
+def test_a_queued_tree_step_commits_and_records_what_the_host_s_does(tiny_dirs):
+    """queued=1 runs each tree step as ``queued_tree_step`` (on a GPU: one wait, at the rendezvous; here
+    the same work in turn on one thread): vanilla's tokens, and every step's window, candidates,
+    branches, their trees and hit as the lanes' threads (queued=0) record them."""
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["reduced_draft"]))
+    for prompt in ("t4 t4 t4 t4", "t1 t2 t3"):
+        expected = generate(pair, prompt, method="vanilla", max_new_tokens=32, raw=True).token_ids
+        runs = {}
+        for queued in (0, 1):
+            out = generate(pair, prompt, method="mirror", max_new_tokens=32, raw=True, gamma=3, tree=6, kappa=3,
+                           exit_layer=1, queued=queued)
+            assert out.error is None and out.token_ids == expected
+            runs[queued] = [(s.rendezvous, s.tree) for s in out.trace.steps[1:]]
+        assert runs[0] == runs[1] and any(r.hit for r, _ in runs[1])

@@ -207,10 +207,12 @@ def keep_path(cache, path: list[int], n: int):
 
 
 def walk_tree(tokens: list[int], children: dict[int, list[int]], logits_at, pick) -> tuple[list[int], int]:
-    """Walk a tree by a rule for the token at a row: pick(logits [V]) -> token. From the root (-1),
-    pick the token after each node's path and go on to the child that carries it; return the path
-    (nodes, root excluded) and the token picked where no child did. With the target's argmax this is
-    greedy tree verification (methods/verify.py); with a sampler's pick (a draw at T > 0), every
+    """Walk a tree by a rule for the token at a row: pick(logits_at(node)) -> token, logits_at(node)
+    being what the rule reads for the row after that node's path (its logits [V], or the argmax
+    already read). From the root (-1), pick the token after each node's path and go on to the child
+    that carries it; return the path (nodes, root excluded) and the token picked where no child did.
+    With the target's argmax this is greedy tree verification (methods/verify.py, which reads every
+    row's argmax at once); with a sampler's pick (a draw at T > 0), every
     token is drawn from its row's law given the tokens before it (the draft walking its own
     lookahead, drafting/streamed.py)."""
     path, node = [], -1

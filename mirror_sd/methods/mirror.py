@@ -206,25 +206,49 @@ def choose_branches(draft: list[int], top_ids, top_logp, window_logp, budget: in
     return branches[:budget]
 
 
-def choose_branches_on_device(draft: list[int], top_ids, top_logp, window_logp, budget: int):
+def choose_branches_on_device(draft: list[int], top_ids, top_logp, window_logp, budget: int,
+                              parents: list[int] | None = None):
     """``choose_branches`` where the token channel lies (the queued step), nothing read to the host:
     (r, roots, scores, valid) [B] of the B = min(budget, T * kappa) best hypotheses, best first.
 
     The scores are summed in float64 in the host's order, and ties keep (r, rank) order, as the
-    host's stable sort does. The skipped candidates (v = d_{r+1}) sort after every other one (even
-    one at -inf: a copied window token outside the draft's vocabulary), marked invalid: an
-    acceptance, never a verdict, so they never hit. The valid ones are ``choose_branches``' own.
+    host's stable sort does. The skipped candidates (v = d_{r+1}; with ``parents``, any child of
+    row r) sort after every other one (even one at -inf: a copied window token outside the draft's
+    vocabulary), marked invalid: an acceptance, never a verdict, so they never hit. The valid ones
+    are ``choose_branches``' own.
     """
     T, kappa = top_ids.shape
     dev = top_ids.device
-    prefix = torch.cat([torch.zeros(1, dtype=torch.float64, device=dev), window_logp.double().cumsum(0)])  # [T]
+    if parents is None:  # a chain
+        prefix = torch.cat([torch.zeros(1, dtype=torch.float64, device=dev), window_logp.double().cumsum(0)])  # [T]
+        skip = torch.zeros(T, kappa, dtype=torch.bool, device=dev)
+        skip[:-1] = top_ids[:-1] == to_device(draft, dev, torch.long)[:, None]
+    else:
+        prefix, skip = _tree_prefix_and_skip(draft, parents, top_ids, window_logp)
     scores = prefix[:, None] + top_logp.double()  # [T, kappa]
-    skip = torch.zeros(T, kappa, dtype=torch.bool, device=dev)
-    skip[:-1] = top_ids[:-1] == to_device(draft, dev, torch.long)[:, None]
     order = torch.sort(scores.flatten(), descending=True, stable=True).indices  # best first
     order = order[torch.sort(skip.flatten()[order].byte(), stable=True).indices]  # the skipped ones last
     order = order[:min(budget, T * kappa)]  # [B]
     return order // kappa, top_ids.flatten()[order], scores.flatten()[order], ~skip.flatten()[order]
+
+
+def _tree_prefix_and_skip(draft: list[int], parents: list[int], top_ids, window_logp):
+    """Over a tree window (rows: the root, then node i at i + 1), on the channel's device: each row's
+    path log-prob [T] (float64, summed root to leaf as ``choose_branches`` does), and which
+    candidates [T, kappa] are children of their row."""
+    dev, T = top_ids.device, len(draft) + 1
+    prefix, node_logp = torch.zeros(T, dtype=torch.float64, device=dev), window_logp.double()
+    depth = [0] * T
+    for i, p in enumerate(parents):
+        depth[i + 1] = depth[p + 1] + 1
+    for d in range(1, max(depth) + 1):  # one level at a time: every parent's sum is ready
+        nodes = [i for i in range(len(draft)) if depth[i + 1] == d]
+        at = to_device([nodes, [parents[i] + 1 for i in nodes]], dev, torch.long)
+        prefix[at[0] + 1] = prefix[at[1]] + node_logp[at[0]]
+    children = torch.zeros(T, len(draft), dtype=torch.bool)  # [row, node]: node is a child of the row
+    children[[p + 1 for p in parents], list(range(len(draft)))] = True
+    same = top_ids[:, :, None] == to_device(draft, dev, torch.long)[None, None, :]  # [T, kappa, nodes]
+    return prefix, (same & to_device(children, dev)[:, None, :]).any(-1)
 
 
 def branch_tensors(branches: list[Branch], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -338,12 +362,12 @@ def rendezvous(draft, q, logits, sampler, branches: list[Branch]):
     return verdict, hit
 
 
-def queues_steps(run, streams: int, queued: int, trees: bool = False) -> bool:
-    """Whether steps are queued on the lanes' streams (``queued_step``): always with ``queued`` 1, never
-    with 0, and with -1 where both lanes are CUDA devices; at T = 0, token by token, over chain
-    windows, on one device's target."""
+def queues_steps(run, streams: int, queued: int) -> bool:
+    """Whether steps are queued on the lanes' streams (``queued_step``; over tree windows,
+    ``mirror_tree.queued_tree_step``): always with ``queued`` 1, never with 0, and with -1 where
+    both lanes are CUDA devices; at T = 0, token by token, on one device's target."""
     pair = run.pair
-    possible = run.draft_sampler.greedy and not streams and not trees and not pair.target.layer_devices
+    possible = run.draft_sampler.greedy and not streams and not pair.target.layer_devices
     cuda = pair.target_lane.device.type == "cuda" and pair.draft_lane.device.type == "cuda"
     return possible and (queued == 1 or (queued == -1 and cuda))
 
@@ -355,7 +379,8 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
     # a fresh window after a miss: token by token (a tree, with trees), or the draft's streams
     fresh = make_drafter(streams, tree=tree if trees else 0, branching=branching)
     roll_out = rollout_streamed if streams else rollout
-    step_on = queued_step if queues_steps(run, streams, queued, trees) else host_step
+    queues = queues_steps(run, streams, queued)
+    step_on = queued_step if queues else host_step
     exit_layer = exit_layer or default_exit_layer(pair.target.num_layers)
     head = choose_exit_head(pair, exit_layer, exit_head)  # None: the logit lens
     rollout_slots = branch_budget * (1 + branching * (gamma - 1)) + max(tree, lookup) if trees \
@@ -381,7 +406,8 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
             window, q = (proposal.tree if trees else proposal.tokens), proposal.q
             draft_cache.rollback(min(draft_cache.length, n - 1))
         if trees:
-            path, token, hit, top_ids, branches = mirror_tree.tree_step(
+            tree_step = mirror_tree.queued_tree_step if queues else mirror_tree.tree_step
+            path, token, hit, top_ids, branches = tree_step(
                 run, target_cache, draft_cache, window, step, exit_layer, kappa, head, branch_budget, gamma, branching,
                 tree)
             keep_path(target_cache, path, n)
@@ -442,19 +468,8 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
     chooses the branches and rolls them out, all on the device (``choose_branches_on_device``,
     ``roll_out_tree``). T = 0, token by token (``queues_steps``; so ``roll_out`` is not needed). On
     CPU lanes the same work runs in turn on this thread. Returns what ``host_step`` does."""
-    pair, draft_device = run.pair, run.pair.draft.device
-    T = len(window) + 1
-
-    def token_channel_to_draft():  # the channel, sent on to the draft's device (off CUDA: read, so done)
-        hidden, *channel = token_channel(run, target_cache, [run.sequence[-1], *window], exit_layer, kappa, head,
-                                         on_host=False)
-        return hidden, [t.to(draft_device, non_blocking=draft_device.type == "cuda") for t in channel]
-
-    (hidden, channel_there), channel = run.target_lane.queue(
-        "target-prefix", token_channel_to_draft, label=prefix_label(exit_layer, head, T), step=step, tokens=T)
-    logits, suffix = run.target_lane.queue("target-suffix", suffix_logits, run, target_cache, hidden, exit_layer,
-                                           label=suffix_label(pair, exit_layer, T), step=step, tokens=T)
-    B = min(budget, T * kappa)
+    channel_there, channel, logits, suffix = queue_target(run, target_cache, window, step, exit_layer, kappa, head)
+    B = min(budget, (len(window) + 1) * kappa)
 
     def choose_and_roll_out():
         r, roots, scores, valid = choose_branches_on_device(window, *channel_there, budget)
@@ -463,17 +478,45 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
     (r, roots, scores, valid, picks), rolled = run.draft_lane.queue(
         "draft-rollout", choose_and_roll_out, after=channel.done, label=f"{B} branches x {gamma} tokens", step=step,
         tokens=B * gamma)
-    for queued in (suffix, rolled):
-        if queued.done is not None:
-            queued.done.synchronize()  # the host's one wait of the step
-    for queued in (channel, suffix, rolled):
-        queued.record()
+    wait_and_record(channel, suffix, rolled)
     rows = torch.cat([torch.stack([r, roots, valid.long()], dim=1), picks], dim=1).tolist()  # [B, 3 + gamma]
     branches = [Branch(row[0], row[1], score, tokens=row[3:]) for row, score in zip(rows, scores.tolist()) if row[2]]
     (verdict, hit), verified = run.target_lane.queue("rendezvous", rendezvous, window, q, logits, run.target_sampler,
                                                      branches, label="verify + match branch", step=step)
     verified.record()  # the verdict is on the host: its work is done
     return verdict, hit, channel_there[0].tolist(), branches
+
+
+def queue_target(run, target_cache, window: list[int], step, exit_layer, kappa, head, tree: Tree | None = None):
+    """The target lane's part of a queued step, queued on its stream: the prefix and early exit over
+    the window (the draft tokens, or ``tree``'s nodes), the token channel sent on to the draft's
+    device, then the suffix. Returns the channel there (top ids, top log-probs, window log-probs),
+    the prefix's ``Queued`` (its ``done`` event is what the draft stream waits for), the final
+    logits [T, V] (once the suffix is done) and the suffix's ``Queued``."""
+    pair, draft_device = run.pair, run.pair.draft.device
+    T = len(window) + 1
+    positions, mask = tree_window(tree, run.sequence, pair.target.device)[1:] if tree is not None else (None, None)
+
+    def token_channel_to_draft():  # the channel, sent on to the draft's device (off CUDA: read, so done)
+        hidden, *channel = token_channel(run, target_cache, [run.sequence[-1], *window], exit_layer, kappa, head,
+                                         on_host=False, tree=tree)
+        return hidden, [t.to(draft_device, non_blocking=draft_device.type == "cuda") for t in channel]
+
+    (hidden, channel_there), channel = run.target_lane.queue(
+        "target-prefix", token_channel_to_draft, label=prefix_label(exit_layer, head, T), step=step, tokens=T)
+    logits, suffix = run.target_lane.queue("target-suffix", suffix_logits, run, target_cache, hidden, exit_layer,
+                                           None, positions, mask, label=suffix_label(pair, exit_layer, T), step=step,
+                                           tokens=T)
+    return channel_there, channel, logits, suffix
+
+
+def wait_and_record(channel, suffix, rolled):
+    """The host's one wait of a queued step (for the suffix and the rollouts), then their spans."""
+    for queued in (suffix, rolled):
+        if queued.done is not None:
+            queued.done.synchronize()
+    for queued in (channel, suffix, rolled):
+        queued.record()
 
 
 def prefix_label(exit_layer: int, head, T: int) -> str:

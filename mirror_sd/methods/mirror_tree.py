@@ -61,8 +61,8 @@ def tree_step(run, target_cache, draft_cache, window: Tree, step, exit_layer, ka
                                     step=step, tokens=T)
     _, top_ids, top_logp, window_logp = channel.result()
     branches = mirror.choose_branches(window.tokens, top_ids, top_logp, window_logp, budget, window.parents)
-    rolled = run.draft_lane.submit("draft-rollout", roll_out_trees, run, draft_cache, window, branches, gamma,
-                                   branching, nodes, label=f"{len(branches)} branches x tree of {nodes}, depth {gamma}",
+    rolled = run.draft_lane.submit("draft-rollout", roll_out, run, draft_cache, window, branches, gamma,
+                                   branching, nodes, label=rollout_label(len(branches), nodes, gamma),
                                    step=step, tokens=len(branches) * nodes)
     rolled.add_done_callback(lambda _: rollouts_done.set_result(None))
     logits = suffix.result()
@@ -70,6 +70,39 @@ def tree_step(run, target_cache, draft_cache, window: Tree, step, exit_layer, ka
     path, token, hit = run.target_lane.run("rendezvous", rendezvous, window, logits, run.target_sampler, branches,
                                            label="verify tree + match branch", step=step)
     return path, token, hit, top_ids.tolist(), branches
+
+
+def queued_tree_step(run, target_cache, draft_cache, window: Tree, step, exit_layer, kappa, head, budget, gamma,
+                     branching, nodes):
+    """``tree_step`` queued on the lanes' streams from this thread, as ``mirror.queued_step`` over a chain:
+    the target stream runs the prefix, the early exit and the suffix under the tree mask; the draft
+    stream waits for the token channel on a CUDA event, chooses the branches on the device
+    (``choose_branches_on_device`` with the tree's parents) and grows their trees there, read once
+    at the end. Returns what ``tree_step`` does."""
+    T = len(window.tokens) + 1
+    channel_there, channel, logits, suffix = mirror.queue_target(run, target_cache, window.tokens, step, exit_layer,
+                                                                 kappa, head, tree=window)
+    B = min(budget, T * kappa)
+
+    def choose_and_roll_out():
+        r, roots, scores, valid = mirror.choose_branches_on_device(window.tokens, *channel_there, budget, window.parents)
+        return r, roots, scores, valid, roll_out_trees(run, draft_cache, window, r, roots, gamma, branching, nodes)
+
+    (r, roots, scores, valid, trees), rolled = run.draft_lane.queue(
+        "draft-rollout", choose_and_roll_out, after=channel.done, label=rollout_label(B, nodes, gamma), step=step,
+        tokens=B * nodes)
+    mirror.wait_and_record(channel, suffix, rolled)
+    rows = torch.stack([r, roots, valid.long()], dim=1).tolist()  # [B, 3]
+    branches = [mirror.Branch(row[0], row[1], score, tokens=tree.tokens, tree=tree)
+                for row, score, tree in zip(rows, scores.tolist(), trees) if row[2]]
+    (path, token, hit), verified = run.target_lane.queue("rendezvous", rendezvous, window, logits, run.target_sampler,
+                                                         branches, label="verify tree + match branch", step=step)
+    verified.record()  # the verdict is on the host: its work is done
+    return path, token, hit, channel_there[0].tolist(), branches
+
+
+def rollout_label(branches: int, nodes: int, gamma: int) -> str:
+    return f"{branches} branches x tree of {nodes}, depth {gamma}"
 
 
 def rendezvous(window: Tree, logits: torch.Tensor, sampler, branches: list) -> tuple[list[int], int, int | None]:
@@ -80,43 +113,51 @@ def rendezvous(window: Tree, logits: torch.Tensor, sampler, branches: list) -> t
     return path, token, next((i for i, b in enumerate(branches) if (b.accepted, b.root) == (row, token)), None)
 
 
-def rollout_layout(run, cache, window: Tree, branches: list) -> tuple[list[int], list[int], torch.Tensor]:
-    """The rollouts' first draft forward: ids, positions and mask [rows, slots] of the committed tokens
-    the draft has not seen (P, causal), the window's nodes (N, under its tree mask) and every
-    branch's root (B): the root of branch (r, v) sees the committed prefix, the path to row r and
-    itself, at the position after row r."""
-    n, base = len(run.sequence), cache.length  # the last committed token is at position n - 1
+def rollout_layout(run, cache, window: Tree, r: torch.Tensor, roots: torch.Tensor):
+    """The rollouts' first draft forward, laid out on the draft's device (where r and roots [B], the
+    branches' rows and root tokens, lie): ids [rows], positions [rows] and mask [rows, slots] of
+    the committed tokens the draft has not seen (P, causal), the window's nodes (N, under its tree
+    mask) and every branch's root (B): the root of branch (r, v) sees the committed prefix, the
+    path to row r and itself, at the position after row r."""
+    n, base, dev = len(run.sequence), cache.length, r.device  # the last committed token is at position n - 1
     pending = run.sequence[base:]
-    P, N, B = len(pending), len(window.tokens), len(branches)
+    P, N, B = len(pending), len(window.tokens), len(r)
     seen = tree_mask(window.parents)[:, 1:]  # [N + 1, N]: the nodes each row of [root, nodes] sees
-    rows = [b.accepted for b in branches]
-    mask = torch.zeros(P + N + B, base + P + N + B, dtype=torch.bool)
-    mask[:, :base] = True
-    mask[:P, base:base + P] = torch.ones(P, P, dtype=torch.bool).tril()
-    mask[P:, base:base + P] = True  # nodes and roots: every committed token
-    mask[P:P + N, base + P:base + P + N] = seen[1:]
-    mask[P + N:, base + P:base + P + N] = seen[rows]
-    mask[P + N:, base + P + N:].fill_diagonal_(True)
-    depth = [0, *window.depths]  # of each row
-    positions = [*range(base, n), *(n - 1 + d for d in window.depths), *(n + depth[r] for r in rows)]
-    return [*pending, *window.tokens, *(b.root for b in branches)], positions, mask
+    known = torch.zeros(P + N, base + P + N + B, dtype=torch.bool)  # the rows the host knows: pending, nodes
+    known[:, :base] = True
+    known[:P, base:base + P] = torch.ones(P, P, dtype=torch.bool).tril()
+    known[P:, base:base + P] = True  # nodes (and roots, below): every committed token
+    known[P:, base + P:base + P + N] = seen[1:]
+    root_rows = torch.cat([torch.ones(B, base + P, dtype=torch.bool, device=dev), to_device(seen, dev)[r],
+                           torch.eye(B, dtype=torch.bool, device=dev)], dim=1)  # [B, slots]
+    mask = torch.cat([to_device(known, dev), root_rows])
+    row_depth = to_device([0, *window.depths], dev, torch.long)
+    positions = torch.cat([to_device([*range(base, n), *(n - 1 + d for d in window.depths)], dev, torch.long),
+                           n + row_depth[r]])
+    return torch.cat([to_device([*pending, *window.tokens], dev, torch.long), roots]), positions, mask
 
 
-def roll_out_trees(run, cache, window: Tree, branches: list, gamma: int, branching: int, nodes: int) -> list:
-    """Draft lane: a tree of ``nodes`` tokens, ``gamma`` levels deep, from every branch's root, into the
-    branches (``tree``, and its tokens), all branches' levels in one forward each."""
-    model = run.pair.draft
+def roll_out_trees(run, cache, window: Tree, r: torch.Tensor, roots: torch.Tensor, gamma: int, branching: int,
+                   nodes: int) -> list[Tree]:
+    """Draft lane: a tree of ``nodes`` tokens, ``gamma`` levels deep, from the root of every branch (r,
+    roots [B] on the draft's device), all branches' levels in one forward each; read to the host
+    once, at the end (``tree.grow_trees``)."""
+    model, B = run.pair.draft, len(r)
     log_probs, to_ids = tree_readers(run)
-    ids, positions, mask = rollout_layout(run, cache, window, branches)
-    B, dev = len(branches), model.device
-    ids, positions, mask = (to_device(ids, dev, torch.long), to_device(positions, dev, torch.long),
-                            to_device(mask, dev, torch.bool))
+    ids, positions, mask = rollout_layout(run, cache, window, r, roots)
     first = log_probs(mirror._forward_rows(model, cache, ids, positions, mask, rows=B))  # [B, rows]: the roots' children
     root_position = positions[-B:]
 
     def expand(trees, _nodes, _parents, tokens, depth, mask):  # a node at ``depth`` below its branch's root
         return log_probs(mirror._forward_rows(model, cache, tokens, root_position[trees] + depth, mask, rows=len(tokens)))
 
-    for branch, tree in zip(branches, grow_trees(first, expand, to_ids, gamma, branching, nodes, mask[-B:])):
+    return grow_trees(first, expand, to_ids, gamma, branching, nodes, mask[-B:])
+
+
+def roll_out(run, cache, window: Tree, branches: list, gamma: int, branching: int, nodes: int) -> list:
+    """``roll_out_trees`` for host-chosen branches, their trees into them."""
+    trees = roll_out_trees(run, cache, window, *mirror.branch_tensors(branches, run.pair.draft.device), gamma,
+                           branching, nodes)
+    for branch, tree in zip(branches, trees):
         branch.tree, branch.tokens = tree, tree.tokens
     return branches

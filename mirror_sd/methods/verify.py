@@ -58,16 +58,18 @@ def verify(draft: list[int], q: torch.Tensor | None, target_logits: torch.Tensor
     return verify_sampling(draft, q, sampler.probs(target_logits), sampler)
 
 
-def walk_tree_greedy(tokens: list[int], children: dict[int, list[int]], logits_at) -> tuple[list[int], int]:
+def walk_tree_greedy(tokens: list[int], children: dict[int, list[int]], logits: torch.Tensor) -> tuple[list[int], int]:
     """Greedy tree verification: from the root (-1), follow the child whose token is the target's argmax.
 
-    tokens: a token per node; children: node -> its child nodes (the root is -1); logits_at(node): the
-    target's logits [V] for the token after that node's path. Returns the accepted path (nodes, root
-    excluded) and the target's argmax after it: the correction (or the bonus after a leaf). Children
-    of one parent carry distinct tokens, so at most one matches, and every committed token is the
-    target's argmax given the committed prefix: exactly vanilla greedy decoding's tokens.
+    tokens: a token per node; children: node -> its child nodes (the root is -1); logits [N + 1, V]:
+    the target's logits for the token after each row's path (row 0 the root, node i at i + 1), read
+    to the host once, as every row's argmax. Returns the accepted path (nodes, root excluded) and
+    the target's argmax after it: the correction (or the bonus after a leaf). Children of one
+    parent carry distinct tokens, so at most one matches, and every committed token is the target's
+    argmax given the committed prefix: exactly vanilla greedy decoding's tokens.
     """
-    return walk_tree(tokens, children, logits_at, lambda logits: int(logits.argmax()))
+    picks = logits.argmax(-1).tolist()  # [N + 1]
+    return walk_tree(tokens, children, lambda node: picks[node + 1], lambda pick: pick)
 
 
 def accept_tree(tree: Tree, logits: torch.Tensor, sampler: Sampler) -> tuple[list[int], int]:
@@ -77,6 +79,6 @@ def accept_tree(tree: Tree, logits: torch.Tensor, sampler: Sampler) -> tuple[lis
     checked with the speculative-sampling rule. Returns the accepted path (nodes) and the next token.
     """
     if sampler.greedy:
-        return walk_tree_greedy(tree.tokens, tree.children(), lambda node: logits[node + 1])
+        return walk_tree_greedy(tree.tokens, tree.children(), logits)
     verdict = verify_sampling(tree.tokens, tree.q, sampler.probs(logits), sampler)
     return list(range(verdict.accepted)), verdict.token
