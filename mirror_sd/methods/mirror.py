@@ -412,19 +412,20 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
                 tree)
             keep_path(target_cache, path, n)
             keep_path(draft_cache, path, n)  # the rollouts wrote the window's nodes after the sequence
-            (tokens, origins), accepted, proposed, record = window.committed(path, token), len(path), window.tokens, \
-                window.record(path)
+            tokens, origins = window.committed(path, token)
+            accepted, proposed, drafted = len(path), window.tokens, window.record(path)
         else:
             verdict, hit, top_ids, branches = step_on(run, target_cache, draft_cache, window, q, step, exit_layer,
                                                       kappa, head, branch_budget, gamma, roll_out)
-            (tokens, origins), accepted, proposed, record = verdict.committed(window), verdict.accepted, window, None
+            tokens, origins = verdict.committed(window)
+            accepted, proposed, drafted = verdict.accepted, window, None
             target_cache.rollback(n + accepted)
             draft_cache.rollback(min(draft_cache.length, n + accepted))
-        rendezvous = Rendezvous(exit_candidates=top_ids, branches=[(b.accepted, b.root, b.tokens) for b in branches],
-                                branch_used=hit, fallback=fallback, copied=copied,
-                                branch_parents=[b.tree.parents for b in branches] if trees else [])
-        yield run.commit(Step(step, tokens, origins, proposed=proposed, accepted=accepted, tree=record,
-                              rendezvous=rendezvous))
+        met = Rendezvous(exit_candidates=top_ids, branches=[(b.accepted, b.root, b.tokens) for b in branches],
+                         branch_used=hit, fallback=fallback, copied=copied,
+                         branch_parents=[b.tree.parents for b in branches] if trees else [])
+        yield run.commit(Step(step, tokens, origins, proposed=proposed, accepted=accepted, tree=drafted,
+                              rendezvous=met))
         if hit is None:
             window, q = None, None
         else:
