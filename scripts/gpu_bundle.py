@@ -222,9 +222,10 @@ def calls(parts: list[Path], repo: Path, run: str = GPU_CHECK) -> str:
 
 
 SWEEPS = ('for o in "mirror queued 0,1" "mirror exit_layer 14,18,22" "mirror tree 0,8,16" "eagle total_tokens 8,16,32" '
-          '"sd tree 0,8,16 --gamma 4"; do set -- $o; timeout 80 python3 -m mirror_sd sweep --method $1 --option $2 '
-          '--values $3 $4 $5 --graphs on --per-category 2 --max-new-tokens 64 --out /tmp/sweeps/$1-$2; done; '
-          'tar -czf $OUT/sweeps.tgz -C /tmp sweeps')  # one file back: a call returns only so many
+          '"sd tree 0,8,16 --gamma 4" "ss one_forward 0,1"; do set -- $o; timeout 80 python3 -m mirror_sd sweep '
+          '--method $1 --option $2 --values $3 $4 $5 --graphs on --per-category 2 --max-new-tokens 64 '
+          '--out /tmp/sweeps/$1-$2; tar -czf $OUT/sweeps.tgz -C /tmp sweeps; done')
+# one file back (a call returns only so many), rewritten after each sweep: a call cut short still returns the done ones
 
 
 def call_again(run: str = SWEEPS) -> str:
@@ -232,7 +233,7 @@ def call_again(run: str = SWEEPS) -> str:
     brought, so it unpacks again (the parts stay in /tmp) before ``run`` (default: issue 32's sweeps)."""
     command = (f"python3 scripts/gpu_bundle.py unpack >/dev/null && export PYTHONPATH={STORE / 'site'}:$PWD "
                f"PYTHONUNBUFFERED=1 && {run}")
-    return f"run(command='{command}', timeout_s=400)"
+    return f"run(command='{command}', timeout_s=500)"
 
 
 def main(argv=None):
