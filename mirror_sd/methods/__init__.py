@@ -98,9 +98,6 @@ def _check_mirror(pair, options):
     if options["exit_head"] == 1:  # load now: a missing or mismatched head is an input error, not a failure mid-run
         mirror.exit_head_for(pair, options["exit_layer"] or mirror.default_exit_layer(pair.target.num_layers))
     make_drafter(options["streams"]).check(pair, options["gamma"])  # the fresh draft after a miss
-    if options.get("tree") and pair.target.layer_devices:
-        raise MirrorSDError(f"mirror's tree windows need the target on one device, not sharded "
-                            f"({pair.target_lane.display_device}): set tree=0")
 
 
 def _one_device_target(pair, method: str):
