@@ -24,7 +24,7 @@ from .errors import MirrorSDError
 from .methods import get_method, vanilla
 from .models.pair import ModelPair
 from .nvml import GpuSampler
-from .sampling import Sampler, to_target_vocab
+from .sampling import Sampler, draft_argmax, to_target_vocab
 from .trace import RECORDS, Step, Trace
 
 MAX_NEW_TOKENS_LIMIT = 4096
@@ -96,6 +96,10 @@ class Decoding:
     def as_target_vocab(self, draft_logits: torch.Tensor) -> torch.Tensor:
         """The draft's logits [..., V_draft] laid out on the target's vocabulary (see to_target_vocab)."""
         return to_target_vocab(draft_logits, self.pair.draft.vocab_map, self.pair.target.args.vocab_size)
+
+    def draft_picks(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """The draft's greedy picks, target ids [...], from its logits [..., V_draft] (see draft_argmax)."""
+        return draft_argmax(draft_logits, self.pair.draft.vocab_map, self.pair.target.args.vocab_size)
 
 
 def check_settings(max_new_tokens, temperature, top_p, seed):

@@ -69,6 +69,15 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return filtered / filtered.sum(-1, keepdim=True)
 
 
+def draft_argmax(logits: torch.Tensor, vocab_map: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """The target id of each row's most likely draft token, for logits [..., V_head]: what
+    ``to_target_vocab(...).argmax(-1)`` gives, without laying the rows over the target's vocabulary
+    first (a vocab_map in ascending order, as the drafts' are, keeps ties on the same token)."""
+    if vocab_map is not None:
+        return vocab_map.to(logits.device)[logits.argmax(-1)]
+    return logits[..., :vocab_size].argmax(-1)
+
+
 def to_target_vocab(logits: torch.Tensor, vocab_map: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
     """Logits of a draft head [..., V_head] laid out on the target's vocabulary [..., vocab_size].
 

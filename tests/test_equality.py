@@ -51,6 +51,20 @@ def test_reduced_vocabulary_draft_equals_vanilla(tiny_dirs):
         assert all(t in pair.draft.vocab_map.tolist() for s in out.trace.steps for t in s.proposed)
 
 
+def test_the_draft_s_picks_are_the_argmax_over_its_rows_laid_on_the_target_s_vocabulary():
+    """draft_argmax (greedy drafting) picks what to_target_vocab(...).argmax(-1) does, ties included:
+    a reduced head (its vocab_map ascending), a head with padding rows and one with fewer rows."""
+    import torch
+
+    from mirror_sd.sampling import draft_argmax, to_target_vocab
+
+    gen = torch.Generator().manual_seed(0)
+    vocab_map = torch.tensor([0, 2, 3, 5, 7, 8, 11, 13])
+    for rows, vmap in ((8, vocab_map), (20, None), (12, None)):
+        logits = torch.randint(0, 3, (50, rows), generator=gen).float()  # many ties
+        assert torch.equal(draft_argmax(logits, vmap, 16), to_target_vocab(logits, vmap, 16).argmax(-1))
+
+
 def test_a_swapped_draft_is_the_one_that_drafts_and_swapping_back_reuses_the_first(tiny_dirs):
     """ModelPair.use_draft (scripts/comparison.py: swap_draft): after a swap, sd and mirror draft with the new
     draft (a reduced head proposes only its own tokens; mirror's early-exit rows follow its head)

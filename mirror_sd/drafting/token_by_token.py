@@ -71,7 +71,7 @@ def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
     if sampler.greedy and not copy_below:  # every pick stays on the device: one read of the window
         picks = []
         for _ in range(gamma):
-            picks.append(run.as_target_vocab(forward(draft, ids, cache)[0, -1]).argmax())  # [] on the device
+            picks.append(run.draft_picks(forward(draft, ids, cache)[0, -1]))  # [] on the device
             ids = picks[-1].view(1, 1)
         return torch.stack(picks).tolist(), None, []
     tokens, q, copies = [], [], []

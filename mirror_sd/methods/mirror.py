@@ -310,11 +310,11 @@ def roll_out_tree(run, cache, draft: list[int], r: torch.Tensor, roots: torch.Te
     ids, positions, mask, owner, depth, may_see = tree_layout(run, cache, draft, r, roots)
     picks = []  # T = 0: each forward's [B] picks
     for k in range(gamma):
-        logits = run.as_target_vocab(_forward_rows(model, cache, ids, positions, mask, rows=B))  # [B, V]
+        logits = _forward_rows(model, cache, ids, positions, mask, rows=B)  # [B, V_draft]
         if sampler.greedy:
-            picks.append(logits.argmax(-1))
+            picks.append(run.draft_picks(logits))  # [B]
         else:  # every branch's token drawn from its own row, in one call
-            q = sampler.probs(logits)  # [B, V]
+            q = sampler.probs(run.as_target_vocab(logits))  # [B, V]
             for b, q_b, token in zip(branches, q, sampler.sample_rows(q)):
                 b.q.append(q_b)
                 b.tokens.append(token)
