@@ -7,10 +7,12 @@ piece of work takes. This module prices each step's work on a :class:`Profile` (
 a function of width) and lays it out with each method's schedule:
 
   vanilla  T_t(1)
-  sd       sum of the draft's forwards T_d(w_i) + T_t(gamma + 1)
+  sd       sum of the draft's forwards T_d(w_i) + T_t(gamma + 1)    (a tree: T_d(1) + (gamma - 1) T_d(branching) + T_tree(nodes + 1))
   eagle    T_head(pending) + (depth - 1) T_head(top_k) + T_tree(nodes + 1)
   ss       T_streams(gamma) + T_tree(nodes + 1)    (one_forward=1: T_tree(nodes + 1) + T_streams(stream rows))
   mirror   [fallback draft on a miss] + T_prefix + T_rv + max(T_suffix, T_rollouts) + T_rv
+           (T_rollouts: T_d(window + branches) + (gamma - 1) T_d(branches), or with tree windows
+           (gamma - 1) T_d(branches x branching); a tree window's fallback draft as sd's tree)
 
 (``max`` where the devices overlap fully; ``overlap`` in 0..1 hides that share of the shorter
 work.) The host adds ``step_ms`` per step and ``phase_ms`` per phase (each line of work above,
@@ -273,11 +275,18 @@ def draft_calls(work) -> list[tuple[str, int]]:
     return [("draft", 1)] * work.forwards
 
 
+def tree_draft_calls(options: dict) -> list[tuple[str, int]]:
+    """The draft forwards that grow a draft tree (``drafting/token_by_token.py``: draft_tree): the
+    root's, then gamma - 1 levels of ``branching`` frontier nodes."""
+    return [("draft", 1)] + [("draft", options.get("branching", 4))] * (options.get("gamma", 2) - 1)
+
+
 def sd_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
     window = len(step.proposed) + 1
-    return [(Work("draft", "draft", f"draft {len(step.proposed)} tokens", draft_calls(step.draft),
-                  tokens=len(step.proposed)),),
-            (Work("target", "verify", f"verify {window} tokens", [("target", window)], tokens=window),)]
+    calls, verify = (draft_calls(step.draft), "target") if step.tree is None else (tree_draft_calls(options),
+                                                                                  "target_tree")
+    return [(Work("draft", "draft", f"draft {len(step.proposed)} tokens", calls, tokens=len(step.proposed)),),
+            (Work("target", "verify", f"verify {window} tokens", [(verify, window)], tokens=window),)]
 
 
 def eagle_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
@@ -311,16 +320,17 @@ def mirror_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[P
     beside the branch rollouts -> rendezvous. A copied window needs no draft."""
     rv, gamma = step.rendezvous, options.get("gamma", 2)
     window = len(step.proposed) + 1
-    branches = len(rv.branches)
+    branches, trees = len(rv.branches), step.tree is not None  # trees: mirror's tree windows
     plan = []
     if rv.fallback:
-        plan.append((Work("draft", "fallback-draft", f"fallback draft {gamma} tokens", [("draft", 1)] * gamma,
-                          tokens=gamma),))
+        fresh = tree_draft_calls(options) if trees else [("draft", 1)] * gamma
+        plan.append((Work("draft", "fallback-draft", f"fallback draft {gamma} tokens", fresh, tokens=gamma),))
     plan.append((Work("target", "target-prefix", f"target prefix, {window} tokens", [("target_prefix", window)],
                       tokens=window),))
     plan.append((Work("target", "rendezvous", "token channel", fixed="channel_ms"),))
     forwards = 1 if options.get("streams") else gamma
-    rollout = [("draft", window + branches)] + [("draft", branches)] * (forwards - 1)  # tree layout, then branches
+    per_level = branches * options.get("branching", 4) if trees else branches  # rows of each forward after the first
+    rollout = [("draft", window + branches)] + [("draft", per_level)] * (forwards - 1)  # tree layout, then branches
     plan.append((Work("target", "target-suffix", f"target suffix, {window} tokens", [("target_suffix", window)],
                       tokens=window),
                  Work("draft", "draft-rollout", f"{branches} branches x {gamma} tokens", rollout,

@@ -106,6 +106,30 @@ def test_mirror_miss_exposes_a_fresh_draft_and_a_copy_exposes_none():
     assert step_time(copied) == pytest.approx(hit)
 
 
+def test_tree_windows_price_the_draft_s_tree_levels_and_a_tree_verify():
+    """sd --tree: the draft's root forward, then gamma - 1 levels of ``branching`` nodes, then a tree
+    verify; mirror --tree: its rollouts feed every branch's frontier per level, and a fallback
+    draft grows a tree as sd's does."""
+    tree = DraftTree(tokens=[3, 4, 5], parents=[-1, 0, -1], depths=[1, 2, 1], scores=[0.0] * 3, path=[0])
+    sd = Step(1, [3, 99], ["accepted", "correction"], proposed=tree.tokens, accepted=1, tree=tree,
+              draft=DraftWork(forwards=3))
+    own = W.Profile(**{**PROFILE.__dict__, "stages": {**PROFILE.stages, "target_tree": W.Cost.line(12, 2)}})
+    options = dict(gamma=3, tree=3, branching=2)
+    assert W.step_ms(W.step_plans(trace_of("sd", [sd], options, two_lanes=True))[1], own) == \
+        pytest.approx(2.1 + 2 * 2.2 + (12 + 2 * 4))
+    rv = Rendezvous(exit_candidates=[[1, 2]] * 4, branches=[(0, 9, [1, 2])] * 2, branch_used=None, fallback=True,
+                    copied=False, branch_parents=[[-1, 0]] * 2)
+    mirror = Step(1, [3, 99], ["accepted", "correction"], proposed=tree.tokens, accepted=1, tree=tree, rendezvous=rv)
+    window = 4  # the last committed token + 3 nodes
+    rollouts = (2 + 0.1 * (window + 2)) + 2 * (2 + 0.1 * 2 * 2)  # layout, then 2 levels of 2 branches x 2 nodes
+    prefix, suffix = 4 + 0.5 * window, 6 + 0.5 * window
+    assert rollouts < suffix
+    expected = (2.1 + 2 * 2.2) + prefix + 0.25 + suffix + 0.5  # the fallback tree, then the step
+    assert step_time(trace_of("mirror", [mirror], dict(MIRROR, **options), two_lanes=True)) == pytest.approx(expected)
+    assert rollouts == pytest.approx(W.phase_ms(W.step_plans(trace_of("mirror", [mirror], dict(MIRROR, **options),
+                                                                       two_lanes=True))[1][3], PROFILE)[1])
+
+
 def test_overlap_zero_adds_the_two_sides_up():
     serial = W.Profile(**{**PROFILE.__dict__, "overlap": 0.0})
     rollouts = (2 + 0.1 * 7) + (2 + 0.1 * 4)
