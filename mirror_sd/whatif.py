@@ -29,12 +29,14 @@ tests it on prompts it was not fitted on.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from .errors import MirrorSDError
+from .models.stages import BUCKETS, MAX_WIDTH, cheapest_bucket
 from .trace import Span, Step, Trace
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
@@ -107,6 +109,17 @@ class Cost:
                             f"or {{\"ms\": a, \"ms_per_token\": b}}, got {json.dumps(value)[:80]}")
 
 
+def bucketed_ms(cost: Cost, width: float) -> float:
+    """The cost of a call of ``width`` tokens on fixed-width stages whose replays ``cost`` measured at
+    each bucket: the engine runs it at the cheapest measured bucket that holds it (models/stages.py:
+    ``cheapest_bucket``). Wider than the widest stage (a prefill, run in 64-token chunks) or at a
+    bucket not measured: the line through the points."""
+    replay = {int(w): ms for w, ms in cost.points if float(w).is_integer() and int(w) in BUCKETS}
+    if not 0 < width <= MAX_WIDTH:
+        return cost(width)
+    return replay.get(cheapest_bucket(math.ceil(width), replay), cost(width))
+
+
 def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -130,6 +143,9 @@ class Profile:
     step_ms: float = 0.0  # host work per decoding step outside any span
     phase_ms: float = 0.0  # host work per phase of a step (launching its work, waiting for it), outside spans
     notes: str = ""  # what the profile assumes, for the screen
+    # The stages' widths are CUDA-graph buckets (gpu-check's replays): a call of up to 64 tokens costs
+    # what the bucket the engine routes it to costs (``bucketed_ms``), not a line between two buckets.
+    buckets: bool = False
 
     def cost(self, stage: str, width: float, threads: int | None = None) -> float:
         """Milliseconds of one call of ``stage`` over ``width`` tokens on this profile; on a lane
@@ -144,7 +160,7 @@ class Profile:
             keyed = f"{stage}@{counts[-1]}"
         if keyed not in self.stages:
             raise MirrorSDError(f"profile {self.name!r} has no cost for stage {stage!r}")
-        ms = self.stages[keyed](width)
+        ms = bucketed_ms(self.stages[keyed], width) if self.buckets else self.stages[keyed](width)
         return ms / self.draft_speed if stage in DRAFT_STAGES else ms
 
     def with_draft_speed(self, speed: float) -> "Profile":
@@ -172,6 +188,7 @@ class Profile:
         return dict(name=self.name, source=self.source, devices=self.devices, notes=self.notes,
                     rendezvous_ms=self.rendezvous_ms, channel_ms=self.channel_ms, overlap=self.overlap,
                     draft_speed=self.draft_speed, step_ms=self.step_ms, phase_ms=self.phase_ms,
+                    **(dict(buckets=True) if self.buckets else {}),
                     stages={s: c.to_json() for s, c in self.stages.items()})
 
     @classmethod
@@ -206,8 +223,10 @@ class Profile:
         devices = data.get("devices", {})
         if not isinstance(devices, dict) or not all(isinstance(v, str) for v in devices.values()):
             raise MirrorSDError(f"{where}: \"devices\" maps a role (target, draft) to a device name")
+        if not isinstance(data.get("buckets", False), bool):
+            raise MirrorSDError(f"{where}: \"buckets\" is true or false, got {json.dumps(data['buckets'])}")
         return cls(name=data["name"], source=data["source"], devices=dict(devices), stages=costs,
-                   notes=str(data.get("notes", "")), **numbers)
+                   notes=str(data.get("notes", "")), buckets=data.get("buckets", False), **numbers)
 
 
 def profile_names() -> list[str]:

@@ -130,6 +130,23 @@ def test_tree_windows_price_the_draft_s_tree_levels_and_a_tree_verify():
                                                                        two_lanes=True))[1][3], PROFILE)[1])
 
 
+def test_a_bucketed_profile_prices_a_call_at_the_bucket_the_engine_routes_it_to():
+    """gpu-check's profiles are CUDA-graph replays per bucket: a window runs at the cheapest measured
+    bucket that holds it (wider only if it saves more than 5%), not on a line between two buckets."""
+    replays = {"1": 3.4, "2": 5.2, "4": 5.0, "8": 8.2, "16": 8.6, "32": 5.9, "64": 6.6}  # the H200's target
+    data = dict(name="b", source="hand-made", buckets=True, stages={"target": {"ms_by_width": replays}})
+    bucketed, lined = W.Profile.from_json(data), W.Profile.from_json(dict(data, buckets=False))
+    assert bucketed.cost("target", 1) == 3.4 and bucketed.cost("target", 3) == 5.0  # 4 holds 3
+    assert bucketed.cost("target", 9) == bucketed.cost("target", 16) == bucketed.cost("target", 32) == 5.9
+    assert bucketed.cost("target", 5) == 5.9  # 8 holds it, 32 saves more than 5%
+    assert bucketed.cost("target", 2) == 5.2  # 4 would save under 5% (5.0 against 5.2)
+    assert lined.cost("target", 9) == pytest.approx(8.2 + 0.4 / 8) and bucketed.cost("target", 128) == lined.cost(
+        "target", 128)  # past the widest stage: prefill chunks, the line
+    assert W.Profile.from_json(bucketed.to_json()).buckets and "buckets" not in lined.to_json()
+    with pytest.raises(MirrorSDError, match="buckets"):
+        W.Profile.from_json(dict(data, buckets="yes"))
+
+
 def test_overlap_zero_adds_the_two_sides_up():
     serial = W.Profile(**{**PROFILE.__dict__, "overlap": 0.0})
     rollouts = (2 + 0.1 * 7) + (2 + 0.1 * 4)
