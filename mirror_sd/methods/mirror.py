@@ -23,6 +23,9 @@ One step, with the window W = [last committed token, d1 .. d_gamma]:
    then up to ``lookup`` copied tokens are the next window, with no draft time at all.
 4. Commit d1..dA + c and roll both KV caches back to the committed length.
 
+With option ``tree`` > 0 (T = 0) the window and every branch's rollout are draft trees instead of
+chains, the branches hanging from any row of the window: methods/mirror_tree.py.
+
 All-accepted case (left open by the paper): c is then the bonus token at position gamma, drawn
 from the final distribution there; branches (gamma, v) use the early-exit candidates at that
 position, so a fully accepted window can hit too.
