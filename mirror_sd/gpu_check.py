@@ -19,7 +19,9 @@ DIR:
    its cheapest bucket; Mirror-SD's steps queued on the two streams), then vanilla and Mirror-SD
    with ``--queued 0`` (the host choosing the branches between the streams: what queuing wins),
    then every method with ``--kernels default`` (what the tuned kernels win), then again with
-   ``--buckets smallest`` (what that routing wins): ``bench-*/`` and ``bench-*.md``;
+   ``--buckets smallest`` (what that routing wins): ``bench-*/`` and ``bench-*.md``; after the
+   graphs-on bench, the host's time per step and per phase fitted on its traces, added to the
+   stage profile: ``profile-<gpu>-graphs-host.json`` (whatif.py: ``fit_host``);
 3. the CUDA tests (``tests/test_cuda.py``; ``tests/test_stages.py``, whose graph tests run only
    on a GPU; ``tests/test_graphs.py``, every method on the tiny pair's captured stages there):
    ``tests.log``;
@@ -53,6 +55,7 @@ from .kernels import EVERY, PROFILED_WIDTHS, format_times, kernel_table
 from .models import tuning
 from .models.stages import BUCKETS, routed_widths
 from .trace import Trace, step_cost_table
+from .whatif import Profile, fit_host, measured_seconds, modelled_seconds
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository (tests/ lives there)
 BUDGET_S = 450  # every part together, model set-up included: one 10-minute device command, with room to unpack
@@ -95,11 +98,14 @@ def gpu_check(out: Path, budget_s: float = BUDGET_S) -> int:
         parts.append(part)
         write_report(out, parts, gpu, budget_s)
 
-    done(_stage_part(out, deadline))  # the quickest sign that capture works
+    stages = _stage_part(out, deadline)
+    done(stages)  # the quickest sign that capture works
     for name, extra, limit in BENCHES:
         command = [sys.executable, "-m", "mirror_sd", "bench", *BENCH, *[a.format(out=out / name) for a in extra],
                    "--out", str(out / name), "--report", str(out / f"{name}.md")]
         done(_run(out, name, command, deadline, limit))
+        if name == "bench-graphs-on" and stages.get("profile"):  # in process, a second or so
+            done(_host_part(out, stages["profile"], out / name / "traces"))
         if name == "bench-smallest-bucket":  # the headline first, then the tests that say why it failed, if it did
             done(_run(out, "tests", [sys.executable, "-m", "pytest", *TESTS, "-q", "-p", "no:cacheprovider"],
                       deadline, limit=180))
@@ -128,6 +134,58 @@ def _run(out: Path, name: str, command: list[str], deadline: float, limit: int) 
         part.update(outcome=f"stopped after {timeout:.0f} s (time budget)")
     part["wall_s"] = time.monotonic() - start
     return part
+
+
+def _host_part(out: Path, profile: dict, traces: Path) -> dict:
+    """The stage profile with the host's time added: ``step_ms`` and ``phase_ms`` fitted on the
+    graphs-on bench's traces (whatif.fit_host: each run's measured time less what the replays make
+    of it), written as ``profile-<gpu>-graphs-host.json``; and how that profile re-times the bench,
+    per method (measured against modelled seconds)."""
+    part = dict(name="host-fit", command="in process: whatif.fit_host over bench-graphs-on's traces", ok=False)
+    start = time.monotonic()
+    try:
+        runs = [Trace.from_json(p.read_text(encoding="utf-8")) for p in sorted(traces.glob("*.json"))]
+        if not runs:
+            raise MirrorSDError(f"no traces in {traces}")
+        step_ms, phase_ms = fit_host(runs, Profile.from_json(profile, "gpu-check profile"))
+        host = dict(profile, name=f"{profile['name']}-host", step_ms=round(step_ms, 4), phase_ms=round(phase_ms, 4),
+                    source=profile["source"].replace("Not measured here: rendezvous_ms, channel_ms, step_ms (0).", "")
+                    + f"step_ms and phase_ms: the host's time per step and per phase, fitted on the {len(runs)} "
+                      f"traces of gpu-check's graphs-on bench (whatif.fit_host); rendezvous_ms and channel_ms: 0.")
+        fitted = Profile.from_json(host, "gpu-check host profile")
+        path = out / f"profile-{host['name']}.json"
+        path.write_text(json.dumps(host, indent=1), encoding="utf-8")
+        table = [dict(method=m, runs=len(ts), measured_s=sum(measured_seconds(t) for t in ts),
+                      modelled_s=sum(modelled_seconds(t, fitted) for t in ts))
+                 for m, ts in _by_method(runs).items()]
+        part.update(ok=True, outcome=f"wrote {path.name}: step_ms {step_ms:.3f}, phase_ms {phase_ms:.3f}",
+                    host_table=table)
+    except Exception as e:  # noqa: BLE001  (reported; the other parts still run)
+        part.update(outcome=f"{type(e).__name__}: {e}")
+    part["wall_s"] = time.monotonic() - start
+    return part
+
+
+def _by_method(runs: list[Trace]) -> dict[str, list[Trace]]:
+    methods: dict[str, list[Trace]] = {}
+    for t in runs:
+        methods.setdefault(t.method, []).append(t)
+    return methods
+
+
+def host_fit_section(part: dict) -> list[str]:
+    """The host-fit part's table: how the profile with the host's time re-times the graphs-on bench."""
+    if not part.get("host_table"):
+        return []
+    lines = ["", "## The stage replays plus the host's time, against the graphs-on bench (a model's check)", "",
+             f"{part['outcome'].removeprefix('wrote ')}. Each run re-timed on that profile (`python -m mirror_sd "
+             "whatif`), summed per method; fitted on these very runs, so a check of the model's shape, not a "
+             "held-out test.", "", "| method | runs | measured s | modelled s | error |", "|---|---|---|---|---|"]
+    for row in part["host_table"]:
+        error = row["modelled_s"] / row["measured_s"] - 1 if row["measured_s"] else float("nan")
+        lines.append(f"| {row['method']} | {row['runs']} | {row['measured_s']:.3f} | {row['modelled_s']:.3f} | "
+                     f"{error:+.1%} |")
+    return lines
 
 
 def _text(b) -> str:
@@ -194,7 +252,6 @@ def stage_profile(pair=None, timer=None) -> tuple[dict, list[dict], dict]:
     from . import load_pair
     from .methods.mirror import default_exit_layer
     from .models.stages import Stages
-    from .whatif import Profile
 
     pair, timer = pair or load_pair(), timer or replay_ms
     target, draft = pair.target, pair.draft
@@ -380,6 +437,7 @@ def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
         summary = out / name / "summary.md"
         if summary.exists():
             lines += ["", f"## {name}: {title}", "", summary.read_text(encoding="utf-8").strip()]
+    lines += host_fit_section(next((p for p in parts if p["name"] == "host-fit"), {}))
     lines += step_cost_section(out / "bench-graphs-on" / "traces")
     lines += ["", "Spans on CUDA lanes come from CUDA events. On CUDA lanes Mirror-SD's steps are queued on the "
                   "two streams (the draft stream waits for the token channel on a CUDA event; methods/mirror.py: "

@@ -78,14 +78,14 @@ def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budge
     monkeypatch.setattr(gpu_check, "_run", run_then_spend_the_budget)
 
     assert gpu_check.gpu_check(tmp_path, budget_s=400) == 1  # some parts failed
-    assert len(reports) == 5  # after each part
+    assert len(reports) == 6  # after each part
     report = (tmp_path / "report.md").read_text()
     assert report == reports[-1] and report.startswith("# gpu-check: Rehearsal GPU")
     assert "--budget 400" in report
     rows = {line.split(" | ")[0].strip("| "): line for line in report.splitlines() if line.startswith("| ")}
     assert "passed: wrote profile-" in rows["stages"]
     assert "## One CUDA-graph replay per stage" in report and "the same 32 greedy tokens" in report
-    (profile,) = tmp_path.glob("profile-*.json")
+    (profile,) = tmp_path.glob("profile-*-graphs.json")
     assert {"target", "target_prefix", "target_suffix", "draft", "streams", "eagle_head"} <= set(
         Profile.from_json(json.loads(profile.read_text()), "rehearsal").stages)  # what whatif reads
     assert "| width | target | target prefix | early exit | target suffix | draft | streams | EAGLE head |" in report
@@ -104,4 +104,12 @@ def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budge
     assert "| skipped: the time budget ran out |" in rows["bench-graphs-off"]
     assert "## bench-graphs-on" in report and "| mirror " in report  # the bench's own table
     assert "## Step costs, graphs on" in report  # from the bench's traces
+    assert "passed: wrote profile-" in rows["host-fit"] and "-graphs-host.json: step_ms" in rows["host-fit"]
+    (host,) = tmp_path.glob("profile-*-graphs-host.json")  # the stage profile with the host's time fitted
+    host = Profile.from_json(json.loads(host.read_text()), "host")
+    traces = list((tmp_path / "bench-graphs-on" / "traces").glob("*.json"))  # one per turn
+    assert host.buckets and host.step_ms + host.phase_ms > 0 and f"fitted on the {len(traces)} traces" in host.source
+    fit = report.split("## The stage replays plus the host's time")[1].split("##")[0]
+    for method in ("vanilla", "mirror"):  # each method's runs re-timed
+        assert f"| {method} | {sum(t.name.startswith(method) for t in traces)} |" in fit
     assert "bench-graphs-on" not in reports[0] and "| stages |" in reports[0]  # the first report: one part
