@@ -644,10 +644,12 @@ def tokens_per_step(alpha: float, window: int) -> float:
 
 
 def fallback_ms(trace: Trace, profile: Profile) -> float:
-    """Mirror-SD: the fresh draft a miss puts on the critical path (gamma draft forwards, after the
-    host's turn to launch them)."""
-    gamma = trace.meta.get("options", {}).get("gamma", 2)
-    return profile.phase_ms + gamma * profile.cost("draft", 1)
+    """Mirror-SD: the fresh draft a miss puts on the critical path (gamma draft forwards, or with tree
+    windows the draft's tree levels, after the host's turn to launch them)."""
+    options = trace.meta.get("options", {})
+    trees = options.get("tree") and trace.meta.get("temperature", 0.0) == 0
+    calls = tree_draft_calls(options) if trees else [("draft", 1)] * options.get("gamma", 2)
+    return profile.phase_ms + sum(profile.cost(stage, width) for stage, width in calls)
 
 
 def steady_state(trace: Trace, profile: Profile, alpha: float | None = None, hit_rate: float | None = None) -> dict:

@@ -330,6 +330,13 @@ def test_steady_state_mirror_exposes_a_fresh_draft_at_the_miss_rate():
     assert always["step_ms"] == pytest.approx(hit_step) and always["tokens_per_step"] == 3
 
 
+def test_a_miss_s_fresh_draft_with_tree_windows_is_the_draft_s_tree_levels():
+    chains = trace_of("mirror", [mirror_step()], dict(MIRROR, gamma=3), two_lanes=True)
+    trees = trace_of("mirror", [mirror_step()], dict(MIRROR, gamma=3, tree=8, branching=2), two_lanes=True)
+    assert W.fallback_ms(chains, PROFILE) == pytest.approx(3 * 2.1)
+    assert W.fallback_ms(trees, PROFILE) == pytest.approx(2.1 + 2 * 2.2)  # the root's forward, 2 levels of 2 nodes
+
+
 def test_the_tradeoff_curve_falls_for_sd_and_stays_flat_for_mirror_while_rollouts_fit():
     sd = sd_trace([(2, 2)] * 3, 10)
     mirror = trace_of("mirror", [mirror_step(accepted=2)] * 3, MIRROR, two_lanes=True)
