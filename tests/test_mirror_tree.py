@@ -153,10 +153,13 @@ def test_the_app_draws_a_tree_window_and_its_rolled_out_trees(tiny_pair):
 
 
 def test_the_shipped_pair_s_tree_windows_commit_vanillas_tokens(embedded_pair, equality_prompts, vanilla_reference):
+    copied = 0
     for prompt, expected in list(zip(equality_prompts, vanilla_reference))[:2]:
         out = generate(embedded_pair, prompt, method="mirror", max_new_tokens=EQUALITY_TOKENS, gamma=3, tree=8)
         assert out.error is None and out.token_ids == expected, f"mirror with trees differs from vanilla on {prompt[:60]!r}"
         assert all(s.tree is not None for s in out.trace.steps[1:])
+        copied += sum(s.rendezvous.copied for s in out.trace.steps[1:])
+    assert copied > 0  # windows copied from the context, as one-branch trees, were verified too
 
 
 def random_tree(nodes: int, gen) -> list[int]:

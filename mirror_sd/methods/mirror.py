@@ -52,7 +52,7 @@ import torch
 from ..devices import to_device
 from ..drafting import make_drafter
 from ..drafting.lookup import copy_from_context
-from ..drafting.tree import Tree, keep_path, tree_window
+from ..drafting.tree import Tree, graft, keep_path, tree_window
 from ..models.exit_head import EarlyExit, available_exit_head, exit_head_for
 from ..models.forwards import FULL, layers
 from ..models.streams import draft_streams, split_forward, split_ranges
@@ -401,7 +401,7 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
         copy = copy_from_context(run.sequence, lookup) if window is None and run.draft_sampler.greedy else []
         copied = bool(copy)
         if copied:  # the last step missed, and the context holds a continuation: copy it, no draft work
-            window, q = (mirror_tree.copied_tree(copy) if trees else copy), None
+            window, q = (graft(Tree([], [], [], []), copy) if trees else copy), None  # trees: a one-branch tree
         fallback = window is None
         if fallback:  # the first step, or the last one missed: draft afresh, on the critical path
             proposal = run.draft_lane.run("fallback-draft", fresh.propose, run, draft_cache, gamma,

@@ -38,12 +38,6 @@ from . import mirror
 from .verify import accept_tree
 
 
-def copied_tree(tokens: list[int]) -> Tree:
-    """A window copied from the context (drafting/lookup.py) as a one-branch tree."""
-    k = len(tokens)
-    return Tree(list(tokens), list(range(-1, k - 1)), list(range(1, k + 1)), [None] * k, copied=list(range(k)))
-
-
 def tree_step(run, target_cache, draft_cache, window: Tree, step, exit_layer, kappa, head, budget, gamma,
               branching, nodes):
     """One step over a tree window on the lanes' threads (module docstring), as ``mirror.host_step``
