@@ -47,6 +47,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from .devices import hardware_name
@@ -81,6 +82,8 @@ CACHE_SLOTS = 1024  # the stages' cache: attention reads every slot, so a stage'
 REPLAYS = 20  # timed replays per stage and width (the median is kept)
 LEAST_S = 30  # a part the budget leaves less time than this for is skipped
 SKIPPED = "skipped: the time budget ran out"
+# What the stage profile's source says it leaves out; the host fit fills step_ms in (``_host_part``).
+NOT_MEASURED = "Not measured here: rendezvous_ms, channel_ms, step_ms (0)."
 
 
 def gpu_check(out: Path, budget_s: float = BUDGET_S) -> int:
@@ -149,28 +152,23 @@ def _host_part(out: Path, profile: dict, traces: Path) -> dict:
             raise MirrorSDError(f"no traces in {traces}")
         step_ms, phase_ms = fit_host(runs, Profile.from_json(profile, "gpu-check profile"))
         host = dict(profile, name=f"{profile['name']}-host", step_ms=round(step_ms, 4), phase_ms=round(phase_ms, 4),
-                    source=profile["source"].replace("Not measured here: rendezvous_ms, channel_ms, step_ms (0).", "")
+                    source=profile["source"].replace(NOT_MEASURED, "")
                     + f"step_ms and phase_ms: the host's time per step and per phase, fitted on the {len(runs)} "
                       f"traces of gpu-check's graphs-on bench (whatif.fit_host); rendezvous_ms and channel_ms: 0.")
         fitted = Profile.from_json(host, "gpu-check host profile")
         path = out / f"profile-{host['name']}.json"
         path.write_text(json.dumps(host, indent=1), encoding="utf-8")
-        table = [dict(method=m, runs=len(ts), measured_s=sum(measured_seconds(t) for t in ts),
-                      modelled_s=sum(modelled_seconds(t, fitted) for t in ts))
-                 for m, ts in _by_method(runs).items()]
+        per_run = pd.DataFrame([dict(method=t.method, measured_s=measured_seconds(t),
+                                     modelled_s=modelled_seconds(t, fitted)) for t in runs])
+        table = per_run.groupby("method", sort=False).agg(
+            runs=("method", "size"), measured_s=("measured_s", "sum"), modelled_s=("modelled_s", "sum"),
+        ).reset_index().to_dict("records")
         part.update(ok=True, outcome=f"wrote {path.name}: step_ms {step_ms:.3f}, phase_ms {phase_ms:.3f}",
                     host_table=table)
     except Exception as e:  # noqa: BLE001  (reported; the other parts still run)
         part.update(outcome=f"{type(e).__name__}: {e}")
     part["wall_s"] = time.monotonic() - start
     return part
-
-
-def _by_method(runs: list[Trace]) -> dict[str, list[Trace]]:
-    methods: dict[str, list[Trace]] = {}
-    for t in runs:
-        methods.setdefault(t.method, []).append(t)
-    return methods
 
 
 def host_fit_section(part: dict) -> list[str]:
@@ -290,7 +288,7 @@ def stage_profile(pair=None, timer=None) -> tuple[dict, list[dict], dict]:
                 + (f"overlap from a width-8 target replay beside 4 one-token draft replays on the draft lane's "
                    f"stream: {serial:.3f} ms one after the other, {parallel:.3f} ms side by side. "
                    if serial is not None else "overlap 1: the draft has a GPU of its own (assumed, not measured). ")
-                + "Not measured here: rendezvous_ms, channel_ms, step_ms (0)."),
+                + NOT_MEASURED),
         notes=f"{gpu}, CUDA graphs, {target.dtype}; draft lane {pair.draft_lane.label}.",
         devices=dict(target=f"{gpu} (CUDA graphs)", draft=pair.draft_lane.label),
         rendezvous_ms=0.0, channel_ms=0.0, overlap=round(overlap, 3), draft_speed=1.0, step_ms=0.0, buckets=True,
