@@ -129,11 +129,11 @@ def choose_exit_head(pair, exit_layer: int, exit_head: int):
 
 
 def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, head=None, on_host: bool = True,
-                  tree: Tree | None = None):
+                  positions=None, mask=None, parents: list[int] | None = None):
     """Target lane: layers [0, exit_layer) over the window and the early exit, through the trained
-    exit head ``head`` first when one is given (its cost is the target prefix's). ``tree``: the
-    window's draft tokens are this tree's nodes (window = [last committed token, nodes]), seen
-    under its tree mask (methods/mirror_tree.py).
+    exit head ``head`` first when one is given (its cost is the target prefix's). A tree window
+    (methods/mirror_tree.py) brings its positions and tree mask (``tree_window``'s) and its nodes'
+    parents; None: a causal chain.
 
     Returns hidden [1, T, d] (kept on the target lane for the suffix), and what crosses to the
     draft lane: top-kappa ids and log-probs [T, kappa], and the early-exit log-prob of each draft
@@ -141,11 +141,7 @@ def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, he
     (``on_host=False``, the queued step) left on the device, unread.
     """
     pair, target = run.pair, run.pair.target
-    if tree is None:
-        ids, positions, mask = to_device([window], target.device), None, None  # [1, T]: causal
-    else:
-        ids, positions, mask = tree_window(tree, run.sequence, target.device)
-    hidden = layers(target, ids, cache, 0, exit_layer, positions, mask)  # [1, T, d]
+    hidden = layers(target, to_device([window], target.device), cache, 0, exit_layer, positions, mask)  # [1, T, d]
     if target.layer_devices:  # sharded: the plain forwards, the whole LM head
         exit_logp = full_head_exit(pair, hidden if head is None else head(hidden))  # [T, V]
     else:  # one stage of its own on a stage cache
@@ -153,7 +149,7 @@ def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, he
         exit_logp = on_target_vocab(pair, layers(target, hidden, cache, exit_layer, exit_layer, head=reader)[0], reader)
     top = exit_logp.topk(kappa, dim=-1)
     drafted = to_device(window[1:], exit_logp.device)
-    before = exit_logp[:-1] if tree is None else exit_logp[to_device([p + 1 for p in tree.parents], exit_logp.device)]
+    before = exit_logp[:-1] if parents is None else exit_logp[to_device([p + 1 for p in parents], exit_logp.device)]
     window_logp = before.gather(-1, drafted[:, None])[:, 0]
     if not on_host:
         return hidden, top.indices, top.values, window_logp
@@ -503,7 +499,8 @@ def queue_target(run, target_cache, window: list[int], step, exit_layer, kappa, 
 
     def token_channel_to_draft():  # the channel, sent on to the draft's device (off CUDA: read, so done)
         hidden, *channel = token_channel(run, target_cache, [run.sequence[-1], *window], exit_layer, kappa, head,
-                                         on_host=False, tree=tree)
+                                         on_host=False, positions=positions, mask=mask,
+                                         parents=tree.parents if tree is not None else None)
         return hidden, [t.to(draft_device, non_blocking=draft_device.type == "cuda") for t in channel]
 
     (hidden, channel_there), channel = run.target_lane.queue(

@@ -48,7 +48,8 @@ def tree_step(run, target_cache, draft_cache, window: Tree, step, exit_layer, ka
     _, positions, mask = tree_window(window, run.sequence, pair.target.device)
     channel = run.target_lane.submit(
         "target-prefix", mirror.token_channel, run, target_cache, [run.sequence[-1], *window.tokens], exit_layer,
-        kappa, head, tree=window, label=mirror.prefix_label(exit_layer, head, T), step=step, tokens=T, alone=True)
+        kappa, head, positions=positions, mask=mask, parents=window.parents,
+        label=mirror.prefix_label(exit_layer, head, T), step=step, tokens=T, alone=True)
     rollouts_done = Future()  # set once the rollouts are done: the suffix widens then (as host_step's)
     suffix = run.target_lane.submit("target-suffix", mirror.target_suffix, run, target_cache, channel, exit_layer,
                                     rollouts_done, positions, mask, label=mirror.suffix_label(pair, exit_layer, T),
