@@ -32,6 +32,13 @@ def _verdict(step, pieces: dict) -> str:
     n, a = len(step.proposed), step.accepted
     last = step.origins[-1] if step.origins else None
     token = repr(piece(pieces, step.committed[-1])) if step.committed else ""
+    if step.tree is not None:  # a tree: the target accepts one path, not the whole draft
+        path = f"the target accepted a path of {a} of the tree's {n} draft tokens"
+        if last == "bonus":
+            return f"{path}, down to a leaf, and added the bonus token {token}."
+        if last == "correction":
+            return f"{path}; its correction was {token}."
+        return f"{path} and the run ended here."
     if last == "bonus":
         return f"the target accepted all {n} draft tokens and added the bonus token {token}."
     if last == "correction":

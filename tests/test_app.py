@@ -118,6 +118,20 @@ def test_sentences_follow_the_trace(race):
     assert "one forward pass" in explain(race["vanilla"].trace, 3, race["vanilla"].pieces)
 
 
+def test_a_tree_step_says_which_path_was_accepted_not_the_whole_tree(tiny_dirs):
+    from mirror_sd import generate, load_pair
+
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["target"]))  # a draft that agrees: leaves
+    out = generate(pair, PROMPT, method="sd", max_new_tokens=12, raw=True, tree=8, gamma=3)
+    pieces = {t: f"t{t}" for t in out.token_ids}
+    steps = out.trace.steps[1:]
+    assert any(s.accepted < len(s.proposed) and s.origins[-1] == "bonus" for s in steps)  # a leaf, not all 8
+    for step in steps:
+        sentence = explain(out.trace, step.index, pieces)
+        assert f"accepted a path of {step.accepted} of the tree's {len(step.proposed)} draft tokens" in sentence
+        assert "accepted all" not in sentence
+
+
 def test_sentences_say_when_the_streams_rode_in_the_verify_forward(tiny_dirs):
     from mirror_sd import generate, load_pair
     from test_ss import random_streams
