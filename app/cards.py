@@ -7,12 +7,13 @@ numbers are medians, with the range of the runs beside them.
 from __future__ import annotations
 
 import html
+from statistics import median
 
 from mirror_sd import METHODS
 
 from .intro import metric
 from .race import Result
-from .repeat import spread
+from .repeat import middle, spread
 from .tokens import text_html
 
 CARD_STYLE = "border:1px solid #d1d5db;border-radius:8px;padding:8px 10px;"
@@ -29,21 +30,25 @@ def _ranged(numbers: list[dict] | None, key: str, fmt: str, now: float) -> str:
     return f"{fmt.format(mid)} ({fmt.format(low)}–{fmt.format(high)})"
 
 
-def metrics_line(result: Result, baseline_tps: float | None, runs: list[dict] | None = None) -> str:
+def metrics_line(result: Result, baseline_tps: float | None, runs: list[dict] | None = None, busy: str = "") -> str:
     """tokens, tokens/s, tau, acceptance, speedup over vanilla, Mirror-SD's hit rate and overlap, and the
-    draft tokens per draft forward of sd drafting with streams; medians and ranges over ``runs``."""
-    m = result.metrics
+    draft tokens per draft forward of sd drafting with streams. Over repeated ``runs`` every number is
+    their median (tokens/s with its range), and the speedup is the ratio of the medians. ``busy``: why
+    the machine's speeds are rough, shown beside the speedup instead of setting it in bold."""
+    m = dict(result.metrics)
     if not m:
         return ""
+    if runs and len(runs) > 1:
+        m.update({k: median([n[k] for n in runs]) for k in m if all(isinstance(n.get(k), (int, float)) for n in runs)})
     parallel = result.method in METHODS and METHODS[result.method].parallel_lanes
-    parts = [metric("tokens", f"{m['new_tokens']} token{'' if m['new_tokens'] == 1 else 's'}"),
+    parts = [metric("tokens", f"{m['new_tokens']:g} token{'' if m['new_tokens'] == 1 else 's'}"),
              metric("tok/s", _ranged(runs, "tokens_per_s", "{:.1f}", m["tokens_per_s"]) + " tok/s"),
              metric("τ", f"τ {m['mean_accepted']:.2f}")]
     if m.get("acceptance_rate") is not None:
         parts.append(metric("accepted", f"accepted {100 * m['acceptance_rate']:.0f}% of drafts"))
-    if baseline_tps and result.method != "vanilla":
-        speedup = _ranged(runs, "speedup", "{:.2f}×", m["tokens_per_s"] / baseline_tps)
-        parts.append(metric("speedup", f"<b>{speedup} vanilla</b>"))
+    if baseline_tps and result.method != "vanilla" and result.finished in ("eos", "length"):
+        speedup = f"{m['tokens_per_s'] / baseline_tps:.2f}× vanilla"
+        parts.append(metric("speedup", f"{speedup} {metric('busy', '(machine busy)')}" if busy else f"<b>{speedup}</b>"))
     if m.get("hit_rate") is not None:
         parts.append(metric("hits", f"hits {100 * m['hit_rate']:.0f}%"))
     if parallel and m.get("overlap") is not None:
@@ -66,15 +71,16 @@ def card_html(result: Result, baseline_tps: float | None = None, upto: int | Non
     note = result.trace.meta.get("note")  # the draft lane failed: the run finished target-only
     error += f'<div class="card-note" style="color:#92400e">{html.escape(note)}</div>' if note else ""
     body = text_html(result.trace, result.pieces, upto=upto, rejected=rejected) if result.trace.steps else ""
-    metrics = "" if upto is not None else metrics_line(result, baseline_tps, result.runs if runs is None else runs)
+    metrics = "" if upto is not None else metrics_line(result, baseline_tps, result.runs if runs is None else runs,
+                                                       result.busy)
     return (f'<div class="card" style="{CARD_STYLE}" data-method="{html.escape(result.method)}" data-state="{html.escape(result.finished)}">'
             f'<div class="card-head"><b>{html.escape(result.title)}</b> <span class="card-state">{state}</span></div>'
             f'<div class="card-metrics" style="font-size:13px;color:#374151;margin:4px 0">{metrics}</div>{error}{body}</div>')
 
 
 def baseline(results: dict[str, Result]) -> float | None:
-    """Vanilla's tokens/s in this race, once vanilla has finished."""
+    """Vanilla's tokens/s in this race (the median over repeated runs), once vanilla has finished."""
     vanilla = results.get("vanilla")
     if vanilla and vanilla.done and vanilla.metrics:
-        return vanilla.metrics["tokens_per_s"]
+        return middle(vanilla, "tokens_per_s")
     return None

@@ -27,6 +27,8 @@ SPAN_KINDS = {  # kind -> (colour, legend text); kinds not listed get a colour f
 }
 OTHER_COLOURS = ["#0d9488", "#db2777", "#84cc16", "#7c2d12", "#0891b2"]
 LANE_ORDER = {"target": 0, "draft": 1}
+PROCESSOR = {"cpu": "CPU", "cuda": "GPU", "mps": "GPU"}  # a device type, as a lane label names it
+LANE_COLOURS = {"target": "#2563eb", "draft": "#10b981"}  # the utilisation's bars and lines, per lane role
 
 
 def kind_style(kind: str) -> tuple[str, str]:
@@ -41,9 +43,10 @@ def lanes_of(trace: Trace) -> list[str]:
 
 
 def _device(label: str) -> str | None:
-    """The real device of a lane label 'name, role, device' (e.g. 'cpu:1'), or None for other labels."""
+    """The real device of a lane label 'name, role, device[, where on it]' (e.g. 'cpu:1'), or None for
+    other labels."""
     parts = label.split(", ")
-    return parts[2] if len(parts) == 3 else None
+    return parts[2] if len(parts) >= 3 else None
 
 
 def same_processor(labels: list[str]) -> bool:
@@ -57,13 +60,26 @@ def same_processor(labels: list[str]) -> bool:
 
 def lane_text(label: str, labels: list[str]) -> str:
     """A lane's tick label: its real device, the role it stands in for, and whether it shares one
-    processor with the other lane; e.g. 'target on cpu:0<br>plays the GPU (same CPU as the other lane)'."""
+    processor with the other lane; e.g. 'target on cpu:0<br>plays the GPU (same CPU as the other lane)', or
+    'draft on cuda:0, 2nd stream<br>plays the NPU (same GPU as the other lane)'."""
     parts = label.split(", ")
-    if len(parts) != 3:
+    if len(parts) < 3:
         return label
-    name, role, device = parts
-    shared = f" (same {device.split(':')[0].upper()} as the other lane)" if same_processor(labels) else ""
-    return f"{name} on {device}<br>plays the {role.removesuffix(' role')}{shared}"
+    name, role, device, *where = parts
+    kind = device.split(":")[0]
+    shared = f" (same {PROCESSOR.get(kind, kind.upper())} as the other lane)" if same_processor(labels) else ""
+    return f"{name} on {', '.join([device, *where])}<br>plays the {role.removesuffix(' role')}{shared}"
+
+
+def placeholder(text: str) -> go.Figure:
+    """An empty chart that says what will appear in it."""
+    fig = go.Figure()
+    fig.add_annotation(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=15, color="#6b7280"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.update_layout(height=120, margin=dict(l=10, r=10, t=10, b=10), plot_bgcolor="white")
+    return fig
 
 
 def run_end_ms(traces: list[Trace]) -> float:
@@ -125,43 +141,50 @@ def _opacity(span, step: int | None) -> float:
 
 
 def utilisation(traces: dict[str, Trace]) -> go.Figure:
-    """Per lane, busy share of the whole run (left) and over time (right, per method), from the spans;
-    on NVIDIA GPUs the GPU's own NVML readings too (a dotted line)."""
+    """Per lane, busy share of the whole run (left) and over time until the run ended (right, per method),
+    from the spans, lanes in the timeline's order (target on top); on NVIDIA GPUs the GPU's own NVML
+    readings too (a dotted line)."""
     names = list(traces)
     fig = make_subplots(rows=max(len(names), 1), cols=2, column_widths=[0.35, 0.65], shared_xaxes="columns",
-                        subplot_titles=[t for n in names for t in (f"{n}: busy share of the run",
-                                                                   f"{n}: busy share over time")])
+                        horizontal_spacing=0.08, subplot_titles=[t for n in names for t in (n, "")])
     x_max = run_end_ms(list(traces.values()))
+    shown = set()
     for row, name in enumerate(names, start=1):
         trace = traces[name]
         end = max((s.end for s in trace.spans), default=0.0)
         busy = trace.busy_seconds()
-        for i, lane in enumerate(lanes_of(trace)):
-            colour = ["#2563eb", "#10b981"][i % 2]
+        lanes = lanes_of(trace)
+        for lane in lanes:
+            role = trace.lanes.get(lane, lane)
+            colour = LANE_COLOURS.get(role, "#6b7280")
             share = busy.get(lane, 0.0) / end if end else 0.0
             fig.add_trace(go.Bar(x=[100 * share], y=[lane], orientation="h", marker_color=colour, showlegend=False,
                                  text=[f"{100 * share:.0f}%"], textposition="auto",
                                  hovertemplate="%{y}: busy %{x:.1f}% of the run<extra></extra>"), row=row, col=1)
             times, shares = busy_over_time(trace, lane, x_max / 1000)
+            shares = [None if t > 1000 * end else x for t, x in zip(times, shares)]  # no line after its run ended
             fig.add_trace(go.Scatter(x=times, y=shares, mode="lines", line=dict(color=colour, shape="hv"),
-                                     name=lane, legendgroup=lane, showlegend=False,
+                                     name=f"{role} lane", legendgroup=role, showlegend=role not in shown,
                                      hovertemplate=f"{lane}<br>%{{x:.0f}} ms: busy %{{y:.0f}}%<extra></extra>"),
                           row=row, col=2)
+            shown.add(role)
         for device, (times, shares) in nvml_over_time(trace).items():
             fig.add_trace(go.Scatter(x=times, y=shares, mode="lines", line=dict(color="#f59e0b", dash="dot"),
-                                     name=f"{device} (NVML)", showlegend=False,
+                                     name="GPU busy (NVML)", legendgroup="nvml", showlegend="nvml" not in shown,
                                      hovertemplate=f"{device}, NVML<br>%{{x:.0f}} ms: GPU busy %{{y:.0f}}%"
                                                    "<extra></extra>"),
                           row=row, col=2)
-        lanes = lanes_of(trace)
-        fig.update_yaxes(tickmode="array", tickvals=lanes, ticktext=[lane_text(lane, lanes) for lane in lanes],
-                         row=row, col=1)
+            shown.add("nvml")
+        top_first = list(reversed(lanes))  # plotly stacks categories from the bottom up
+        fig.update_yaxes(categoryorder="array", categoryarray=top_first, tickmode="array", tickvals=top_first,
+                         ticktext=[lane_text(lane, lanes) for lane in top_first], row=row, col=1)
         fig.update_xaxes(range=[0, 100], row=row, col=1)
-        fig.update_yaxes(range=[0, 105], title_text="% busy", row=row, col=2)
+        fig.update_yaxes(range=[0, 105], ticksuffix="%", row=row, col=2)
         fig.update_xaxes(range=[0, x_max or 1], row=row, col=2)
-    fig.update_xaxes(title_text="% of the run", row=len(names), col=1)
-    fig.update_xaxes(title_text="time since the run began (ms)", row=len(names), col=2)
-    fig.update_layout(height=100 + 170 * len(names), margin=dict(l=10, r=10, t=40, b=40))
+    fig.update_xaxes(title_text="% of its run busy", row=len(names), col=1)
+    fig.update_xaxes(title_text="busy over time: ms since the run began", row=len(names), col=2)
+    fig.update_layout(height=130 + 170 * len(names), margin=dict(l=10, r=10, t=40, b=40),
+                      legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1.0, xanchor="right"))
     return fig
 
 

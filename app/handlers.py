@@ -126,12 +126,12 @@ def make_race(get_pair, stops: Stops, specs, names: list[str], line: Line):
             pair = yield from _load(get_pair, given, names)
             if pair is None:
                 return
-            started = time.perf_counter()
+            line.start(session)
             settings = dict(max_new_tokens=used["max_new"], temperature=used["temperature"], top_p=used["top_p"],
                             seed=used["seed"], options=gather_options(specs, values[len(RACE_INPUTS):]))
-            yield from _runs(pair, given, settings, used["runs"], settled, stops.fresh(session),
-                             lambda: line.behind(session) > 0, names)
-            line.leave(session, started)
+            stopped = yield from _runs(pair, given, settings, used["runs"], settled, stops.fresh(session),
+                                       lambda: line.behind(session) > 0, names)
+            line.leave(session, finished=not stopped)
         finally:
             line.leave(session)
 
@@ -170,27 +170,29 @@ def load_problem(e: Exception) -> str:
 
 def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded_now, names: list[str]):
     """Run the race ``n`` times (fewer if stopped), yielding after every step; at the end each result
-    carries every run's numbers, and the status says when the machine was busy."""
+    carries every run's numbers, and the status says when the machine was busy. Returns whether the
+    race was stopped."""
     show = bool(given["show_rejected"])
     warned, current, runs, crowded = set(), {}, {}, False
     for k in range(n):
-        cold = not is_warm(pair)
+        cold, began = not is_warm(pair), time.perf_counter()
         for current in run_race(pair, given["prompt_text"], given["methods"], stop, **settings):
             crowded = crowded or crowded_now()
             for r in current.values():
                 if r.error and r.method not in warned:
                     warned.add(r.method)
                     gr.Warning(f"{r.title}: {r.error}")
-            status = settled + race_status(current, run=k, runs=n, cold=cold)
+            status = settled + race_status(current, run=k, runs=n, cold=cold, waited_s=time.perf_counter() - began)
             yield (status, gr.update(interactive=False), *cards(current, names, show), current)
         record(runs, current)
         if stop.is_set():
             break
-    for name, r in current.items():
-        r.runs = runs.get(name, [])
     note = busy_note(runs, crowded, {r.method: r.title for r in current.values()}, machine_load())
+    for name, r in current.items():
+        r.runs, r.busy = runs.get(name, []), note
     status = settled + race_status(current, done=True) + (f"\n\n{note}" if note else "")
-    yield (status, gr.update(interactive=True), *cards(current, names, show), current)
+    yield (status, gr.update(interactive=bool(race_traces(current))), *cards(current, names, show), current)
+    return stop.is_set()
 
 
 def machine_load() -> tuple[float, int] | None:
@@ -217,16 +219,17 @@ def cards(current: dict, names: list[str], rejected: bool = False) -> list:
             for n in names]
 
 
-def race_status(current: dict, done: bool = False, run: int = 0, runs: int = 1, cold: bool = False) -> str:
-    """One line on the race: warming up, which method runs (and which run of how many), or how it ended.
-    "Done." is said only once every run of every method is over."""
+def race_status(current: dict, done: bool = False, run: int = 0, runs: int = 1, cold: bool = False,
+                waited_s: float = 0.0) -> str:
+    """One line on the race: warming up (for ``waited_s`` so far), which method runs (and which run of how
+    many), or how it ended. "Done." is said only once every run of every method is over."""
     results = list(current.values())
     of_runs = f" (run {run + 1} of {runs})" if runs > 1 else ""
     if not done:
         if all(r.finished == "waiting" for r in results):
             if cold:
-                return ("Warming up: a short discarded run of each method, once per server, so that one-off "
-                        "start-up costs do not slow the first method down…")
+                return (f"**Warming up… {waited_s:.0f} s.** A short discarded run of each method, once per server, "
+                        "so that one-off start-up costs do not slow the first method down.")
             return f"Starting the race{of_runs}…"
         running = [i for i, r in enumerate(results) if r.finished == "running"]
         nxt = running[0] if running else next((i for i, r in enumerate(results) if r.finished == "waiting"), None)
@@ -276,7 +279,8 @@ def views(current):
     if not traces:
         return None, None, None, gr.update(choices=[], value=None)
     choices = [(r.title, r.method) for r in current.values() if r.trace.steps]
-    files = export_files({r.method: r.trace for r in current.values() if r.trace.spans})
+    ran = [r for r in current.values() if r.trace.spans]
+    files = export_files({r.method: r.trace for r in ran}, pieces={r.method: r.pieces for r in ran})
     first = "mirror" if "mirror" in dict((m, t) for t, m in choices) else choices[-1][1]  # the idea the page is about
     return (figures.timeline(traces), figures.utilisation(traces), files, gr.update(choices=choices, value=first))
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import gradio as gr
+
 
 @dataclass(frozen=True)
 class Limit:
@@ -34,7 +36,8 @@ def settle(name: str, value) -> tuple[float | int, str | None]:
         number = math.nan
     if math.isnan(number):
         used = limit.default
-        why = f"{limit.label}: {value!r} is not a number; using the default {_show(limit.default)}."
+        given = "the box is empty" if value is None or not str(value).strip() else f"{str(value)!r} is not a number"
+        why = f"{limit.label}: {given}; using the default {_show(limit.default)}."
     elif number < limit.low or number > limit.high:
         used = min(max(number, limit.low), limit.high)
         used = round(used) if limit.whole else used
@@ -59,3 +62,22 @@ def settle_all(**values) -> tuple[dict, list[str]]:
 
 def _show(x: float) -> str:
     return f"{x:g}"
+
+
+class ClampedSlider(gr.Slider):
+    """A slider whose value typed into its box beyond its range is brought into the range. Gradio's own
+    slider refuses such a value before any handler runs, and every view the slider drives shows an
+    error instead."""
+
+    is_template = True  # drawn by Gradio's own slider in the browser
+
+    def preprocess(self, payload: float) -> float:
+        if isinstance(payload, (int, float)):
+            payload = min(max(payload, self.minimum), self.maximum)
+        return super().preprocess(payload)
+
+
+def show_in_range(slider: ClampedSlider):
+    """Its box shows the value in range that a typed value was brought to (a value already in range comes
+    back unchanged, which starts no further event)."""
+    slider.change(lambda value: value, [slider], [slider], queue=False, api_name=False)

@@ -19,7 +19,10 @@ METRIC_HELP = {
          "slow target passes, but it becomes speed only when drafting is cheap.",
     "accepted": "Acceptance: the share of drafted tokens the target kept. It is not speed: EAGLE-2 drafts a whole "
                 "tree of alternatives and rejects most branches by design, yet each step keeps several tokens.",
-    "speedup": "This method's tokens per second divided by vanilla's, in this race.",
+    "speedup": "This method's tokens per second divided by vanilla's, in this race (over repeated runs: the "
+               "median tokens per second divided by vanilla's median).",
+    "busy": "The machine was busy with other work while this race ran (the note under the race says how), so "
+            "this speedup is rough: run the race again when the machine is quiet.",
     "hits": "Mirror-SD: the share of steps where the target's real token was among the early-exit guesses, so "
             "the next draft window was already written (a hit). A miss means drafting again, on the critical path.",
     "overlap": "Mirror-SD: the share of the draft lane's work done while the target was working too. 100% means "

@@ -72,7 +72,9 @@ def reveal(current: dict, guess: str | None) -> str:
         return f"Your guess: **{title}**. No method ran to the end, so there is no answer this time."
     verdict = "**Right!**" if winner.method == guess else f"**Not this time** (you guessed {title})."
     behind = f" {mirror_behind_sd(current)}" if guess == "mirror" and winner.method != "mirror" else ""
-    return f"{verdict} {why(winner, current)}{behind}"
+    rough = (" The machine was busy while this race ran, so read these speeds as rough: run it again when it is "
+             "quiet.") if winner.busy else ""
+    return f"{verdict} {why(winner, current)}{behind}{rough}"
 
 
 def mirror_behind_sd(current: dict) -> str:

@@ -13,6 +13,7 @@ from typing import Iterator
 from mirror_sd import METHODS, MirrorSDError, generate, stream
 from mirror_sd.trace import Trace
 
+from .loading import in_background
 from .tokens import collect_pieces
 
 
@@ -27,6 +28,7 @@ class Result:
     pieces: dict = field(default_factory=dict)
     seen_steps: int = 0  # steps whose tokens are already in ``pieces``
     runs: list = field(default_factory=list)  # numbers of each finished run when the race was repeated (app.repeat)
+    busy: str = ""  # why this race's speeds are rough (the machine was busy; app.repeat.busy_note), or ''
 
     @property
     def title(self) -> str:
@@ -76,7 +78,8 @@ def run_race(pair, prompt: str, methods: list[str], stop: threading.Event, max_n
     order = race_order(methods)
     results = {name: Result(name, Trace(name)) for name in order}
     yield results  # every method waiting (the page can say so during the warm-up)
-    warm_up(pair)
+    for _ in in_background(lambda: warm_up(pair)):  # every second of it, so the page can count it
+        yield results
     for name in order:
         if stop.is_set():
             break

@@ -14,17 +14,19 @@ LOADED = 1.5  # the 1-minute load average above this many times the cores: other
 
 
 def record(runs: dict[str, list[dict]], current: dict) -> dict[str, list[dict]]:
-    """Add one finished race's numbers to ``runs`` ({method: [numbers of each run]}): tokens/s, tau and
-    speedup over vanilla in that same race. Methods that failed or were stopped are left out."""
-    vanilla = current.get("vanilla")
-    base = vanilla.metrics.get("tokens_per_s") if vanilla and vanilla.finished in ("eos", "length") else None
+    """Add one finished race's numbers to ``runs`` ({method: [the engine's metrics of each run]}).
+    Methods that failed or were stopped are left out."""
     for name, r in current.items():
-        if r.finished not in ("eos", "length") or not r.metrics:
-            continue
-        tps = r.metrics["tokens_per_s"]
-        runs.setdefault(name, []).append(dict(tokens_per_s=tps, tau=r.metrics["mean_accepted"],
-                                              speedup=tps / base if base else None))
+        if r.finished in ("eos", "length") and r.metrics:
+            runs.setdefault(name, []).append(dict(r.metrics))
     return runs
+
+
+def middle(result, key: str):
+    """A result's number: the median over its repeated runs when there were several, else its own
+    (None where the method has no such number)."""
+    values = [n[key] for n in result.runs or [] if n.get(key) is not None]
+    return median(values) if len(values) > 1 else result.metrics.get(key)
 
 
 def spread(values: list[float]) -> tuple[float, float, float]:

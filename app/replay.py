@@ -74,8 +74,16 @@ def load_race(path: str | Path) -> tuple[str, dict, dict[str, Result]]:
                             error=m.get("error"), pieces={int(k): v for k, v in m["pieces"].items()})
                for name, m in data["methods"].items()}
     for r in results.values():
-        r.seen_steps = len(r.trace.steps)
+        r.seen_steps, r.busy = len(r.trace.steps), busy_then(data["meta"])
     return data["prompt"], data["meta"], results
+
+
+def busy_then(meta: dict) -> str:
+    """Why a recorded race's speeds are rough: other work shared the machine (a load average above its
+    cores), or ''."""
+    load, cores = meta.get("load_average"), meta.get("cores")
+    return (f" Other work shared the machine then (load average {load:g} on {cores} cores): its times are "
+            "longer and noisier than a quiet machine's.") if load and cores and load > cores else ""
 
 
 def recorded_races(folder: str | Path = RECORDED) -> list[tuple[str, str]]:
@@ -95,9 +103,7 @@ def recorded_races(folder: str | Path = RECORDED) -> list[tuple[str, str]]:
 def recorded_on(meta: dict) -> str:
     """'Recorded on <hardware>, <date>', the settings it ran with, and whether other work shared the
     machine then (a load average above its cores)."""
-    load, cores = meta.get("load_average"), meta.get("cores")
-    busy = (f" Other work shared the machine then (load average {load:g} on {cores} cores): its times are "
-            "longer and noisier than a quiet machine's." if load and cores and load > cores else "")
+    busy = busy_then(meta)
     graphs = ", every forward a CUDA graph" if meta.get("graphs") == "on" else ""
     note = f" {meta['note']}" if meta.get("note") else ""
     return (f"Recorded on {meta.get('hardware', 'unknown hardware')}, {meta.get('date', 'an unknown date')}: "

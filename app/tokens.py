@@ -116,9 +116,10 @@ def text_html(trace: Trace, pieces: dict, upto: int | None = None, current: int 
 
 
 def legend_html() -> str:
-    items = [_span(name, f"background:{ORIGIN_COLOURS[origin]};", name) for origin, name in ORIGIN_NAMES.items()]
-    items.append(_span("rejected draft token", REJECTED_STYLE, "a draft token the target did not accept"))
-    items.append(_span("copied from the context", COPIED_STYLE, "underlined: a draft token " + COPIED_NAME))
+    chip = "white-space:nowrap;"  # a chip wraps as a whole: 'target correction' never splits over two lines
+    items = [_span(name, f"background:{ORIGIN_COLOURS[origin]};{chip}", name) for origin, name in ORIGIN_NAMES.items()]
+    items.append(_span("rejected draft token", REJECTED_STYLE + chip, "a draft token the target did not accept"))
+    items.append(_span("copied from the context", COPIED_STYLE + chip, "underlined: a draft token " + COPIED_NAME))
     items.append(f'<span class="legend-marks" title="{html.escape(MARKS_HELP)}">{MARKS_LEGEND}</span>')
     return '<div class="legend" style="line-height:2">' + " ".join(items) + "</div>"
 

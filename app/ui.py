@@ -16,9 +16,9 @@ from mirror_sd import METHODS, load_pair
 from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 from mirror_sd.devices import cpu_cores
 
-from . import handlers, replay, whatif
+from . import figures, handlers, replay, whatif
 from .handlers import AUTO
-from .inputs import LIMITS
+from .inputs import LIMITS, ClampedSlider, show_in_range
 from .intro import how_it_works_html
 from .loading import Loader
 from .predict import HIT_CHOICES, guess_choices, noted, reveal
@@ -29,6 +29,7 @@ QUEUE_SIZE = 16  # runs waiting beyond this are refused with a "queue full" mess
 INTRO = ("# mirror-sd: a race of decoding methods\n"
          "The same prompt and the same models, decoded by each method the engine has. Every number, "
          "timeline and tree below comes from a real run on the machine serving this page.")
+AFTER_A_RACE = "Run a race, or open a recorded one: {}"
 SERIAL_NOTE = ("Methods run **one after another**, not at the same time: on this machine's {cores} CPU cores, "
                "running them together would distort each other's timings. When all are done, **Replay** "
                "shows the race side by side at the speed each method was measured to decode.")
@@ -126,7 +127,8 @@ def race_tab(names: list[str]) -> SimpleNamespace:
             with gr.Column(min_width=240):
                 ui.cards.append(gr.HTML(f"<b>{METHODS[n].title}</b>", elem_id=f"card-{n}", min_height=80))
     ui.replay = gr.Button("Replay the race side by side at measured speed", interactive=False)
-    ui.timeline = gr.Plot(label="Timeline: one row per lane, real spans (shared time axis)", elem_id="timeline")
+    ui.timeline = gr.Plot(figures.placeholder(AFTER_A_RACE.format("each method's lanes appear here, span by span.")),
+                          label="Timeline: one row per lane, real spans (shared time axis)", elem_id="timeline")
     return ui
 
 
@@ -134,11 +136,12 @@ def steps_tab() -> SimpleNamespace:
     ui = SimpleNamespace()
     with gr.Row():
         ui.method = gr.Dropdown([], label="Method", scale=2)
-        ui.slider = gr.Slider(0, 1, value=0, step=1, label="Step", scale=4, elem_id="step")
+        ui.slider = ClampedSlider(0, 1, value=0, step=1, label="Step", scale=4, elem_id="step")
         ui.prev = gr.Button("◀ Prev", elem_id="prev", min_width=80)
         ui.next = gr.Button("Next ▶", elem_id="next", min_width=80)
         ui.play = gr.Button("Play", elem_id="play", min_width=80)
-    ui.sentence = gr.Markdown(elem_id="sentence")
+    ui.sentence = gr.Markdown(AFTER_A_RACE.format("then step through it here, one sentence a step, with its tree."),
+                              elem_id="sentence")
     with gr.Row():
         ui.hit_guess = gr.Radio(HIT_CHOICES, value=None, visible=False, elem_id="hit-guess", min_width=260,
                                 label="Predict: will the next step be a hit (the target's token among the early-exit "
@@ -169,7 +172,8 @@ def build_demo(pair_factory=None) -> gr.Blocks:
             gr.Markdown("Per lane: the share of the run it spent working, and how that share moved over time. "
                         "Computed from the spans of each run; on NVIDIA GPUs a dotted line adds the GPU's own "
                         "busy readings (NVML), sampled while the run went on.")
-            utilisation = gr.Plot(label="Utilisation", elem_id="utilisation")
+            utilisation = gr.Plot(figures.placeholder(AFTER_A_RACE.format("each lane's busy share appears here.")),
+                                  label="Utilisation", elem_id="utilisation")
         with gr.Tab("Step-through"):
             steps = steps_tab()
         with gr.Tab("Export"):
@@ -217,8 +221,11 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
     run = checked.then(run_fn, inputs, [race.status, race.replay, *race.cards, results], api_name="run",
                        concurrency_limit=1, show_progress="minimal")
     shown = run.then(handlers.views, [results], view_outputs, api_name="views")
-    shown.then(lambda current, guess: (reveal(current, guess), None), [results, race.guess], [race.reveal, race.guess],
-               api_name=False)  # the answer, and the choice cleared for the next race
+    def answer(current, guess):
+        """The race's answer to the guess (or '' to clear an older race's), and the choice cleared for the next."""
+        return reveal(current, guess), None
+
+    shown.then(answer, [results, race.guess], [race.reveal, race.guess], api_name=False)
     waiting.tick(tick, None, [race.wait, waiting], queue=False, api_name=False)
 
     race.guess.input(lambda guess: noted(guess, titles), [race.guess], race.reveal, api_name=False)
@@ -235,6 +242,7 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
     recorded = race.recorded.input(replay.make_open_recorded(names), [race.recorded, race.show_rejected],
                                    [race.prompt, race.status, race.replay, *race.cards, results], api_name=False)
     opened = recorded.then(handlers.views, [results], view_outputs, api_name=False)
+    opened.then(answer, [results, race.guess], [race.reveal, race.guess], api_name=False)  # a recorded race is over
     demo.unload(gone)
     race.replay.click(handlers.make_replay(names), [results], [*race.cards, race.timeline], api_name="replay")
     race.show_rejected.change(handlers.make_rerender(names), [results, race.show_rejected], race.cards,
@@ -257,6 +265,7 @@ def wire_steps(steps, results, drawn):
     picked = steps.method.input(handlers.pick_method, [results, steps.method], [steps.slider], api_name=False)
     picked.then(handlers.show_step, here, views, api_name=False).then(
         handlers.hit_question, here, [steps.hit_guess, steps.hit_reveal], api_name=False)
+    show_in_range(steps.slider)
     steps.slider.change(handlers.show_step, here, views, api_name="step")
     steps.slider.change(handlers.hit_question, here, [steps.hit_guess, steps.hit_reveal], api_name=False)
     steps.hit_guess.input(handlers.answer_hit, [*here, steps.hit_guess], steps.hit_reveal, api_name=False)

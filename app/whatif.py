@@ -18,8 +18,9 @@ from mirror_sd.errors import MirrorSDError
 
 from . import figures
 from .cards import baseline
+from .inputs import ClampedSlider, show_in_range
 
-FITTED = "this machine (fitted to this run)"
+FITTED = "the race's own machine (fitted to its spans)"
 DEFAULT_PROFILE = "paper-14b"
 BANNER = ("<div id='whatif-banner' style='background:#fef3c7;border:3px solid #b45309;border-radius:8px;"
           "padding:10px 14px;font-size:1.15em;color:#78350f'><b>MODELLED from this run's steps, not measured.</b> "
@@ -34,6 +35,8 @@ on the critical path: the more often it misses, the more those fallbacks, not th
 step time. This small pair's acceptance and hit rate carry over to the profile's bigger models; a bigger pair
 with a stronger draft would accept more and hit more: the controls below set both."""
 
+NOTHING = (gr.update(visible=False), "", None, None, None)  # the views but the source line, before a race
+
 
 def profile_choices() -> list[str]:
     return whatif.profile_names() + [FITTED]
@@ -46,19 +49,20 @@ def whatif_tab() -> SimpleNamespace:
     with gr.Row():
         ui.profile = gr.Dropdown(profile_choices(), value=DEFAULT_PROFILE, label="Hardware profile",
                                  elem_id="whatif-profile")
-        ui.draft_speed = gr.Slider(0.05, 2.0, value=whatif.load_profile(DEFAULT_PROFILE).draft_speed, step=0.05,
+        ui.draft_speed = ClampedSlider(0.05, 2.0, value=whatif.load_profile(DEFAULT_PROFILE).draft_speed, step=0.05,
                                    label="Draft device speed, relative to the profile's draft figures (NPU role)")
     ui.source = gr.Markdown()
     ui.table = gr.Dataframe(label="Speedup over vanilla: measured here vs MODELLED there", interactive=False,
-                            elem_id="whatif-table")
+                            elem_id="whatif-table", wrap=True, visible=False)
     ui.why = gr.Markdown(elem_id="whatif-why")
     ui.timeline = gr.Plot(label="MODELLED timeline: this run's steps on the profile's devices", elem_id="whatif-timeline")
     ui.utilisation = gr.Plot(label="MODELLED utilisation of the profile's devices", elem_id="whatif-utilisation")
     gr.Markdown(ASSUMES)
     with gr.Row():
         ui.own = gr.Checkbox(True, label="Use this run's acceptance and hit rate")
-        ui.alpha = gr.Slider(0.05, 0.95, value=0.6, step=0.05, label="Acceptance per draft token (α)")
-        ui.hit = gr.Slider(0.0, 1.0, value=0.5, step=0.05, label="Mirror-SD hit rate")
+        ui.alpha = ClampedSlider(0.05, 0.95, value=0.6, step=0.05, label="Acceptance per draft token (α)",
+                                 interactive=False)
+        ui.hit = ClampedSlider(0.0, 1.0, value=0.5, step=0.05, label="Mirror-SD hit rate", interactive=False)
     ui.curve = gr.Plot(label="MODELLED tradeoff: speedup vs draft cost", elem_id="whatif-curve")
     return ui
 
@@ -73,9 +77,11 @@ def wire_whatif(ui, results, drawn, tab):
     tab.select(render, inputs, outputs, api_name=False)
     ui.profile.change(speed_of, [ui.profile, results], ui.draft_speed, api_name=False).then(
         render, inputs, outputs, api_name=False)
-    for slider in (ui.draft_speed, ui.alpha, ui.hit):
-        slider.release(render, inputs, outputs, api_name=False)
-    ui.own.change(render, inputs, outputs, api_name=False)
+    for slider in (ui.draft_speed, ui.alpha, ui.hit):  # dragged or typed; a drag redraws once, at its last value
+        show_in_range(slider)
+        slider.change(render, inputs, outputs, api_name=False, trigger_mode="always_last")
+    ui.own.change(lambda own: (gr.update(interactive=not own),) * 2, [ui.own], [ui.alpha, ui.hit], queue=False,
+                  api_name=False).then(render, inputs, outputs, api_name=False)
 
 
 def speed_of(name, current):
@@ -96,7 +102,7 @@ def profile_for(name: str, current) -> whatif.Profile:
         runs = race_runs(current)
         if not runs:
             raise MirrorSDError("run a race first: this profile is fitted to its spans")
-        return whatif.fit_profile([r.trace for r in runs.values()], name="this machine",
+        return whatif.fit_profile([r.trace for r in runs.values()], name="the race's own machine",
                                   source="fitted to the spans of the race just run (in sample: it should give back "
                                          "roughly what was measured)")
     return whatif.load_profile(name)
@@ -106,16 +112,17 @@ def render(current, name, draft_speed, own, alpha, hit):
     """Every view of the tab for one profile and one setting of the controls."""
     runs = race_runs(current)
     if not runs:
-        return "Run a race first: the What if view re-times its steps.", None, "", None, None, None
+        return "Run a race, or open a recorded one, first: the What if view re-times its steps.", *NOTHING
     try:
         profile = profile_for(name, current)
     except MirrorSDError as e:
-        return f"**{e}**", None, "", None, None, None
+        return f"**{e}**", *NOTHING
     if name != FITTED:
         profile = profile.with_draft_speed(draft_speed)
     knobs = dict(alpha=None, hit_rate=None) if own else dict(alpha=alpha, hit_rate=hit)
     modelled = {f"{r.title} (MODELLED)": r.trace.retimed(profile) for r in runs.values()}
-    return (source_text(profile), speedup_table(current, runs, profile, knobs), why_text(runs, profile, knobs),
+    return (source_text(profile), gr.update(value=speedup_table(current, runs, profile, knobs), visible=True),
+            why_text(runs, profile, knobs),
             figures.timeline(modelled), figures.utilisation(modelled), curve(runs, profile, knobs))
 
 

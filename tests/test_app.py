@@ -3,7 +3,9 @@ import inspect
 import json
 import sys
 import threading
+import time
 import types
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -171,14 +173,15 @@ def test_generic_draft_tree_from_tokens_and_parents():
 
 def test_export_files_parse_back(race, tmp_path):
     traces = {name: race[name].trace for name in TINY_METHODS}
-    paths = export_files(traces, tmp_path)
-    assert len(paths) == 4 * len(traces)
+    paths = export_files(traces, tmp_path, pieces={name: race[name].pieces for name in TINY_METHODS}, stamp="race-1")
+    assert len(paths) == 4 * len(traces) and all(Path(p).name.startswith("race-1-") for p in paths)
     for name, trace in traces.items():
-        back = Trace.from_json((tmp_path / f"{name}.json").read_text())
+        back = Trace.from_json((tmp_path / f"race-1-{name}.json").read_text())
         assert back.spans == trace.spans and [s.committed for s in back.steps] == [s.committed for s in trace.steps]
-        assert len(pd.read_csv(tmp_path / f"{name}-spans.csv")) == len(trace.spans)
-        assert len(pd.read_csv(tmp_path / f"{name}-steps.csv")) == len(trace.steps)
-        events = json.loads((tmp_path / f"{name}.chrome.json").read_text())["traceEvents"]
+        assert len(pd.read_csv(tmp_path / f"race-1-{name}-spans.csv")) == len(trace.spans)
+        steps = pd.read_csv(tmp_path / f"race-1-{name}-steps.csv", keep_default_na=False)
+        assert list(steps.text) == ["".join(race[name].pieces[t] for t in s.committed) for s in trace.steps]
+        events = json.loads((tmp_path / f"race-1-{name}.chrome.json").read_text())["traceEvents"]
         assert sum(e["ph"] == "X" for e in events) == len(trace.spans)
 
 
@@ -253,7 +256,8 @@ def test_settings_out_of_range_are_brought_in_with_a_message():
     assert settle("max_new", -5)[0] == 1 and settle("max_new", 100000)[0] == 512
     assert settle("temperature", -1) == (0.0, "Temperature: -1 is out of range (0 to 2); using 0.")
     assert settle("max_new", 48) == (48, None) and settle("runs", 3) == (3, None)
-    assert settle("max_new", "abc")[1].endswith("is not a number; using the default 48.")
+    assert settle("max_new", "abc")[1].endswith("'abc' is not a number; using the default 48.")
+    assert settle("max_new", None)[1] == "Max new tokens: the box is empty; using the default 48."
     *boxes, note = settle_boxes(100000, -1, 1.0, 0, 1)
     assert boxes == [512, 0.0, 1.0, 0, 1] and "100000 is out of range" in note and "-1 is out of range" in note
 
@@ -268,6 +272,7 @@ def test_status_says_done_only_when_the_race_is_over(race):
     assert race_status(race, done=True).startswith("Done.")
     waiting = {n: types.SimpleNamespace(finished="waiting", title=n) for n in race}
     assert "once per server" in race_status(waiting, cold=True) and "once per server" not in race_status(waiting)
+    assert "Warming up… 12 s" in race_status(waiting, cold=True, waited_s=12.3)
     assert "(run 2 of 3)" in race_status(waiting, run=1, runs=3)
 
 
@@ -292,17 +297,31 @@ def test_repeated_runs_show_the_median_and_the_range(race):
     for _ in range(3):
         record(runs, race)
     runs["sd"][0]["tokens_per_s"] *= 2  # one run twice as fast: a wide spread
+    runs["sd"][0]["wall_s"] /= 2
     sd = race["sd"]
     sd.runs = runs["sd"]
     try:
         card = card_html(sd, baseline(race))
     finally:
         sd.runs = []
-    tps = sd.metrics["tokens_per_s"]
+    tps, wall = sd.metrics["tokens_per_s"], sd.metrics["wall_s"]
     assert f"{tps:.1f} ({tps:.1f}–{2 * tps:.1f}) tok/s" in card and "median of 3 runs" in card, card[:1500]
+    assert f"{wall:.2f} s" in card  # every number the median run's, not the last run's
+    assert f"{tps / baseline(race):.2f}× vanilla" in card  # the ratio of the medians, as the reveal says
     assert "disagree" in busy_note(runs, False, {"sd": "Speculative decoding"})
     assert "other visitors" in busy_note({}, True, {}) and busy_note({}, False, {}) == ""
     assert "load average 6.0 on 2 cores" in busy_note({}, False, {}, (6.0, 2)) and not busy_note({}, False, {}, (2.5, 2))
+
+
+def test_a_busy_or_stopped_run_shows_no_bold_speedup(race):
+    from dataclasses import replace
+
+    rate = baseline(race)
+    quiet = card_html(race["sd"], rate)
+    busy = card_html(replace(race["sd"], busy="Note: the machine was busy."), rate)
+    assert "<b>" in quiet and "machine busy" not in quiet
+    assert "machine busy" in busy and "<b>" not in busy.split('data-metric="speedup"')[1].split("</span>")[0]
+    assert 'data-metric="speedup"' not in card_html(replace(race["sd"], finished="stopped"), rate)
 
 
 def test_option_help_cites_no_repository_paths():
@@ -318,9 +337,19 @@ def test_the_line_says_where_a_visitor_stands():
     line = Line()
     assert line.join("a") == 0 and line.join("b") == 1 and line.join("c") == 2
     assert line.message("a") == "" and "no estimate yet" in line.message("c")
-    line.leave("a", started=0.0)  # a race that took as long as perf_counter has run
+    line.start("a")
+    line.leave("a")  # stopped early: nothing learnt from it
+    assert "no estimate yet" in line.message("c")
+    line.join("a")
+    line._since["a"] = time.perf_counter() - 30  # a race of 30 s that ran to the end
+    line.leave("a", finished=True)
     assert line.ahead("c") == 1 and "1 race is ahead of yours" in line.message("c")
-    assert line.behind("b") == 1 and line.estimate_s(1) > 0
+    assert line.estimate_s(1) == pytest.approx(30, abs=1)  # b has not begun: a whole race
+    line._since["b"] = time.perf_counter() - 20  # b has run 20 s of its 30
+    assert line.estimate_s(1) == pytest.approx(10, abs=1) and line.estimate_s(2) == pytest.approx(40, abs=1)
+    line._since["b"] = time.perf_counter() - 45  # b overruns: c is next, any moment
+    assert "any moment now" in line.message("c")
+    assert line.behind("b") == 1
     line.leave("b")
     assert line.message("c") == ""
 
@@ -334,6 +363,12 @@ def test_reveals_say_why_from_the_run(race):
     assert reveal(race, winner.method).startswith("**Right!**") and "tokens per step" in reveal(race, winner.method)
     other = next(n for n in TINY_METHODS if n != winner.method)
     assert reveal(race, other).startswith("**Not this time**")
+    assert "busy" not in reveal(race, other)
+    winner.busy = "Note: the machine was busy."
+    try:
+        assert "read these speeds as rough" in reveal(race, other)
+    finally:
+        winner.busy = ""
     mirror = race["mirror"]
     step = next_step(mirror.trace, 1)
     answer = "hit" if step.rendezvous.hit else "miss"
@@ -348,6 +383,9 @@ def test_lane_labels_say_the_device_the_role_and_a_shared_processor(race):
     assert "target on cpu:0<br>plays the GPU (same CPU as the other lane)" in ticks
     assert figures.lane_text("draft, NPU role, cuda:1", ["target, GPU role, cuda:0", "draft, NPU role, cuda:1"]) == \
         "draft on cuda:1<br>plays the NPU"
+    assert figures.lane_text("draft, NPU role, cuda:0, 2nd stream",  # one GPU, the draft on its second stream
+                             ["target, GPU role, cuda:0", "draft, NPU role, cuda:0, 2nd stream"]) == \
+        "draft on cuda:0, 2nd stream<br>plays the NPU (same GPU as the other lane)"
     assert not any("CUDA events" in tick for tick in ticks)  # CPU lanes: the host's readings
 
 

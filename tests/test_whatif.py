@@ -363,14 +363,16 @@ def test_the_app_view_draws_every_method_modelled_under_the_banner():
                                                                 mean_accepted=1.5), finished="length")
     assert "MODELLED from this run's steps, not measured" in view.BANNER
     for name in ("paper-14b", view.FITTED):
-        source, table, why, timeline, utilisation, curve = view.render(current, name, 0.5, True, 0.6, 0.2)
+        source, shown, why, timeline, utilisation, curve = view.render(current, name, 0.5, True, 0.6, 0.2)
+        table = shown["value"]
+        assert shown["visible"]
         assert "the larger of the target suffix" in why
         assert len(table) == 3 and table.columns.str.contains("MODELLED").any()
         assert {t.name for t in timeline.data} and all("(MODELLED)" in a.text for a in timeline.layout.annotations)
         assert {t.name for t in curve.data} == {"Speculative decoding", "Mirror-SD"}
     assert "—" not in set(table["measured here"])
     empty = view.render({}, "paper-14b", 0.5, True, 0.6, 0.2)
-    assert "Run a race first" in empty[0]
+    assert "Run a race, or open a recorded one, first" in empty[0] and empty[1]["visible"] is False
 
 
 CHROMIUM = "/usr/bin/chromium"
