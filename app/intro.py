@@ -1,4 +1,4 @@
-"""The page's teaching text: the "How it works" panel (a picture and three sentences per idea) and the
+"""The page's teaching text: the "How it works" panel (a picture and a few sentences per idea) and the
 plain-words meaning of every number on a card (its tooltip).
 
 The pictures are inline SVG drawn here (no downloads): schematic step timelines in the timeline's
@@ -102,6 +102,20 @@ def mirror_picture() -> str:
                 height=118)
 
 
+def ss_picture() -> str:
+    """No draft model: the target's own stream rows, riding on its top layers, propose the next tree while the
+    main rows verify this one, in one forward pass."""
+    body = (_lane(8, "target") +
+            "".join(_bar(52 + 124 * i, 8, 70, "verify tree", VERIFY) + _bar(124 + 124 * i, 8, 48, "streams", DRAFT)
+                    for i in range(2)) +
+            "".join(f'<rect x="{50 + 124 * i}" y="5" width="124" height="24" rx="4" fill="none" stroke="#111827" '
+                    'stroke-dasharray="3 2"/>' for i in range(2)) +
+            '<text x="52" y="46" font-size="10" fill="#374151">one forward each: its stream rows draft the next tree</text>'
+            '<text x="52" y="62" font-size="10" fill="#374151">no draft model, no second device</text>')
+    return _svg(body, "Speculative Streaming: the target drafts the next tree in the same pass that verifies this one",
+                height=70)
+
+
 IDEAS = [
     ("1. Speculative decoding: guess cheaply, check in one pass", sd_picture,
      "A large *target* model writes one token per forward pass, and a pass costs about the same whether it "
@@ -120,6 +134,10 @@ IDEAS = [
      "next token, and the draft writes the next window for each guess while the target runs its last layers "
      "(its *suffix*). When the real token is among the guesses (a *hit*) the next window is ready, so a step "
      "costs **max(target suffix, draft)** instead of their sum."),
+    ("4. Speculative Streaming: the target drafts for itself", ss_picture,
+     "No draft model at all: small trained *streams* on the target's top layers predict the tokens after the "
+     "next one. In one target pass the main rows check the tree proposed last time and the stream rows propose "
+     "the next tree. Drafting costs a little extra work in every pass instead of a second model or device."),
 ]
 
 LANES_NOTE = ("Here the two devices may be stand-ins: the line below this panel says which real device each "
@@ -128,7 +146,7 @@ LANES_NOTE = ("Here the two devices may be stand-ins: the line below this panel 
 
 
 def how_it_works_html() -> str:
-    """The panel's body: one picture and three sentences per idea, side by side where there is room."""
+    """The panel's body: one picture and a few sentences per idea, side by side where there is room."""
     cells = "".join(
         f'<div class="idea" style="flex:1 1 300px;min-width:260px"><h3 style="margin:4px 0">{html.escape(title)}</h3>'
         f'{picture()}<p style="margin:4px 0">{_markdown(text)}</p></div>' for title, picture, text in IDEAS)

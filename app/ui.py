@@ -162,7 +162,8 @@ def build_demo(pair_factory=None) -> gr.Blocks:
         results = gr.State({})
         seen = gr.BrowserState(False, storage_key="mirror-sd-seen-intro", secret="mirror-sd")
         gr.Markdown(INTRO)
-        with gr.Accordion("How it works: speculative decoding, EAGLE-2 and Mirror-SD in three pictures", open=True,
+        with gr.Accordion("How it works: speculative decoding, EAGLE-2, Mirror-SD and Speculative Streaming in four "
+                          "pictures", open=True,
                           elem_id="how") as how:
             gr.HTML(how_it_works_html())
         notice = gr.Markdown(elem_id="notice")

@@ -44,9 +44,10 @@ def test_browser_teaches_predicts_reveals_and_fits_800px(class_url):
     with sync_playwright() as p:
         browser, page = open_app(p, class_url)
         page.set_viewport_size({"width": 800, "height": 900})
-        panel = page.locator("#how-it-works")  # open on a first visit: three pictures, the Mirror-SD cost
+        panel = page.locator("#how-it-works")  # open on a first visit: a picture per idea, the Mirror-SD cost
         expect(panel).to_be_visible()
-        assert panel.locator("svg").count() == 3
+        assert panel.locator("svg").count() == 4
+        expect(panel).to_contain_text("Speculative Streaming: the target drafts for itself")
         expect(panel).to_contain_text("max(target suffix, draft)")
         expect(panel).to_contain_text("acceptance and speed are different things")
 
