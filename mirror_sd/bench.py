@@ -45,6 +45,9 @@ def read_prompts(path: str | Path) -> list[dict]:
             item = json.loads(line)
         except json.JSONDecodeError as e:
             raise MirrorSDError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(item, dict):
+            raise MirrorSDError(f"{path}:{n}: a line is a JSON object, {{\"id\", \"category\", \"prompt\"}} or "
+                                f"{{\"id\", \"category\", \"turns\": [...]}}, not a {type(item).__name__}")
         turns = item.get("turns") or ([item["prompt"]] if "prompt" in item else None)
         if not turns or not all(isinstance(t, str) and t.strip() for t in turns):
             raise MirrorSDError(f"{path}:{n}: needs a non-empty \"prompt\" or \"turns\"")
@@ -146,12 +149,14 @@ def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 1
     kernels (tuned_kernels.csv); return the summary.
     traces_dir: also write every run's trace JSON there (METHOD-ID-turnK.json)."""
     methods = ["vanilla"] + [m for m in methods if m != "vanilla"]  # vanilla first: the reference
+    check_options_taken(options or {}, methods)
+    out = make_folder(out_dir, "the bench's output folder")  # before the runs, not after them
+    if traces_dir:
+        make_folder(traces_dir, "the traces folder")
     runs = [(m, _options_for(m, options or {})) for m in methods]
     traced: list[dict] = []
     results = run_interleaved(pair, prompts, runs, max_new_tokens, traces=traced, **settings).drop(columns="run")
     summary = summarise(results)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     results.to_csv(out / "results.csv", index=False)
     summary.to_csv(out / "summary.csv", index=False)
     by_category = results.groupby(["method", "category"], sort=False).agg(
@@ -318,6 +323,27 @@ def _option_names(method: str) -> set[str]:
     return {o.name for o in get_method(method).options}
 
 
+def check_options_taken(options: dict, methods: list[str]):
+    """Refuse options that none of ``methods`` takes: dropped silently, they would label a run with
+    settings it never ran."""
+    taken = set().union(*(_option_names(m) for m in methods))
+    unused = sorted(set(options) - taken)
+    if unused:
+        names = ", ".join("--" + name.replace("_", "-") for name in unused)
+        raise MirrorSDError(f"{names}: taken by none of the methods run here ({', '.join(methods)}); "
+                            "python -m mirror_sd methods lists each method's options")
+
+
+def make_folder(path: str | Path, what: str) -> Path:
+    """The folder ``path``, made if need be, or a MirrorSDError that says why it cannot be."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MirrorSDError(f"{what} {path} cannot be made ({e.strerror or e})") from None
+    return path
+
+
 def _options_for(method: str, options: dict) -> dict:
     """The subset of the given options that this method takes."""
     names = _option_names(method)
@@ -334,18 +360,21 @@ def sweep(pair, prompts: list[dict], method: str, option: str, values: list, max
     names = _option_names(method)
     if option not in names:
         raise MirrorSDError(f"method {method!r} has no option {option!r} (it has: {', '.join(sorted(names)) or 'none'})")
+    check_options_taken(options or {}, [method])
+    out = make_folder(out_dir, "the sweep's output folder")
     base = _options_for(method, options or {})
     runs = [("vanilla", {})] + [(method, {**base, option: value}) for value in values]
     results = run_interleaved(pair, prompts, runs, max_new_tokens, desc=f"sweep {option}", **settings)
-    results.insert(1, option, [None if r == 0 else values[r - 1] for r in results.run])
+    swept = [None if r == 0 else values[r - 1] for r in results.run]  # vanilla's rows have no value
+    results.insert(1, option, pd.array(swept, dtype="Int64") if all(isinstance(v, int) for v in values) else swept)
     vanilla = results[results.run == 0]
     rows = []
     for index, value in enumerate(values, start=1):
         summary = summarise(pd.concat([vanilla, results[results.run == index]]).drop(columns=["run", option]))
-        rows.append({option: value, **summary.set_index("method").loc[method].to_dict()})
-    table = pd.DataFrame(rows)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+        row = summary[summary.method == method].drop(columns="method")  # its columns keep their types
+        row.insert(0, option, [value])
+        rows.append(row)
+    table = pd.concat(rows, ignore_index=True)
     results.drop(columns="run").to_csv(out / "results.csv", index=False)
     table.to_csv(out / "sweep.csv", index=False)
     try:

@@ -68,8 +68,15 @@ def _add_decoding_args(p: argparse.ArgumentParser):
         g.add_argument(f"--{name.replace('_', '-')}", type=users[0][1].kind, default=None, help=_option_help(users))
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments get the one line every other bad input gets, ``error: ...``, and exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mirror_sd", description="Speculative decoding, from vanilla to Mirror-SD.")
+    parser = OneLineParser(prog="python -m mirror_sd", description="Speculative decoding, from vanilla to Mirror-SD.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="decode one prompt with one method")
@@ -197,12 +204,13 @@ def _prompts(args) -> list[dict]:
 
 
 def cmd_bench(args) -> int:
-    from .bench import bench, check_writable, equality_warning, write_report
+    from .bench import bench, check_options_taken, check_writable, equality_warning, write_report
     from .methods import get_method
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         get_method(m)
+    check_options_taken(_method_options(args), methods)
     check_writable(args.out, "--out", folder=True)  # before hours of decoding, not after
     if args.report:
         check_writable(args.report, "--report")
@@ -214,7 +222,7 @@ def cmd_bench(args) -> int:
                     **_settings(args))
     print(summary.to_markdown(index=False, floatfmt=".3f"))
     print(summary.attrs.get("whatif", ""), end="")
-    print(f"\nwrote {args.out}/results.csv, summary.csv, summary.md")
+    print(f"\nwrote {', '.join(sorted(f.name for f in Path(args.out).iterdir() if f.is_file()))} into {args.out}")
     if args.report:
         command = "python -m mirror_sd " + shlex.join(args.argv)
         write_report(args.report, summary, command, pair, len(prompts), args.max_new_tokens)
@@ -226,7 +234,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from .bench import check_writable, sweep
+    from .bench import check_options_taken, check_writable, sweep
     from .methods import get_method
 
     method = get_method(args.method)  # fail fast on an unknown method
@@ -243,6 +251,7 @@ def cmd_sweep(args) -> int:
         raise MirrorSDError("--values names no value to sweep: give comma-separated numbers, such as 1,2,4")
     for v in values:
         kind.check(v)
+    check_options_taken(_method_options(args), [method.name])
     check_writable(args.out, "--out", folder=True)
     prompts = _prompts(args)
     pair = _load(args)
@@ -318,7 +327,10 @@ def cmd_methods(args) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, or bad arguments (after their one line): the status, as for any command
+        return e.code
     args.argv = argv  # as given, for the report's command line
     try:
         commands = {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "methods": cmd_methods,

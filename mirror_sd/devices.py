@@ -131,7 +131,9 @@ def resolve_device(name: str) -> torch.device:
         raise MirrorSDError(f"unknown device {name!r}: use cpu, cuda, cuda:N, mps or npu") from None
     kind = device.type
     if kind == "cpu":
-        return device
+        if device.index not in (None, 0):  # the lanes' core groups are the engine's to choose (cpu:0, cpu:1)
+            raise MirrorSDError(f"device {name!r}: name the CPU as 'cpu'; mirror-sd splits its cores between the lanes")
+        return torch.device("cpu")
     if kind == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = device.index or 0

@@ -111,16 +111,26 @@ def check_settings(max_new_tokens, temperature, top_p, seed):
         raise MirrorSDError(f"temperature must be a number >= 0, got {temperature!r}")
     if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
         raise MirrorSDError(f"top_p must be in (0, 1], got {top_p!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise MirrorSDError(f"seed must be an integer >= 0, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise MirrorSDError(f"seed must be an integer from 0 to 2**63 - 1, got {seed!r}")
 
 
 def encode_prompt(pair: ModelPair, prompt, raw: bool, max_new_tokens: int) -> list[int]:
-    text = prompt if isinstance(prompt, str) else " ".join(m.get("content", "") for m in prompt or [])
+    messages = isinstance(prompt, list) and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                for m in prompt)
+    if not isinstance(prompt, str) and not messages:
+        raise MirrorSDError(f"a prompt is a string or a list of chat messages ({{'role': ..., 'content': ...}}), "
+                            f"got {type(prompt).__name__}")
+    text = prompt if isinstance(prompt, str) else " ".join(m["content"] for m in prompt)
     if not text.strip():
         raise MirrorSDError("the prompt is empty: type some text")
     ids = pair.encode(prompt, raw=raw)
-    context = pair.context_length
+    context, window = pair.context_length, pair.target.args.sliding_window
+    if window and len(ids) + max_new_tokens + WINDOW_MARGIN > window:
+        raise MirrorSDError(
+            f"the prompt is {len(ids)} tokens; with max_new_tokens={max_new_tokens} it goes beyond the target's "
+            f"sliding attention window of {window} tokens, which mirror-sd does not implement (it attends to every "
+            f"token): keep prompt + new tokens under {window - WINDOW_MARGIN}")
     if len(ids) + max_new_tokens + WINDOW_MARGIN > context:
         raise MirrorSDError(
             f"the prompt is {len(ids)} tokens; with max_new_tokens={max_new_tokens} it does not fit the "
@@ -177,7 +187,7 @@ def _decode(pair: ModelPair, prompt, method: str, max_new_tokens: int, temperatu
                     decoding_s += time.perf_counter() - start
                 if step is None:
                     break
-                if every_step:
+                if every_step and not run.done:  # the last step's Output is the one after the loop
                     yield _output(run, spec.name, decoding_s)
         except GeneratorExit:  # the consumer stopped listening: a user's stop
             finished = "stopped"

@@ -49,12 +49,32 @@ def test_a_trace_in_a_new_folder_is_written_and_a_bad_trace_path_loses_no_work(t
     (["--prompt", "t1", "--method", "warp"], "unknown method 'warp'"),
     (["--prompt", "t1", "--target-device", "cuda:3"], "not available"),
     (["--prompt", "t1", "--draft-device", "quantum"], "unknown device"),
+    (["--prompt", "t1", "--target-device", "cpu:5"], "name the CPU as 'cpu'"),
+    (["--prompt", "t1", "--gamma", "2.5"], "argument --gamma: invalid int value"),
+    (["--prompt", "t1", "--bogus", "3"], "unrecognized arguments: --bogus"),
 ])
 def test_bad_input_is_one_clear_line(tiny_dirs, capsys, argv, message):
     rc = main(["generate", *argv, *_tiny_args(tiny_dirs)])
     err = capsys.readouterr().err
     assert rc == 2
     assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["bench", "--methods", "vanilla", "--kappa", "3"], "--kappa: taken by none of the methods run here (vanilla)"),
+    (["sweep", "--method", "sd", "--option", "gamma", "--values", "1,2", "--kappa", "3"], "--kappa: taken by none"),
+])
+def test_an_option_no_benched_method_takes_is_refused_not_dropped(tiny_dirs, capsys, argv, message):
+    assert main([*argv, "--limit", "1", *_tiny_args(tiny_dirs)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_a_prompt_file_line_that_is_not_an_object_is_one_clear_line(tiny_dirs, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "a", "category": "qa", "prompt": "t1"}\n[1, 2]\n')
+    assert main(["bench", "--methods", "vanilla", "--prompts", str(prompts), *_tiny_args(tiny_dirs)]) == 2
+    assert "prompts.jsonl:2: a line is a JSON object" in capsys.readouterr().err
 
 
 def test_python_dash_m_entry_point_reports_unknown_model():

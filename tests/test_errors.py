@@ -1,5 +1,6 @@
 """Bad input gets a clear MirrorSDError, and failures mid-run keep what was generated."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +21,9 @@ from mirror_sd import MirrorSDError, generate, load_pair, stream
     (dict(temperature=float("nan")), "temperature"),
     (dict(top_p=0.0), "top_p"),
     (dict(seed=-1), "seed"),
+    (dict(seed=2**64, temperature=0.7), "seed must be an integer from 0 to 2\\*\\*63 - 1"),
+    (dict(prompt=42), "a prompt is a string or a list of chat messages"),
+    (dict(prompt=[{"role": "user"}]), "a prompt is a string or a list of chat messages"),
     (dict(method="nope"), "unknown method 'nope'"),
     (dict(method="vanilla", gamma=3), "takes no options"),
     (dict(kappa=3), "takes gamma"),
@@ -33,6 +37,71 @@ def test_bad_generation_settings(tiny_pair, kwargs, message):
 def test_prompt_longer_than_the_context(tiny_pair):
     with pytest.raises(MirrorSDError, match="does not fit the target's context of 256"):
         generate(tiny_pair, "t1 " * 300, raw=True, max_new_tokens=4)
+
+
+def test_a_sliding_window_model_is_kept_inside_its_window(tiny_dirs, tmp_path):
+    """Mistral attends to its last sliding_window tokens only; this forward attends to every token, so it
+    decodes only while the whole sequence fits the window."""
+    from conftest import make_tiny_model
+
+    folder = make_tiny_model(tmp_path / "mistral", seed=1, model_type="mistral")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"sliding_window": 80}))
+    pair = load_pair(target=str(folder), draft=None)
+    assert generate(pair, "t1 t2", method="vanilla", max_new_tokens=8, raw=True).error is None
+    with pytest.raises(MirrorSDError, match="sliding attention window of 80 tokens"):
+        generate(pair, "t1 t2", method="vanilla", max_new_tokens=20, raw=True)
+
+
+def broken_copy(tiny_dirs, tmp_path, name: str) -> Path:
+    """A copy of the tiny target's folder, to break."""
+    import shutil
+
+    return Path(shutil.copytree(tiny_dirs["target"], tmp_path / name))
+
+
+def test_a_broken_model_folder_gets_one_clear_error(tiny_dirs, tmp_path):
+    bad_json = broken_copy(tiny_dirs, tmp_path, "bad-json")
+    (bad_json / "config.json").write_text("{not json")
+    no_tokenizer = broken_copy(tiny_dirs, tmp_path, "no-tokenizer")
+    for f in no_tokenizer.glob("tokenizer*"):
+        f.unlink()
+    truncated = broken_copy(tiny_dirs, tmp_path, "truncated")
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    misshapen = broken_copy(tiny_dirs, tmp_path, "misshapen")
+    config = json.loads((misshapen / "config.json").read_text())
+    (misshapen / "config.json").write_text(json.dumps(config | {"intermediate_size": 48}))
+    cases = [(bad_json, "could not be read as JSON"), (no_tokenizer, "its tokenizer could not be loaded"),
+             (truncated, "not a readable safetensors file"), (misshapen, "its weights do not match its config.json")]
+    for folder, message in cases:
+        with pytest.raises(MirrorSDError, match=message):
+            load_pair(target=str(folder), draft=None)
+
+
+@pytest.mark.parametrize("flags,message", [({"attention_bias": True}, "attention_bias"),
+                                           ({"mlp_bias": True}, "mlp_bias")])
+def test_llama_biases_the_forward_has_no_place_for_are_refused_by_name(tiny_dirs, tmp_path, flags, message):
+    folder = broken_copy(tiny_dirs, tmp_path, "biased")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | flags))
+    with pytest.raises(MirrorSDError, match=f"{message}.*not supported"):
+        load_pair(target=str(folder), draft=None)
+
+
+def test_a_paused_stream_refuses_a_second_generation_in_its_thread_instead_of_hanging(tiny_pair):
+    paused = stream(tiny_pair, "t1 t2", method="vanilla", max_new_tokens=8, raw=True)
+    next(paused)
+    with pytest.raises(MirrorSDError, match="still decoding a stream"):
+        generate(tiny_pair, "t1", method="vanilla", max_new_tokens=2, raw=True)
+    paused.close()
+    assert generate(tiny_pair, "t1", method="vanilla", max_new_tokens=2, raw=True).error is None
+
+
+def test_a_stream_yields_its_last_output_once(tiny_pair):
+    outputs = list(stream(tiny_pair, "t1 t2", method="sd", max_new_tokens=8, raw=True, gamma=2))
+    assert [o.finished for o in outputs].count("running") == len(outputs) - 1 and outputs[-1].finished == "length"
+    assert len(outputs) == len(outputs[-1].trace.steps)  # one Output per step, the prefill's first token too
 
 
 def test_unknown_and_invalid_model_names():

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..devices import to_device
+from ..errors import MirrorSDError
 from . import tuning
 from .linear import Linear
 
@@ -44,9 +45,11 @@ class ModelArgs:
     tie_word_embeddings: bool
     attention_bias: bool = False  # Qwen2: biases on q, k, v
     qk_norm: bool = False  # Qwen3: RMSNorm on each head's q and k
+    sliding_window: int | None = None  # Mistral, Qwen2/3 with use_sliding_window: attention reaches back this far
 
     @classmethod
     def from_hf(cls, config) -> "ModelArgs":
+        refuse_unsupported(config)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         return cls(
             vocab_size=config.vocab_size,
@@ -59,9 +62,30 @@ class ModelArgs:
             rms_norm_eps=config.rms_norm_eps,
             max_position_embeddings=config.max_position_embeddings,
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            attention_bias=config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
+            attention_bias=config.model_type == "qwen2",
             qk_norm=config.model_type == "qwen3",
+            sliding_window=sliding_window(config),
         )
+
+
+def sliding_window(config) -> int | None:
+    """How far back attention reaches in a model with sliding-window attention (Mistral's sliding_window;
+    Qwen2's and Qwen3's when use_sliding_window is set), else None. This forward attends to every
+    token, so it gives that model's logits only within the window (engine.encode_prompt keeps inside it)."""
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    return int(window)
+
+
+def refuse_unsupported(config):
+    """Options whose weights this forward has no place for, refused by name rather than as a
+    state dict that does not load."""
+    if config.model_type in ("llama", "qwen3") and getattr(config, "attention_bias", False):
+        raise MirrorSDError(f"a {config.model_type} model with attention_bias (biases on q, k, v and o_proj) is not "
+                            "supported: mirror-sd's forward has biases on q, k and v only (Qwen2's)")
+    if getattr(config, "mlp_bias", False):
+        raise MirrorSDError("a model with mlp_bias (biases on the MLP's products) is not supported")
 
 
 class KVCache(nn.Module):

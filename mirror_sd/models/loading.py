@@ -111,13 +111,25 @@ def read_config(folder: Path):
     """The HF config of a model folder, refusing architectures the engine does not run."""
     from transformers import AutoConfig
 
-    raw = json.loads((folder / "config.json").read_text())
-    model_type = raw.get("model_type")
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MirrorSDError(f"{folder / 'config.json'} could not be read as JSON ({e})") from None
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise MirrorSDError(
             f"{folder.name}: model type {model_type!r} is not supported; mirror-sd runs "
             f"Llama-family decoders: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    return AutoConfig.from_pretrained(folder)
+    try:
+        return AutoConfig.from_pretrained(folder)
+    except Exception as e:  # noqa: BLE001  a config transformers cannot build
+        raise MirrorSDError(f"{folder / 'config.json'}: not a valid {model_type} config ({first_line(e)})") from None
+
+
+def first_line(e: Exception) -> str:
+    """An error's type and the first line of its message: what a one-line error needs of it."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def load_state_dict(folder: Path, device: torch.device) -> dict[str, torch.Tensor]:
@@ -128,9 +140,12 @@ def load_state_dict(folder: Path, device: torch.device) -> dict[str, torch.Tenso
         raise MirrorSDError(f"{folder}: no *.safetensors weights{why}")
     state = {}
     for file in files:
-        with safe_open(str(file), framework="pt", device=str(device)) as f:
-            for key in f.keys():
-                state[key] = f.get_tensor(key)
+        try:
+            with safe_open(str(file), framework="pt", device=str(device)) as f:
+                for key in f.keys():
+                    state[key] = f.get_tensor(key)
+        except Exception as e:  # noqa: BLE001  a truncated or damaged file
+            raise MirrorSDError(f"{file}: not a readable safetensors file ({first_line(e)})") from None
     return state
 
 
@@ -158,7 +173,11 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype, num_layer
     vocab_map = state.pop(VOCAB_MAP_KEY, None)  # a reduced-vocabulary draft head
     with torch.device("meta"):
         model = Transformer(args, rope_config=None, head_size=state["lm_head.weight"].shape[0])
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
+    try:
+        model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True, assign=True)
+    except RuntimeError as e:  # missing, unexpected or misshapen weights
+        detail = " ".join(str(e).split())
+        raise MirrorSDError(f"{folder}: its weights do not match its config.json ({detail[:300]})") from None
     if args.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     if vocab_map is not None:
@@ -170,4 +189,8 @@ def load_model(folder: Path, device: torch.device, dtype: torch.dtype, num_layer
 def load_tokenizer(folder: Path):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(folder)
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except Exception as e:  # noqa: BLE001  no tokenizer files, or ones that need a package not installed
+        raise MirrorSDError(f"{folder}: its tokenizer could not be loaded ({first_line(e)}); a model folder needs "
+                            "its tokenizer files (tokenizer.json and tokenizer_config.json)") from None

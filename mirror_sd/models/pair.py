@@ -23,6 +23,28 @@ EMBEDDED_DRAFT = Path(__file__).resolve().parents[1] / "assets" / "draft-smollm2
 DEFAULT = "default"  # load_pair(draft=DEFAULT): the embedded target's draft, or none for other targets
 
 
+class PairLock:
+    """One generation at a time per pair (lanes and caches are not shared). Another thread waits its turn;
+    the thread that holds it, because a ``stream()`` it started is paused between steps, gets an error
+    instead of waiting for itself forever."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._holder: int | None = None
+
+    def __enter__(self):
+        if self._holder == threading.get_ident():
+            raise MirrorSDError("this model pair is still decoding a stream() started in this thread: read it to "
+                                "the end or close it (generator.close()) before starting another generation")
+        self._lock.acquire()
+        self._holder = threading.get_ident()
+        return self
+
+    def __exit__(self, *exc):
+        self._holder = None
+        self._lock.release()
+
+
 @dataclass
 class ModelPair:
     target: Transformer
@@ -34,7 +56,7 @@ class ModelPair:
     draft_name: str | None
     eos_ids: frozenset[int]
     draft_dir: Path | None = None  # the draft's folder (where its trained streams live, if any)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    lock: PairLock = field(default_factory=PairLock, repr=False)
     # Add-ons, loaded or built on first use:
     streams: object = field(default=None, repr=False)  # the target's speculative streams (ss; models/streams.py)
     one_forward_streams: object = field(default=None, repr=False)  # ... trained without the next-token input
