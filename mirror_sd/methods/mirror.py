@@ -148,8 +148,9 @@ def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, he
         reader = exit_reader(pair, head)
         exit_logp = on_target_vocab(pair, layers(target, hidden, cache, exit_layer, exit_layer, head=reader)[0], reader)
     top = exit_logp.topk(kappa, dim=-1)
-    drafted = to_device(window[1:], exit_logp.device)
-    before = exit_logp[:-1] if parents is None else exit_logp[to_device([p + 1 for p in parents], exit_logp.device)]
+    drafted = to_device(window[1:], exit_logp.device, torch.long)
+    rows = to_device([p + 1 for p in parents], exit_logp.device, torch.long) if parents is not None else None
+    before = exit_logp[:-1] if rows is None else exit_logp[rows]  # each node's parent row
     window_logp = before.gather(-1, drafted[:, None])[:, 0]
     if not on_host:
         return hidden, top.indices, top.values, window_logp
