@@ -24,6 +24,7 @@ from .errors import MirrorSDError
 from .methods import get_method, vanilla
 from .models.pair import ModelPair
 from .nvml import GpuSampler
+from .options import refuse_greedy_only
 from .sampling import Sampler, draft_argmax, to_target_vocab
 from .trace import RECORDS, Step, Trace
 
@@ -152,6 +153,7 @@ def _decode(pair: ModelPair, prompt, method: str, max_new_tokens: int, temperatu
     spec = get_method(method)
     opts = spec.resolve_options(options)
     check_settings(max_new_tokens, temperature, top_p, seed)
+    refuse_greedy_only(spec.options, options, temperature, f"method {method!r}")
     if spec.needs_draft and pair.draft is None:
         raise MirrorSDError(f"method {method!r} needs a draft model: pass one (--draft, or load_pair(draft=...)); "
                             f"only the embedded target has a default draft")

@@ -20,6 +20,7 @@ class Option:
     help: str
     kind: type = int
     only_with: tuple[str, int] | None = None  # (selector option, value): applies only with that choice
+    greedy_only: bool = False  # does something at temperature 0 only (T > 0 runs without it)
 
     def check(self, value):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (self.kind is int and value != int(value)):
@@ -35,7 +36,7 @@ class Option:
     def scoped(self, selector: str, value: int) -> "Option":
         """This option, applying only with ``selector=value``; its help says so."""
         return Option(self.name, self.default, self.low, self.high, f"{selector}={value}: {self.help}", self.kind,
-                      (selector, value))
+                      (selector, value), self.greedy_only)
 
 
 def resolve(options: tuple[Option, ...], given: dict, owner: str) -> dict:
@@ -59,3 +60,14 @@ def resolve(options: tuple[Option, ...], given: dict, owner: str) -> dict:
             raise MirrorSDError(f"{name} applies with {scopes} only, got {name}={given[name]} with "
                                 f"{variants[0].only_with[0]}={plain.get(variants[0].only_with[0])}")
     return values
+
+
+def refuse_greedy_only(options: tuple[Option, ...], given: dict, temperature: float, owner: str):
+    """At temperature > 0, refuse the options given other than their default that do something at
+    temperature 0 only: run without them, the run would be labelled with settings it never used."""
+    if temperature <= 0:
+        return
+    names = sorted({o.name for o in options if o.greedy_only and o.name in given and given[o.name] != o.default})
+    if names:
+        raise MirrorSDError(f"{owner}: {', '.join(names)} works at temperature 0 only (greedy decoding); at "
+                            f"temperature {temperature:g} leave it at its default")

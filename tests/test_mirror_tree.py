@@ -121,11 +121,10 @@ def test_mirror_with_trees_commits_vanillas_tokens(tiny_dirs):
         assert hits > 0 and tree_hits > 0
 
 
-def test_mirror_with_trees_rolls_out_chains_at_temperature_above_zero(tiny_pair):
-    out = generate(tiny_pair, "t1 t2 t3", method="mirror", max_new_tokens=16, raw=True, temperature=1.0, gamma=3,
-                   tree=8, exit_layer=1)
-    assert out.error is None and len(out.token_ids) == 16
-    assert all(s.tree is None and s.rendezvous.branch_parents == [] for s in out.trace.steps[1:])
+def test_mirror_trees_are_refused_at_temperature_above_zero(tiny_pair):
+    with pytest.raises(MirrorSDError, match="tree works at temperature 0 only"):
+        generate(tiny_pair, "t1 t2 t3", method="mirror", max_new_tokens=16, raw=True, temperature=1.0, gamma=3,
+                 tree=8, exit_layer=1)
 
 
 def test_mirror_trees_are_refused_with_the_draft_s_streams(tiny_pair):

@@ -67,10 +67,9 @@ def test_sd_with_a_tree_commits_vanillas_tokens(tiny_dirs):
         assert beyond_the_chain > 0  # the tree's other branches were accepted, not only its top chain
 
 
-def test_sd_with_a_tree_samples_a_chain_at_temperature_above_zero(tiny_pair):
-    out = generate(tiny_pair, "t1 t2 t3", method="sd", max_new_tokens=16, raw=True, temperature=1.0, gamma=3, tree=8)
-    assert out.error is None and len(out.token_ids) == 16
-    assert all(s.tree is None and len(s.proposed) == 3 for s in out.trace.steps[1:])
+def test_sd_trees_are_refused_at_temperature_above_zero(tiny_pair):
+    with pytest.raises(MirrorSDError, match="tree works at temperature 0 only"):
+        generate(tiny_pair, "t1 t2 t3", method="sd", max_new_tokens=16, raw=True, temperature=1.0, gamma=3, tree=8)
 
 
 def test_a_tree_is_refused_with_copies_or_another_drafter(tiny_pair):

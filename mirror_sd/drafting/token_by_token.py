@@ -31,7 +31,8 @@ COPY_NGRAM_SIZES = (3, 2)  # the last token alone matches too often where the dr
 COPY_BELOW = Option("copy_below", 0.0, 0.0, 1.0, "where the draft's top-1 probability is below this and the "
                     "context continues the last 3 or 2 tokens, propose the copied token instead (0: off)", kind=float)
 TREE = Option("tree", 0, 0, 63, "draft tree nodes the target verifies in one forward: the best of a tree the draft "
-              "grows gamma levels deep (greedy only; T > 0 verifies a chain of gamma); 0: a chain of gamma tokens")
+              "grows gamma levels deep (temperature 0 only); 0: a chain of gamma tokens",
+              greedy_only=True)
 BRANCHING = Option("branching", 4, 1, 16, "with tree: children per expanded node, and nodes expanded per level")
 
 

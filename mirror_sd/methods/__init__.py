@@ -52,26 +52,27 @@ EXIT_LAYER = Option("exit_layer", 0, 0, 1024, "target layer feeding the token ch
 DEPTH = Option("depth", 3, 1, 16, "EAGLE tree levels (draft tokens along a path)")
 TOP_K = Option("top_k", 4, 1, 16, "children per expanded node, and nodes expanded per level")
 TOTAL_TOKENS = Option("total_tokens", 8, 1, 64, "draft tree nodes the target verifies in one forward "
-                      "(greedy only; T > 0 verifies a chain of depth tokens)")
+                      "(temperature 0 only: at T > 0 the head samples a chain of depth tokens)", greedy_only=True)
 SS_TOP_K = Option("top_k", 2, 1, 16, "candidates per stream in the draft tree (1: a flat chain of the streams' "
                   "argmaxes)")
 SS_TOTAL_TOKENS = Option("total_tokens", 4, 1, 64, "draft tree nodes the target verifies in one forward "
-                         "(greedy only; T > 0 verifies a chain of gamma tokens)")
+                         "(temperature 0 only: at T > 0 the draft is a chain of gamma tokens)", greedy_only=True)
 SS_ONE_FORWARD = Option("one_forward", 0, 0, 1, "1: the streams ride in the verify forward, one target forward "
                         "per step (the paper's form, with streams trained without the next-token input); 0: the "
                         "streams run in a pass of their own after it, and see the step's correction")
 LOOKUP = Option("lookup", 8, 0, 64, "tokens copied from the context into the draft tree as one more branch "
-                "(prompt lookup; 0: off; greedy only)")
+                "(prompt lookup; 0: off; temperature 0 only)", greedy_only=True)
 MIRROR_LOOKUP = Option("lookup", 8, 0, 64, "after a miss, copy up to this many tokens from the context as the next "
-                       "window instead of a fallback draft, when the context holds a continuation (0: off; greedy only)")
+                       "window instead of a fallback draft, when the context holds a continuation (0: off; temperature 0 only)",
+                       greedy_only=True)
 MIRROR_STREAMS = Option("streams", 0, 0, 1, "how the draft drafts: 0 token by token; 1 each window (each branch) "
                         "in one forward with its trained speculative streams")
 SD_STREAMS = Option("streams", 0, 0, 2, "how the draft drafts: 0 token by token; 1 each window in one forward with "
                     "its trained speculative streams; 2 each draft forward checks the lookahead its streams proposed "
                     "in the one before (the tokens of 0, in fewer forwards)")
-MIRROR_TREE = Option("tree", 0, 0, 63, "tree windows (greedy only; T > 0 keeps chains): the fallback draft and "
+MIRROR_TREE = Option("tree", 0, 0, 63, "tree windows (temperature 0 only): the fallback draft and "
                      "every branch's rollout grow a tree gamma levels deep and keep this many nodes, and the target "
-                     "verifies the window as a tree; 0: chains of gamma").scoped("streams", 0)
+                     "verifies the window as a tree; 0: chains of gamma", greedy_only=True).scoped("streams", 0)
 MIRROR_BRANCHING = Option("branching", 4, 1, 16, "with tree: children per expanded node, and nodes expanded per "
                           "level").scoped("streams", 0)
 BRANCH_BUDGET = Option("branch_budget", 16, 1, 256, "branches the draft rolls out per step")
@@ -83,7 +84,8 @@ EXIT_HEAD = Option("exit_head", -1, -1, 1, "what reads the exit layer's hidden s
 QUEUED = Option("queued", -1, -1, 1, "1: this thread queues each step's work on the lanes' CUDA streams and waits "
                 "once, at the rendezvous (the draft stream waits for the token channel on a CUDA event, and chooses "
                 "the branches on the device); 0: the lanes' threads run it, the host reading the token channel to "
-                "choose the branches; -1: 1 where both lanes are CUDA devices. Temperature 0, streams 0 only")
+                "choose the branches; -1: 1 where both lanes are CUDA devices. Temperature 0, streams 0 only",
+                greedy_only=True)
 
 
 def _check_exit_layer(pair, options):

@@ -23,7 +23,7 @@ row i + 1):
 
 Lossless as any greedy tree verification: every committed token is the target's argmax after the
 committed prefix. Trees are greedy only (a deterministic top-k tree has no exact sampling rule):
-at T > 0 Mirror-SD rolls out chains.
+at T > 0 the engine refuses ``tree`` (``options.refuse_greedy_only``).
 """
 from __future__ import annotations
 
