@@ -97,8 +97,9 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, traces: list 
     return dict(method=method, id=item["id"], category=item["category"], new_tokens=new_tokens, steps=steps,
                 mean_accepted=committed_in_steps / steps if steps else 1.0, wall_s=wall_s,
                 tokens_per_s=new_tokens / wall_s if wall_s else 0.0,
-                hit_rate=sum(hits) / len(hits) if hits else None,
-                overlap=overlap_s / draft_busy_s if draft_busy_s else None,
+                hit_rate=sum(hits) / len(hits) if hits else None, hits=sum(hits), hit_steps=len(hits),
+                overlap=overlap_s / draft_busy_s if draft_busy_s else None, overlap_s=overlap_s,
+                draft_busy_s=draft_busy_s,
                 draft_tokens=draft_tokens if draft_forwards else None, draft_forwards=draft_forwards or None,
                 token_ids=token_ids,
                 **{f"{SPAN_PREFIX}{kind}": seconds for kind, seconds in span_s.items()})
@@ -216,11 +217,16 @@ def step_ms(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarise(results: pd.DataFrame) -> pd.DataFrame:
-    """Per method: tau, tokens/s, speedup over vanilla (total wall time, same prompts), equality share."""
+    """Per method: tau, tokens/s, speedup over vanilla (total wall time, same prompts), equality share, and
+    Mirror-SD's hit rate and overlap, each over all the method's steps and time together (not a mean of
+    the prompts' own)."""
     per = results.groupby("method", sort=False).agg(
         prompts=("id", "count"), new_tokens=("new_tokens", "sum"), steps=("steps", "sum"),
-        wall_s=("wall_s", "sum"), equal_to_vanilla=("equal_to_vanilla", "mean"), hit_rate=("hit_rate", "mean"),
-        overlap=("overlap", "mean"), draft_tokens=("draft_tokens", "sum"), draft_forwards=("draft_forwards", "sum"))
+        wall_s=("wall_s", "sum"), equal_to_vanilla=("equal_to_vanilla", "mean"), hits=("hits", "sum"),
+        hit_steps=("hit_steps", "sum"), overlap_s=("overlap_s", "sum"), draft_busy_s=("draft_busy_s", "sum"),
+        draft_tokens=("draft_tokens", "sum"), draft_forwards=("draft_forwards", "sum"))
+    per["hit_rate"] = per["hits"] / per["hit_steps"].where(per["hit_steps"] > 0)
+    per["overlap"] = per["overlap_s"] / per["draft_busy_s"].where(per["draft_busy_s"] > 0)
     per["draft_tokens_per_forward"] = per["draft_tokens"] / per["draft_forwards"].where(per["draft_forwards"] > 0)
     per["mean_accepted"] = (results.assign(c=results.mean_accepted * results.steps)
                             .groupby("method", sort=False)["c"].sum() / per["steps"])

@@ -22,9 +22,10 @@ def test_bench_writes_results_and_summary(tiny_dirs, tmp_path, capsys):
                "--out", str(out), "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"])])
     assert rc == 0
     results = pd.read_csv(out / "results.csv")
-    assert list(results.columns)[:13] == ["method", "id", "category", "new_tokens", "steps", "mean_accepted",
-                                          "wall_s", "tokens_per_s", "hit_rate", "overlap", "draft_tokens",
-                                          "draft_forwards", "equal_to_vanilla"]
+    assert list(results.columns)[:17] == ["method", "id", "category", "new_tokens", "steps", "mean_accepted",
+                                          "wall_s", "tokens_per_s", "hit_rate", "hits", "hit_steps", "overlap",
+                                          "overlap_s", "draft_busy_s", "draft_tokens", "draft_forwards",
+                                          "equal_to_vanilla"]
     assert {"span_s_decode", "span_s_draft", "span_s_verify", "span_s_target-suffix"} <= set(results.columns)
     assert list(results.method) == ["vanilla"] * 3 + ["sd"] * 3 + ["mirror"] * 3  # vanilla runs first
     assert results.equal_to_vanilla.all()
@@ -36,6 +37,8 @@ def test_bench_writes_results_and_summary(tiny_dirs, tmp_path, capsys):
     assert "| method" in (out / "summary.md").read_text()
     mirror = results[results.method == "mirror"]
     assert mirror.hit_rate.between(0, 1).all() and mirror.overlap.between(0, 1).all()
+    assert summary.loc["mirror", "hit_rate"] == pytest.approx(mirror.hits.sum() / mirror.hit_steps.sum())  # pooled
+    assert summary.loc["mirror", "overlap"] == pytest.approx(mirror.overlap_s.sum() / mirror.draft_busy_s.sum())
     assert results[results.method != "mirror"].hit_rate.isna().all()
     sd = results[results.method == "sd"]  # token by token: one forward per draft token, 3 per window
     assert (sd.draft_tokens == sd.draft_forwards).all() and (sd.draft_tokens % 3 == 0).all()

@@ -14,7 +14,8 @@ from mirror_sd.methods.eagle import attach_head
 from mirror_sd.models import tuning
 from mirror_sd.models.eagle import EagleHead
 from mirror_sd.models.stages import Stages
-from mirror_sd.whatif import Profile
+from mirror_sd.trace import Trace
+from mirror_sd.whatif import Profile, fit_host
 
 from test_ss import random_streams
 
@@ -108,7 +109,11 @@ def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budge
     (host,) = tmp_path.glob("profile-*-graphs-host.json")  # the stage profile with the host's time fitted
     host = Profile.from_json(json.loads(host.read_text()), "host")
     traces = list((tmp_path / "bench-graphs-on" / "traces").glob("*.json"))  # one per turn
-    assert host.buckets and host.step_ms + host.phase_ms > 0 and f"fitted on the {len(traces)} traces" in host.source
+    assert host.buckets and f"fitted on the {len(traces)} traces" in host.source
+    (stage,) = tmp_path.glob("profile-*-graphs.json")  # the replays alone, which the fit starts from
+    stage = Profile.from_json(json.loads(stage.read_text()), "stages")
+    fitted = fit_host([Trace.from_json(t.read_text()) for t in traces], stage)  # timing decides the values, not >0
+    assert (host.step_ms, host.phase_ms) == pytest.approx(fitted, abs=1e-3) and min(fitted) >= 0
     fit = report.split("## The stage replays plus the host's time")[1].split("##")[0]
     for method in ("vanilla", "mirror"):  # each method's runs re-timed
         assert f"| {method} | {sum(t.name.startswith(method) for t in traces)} |" in fit
