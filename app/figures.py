@@ -170,11 +170,11 @@ def utilisation(traces: dict[str, Trace]) -> go.Figure:
             shown.add(role)
         for device, (times, shares) in nvml_over_time(trace).items():
             fig.add_trace(go.Scatter(x=times, y=shares, mode="lines", line=dict(color="#f59e0b", dash="dot"),
-                                     name="GPU busy (NVML)", legendgroup="nvml", showlegend="nvml" not in shown,
+                                     name=f"{device} (NVML)", legendgroup=device, showlegend=device not in shown,
                                      hovertemplate=f"{device}, NVML<br>%{{x:.0f}} ms: GPU busy %{{y:.0f}}%"
                                                    "<extra></extra>"),
                           row=row, col=2)
-            shown.add("nvml")
+            shown.add(device)
         top_first = list(reversed(lanes))  # plotly stacks categories from the bottom up
         fig.update_yaxes(categoryorder="array", categoryarray=top_first, tickmode="array", tickvals=top_first,
                          ticktext=[lane_text(lane, lanes) for lane in top_first], row=row, col=1)
