@@ -36,18 +36,30 @@ AUTO = "auto"  # device choice: this machine's default lanes
 
 
 class Stops:
-    """One stop flag per browser session: the Stop button sets it, the running race polls it."""
+    """One stop flag per browser session: the Stop button sets it, the running race polls it. A session
+    whose tab closed stays stopped: a race it had queued never starts."""
 
     def __init__(self):
         self._flags: dict[str, threading.Event] = {}
+        self._gone: set[str] = set()
 
     def fresh(self, session: str) -> threading.Event:
         self._flags[session] = threading.Event()
+        if session in self._gone:
+            self._flags[session].set()
         return self._flags[session]
 
     def stop(self, session: str):
         if session in self._flags:
             self._flags[session].set()
+
+    def leave(self, session: str):
+        """The session's tab closed: stop its race, and any it had queued."""
+        self._gone.add(session)
+        self.stop(session)
+
+    def gone(self, session: str) -> bool:
+        return session in self._gone
 
 
 INT8_NOTE = (" On the CPU, drafting (the draft model, the EAGLE head, the speculative streams) multiplies by int8 "
@@ -119,6 +131,8 @@ def make_race(get_pair, stops: Stops, specs, names: list[str], line: Line):
     def race(request: gr.Request, *values):
         given = dict(zip(RACE_INPUTS, values))
         session = request.session_hash if request else ""
+        if stops.gone(session):  # the visitor left while their race waited in the queue
+            return
         used, messages = settle_all(**{k: given[k] for k in ("max_new", "temperature", "top_p", "seed", "runs")})
         settled = ("**Settings changed:** " + " ".join(messages) + " ") if messages else ""
         line.join(session)

@@ -85,7 +85,7 @@ def race_tab(names: list[str]) -> SimpleNamespace:
         ui.prompt = gr.Textbox(label="Prompt", value=example_prompts()[0][0], lines=3, scale=5, min_width=260)
         with gr.Column(scale=1, min_width=140):
             ui.run = gr.Button("Run", variant="primary", elem_id="run")
-            ui.stop = gr.Button("Stop", variant="stop", elem_id="stop")
+            ui.stop = gr.Button("Stop", variant="stop", elem_id="stop", interactive=False)  # while a race runs
     gr.Examples(example_prompts(), [ui.prompt], label="Examples: one per Spec-Bench category", cache_examples=False)
     ui.recorded = gr.Dropdown(replay.recorded_races(), value=None, elem_id="recorded",
                               label="Or open a recorded race of an example, on this CPU or on a GPU: instant, "
@@ -207,10 +207,11 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
     titles = {n: METHODS[n].title for n in names}
 
     def join(guess, request: gr.Request):
-        """Run clicked: a place in line, its message ticking each second, and the last race's reveal
-        replaced by this race's guess, if any."""
+        """Run clicked: a place in line, its message ticking each second, the last race's reveal replaced
+        by this race's guess, if any, and Stop live."""
         line.join(request.session_hash)
-        return line.message(request.session_hash), gr.Timer(active=True), noted(guess, titles)
+        return (line.message(request.session_hash), gr.Timer(active=True), noted(guess, titles),
+                gr.update(interactive=True))
 
     def tick(request: gr.Request):
         message = line.message(request.session_hash)
@@ -218,9 +219,10 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
 
     checked = race.run.click(handlers.settle_boxes, settings, [*settings, race.settings_note], queue=False,
                              api_name=False)
-    checked.then(join, [race.guess], [race.wait, waiting, race.reveal], queue=False, api_name=False)
+    checked.then(join, [race.guess], [race.wait, waiting, race.reveal, race.stop], queue=False, api_name=False)
     run = checked.then(run_fn, inputs, [race.status, race.replay, *race.cards, results], api_name="run",
                        concurrency_limit=1, show_progress="minimal")
+    run.then(lambda: gr.update(interactive=False), None, race.stop, queue=False, api_name=False)  # nothing to stop
     shown = run.then(handlers.views, [results], view_outputs, api_name="views")
     def answer(current, guess):
         """The race's answer to the guess (or '' to clear an older race's), and the choice cleared for the next."""
@@ -235,8 +237,9 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
         stops.stop(request.session_hash)
 
     def gone(request: gr.Request):
-        """The tab closed or the connection dropped: end this visitor's race after its current step."""
-        stops.stop(request.session_hash)
+        """The tab closed or the connection dropped: end this visitor's race after its current step, and
+        never start one it had queued."""
+        stops.leave(request.session_hash)
         line.leave(request.session_hash)
 
     race.stop.click(stop, None, None, api_name="stop", queue=False)

@@ -331,6 +331,15 @@ def test_option_help_cites_no_repository_paths():
     assert helps and not any(".py" in h or "()" in h for h in helps)
 
 
+def test_a_visitor_who_left_never_starts_the_race_they_queued():
+    from app.handlers import Stops
+
+    stops = Stops()
+    assert not stops.fresh("a").is_set()
+    stops.leave("b")  # b's tab closed while b's race waited in the queue
+    assert stops.gone("b") and stops.fresh("b").is_set() and not stops.gone("a")
+
+
 def test_the_line_says_where_a_visitor_stands():
     from app.waiting import Line
 
