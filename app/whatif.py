@@ -19,6 +19,7 @@ from mirror_sd.errors import MirrorSDError
 from . import figures
 from .cards import baseline
 from .inputs import ClampedSlider, show_in_range
+from .repeat import middle
 
 FITTED = "the race's own machine (fitted to its spans)"
 DEFAULT_PROFILE = "paper-14b"
@@ -50,7 +51,7 @@ def whatif_tab() -> SimpleNamespace:
         ui.profile = gr.Dropdown(profile_choices(), value=DEFAULT_PROFILE, label="Hardware profile",
                                  elem_id="whatif-profile")
         ui.draft_speed = ClampedSlider(0.05, 2.0, value=whatif.load_profile(DEFAULT_PROFILE).draft_speed, step=0.05,
-                                   label="Draft device speed, relative to the profile's draft figures (NPU role)")
+                                       label="Draft device speed, relative to the profile's draft figures (NPU role)")
     ui.source = gr.Markdown()
     ui.table = gr.Dataframe(label="Speedup over vanilla: measured here vs MODELLED there", interactive=False,
                             elem_id="whatif-table", wrap=True, visible=False)
@@ -142,7 +143,7 @@ def speedup_table(current, runs, profile, knobs) -> pd.DataFrame:
         steady = whatif.steady_state(r.trace, profile, knobs["alpha"], knobs["hit_rate"])
         rows.append({"method": r.title,
                      "τ this run": round(r.metrics.get("mean_accepted", 0.0), 3),
-                     "measured here": (f"{r.metrics['tokens_per_s'] / rate:.2f}×" if rate and r.metrics else "—"),
+                     "measured here": (f"{middle(r, 'tokens_per_s') / rate:.2f}×" if rate and r.metrics else "—"),
                      f"MODELLED on {profile.name}": f"{row['vanilla_seconds'] / row['seconds']:.2f}×",
                      "MODELLED step ms": round(1000 * row["step_seconds"] / row["steps"], 2),
                      "MODELLED, controls (steady state)": f"{steady['speedup']:.2f}× at τ {steady['tokens_per_step']:.2f}"})
