@@ -48,7 +48,8 @@ def metrics_line(result: Result, baseline_tps: float | None, runs: list[dict] | 
         parts.append(metric("accepted", f"accepted {100 * m['acceptance_rate']:.0f}% of drafts"))
     if baseline_tps and result.method != "vanilla" and result.finished in ("eos", "length"):
         speedup = f"{m['tokens_per_s'] / baseline_tps:.2f}× vanilla"
-        parts.append(metric("speedup", f"{speedup} {metric('busy', '(machine busy)')}" if busy else f"<b>{speedup}</b>"))
+        shown = f"{speedup} {metric('busy', '(machine busy)')}" if busy else f"<b>{speedup}</b>"
+        parts.append(metric("speedup", shown))
     if m.get("hit_rate") is not None:
         parts.append(metric("hits", f"hits {100 * m['hit_rate']:.0f}%"))
     if parallel and m.get("overlap") is not None:
