@@ -320,9 +320,16 @@ def cmd_gpu_check(args) -> int:
 
 def cmd_methods(args) -> int:
     for m in METHODS.values():
-        opts = ", ".join(f"--{o.name.replace('_', '-')} (default {o.default})" for o in m.options) or "no options"
+        opts = ", ".join(f"--{o.name.replace('_', '-')} (default {o.default}{_scope(o)})" for o in m.options)
+        opts = opts or "no options"
         print(f"{m.name:10s} {m.title}: {m.summary}. Options: {opts}")
     return 0
+
+
+def _scope(option) -> str:
+    """When an option applies: with one drafter only, at temperature 0 only."""
+    where = [f"with --{option.only_with[0]} {option.only_with[1]}"] if option.only_with else []
+    return "".join(f"; {w}" for w in where + (["temperature 0 only"] if option.greedy_only else []))
 
 
 def main(argv=None) -> int:

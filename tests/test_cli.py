@@ -106,8 +106,10 @@ def test_methods_lists_each_option_as_its_command_line_flag(capsys):
     for method in METHODS.values():
         line = next(row for row in listing.splitlines() if row.startswith(method.name + " "))
         for opt in method.options:
-            assert f"--{opt.name.replace('_', '-')} (default {opt.default})" in line
+            assert f"--{opt.name.replace('_', '-')} (default {opt.default}" in line
     assert "--top-k" in listing and "--top_k" not in listing
+    assert "--top-k (default 8; with --streams 2)" in listing  # sd's lookahead tree: one drafter's option
+    assert "--tree (default 0; with --streams 0; temperature 0 only)" in listing
 
 
 def test_fp32_drafting_turns_int8_drafting_off(tiny_dirs):
