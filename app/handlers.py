@@ -299,6 +299,16 @@ def views(current):
     return (figures.timeline(traces), figures.utilisation(traces), files, gr.update(choices=choices, value=first))
 
 
+def redraw_utilisation(current):
+    """The utilisation chart again, once its tab is shown (unchanged before any race)."""
+    traces = race_traces(current)
+    if not traces:
+        return gr.update()
+    fig = figures.utilisation(traces)
+    fig.update_layout(meta=time.time())  # a new figure, which the page draws again, at its width now
+    return fig
+
+
 def make_replay(names: list[str]):
     """The Replay handler: every card's text as it stood at each moment of its own measured run."""
 

@@ -169,7 +169,7 @@ def build_demo(pair_factory=None) -> gr.Blocks:
         notice = gr.Markdown(elem_id="notice")
         with gr.Tab("Race"):
             race = race_tab(names)
-        with gr.Tab("Utilisation"):
+        with gr.Tab("Utilisation") as utilisation_tab:
             gr.Markdown("Per lane: the share of the run it spent working, and how that share moved over time. "
                         "Computed from the spans of each run; on NVIDIA GPUs a dotted line adds the GPU's own "
                         "busy readings (NVML), sampled while the run went on.")
@@ -186,6 +186,9 @@ def build_demo(pair_factory=None) -> gr.Blocks:
         drawn = wire_race(demo, race, results, get_pair, names, [race.timeline, utilisation, files, steps.method])
         wire_steps(steps, results, drawn)
         whatif.wire_whatif(what_if, results, drawn, what_if_tab)
+        # drawn while its tab was hidden, the chart took a default width; drawn again when shown, the page's
+        utilisation_tab.select(handlers.redraw_utilisation, [results], utilisation, api_name=False)
+
         def opened():
             yield from handlers.page_open(get_pair)
 

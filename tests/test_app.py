@@ -87,6 +87,14 @@ def test_utilisation_matches_busy_time_from_spans(race):
         assert sum(p / 100 * end / 50 for p in pct) == pytest.approx(busy)  # the bins add back to the busy time
 
 
+def test_the_utilisation_tab_redraws_its_chart_when_shown(race):
+    from app.handlers import redraw_utilisation
+
+    first, again = redraw_utilisation(race), redraw_utilisation(race)
+    assert [d.name for d in first.data] == [d.name for d in again.data] and first.layout.meta != again.layout.meta
+    assert redraw_utilisation({}) == {"__type__": "update"}  # nothing to draw before a race
+
+
 def test_token_html_colours_origins_and_strikes_rejected_drafts(race):
     r = race["sd"]
     page = text_html(r.trace, r.pieces)
