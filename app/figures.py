@@ -6,6 +6,8 @@ and draw each span as a horizontal bar (``go.Bar`` with ``base``) on a numeric m
 """
 from __future__ import annotations
 
+import time
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -69,6 +71,13 @@ def lane_text(label: str, labels: list[str]) -> str:
     kind = device.split(":")[0]
     shared = f" (same {PROCESSOR.get(kind, kind.upper())} as the other lane)" if same_processor(labels) else ""
     return f"{name} on {', '.join([device, *where])}<br>plays the {role.removesuffix(' role')}{shared}"
+
+
+def fresh(fig: go.Figure) -> go.Figure:
+    """``fig``, made new: the page skips a figure equal to the one it shows, which keeps the width it was
+    drawn at, and a chart drawn while its tab was hidden took plotly's default width."""
+    fig.update_layout(meta=time.time())
+    return fig
 
 
 def placeholder(text: str) -> go.Figure:

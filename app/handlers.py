@@ -302,11 +302,7 @@ def views(current):
 def redraw_utilisation(current):
     """The utilisation chart again, once its tab is shown (unchanged before any race)."""
     traces = race_traces(current)
-    if not traces:
-        return gr.update()
-    fig = figures.utilisation(traces)
-    fig.update_layout(meta=time.time())  # a new figure, which the page draws again, at its width now
-    return fig
+    return figures.fresh(figures.utilisation(traces)) if traces else gr.update()
 
 
 def make_replay(names: list[str]):

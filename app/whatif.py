@@ -122,9 +122,9 @@ def render(current, name, draft_speed, own, alpha, hit):
         profile = profile.with_draft_speed(draft_speed)
     knobs = dict(alpha=None, hit_rate=None) if own else dict(alpha=alpha, hit_rate=hit)
     modelled = {f"{r.title} (MODELLED)": r.trace.retimed(profile) for r in runs.values()}
+    charts = (figures.timeline(modelled), figures.utilisation(modelled), curve(runs, profile, knobs))
     return (source_text(profile), gr.update(value=speedup_table(current, runs, profile, knobs), visible=True),
-            why_text(runs, profile, knobs),
-            figures.timeline(modelled), figures.utilisation(modelled), curve(runs, profile, knobs))
+            why_text(runs, profile, knobs), *map(figures.fresh, charts))  # fresh: drawn at the tab's width
 
 
 def source_text(profile: whatif.Profile) -> str:
