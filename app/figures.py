@@ -27,6 +27,7 @@ SPAN_KINDS = {  # kind -> (colour, legend text); kinds not listed get a colour f
     "rendezvous": ("#a855f7", "rendezvous: verify + pick branch"),
     "fallback-draft": ("#ef4444", "fallback draft: no branch hit, draft again"),
 }
+BRIEF = 0.003  # a span kind whose spans all last less than this share of the run gets a tick mark per span
 OTHER_COLOURS = ["#0d9488", "#db2777", "#84cc16", "#7c2d12", "#0891b2"]
 LANE_ORDER = {"target": 0, "draft": 1}
 PROCESSOR = {"cpu": "CPU", "cuda": "GPU", "mps": "GPU"}  # a device type, as a lane label names it
@@ -120,16 +121,25 @@ def _timeline_row(fig, trace: Trace, row: int, step: int | None, shown: set):
     by_kind: dict[str, list] = {}
     for s in trace.spans:
         by_kind.setdefault(s.kind, []).append(s)
+    run_s = max((s.end for s in trace.spans), default=0.0)
+    hover = ("step %{customdata[0]}: %{customdata[1]}<br>%{customdata[4]}<br>"
+             "tokens %{customdata[2]}<br>%{customdata[3]:.2f} ms<extra>%{y}</extra>")
     for kind, spans in by_kind.items():
         colour, legend = kind_style(kind)
+        opacity = [_opacity(s, step) for s in spans]
+        data = [[s.step, s.kind, s.tokens, 1000 * s.duration, s.label] for s in spans]
         fig.add_trace(go.Bar(
             base=[1000 * s.start for s in spans], x=[1000 * s.duration for s in spans],
             y=[s.lane for s in spans], orientation="h", name=legend, legendgroup=kind,
             showlegend=kind not in shown, marker=dict(color=colour, line=dict(width=0.5, color="white"),
-                                                      opacity=[_opacity(s, step) for s in spans]),
-            customdata=[[s.step, s.kind, s.tokens, 1000 * s.duration, s.label] for s in spans],
-            hovertemplate="step %{customdata[0]}: %{customdata[1]}<br>%{customdata[4]}<br>"
-                          "tokens %{customdata[2]}<br>%{customdata[3]:.2f} ms<extra>%{y}</extra>"), row=row, col=1)
+                                                      opacity=opacity),
+            customdata=data, hovertemplate=hover), row=row, col=1)
+        if all(s.duration < BRIEF * run_s for s in spans):  # too brief to see as bars: a tick marks each
+            fig.add_trace(go.Scatter(
+                x=[1000 * s.start for s in spans], y=[s.lane for s in spans], mode="markers", name=legend,
+                legendgroup=kind, showlegend=False, customdata=data, hovertemplate=hover,
+                marker=dict(symbol="line-ns", size=16, color=colour, opacity=opacity, line=dict(width=2, color=colour))),
+                row=row, col=1)
         shown.add(kind)
     lanes = list(reversed(lanes_of(trace)))
     clocks = trace.meta.get("span_clocks", {})  # lane name -> "host" or "CUDA events"

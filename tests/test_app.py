@@ -64,6 +64,18 @@ def test_timeline_has_one_row_per_lane_and_one_bar_per_span(race):
     assert {"target-prefix", "target-suffix", "draft-rollout", "rendezvous"} <= {d.legendgroup for d in bars}
 
 
+def test_spans_too_brief_to_see_get_a_tick_mark_each():
+    from mirror_sd.trace import Span, Trace
+
+    lane = "target, GPU role, cpu:0"
+    trace = Trace("mirror")
+    trace.lanes = {lane: "target"}
+    trace.spans = [Span(lane, "target-suffix", "", 0.0, 1.0, 1), Span(lane, "rendezvous", "", 1.0, 1.0005, 1),
+                   Span(lane, "target-suffix", "", 1.0005, 2.0, 2), Span(lane, "rendezvous", "", 2.0, 2.0005, 2)]
+    ticks = [d for d in figures.timeline({"Mirror-SD": trace}).data if d.type == "scatter"]
+    assert [d.legendgroup for d in ticks] == ["rendezvous"] and list(ticks[0].x) == pytest.approx([1000, 2000])
+
+
 def test_timelines_share_one_x_range_and_highlight_a_step(race):
     traces = {race[n].title: race[n].trace for n in TINY_METHODS}
     fig = figures.timeline(traces, step=2)
