@@ -67,7 +67,8 @@ def _show(x: float) -> str:
 class ClampedSlider(gr.Slider):
     """A slider whose value typed into its box beyond its range is brought into the range. Gradio's own
     slider refuses such a value before any handler runs, and every view the slider drives shows an
-    error instead."""
+    error instead. (Gradio writes a type stub, inputs.pyi, beside a module that defines a component;
+    .gitignore leaves it out.)"""
 
     is_template = True  # drawn by Gradio's own slider in the browser
 
