@@ -7,7 +7,6 @@ numbers are medians, with the range of the runs beside them.
 from __future__ import annotations
 
 import html
-from statistics import median
 
 from mirror_sd import METHODS
 
@@ -30,16 +29,14 @@ def _ranged(numbers: list[dict] | None, key: str, fmt: str, now: float) -> str:
     return f"{fmt.format(mid)} ({fmt.format(low)}–{fmt.format(high)})"
 
 
-def metrics_line(result: Result, baseline_tps: float | None, runs: list[dict] | None = None, busy: str = "") -> str:
+def metrics_line(result: Result, baseline_tps: float | None) -> str:
     """tokens, tokens/s, tau, acceptance, speedup over vanilla, Mirror-SD's hit rate and overlap, and the
-    draft tokens per draft forward of sd drafting with streams. Over repeated ``runs`` every number is
-    their median (tokens/s with its range), and the speedup is the ratio of the medians. ``busy``: why
-    the machine's speeds are rough, shown beside the speedup instead of setting it in bold."""
-    m = dict(result.metrics)
-    if not m:
+    draft tokens per draft forward of sd drafting with streams. Over the result's repeated runs every
+    number is their median (tokens/s with its range), and the speedup is the ratio of the medians.
+    When the machine was busy (``result.busy``) the speedup says so instead of being set in bold."""
+    if not result.metrics:
         return ""
-    if runs and len(runs) > 1:
-        m.update({k: median([n[k] for n in runs]) for k in m if all(isinstance(n.get(k), (int, float)) for n in runs)})
+    m, runs = {k: middle(result, k) for k in result.metrics}, result.runs
     parallel = result.method in METHODS and METHODS[result.method].parallel_lanes
     parts = [metric("tokens", f"{m['new_tokens']:g} token{'' if m['new_tokens'] == 1 else 's'}"),
              metric("tok/s", _ranged(runs, "tokens_per_s", "{:.1f}", m["tokens_per_s"]) + " tok/s"),
@@ -48,7 +45,7 @@ def metrics_line(result: Result, baseline_tps: float | None, runs: list[dict] | 
         parts.append(metric("accepted", f"accepted {100 * m['acceptance_rate']:.0f}% of drafts"))
     if baseline_tps and result.method != "vanilla" and result.finished in ("eos", "length"):
         speedup = f"{m['tokens_per_s'] / baseline_tps:.2f}× vanilla"
-        shown = f"{speedup} {metric('busy', '(machine busy)')}" if busy else f"<b>{speedup}</b>"
+        shown = f"{speedup} {metric('busy', '(machine busy)')}" if result.busy else f"<b>{speedup}</b>"
         parts.append(metric("speedup", shown))
     if m.get("hit_rate") is not None:
         parts.append(metric("hits", f"hits {100 * m['hit_rate']:.0f}%"))
@@ -63,17 +60,15 @@ def metrics_line(result: Result, baseline_tps: float | None, runs: list[dict] | 
 
 
 def card_html(result: Result, baseline_tps: float | None = None, upto: int | None = None,
-              runs: list[dict] | None = None, rejected: bool = False) -> str:
-    """The card; ``upto`` shows the text as it stood after that step (the replay); ``runs`` (default: the
-    result's own) turns the numbers into medians with ranges; ``rejected`` shows the rejected draft
-    tokens struck through inside the text."""
+              rejected: bool = False) -> str:
+    """The card; ``upto`` shows the text as it stood after that step (the replay); ``rejected`` shows the
+    rejected draft tokens struck through inside the text."""
     state = STATES.get(result.finished, result.finished)
     error = f'<div class="card-error" style="color:#b91c1c">{html.escape(result.error)}</div>' if result.error else ""
     note = result.trace.meta.get("note")  # the draft lane failed: the run finished target-only
     error += f'<div class="card-note" style="color:#92400e">{html.escape(note)}</div>' if note else ""
     body = text_html(result.trace, result.pieces, upto=upto, rejected=rejected) if result.trace.steps else ""
-    metrics = "" if upto is not None else metrics_line(result, baseline_tps, result.runs if runs is None else runs,
-                                                       result.busy)
+    metrics = "" if upto is not None else metrics_line(result, baseline_tps)
     return (f'<div class="card" style="{CARD_STYLE}" data-method="{html.escape(result.method)}" data-state="{html.escape(result.finished)}">'
             f'<div class="card-head"><b>{html.escape(result.title)}</b> <span class="card-state">{state}</span></div>'
             f'<div class="card-metrics" style="font-size:13px;color:#374151;margin:4px 0">{metrics}</div>{error}{body}</div>')

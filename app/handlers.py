@@ -229,7 +229,7 @@ def check_prompt(prompt_text: str, chosen: list[str]) -> str | None:
 
 def cards(current: dict, names: list[str], rejected: bool = False) -> list:
     rate = baseline(current)
-    return [card_html(current[n], rate, runs=current[n].runs, rejected=rejected) if n in current else gr.update()
+    return [card_html(current[n], rate, rejected=rejected) if n in current else gr.update()
             for n in names]
 
 

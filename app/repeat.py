@@ -24,8 +24,8 @@ def record(runs: dict[str, list[dict]], current: dict) -> dict[str, list[dict]]:
 
 def middle(result, key: str):
     """A result's number: the median over its repeated runs when there were several, else its own
-    (None where the method has no such number)."""
-    values = [n[key] for n in result.runs or [] if n.get(key) is not None]
+    (None where the method has no such number; a metric that is not a number, its own)."""
+    values = [n[key] for n in result.runs or [] if isinstance(n.get(key), (int, float))]
     return median(values) if len(values) > 1 else result.metrics.get(key)
 
 
