@@ -101,9 +101,8 @@ def _download(repo_id: str) -> Path:
             f"use {EMBEDDED_NAME!r}, a folder with config.json, or an id like 'org/name'") from None
     except Exception as e:  # offline, missing repo, gated repo ...
         raise MirrorSDError(
-            f"could not fetch {repo_id!r} from the Hugging Face Hub ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else 'no detail'}); on an offline machine pass a local "
-            f"folder, or use the embedded default {EMBEDDED_NAME!r}") from None
+            f"could not fetch {repo_id!r} from the Hugging Face Hub ({first_line(e)}); on an offline machine "
+            f"pass a local folder, or use the embedded default {EMBEDDED_NAME!r}") from None
     return Path(folder)
 
 
