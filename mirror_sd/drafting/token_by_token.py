@@ -133,7 +133,7 @@ class TokenByToken(Drafter):
         return (self.branching * (gamma - 1), 0) if self.tree else (0, 0)
 
     def propose(self, run, cache, gamma: int) -> Proposal:
-        if self.tree and run.draft_sampler.greedy:
+        if self.tree:  # temperature 0 only: the engine refuses a tree at T > 0
             tree = draft_tree(run, cache, gamma, self.branching, self.tree)
             return Proposal(tree.tokens, None, DraftWork(forwards=gamma), tree=tree)
         tokens, q, copies = draft_window(run, cache, gamma, self.copy_below)

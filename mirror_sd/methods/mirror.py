@@ -375,9 +375,9 @@ def queues_steps(run, streams: int, queued: int) -> bool:
 def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, streams: int = 0, lookup: int = 0,
            exit_head: int = -1, queued: int = -1, tree: int = 0, branching: int = 4):
     pair = run.pair
-    trees = bool(tree) and run.draft_sampler.greedy  # tree windows (methods/mirror_tree.py); T > 0: chains
+    trees = bool(tree)  # tree windows (methods/mirror_tree.py); temperature 0 only (the engine refuses them at T > 0)
     # a fresh window after a miss: token by token (a tree, with trees), or the draft's streams
-    fresh = make_drafter(streams, tree=tree if trees else 0, branching=branching)
+    fresh = make_drafter(streams, tree=tree, branching=branching)
     roll_out = rollout_streamed if streams else rollout
     queues = queues_steps(run, streams, queued)
     step_on = queued_step if queues else host_step

@@ -47,7 +47,7 @@ def decode(run, gamma: int, **drafter_options):
                                                     draft_ranges=drafter.layer_ranges(pair))
     yield first
     label = f"draft {'≥' if past_gamma else ''}{gamma} tokens{drafter.how}"
-    if drafter.tree and run.draft_sampler.greedy:
+    if drafter.tree:
         label = f"draft tree of {drafter.tree} tokens, depth {gamma}"
     while not run.done:
         step = run.next_step
