@@ -70,7 +70,20 @@ def test_every_method_equals_vanilla_on_the_gpu(fp32_pair, method):
     assert accepted > 0  # drafts were really verified and some used
 
 
-def test_mirror_rollouts_overlap_the_target_suffix_on_two_streams(fp32_pair):
+def test_mirror_rollouts_overlap_the_target_suffix_on_two_streams(fp32_pair, monkeypatch):
+    """The draft stream waits for the token channel only, so its rollouts run while the target
+    stream works on the suffix. The tiny target's suffix takes the GPU microseconds, less than the
+    host needs to queue the rollouts, so each suffix is made longer here: the GPU first spins on the
+    target stream for about a millisecond (``torch.cuda._sleep``). Rollouts made to wait for the
+    suffix would then never overlap it."""
+    from mirror_sd.methods import mirror
+
+    suffix_logits = mirror.suffix_logits
+
+    def long_suffix(*args, **kwargs):
+        torch.cuda._sleep(2_000_000)  # GPU clock cycles, on the target lane's stream
+        return suffix_logits(*args, **kwargs)
+    monkeypatch.setattr(mirror, "suffix_logits", long_suffix)
     out = generate(fp32_pair, PROMPTS[4], method="mirror", max_new_tokens=48, raw=True, **METHODS["mirror"])
     spans = out.trace.spans_frame()
     overlapping = 0
@@ -108,7 +121,7 @@ def test_sampling_on_the_gpu_keeps_the_target_law(tiny_dirs, fp32_pair, method):
     prompt_ids = fp32_pair.encode(PROMPT, raw=True)
     target_cpu = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
     law = exact_law_of_tokens_2_and_3(target_cpu, prompt_ids, 1.0, 1.0)
-    options = dict(METHODS[method], lookup=0) if method == "mirror" else dict(gamma=2)
+    options = {k: v for k, v in METHODS[method].items() if k != "lookup"} if method == "mirror" else dict(gamma=2)
     counts = sample_counts(fp32_pair, method, 1.0, 1.0, **options)
     assert chi_square_p(counts, law) > 1e-3
 

@@ -154,6 +154,8 @@ def test_every_method_commits_vanillas_tokens_with_the_other_tuned_kernels(pair,
     monkeypatch.setattr(tuning, "PLAN", {})
     monkeypatch.setattr(tuning, "TIMES", {})
     monkeypatch.setattr(tuning, "_planning", planning_everywhere)  # the lanes' threads too
+    monkeypatch.setattr(tuning, "graph_us", timer)  # on CUDA, what a stage's capture tunes with
+    monkeypatch.setattr(pair, "stage_sets", {})  # stages made afresh, so that CUDA captures them under this plan
     for prompt in PROMPTS:
         out = generate(pair, prompt, method=method, max_new_tokens=TOKENS, raw=True, **options)
         assert out.error is None and out.token_ids == expected[prompt], f"{method} {options} on {prompt!r}"
