@@ -19,7 +19,7 @@ from mirror_sd.models.loading import load_model
 from mirror_sd.models.tuning import FORMULATIONS, MARGIN, planned
 
 pytest.importorskip("triton")
-TRITON = {"skinny", "skinny-wide", "triton", "joined-triton"}  # the formulations that run Triton kernels
+TRITON = {"skinny", "skinny-wide", "matvec", "matvec-wide", "triton", "joined-triton"}  # formulations running Triton
 
 
 def needs_interpreter(*names: str):
@@ -54,7 +54,7 @@ def fastest(*chosen: str):
 
 @pytest.mark.parametrize("name", FORMULATIONS["product"])
 @pytest.mark.parametrize("rows, n, k, bias", [(1, 96, 64, False), (3, 40, 70, True), (16, 64, 128, False),
-                                              (17, 33, 64, True)])
+                                              (17, 33, 64, True), (2, 13, 600, True)])  # the last: K in steps
 def test_every_product_formulation_is_f_linears_product(name, rows, n, k, bias):
     needs_interpreter(name)
     gen = torch.Generator().manual_seed(rows * n)
@@ -63,6 +63,15 @@ def test_every_product_formulation_is_f_linears_product(name, rows, n, k, bias):
     y = tuning.run_product(name, x, w, b)
     assert y.shape == (rows, n) and y.is_contiguous()
     torch.testing.assert_close(y, F.linear(x, w, b), rtol=1e-5, atol=1e-5)  # only the order of sums differs
+
+
+def test_the_matvec_kernel_refuses_a_k_of_too_many_unrolled_steps():
+    """The matrix-vector kernel unrolls its loop over K: a K of more than MAX_STEPS steps is refused
+    (the tuner records why and leaves it out) rather than compiled into a huge kernel."""
+    block_k = tuning.MATVEC["matvec-wide"][1]
+    x, w = torch.randn(2, block_k * tuning.MAX_STEPS + 1), torch.randn(8, block_k * tuning.MAX_STEPS + 1)
+    with pytest.raises(ValueError, match=f"unrolls at most {tuning.MAX_STEPS} steps"):
+        tuning.run_product("matvec-wide", x, w, None)
 
 
 @pytest.mark.parametrize("name", FORMULATIONS["attention"])
@@ -220,7 +229,7 @@ def test_attention_is_tuned_on_random_inputs_that_use_every_block_of_slots(monke
 def test_the_tuner_keeps_the_fastest_and_records_every_time():
     needs_interpreter("skinny")  # it wins, and runs
     x, w = torch.randn(4, 32), torch.randn(48, 32)
-    times = {"cublas": 9.0, "swapped": 7.0, "skinny": 2.0, "skinny-wide": 3.0}
+    times = {"cublas": 9.0, "swapped": 7.0, "skinny": 2.0, "skinny-wide": 3.0, "matvec": 4.0, "matvec-wide": 5.0}
     with planned(True, timer=timer_for(times)):
         linear(x, w)
     [(key, chosen)] = tuning.PLAN.items()
@@ -243,7 +252,7 @@ def test_a_formulation_that_cannot_run_is_recorded_and_left_out():
     [(key, chosen)] = tuning.PLAN.items()
     assert chosen == "swapped" and tuning.TIMES[key]["skinny"] == "RuntimeError: skinny cannot run here"
     section = "\n".join(tuning_section(tuning.plan_table()))
-    assert "| 48 x 32 | 8 | swapped | 10.0 | **4.0** | - | - |" in section
+    assert "| 48 x 32 | 8 | swapped | 10.0 | **4.0** | - | - | - | - |" in section
     assert "skinny left out: RuntimeError: skinny cannot run here" in section
 
 
@@ -286,7 +295,8 @@ COMBINATIONS = [  # a formulation per op, in FORMULATIONS' order: product, atten
     ("swapped", "expanded", "fused", "triton", "composite", "triton", "joined", "joined"),
     ("skinny", "triton", "triton", "triton", "triton", "triton", "joined", "joined-triton"),
     ("skinny-wide", "sdpa", "fused", "separate", "triton", "separate", "separate", "joined-triton"),
-    ("cublas", "sdpa", "composite", "separate", "composite", "separate", "separate", "separate")]
+    ("cublas", "sdpa", "composite", "separate", "composite", "separate", "separate", "separate"),
+    ("matvec-wide", "triton", "fused", "triton", "triton", "triton", "joined", "joined-triton")]
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])  # qwen2: biases; qwen3: q and k norms

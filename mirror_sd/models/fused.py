@@ -8,6 +8,10 @@ arithmetic, sets a one-token forward's time (docs/devices.md). These kernels cut
   rows use tiles mostly empty at these widths; here program (i, j) streams a block of BLOCK_N
   weight rows once, BLOCK_K inputs at a time, for BLOCK_M rows of x, accumulating in fp32 (IEEE
   products for fp32 inputs: no TF32). K is a compile-time constant (a model has a few).
+* :func:`matvec_kernel`: the same product built like a matrix-vector kernel: program (i, m)
+  takes BLOCK_N weight rows for one row m of x, its loop over K unrolled, so that every chunk's
+  loads are in flight at once rather than one loop step after another; fp32 products and sums (no
+  tl.dot, so no TF32). The weights are read once per row of x (from L2 at these sizes): for few rows.
 * :func:`rms_norm_kernel`: RMSNorm of one row per program (six PyTorch kernels: cast, square,
   mean, add, rsqrt, two products), with Hugging Face's order: normalise in fp32, cast to the
   model's dtype, then multiply by the weight; with ADD, the residual add before it too (the sum
@@ -61,6 +65,24 @@ def skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K: tl.constexpr, HAS_BIAS: t
         acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def matvec_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N] weight rows (columns of y)
+    m = tl.program_id(1).to(tl.int64)  # the row of x
+    w_rows = w_ptr + rn[:, None].to(tl.int64) * K  # [BLOCK_N, 1] (int64: an LM head can exceed 2**31 elements)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in tl.static_range(0, K, BLOCK_K):  # unrolled: no chunk's loads wait on another's
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + m * K + k, mask=k < K, other=0.0).to(tl.float32)  # [BLOCK_K]
+        w = tl.load(w_rows + k[None, :], mask=(rn[:, None] < N) & (k[None, :] < K), other=0.0)  # [BLOCK_N, BLOCK_K]
+        acc += w.to(tl.float32) * x[None, :]
+    y = tl.sum(acc, axis=1)  # [BLOCK_N]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+    tl.store(y_ptr + m * N + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
 
 @triton.jit(do_not_specialize=["eps"])

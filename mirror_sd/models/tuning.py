@@ -14,7 +14,10 @@ a few formulations, measured on the device. Matrix products (``models/linear.py`
   kernel by the shapes it is given, so it may pick another one;
 * ``skinny`` and ``skinny-wide``: a Triton kernel written for few rows (models/fused.py): each
   program multiplies a block of weight rows (16, or 64 for the wide one) by 16 rows of x at a time,
-  reading the block once, in IEEE fp32 (no TF32).
+  reading the block once, in IEEE fp32 (no TF32);
+* ``matvec`` and ``matvec-wide``: a Triton kernel built like a matrix-vector one (models/fused.py):
+  each program multiplies a block of weight rows (2, or 4 for the wide one) by one row of x, its
+  loop over K unrolled so that all its loads are in flight at once; fp32 products and sums.
 
 Attention (``Attention.forward``, over every slot of a stage's cache under its mask):
 
@@ -68,7 +71,7 @@ import torch
 import torch.nn.functional as F
 
 FORMULATIONS = {  # op -> its formulations, the default first
-    "product": ("cublas", "swapped", "skinny", "skinny-wide"),
+    "product": ("cublas", "swapped", "skinny", "skinny-wide", "matvec", "matvec-wide"),
     "attention": ("sdpa", "expanded", "triton"),
     "norm": ("composite", "fused", "triton"),
     "added_norm": ("separate", "triton"),
@@ -83,6 +86,12 @@ MARGIN = 0.05  # another formulation replaces the default only if it saves more 
 ROUNDING, LOOSE = 1e-4, 3e-2  # a formulation's result must be the default's within this, relative to its largest value
 SKINNY = {"skinny": (16, 2), "skinny-wide": (64, 4)}  # formulation -> (weight rows per program, warps)
 BLOCK_M, BLOCK_K = 16, 64  # rows of x per program (tl.dot's least), inputs per loop step
+# formulation -> (weight rows per program, inputs per unrolled step, warps). Small programs: at 2
+# warps, each step's [BLOCK_N, BLOCK_K] tile is 16 fp32 per thread, read as 16-byte vectors, and
+# N/2 (or N/4) programs per row of x put even one row of a 576-wide product on every SM. The wide
+# one reads each chunk of x once for 4 weight rows, in half as many programs.
+MATVEC = {"matvec": (2, 512, 2), "matvec-wide": (4, 256, 2)}
+MAX_STEPS = 16  # the matrix-vector kernel unrolls K / BLOCK_K steps: at most this many
 CHUNK, BLOCK_S = 256, 64  # split attention: slots per program, slots per loop step
 
 PLAN: dict[tuple, str] = {}  # kind of operation -> the formulation it runs inside planned()
@@ -297,6 +306,8 @@ def run_product(name: str, x2d: torch.Tensor, weight: torch.Tensor, bias: torch.
         return y.t().contiguous()
     if name in SKINNY:
         return skinny(x2d, weight, bias, *SKINNY[name])
+    if name in MATVEC:
+        return matvec(x2d, weight, bias, *MATVEC[name])
     raise ValueError(f"no product formulation {name!r} (formulations: {', '.join(FORMULATIONS['product'])})")
 
 
@@ -469,6 +480,25 @@ def skinny(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, b
     fused.skinny_kernel[grid](x2d, weight, weight if bias is None else bias, y, M, N, K=K,
                               HAS_BIAS=bias is not None, IEEE=x2d.dtype == torch.float32, BLOCK_M=BLOCK_M,
                               BLOCK_N=block_n, BLOCK_K=BLOCK_K, num_warps=warps)
+    return y
+
+
+def matvec(x2d: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block_n: int, block_k: int,
+           warps: int) -> torch.Tensor:
+    """x2d [M, K] by weight [N, K] (plus bias) -> [M, N] through models/fused.py's matrix-vector
+    kernel, each program ``block_n`` weight rows by one row of x, K in unrolled steps of
+    ``block_k``. Refuses a K of more than MAX_STEPS steps (its unrolled code would grow with K).
+    CPU tensors need Triton's interpreter."""
+    (M, K), N = x2d.shape, weight.shape[0]
+    if -(-K // block_k) > MAX_STEPS:
+        raise ValueError(f"the matrix-vector kernel unrolls at most {MAX_STEPS} steps of {block_k}; K = {K} "
+                         f"needs {-(-K // block_k)}")
+    fused = _fused(x2d)
+    x2d, weight = x2d.contiguous(), weight.contiguous()
+    y = torch.empty(M, N, dtype=x2d.dtype, device=x2d.device)
+    fused.matvec_kernel[(-(-N // block_n), M)](x2d, weight, weight if bias is None else bias, y, N, K=K,
+                                               HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+                                               num_warps=warps)
     return y
 
 
