@@ -401,6 +401,8 @@ class Stages:
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.kinds = {"full": ((0, model.num_layers), True, None), "head": ((model.num_layers,) * 2, True, None)}
         self._stages: dict[tuple[str, int], Stage] = {}
+        # (name, forward) -> its stages and timings while another forward holds the name (``add``)
+        self._shelf: dict[tuple[str, object], tuple[dict, dict | None]] = {}
         self.replay_ms: dict[str, dict[int, float]] = {}  # name -> bucket -> GPU ms (captured stages)
         self.cheapest = True  # route windows by replay_ms (False: always the smallest bucket)
         self.tuned_kernels = True  # capture each operation in its fastest formulation (models/tuning.py)
@@ -408,12 +410,25 @@ class Stages:
     def add(self, name: str, layers: tuple[int, int], head: bool, streams=None):
         """Name the forward of layers [a, b) (then the LM head, if ``head``); with ``streams``, of their
         stream rows (see :class:`Stage`). A name given again for another forward (other streams
-        attached, say) forgets the stages made for the old one."""
+        attached, say: ss's two kinds of streams are both "streams a-b") shelves the stages made for
+        the old one and takes back those made before for the new one, if any. So a pair that
+        alternates them (a sweep over ss's one_forward) makes each forward's stages once, and a
+        timed run never pays for a capture made only because another setting ran in between."""
         kind = (tuple(layers), head, streams)
         if name in self.kinds and self.kinds[name] != kind:
-            self._stages = {key: stage for key, stage in self._stages.items() if key[0] != name}
-            self.replay_ms.pop(name, None)
+            self._shelf[(name, self.kinds[name])] = self._take(name)
+            stages, replay_ms = self._shelf.pop((name, kind), ({}, None))
+            self._stages.update(stages)
+            if replay_ms is not None:
+                self.replay_ms[name] = replay_ms
         self.kinds[name] = kind
+
+    def _take(self, name: str) -> tuple[dict, dict | None]:
+        """Remove the stages made for ``name`` and their timings, and return them (for the shelf)."""
+        stages = {key: stage for key, stage in self._stages.items() if key[0] == name}
+        for key in stages:
+            del self._stages[key]
+        return stages, self.replay_ms.pop(name, None)
 
     def stage(self, name: str, width: int) -> Stage:
         """The stage ``name`` at the bucket of ``width`` tokens, made (and captured) on first use."""
