@@ -1,7 +1,8 @@
 """Compile every Triton kernel of models/fused.py for sm_90 ahead of time, with no GPU: what
 tests/test_tuning.py runs in a process of its own (without TRITON_INTERPRET). Prints one line per
 kernel and dtype: its name, the dtype and, for the kernels with products, the instruction they use
-("fma.rn.f32": IEEE fp32 on the FMA units; "mma": tensor cores)."""
+("fma.rn.f32": IEEE fp32 on the FMA units; "mma": tensor cores; the matrix-vector kernel uses
+FMA in both dtypes)."""
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 
@@ -31,6 +32,9 @@ def main():
                   "H T S GROUP sqb sqh sqt skb skh sks svb svh svs smb smt sms", "scale", D=64, HAS_MASK=True,
                   CAUSAL=False, IEEE=t == "fp32", BLOCK_T=16, BLOCK_S=64, BLOCK_D=64, CHUNK=256)
         print("attention_part_kernel", name, uses(k))
+        k = build(fused.matvec_kernel, dict(x_ptr=f"*{t}", w_ptr=f"*{t}", b_ptr=f"*{t}", y_ptr=f"*{t}"), "N",
+                  K=576, HAS_BIAS=True, BLOCK_N=2, BLOCK_K=512)
+        print("matvec_kernel", name, uses(k))
     build(fused.attention_join_kernel, dict(m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", y_ptr="*fp32"),
           "H T PARTS syb syh syt", D=64, BLOCK_P=16, BLOCK_D=64)
     build(fused.rms_norm_kernel, {n: "*fp32" for n in ("x_ptr", "delta_ptr", "sum_ptr", "w_ptr", "y_ptr")}, "",

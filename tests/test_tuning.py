@@ -346,6 +346,7 @@ def test_every_triton_kernel_compiles_for_a_hopper_gpu():
     lines = done.stdout.split("\n")
     for kernel in ("skinny_kernel", "attention_part_kernel"):
         assert f"{kernel} float32 fma.rn.f32" in lines and f"{kernel} bfloat16 mma" in lines
+    assert "matvec_kernel float32 fma.rn.f32" in lines and "matvec_kernel bfloat16 fma.rn.f32" in lines
     for kernel in ("attention_join_kernel", "rms_norm_kernel", "rotary_kernel", "rotary_store_kernel",
                    "silu_mul_kernel"):
         assert f"{kernel} float32" in lines

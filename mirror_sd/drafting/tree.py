@@ -179,11 +179,11 @@ def graft(tree: Tree, chain: list[int]) -> Tree:
 
 def tree_mask(parents: list[int]) -> torch.Tensor:
     """[N + 1, N + 1] bool over [root, nodes]: True where a row may attend (its ancestors and itself)."""
-    N = len(parents)
-    mask = torch.eye(N + 1, dtype=torch.bool)
-    mask[:, 0] = True
+    rows = [[0]]  # per row of [root, nodes]: the columns it sees (the root sees itself)
     for i, p in enumerate(parents):  # parents come first, so their rows are complete
-        mask[i + 1] |= mask[p + 1]
+        rows.append(rows[p + 1] + [i + 1])
+    mask = torch.zeros(len(rows), len(rows), dtype=torch.bool)
+    mask[[r for r, cols in enumerate(rows) for _ in cols], [c for cols in rows for c in cols]] = True  # one write
     return mask
 
 
