@@ -301,3 +301,18 @@ def test_capture_writes_scratch_slots_only(tiny_dirs):
     stages.cache.k.fill_(2.0)
     stages.capture_all(names=["full"])
     assert bool((stages.cache.k[:, :, :, :160] == 2.0).all())
+
+
+def test_host_ops_counts_the_operations_around_a_stage_not_inside_it(tiny_dirs, monkeypatch):
+    """scripts/host_ops.py: a vanilla step on a stage runs a handful of operations around the
+    stage's body (the window copied in, the token picked); the plain forward runs every layer's."""
+    from mirror_sd import load_pair
+    from scripts.host_ops import count_ops, replay_outside_the_count
+
+    monkeypatch.setattr(Stage, "replay", replay_outside_the_count(Stage.replay))
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
+    on_stages = count_ops(pair, "vanilla", 12, prompt="t1 t2 t3", raw=True)
+    pair.graphs = "off"
+    plain = count_ops(pair, "vanilla", 12, prompt="t1 t2 t3", raw=True)
+    assert on_stages["steps"] == plain["steps"] == 11
+    assert 0 < on_stages["ops_per_step"] < 30 < plain["ops_per_step"]

@@ -1,0 +1,85 @@
+"""How many PyTorch operations each method's steps run one by one, outside its stages' bodies.
+
+    python -m scripts.host_ops --methods vanilla,sd,eagle,ss,mirror
+
+On a GPU with CUDA graphs (``--graphs on``) a stage's forward is one graph launch, but every
+operation around it (copying a window into the stage's buffers, growing a draft tree, building
+masks, picking tokens) is launched by the host one at a time, at some microseconds each whatever
+its size. So the count of those operations per step is what makes a method host-bound there, and
+it is the same on any device: this runs on the CPU (the stages' bodies run eagerly there, and are
+left out of the count) and counts, on every lane's thread, the operations PyTorch dispatches
+(views included: they cost the host too). One prompt, T = 0, each method warmed up once first.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import threading
+
+import pandas as pd
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mirror_sd import generate, load_pair
+from mirror_sd.devices import cpu_worker
+from mirror_sd.models import stages
+
+PROMPT = "Explain how a bicycle stays upright."
+_in_body = threading.local()  # .depth: how many stage bodies this thread is inside
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the operations dispatched on the thread it is entered on, outside stage bodies."""
+
+    def __init__(self, counts: collections.Counter):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not getattr(_in_body, "depth", 0):
+            self.counts[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def replay_outside_the_count(replay):
+    def counted(self):
+        _in_body.depth = getattr(_in_body, "depth", 0) + 1
+        try:
+            return replay(self)
+        finally:
+            _in_body.depth -= 1
+    return counted
+
+
+def count_ops(pair, method: str, max_new_tokens: int, prompt: str = PROMPT, raw: bool = False,
+              workers: int = 2) -> dict:
+    """Operations per step of one run of ``method`` (after a warm-up run), and the most frequent.
+    Count them with ``Stage.replay`` wrapped in :func:`replay_outside_the_count`."""
+    generate(pair, prompt, method=method, max_new_tokens=8, raw=raw)
+    counts = collections.Counter()
+    counters = [OpCounter(counts) for _ in range(workers + 1)]  # the lanes' worker threads and this one
+    for i in range(workers):
+        cpu_worker(i).submit(counters[i].__enter__).result()
+    try:
+        with counters[-1]:
+            out = generate(pair, prompt, method=method, max_new_tokens=max_new_tokens, raw=raw)
+    finally:
+        for i in range(workers):
+            cpu_worker(i).submit(counters[i].__exit__, None, None, None).result()
+    steps = len(out.trace.steps) - 1  # after the prefill
+    top = ", ".join(f"{name} {n / steps:.0f}" for name, n in counts.most_common(6))
+    return dict(method=method, steps=steps, ops_per_step=round(sum(counts.values()) / steps, 1), most=top)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", default="vanilla,sd,eagle,ss,mirror")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    args = parser.parse_args(argv)
+    stages.Stage.replay = replay_outside_the_count(stages.Stage.replay)
+    pair = load_pair(target_device="cpu", draft_device="cpu", graphs="on")
+    rows = [count_ops(pair, m, args.max_new_tokens) for m in args.methods.split(",")]
+    print(pd.DataFrame(rows).to_markdown(index=False))
+
+
+if __name__ == "__main__":
+    main()
