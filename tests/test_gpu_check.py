@@ -61,7 +61,8 @@ def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budge
     monkeypatch.setattr(gpu_check, "TESTS", ["tests/no_such_test.py"])
     kind = ("product", "cuda:0", "1536 x 576", 8, "float32", False)  # as a GPU's stages would have tuned it
     monkeypatch.setattr(tuning, "PLAN", {kind: "skinny"})
-    monkeypatch.setattr(tuning, "TIMES", {kind: {"cublas": 52.5, "swapped": 30.0, "skinny": 4.0, "skinny-wide": 6.0}})
+    monkeypatch.setattr(tuning, "TIMES", {kind: {"cublas": 52.5, "swapped": 30.0, "skinny": 4.0, "skinny-wide": 6.0,
+                                                    "matvec": 5.0, "matvec-wide": "ValueError: too wide"}})
     monkeypatch.setattr(gpu_check, "BENCHES", [
         ("bench-graphs-on", ["--graphs", "off", "--traces", "{out}/traces"], 150),
         ("bench-smallest-bucket", ["--graphs", "on", "--buckets", "smallest"], 150),
@@ -99,7 +100,8 @@ def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budge
     formats = report.split("## The target's full forward under other number formats")[1].split("##")[0]
     assert "| width | fp32, TF32 products |" in formats and "bf16" not in formats  # bf16 on a GPU only
     assert len([line for line in formats.splitlines() if line.startswith("| ") and line[2].isdigit()]) == 7
-    assert "| 1536 x 576 | 8 | skinny | 52.5 | 30.0 | **4.0** | 6.0 |" in report  # models/tuning.py's choices
+    assert "| 1536 x 576 | 8 | skinny | 52.5 | 30.0 | **4.0** | 6.0 | 5.0 | - |" in report  # models/tuning.py's choices
+    assert "matvec-wide left out: ValueError: too wide" in report
     assert "passed: exit 0" in rows["bench-graphs-on"] and "passed: exit 0" in rows["bench-smallest-bucket"]
     assert "FAILED: exit" in rows["tests"] and (tmp_path / "tests.log").exists()
     assert "| skipped: the time budget ran out |" in rows["bench-graphs-off"]
