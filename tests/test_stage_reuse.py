@@ -14,18 +14,7 @@ import mirror_sd.bench as bench
 from mirror_sd import generate, load_pair
 from mirror_sd.devices import on_cpu_worker, single_threaded
 from mirror_sd.models.stages import Stages, bucket
-from mirror_sd.models.streams import StreamConfig, Streams
-
-
-def random_streams(model, seed: int) -> Streams:
-    """Three untrained streams on the model's top layer, made to act (their LoRA is zero at first)."""
-    torch.manual_seed(seed)
-    streams = Streams(model.args, StreamConfig(num_streams=3, stream_layers=1, rank=4))
-    with torch.no_grad():
-        for p in streams.lora_b.values():
-            p.normal_(0, 0.1)
-        streams.embeddings.normal_(0, 1.0)
-    return streams.attach(model)
+from test_graphs import random_streams
 
 
 @pytest.fixture(scope="module")
