@@ -9,7 +9,7 @@ import torch
 
 from mirror_sd.devices import single_threaded
 from mirror_sd.errors import MirrorSDError
-from mirror_sd.models.stages import BUCKETS, MAX_WIDTH, ROUTE_MARGIN, Stage, Stages, bucket, cheapest_bucket
+from mirror_sd.models.stages import BUCKETS, MAX_WIDTH, ROUTE_MARGIN, Stage, Stages, bucket, cheapest_bucket, full_mask
 
 ATOL = 1e-5
 PROMPT = torch.tensor([[1, 5, 9, 2, 7]])
@@ -105,27 +105,41 @@ def test_padding_leaves_every_real_slot_but_the_window_untouched(target):
     assert not torch.equal(stages.cache.k[:, :, :, 5:8], before_k[:, :, :, 5:8])  # the window was written
 
 
-def test_a_causal_window_lays_itself_out_as_the_host_would(target):
-    """The body (``settle``) lays out a causal window's slots, mask and positions from [start, T];
-    a window the host lays out (given positions, a tree) is left as written, even after a causal one."""
+def host_layout(stage, start: int, T: int, positions=None, mask=None):
+    """The slots, mask [B, 1, W, S] and positions [B, W] of a window as the host laid them out
+    before the body did: real rows at slots start.., padding rows at scratch, seeing only it."""
+    W, usable = stage.width, stage.cache.max_slots
+    rows = torch.arange(W)
+    slots = torch.where(rows < T, start + rows, usable + rows)
+    laid = stage.padding.clone()[None].repeat(stage.batch, 1, 1)  # [B, W, S]
+    laid[:, :T] = False
+    laid[:, :T, :start + T] = full_mask(mask, T, start, torch.device("cpu"))
+    at = torch.zeros(stage.batch, W, dtype=torch.long)
+    at[:, :T] = torch.arange(start, start + T) if positions is None else positions
+    return slots, laid[:, None], at
+
+
+def test_every_kind_of_window_lays_itself_out_as_the_host_would(target):
+    """The body (``settle``) lays out a window's slots, mask and positions from what ``load`` wrote
+    (the rows, given positions or mask, one number), as the host did when it laid them out itself:
+    causal windows, trees over the window, masks over every slot, given positions, in any order."""
     stages = Stages(target, 160, batch=2)
     stage = stages.stage("full", 8)
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     for start, T in ((0, 5), (7, 1), (40, 8), (3, 3)):
         stages.cache.length = start
         ids = torch.ones(2, T, dtype=torch.long)
-        stage.load(ids)  # causal: three numbers
-        stage.settle()
-        by_body = stage.slots.clone(), stage.mask.clone(), stage.positions.clone()
-        stage.load(ids, positions=torch.arange(start, start + T).expand(2, T))  # the host's layout
-        stage.settle()
-        assert torch.equal(stage.slots, by_body[0]) and torch.equal(stage.mask, by_body[1])
-        assert torch.equal(stage.positions, by_body[2])
+        over_slots = torch.rand(2, T, start + T) < 0.5
         depths = torch.tensor([[start, start + 1, start + 1]] * 2)
-        stage.load(torch.ones(2, 3, dtype=torch.long), positions=depths, mask=tree)
-        written = stage.mask.clone()
-        stage.settle()
-        assert torch.equal(stage.mask, written)  # a tree stays the host's
+        windows = [dict(), dict(positions=torch.arange(start, start + T).expand(2, T)), dict(mask=over_slots)]
+        if T == 3:
+            windows.append(dict(positions=depths, mask=tree))
+        for window in windows:
+            stage.load(ids, **window)
+            stage.settle()
+            slots, mask, positions = host_layout(stage, start, T, **window)
+            assert torch.equal(stage.slots, slots) and torch.equal(stage.mask, mask)
+            assert torch.equal(stage.positions, positions)
 
 
 def test_real_rows_do_not_depend_on_the_padding(target):

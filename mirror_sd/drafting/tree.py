@@ -72,21 +72,37 @@ def grow_tree(first: torch.Tensor, expand, to_ids, depth: int, top_k: int, total
 
 def grow_trees(first: torch.Tensor, expand, to_ids, depth: int, top_k: int, total_tokens: int,
                sees: torch.Tensor) -> list[Tree]:
-    """EAGLE-2's dynamic tree from each of B roots at once, grown on their device: every level of all
-    the trees is one ``expand`` call, and the host reads the trees once, at the end.
+    """EAGLE-2's dynamic tree from each of B roots at once (``grow_fields``), read to the host once.
 
-    first: log-probs [B, rows] of each root's children; sees [B, slots]: what tree b's nodes may see
-    of the cache before any node is fed (its committed slots, its root). Each tree starts with its
-    root's ``top_k`` best children. For ``depth - 1`` more levels, the ``top_k`` best nodes of each
-    tree's newest level (by summed log-prob along the path; ties to the earlier node) are its
-    frontier, and all frontiers are fed together, tree by tree:
-    ``expand(trees, nodes, parents, tokens, depth, mask)`` gets each row's tree, node index (in its
-    tree, in creation order), parent's (-1: the root) and token [R], the frontier's depth (an int)
-    and mask [R, slots + R] (what each row may see of the cache: ``sees``, its expanded ancestors'
-    entries, itself); it writes the rows after the cache's slots and returns their children's
-    log-probs [R, rows]. Each frontier node gets its ``top_k`` best children. The best
-    ``total_tokens`` nodes of each tree are kept (``best_subtree``'s rule). to_ids maps rows (a
-    tensor on the device) to target ids. Scores are summed in float64.
+    sees [B, slots]: what tree b's nodes may see of the cache before any node is fed (its committed
+    slots, its root); ``expand`` here gets each row's mask [R, slots + R'] over the cache's slots
+    (``sees``, then the R' rows expanded so far, this level's last), not ``grow_fields``' ancestors."""
+    k = min(top_k, first.shape[-1])
+    sees = sees.repeat_interleave(k, dim=0)  # [R, slots]
+
+    def expand_over_slots(trees, nodes, parents, tokens, depth, ancestors):
+        return expand(trees, nodes, parents, tokens, depth, torch.cat([sees, ancestors], dim=1))
+
+    return read_trees(grow_fields(first, expand_over_slots, to_ids, depth, top_k, total_tokens))
+
+
+def grow_fields(first: torch.Tensor, expand, to_ids, depth: int, top_k: int, total_tokens: int) -> torch.Tensor:
+    """EAGLE-2's dynamic tree from each of B roots at once, grown on their device with no read to the
+    host (so it can run inside a CUDA graph: every shape is fixed by depth, top_k and total_tokens):
+    every level of all the trees is one ``expand`` call; returns the kept nodes' fields [B, 4, M]
+    (``read_trees``).
+
+    first: log-probs [B, rows] of each root's children. Each tree starts with its root's ``top_k``
+    best children. For ``depth - 1`` more levels, the ``top_k`` best nodes of each tree's newest
+    level (by summed log-prob along the path; ties to the earlier node) are its frontier, and all
+    frontiers are fed together, tree by tree: ``expand(trees, nodes, parents, tokens, depth,
+    ancestors)`` gets each row's tree, node index (in its tree, in creation order), parent's (-1:
+    the root) and token [R], the frontier's depth (an int) and ancestors [R, R'] (which of the R'
+    rows expanded so far, this level's R last, each row sees: its expanded ancestors and itself); it
+    writes the rows after those and returns their children's log-probs [R, rows]. Each frontier
+    node gets its ``top_k`` best children. The best ``total_tokens`` nodes of each tree are kept
+    (``best_subtree``'s rule). to_ids maps rows (a tensor on the device) to target ids. Scores are
+    summed in float64.
     """
     B, dev = first.shape[0], first.device
     k = min(top_k, first.shape[-1])
@@ -96,16 +112,14 @@ def grow_trees(first: torch.Tensor, expand, to_ids, depth: int, top_k: int, tota
     start, columns = 0, (depth - 1) * B * k  # first node of the newest level; expanded rows, all levels
     seen = torch.zeros(B, k, columns, dtype=torch.bool, device=dev)  # per newest node: its expanded ancestors' rows
     rows, trees = torch.arange(B * k, device=dev), torch.arange(B, device=dev).repeat_interleave(k)  # [R]
-    sees = sees.repeat_interleave(k, dim=0)  # [R, slots]
     for d in range(2, depth + 1):
         frontier = torch.sort(scores[-1], dim=-1, descending=True, stable=True).indices[:, :k]  # [B, k] in the level
         done = (d - 2) * B * k  # rows expanded before this level
         mine = seen.gather(1, frontier[..., None].expand(B, k, columns)).view(B * k, columns)
         mine[rows, done + rows] = True  # each row sees itself
-        mask = torch.cat([sees, mine[:, :done + B * k]], dim=1)  # [R, slots + R]
         nodes = start + frontier  # [B, k]
         logp = expand(trees, nodes.flatten(), parents[-1].gather(1, frontier).flatten(),
-                      tokens[-1].gather(1, frontier).flatten(), d - 1, mask)  # [R, rows]
+                      tokens[-1].gather(1, frontier).flatten(), d - 1, mine[:, :done + B * k])  # [R, rows]
         child = logp.topk(k, dim=-1)  # [R, k]: each frontier node's children
         start += scores[-1].shape[1]
         tokens.append(to_ids(child.indices).view(B, k * k))
@@ -115,10 +129,11 @@ def grow_trees(first: torch.Tensor, expand, to_ids, depth: int, top_k: int, tota
     return _best_subtrees(tokens, parents, scores, total_tokens)
 
 
-def _best_subtrees(tokens: list, parents: list, scores: list, total_tokens: int) -> list[Tree]:
+def _best_subtrees(tokens: list, parents: list, scores: list, total_tokens: int) -> torch.Tensor:
     """The ``total_tokens`` best-scoring nodes of each tree (per level: tokens, parents, scores
-    [B, nodes]), re-indexed in creation order, read to the host once. As ``best_subtree``: a child
-    never outscores its parent and ties go to the earlier node, so the kept set is a tree."""
+    [B, nodes]), re-indexed in creation order: fields [B, 4, M] (token, parent, depth, score; float64).
+    As ``best_subtree``: a child never outscores its parent and ties go to the earlier node, so the
+    kept set is a tree."""
     depths = torch.cat([torch.full_like(level, d) for d, level in enumerate(tokens, start=1)], dim=1)
     tokens, parents, scores = torch.cat(tokens, dim=1), torch.cat(parents, dim=1), torch.cat(scores, dim=1)
     B, N = tokens.shape
@@ -127,10 +142,14 @@ def _best_subtrees(tokens: list, parents: list, scores: list, total_tokens: int)
     index = torch.full_like(tokens, -1).scatter_(1, keep, torch.arange(M, device=keep.device).expand(B, M))
     kept_parents = parents.gather(1, keep)
     kept_parents = torch.where(kept_parents >= 0, index.gather(1, kept_parents.clamp(min=0)), -1)
-    fields = torch.stack([tokens.gather(1, keep).double(), kept_parents.double(), depths.gather(1, keep).double(),
-                          scores.gather(1, keep)], dim=1).tolist()  # [B, 4, M]: the one read
+    return torch.stack([tokens.gather(1, keep).double(), kept_parents.double(), depths.gather(1, keep).double(),
+                        scores.gather(1, keep)], dim=1)
+
+
+def read_trees(fields: torch.Tensor) -> list[Tree]:
+    """The trees of ``grow_fields``' fields [B, 4, M], read to the host in one go."""
     return [Tree([int(t) for t in toks], [int(p) for p in pars], [int(d) for d in deps], [round(x, 4) for x in scs])
-            for toks, pars, deps, scs in fields]
+            for toks, pars, deps, scs in fields.tolist()]
 
 
 def stream_tree(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> Tree:

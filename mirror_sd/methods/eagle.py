@@ -38,9 +38,12 @@ import torch
 
 from ..devices import to_device
 from ..drafting.lookup import copy_from_context
-from ..drafting.tree import Tree, graft, grow_tree, keep_path, sampled_chain, tree_window
+from ..drafting.tree import Tree, graft, grow_tree, keep_path, read_trees, sampled_chain, tree_window
 from ..errors import MirrorSDError
 from ..models.eagle import EMBEDDED_HEAD, EagleHead, HeadStages, feature_ranges, load_head, target_features
+from ..models.eagle_tree import TreeDraft
+from ..models.forwards import staged
+from ..models.stages import MAX_WIDTH
 from ..models.loading import EMBEDDED_NAME
 from ..sampling import to_target_vocab
 from ..trace import Step
@@ -119,8 +122,14 @@ def draft_chain(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, 
 
 
 def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_tokens: int, lookup: int) -> Tree:
-    """Feed the pending (feature, token, early) triples, then draft; the head's cache ends at n - 1 slots."""
+    """Feed the pending (feature, token, early) triples, then draft; the head's cache ends at n - 1 slots.
+    At T = 0 on a head's stages, all of it is one stage (``draft_on_stage``)."""
     n = len(run.sequence)
+    stages = staged(head, cache)
+    if run.draft_sampler.greedy and stages is not None:
+        tree = draft_on_stage(head, stages, cache, pending, TreeDraft(depth, top_k, total_tokens, bool(head.early_layers)))
+        cache.rollback(n - 1)
+        return graft(tree, copy_from_context(run.sequence, lookup))
     feats, ids, early = pending
     last = head_step(head, cache, feats, ids, early=early)[-1]  # f^_{n-1} [d]
     if run.draft_sampler.greedy:
@@ -129,6 +138,21 @@ def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_to
         tree = draft_chain(head, cache, last, n, depth, run.draft_sampler, run.pair.target.args.vocab_size)
     cache.rollback(n - 1)
     return tree
+
+
+def draft_on_stage(head: EagleHead, stages, cache, pending, spec: TreeDraft) -> Tree:
+    """The pending pairs and the greedy tree after them in one replay of the stage ``spec`` names
+    (models/eagle_tree.py), the tree read once; pairs beyond the stage's widest window (a long
+    prompt's, after the prefill) go through the head first."""
+    feats, ids, early = pending
+    extra = len(ids) - MAX_WIDTH
+    if extra > 0:
+        head_step(head, cache, feats[:extra], ids[:extra], early=early[:extra] if early is not None else None)
+        feats, ids, early = feats[extra:], ids[extra:], (early[extra:] if early is not None else None)
+    fields = stages.run(spec.name, to_device([ids], head.device), feats=feats[None],
+                        early=early[None] if early is not None else None)  # [1, 4, M]
+    cache.length += len(ids)  # the pairs are the head's now; the tree's rows after them are not
+    return read_trees(fields)[0]
 
 
 # -- verification (target lane) ------------------------------------------------------------------
@@ -167,7 +191,10 @@ def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
     target, lane, head = pair.target, run.target_lane, head_for(pair)
     ranges = [(a, b, False) for a, b in feature_ranges(target, head.early_layers)]
     cache = pair.new_cache(target, run.cache_slots + total_tokens + lookup, ranges)
-    head_cache = pair.new_cache(head, run.cache_slots + total_tokens + depth * top_k, ranges=[],
+    greedy = run.draft_sampler.greedy
+    head_ranges = [HeadStages.name(None), *([HeadStages.name(True)] if head.early_layers else []),
+                   TreeDraft(depth, top_k, total_tokens, bool(head.early_layers))] if greedy else []  # []: every forward
+    head_cache = pair.new_cache(head, run.cache_slots + total_tokens + depth * top_k, ranges=head_ranges,
                                 lane=pair.target_lane, stage_set=HeadStages)  # the head runs on the target lane
     P = len(run.prompt_ids)
     early_layers = head.early_layers
@@ -175,7 +202,6 @@ def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
                                    step=0, tokens=P)
     yield run.commit(Step(0, [token], ["target"]))
     pending = (feats, run.prompt_ids[1:] + [token], early)  # f_0 .. f_{P-1} with x_1 .. x_P
-    greedy = run.draft_sampler.greedy
     size = f"{total_tokens} tokens" + (f" + up to {lookup} copied" if lookup else "") if greedy else f"{depth} tokens"
     while not run.done:
         step = run.next_step

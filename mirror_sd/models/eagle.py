@@ -30,7 +30,7 @@ from ..errors import MirrorSDError
 from .forwards import layers, staged
 from .linear import Linear, linear
 from .llama import DecoderLayer, KVCache, ModelArgs, Transformer
-from .stages import MAX_WIDTH, Stage, Stages
+from .stages import MAX_WIDTH, Stage, Stages, _copy_into
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_HEAD = ASSETS / "eagle-smollm2-135m"
@@ -176,14 +176,18 @@ class HeadStage(Stage):
         """The head's output [B, T, d] for T pairs of token ids [B, T] and features ``feats`` [B, T, d]
         (see ``EagleHead.forward``); the cache's length does not move."""
         with torch.inference_mode():
-            T = self.load(ids, positions, mask)
-            self.feats.zero_()
-            self.feats[:, :T] = feats
-            if self.early is not None:
-                self.early.zero_()
-                self.early[:, :T] = early
+            T = self.load_pairs(ids, positions, mask, feats, early)
             self.replay()
         return self.out[:, :T].clone()
+
+    def load_pairs(self, ids, positions, mask, feats, early) -> int:
+        """``load`` the pairs' token ids and copy their features in; return T. Padding rows keep old
+        numbers, as ``load`` leaves them in x."""
+        T = self.load(ids, positions, mask)
+        _copy_into(self.feats[:, :T], feats)
+        if self.early is not None:
+            _copy_into(self.early[:, :T], early)
+        return T
 
     def body(self) -> torch.Tensor:
         head = self.model
@@ -194,7 +198,8 @@ class HeadStage(Stage):
 
 
 class HeadStages(Stages):
-    """An EAGLE head's stages: its forward over pairs with early features and without, at every width."""
+    """An EAGLE head's stages: its forward over pairs with early features and without, at every width,
+    and the whole greedy draft at the settings a run names (models/eagle_tree.py: ``TreeDraft``)."""
 
     def __init__(self, head: EagleHead, max_slots: int, batch: int = 1, graphs: bool | None = None, stream=None):
         super().__init__(head, max_slots, batch, graphs, stream)
@@ -205,6 +210,9 @@ class HeadStages(Stages):
         return "pairs" if early is None else "pairs + early features"
 
     def make(self, name: str, width: int) -> HeadStage:
+        kind = self.kinds[name]  # None: the pairs' forward; else a forward that makes its own stages
+        if kind is not None:
+            return kind.make_stage(self.model, width, self.cache)  # models/eagle_tree.py: TreeDraft
         return HeadStage(self.model, width, self.cache, early=name == self.name(True))
 
 

@@ -48,7 +48,7 @@ def stage_cache(sets: dict, model: Transformer, slots: int, ranges: list[Range] 
                 progress: Callable[[int], object] | None = None, stage_set: type = Stages,
                 tuned_kernels: bool = True) -> KVCache:
     """The cache of ``model``'s stage set in ``sets`` (model -> Stages), emptied, with at least
-    ``slots`` usable slots, and every stage of ``ranges`` (none: every forward the set names) made
+    ``slots`` usable slots, and every stage of ``ranges`` (none: every forward the set names; see ``stage_name``) made
     at every width (on CUDA: captured now, on ``stream``, so that no step pays for a capture and no
     capture runs beside another lane's work). A set too small for ``slots`` is replaced by a bigger
     one. ``stage_set``: the set's class (models/eagle.py's ``HeadStages`` for an EAGLE head).
@@ -60,11 +60,19 @@ def stage_cache(sets: dict, model: Transformer, slots: int, ranges: list[Range] 
     if stages is None or stages.cache.max_slots < slots:
         stages = sets[model] = stage_set(model, -(-slots // SLOT_STEP) * SLOT_STEP, stream=stream)
     stages.tuned_kernels = tuned_kernels
-    names = [name_range(stages, r) for r in ranges if r[0] != r[1] or r[2]]  # (a, a, False): no work
+    names = [stage_name(stages, r) for r in ranges if not isinstance(r, tuple) or r[0] != r[1] or r[2]]  # (a, a, False): no work
     missing = stages.missing(names)
     stages.capture_all(names, progress=progress(len(missing)) if progress and missing else None)
     stages.cache.rollback(0)
     return stages.cache
+
+
+def stage_name(stages: Stages, r) -> str:
+    """The name of a forward in a stage set, added if new: a layer range (``name_range``), a stage's
+    name as it is, or a forward that names itself (``stage_name_in``: an EAGLE head's ``TreeDraft``)."""
+    if isinstance(r, str):
+        return r
+    return r.stage_name_in(stages) if hasattr(r, "stage_name_in") else name_range(stages, r)
 
 
 def name_range(stages: Stages, r: Range) -> str:

@@ -11,11 +11,11 @@ same forward made fixed-shape:
 * attention reads every slot of a :class:`StageCache` under a mask [B, 1, W, S] (S: all slots), so
   its shape is the cache's, not the length so far;
 * ids (or hidden states), positions, the mask and the cache slots each row writes live in static
-  buffers that :meth:`Stage.run` copies into before it runs. A causal window (a decode, a verify,
-  a prefix or suffix, a fallback draft) is three numbers, [start, T, 1], that the body itself turns
-  into positions, slots and mask (:meth:`Stage.settle`, so inside the graph): loading one costs the
-  host five launches and no wait for the GPU. Trees, given positions and stream rows are laid out
-  by the host, their numbers copied without blocking (``devices.to_device``).
+  buffers. :meth:`Stage.load` copies in only what the caller gives (the rows; positions or a mask,
+  if any) and one number that says how to lay the rest out (``window_code``: first slot, rows, kind
+  of mask); the body turns them into slots, positions and the mask (:meth:`Stage.settle`, so inside
+  the graph). Loading a causal window costs the host three operations (a view, a copy, a fill), a
+  tree about seven, and never a wait for the GPU.
 
 Padding rows never touch a real row: the cache keeps MAX_WIDTH scratch slots after its usable ones
 and padding row i writes its keys and values to scratch slot i, which no real row's mask admits;
@@ -37,7 +37,8 @@ Mirror-SD's target prefix, its early exit (trained head, final norm, LM-head row
 stage of its own), its suffix, its fallback drafts and its branch rollouts (up to 64 rows; with
 streams, their stream rows too); EAGLE's target forwards (its prefill and tree verification, at
 the ranges its head's early features need) and its head's forwards (models/eagle.py:
-``HeadStages``); ss's main rows and its streams, in either form; every prefill, as 64-row chunks.
+``HeadStages``), at T = 0 its whole draft, head and tree, as one stage (models/eagle_tree.py);
+ss's main rows and its streams, in either form; every prefill, as 64-row chunks.
 Stream rows (a ``streams`` stage) keep their keys and values in scratch slots, which is how a
 stage stores nothing for them. Where stream rows ride behind main rows in one plain forward
 (ss's ``one_forward=1``, the draft's ``streams=2``), the stages run the main rows first and the
@@ -82,6 +83,26 @@ MAX_WIDTH = BUCKETS[-1]
 TIMED_REPLAYS = 3  # replays timed at capture, to route a window to its cheapest bucket (the median)
 ROUTE_MARGIN = 0.05  # a wider bucket is taken only if it saves more than this fraction of the time
 WARMUP_RUNS = 3  # before a capture, as in PyTorch's CUDA-graph examples
+
+
+# The kinds of window a stage lays out (``window_code``): causal; a mask over every slot so far
+# ([.., T, start + T], as ``Transformer.window`` takes it); a mask over the window's own rows
+# ([.., T, T]), the slots before it all visible.
+CAUSAL, SLOTS, WINDOW = 0, 1, 2
+KINDS = 3
+
+
+def window_code(start: int, T: int, kind: int, given_positions: bool) -> int:
+    """One number for a window of T rows written from slot ``start``: what ``Stage.settle`` decodes."""
+    return ((start * (MAX_WIDTH + 1) + T) * KINDS + kind) * 2 + int(given_positions)
+
+
+def _copy_into(buffer: torch.Tensor, data):
+    """Copy ``data`` (a tensor, or numbers in nested lists) into a stage's buffer (broadcast): one
+    copy from the buffer's device, else through ``to_device`` (a GPU never waits for the host)."""
+    if not isinstance(data, torch.Tensor) or data.device != buffer.device:
+        data = to_device(data, buffer.device)
+    buffer.copy_(data)
 
 
 def bucket(width: int) -> int:
@@ -205,10 +226,12 @@ class Stage:
             self.padding[torch.arange(W), usable + torch.arange(W)] = True
             self.mask[:, 0] = self.padding
             self.writer = _SlotWriter(cache, self.slots)
-            # A causal window is three numbers, [start, T, 1]: the body lays out its slots, mask and
-            # positions itself (``settle``), so loading one costs the host three fills, not a dozen ops.
-            # [.., .., 0]: the host wrote them (a tree, given positions, stream rows, padding).
-            self.window = torch.zeros(3, dtype=torch.long, device=device)
+            # What the caller's mask says, written as it comes ([B, T, start + T] over the slots, or
+            # [B, T, T] over the window): the body turns it into ``mask`` (``settle``).
+            self.given = torch.zeros(B, W, S, dtype=torch.bool, device=device)
+            # One number says how to lay the window out (``window_code``): the body decodes it, so
+            # loading a window costs the host one fill for it, whatever its kind.
+            self.window = torch.zeros(1, dtype=torch.long, device=device)
             self.rows, self.slot_ids = torch.arange(W, device=device), torch.arange(S, device=device)
         self.out: torch.Tensor | None = None  # the last output [B, W, vocab or hidden]
         self.graph = None  # a torch.cuda.CUDAGraph once captured
@@ -233,66 +256,71 @@ class Stage:
         return self.out[:, :T].clone()
 
     def load(self, x, positions=None, mask=None) -> int:
-        """Copy a window of T <= width rows into the static buffers (padding after it); return T."""
+        """Copy a window of T <= width rows into the static buffers; return T.
+
+        The host writes only what it was given (the rows, and positions or a mask if any) and one
+        number for the rest (``window_code``); the body lays out slots, positions and the mask from
+        them (``settle``). Padding rows keep whatever an earlier window left in x: they write
+        scratch slots only and their outputs are never read, so the host need not clear them."""
         B, T = x.shape[:2]
         if B != self.batch or not 1 <= T <= self.width:
             raise MirrorSDError(f"stage of batch {self.batch} and width {self.width} got input {tuple(x.shape)}")
-        writes = self.layers[0] < self.layers[1]  # runs layers, so writes the cache (not the LM head alone)
-        start = self.cache.length if writes else 0
-        if writes and self.streams is None and start + T > self.cache.max_slots:
+        _copy_into(self.x[:, :T], x)
+        if self.layers[0] == self.layers[1]:  # the LM head alone: no cache, no window
+            return T
+        start = self.cache.length
+        if self.streams is None and start + T > self.cache.max_slots:
             raise MirrorSDError(f"KV cache full: {start} + {T} tokens > {self.cache.max_slots} slots")
-        device = self.x.device
-        self.x.zero_()
-        self.x[:, :T] = x
-        causal = writes and self.streams is None and mask is None and positions is None
-        if writes:
-            for i, value in enumerate((start, T, int(causal))):
-                self.window[i].fill_(value)  # a launch each, its number in the launch: no copy, no wait
-        if causal:
-            return T  # positions, slots and mask: laid out by the body (``settle``)
-        if positions is None:
-            positions = torch.arange(start, start + T, device=device).expand(B, T)
-        self.positions.zero_()
-        self.positions[:, :T] = to_device(positions, device)
-        if writes and self.streams is not None:
-            self.load_stream_mask(T, start, mask)
-        elif writes:
-            usable = self.cache.max_slots
-            rows = torch.arange(self.width, device=device)
-            self.slots.copy_(torch.where(rows < T, start + rows, usable + rows))
-            self.mask[:, 0] = self.padding
-            self.mask[:, 0, :T] = False
-            self.mask[:, 0, :T, :start + T] = full_mask(mask, T, start, device)
+        if positions is not None:
+            _copy_into(self.positions[:, :T], positions)
+        if self.streams is not None and (mask is None or mask.shape[-1] != start + T):
+            raise MirrorSDError(f"stream rows need a mask over the cache's {start} slots and their {T} rows")
+        if mask is not None and mask.shape[-1] not in (T, start + T):
+            raise MirrorSDError(f"a mask over {T} rows after {start} slots is [.., {T}, {T}] or [.., {T}, {start + T}], "
+                                f"got {tuple(mask.shape)}")
+        kind = CAUSAL if mask is None else SLOTS if mask.shape[-1] == start + T else WINDOW
+        if mask is not None:
+            _copy_into(self.given[:, :T, :mask.shape[-1]], mask)
+        self.window.fill_(window_code(start, T, kind, positions is not None))  # one launch, no copy, no wait
         return T
 
     def settle(self):
-        """In the body (so in its graph): where the buffers hold a causal window [start, T, 1], lay
-        out what ``load`` writes for one: real row r at slot and position start + r, seeing slots
-        [0, start + r]; padding row i at scratch slot i, seeing only it. Otherwise leave them."""
-        if self.layers[0] == self.layers[1] or self.streams is not None:
-            return
-        start, T, causal = self.window[0], self.window[1], self.window[2].bool()
-        real = self.rows < T  # [W]
-        slots = torch.where(real, start + self.rows, self.cache.max_slots + self.rows)  # [W]
-        sees = self.slot_ids <= start + self.rows[:, None]  # [W, S]
-        mask = torch.where(real[:, None], sees, self.padding)  # [W, S]
-        positions = torch.where(real, start + self.rows, 0)  # [W]
-        self.slots.copy_(torch.where(causal, slots, self.slots))
-        self.mask.copy_(torch.where(causal, mask, self.mask))  # [B, 1, W, S]
-        self.positions.copy_(torch.where(causal, positions, self.positions))  # [B, W]
+        """In the body (so in its graph): lay out the slots, positions and mask of the window that
+        ``window`` describes (``window_code``) from what ``load`` wrote.
 
-    def load_stream_mask(self, T: int, start: int, mask: torch.Tensor):
-        """Stream rows: ``mask`` [B|1, T, start + T] (``streams.stream_mask``) says what each sees of
-        the cache's slots [0, start) and of the window's rows; row i's keys and values sit in scratch
-        slot i (as a padding row's would), so its window columns move there."""
-        if mask is None or mask.shape[-1] != start + T:
-            raise MirrorSDError(f"stream rows need a mask over the cache's {start} slots and their {T} rows")
-        usable = self.cache.max_slots
-        mask = to_device(mask, self.mask.device, torch.bool)
-        self.mask[:, 0] = self.padding
-        self.mask[:, 0, :T] = False
-        self.mask[:, 0, :T, :start] = mask[..., :start]
-        self.mask[:, 0, :T, usable:usable + T] = mask[..., start:]
+        Real row r writes slot start + r (stream rows: scratch slot r, like padding rows) at
+        position start + r unless positions were given. It sees, by the window's kind: slots
+        [0, start + r] (causal); what ``given`` says of slots [0, start + T) (SLOTS); the slots
+        before start and what ``given`` says of the window (WINDOW); stream rows: what ``given``
+        says of slots [0, start), and of the window's rows in scratch slots [usable, usable + T).
+        Padding row i writes scratch slot i and sees only it."""
+        if self.layers[0] == self.layers[1]:
+            return
+        given_positions, kind, T, start = self.window_numbers()
+        usable, W, s = self.cache.max_slots, self.width, self.slot_ids  # s: [S]
+        real = self.rows < T  # [W]
+        scratch = usable + self.rows  # [W]
+        if self.streams is None:
+            self.slots.copy_(torch.where(real, start + self.rows, scratch))
+            window = (s >= start) & (s < start + T)  # [S]
+            over_window = self.given.gather(-1, (s - start).clamp(0, W - 1).expand_as(self.given))  # given[.., s - start]
+            sees = torch.where(kind == CAUSAL, s <= start + self.rows[:, None],  # [B, W, S]
+                               torch.where(kind == SLOTS, self.given & (s < start + T),
+                                           (s < start) | (window & over_window)))
+        else:  # the window's own columns sit in scratch slots
+            column = torch.where(s < usable, s, start + s - usable).clamp(0, s.numel() - 1)  # [S]
+            seen = self.given.gather(-1, column.expand_as(self.given))  # [B, W, S]
+            sees = seen & torch.where(s < usable, s < start, s - usable < T)
+        self.mask.copy_(torch.where(real[:, None], sees, self.padding)[:, None])  # [B, 1, W, S]
+        self.positions.copy_(torch.where(given_positions, self.positions, torch.where(real, start + self.rows, 0)))
+
+    def window_numbers(self):
+        """What ``window_code`` packed, as tensors [1] on the device (for the body): whether positions
+        were given, the window's kind, its rows T and its first slot."""
+        code = self.window
+        given_positions, code = code % 2 == 1, code // 2
+        kind, code = code % KINDS, code // KINDS
+        return given_positions, kind, code % (MAX_WIDTH + 1), code // (MAX_WIDTH + 1)
 
     def replay(self):
         """Run the stage on what its buffers hold: the captured graph, or the body eagerly."""
@@ -329,10 +357,7 @@ class Stage:
             self.x.normal_(generator=torch.Generator(self.x.device).manual_seed(0))
         self.positions.zero_()
         if self.layers[0] < self.layers[1]:
-            self.window.zero_()  # not a causal window: the body keeps what is written here
-            usable = self.cache.max_slots
-            self.slots.copy_(torch.arange(usable, usable + self.width, device=self.slots.device))
-            self.mask[:, 0] = self.padding
+            self.window.fill_(window_code(0, 0, CAUSAL, False))  # no real row: every row is padding
 
     def capture(self, pool=None, stream: torch.cuda.Stream | None = None):
         """Capture the stage as a CUDA graph on ``stream`` (None: a side stream of PyTorch's) in memory
