@@ -8,7 +8,8 @@ masks, picking tokens) is launched by the host one at a time, at some microsecon
 its size. So the count of those operations per step is what makes a method host-bound there, and
 it is the same on any device: this runs on the CPU (the stages' bodies run eagerly there, and are
 left out of the count) and counts, on every lane's thread, the operations PyTorch dispatches
-(views included: they cost the host too). One prompt, T = 0, each method warmed up once first.
+(views included: they cost the host too). One prompt, T = 0, each method warmed up once first;
+Mirror-SD's steps queued, as they are by default where both lanes are CUDA devices.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from mirror_sd.devices import cpu_worker
 from mirror_sd.models import stages
 
 PROMPT = "Explain how a bicycle stays upright."
+AS_ON_A_GPU = {"mirror": dict(queued=1)}  # options the methods take by default where both lanes are CUDA devices
 _in_body = threading.local()  # .depth: how many stage bodies this thread is inside
 
 
@@ -51,17 +53,18 @@ def replay_outside_the_count(replay):
 
 
 def count_ops(pair, method: str, max_new_tokens: int, prompt: str = PROMPT, raw: bool = False,
-              workers: int = 2) -> dict:
-    """Operations per step of one run of ``method`` (after a warm-up run), and the most frequent.
-    Count them with ``Stage.replay`` wrapped in :func:`replay_outside_the_count`."""
-    generate(pair, prompt, method=method, max_new_tokens=8, raw=raw)
+              workers: int = 2, options: dict | None = None) -> dict:
+    """Operations per step of one run of ``method`` with ``options`` (after a warm-up run), and the
+    most frequent. Count them with ``Stage.replay`` wrapped in :func:`replay_outside_the_count`."""
+    options = options or {}
+    generate(pair, prompt, method=method, max_new_tokens=8, raw=raw, **options)
     counts = collections.Counter()
     counters = [OpCounter(counts) for _ in range(workers + 1)]  # the lanes' worker threads and this one
     for i in range(workers):
         cpu_worker(i).submit(counters[i].__enter__).result()
     try:
         with counters[-1]:
-            out = generate(pair, prompt, method=method, max_new_tokens=max_new_tokens, raw=raw)
+            out = generate(pair, prompt, method=method, max_new_tokens=max_new_tokens, raw=raw, **options)
     finally:
         for i in range(workers):
             cpu_worker(i).submit(counters[i].__exit__, None, None, None).result()
@@ -77,7 +80,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     stages.Stage.replay = replay_outside_the_count(stages.Stage.replay)
     pair = load_pair(target_device="cpu", draft_device="cpu", graphs="on")
-    rows = [count_ops(pair, m, args.max_new_tokens) for m in args.methods.split(",")]
+    rows = [count_ops(pair, m, args.max_new_tokens, options=AS_ON_A_GPU.get(m)) for m in args.methods.split(",")]
     print(pd.DataFrame(rows).to_markdown(index=False))
 
 

@@ -111,7 +111,7 @@ def grow_fields(first: torch.Tensor, expand, to_ids, depth: int, top_k: int, tot
     parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
     start, columns = 0, (depth - 1) * B * k  # first node of the newest level; expanded rows, all levels
     seen = torch.zeros(B, k, columns, dtype=torch.bool, device=dev)  # per newest node: its expanded ancestors' rows
-    rows, trees = torch.arange(B * k, device=dev), torch.arange(B, device=dev).repeat_interleave(k)  # [R]
+    rows, trees = torch.arange(B * k, device=dev), torch.arange(B, device=dev)[:, None].expand(B, k).flatten()  # [R]
     for d in range(2, depth + 1):
         frontier = torch.sort(scores[-1], dim=-1, descending=True, stable=True).indices[:, :k]  # [B, k] in the level
         done = (d - 2) * B * k  # rows expanded before this level

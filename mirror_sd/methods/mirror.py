@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -54,7 +55,8 @@ from ..drafting import make_drafter
 from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, graft, keep_path, tree_window
 from ..models.exit_head import EarlyExit, available_exit_head, exit_head_for
-from ..models.forwards import FULL, layers
+from ..models.forwards import FULL, layers, staged
+from ..models.rollout import Rollouts
 from ..models.streams import draft_streams, split_forward, split_ranges
 from ..sampling import to_target_vocab
 from ..trace import Rendezvous, Step
@@ -196,12 +198,14 @@ def choose_branches(draft: list[int], top_ids, top_logp, window_logp, budget: in
     """
     parents = list(range(-1, len(draft) - 1)) if parents is None else parents
     path_logp, children = [0.0], [set() for _ in range(len(draft) + 1)]  # per row
+    window_logp = window_logp.tolist() if isinstance(window_logp, torch.Tensor) else window_logp
     for i, (p, token) in enumerate(zip(parents, draft)):  # parents come first
         path_logp.append(path_logp[p + 1] + float(window_logp[i]))
         children[p + 1].add(token)
+    top_ids, top_logp = top_ids.tolist(), top_logp.tolist()  # one read each, not one per row
     branches = [Branch(r, v, path_logp[r] + logp)
                 for r in range(len(draft) + 1)
-                for v, logp in zip(top_ids[r].tolist(), top_logp[r].tolist()) if v not in children[r]]
+                for v, logp in zip(top_ids[r], top_logp[r]) if v not in children[r]]
     branches.sort(key=lambda b: -b.score)
     return branches[:budget]
 
@@ -380,14 +384,17 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
     fresh = make_drafter(streams, tree=tree, branching=branching)
     roll_out = rollout_streamed if streams else rollout
     queues = queues_steps(run, streams, queued)
-    step_on = queued_step if queues else host_step
+    rollouts = Rollouts(min(branch_budget, (max(gamma, lookup) + 1) * kappa), gamma, kappa, max(gamma, lookup) + 1,
+                        pair.target.args.vocab_size) if queues and not trees else None  # a queued step's draft work
+    step_on = partial(queued_step, rollouts=rollouts) if queues else host_step
     exit_layer = exit_layer or default_exit_layer(pair.target.num_layers)
     head = choose_exit_head(pair, exit_layer, exit_head)  # None: the logit lens
     rollout_slots = branch_budget * (1 + branching * (gamma - 1)) + max(tree, lookup) if trees \
         else branch_budget * gamma + lookup
     target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=rollout_slots,
                                                     target_ranges=target_ranges(pair, exit_layer, head),
-                                                    draft_ranges=fresh.layer_ranges(pair))  # the rollouts' too
+                                                    draft_ranges=[*fresh.layer_ranges(pair),  # the rollouts' too
+                                                                  *([rollouts] if rollouts else [])])
     yield first
     fresh_label = f"fallback draft tree of {tree} tokens, depth {gamma}" if trees else f"fallback draft {gamma} tokens"
     window, q = None, None  # the window: draft tokens, or a Tree with trees
@@ -462,30 +469,47 @@ def host_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa
     return verdict, hit, top_ids.tolist(), branches
 
 
-def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, budget, gamma, roll_out=None):
+def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, budget, gamma, roll_out=None,
+                rollouts: Rollouts | None = None):
     """One step queued on the lanes' streams from this thread, which waits for the GPU once, at the
     rendezvous: the target stream runs the prefix, the early exit and the suffix back to back; the
     draft stream waits for the token channel on a CUDA event (``Lane.queue``'s ``after``), then
-    chooses the branches and rolls them out, all on the device (``choose_branches_on_device``,
-    ``roll_out_tree``). T = 0, token by token (``queues_steps``; so ``roll_out`` is not needed). On
-    CPU lanes the same work runs in turn on this thread. Returns what ``host_step`` does."""
+    chooses the branches and rolls them out, all on the device: on the draft's stages, as one
+    stage (``rollouts``, models/rollout.py); else ``choose_branches_on_device`` and ``roll_out_tree``.
+    T = 0, token by token (``queues_steps``; so ``roll_out`` is not needed). On CPU lanes the same
+    work runs in turn on this thread. Returns what ``host_step`` does."""
     channel_there, channel, logits, suffix = queue_target(run, target_cache, window, step, exit_layer, kappa, head)
     B = min(budget, (len(window) + 1) * kappa)
 
-    def choose_and_roll_out():
+    def choose_and_roll_out():  # the branches [B', 4 + gamma]: r, root, valid, score, tokens (``RolloutStage.run``)
+        if rollouts is not None and staged(run.pair.draft, draft_cache) is not None:
+            return roll_out_on_stage(run, draft_cache, window, channel_there, rollouts)
         r, roots, scores, valid = choose_branches_on_device(window, *channel_there, budget)
-        return r, roots, scores, valid, roll_out_tree(run, draft_cache, window, r, roots, gamma)
+        picks = roll_out_tree(run, draft_cache, window, r, roots, gamma)  # [B, gamma]
+        return torch.cat([torch.stack([r, roots, valid.long()], dim=1).double(), scores[:, None], picks.double()], dim=1)
 
-    (r, roots, scores, valid, picks), rolled = run.draft_lane.queue(
-        "draft-rollout", choose_and_roll_out, after=channel.done, label=f"{B} branches x {gamma} tokens", step=step,
-        tokens=B * gamma)
+    table, rolled = run.draft_lane.queue("draft-rollout", choose_and_roll_out, after=channel.done,
+                                         label=f"{B} branches x {gamma} tokens", step=step, tokens=B * gamma)
     wait_and_record(channel, suffix, rolled)
-    rows = torch.cat([torch.stack([r, roots, valid.long()], dim=1), picks], dim=1).tolist()  # [B, 3 + gamma]
-    branches = [Branch(row[0], row[1], score, tokens=row[3:]) for row, score in zip(rows, scores.tolist()) if row[2]]
+    branches = [Branch(int(row[0]), int(row[1]), row[3], tokens=[int(t) for t in row[4:]])
+                for row in table.tolist() if row[2]]  # the one read of the draft lane's work
     (verdict, hit), verified = run.target_lane.queue("rendezvous", rendezvous, window, q, logits, run.target_sampler,
                                                      branches, label="verify + match branch", step=step)
     verified.record()  # the verdict is on the host: its work is done
     return verdict, hit, channel_there[0].tolist(), branches
+
+
+def roll_out_on_stage(run, cache, window: list[int], channel, rollouts: Rollouts) -> torch.Tensor:
+    """A queued step's branch choice and rollouts in one replay of the draft's stage for ``rollouts``
+    (models/rollout.py), from the token channel (top ids, top log-probs, window log-probs) on the
+    draft's device; the table ``RolloutStage.run`` gives. The cache moves past the chain and the
+    rollouts' slots, as ``roll_out_tree`` moves it."""
+    stages = staged(run.pair.draft, cache)
+    chain = run.sequence[cache.length:] + list(window)  # committed tokens the draft has not seen, then the window
+    stage = stages.stage(rollouts.name, stages.route(rollouts.name, len(chain) + rollouts.budget))
+    table = stage.run(chain, *channel)
+    cache.length += len(chain) + rollouts.gamma * rollouts.budget
+    return table
 
 
 def queue_target(run, target_cache, window: list[int], step, exit_layer, kappa, head, tree: Tree | None = None):

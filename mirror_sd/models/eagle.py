@@ -210,9 +210,8 @@ class HeadStages(Stages):
         return "pairs" if early is None else "pairs + early features"
 
     def make(self, name: str, width: int) -> HeadStage:
-        kind = self.kinds[name]  # None: the pairs' forward; else a forward that makes its own stages
-        if kind is not None:
-            return kind.make_stage(self.model, width, self.cache)  # models/eagle_tree.py: TreeDraft
+        if self.kinds[name] is not None:  # a forward that makes its own stages (models/eagle_tree.py: TreeDraft)
+            return super().make(name, width)
         return HeadStage(self.model, width, self.cache, early=name == self.name(True))
 
 

@@ -471,7 +471,10 @@ class Stages:
 
     def make(self, name: str, width: int) -> Stage:
         """A new stage of the forward ``name`` at ``width`` rows (not captured yet)."""
-        layers, head, streams = self.kinds[name]
+        kind = self.kinds[name]
+        if hasattr(kind, "make_stage"):  # a forward that makes its own stages (models/rollout.py: Rollouts)
+            return kind.make_stage(self.model, width, self.cache)
+        layers, head, streams = kind
         return Stage(self.model, width, self.cache, layers, head, streams)
 
     def run(self, name: str, x: torch.Tensor, positions=None, mask=None, **inputs) -> torch.Tensor:
@@ -489,8 +492,10 @@ class Stages:
         return routed_widths(self.replay_ms.get(name, {}) if self.cheapest else {})
 
     def missing(self, names=None, widths=BUCKETS) -> list[tuple[str, int]]:
-        """The (name, width) stages not made yet (names None: every named forward)."""
-        return [(n, w) for n in (names or list(self.kinds)) for w in widths if (n, w) not in self._stages]
+        """The (name, width) stages not made yet (names None: every named forward; a forward that
+        names its ``widths`` is made at those only)."""
+        return [(n, w) for n in (names or list(self.kinds)) for w in widths
+                if w in getattr(self.kinds[n], "widths", BUCKETS) and (n, w) not in self._stages]
 
     def capture_all(self, names=None, widths=BUCKETS, progress=None):
         """Make every (name, width) not made yet now, at warm-up, so no step pays for a capture;

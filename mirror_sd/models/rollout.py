@@ -1,0 +1,170 @@
+"""Mirror-SD's draft-lane work in a queued step, as one fixed-shape stage: one graph per step.
+
+In a queued step (methods/mirror.py: ``queued_step``; T = 0, chains) the draft lane gets the token
+channel (the target's top-kappa candidates at each window row, their log-probs, and the window
+tokens' own log-probs), chooses the ``budget`` most likely branches (``choose_branches_on_device``)
+and rolls out ``gamma`` draft tokens after each, all branches in one tree per forward
+(``roll_out_tree``). Every shape in that is fixed by (budget, gamma, kappa, the window's most rows)
+and the bucket of the draft's first forward, and none of it needs the host until the branches are
+read. Run an operation at a time it is some hundred launches from the host per step; a
+:class:`RolloutStage` runs all of it in its body, so the host copies the chain and the channel in,
+replays one graph and reads one table.
+
+The body, for a draft cache of ``base`` committed slots, a chain of C tokens (the committed tokens
+the draft has not seen, then the window's L = T - 1 draft tokens) and a channel of T rows:
+
+1. the branches: ``choose_branches_on_device``'s rule over the channel's rows, its rows past T
+   (padding) sorted last and never valid;
+2. the first forward, W rows: the chain (rows [0, C), causal, at slots base..), padding, and the
+   ``budget`` branch roots in the last rows (slots after the chain; root of branch (r, v) at the
+   position after window row r, seeing the committed slots, the chain up to row r, and itself);
+3. gamma - 1 more forwards of ``budget`` rows, each branch's newest token, seeing what its root saw
+   and its own tokens so far.
+
+The greedy picks of each forward's branch rows are the next tokens. A run over padding only
+(warm-up, capture) writes scratch slots only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..errors import MirrorSDError
+from ..sampling import draft_argmax
+from .llama import Transformer
+from .stages import BUCKETS, CAUSAL, Stage, _copy_into, _SlotWriter, window_code
+
+
+@dataclass(frozen=True)
+class Rollouts:
+    """A draft stage set's forward: a queued step's branch choice and rollouts at these settings.
+    Give it to ``ModelPair.new_cache`` among the draft's ranges to make (capture) its stages at
+    warm-up."""
+
+    budget: int  # branches rolled out: at most rows * kappa
+    gamma: int  # draft tokens after each root
+    kappa: int  # candidates per window row
+    rows: int  # the most rows a window (and so the channel) has
+    vocab_size: int  # the target's (the picks are target ids)
+
+    @property
+    def name(self) -> str:
+        return f"rollouts {self.budget}x{self.gamma} from {self.rows}x{self.kappa} candidates"
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The buckets whose first forward holds a chain besides the roots."""
+        return tuple(w for w in BUCKETS if w > self.budget)
+
+    def stage_name_in(self, stages) -> str:
+        stages.kinds.setdefault(self.name, self)
+        return self.name
+
+    def make_stage(self, model: Transformer, width: int, cache) -> "RolloutStage":
+        return RolloutStage(model, width, cache, self)
+
+
+class RolloutStage(Stage):
+    """Branch choice and rollouts (module docstring); ``width``: the first forward's rows."""
+
+    def __init__(self, model: Transformer, width: int, cache, spec: Rollouts):
+        if width <= spec.budget:
+            raise MirrorSDError(f"a rollout stage of {spec.budget} branches needs more than {spec.budget} rows, "
+                                f"got {width}")
+        super().__init__(model, width, cache)  # self.x: the chain's ids
+        self.spec, device = spec, model.device
+        self.top_ids = torch.zeros(spec.rows, spec.kappa, dtype=torch.long, device=device)
+        self.top_logp = torch.zeros(spec.rows, spec.kappa, dtype=torch.float32, device=device)
+        self.window_logp = torch.zeros(spec.rows, dtype=torch.float32, device=device)  # T - 1 used
+        self.channel_rows = torch.zeros(1, dtype=torch.long, device=device)  # T
+
+    def run(self, chain: list[int], top_ids, top_logp, window_logp) -> torch.Tensor:
+        """The table [budget, 4 + gamma] (float64) of the branches, best first: accepted prefix r,
+        root, whether valid (not a window token: an acceptance, not a branch), score, then the
+        gamma tokens rolled out after the root (target ids). ``chain``: the C tokens after the
+        draft cache's slots (committed ones it has not seen, then the window's); the channel:
+        top_ids, top_logp [T, kappa] and window_logp [T - 1], on the draft's device. The cache's
+        length does not move: the rollouts take C + gamma * budget slots after it."""
+        spec, C, T = self.spec, len(chain), top_ids.shape[0]
+        base = self.cache.length
+        if not 1 <= C <= self.width - spec.budget or not 1 <= T <= spec.rows:
+            raise MirrorSDError(f"a rollout stage of width {self.width} holds a chain of 1 to "
+                                f"{self.width - spec.budget} tokens and 1 to {spec.rows} channel rows, got {C} and {T}")
+        if base + C + spec.gamma * spec.budget > self.cache.max_slots:
+            raise MirrorSDError(f"KV cache full: {base} + {C} + {spec.gamma} x {spec.budget} rollout tokens > "
+                                f"{self.cache.max_slots} slots")
+        with torch.inference_mode():
+            _copy_into(self.x[0, :C], chain)
+            _copy_into(self.top_ids[:T], top_ids)
+            _copy_into(self.top_logp[:T], top_logp)
+            if T > 1:
+                _copy_into(self.window_logp[:T - 1], window_logp)
+            self.channel_rows.fill_(T)
+            self.window.fill_(window_code(base, C, CAUSAL, False))
+            self.replay()
+        return self.out
+
+    def load_padding(self):
+        super().load_padding()
+        self.channel_rows.fill_(1)
+
+    def body(self) -> torch.Tensor:
+        _, _, C, base = self.window_numbers()  # [1] each: the chain's tokens, the draft's committed slots
+        T = self.channel_rows
+        r, roots, valid, scores = self.choose(T, C)  # [B] each
+        model, spec, W, B = self.model, self.spec, self.width, self.spec.budget
+        live, usable, s = C > 0, self.cache.max_slots, self.slot_ids  # padding only: scratch only; s [S]
+        n = base + C - (T - 1)  # committed tokens: the chain's first C - (T - 1) are committed
+        chain_depth = (s - n + 1).clamp(min=0)  # [S]: a chain slot's window depth (0: committed)
+        in_chain = (s >= base) & (s < base + C)
+        sees_before_root = (s < base) | (in_chain & (chain_depth <= r[:, None]))  # [B, S]
+
+        # The first forward: the chain (causal), padding, then every branch's root.
+        rows = self.rows  # [W]
+        b = (rows - (W - B)).clamp(min=0)  # [W]: a root row's branch
+        chain, root = rows < C, rows >= W - B
+        slots = torch.where(chain, base + rows, torch.where(root, base + C + b, usable + rows))
+        slots = torch.where(live, slots, usable + rows)
+        positions = torch.where(chain, base + rows, torch.where(root, n + r[b], 0))
+        ids = torch.where(root, roots[b], self.x[0])
+        sees = torch.where(chain[:, None], s <= (base + rows)[:, None],  # [W, S]
+                           sees_before_root[b] | (s == (base + C + b)[:, None]))
+        sees = torch.where((chain | root)[:, None] & live, sees, self.padding)
+        picks = [self.forward(ids, positions, sees, slots, last=B)]  # [B]
+
+        # gamma - 1 more: each branch's newest token.
+        branch = torch.arange(B, device=s.device)
+        after = s - base - C  # [S]: where the branches' slots start
+        for k in range(1, spec.gamma):
+            own = (after >= 0) & (after % B == branch[:, None]) & (after // B <= k)  # [B, S]
+            sees = torch.where(live, sees_before_root | own, s == (usable + branch)[:, None])
+            slots = torch.where(live, base + C + k * B + branch, usable + branch)
+            picks.append(self.forward(picks[-1], n + r + k, sees, slots, last=B))
+        columns = [r, roots, valid.long()]
+        return torch.cat([torch.stack(columns, dim=1).double(), scores[:, None], torch.stack(picks, dim=1).double()],
+                         dim=1)  # [B, 4 + gamma]
+
+    def choose(self, T: torch.Tensor, C: torch.Tensor):
+        """``choose_branches_on_device`` over the channel's first T rows (the rest: padding, last and
+        never valid): (r, roots, valid, scores) [budget] of the best hypotheses, best first."""
+        spec, device = self.spec, self.top_ids.device
+        row = torch.arange(spec.rows, device=device)  # [R]
+        L = T - 1  # window tokens; row r < L holds d_{r+1}, which is an acceptance, not a branch
+        drafted = self.x[0].gather(0, (C - L + row).clamp(0, self.width - 1))  # [R]: d_{r+1}
+        prefix = torch.cat([torch.zeros(1, dtype=torch.float64, device=device),
+                            torch.where(row < L, self.window_logp, 0).double().cumsum(0)])[:spec.rows]  # [R]
+        skip = ((row < L)[:, None] & (self.top_ids == drafted[:, None])) | (row >= T)[:, None]  # [R, kappa]
+        scores = torch.where((row < T)[:, None], prefix[:, None] + self.top_logp.double(), float("-inf")).flatten()
+        order = torch.sort(scores, descending=True, stable=True).indices  # best first
+        order = order[torch.sort(skip.flatten()[order].byte(), stable=True).indices][:spec.budget]  # skipped last
+        return order // spec.kappa, self.top_ids.flatten()[order], ~skip.flatten()[order], scores[order]
+
+    def forward(self, ids, positions, sees, slots, last: int) -> torch.Tensor:
+        """The draft over rows ids [R] at positions [R], seeing ``sees`` [R, S], writing ``slots`` [R]:
+        the greedy picks (target ids) of the last ``last`` rows."""
+        model, R = self.model, ids.shape[0]
+        win = replace(model.window(None, R, positions=positions[None]), mask=sees[None, None], causal=False)
+        h = model.forward_layers(model.embed(ids[None]), _SlotWriter(self.cache, slots), win, 0, model.num_layers)
+        return draft_argmax(model.head(h[:, -last:])[0], model.vocab_map, self.spec.vocab_size)
+

@@ -1,0 +1,100 @@
+"""Mirror-SD's queued draft-lane work as one stage (models/rollout.py): the branches and rollouts that
+``choose_branches_on_device`` and ``roll_out_tree`` give, from one replay; a run over padding
+writes scratch slots only; and a queued step on stages leaves the host far fewer operations."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mirror_sd import generate, load_pair
+from mirror_sd.methods.mirror import choose_branches_on_device, roll_out_tree
+from mirror_sd.models.forwards import FULL, forward, stage_cache
+from mirror_sd.models.rollout import Rollouts
+from mirror_sd.models.stages import Stage
+from mirror_sd.sampling import draft_argmax
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_dirs):
+    return load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), target_device="cpu",
+                     draft_device="cpu")
+
+
+def channel(T: int, kappa: int, window: list[int], seed: int):
+    """A token channel over T rows: distinct candidates per row (some of them the window's own next
+    token, which is an acceptance, not a branch), their log-probs best first (ties included), and
+    the window tokens' log-probs."""
+    g = torch.Generator().manual_seed(seed)
+    top_ids = torch.stack([torch.randperm(16, generator=g)[:kappa] for _ in range(T)])
+    for r, token in enumerate(window):
+        if r % 2 == 0:
+            top_ids[r, -1] = token if token not in top_ids[r, :-1] else top_ids[r, -1]
+    top_logp = torch.randn(T, kappa, generator=g).sort(dim=-1, descending=True).values
+    top_logp[:, -1] = top_logp[:, 0] if seed % 2 else top_logp[:, -1]
+    return top_ids, top_logp, torch.randn(T - 1, generator=g)
+
+
+@pytest.mark.parametrize("T,kappa,budget,gamma,unseen", [(3, 4, 16, 2, 1), (3, 2, 16, 3, 2), (5, 4, 6, 2, 1),
+                                                         (1, 3, 4, 1, 1), (9, 4, 16, 2, 3)])
+def test_one_replay_rolls_out_the_branches_the_device_chooses(pair, T, kappa, budget, gamma, unseen):
+    """After a prompt the draft has seen but its last ``unseen`` tokens: the stage's valid branches
+    (order, scores) and their tokens are those of ``choose_branches_on_device`` and ``roll_out_tree``
+    on the plain forward, and every row past them is marked invalid; the chain's keys and values match."""
+    draft, V = pair.draft, pair.target.args.vocab_size
+    rows = max(T, 3)
+    spec = Rollouts(min(budget, rows * kappa), gamma, kappa, rows, V)
+    sequence = [1, 5, 2, 9, 4, 7, 3][:4 + unseen]
+    window = [6, 11, 2, 8, 12, 1, 3, 9][:T - 1]
+    top_ids, top_logp, window_logp = channel(T, kappa, window, seed=T + kappa + budget)
+    plain, staged = draft.new_cache(200), stage_cache({}, draft, 200, [FULL, spec])
+    for cache in (plain, staged):
+        forward(draft, torch.tensor([sequence[:4]]), cache)
+    run = SimpleNamespace(pair=pair, sequence=sequence, draft_sampler=SimpleNamespace(greedy=True),
+                          draft_picks=lambda logits: draft_argmax(logits, draft.vocab_map, V))
+    r, roots, scores, valid = choose_branches_on_device(window, top_ids, top_logp, window_logp, budget)
+    picks = roll_out_tree(run, plain, window, r, roots, gamma)
+    stage = staged.stages.stage(spec.name, staged.stages.route(spec.name, unseen + len(window) + spec.budget))
+    table = stage.run(sequence[4:] + window, top_ids, top_logp, window_logp)
+    expected = [(int(a), int(b), float(s), p) for a, b, s, p, ok in
+                zip(r, roots, scores.tolist(), picks.tolist(), valid) if ok]
+    got = [(int(row[0]), int(row[1]), row[3], [int(t) for t in row[4:]]) for row in table.tolist() if row[2]]
+    assert got == expected and len(got) > 0
+    assert not table[len(expected):, 2].any()
+    C = unseen + len(window)
+    assert torch.allclose(staged.k[:, :, :, :4 + C], plain.k[:, :, :, :4 + C], atol=1e-5)
+
+
+def test_a_run_over_padding_writes_scratch_slots_only(pair):
+    spec = Rollouts(8, 3, 4, 3, pair.target.args.vocab_size)
+    cache = stage_cache({}, pair.draft, 100, [spec])
+    stage = cache.stages.stage(spec.name, 16)
+    cache.k.normal_()
+    before = cache.k[:, :, :, :cache.max_slots].clone()
+    stage.load_padding()
+    stage.body()
+    assert torch.equal(cache.k[:, :, :, :cache.max_slots], before)
+
+
+def test_a_stage_refuses_what_it_cannot_hold(pair):
+    spec = Rollouts(8, 2, 4, 3, pair.target.args.vocab_size)
+    cache = stage_cache({}, pair.draft, 100, [spec])
+    assert cache.stages.missing([spec.name]) == []  # made at its widths only: those that hold a chain and 8 roots
+    stage = cache.stages.stage(spec.name, 16)
+    ids, logp = torch.zeros(4, 4, dtype=torch.long), torch.zeros(4, 4)
+    with pytest.raises(Exception, match="1 to 3 channel rows"):
+        stage.run([1, 2, 3], ids, logp, torch.zeros(3))
+
+
+def test_a_queued_step_on_stages_commits_vanillas_tokens_with_far_fewer_host_operations(tiny_dirs, pair, monkeypatch):
+    """scripts/host_ops.py: a queued Mirror-SD step on stages (the draft's work one replay) commits
+    vanilla's tokens and runs under half the host operations of one that rolls out a forward at a time."""
+    from scripts.host_ops import count_ops, replay_outside_the_count
+
+    monkeypatch.setattr(Stage, "replay", replay_outside_the_count(Stage.replay))
+    staged = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
+    expected = generate(pair, "t1 t2 t3", method="vanilla", max_new_tokens=16, raw=True).token_ids
+    assert generate(staged, "t1 t2 t3", method="mirror", max_new_tokens=16, raw=True, queued=1).token_ids == expected
+    one_replay = count_ops(staged, "mirror", 16, prompt="t1 t2 t3", raw=True, options=dict(queued=1))
+    monkeypatch.setattr("mirror_sd.methods.mirror.staged", lambda model, cache: None)  # rollouts a forward at a time
+    forward_by_forward = count_ops(staged, "mirror", 16, prompt="t1 t2 t3", raw=True, options=dict(queued=1))
+    assert 2 * one_replay["ops_per_step"] < forward_by_forward["ops_per_step"]
