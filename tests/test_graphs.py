@@ -112,7 +112,7 @@ METHODS = [
     ("mirror", dict(gamma=2, exit_layer=1, streams=1, branch_budget=4, exit_head=0),
      {"full", "layers 0-1", "early exit at 1", "layers 1-2 + head", "streams 1-2"}),
     ("eagle", dict(depth=3, top_k=3, total_tokens=8),  # the whole draft one stage (models/eagle_tree.py)
-     {"layers 0-1", "layers 1-2", "tree draft 3x3, 8 kept + early features"}),
+     {"layers 0-1", "features 1-2", "tree draft 3x3, 8 kept + early features"}),
     ("ss", dict(gamma=3, top_k=2, total_tokens=4), {"layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("ss", dict(gamma=3, one_forward=1), {"layers 0-1", "layers 1-2 + head", "streams 1-2"}),  # after the main rows
 ]

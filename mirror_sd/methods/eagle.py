@@ -40,7 +40,7 @@ from ..devices import to_device
 from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, graft, grow_tree, keep_path, read_trees, sampled_chain, tree_window
 from ..errors import MirrorSDError
-from ..models.eagle import EMBEDDED_HEAD, EagleHead, HeadStages, feature_ranges, load_head, target_features
+from ..models.eagle import EMBEDDED_HEAD, EagleHead, HeadStages, load_head, stage_ranges, target_features
 from ..models.eagle_tree import TreeDraft
 from ..models.forwards import staged
 from ..models.stages import MAX_WIDTH
@@ -189,8 +189,7 @@ def verify_tree(run, cache, tree: Tree, early_layers=()):
 def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
     pair = run.pair
     target, lane, head = pair.target, run.target_lane, head_for(pair)
-    ranges = [(a, b, False) for a, b in feature_ranges(target, head.early_layers)]
-    cache = pair.new_cache(target, run.cache_slots + total_tokens + lookup, ranges)
+    cache = pair.new_cache(target, run.cache_slots + total_tokens + lookup, stage_ranges(target, head.early_layers))
     greedy = run.draft_sampler.greedy
     head_ranges = [HeadStages.name(None), *([HeadStages.name(True)] if head.early_layers else []),
                    TreeDraft(depth, top_k, total_tokens, bool(head.early_layers))] if greedy else []  # []: every forward

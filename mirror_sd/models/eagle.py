@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from weakref import WeakKeyDictionary
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -40,19 +41,52 @@ def target_features(target: Transformer, ids: torch.Tensor, cache, early_layers=
     """The target's layers over ids [B, T] written after the cache's slots (cache None: one causal
     sequence, as in training): features [B, T, d] (final-normed hidden states) and early features
     [B, T, len(early_layers) * d] (None without early layers). The cache's length does not move. On
-    stages for a stage cache (models/forwards.py, at the ranges ``feature_ranges`` gives)."""
-    h, early = ids, []
+    stages for a stage cache (models/forwards.py, at the ranges ``stage_ranges`` gives: the final
+    norm inside the last one's stage)."""
+    h, early, on_stages = ids, [], staged(target, cache) is not None
     for a, b in feature_ranges(target, early_layers):
-        h = layers(target, h, cache, a, b, positions, tree_mask)  # [B, T, d]
-        if b < target.num_layers:
+        last = b == target.num_layers
+        h = layers(target, h, cache, a, b, positions, tree_mask, head=final_norm(target) if on_stages and last else False)
+        if not last:
             early.append(early_feature(target, h, b))
-    return final_feature(target, h), (torch.cat(early, dim=-1) if early else None)
+    return (h if on_stages else final_feature(target, h)), (torch.cat(early, dim=-1) if early else None)
 
 
 def feature_ranges(target: Transformer, early_layers=()) -> list[tuple[int, int]]:
     """The layer ranges [a, b) that end at each early-feature layer, then at the last layer."""
     bounds = [0, *early_layers, target.num_layers]
     return list(zip(bounds, bounds[1:]))
+
+
+def stage_ranges(target: Transformer, early_layers=()) -> list[tuple]:
+    """``feature_ranges`` as models/forwards.py's ranges, for ``ModelPair.new_cache``: the last one
+    ends in the final norm (``FinalNorm``), so the features come out of its stage."""
+    ranges = feature_ranges(target, early_layers)
+    return [(a, b, False) for a, b in ranges[:-1]] + [(*ranges[-1], final_norm(target))]
+
+
+class FinalNorm(nn.Module):
+    """The target's final norm in the place of its LM head: a layer range that ends in features
+    (models/forwards.py names its stages "features a-b")."""
+
+    stage_name = "features"
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.norm(h)
+
+
+FINAL_NORMS: "WeakKeyDictionary" = WeakKeyDictionary()  # target -> its FinalNorm
+
+
+def final_norm(target: Transformer) -> FinalNorm:
+    """The target's one ``FinalNorm`` (a stage set knows a range by its module)."""
+    if target not in FINAL_NORMS:
+        FINAL_NORMS[target] = FinalNorm(target.model.norm)
+    return FINAL_NORMS[target]
 
 
 def early_feature(target: Transformer, h: torch.Tensor, layer: int) -> torch.Tensor:
