@@ -98,3 +98,13 @@ def test_a_queued_step_on_stages_commits_vanillas_tokens_with_far_fewer_host_ope
     monkeypatch.setattr("mirror_sd.methods.mirror.staged", lambda model, cache: None)  # rollouts a forward at a time
     forward_by_forward = count_ops(staged, "mirror", 16, prompt="t1 t2 t3", raw=True, options=dict(queued=1))
     assert 2 * one_replay["ops_per_step"] < forward_by_forward["ops_per_step"]
+
+
+@pytest.mark.parametrize("options", [dict(branch_budget=64, kappa=16), dict(branch_budget=40, kappa=16, lookup=0)])
+def test_wide_budgets_roll_out_on_the_widest_stage_or_a_forward_at_a_time(tiny_dirs, pair, options):
+    """Wide budgets: 40 roots still fit the widest stage (64 rows) beside the chain; 64 do not, and
+    those steps roll out a forward at a time, on stages still. Both commit vanilla's tokens."""
+    staged = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
+    expected = generate(pair, "t1 t2 t3", method="vanilla", max_new_tokens=12, raw=True).token_ids
+    out = generate(staged, "t1 t2 t3", method="mirror", max_new_tokens=12, raw=True, queued=1, **options)
+    assert out.error is None and out.token_ids == expected

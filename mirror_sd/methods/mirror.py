@@ -57,6 +57,7 @@ from ..drafting.tree import Tree, graft, keep_path, tree_window
 from ..models.exit_head import EarlyExit, available_exit_head, exit_head_for
 from ..models.forwards import FULL, layers, staged
 from ..models.rollout import Rollouts
+from ..models.stages import MAX_WIDTH
 from ..models.streams import draft_streams, split_forward, split_ranges
 from ..sampling import to_target_vocab
 from ..trace import Rendezvous, Step
@@ -384,8 +385,9 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
     fresh = make_drafter(streams, tree=tree, branching=branching)
     roll_out = rollout_streamed if streams else rollout
     queues = queues_steps(run, streams, queued)
-    rollouts = Rollouts(min(branch_budget, (max(gamma, lookup) + 1) * kappa), gamma, kappa, max(gamma, lookup) + 1,
-                        pair.target.args.vocab_size) if queues and not trees else None  # a queued step's draft work
+    rows = max(gamma, lookup) + 1  # the most a window has, with the token before it
+    rollouts = Rollouts(min(branch_budget, rows * kappa), gamma, kappa, rows, pair.target.args.vocab_size) \
+        if queues and not trees and min(branch_budget, rows * kappa) < MAX_WIDTH else None  # a queued step's draft work
     step_on = partial(queued_step, rollouts=rollouts) if queues else host_step
     exit_layer = exit_layer or default_exit_layer(pair.target.num_layers)
     head = choose_exit_head(pair, exit_layer, exit_head)  # None: the logit lens
@@ -482,7 +484,7 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
     B = min(budget, (len(window) + 1) * kappa)
 
     def choose_and_roll_out():  # the branches [B', 4 + gamma]: r, root, valid, score, tokens (``RolloutStage.run``)
-        if rollouts is not None and staged(run.pair.draft, draft_cache) is not None:
+        if rollouts_fit(run, draft_cache, window, rollouts):
             return roll_out_on_stage(run, draft_cache, window, channel_there, rollouts)
         r, roots, scores, valid = choose_branches_on_device(window, *channel_there, budget)
         picks = roll_out_tree(run, draft_cache, window, r, roots, gamma)  # [B, gamma]
@@ -497,6 +499,14 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
                                                      branches, label="verify + match branch", step=step)
     verified.record()  # the verdict is on the host: its work is done
     return verdict, hit, channel_there[0].tolist(), branches
+
+
+def rollouts_fit(run, cache, window: list[int], rollouts: Rollouts | None) -> bool:
+    """Whether the draft's stage for ``rollouts`` holds this step: the draft on stages, the window
+    within the channel rows it was made for, the chain and every root within its widest forward."""
+    chain = len(run.sequence) - cache.length + len(window)
+    return (rollouts is not None and staged(run.pair.draft, cache) is not None and len(window) < rollouts.rows
+            and chain + rollouts.budget <= MAX_WIDTH)
 
 
 def roll_out_on_stage(run, cache, window: list[int], channel, rollouts: Rollouts) -> torch.Tensor:
