@@ -215,8 +215,9 @@ def tree_window(tree: Tree, sequence: list[int], device) -> tuple[torch.Tensor, 
     """What a target forward over [last committed token, nodes] takes, on ``device``: ids [1, N + 1],
     positions [1, N + 1] (the root at len(sequence) - 1, a node its depth beyond) and the tree mask
     [N + 1, N + 1]."""
-    ids = to_device([[sequence[-1], *tree.tokens]], device)
-    return ids, to_device(tree_positions(tree.depths, len(sequence) - 1), device), tree_mask(tree.parents)
+    root = len(sequence) - 1
+    rows = to_device([[sequence[-1], *tree.tokens], [root, *(root + d for d in tree.depths)]], device)  # one copy
+    return rows[:1], rows[1:], tree_mask(tree.parents)
 
 
 def keep_path(cache, path: list[int], n: int):

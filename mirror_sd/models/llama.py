@@ -95,8 +95,8 @@ class KVCache(nn.Module):
                  num_layers: int | None = None):
         super().__init__()
         shape = (num_layers or args.num_layers, batch, args.num_kv_heads, max_slots, args.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, K, max_slots, D]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.kv = torch.zeros((2, *shape), dtype=dtype, device=device)  # keys and values in one: ``keep`` moves both at once
+        self.k, self.v = self.kv[0], self.kv[1]  # [L, B, K, max_slots, D] each
         self.length = 0  # slots [0, length) hold committed tokens
 
     @property
@@ -138,10 +138,9 @@ class KVCache(nn.Module):
 
         Used after tree verification: the accepted root-to-leaf path sits at scattered slots.
         """
-        slots = to_device(slots, self.k.device, torch.long)  # the index ops below run on this stream too
+        slots = to_device(slots, self.kv.device, torch.long)  # the index ops below run on this stream too
         n = len(slots)
-        self.k[:, :, :, at:at + n] = self.k[:, :, :, slots]
-        self.v[:, :, :, at:at + n] = self.v[:, :, :, slots]
+        self.kv[:, :, :, :, at:at + n] = self.kv[:, :, :, :, slots]  # [2, L, B, K, n, D]
         self.length = at + n
 
 
