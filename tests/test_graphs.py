@@ -103,8 +103,9 @@ METHODS = [
     ("sd", dict(gamma=3, tree=6, branching=2), {"full"}),  # the draft's tree levels and the target's tree verify
     ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=0),  # the trained exit head, in a stage of its own
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),
-    ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=1),  # the whole step queued: the branches chosen on the device
-     {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),
+    ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=1),  # the whole step queued: the token channel and the
+     {"full", "token channel: layers 0-1, trained early exit, top 4", "layers 1-2 + head",  # rollouts a stage each
+      "rollouts 16x3 from 4x4 candidates"}),
     ("mirror", dict(gamma=3, exit_layer=1, tree=6, branching=2, queued=0),  # tree windows: the prefix and suffix
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),  # under a tree mask
     ("mirror", dict(gamma=3, exit_layer=1, tree=6, branching=2, queued=1),  # queued tree steps

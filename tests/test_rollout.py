@@ -8,6 +8,7 @@ import torch
 
 from mirror_sd import generate, load_pair
 from mirror_sd.methods.mirror import choose_branches_on_device, roll_out_tree
+from mirror_sd.models.channel import pack
 from mirror_sd.models.forwards import FULL, forward, stage_cache
 from mirror_sd.models.rollout import Rollouts
 from mirror_sd.models.stages import Stage
@@ -53,8 +54,8 @@ def test_one_replay_rolls_out_the_branches_the_device_chooses(pair, T, kappa, bu
                           draft_picks=lambda logits: draft_argmax(logits, draft.vocab_map, V))
     r, roots, scores, valid = choose_branches_on_device(window, top_ids, top_logp, window_logp, budget)
     picks = roll_out_tree(run, plain, window, r, roots, gamma)
-    stage = staged.stages.stage(spec.name, staged.stages.route(spec.name, unseen + len(window) + spec.budget))
-    table = stage.run(sequence[4:] + window, top_ids, top_logp, window_logp)
+    table = staged.stages.run(spec.name, [sequence[4:] + window], rows=unseen + len(window) + spec.budget,
+                              channel=pack(top_ids, top_logp, window_logp))
     expected = [(int(a), int(b), float(s), p) for a, b, s, p, ok in
                 zip(r, roots, scores.tolist(), picks.tolist(), valid) if ok]
     got = [(int(row[0]), int(row[1]), row[3], [int(t) for t in row[4:]]) for row in table.tolist() if row[2]]
@@ -82,7 +83,7 @@ def test_a_stage_refuses_what_it_cannot_hold(pair):
     stage = cache.stages.stage(spec.name, 16)
     ids, logp = torch.zeros(4, 4, dtype=torch.long), torch.zeros(4, 4)
     with pytest.raises(Exception, match="1 to 3 channel rows"):
-        stage.run([1, 2, 3], ids, logp, torch.zeros(3))
+        stage.run([[1, 2, 3]], channel=pack(ids, logp, torch.zeros(3)))
 
 
 def test_a_queued_step_on_stages_commits_vanillas_tokens_with_far_fewer_host_operations(tiny_dirs, pair, monkeypatch):
@@ -93,7 +94,9 @@ def test_a_queued_step_on_stages_commits_vanillas_tokens_with_far_fewer_host_ope
     monkeypatch.setattr(Stage, "replay", replay_outside_the_count(Stage.replay))
     staged = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
     expected = generate(pair, "t1 t2 t3", method="vanilla", max_new_tokens=16, raw=True).token_ids
-    assert generate(staged, "t1 t2 t3", method="mirror", max_new_tokens=16, raw=True, queued=1).token_ids == expected
+    out = generate(staged, "t1 t2 t3", method="mirror", max_new_tokens=16, raw=True, queued=1)
+    assert out.token_ids == expected and "note" not in out.trace.meta  # no lane failed
+    assert any(step.rendezvous.branch_used is not None for step in out.trace.steps[1:])  # the rollouts hit
     one_replay = count_ops(staged, "mirror", 16, prompt="t1 t2 t3", raw=True, options=dict(queued=1))
     monkeypatch.setattr("mirror_sd.methods.mirror.staged", lambda model, cache: None)  # rollouts a forward at a time
     forward_by_forward = count_ops(staged, "mirror", 16, prompt="t1 t2 t3", raw=True, options=dict(queued=1))
@@ -107,4 +110,4 @@ def test_wide_budgets_roll_out_on_the_widest_stage_or_a_forward_at_a_time(tiny_d
     staged = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
     expected = generate(pair, "t1 t2 t3", method="vanilla", max_new_tokens=12, raw=True).token_ids
     out = generate(staged, "t1 t2 t3", method="mirror", max_new_tokens=12, raw=True, queued=1, **options)
-    assert out.error is None and out.token_ids == expected
+    assert out.error is None and out.token_ids == expected and "note" not in out.trace.meta

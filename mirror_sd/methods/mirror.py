@@ -56,6 +56,7 @@ from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, graft, keep_path, tree_window
 from ..models.exit_head import EarlyExit, available_exit_head, exit_head_for
 from ..models.forwards import FULL, layers, staged
+from ..models.channel import TokenChannel, pack, unpack
 from ..models.rollout import Rollouts
 from ..models.stages import MAX_WIDTH
 from ..models.streams import draft_streams, split_forward, split_ranges
@@ -385,16 +386,20 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
     fresh = make_drafter(streams, tree=tree, branching=branching)
     roll_out = rollout_streamed if streams else rollout
     queues = queues_steps(run, streams, queued)
-    rows = max(gamma, lookup) + 1  # the most a window has, with the token before it
-    rollouts = Rollouts(min(branch_budget, rows * kappa), gamma, kappa, rows, pair.target.args.vocab_size) \
-        if queues and not trees and min(branch_budget, rows * kappa) < MAX_WIDTH else None  # a queued step's draft work
-    step_on = partial(queued_step, rollouts=rollouts) if queues else host_step
     exit_layer = exit_layer or default_exit_layer(pair.target.num_layers)
     head = choose_exit_head(pair, exit_layer, exit_head)  # None: the logit lens
+    rows = max(gamma, lookup) + 1  # the most a window has, with the token before it
+    # A queued chain step's work as two stages: the token channel on the target, the rollouts on the draft
+    channel = TokenChannel(exit_layer, kappa, exit_reader(pair, head), pair.target.args.vocab_size) \
+        if queues and not trees and not pair.target.layer_devices else None
+    rollouts = Rollouts(min(branch_budget, rows * kappa), gamma, kappa, rows, pair.target.args.vocab_size) \
+        if queues and not trees and min(branch_budget, rows * kappa) < MAX_WIDTH else None
+    step_on = partial(queued_step, channel_stage=channel, rollouts=rollouts) if queues else host_step
     rollout_slots = branch_budget * (1 + branching * (gamma - 1)) + max(tree, lookup) if trees \
         else branch_budget * gamma + lookup
     target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=rollout_slots,
-                                                    target_ranges=target_ranges(pair, exit_layer, head),
+                                                    target_ranges=[*target_ranges(pair, exit_layer, head),
+                                                                   *([channel] if channel else [])],
                                                     draft_ranges=[*fresh.layer_ranges(pair),  # the rollouts' too
                                                                   *([rollouts] if rollouts else [])])
     yield first
@@ -472,21 +477,26 @@ def host_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa
 
 
 def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, budget, gamma, roll_out=None,
-                rollouts: Rollouts | None = None):
+                channel_stage: TokenChannel | None = None, rollouts: Rollouts | None = None):
     """One step queued on the lanes' streams from this thread, which waits for the GPU once, at the
     rendezvous: the target stream runs the prefix, the early exit and the suffix back to back; the
     draft stream waits for the token channel on a CUDA event (``Lane.queue``'s ``after``), then
-    chooses the branches and rolls them out, all on the device: on the draft's stages, as one
-    stage (``rollouts``, models/rollout.py); else ``choose_branches_on_device`` and ``roll_out_tree``.
+    chooses the branches and rolls them out, all on the device. On stages the token channel is one
+    stage (``channel_stage``, models/channel.py) and the draft's work another (``rollouts``,
+    models/rollout.py); else ``token_channel``, ``choose_branches_on_device`` and ``roll_out_tree``.
     T = 0, token by token (``queues_steps``; so ``roll_out`` is not needed). On CPU lanes the same
     work runs in turn on this thread. Returns what ``host_step`` does."""
-    channel_there, channel, logits, suffix = queue_target(run, target_cache, window, step, exit_layer, kappa, head)
+    channel_there, channel, logits, suffix = queue_target(run, target_cache, window, step, exit_layer, kappa, head,
+                                                          channel_stage=channel_stage)
+    packed = isinstance(channel_there, torch.Tensor)  # from the channel's stage (``models.channel.pack``)
     B = min(budget, (len(window) + 1) * kappa)
 
     def choose_and_roll_out():  # the branches [B', 4 + gamma]: r, root, valid, score, tokens (``RolloutStage.run``)
         if rollouts_fit(run, draft_cache, window, rollouts):
-            return roll_out_on_stage(run, draft_cache, window, channel_there, rollouts)
-        r, roots, scores, valid = choose_branches_on_device(window, *channel_there, budget)
+            return roll_out_on_stage(run, draft_cache, window, channel_there if packed else pack(*channel_there),
+                                     rollouts)
+        top = unpack(channel_there, kappa) if packed else channel_there
+        r, roots, scores, valid = choose_branches_on_device(window, *top, budget)
         picks = roll_out_tree(run, draft_cache, window, r, roots, gamma)  # [B, gamma]
         return torch.cat([torch.stack([r, roots, valid.long()], dim=1).double(), scores[:, None], picks.double()], dim=1)
 
@@ -498,7 +508,8 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
     (verdict, hit), verified = run.target_lane.queue("rendezvous", rendezvous, window, q, logits, run.target_sampler,
                                                      branches, label="verify + match branch", step=step)
     verified.record()  # the verdict is on the host: its work is done
-    return verdict, hit, channel_there[0].tolist(), branches
+    top_ids = [[int(v) for v in row[:kappa]] for row in channel_there.tolist()] if packed else channel_there[0].tolist()
+    return verdict, hit, top_ids, branches
 
 
 def rollouts_fit(run, cache, window: list[int], rollouts: Rollouts | None) -> bool:
@@ -511,28 +522,33 @@ def rollouts_fit(run, cache, window: list[int], rollouts: Rollouts | None) -> bo
 
 def roll_out_on_stage(run, cache, window: list[int], channel, rollouts: Rollouts) -> torch.Tensor:
     """A queued step's branch choice and rollouts in one replay of the draft's stage for ``rollouts``
-    (models/rollout.py), from the token channel (top ids, top log-probs, window log-probs) on the
-    draft's device; the table ``RolloutStage.run`` gives. The cache moves past the chain and the
+    (models/rollout.py), from the token channel packed (models/channel.py) on the draft's device;
+    the table ``RolloutStage.run`` gives. The cache moves past the chain and the
     rollouts' slots, as ``roll_out_tree`` moves it."""
     stages = staged(run.pair.draft, cache)
     chain = run.sequence[cache.length:] + list(window)  # committed tokens the draft has not seen, then the window
-    stage = stages.stage(rollouts.name, stages.route(rollouts.name, len(chain) + rollouts.budget))
-    table = stage.run(chain, *channel)
+    table = stages.run(rollouts.name, [chain], rows=len(chain) + rollouts.budget, channel=channel)
     cache.length += len(chain) + rollouts.gamma * rollouts.budget
     return table
 
 
-def queue_target(run, target_cache, window: list[int], step, exit_layer, kappa, head, tree: Tree | None = None):
+def queue_target(run, target_cache, window: list[int], step, exit_layer, kappa, head, tree: Tree | None = None,
+                 channel_stage: TokenChannel | None = None):
     """The target lane's part of a queued step, queued on its stream: the prefix and early exit over
     the window (the draft tokens, or ``tree``'s nodes), the token channel sent on to the draft's
-    device, then the suffix. Returns the channel there (top ids, top log-probs, window log-probs),
-    the prefix's ``Queued`` (its ``done`` event is what the draft stream waits for), the final
-    logits [T, V] (once the suffix is done) and the suffix's ``Queued``."""
+    device, then the suffix. Returns the channel there (top ids, top log-probs, window log-probs;
+    from ``channel_stage``'s stage, for a chain on the target's stages: the three packed in one
+    tensor, models/channel.py), the prefix's ``Queued`` (its ``done`` event is what the draft
+    stream waits for), the final logits [T, V] (once the suffix is done) and the suffix's ``Queued``."""
     pair, draft_device = run.pair, run.pair.draft.device
     T = len(window) + 1
     positions, mask = tree_window(tree, run.sequence, pair.target.device)[1:] if tree is not None else (None, None)
+    stages = staged(pair.target, target_cache) if channel_stage is not None and tree is None else None
 
     def token_channel_to_draft():  # the channel, sent on to the draft's device (off CUDA: read, so done)
+        if stages is not None:  # one stage: the prefix and the channel, packed
+            hidden, packed = stages.run(channel_stage.name, [[run.sequence[-1], *window]])
+            return hidden, packed.to(draft_device, non_blocking=draft_device.type == "cuda")
         hidden, *channel = token_channel(run, target_cache, [run.sequence[-1], *window], exit_layer, kappa, head,
                                          on_host=False, positions=positions, mask=mask,
                                          parents=tree.parents if tree is not None else None)

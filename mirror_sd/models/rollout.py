@@ -2,7 +2,7 @@
 
 In a queued step (methods/mirror.py: ``queued_step``; T = 0, chains) the draft lane gets the token
 channel (the target's top-kappa candidates at each window row, their log-probs, and the window
-tokens' own log-probs), chooses the ``budget`` most likely branches (``choose_branches_on_device``)
+tokens' own log-probs; packed in one tensor, models/channel.py), chooses the ``budget`` most likely branches (``choose_branches_on_device``)
 and rolls out ``gamma`` draft tokens after each, all branches in one tree per forward
 (``roll_out_tree``). Every shape in that is fixed by (budget, gamma, kappa, the window's most rows)
 and the bucket of the draft's first forward, and none of it needs the host until the branches are
@@ -74,19 +74,20 @@ class RolloutStage(Stage):
                                 f"got {width}")
         super().__init__(model, width, cache)  # self.x: the chain's ids
         self.spec, device = spec, model.device
-        self.top_ids = torch.zeros(spec.rows, spec.kappa, dtype=torch.long, device=device)
-        self.top_logp = torch.zeros(spec.rows, spec.kappa, dtype=torch.float32, device=device)
-        self.window_logp = torch.zeros(spec.rows, dtype=torch.float32, device=device)  # T - 1 used
+        self.channel = torch.zeros(spec.rows, 2 * spec.kappa + 1, dtype=torch.float64, device=device)  # T used
         self.channel_rows = torch.zeros(1, dtype=torch.long, device=device)  # T
 
-    def run(self, chain: list[int], top_ids, top_logp, window_logp) -> torch.Tensor:
+    def run(self, x, positions=None, mask=None, channel: torch.Tensor | None = None) -> torch.Tensor:
         """The table [budget, 4 + gamma] (float64) of the branches, best first: accepted prefix r,
         root, whether valid (not a window token: an acceptance, not a branch), score, then the
-        gamma tokens rolled out after the root (target ids). ``chain``: the C tokens after the
-        draft cache's slots (committed ones it has not seen, then the window's); the channel:
-        top_ids, top_logp [T, kappa] and window_logp [T - 1], on the draft's device. The cache's
-        length does not move: the rollouts take C + gamma * budget slots after it."""
-        spec, C, T = self.spec, len(chain), top_ids.shape[0]
+        gamma tokens rolled out after the root (target ids). x: [chain], the C tokens after the
+        draft cache's slots (committed ones it has not seen, then the window's); ``channel``: the
+        token channel of the window's T rows, packed (models/channel.py: ``pack``), on the draft's
+        device. The cache's length does not move: the rollouts take C + gamma * budget slots after it."""
+        if positions is not None or mask is not None:
+            raise MirrorSDError("a rollout stage lays out its own rows: no positions or mask")
+        chain = x[0]
+        spec, C, T = self.spec, len(chain), channel.shape[0]
         base = self.cache.length
         if not 1 <= C <= self.width - spec.budget or not 1 <= T <= spec.rows:
             raise MirrorSDError(f"a rollout stage of width {self.width} holds a chain of 1 to "
@@ -96,10 +97,7 @@ class RolloutStage(Stage):
                                 f"{self.cache.max_slots} slots")
         with torch.inference_mode():
             _copy_into(self.x[0, :C], chain)
-            _copy_into(self.top_ids[:T], top_ids)
-            _copy_into(self.top_logp[:T], top_logp)
-            if T > 1:
-                _copy_into(self.window_logp[:T - 1], window_logp)
+            _copy_into(self.channel[:T], channel)
             self.channel_rows.fill_(T)
             self.window.fill_(window_code(base, C, CAUSAL, False))
             self.replay()
@@ -148,17 +146,18 @@ class RolloutStage(Stage):
     def choose(self, T: torch.Tensor, C: torch.Tensor):
         """``choose_branches_on_device`` over the channel's first T rows (the rest: padding, last and
         never valid): (r, roots, valid, scores) [budget] of the best hypotheses, best first."""
-        spec, device = self.spec, self.top_ids.device
+        spec, device = self.spec, self.channel.device
+        top_ids, top_logp, window_logp = self.channel[:, :spec.kappa].long(), self.channel[:, spec.kappa:-1], self.channel[:, -1]
         row = torch.arange(spec.rows, device=device)  # [R]
         L = T - 1  # window tokens; row r < L holds d_{r+1}, which is an acceptance, not a branch
         drafted = self.x[0].gather(0, (C - L + row).clamp(0, self.width - 1))  # [R]: d_{r+1}
         prefix = torch.cat([torch.zeros(1, dtype=torch.float64, device=device),
-                            torch.where(row < L, self.window_logp, 0).double().cumsum(0)])[:spec.rows]  # [R]
-        skip = ((row < L)[:, None] & (self.top_ids == drafted[:, None])) | (row >= T)[:, None]  # [R, kappa]
-        scores = torch.where((row < T)[:, None], prefix[:, None] + self.top_logp.double(), float("-inf")).flatten()
+                            torch.where(row < L, window_logp, 0).cumsum(0)])[:spec.rows]  # [R]
+        skip = ((row < L)[:, None] & (top_ids == drafted[:, None])) | (row >= T)[:, None]  # [R, kappa]
+        scores = torch.where((row < T)[:, None], prefix[:, None] + top_logp, float("-inf")).flatten()
         order = torch.sort(scores, descending=True, stable=True).indices  # best first
         order = order[torch.sort(skip.flatten()[order].byte(), stable=True).indices][:spec.budget]  # skipped last
-        return order // spec.kappa, self.top_ids.flatten()[order], ~skip.flatten()[order], scores[order]
+        return order // spec.kappa, top_ids.flatten()[order], ~skip.flatten()[order], scores[order]
 
     def forward(self, ids, positions, sees, slots, last: int) -> torch.Tensor:
         """The draft over rows ids [R] at positions [R], seeing ``sees`` [R, S], writing ``slots`` [R]:

@@ -35,7 +35,8 @@ made (captured) then, before the first step. On stages now: vanilla's forwards; 
 its draft's forwards (token by token, and the streamed drafter's main rows and stream rows);
 Mirror-SD's target prefix, its early exit (trained head, final norm, LM-head rows, log_softmax: a
 stage of its own), its suffix, its fallback drafts and its branch rollouts (up to 64 rows; with
-streams, their stream rows too); EAGLE's target forwards (its prefill and tree verification, at
+streams, their stream rows too), and in a queued step its token channel and its branch choice and
+rollouts as one stage each (models/channel.py, models/rollout.py); EAGLE's target forwards (its prefill and tree verification, at
 the ranges its head's early features need) and its head's forwards (models/eagle.py:
 ``HeadStages``), at T = 0 its whole draft, head and tree, as one stage (models/eagle_tree.py);
 ss's main rows and its streams, in either form; every prefill, as 64-row chunks.
@@ -256,15 +257,16 @@ class Stage:
         return self.out[:, :T].clone()
 
     def load(self, x, positions=None, mask=None) -> int:
-        """Copy a window of T <= width rows into the static buffers; return T.
+        """Copy a window of T <= width rows (x [B, T] ids, as a tensor or lists, or [B, T, d] hidden
+        states) into the static buffers; return T.
 
         The host writes only what it was given (the rows, and positions or a mask if any) and one
         number for the rest (``window_code``); the body lays out slots, positions and the mask from
         them (``settle``). Padding rows keep whatever an earlier window left in x: they write
         scratch slots only and their outputs are never read, so the host need not clear them."""
-        B, T = x.shape[:2]
+        B, T = (len(x), len(x[0])) if isinstance(x, list) else x.shape[:2]  # ids as lists: copied in one go
         if B != self.batch or not 1 <= T <= self.width:
-            raise MirrorSDError(f"stage of batch {self.batch} and width {self.width} got input {tuple(x.shape)}")
+            raise MirrorSDError(f"stage of batch {self.batch} and width {self.width} got input of {B} x {T} rows")
         _copy_into(self.x[:, :T], x)
         if self.layers[0] == self.layers[1]:  # the LM head alone: no cache, no window
             return T
@@ -477,10 +479,13 @@ class Stages:
         layers, head, streams = kind
         return Stage(self.model, width, self.cache, layers, head, streams)
 
-    def run(self, name: str, x: torch.Tensor, positions=None, mask=None, **inputs) -> torch.Tensor:
-        """Stage ``name`` over x's T rows at the cheapest bucket that holds T (see :meth:`Stage.run`;
-        ``inputs``: what a kind of stage reads besides, such as an EAGLE head's features)."""
-        return self.stage(name, self.route(name, x.shape[1])).run(x, positions, mask, **inputs)
+    def run(self, name: str, x, positions=None, mask=None, rows: int | None = None, **inputs):
+        """Stage ``name`` over x's T rows (a tensor, or lists of ids) at the cheapest bucket that holds
+        them (see :meth:`Stage.run`; ``inputs``: what a kind of stage reads besides, such as an EAGLE
+        head's features; ``rows``: the rows to hold where they are not x's, as in Mirror-SD's
+        rollouts, whose stage holds every branch's root after x)."""
+        rows = rows or (len(x[0]) if isinstance(x, list) else x.shape[1])
+        return self.stage(name, self.route(name, rows)).run(x, positions, mask, **inputs)
 
     def route(self, name: str, width: int) -> int:
         """The bucket a window of ``width`` rows of ``name`` runs at (:func:`cheapest_bucket`; the

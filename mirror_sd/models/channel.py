@@ -1,0 +1,87 @@
+"""Mirror-SD's token channel as one fixed-shape stage: the target prefix, the early exit and what
+crosses to the draft, in one graph.
+
+A step's token channel (methods/mirror.py: ``token_channel``) runs the target's layers [0, exit)
+over the window, reads the exit (``EarlyExit``: a trained head if any, the final norm, the LM-head
+rows of the draft's vocabulary, log_softmax), lays the log-probs over the target's vocabulary, and
+takes the top-kappa candidates at every row and the log-prob of each window token at the row
+before it. Run an operation at a time, the part after the prefix is some twenty launches from the
+host; a :class:`ChannelStage` runs all of it in its body, over a causal window (a chain), and
+packs what crosses into one tensor [W, 2 kappa + 1] (``pack`` and ``unpack``), so the draft's
+device receives it in one copy. The prefix's hidden states stay in the stage for the suffix.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import MirrorSDError
+from ..sampling import to_target_vocab
+from .llama import Transformer
+from .stages import Stage
+
+
+@dataclass(frozen=True, eq=False)
+class TokenChannel:
+    """A target stage set's forward: layers [0, exit_layer) and the token channel through ``reader``
+    (models/exit_head.py: EarlyExit). Give it to ``ModelPair.new_cache`` among the target's ranges
+    to make (capture) its stages at warm-up."""
+
+    exit_layer: int
+    kappa: int
+    reader: torch.nn.Module
+    vocab_size: int  # the target's
+
+    @property
+    def name(self) -> str:
+        return f"token channel: layers 0-{self.exit_layer}, {self.reader.stage_name}, top {self.kappa}"
+
+    def stage_name_in(self, stages) -> str:
+        stages.kinds.setdefault(self.name, self)
+        return self.name
+
+    def make_stage(self, model: Transformer, width: int, cache) -> "ChannelStage":
+        return ChannelStage(model, width, cache, self)
+
+
+class ChannelStage(Stage):
+    """The prefix and the token channel over a causal window of up to ``width`` tokens."""
+
+    def __init__(self, model: Transformer, width: int, cache, spec: TokenChannel):
+        super().__init__(model, width, cache, layers=(0, spec.exit_layer), head=False)
+        self.spec = spec
+
+    def run(self, x, positions=None, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """For the T window tokens x [1, T] (the last committed one first), a causal window written
+        after the cache's slots: the prefix's hidden states [1, T, d] (a view of the stage's output:
+        use it before the next replay of a stage of this set) and the channel packed
+        [T, 2 kappa + 1] (``pack``; a copy). The cache's length does not move."""
+        if positions is not None or mask is not None:
+            raise MirrorSDError("the token channel's stage takes a chain: no positions or mask")
+        with torch.inference_mode():
+            T = self.load(x)
+            self.replay()
+            hidden, packed = self.out
+            return hidden[:, :T], packed[:T].clone()
+
+    def body(self):
+        h = super().body()  # [1, W, d]: layers [0, exit_layer) over the window
+        spec = self.spec
+        logp = to_target_vocab(spec.reader(h)[0], spec.reader.vocab_map, spec.vocab_size)  # [W, V]
+        top = logp.topk(spec.kappa, dim=-1)
+        drafted = self.x[0, 1:]  # [W - 1]: the token after each row (past T - 1: padding's)
+        window_logp = logp[:-1].gather(-1, drafted[:, None])[:, 0]  # [W - 1]
+        return h, pack(top.indices, top.values, window_logp)
+
+
+def pack(top_ids: torch.Tensor, top_logp: torch.Tensor, window_logp: torch.Tensor) -> torch.Tensor:
+    """The token channel in one tensor [T, 2 kappa + 1] (float64, ids exact): top ids [T, kappa], their
+    log-probs [T, kappa], and the window tokens' log-probs [T - 1] (a last row of 0 after them)."""
+    window_logp = torch.cat([window_logp, window_logp.new_zeros(top_ids.shape[0] - window_logp.shape[0])])
+    return torch.cat([top_ids.double(), top_logp.double(), window_logp.double()[:, None]], dim=1)
+
+
+def unpack(packed: torch.Tensor, kappa: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``pack``'s parts: top ids [T, kappa], top log-probs [T, kappa] (fp32), window log-probs [T - 1] (fp32)."""
+    return packed[:, :kappa].long(), packed[:, kappa:2 * kappa].float(), packed[:-1, 2 * kappa].float()
