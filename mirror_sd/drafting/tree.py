@@ -154,12 +154,17 @@ def read_trees(fields: torch.Tensor) -> list[Tree]:
 
 def stream_tree(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> Tree:
     """A draft tree from speculative streams' log-probs logp [gamma, head rows] at one position
-    (the tree drafting of Speculative Streaming): the top_k tokens of stream 1 are
-    children of the root; the top_k tokens of stream j + 1 are children of each of the top_k best
-    nodes of level j, scored by the sum of their streams' log-probs; the best ``total_tokens``
-    nodes are kept. to_ids maps head rows to target ids."""
+    (the tree drafting of Speculative Streaming): ``stream_tree_of`` their top_k candidates. to_ids
+    maps head rows to target ids."""
     top = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
-    rows, values = to_ids(top.indices).tolist(), top.values.tolist()  # [gamma, k] target ids, log-probs
+    return stream_tree_of(to_ids(top.indices).tolist(), top.values.tolist(), top_k, total_tokens)
+
+
+def stream_tree_of(rows: list[list[int]], values: list[list[float]], top_k: int, total_tokens: int) -> Tree:
+    """The streams' tree from each stream's top candidates (target ids ``rows`` and log-probs
+    ``values`` [gamma][k], best first): the candidates of stream 1 are children of the root; those
+    of stream j + 1 are children of each of the top_k best nodes of level j, scored by the sum of
+    their streams' log-probs; the best ``total_tokens`` nodes are kept."""
     tokens, parents, depths, scores = [], [], [], []
     level = [-1]
     for d, (ids, lps) in enumerate(zip(rows, values), start=1):

@@ -36,7 +36,9 @@ import torch
 
 from ..devices import to_device
 from ..drafting.lookup import copy_from_context
-from ..drafting.tree import Tree, graft, keep_path, sampled_chain, stream_tree, tree_window
+from ..drafting.tree import Tree, graft, keep_path, sampled_chain, stream_tree, stream_tree_of, tree_window
+from ..models.forwards import staged
+from ..models.stream_draft import StreamDraft
 from ..models.streams import forward_with_streams, split_forward, stream_ranges, target_streams
 from ..sampling import to_target_vocab
 from ..trace import Step
@@ -57,7 +59,15 @@ def draft_tree(run, streams, logits, top_k: int, total_tokens: int, lookup: int)
 
 def draft_from_streams(run, streams, cache, h0_row, gamma: int, top_k: int, total_tokens: int, lookup: int) -> Tree:
     """The next draft from the streams of one main row h0_row [1, 1, d] whose token sits in the
-    cache's last slot, run in a pass of their own: they see the step's correction/bonus, committed."""
+    cache's last slot, run in a pass of their own: they see the step's correction/bonus, committed.
+    At T = 0 on the target's stages, one stage (models/stream_draft.py) gives their candidates."""
+    stages = staged(run.pair.target, cache)
+    if run.draft_sampler.greedy and stages is not None:
+        spec = StreamDraft(streams, gamma, top_k)
+        top = stages.run(spec.name, h0_row, rows=streams.num_streams, next_id=run.sequence[-1]).tolist()  # [gamma, 2k]
+        k = len(top[0]) // 2
+        tree = stream_tree_of([[int(t) for t in row[:k]] for row in top], [row[k:] for row in top], top_k, total_tokens)
+        return graft(tree, copy_from_context(run.sequence, lookup))
     at = to_device([[cache.length - 1]], h0_row.device)  # [1, 1]
     next_ids = to_device([[run.sequence[-1]]], h0_row.device)  # [1, 1]: the step's correction/bonus
     logits = streams(run.pair.target, cache, h0_row, at, next_ids=next_ids)[0, 0, :gamma]  # [gamma, head rows]
@@ -82,10 +92,12 @@ def verify_tree(run, streams, cache, tree: Tree, gamma: int, one_forward: bool):
     return path, token, stream_logits[0, last] if one_forward else h0[:, last:last + 1]
 
 
-def prefill(run, streams, window: int, gamma: int, one_forward: bool):
+def prefill(run, streams, window: int, gamma: int, one_forward: bool, top_k: int):
     """The prompt through the target: the first token, and what the first draft needs (see verify_tree)."""
     target, lane = run.pair.target, run.target_lane
     ranges = stream_ranges(streams)  # with one_forward too: forward_with_streams runs the same stages
+    if run.draft_sampler.greedy and not one_forward:  # the streams' pass and its candidates: one stage
+        ranges.append(StreamDraft(streams, gamma, top_k))
     cache = run.pair.new_cache(target, run.cache_slots + window, ranges)
     ids = torch.tensor([run.prompt_ids], device=target.device)  # [1, P]
     n = ids.shape[1]
@@ -106,7 +118,7 @@ def prefill(run, streams, window: int, gamma: int, one_forward: bool):
 def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int, one_forward: int):
     lane, one_forward = run.target_lane, bool(one_forward)
     streams = target_streams(run.pair, one_forward=one_forward)
-    cache, ahead, first = prefill(run, streams, total_tokens + lookup, gamma, one_forward)
+    cache, ahead, first = prefill(run, streams, total_tokens + lookup, gamma, one_forward, top_k)
     yield first
     copied = f" + up to {lookup} copied" if lookup else ""
     while not run.done:

@@ -22,7 +22,7 @@ from .llama import Transformer
 from .stages import Stage
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class TokenChannel:
     """A target stage set's forward: layers [0, exit_layer) and the token channel through ``reader``
     (models/exit_head.py: EarlyExit). Give it to ``ModelPair.new_cache`` among the target's ranges
@@ -38,8 +38,7 @@ class TokenChannel:
         return f"token channel: layers 0-{self.exit_layer}, {self.reader.stage_name}, top {self.kappa}"
 
     def stage_name_in(self, stages) -> str:
-        stages.kinds.setdefault(self.name, self)
-        return self.name
+        return stages.name_kind(self.name, self)
 
     def make_stage(self, model: Transformer, width: int, cache) -> "ChannelStage":
         return ChannelStage(model, width, cache, self)

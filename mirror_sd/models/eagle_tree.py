@@ -46,8 +46,7 @@ class TreeDraft:
 
     def stage_name_in(self, stages) -> str:
         """Name this forward in a head's stage set (if new) and return its name."""
-        stages.kinds.setdefault(self.name, self)
-        return self.name
+        return stages.name_kind(self.name, self)
 
     def make_stage(self, head: EagleHead, width: int, cache) -> "TreeDraftStage":
         return TreeDraftStage(head, width, cache, self)

@@ -58,8 +58,7 @@ class Rollouts:
         return tuple(w for w in BUCKETS if w > self.budget)
 
     def stage_name_in(self, stages) -> str:
-        stages.kinds.setdefault(self.name, self)
-        return self.name
+        return stages.name_kind(self.name, self)
 
     def make_stage(self, model: Transformer, width: int, cache) -> "RolloutStage":
         return RolloutStage(model, width, cache, self)

@@ -39,7 +39,8 @@ streams, their stream rows too), and in a queued step its token channel and its 
 rollouts as one stage each (models/channel.py, models/rollout.py); EAGLE's target forwards (its prefill and tree verification, at
 the ranges its head's early features need) and its head's forwards (models/eagle.py:
 ``HeadStages``), at T = 0 its whole draft, head and tree, as one stage (models/eagle_tree.py);
-ss's main rows and its streams, in either form; every prefill, as 64-row chunks.
+ss's main rows and its streams, in either form (at T = 0 its draft from them as one stage:
+models/stream_draft.py); every prefill, as 64-row chunks.
 Stream rows (a ``streams`` stage) keep their keys and values in scratch slots, which is how a
 stage stores nothing for them. Where stream rows ride behind main rows in one plain forward
 (ss's ``one_forward=1``, the draft's ``streams=2``), the stages run the main rows first and the
@@ -449,6 +450,15 @@ class Stages:
             if replay_ms is not None:
                 self.replay_ms[name] = replay_ms
         self.kinds[name] = kind
+
+    def name_kind(self, name: str, kind) -> str:
+        """Name a forward that makes its own stages (``kind.make_stage``: models/eagle_tree.py,
+        channel.py, rollout.py, stream_draft.py) and return the name; stages made for another forward
+        of that name (other streams, say) are dropped."""
+        if self.kinds.get(name, kind) != kind:
+            self._take(name)
+        self.kinds[name] = kind
+        return name
 
     def _take(self, name: str) -> tuple[dict, dict | None]:
         """Remove the stages made for ``name`` and their timings, and return them (for the shelf)."""

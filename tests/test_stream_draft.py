@@ -1,0 +1,62 @@
+"""Speculative Streaming's greedy draft as one stage (models/stream_draft.py): the tree the streams'
+pass gives an operation at a time (``methods.ss.draft_from_streams`` on the plain forward), from
+one replay, with and without the next-token input; a run over padding writes scratch slots only."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mirror_sd import load_pair
+from mirror_sd.methods.ss import draft_from_streams
+from mirror_sd.models.forwards import forward, stage_cache
+from mirror_sd.models.stream_draft import StreamDraft
+from mirror_sd.models.streams import StreamConfig, Streams, split_forward, stream_ranges
+
+
+def streams_for(model, next_token_rank: int) -> Streams:
+    """Four untrained streams on the top layer, made to act (their LoRA and next-token map start at zero)."""
+    torch.manual_seed(3)
+    streams = Streams(model.args, StreamConfig(num_streams=4, stream_layers=1, rank=4,
+                                               next_token_rank=next_token_rank))
+    with torch.no_grad():
+        for p in streams.lora_b.values():
+            p.normal_(0, 0.1)
+        streams.embeddings.normal_(0, 1.0)
+        if next_token_rank:
+            streams.token_b.normal_(0, 0.1)
+    return streams.attach(model)
+
+
+@pytest.mark.parametrize("next_token_rank", [0, 2])
+@pytest.mark.parametrize("gamma,top_k,total_tokens", [(4, 2, 6), (3, 3, 9), (1, 1, 1)])
+def test_one_replay_drafts_the_tree_the_streams_pass_gives(tiny_dirs, next_token_rank, gamma, top_k, total_tokens):
+    target = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
+    streams = streams_for(target, next_token_rank)
+    spec = StreamDraft(streams, gamma, top_k)
+    plain, staged = target.new_cache(100), stage_cache({}, target, 100, [*stream_ranges(streams), spec])
+    sequence = [1, 5, 2, 9, 4, 7]  # the main row: 4 (the cache's last slot); 7: the step's next token
+    trees = []
+    for cache in (plain, staged):
+        forward(target, torch.tensor([sequence[:-2]]), cache)
+        _, h0 = split_forward(target, torch.tensor([sequence[-2:-1]]), cache, streams.first_layer)  # [1, 1, d]
+        cache.length += 1
+        run = SimpleNamespace(pair=SimpleNamespace(target=target), sequence=sequence,
+                              draft_sampler=SimpleNamespace(greedy=True))
+        trees.append(draft_from_streams(run, streams, cache, h0, gamma, top_k, total_tokens, lookup=0))
+    expected, got = trees
+    assert (got.tokens, got.parents, got.depths) == (expected.tokens, expected.parents, expected.depths)
+    assert got.scores == pytest.approx(expected.scores, abs=1e-4)
+    assert len(got.tokens) == min(total_tokens, top_k + top_k * top_k * (gamma - 1))
+    assert staged.length == plain.length == 5
+
+
+def test_a_run_over_padding_writes_scratch_slots_only(tiny_dirs):
+    target = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
+    spec = StreamDraft(streams_for(target, 2), 3, 2)
+    cache = stage_cache({}, target, 100, [spec])
+    stage = cache.stages.stage(spec.name, 4)
+    cache.k.normal_()
+    before = cache.k[:, :, :, :cache.max_slots].clone()
+    stage.load_padding()
+    stage.body()
+    assert torch.equal(cache.k[:, :, :, :cache.max_slots], before)
