@@ -97,15 +97,15 @@ def stage_runs(monkeypatch):
 
 METHODS = [
     ("vanilla", {}, {"full"}),
-    ("sd", dict(gamma=3), {"full"}),
+    ("sd", dict(gamma=3), {"full", "chain draft of 3"}),  # the draft's gamma forwards one stage (models/chain_draft.py)
     ("sd", dict(gamma=3, streams=1), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("sd", dict(gamma=3, streams=2), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("sd", dict(gamma=3, tree=6, branching=2), {"full"}),  # the draft's tree levels and the target's tree verify
     ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=0),  # the trained exit head, in a stage of its own
-     {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),
+     {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head", "chain draft of 3"}),
     ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=1),  # the whole step queued: the token channel and the
      {"full", "token channel: layers 0-1, trained early exit, top 4", "layers 1-2 + head",  # rollouts a stage each
-      "rollouts 16x3 from 4x4 candidates"}),
+      "rollouts 16x3 from 4x4 candidates", "chain draft of 3"}),
     ("mirror", dict(gamma=3, exit_layer=1, tree=6, branching=2, queued=0),  # tree windows: the prefix and suffix
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),  # under a tree mask
     ("mirror", dict(gamma=3, exit_layer=1, tree=6, branching=2, queued=1),  # queued tree steps

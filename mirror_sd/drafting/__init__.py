@@ -48,8 +48,9 @@ class Drafter:
         """Cache room beyond a window of gamma: (draft cache, target cache)."""
         return 0, 0
 
-    def layer_ranges(self, pair) -> list:
-        """The draft's layer ranges this drafter's forwards run (``ModelPair.new_cache``)."""
+    def layer_ranges(self, pair, gamma: int = 0, greedy: bool = False) -> list:
+        """The draft's layer ranges (and forwards of its own) this drafter's forwards run, for windows
+        of ``gamma`` tokens at T = 0 (``greedy``) or above (``ModelPair.new_cache``)."""
         return [FULL]
 
     def propose(self, run, cache, gamma: int) -> Proposal:

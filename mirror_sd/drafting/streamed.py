@@ -52,7 +52,7 @@ class Streamed(Drafter):
             raise MirrorSDError(f"gamma must be at most {trained + 1} with streams=1 (the draft's {trained} "
                                 f"trained streams + its main stream), got {gamma}")
 
-    def layer_ranges(self, pair) -> list:
+    def layer_ranges(self, pair, gamma: int = 0, greedy: bool = False) -> list:
         return [FULL, *stream_ranges(draft_streams(pair))]
 
     def propose(self, run, cache, gamma: int) -> Proposal:

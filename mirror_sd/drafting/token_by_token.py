@@ -20,7 +20,9 @@ import torch.nn.functional as F
 
 from ..devices import to_device
 from ..errors import MirrorSDError
-from ..models.forwards import forward
+from ..models.chain_draft import ChainDraft
+from ..models.forwards import FULL, forward, staged
+from ..models.stages import MAX_WIDTH
 from ..options import Option
 from ..trace import DraftWork
 from . import Drafter, Proposal
@@ -68,8 +70,14 @@ def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
     """
     draft, sampler = run.pair.draft, run.draft_sampler
     pending = run.sequence[cache.length:]
-    ids = to_device([pending], draft.device)  # [1, pending]
     if sampler.greedy and not copy_below:  # every pick stays on the device: one read of the window
+        stages, chain = staged(draft, cache), ChainDraft(gamma, run.pair.target.args.vocab_size)
+        if stages is not None and chain.name in stages.kinds and len(pending) <= MAX_WIDTH:  # one stage for all
+            tokens = stages.run(chain.name, [pending]).tolist()
+            cache.length += len(pending) + gamma - 1
+            return tokens, None, []
+    ids = to_device([pending], draft.device)  # [1, pending]
+    if sampler.greedy and not copy_below:
         picks = []
         for _ in range(gamma):
             picks.append(run.draft_picks(forward(draft, ids, cache)[0, -1]))  # [] on the device
@@ -122,6 +130,11 @@ class TokenByToken(Drafter):
 
     def __init__(self, copy_below: float = 0.0, tree: int = 0, branching: int = 4):
         self.copy_below, self.tree, self.branching = copy_below, tree, branching
+
+    def layer_ranges(self, pair, gamma: int = 0, greedy: bool = False) -> list:
+        """The full forward; at T = 0 a chain of gamma tokens as one stage too (models/chain_draft.py)."""
+        chain = greedy and gamma and not self.tree and not self.copy_below
+        return [FULL, *([ChainDraft(gamma, pair.target.args.vocab_size)] if chain else [])]
 
     def check(self, pair, gamma: int):
         if self.tree and self.copy_below:

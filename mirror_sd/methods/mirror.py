@@ -400,7 +400,7 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
     target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=rollout_slots,
                                                     target_ranges=[*target_ranges(pair, exit_layer, head),
                                                                    *([channel] if channel else [])],
-                                                    draft_ranges=[*fresh.layer_ranges(pair),  # the rollouts' too
+                                                    draft_ranges=[*fresh.layer_ranges(pair, gamma, run.draft_sampler.greedy),  # the rollouts' too
                                                                   *([rollouts] if rollouts else [])])
     yield first
     fresh_label = f"fallback draft tree of {tree} tokens, depth {gamma}" if trees else f"fallback draft {gamma} tokens"

@@ -44,7 +44,7 @@ def decode(run, gamma: int, **drafter_options):
     drafter = make_drafter(**drafter_options)
     extra_draft, past_gamma = drafter.extra_slots(pair, gamma)
     target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=extra_draft, extra_target_slots=past_gamma,
-                                                    draft_ranges=drafter.layer_ranges(pair))
+                                                    draft_ranges=drafter.layer_ranges(pair, gamma, run.draft_sampler.greedy))
     yield first
     label = f"draft {'≥' if past_gamma else ''}{gamma} tokens{drafter.how}"
     if drafter.tree:

@@ -32,7 +32,8 @@ the buffers, so a :class:`Stages` owns its cache: every generation reuses it (``
 The methods run on stages with ``load_pair(graphs="on")`` (or "auto" on a CUDA lane), through
 models/forwards.py: a method names the layer ranges it runs when it makes its cache, and they are
 made (captured) then, before the first step. On stages now: vanilla's forwards; sd's verify and
-its draft's forwards (token by token, and the streamed drafter's main rows and stream rows);
+its draft's forwards (token by token, at T = 0 a whole chain as one stage: models/chain_draft.py;
+and the streamed drafter's main rows and stream rows);
 Mirror-SD's target prefix, its early exit (trained head, final norm, LM-head rows, log_softmax: a
 stage of its own), its suffix, its fallback drafts and its branch rollouts (up to 64 rows; with
 streams, their stream rows too), and in a queued step its token channel and its branch choice and

@@ -1,0 +1,78 @@
+"""A draft's greedy chain as one fixed-shape stage: gamma draft forwards in one graph.
+
+At T = 0 the classic draft (drafting/token_by_token.py: ``draft_window``) catches up on the
+committed tokens it has not seen, then feeds each of its picks back for the next, gamma forwards in
+all; each pick already stays on the device, but each forward is a stage of its own, loaded and
+read by the host. A :class:`ChainDraftStage` runs the catch-up (a causal window, laid out as every
+stage lays one out) and the gamma - 1 one-token forwards after it in its body, so the host copies
+the unseen tokens in, replays one graph and reads the gamma picks. Sd's drafts and Mirror-SD's
+fallback drafts are such chains. A run over padding only (warm-up, capture) writes scratch slots
+only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..errors import MirrorSDError
+from ..sampling import draft_argmax
+from .llama import Transformer
+from .stages import Stage, _SlotWriter
+
+
+@dataclass(frozen=True)
+class ChainDraft:
+    """A draft stage set's forward: a greedy chain of ``gamma`` tokens after the unseen committed ones.
+    Give it to ``ModelPair.new_cache`` among the draft's ranges to make (capture) its stages at warm-up."""
+
+    gamma: int
+    vocab_size: int  # the target's (the picks are target ids)
+
+    @property
+    def name(self) -> str:
+        return f"chain draft of {self.gamma}"
+
+    def stage_name_in(self, stages) -> str:
+        return stages.name_kind(self.name, self)
+
+    def make_stage(self, model: Transformer, width: int, cache) -> "ChainDraftStage":
+        return ChainDraftStage(model, width, cache, self)
+
+
+class ChainDraftStage(Stage):
+    """The unseen committed tokens (up to ``width``), then gamma - 1 more forwards of one pick each."""
+
+    def __init__(self, model: Transformer, width: int, cache, spec: ChainDraft):
+        super().__init__(model, width, cache)
+        self.spec = spec
+
+    def run(self, x, positions=None, mask=None) -> torch.Tensor:
+        """The gamma picks [gamma] (target ids) after the T tokens x [1, T] written after the cache's
+        slots (a causal window). The cache's length does not move: the window and the first
+        gamma - 1 picks take T + gamma - 1 slots after it (the last pick is never fed)."""
+        if positions is not None or mask is not None:
+            raise MirrorSDError("a chain draft's window is causal: no positions or mask")
+        T = len(x[0]) if isinstance(x, list) else x.shape[1]
+        if self.cache.length + T + self.spec.gamma - 1 > self.cache.max_slots:
+            raise MirrorSDError(f"KV cache full: {self.cache.length} + {T} + {self.spec.gamma - 1} draft tokens > "
+                                f"{self.cache.max_slots} slots")
+        with torch.inference_mode():
+            self.load(x)
+            self.replay()
+        return self.out
+
+    def body(self) -> torch.Tensor:
+        model, V = self.model, self.spec.vocab_size
+        logits = super().body()[0]  # [W, V_draft]: the window's rows
+        _, _, T, start = self.window_numbers()
+        live, usable, s = T > 0, self.cache.max_slots, self.slot_ids  # padding only: scratch slot 0 only
+        picks = [draft_argmax(logits.index_select(0, (T - 1).clamp(min=0)), model.vocab_map, V)]  # [1]
+        for k in range(1, self.spec.gamma):
+            slot = start + T + k - 1  # [1]: pick k's slot and position
+            sees = torch.where(live, s <= slot, s == usable)  # [S]
+            win = replace(model.window(None, 1, positions=slot.view(1, 1)), mask=sees.view(1, 1, 1, -1), causal=False)
+            h = model.forward_layers(model.embed(picks[-1].view(1, 1)),
+                                     _SlotWriter(self.cache, torch.where(live, slot, usable)), win, 0, model.num_layers)
+            picks.append(draft_argmax(model.head(h)[0], model.vocab_map, V))
+        return torch.cat(picks)  # [gamma]

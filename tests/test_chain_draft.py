@@ -1,0 +1,45 @@
+"""A draft's greedy chain as one stage (models/chain_draft.py): the tokens, cache length and keys
+that ``draft_window`` gives a forward at a time, from one replay; a run over padding writes scratch
+slots only."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mirror_sd import load_pair
+from mirror_sd.drafting.token_by_token import draft_window
+from mirror_sd.models.chain_draft import ChainDraft
+from mirror_sd.models.forwards import FULL, forward, stage_cache
+from mirror_sd.sampling import draft_argmax
+
+
+@pytest.mark.parametrize("draft", ["draft", "reduced_draft"])  # picks over the whole vocabulary, or a draft's rows
+@pytest.mark.parametrize("gamma,unseen", [(1, 1), (3, 1), (4, 2), (6, 3)])
+def test_one_replay_drafts_the_chain_a_forward_at_a_time_gives(tiny_dirs, draft, gamma, unseen):
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs[draft]), target_device="cpu",
+                     draft_device="cpu")
+    model, V = pair.draft, pair.target.args.vocab_size
+    plain, staged = model.new_cache(100), stage_cache({}, model, 100, [FULL, ChainDraft(gamma, V)])
+    sequence = [1, 5, 2, 9, 4, 7, 3]
+    run = SimpleNamespace(pair=pair, sequence=sequence, draft_sampler=SimpleNamespace(greedy=True),
+                          draft_picks=lambda logits: draft_argmax(logits, model.vocab_map, V))
+    windows = []
+    for cache in (plain, staged):
+        forward(model, torch.tensor([sequence[:len(sequence) - unseen]]), cache)
+        windows.append(draft_window(run, cache, gamma))
+    assert windows[1] == windows[0] and len(windows[0][0]) == gamma
+    assert staged.length == plain.length == len(sequence) + gamma - 1
+    assert torch.allclose(staged.k[:, :, :, :plain.length], plain.k[:, :, :, :plain.length], atol=1e-5)
+
+
+def test_a_run_over_padding_writes_scratch_slots_only(tiny_dirs):
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), target_device="cpu",
+                     draft_device="cpu")
+    spec = ChainDraft(4, pair.target.args.vocab_size)
+    cache = stage_cache({}, pair.draft, 100, [spec])
+    stage = cache.stages.stage(spec.name, 2)
+    cache.k.normal_()
+    before = cache.k[:, :, :, :cache.max_slots].clone()
+    stage.load_padding()
+    stage.body()
+    assert torch.equal(cache.k[:, :, :, :cache.max_slots], before)
