@@ -113,7 +113,8 @@ METHODS = [
     ("mirror", dict(gamma=2, exit_layer=1, streams=1, branch_budget=4, exit_head=0),
      {"full", "layers 0-1", "early exit at 1", "layers 1-2 + head", "streams 1-2"}),
     ("eagle", dict(depth=3, top_k=3, total_tokens=8),  # the whole draft one stage (models/eagle_tree.py)
-     {"layers 0-1", "features 1-2", "tree draft 3x3, 8 kept + early features"}),
+     {"layers 0-1", "features 1-2", "tree draft 3x3, 8 kept + early features",  # the verification one stage
+      "tree verify, early features at [1]"}),  # too (models/eagle_verify.py); the prefill on layer ranges
     ("ss", dict(gamma=3, top_k=2, total_tokens=4),  # the streams' pass and candidates one stage (models/stream_draft.py)
      {"layers 0-1", "layers 1-2 + head", "stream draft 3x2"}),
     ("ss", dict(gamma=3, one_forward=1), {"layers 0-1", "layers 1-2 + head", "streams 1-2"}),  # after the main rows

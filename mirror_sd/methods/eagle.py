@@ -42,6 +42,7 @@ from ..drafting.tree import Tree, graft, grow_tree, keep_path, read_trees, sampl
 from ..errors import MirrorSDError
 from ..models.eagle import EMBEDDED_HEAD, EagleHead, HeadStages, load_head, stage_ranges, target_features
 from ..models.eagle_tree import TreeDraft
+from ..models.eagle_verify import TreeVerify
 from ..models.forwards import staged
 from ..models.stages import MAX_WIDTH
 from ..models.loading import EMBEDDED_NAME
@@ -175,8 +176,12 @@ def prefill(run, cache, early_layers=()):
 def verify_tree(run, cache, tree: Tree, early_layers=()):
     """One target forward over [root, nodes]; the accepted path (nodes), the next token, and the
     features of the root and the path [A + 1, d] with their early features; the cache keeps the
-    root and the path."""
+    root and the path. At T = 0 on the target's stages, all of it is one stage (``verify_on_stage``)."""
     target = run.pair.target
+    stages, spec = staged(target, cache), TreeVerify(tuple(early_layers))
+    if run.target_sampler.greedy and stages is not None and spec.name in stages.kinds \
+            and len(tree.tokens) < MAX_WIDTH:
+        return verify_on_stage(run, stages, cache, tree, spec)
     ids, positions, mask = tree_window(tree, run.sequence, target.device)
     feats, early = features_of(target, ids, cache, early_layers, positions, mask)
     logits = target.lm_head(feats).float()  # [N + 1, V]: one pass over the head's weights for every node
@@ -186,11 +191,25 @@ def verify_tree(run, cache, tree: Tree, early_layers=()):
     return path, token, feats[rows], (early[rows] if early is not None else None)
 
 
+def verify_on_stage(run, stages, cache, tree: Tree, spec: TreeVerify):
+    """``verify_tree`` in one replay of the stage ``spec`` names (models/eagle_verify.py): the tree's
+    rows copied in at once, the verdict read once."""
+    n = len(run.sequence)
+    rows = [[run.sequence[-1], *tree.tokens], [0, *tree.depths], [0, *(p + 1 for p in tree.parents)]]
+    verdict, feats, early = stages.run(spec.name, rows)
+    accepted, token, *path = verdict.tolist()
+    cache.length = n + accepted  # the root and the path, moved to slots n - 1 .. n - 1 + A
+    path = [row - 1 for row in path[1:accepted + 1]]
+    return path, token, feats[:accepted + 1], (early[:accepted + 1] if early is not None else None)
+
+
 def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
     pair = run.pair
     target, lane, head = pair.target, run.target_lane, head_for(pair)
-    cache = pair.new_cache(target, run.cache_slots + total_tokens + lookup, stage_ranges(target, head.early_layers))
     greedy = run.draft_sampler.greedy
+    verify_ranges = [TreeVerify(tuple(head.early_layers))] if greedy else []  # the verification as one stage
+    cache = pair.new_cache(target, run.cache_slots + total_tokens + lookup,
+                           [*stage_ranges(target, head.early_layers), *verify_ranges])
     head_ranges = [HeadStages.name(None), *([HeadStages.name(True)] if head.early_layers else []),
                    TreeDraft(depth, top_k, total_tokens, bool(head.early_layers))] if greedy else []  # []: every forward
     head_cache = pair.new_cache(head, run.cache_slots + total_tokens + depth * top_k, ranges=head_ranges,

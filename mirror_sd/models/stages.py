@@ -39,7 +39,8 @@ stage of its own), its suffix, its fallback drafts and its branch rollouts (up t
 streams, their stream rows too), and in a queued step its token channel and its branch choice and
 rollouts as one stage each (models/channel.py, models/rollout.py); EAGLE's target forwards (its prefill and tree verification, at
 the ranges its head's early features need) and its head's forwards (models/eagle.py:
-``HeadStages``), at T = 0 its whole draft, head and tree, as one stage (models/eagle_tree.py);
+``HeadStages``), and at T = 0 its whole draft, head and tree, and its whole verification as one
+stage each (models/eagle_tree.py, models/eagle_verify.py);
 ss's main rows and its streams, in either form (at T = 0 its draft from them as one stage:
 models/stream_draft.py); every prefill, as 64-row chunks.
 Stream rows (a ``streams`` stage) keep their keys and values in scratch slots, which is how a

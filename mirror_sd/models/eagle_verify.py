@@ -1,0 +1,117 @@
+"""EAGLE's greedy tree verification as one fixed-shape stage: the target's forward over the tree, the
+acceptance and the cache's compaction, in one graph.
+
+At T = 0 an EAGLE step verifies its tree (methods/eagle.py: ``verify_tree``) by one target forward
+over [root, nodes] under the tree mask, then walks the tree along the target's argmax
+(``verify.walk_tree_greedy``), keeps the root and the accepted path in the cache and hands their
+features to the head. A :class:`TreeVerifyStage` does all of that in its body from the tree's
+rows (token, depth, parent row), copied in at once:
+
+* the tree mask: each row's ancestors, by pointer jumping over the parent rows (log2 of the width
+  steps), so the host builds no mask;
+* the forward, at positions root + depth, writing rows at slots start..; the features (the final
+  norm's output; early features too, for a head that reads them) and the argmax of the LM head;
+* the acceptance: a node is accepted when its token is the argmax at its parent's row and its
+  parent is accepted. Siblings carry different tokens, so the accepted nodes are one path; its
+  deepest node gives the next token (the argmax there);
+* the compaction: the path's keys and values moved to slots start, start + 1, ...; its features
+  gathered in path order for the head's next pairs.
+
+The host reads one verdict [2 + W] (accepted length, next token, the path's rows). A run over
+padding only (warm-up, capture) writes scratch slots only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from .llama import Transformer
+from ..errors import MirrorSDError
+from .stages import CAUSAL, Stage, _copy_into, _SlotWriter, window_code
+
+PARENT_HOPS = 7  # pointer-jumping steps: 2**7 > 64, the widest stage, so every ancestor is found
+
+
+@dataclass(frozen=True)
+class TreeVerify:
+    """A target stage set's forward: the greedy verification of a draft tree, the features of its
+    accepted path and, for a head that reads them, their early features at ``early_layers``."""
+
+    early_layers: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return "tree verify" + (f", early features at {list(self.early_layers)}" if self.early_layers else "")
+
+    def stage_name_in(self, stages) -> str:
+        return stages.name_kind(self.name, self)
+
+    def make_stage(self, model: Transformer, width: int, cache) -> "TreeVerifyStage":
+        return TreeVerifyStage(model, width, cache, self)
+
+
+class TreeVerifyStage(Stage):
+    """The tree's forward, its acceptance and the cache's compaction (module docstring)."""
+
+    def __init__(self, model: Transformer, width: int, cache, spec: TreeVerify):
+        super().__init__(model, width, cache, layers=(0, model.num_layers), head=False)
+        self.spec = spec
+        self.tree = torch.zeros(3, width, dtype=torch.long, device=model.device)  # token, depth, parent row
+
+    def run(self, x, positions=None, mask=None):
+        """For a tree's rows x [3][T] (lists: token, depth, parent row; row 0 the root, at depth 0 and
+        its own parent), written from the cache's first free slot: the verdict [2 + W] (accepted
+        nodes A, the next token, then the path's rows: the root's 0 and the A nodes' rows), the
+        features [W, d] of the root and the path (first A + 1 rows) and their early features
+        [W, n * d] (None without early layers). The cache then holds the root and the path in its
+        first A + 1 slots after the old length; its length does not move (the caller sets it)."""
+        if positions is not None or mask is not None:
+            raise MirrorSDError("a tree verify lays out its rows from their depths and parents: no positions or mask")
+        T, start = len(x[0]), self.cache.length
+        if not 1 <= T <= self.width or start + T > self.cache.max_slots:
+            raise MirrorSDError(f"a tree verify of width {self.width} after {start} of {self.cache.max_slots} slots "
+                                f"cannot hold {T} rows")
+        with torch.inference_mode():
+            _copy_into(self.tree[:, :T], x)  # one copy for the three rows
+            self.window.fill_(window_code(self.cache.length, T, CAUSAL, False))
+            self.replay()
+        return self.out
+
+    def body(self):
+        model, W, r, s = self.model, self.width, self.rows, self.slot_ids
+        _, _, T, start = self.window_numbers()
+        usable, live = self.cache.max_slots, T > 0
+        real = (r < T) & live  # [W]
+        tokens, depths = self.tree[0], self.tree[1]
+        parents = torch.where(real, self.tree[2], r)  # padding rows: their own parent (no ancestor)
+        seen, hop = r[:, None] == r[None, :], parents  # [W, W]: each row's ancestors within 2**k steps, itself
+        for _ in range(PARENT_HOPS):
+            seen, hop = seen | seen[hop], hop[hop]
+        theirs = seen.gather(1, (s - start).clamp(0, W - 1).expand(W, -1))  # [W, S]: seen[row, s - start]
+        sees = (s < start) | ((s >= start) & (s < start + W) & theirs)
+        mask = torch.where(real[:, None], sees, self.padding)
+        slots = torch.where(real, start + r, usable + r)
+        positions = torch.where(real, start + depths, 0)
+        win = replace(model.window(None, W, positions=positions[None]), mask=mask[None, None], causal=False)
+        writer = _SlotWriter(self.cache, slots)
+        h, early, a = model.embed(tokens[None]), [], 0
+        for b in (*self.spec.early_layers, model.num_layers):  # the ranges target_features runs
+            h = model.forward_layers(h, writer, win, a, b)
+            if b < model.num_layers:
+                early.append(model.model.layers[b].input_layernorm(h))
+            a = b
+        feats = model.model.norm(h)[0]  # [W, d]
+        picks = model.lm_head(feats).float().argmax(-1)  # [W]: the target's token after each row
+
+        matches = (tokens == picks[parents]) | (r == 0)  # [W]: a node the target would emit there (the root: kept)
+        accepted = real & ~(seen & ~matches[None, :]).any(-1)  # every ancestor, and itself, matches
+        deepest = torch.where(accepted, depths, -1).argmax()  # the accepted path's last row
+        path = torch.sort(torch.where(seen[deepest], r, W + r)).values.clamp(max=W - 1)  # [W]: its rows first
+        kv = self.cache.kv  # [2, L, B, K, S, D]
+        kv.index_copy_(4, torch.where(live, start + r, usable + r), kv.index_select(4, torch.where(live, start + path,
+                                                                                                usable + r)))
+        verdict = torch.cat([depths[deepest].view(1), picks[deepest].view(1), path])  # [2 + W]
+        early = torch.cat(early, dim=-1)[0][path] if early else None
+        return verdict, feats[path], early
+

@@ -1,0 +1,73 @@
+"""EAGLE's greedy tree verification as one stage (models/eagle_verify.py): the accepted path, next
+token, features and kept keys and values that ``methods.eagle.verify_tree`` gives on the plain
+forward, from one replay; a run over padding writes scratch slots only."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mirror_sd import load_pair
+from mirror_sd.drafting.tree import Tree
+from mirror_sd.methods.eagle import verify_tree
+from mirror_sd.models.eagle import stage_ranges
+from mirror_sd.models.eagle_verify import TreeVerify
+from mirror_sd.models.forwards import forward, stage_cache
+from mirror_sd.sampling import Sampler
+
+PREFIX = [1, 5, 2, 9, 4, 7]
+ATOL = 1e-5
+
+
+def greedy_continuation(target, n: int) -> list[int]:
+    """The target's next n tokens after PREFIX, greedily."""
+    cache, ids, out = target.new_cache(64), torch.tensor([PREFIX]), []
+    for _ in range(n):
+        out.append(int(forward(target, ids, cache)[0, -1].argmax()))
+        ids = torch.tensor([[out[-1]]])
+    return out
+
+
+def trees(g: list[int]) -> dict[str, Tree]:
+    """Trees over the target's greedy tokens g (a path the target accepts) and other tokens:
+    the whole path accepted, part of it, none, and a deep copied chain hanging off the root."""
+    other = [(t + 3) % 16 for t in g]
+    return {
+        "all": Tree([g[0], other[0], g[1], other[1], g[2]], [-1, -1, 0, 0, 2], [1, 1, 2, 2, 3], [0.0] * 5),
+        "part": Tree([other[0], g[0], other[1], g[1], other[2]], [-1, -1, 1, 1, 3], [1, 1, 2, 2, 3], [0.0] * 5),
+        "none": Tree([other[0], other[1]], [-1, 0], [1, 2], [0.0] * 2),
+        "deep": Tree([other[0], *g[:6]], [-1, -1, 1, 2, 3, 4, 5], [1, 1, 2, 3, 4, 5, 6], [0.0] * 7),
+    }
+
+
+@pytest.mark.parametrize("early_layers", [(), (1,)])
+@pytest.mark.parametrize("case", ["all", "part", "none", "deep"])
+def test_one_replay_verifies_as_the_plain_forward_and_walk_do(tiny_dirs, early_layers, case):
+    target = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
+    tree = trees(greedy_continuation(target, 6))[case]
+    spec = TreeVerify(early_layers)
+    plain = target.new_cache(100)
+    staged = stage_cache({}, target, 100, [*stage_ranges(target, early_layers), spec])
+    run = SimpleNamespace(pair=SimpleNamespace(target=target), sequence=PREFIX, target_sampler=Sampler(0.0))
+    results = []
+    for cache in (plain, staged):
+        forward(target, torch.tensor([PREFIX[:-1]]), cache)
+        results.append((verify_tree(run, cache, tree, early_layers), cache.length))
+    ((path, token, feats, early), length), ((got_path, got_token, got_feats, got_early), got_length) = results
+    assert (got_path, got_token, got_length) == (path, token, length)
+    assert {"all": 3, "part": 2, "none": 0, "deep": 6}[case] == len(path)
+    assert torch.allclose(got_feats, feats, atol=ATOL)
+    assert (got_early is None) == (early is None) and (early is None or torch.allclose(got_early, early, atol=ATOL))
+    assert torch.allclose(staged.k[:, :, :, :length], plain.k[:, :, :, :length], atol=ATOL)  # the path, compacted
+    assert torch.allclose(staged.v[:, :, :, :length], plain.v[:, :, :, :length], atol=ATOL)
+
+
+def test_a_run_over_padding_writes_scratch_slots_only(tiny_dirs):
+    target = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
+    spec = TreeVerify((1,))
+    cache = stage_cache({}, target, 100, [spec])
+    stage = cache.stages.stage(spec.name, 8)
+    cache.k.normal_()
+    before = cache.kv[:, :, :, :, :cache.max_slots].clone()
+    stage.load_padding()
+    stage.body()
+    assert torch.equal(cache.kv[:, :, :, :, :cache.max_slots], before)
