@@ -71,3 +71,25 @@ def test_a_run_over_padding_writes_scratch_slots_only(tiny_dirs):
     stage.load_padding()
     stage.body()
     assert torch.equal(cache.kv[:, :, :, :, :cache.max_slots], before)
+
+
+@pytest.mark.parametrize("case", ["all", "part", "none"])
+def test_ss_verifies_on_the_stage_with_the_hidden_state_its_streams_start_from(tiny_dirs, case):
+    """``ss``'s verification (``hidden_at`` the streams' first layer): the same path and token, and
+    the last accepted row's hidden state entering that layer, as split_forward gives it."""
+    from mirror_sd.methods.ss import verify_tree as ss_verify
+    from mirror_sd.models.streams import StreamConfig, Streams, stream_ranges
+
+    target = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
+    streams = Streams(target.args, StreamConfig(num_streams=3, stream_layers=1, rank=4)).attach(target)
+    tree = trees(greedy_continuation(target, 6))[case]
+    plain = target.new_cache(100)
+    staged = stage_cache({}, target, 100, [*stream_ranges(streams), TreeVerify(hidden_at=streams.first_layer)])
+    run = SimpleNamespace(pair=SimpleNamespace(target=target), sequence=PREFIX, target_sampler=Sampler(0.0))
+    results = []
+    for cache in (plain, staged):
+        forward(target, torch.tensor([PREFIX[:-1]]), cache)
+        results.append((ss_verify(run, streams, cache, tree, 3, one_forward=False), cache.length))
+    ((path, token, h0), length), ((got_path, got_token, got_h0), got_length) = results
+    assert (got_path, got_token, got_length) == (path, token, length)
+    assert got_h0.shape == h0.shape == (1, 1, target.args.hidden_size) and torch.allclose(got_h0, h0, atol=ATOL)

@@ -100,7 +100,8 @@ METHODS = [
     ("sd", dict(gamma=3), {"full", "chain draft of 3"}),  # the draft's gamma forwards one stage (models/chain_draft.py)
     ("sd", dict(gamma=3, streams=1), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("sd", dict(gamma=3, streams=2), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
-    ("sd", dict(gamma=3, tree=6, branching=2), {"full"}),  # the draft's tree levels and the target's tree verify
+    ("sd", dict(gamma=3, tree=6, branching=2), {"full", "tree verify"}),  # the draft's tree levels; the target's
+    # tree verify one stage (models/eagle_verify.py)
     ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=0),  # the trained exit head, in a stage of its own
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head", "chain draft of 3"}),
     ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=1),  # the whole step queued: the token channel and the
@@ -116,7 +117,7 @@ METHODS = [
      {"layers 0-1", "features 1-2", "tree draft 3x3, 8 kept + early features",  # the verification one stage
       "tree verify, early features at [1]"}),  # too (models/eagle_verify.py); the prefill on layer ranges
     ("ss", dict(gamma=3, top_k=2, total_tokens=4),  # the streams' pass and candidates one stage (models/stream_draft.py)
-     {"layers 0-1", "layers 1-2 + head", "stream draft 3x2"}),
+     {"layers 0-1", "layers 1-2 + head", "stream draft 3x2", "tree verify, hidden states at 1"}),
     ("ss", dict(gamma=3, one_forward=1), {"layers 0-1", "layers 1-2 + head", "streams 1-2"}),  # after the main rows
 ]
 

@@ -48,7 +48,7 @@ from ..models.stages import MAX_WIDTH
 from ..models.loading import EMBEDDED_NAME
 from ..sampling import to_target_vocab
 from ..trace import Step
-from .verify import accept_tree
+from .verify import accept_tree, verify_stages, verify_tree_on_stage
 
 HEADS: "WeakKeyDictionary" = WeakKeyDictionary()  # target Transformer -> its EagleHead
 
@@ -176,12 +176,12 @@ def prefill(run, cache, early_layers=()):
 def verify_tree(run, cache, tree: Tree, early_layers=()):
     """One target forward over [root, nodes]; the accepted path (nodes), the next token, and the
     features of the root and the path [A + 1, d] with their early features; the cache keeps the
-    root and the path. At T = 0 on the target's stages, all of it is one stage (``verify_on_stage``)."""
+    root and the path. At T = 0 on the target's stages, all of it is one stage (``verify_tree_on_stage``)."""
     target = run.pair.target
-    stages, spec = staged(target, cache), TreeVerify(tuple(early_layers))
-    if run.target_sampler.greedy and stages is not None and spec.name in stages.kinds \
-            and len(tree.tokens) < MAX_WIDTH:
-        return verify_on_stage(run, stages, cache, tree, spec)
+    spec = TreeVerify(tuple(early_layers))
+    stages = verify_stages(run, cache, tree, spec)
+    if stages is not None:
+        return verify_tree_on_stage(run, stages, cache, tree, spec)[:4]
     ids, positions, mask = tree_window(tree, run.sequence, target.device)
     feats, early = features_of(target, ids, cache, early_layers, positions, mask)
     logits = target.lm_head(feats).float()  # [N + 1, V]: one pass over the head's weights for every node
@@ -189,18 +189,6 @@ def verify_tree(run, cache, tree: Tree, early_layers=()):
     keep_path(cache, path, len(run.sequence))
     rows = [0] + [i + 1 for i in path]
     return path, token, feats[rows], (early[rows] if early is not None else None)
-
-
-def verify_on_stage(run, stages, cache, tree: Tree, spec: TreeVerify):
-    """``verify_tree`` in one replay of the stage ``spec`` names (models/eagle_verify.py): the tree's
-    rows copied in at once, the verdict read once."""
-    n = len(run.sequence)
-    rows = [[run.sequence[-1], *tree.tokens], [0, *tree.depths], [0, *(p + 1 for p in tree.parents)]]
-    verdict, feats, early = stages.run(spec.name, rows)
-    accepted, token, *path = verdict.tolist()
-    cache.length = n + accepted  # the root and the path, moved to slots n - 1 .. n - 1 + A
-    path = [row - 1 for row in path[1:accepted + 1]]
-    return path, token, feats[:accepted + 1], (early[:accepted + 1] if early is not None else None)
 
 
 def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):

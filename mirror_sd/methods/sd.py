@@ -15,10 +15,11 @@ import torch
 
 from ..drafting import make_drafter
 from ..drafting.tree import Tree, keep_path, tree_window
-from ..models.forwards import forward
+from ..models.eagle_verify import TreeVerify
+from ..models.forwards import FULL, forward
 from ..trace import Step
 from .prefill import prefill_pair
-from .verify import accept_tree, verify
+from .verify import accept_tree, verify, verify_stages, verify_tree_on_stage
 
 
 def check(pair, options):
@@ -31,7 +32,11 @@ def _drafter_options(options: dict) -> dict:
 
 def verify_tree(run, cache, tree: Tree) -> tuple[list[int], int]:
     """One target forward over [last committed token, tree nodes] under the tree mask; the accepted
-    path (nodes) and the next token. The cache keeps the root and the path."""
+    path (nodes) and the next token. The cache keeps the root and the path. At T = 0 on the target's
+    stages, one stage (models/eagle_verify.py)."""
+    stages = verify_stages(run, cache, tree, TreeVerify())
+    if stages is not None:
+        return verify_tree_on_stage(run, stages, cache, tree, TreeVerify())[:2]
     ids, positions, mask = tree_window(tree, run.sequence, run.pair.target.device)
     logits = forward(run.pair.target, ids, cache, positions, mask)[0]  # [N + 1, V]
     path, token = accept_tree(tree, logits, run.target_sampler)
@@ -43,7 +48,9 @@ def decode(run, gamma: int, **drafter_options):
     pair = run.pair
     drafter = make_drafter(**drafter_options)
     extra_draft, past_gamma = drafter.extra_slots(pair, gamma)
+    verify_ranges = [TreeVerify()] if drafter.tree and run.target_sampler.greedy else []  # a tree's verification
     target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=extra_draft, extra_target_slots=past_gamma,
+                                                    target_ranges=[FULL, *verify_ranges],
                                                     draft_ranges=drafter.layer_ranges(pair, gamma, run.draft_sampler.greedy))
     yield first
     label = f"draft {'≥' if past_gamma else ''}{gamma} tokens{drafter.how}"

@@ -38,11 +38,12 @@ from ..devices import to_device
 from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, graft, keep_path, sampled_chain, stream_tree, stream_tree_of, tree_window
 from ..models.forwards import staged
+from ..models.eagle_verify import TreeVerify
 from ..models.stream_draft import StreamDraft
 from ..models.streams import forward_with_streams, split_forward, stream_ranges, target_streams
 from ..sampling import to_target_vocab
 from ..trace import Step
-from .verify import accept_tree
+from .verify import accept_tree, verify_stages, verify_tree_on_stage
 
 
 def draft_tree(run, streams, logits, top_k: int, total_tokens: int, lookup: int) -> Tree:
@@ -80,6 +81,11 @@ def verify_tree(run, streams, cache, tree: Tree, gamma: int, one_forward: bool):
     (they rode in this forward), else that node's layer-L0 hidden state [1, 1, d]. The cache keeps
     the root and the path."""
     target = run.pair.target
+    spec = TreeVerify(hidden_at=streams.first_layer)
+    stages = None if one_forward else verify_stages(run, cache, tree, spec)
+    if stages is not None:  # one stage (models/eagle_verify.py): the path's hidden states where the streams start
+        path, token, _, _, hidden = verify_tree_on_stage(run, stages, cache, tree, spec)
+        return path, token, hidden[None, -1:]  # the last accepted row's [1, 1, d]
     ids, positions, mask = tree_window(tree, run.sequence, target.device)
     if one_forward:
         logits, stream_logits = forward_with_streams(target, streams, ids, cache, gamma, positions=positions,
@@ -96,8 +102,8 @@ def prefill(run, streams, window: int, gamma: int, one_forward: bool, top_k: int
     """The prompt through the target: the first token, and what the first draft needs (see verify_tree)."""
     target, lane = run.pair.target, run.target_lane
     ranges = stream_ranges(streams)  # with one_forward too: forward_with_streams runs the same stages
-    if run.draft_sampler.greedy and not one_forward:  # the streams' pass and its candidates: one stage
-        ranges.append(StreamDraft(streams, gamma, top_k))
+    if run.draft_sampler.greedy and not one_forward:  # the streams' pass and its candidates, the verification:
+        ranges += [StreamDraft(streams, gamma, top_k), TreeVerify(hidden_at=streams.first_layer)]  # a stage each
     cache = run.pair.new_cache(target, run.cache_slots + window, ranges)
     ids = torch.tensor([run.prompt_ids], device=target.device)  # [1, P]
     n = ids.shape[1]

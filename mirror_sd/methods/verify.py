@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from ..drafting.tree import Tree, walk_tree
+from ..models.forwards import staged
+from ..models.stages import MAX_WIDTH
 from ..sampling import Sampler
 
 
@@ -82,3 +84,27 @@ def accept_tree(tree: Tree, logits: torch.Tensor, sampler: Sampler) -> tuple[lis
         return walk_tree_greedy(tree.tokens, tree.children(), logits)
     verdict = verify_sampling(tree.tokens, tree.q, sampler.probs(logits), sampler)
     return list(range(verdict.accepted)), verdict.token
+
+
+def verify_stages(run, cache, tree, spec):
+    """The target's stage set for ``verify_tree_on_stage``, where it can verify ``tree``: T = 0, the
+    target on stages whose warm-up made ``spec``'s stages, and a tree within the widest stage; else None."""
+    stages = staged(run.pair.target, cache)
+    fits = stages is not None and spec.name in stages.kinds and len(tree.tokens) < MAX_WIDTH
+    return stages if run.target_sampler.greedy and fits else None
+
+
+def verify_tree_on_stage(run, stages, cache, tree, spec):
+    """A greedy tree verification in one replay of the stage ``spec`` names (models/eagle_verify.py):
+    the tree's rows copied in at once, the verdict read once. Returns the accepted path (nodes), the
+    next token, and the path's features [A + 1, d], early features and hidden states (``spec``'s;
+    views of the stage's output: use them before its next replay). The cache keeps the root and
+    the path, as ``keep_path`` leaves it."""
+    n = len(run.sequence)
+    rows = [[run.sequence[-1], *tree.tokens], [0, *tree.depths], [0, *(p + 1 for p in tree.parents)]]
+    verdict, feats, early, hidden = stages.run(spec.name, rows)
+    accepted, token, *path = verdict.tolist()
+    cache.length = n + accepted  # the root and the path, moved to slots n - 1 .. n - 1 + A
+    kept = slice(0, accepted + 1)
+    return ([row - 1 for row in path[1:accepted + 1]], token, feats[kept],
+            early[kept] if early is not None else None, hidden[kept] if hidden is not None else None)

@@ -17,8 +17,9 @@ rows (token, depth, parent row), copied in at once:
 * the compaction: the path's keys and values moved to slots start, start + 1, ...; its features
   gathered in path order for the head's next pairs.
 
-The host reads one verdict [2 + W] (accepted length, next token, the path's rows). A run over
-padding only (warm-up, capture) writes scratch slots only.
+The host reads one verdict [2 + W] (accepted length, next token, the path's rows). EAGLE, ss (the
+path's hidden states where its streams start) and sd's trees verify on it. A run over padding only
+(warm-up, capture) writes scratch slots only.
 """
 from __future__ import annotations
 
@@ -36,13 +37,16 @@ PARENT_HOPS = 7  # pointer-jumping steps: 2**7 > 64, the widest stage, so every 
 @dataclass(frozen=True)
 class TreeVerify:
     """A target stage set's forward: the greedy verification of a draft tree, the features of its
-    accepted path and, for a head that reads them, their early features at ``early_layers``."""
+    accepted path and, for a head that reads them, their early features at ``early_layers``; with
+    ``hidden_at``, the path's hidden states entering that layer too (ss's streams start there)."""
 
     early_layers: tuple[int, ...] = ()
+    hidden_at: int | None = None
 
     @property
     def name(self) -> str:
-        return "tree verify" + (f", early features at {list(self.early_layers)}" if self.early_layers else "")
+        return ("tree verify" + (f", early features at {list(self.early_layers)}" if self.early_layers else "")
+                + (f", hidden states at {self.hidden_at}" if self.hidden_at is not None else ""))
 
     def stage_name_in(self, stages) -> str:
         return stages.name_kind(self.name, self)
@@ -63,8 +67,9 @@ class TreeVerifyStage(Stage):
         """For a tree's rows x [3][T] (lists: token, depth, parent row; row 0 the root, at depth 0 and
         its own parent), written from the cache's first free slot: the verdict [2 + W] (accepted
         nodes A, the next token, then the path's rows: the root's 0 and the A nodes' rows), the
-        features [W, d] of the root and the path (first A + 1 rows) and their early features
-        [W, n * d] (None without early layers). The cache then holds the root and the path in its
+        features [W, d] of the root and the path (first A + 1 rows), their early features
+        [W, n * d] (None without early layers) and their hidden states entering layer
+        ``hidden_at`` [W, d] (None without it). The cache then holds the root and the path in its
         first A + 1 slots after the old length; its length does not move (the caller sets it)."""
         if positions is not None or mask is not None:
             raise MirrorSDError("a tree verify lays out its rows from their depths and parents: no positions or mask")
@@ -94,12 +99,15 @@ class TreeVerifyStage(Stage):
         slots = torch.where(real, start + r, usable + r)
         positions = torch.where(real, start + depths, 0)
         win = replace(model.window(None, W, positions=positions[None]), mask=mask[None, None], causal=False)
-        writer = _SlotWriter(self.cache, slots)
-        h, early, a = model.embed(tokens[None]), [], 0
-        for b in (*self.spec.early_layers, model.num_layers):  # the ranges target_features runs
-            h = model.forward_layers(h, writer, win, a, b)
-            if b < model.num_layers:
+        writer, spec = _SlotWriter(self.cache, slots), self.spec
+        h, early, hidden, a = model.embed(tokens[None]), [], None, 0
+        bounds = sorted({*spec.early_layers, *([spec.hidden_at] if spec.hidden_at is not None else [])})
+        for b in (*bounds, model.num_layers):  # the ranges target_features runs, split where hidden_at asks
+            h = model.forward_layers(h, writer, win, a, b) if a < b else h
+            if b in spec.early_layers:
                 early.append(model.model.layers[b].input_layernorm(h))
+            if b == spec.hidden_at:
+                hidden = h[0]  # [W, d]
             a = b
         feats = model.model.norm(h)[0]  # [W, d]
         picks = model.lm_head(feats).float().argmax(-1)  # [W]: the target's token after each row
@@ -113,5 +121,5 @@ class TreeVerifyStage(Stage):
                                                                                                 usable + r)))
         verdict = torch.cat([depths[deepest].view(1), picks[deepest].view(1), path])  # [2 + W]
         early = torch.cat(early, dim=-1)[0][path] if early else None
-        return verdict, feats[path], early
+        return verdict, feats[path], early, (hidden[path] if hidden is not None else None)
 
