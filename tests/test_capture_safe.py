@@ -1,0 +1,94 @@
+"""Every stage body can be captured as a CUDA graph: it never reads a number back to the host.
+
+A CUDA graph records kernels; an operation whose result the host must read first (``.item()``,
+``.tolist()``, a tensor's truth value, a boolean mask's indexing: ``nonzero``, a repeat by a
+tensor) synchronises, which a capture refuses, and would make the recorded shapes depend on the
+data. On the CPU no capture runs, so this checks each kind of stage's body, run on a real window,
+for those operations (the GPU's capture itself runs in tests/test_cuda.py and gpu-check).
+"""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mirror_sd import load_pair
+from mirror_sd.methods.mirror import exit_reader
+from mirror_sd.models.chain_draft import ChainDraft
+from mirror_sd.models.channel import TokenChannel, pack
+from mirror_sd.models.eagle import EagleHead, HeadStages
+from mirror_sd.models.eagle_tree import TreeDraft
+from mirror_sd.models.eagle_verify import TreeVerify
+from mirror_sd.models.forwards import FULL, forward, stage_cache
+from mirror_sd.models.rollout import Rollouts
+from mirror_sd.models.stages import CAUSAL, window_code
+from mirror_sd.models.stream_draft import StreamDraft
+from mirror_sd.models.streams import StreamConfig, Streams
+
+READS_BACK = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "unique", "equal", "_unique2",
+              "nonzero_static", "masked_scatter", "repeat_interleave"}
+
+
+class NoReadBack(TorchDispatchMode):
+    """Fails on any operation that reads a tensor's numbers back to the host."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        masked = name in ("index", "index_put", "index_put_") and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None)
+        if masked or (name in READS_BACK and not (name == "repeat_interleave" and isinstance(args[1], int))):
+            raise AssertionError(f"{name} reads a number back to the host: a CUDA graph cannot capture it")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_dirs):
+    return load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["reduced_draft"]), target_device="cpu",
+                     draft_device="cpu")
+
+
+def loaded_stages(pair):
+    """(name, a stage of each kind loaded with a real window, as its run would load it)."""
+    target, draft, V = pair.target, pair.draft, pair.target.args.vocab_size
+    torch.manual_seed(0)
+    head = EagleHead.from_target(target, torch.tensor([0, 1, 2, 3, 4, 5, 7, 8, 11, 13]), (1,)).eval()
+    streams = Streams(target.args, StreamConfig(num_streams=3, stream_layers=1, rank=4)).attach(target)
+    specs = dict(tree_draft=TreeDraft(3, 3, 8, early=True), tree_verify=TreeVerify((1,), hidden_at=1),
+                 channel=TokenChannel(1, 3, exit_reader(pair), V), rollouts=Rollouts(8, 2, 3, 3, V),
+                 chain=ChainDraft(3, V), stream_draft=StreamDraft(streams, 3, 2))
+    caches = dict(tree_draft=stage_cache({}, head, 100, [specs["tree_draft"]], stage_set=HeadStages),
+                  **{k: stage_cache({}, target, 100, [FULL, specs[k]]) for k in ("tree_verify", "channel", "stream_draft")},
+                  **{k: stage_cache({}, draft, 100, [FULL, specs[k]]) for k in ("rollouts", "chain")})
+    for name, cache in caches.items():
+        model = cache.stages.model
+        if name != "tree_draft":
+            forward(model, torch.tensor([[1, 5, 2, 9]]), cache)
+        else:
+            cache.length = 4
+    d = target.args.hidden_size
+    stage = {name: caches[name].stages.stage(specs[name].name, w) for name, w in
+             dict(tree_draft=4, tree_verify=8, channel=4, rollouts=16, chain=2, stream_draft=4).items()}
+    with torch.inference_mode():  # each loaded as its run loads it (by hand where its run replays at once)
+        stage["tree_draft"].load_pairs([[3, 4]], None, None, torch.randn(1, 2, d), torch.randn(1, 2, d))
+        stage["tree_verify"].tree[:, :4].copy_(torch.tensor([[7, 3, 9, 2], [0, 1, 1, 2], [0, 0, 0, 1]]))
+        stage["tree_verify"].window.fill_(window_code(4, 4, CAUSAL, False))
+        stage["channel"].load([[7, 3, 9]])
+        rollouts = stage["rollouts"]
+        rollouts.x[0, :3] = torch.tensor([7, 3, 9])
+        rollouts.channel[:3] = pack(torch.randint(0, 16, (3, 3)), torch.randn(3, 3), torch.randn(2))
+        rollouts.channel_rows.fill_(3)
+        rollouts.window.fill_(window_code(4, 3, CAUSAL, False))
+        stage["chain"].load([[7]])
+        stage["stream_draft"].h0.normal_()
+        stage["stream_draft"].window.fill_(window_code(4, 1, CAUSAL, False))
+    return [*stage.items(), ("plain stage", caches["chain"].stages.stage("full", 4))]
+
+
+def test_no_stage_body_reads_a_number_back(pair):
+    stages = loaded_stages(pair)
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    stages[-1][1].load(torch.tensor([[3, 4, 5]]), torch.tensor([[4, 5, 5]]), tree)  # the plain stage: a tree
+    for name, stage in stages:
+        with torch.inference_mode(), NoReadBack():
+            stage.body()
+    for read_back in (lambda: torch.ones(3)[torch.ones(3) > 0], lambda: torch.ones(3).sum().item()):
+        with pytest.raises(AssertionError, match="reads a number back"), NoReadBack():  # the check catches them
+            read_back()
