@@ -18,7 +18,7 @@ import torch
 from ..errors import MirrorSDError
 from ..sampling import draft_argmax
 from .llama import Transformer
-from .stages import Stage, _SlotWriter
+from .stages import SlotWriter, Stage
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,6 @@ class ChainDraftStage(Stage):
             sees = torch.where(live, s <= slot, s == usable)  # [S]
             win = replace(model.window(None, 1, positions=slot.view(1, 1)), mask=sees.view(1, 1, 1, -1), causal=False)
             h = model.forward_layers(model.embed(picks[-1].view(1, 1)),
-                                     _SlotWriter(self.cache, torch.where(live, slot, usable)), win, 0, model.num_layers)
+                                     SlotWriter(self.cache, torch.where(live, slot, usable)), win, 0, model.num_layers)
             picks.append(draft_argmax(model.head(h)[0], model.vocab_map, V))
         return torch.cat(picks)  # [gamma]

@@ -31,7 +31,7 @@ from ..errors import MirrorSDError
 from .forwards import layers, staged
 from .linear import Linear, linear
 from .llama import DecoderLayer, KVCache, ModelArgs, Transformer
-from .stages import MAX_WIDTH, Stage, Stages, _copy_into
+from .stages import MAX_WIDTH, Stage, Stages, copy_into
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_HEAD = ASSETS / "eagle-smollm2-135m"
@@ -218,9 +218,9 @@ class HeadStage(Stage):
         """``load`` the pairs' token ids and copy their features in; return T. Padding rows keep old
         numbers, as ``load`` leaves them in x."""
         T = self.load(ids, positions, mask)
-        _copy_into(self.feats[:, :T], feats)
+        copy_into(self.feats[:, :T], feats)
         if self.early is not None:
-            _copy_into(self.early[:, :T], early)
+            copy_into(self.early[:, :T], early)
         return T
 
     def body(self) -> torch.Tensor:

@@ -26,7 +26,7 @@ import torch
 from ..drafting.tree import grow_fields
 from ..errors import MirrorSDError
 from .eagle import EagleHead, HeadStage
-from .stages import _SlotWriter
+from .stages import SlotWriter
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class TreeDraftStage(HeadStage):
             positions = (base - 1 + depth).expand(1, R)  # a node at depth j: n - 2 + j
             x = head.inputs(predicted[parents + 1][None], tokens[None])  # each node's input: its parent's output
             win = replace(head.window(None, R, positions=positions), mask=mask[None, None], causal=False)
-            out = head.layer.output(x, win, _SlotWriter(self.cache, slots), 0)[0]  # [R, d]
+            out = head.layer.output(x, win, SlotWriter(self.cache, slots), 0)[0]  # [R, d]
             predicted[nodes + 1] = out
             return torch.log_softmax(head.logits(out), dim=-1)
 

@@ -29,7 +29,7 @@ import torch
 
 from .llama import Transformer
 from ..errors import MirrorSDError
-from .stages import CAUSAL, Stage, _copy_into, _SlotWriter, window_code
+from .stages import CAUSAL, SlotWriter, Stage, copy_into, window_code
 
 PARENT_HOPS = 7  # pointer-jumping steps: 2**7 > 64, the widest stage, so every ancestor is found
 
@@ -78,7 +78,7 @@ class TreeVerifyStage(Stage):
             raise MirrorSDError(f"a tree verify of width {self.width} after {start} of {self.cache.max_slots} slots "
                                 f"cannot hold {T} rows")
         with torch.inference_mode():
-            _copy_into(self.tree[:, :T], x)  # one copy for the three rows
+            copy_into(self.tree[:, :T], x)  # one copy for the three rows
             self.window.fill_(window_code(self.cache.length, T, CAUSAL, False))
             self.replay()
         return self.out
@@ -99,7 +99,7 @@ class TreeVerifyStage(Stage):
         slots = torch.where(real, start + r, usable + r)
         positions = torch.where(real, start + depths, 0)
         win = replace(model.window(None, W, positions=positions[None]), mask=mask[None, None], causal=False)
-        writer, spec = _SlotWriter(self.cache, slots), self.spec
+        writer, spec = SlotWriter(self.cache, slots), self.spec
         h, early, hidden, a = model.embed(tokens[None]), [], None, 0
         bounds = sorted({*spec.early_layers, *([spec.hidden_at] if spec.hidden_at is not None else [])})
         for b in (*bounds, model.num_layers):  # the ranges target_features runs, split where hidden_at asks

@@ -33,7 +33,7 @@ import torch
 from ..errors import MirrorSDError
 from ..sampling import draft_argmax
 from .llama import Transformer
-from .stages import BUCKETS, CAUSAL, Stage, _copy_into, _SlotWriter, window_code
+from .stages import BUCKETS, CAUSAL, SlotWriter, Stage, copy_into, window_code
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,8 @@ class RolloutStage(Stage):
             raise MirrorSDError(f"KV cache full: {base} + {C} + {spec.gamma} x {spec.budget} rollout tokens > "
                                 f"{self.cache.max_slots} slots")
         with torch.inference_mode():
-            _copy_into(self.x[0, :C], chain)
-            _copy_into(self.channel[:T], channel)
+            copy_into(self.x[0, :C], chain)
+            copy_into(self.channel[:T], channel)
             self.channel_rows.fill_(T)
             self.window.fill_(window_code(base, C, CAUSAL, False))
             self.replay()
@@ -163,6 +163,6 @@ class RolloutStage(Stage):
         the greedy picks (target ids) of the last ``last`` rows."""
         model, R = self.model, ids.shape[0]
         win = replace(model.window(None, R, positions=positions[None]), mask=sees[None, None], causal=False)
-        h = model.forward_layers(model.embed(ids[None]), _SlotWriter(self.cache, slots), win, 0, model.num_layers)
+        h = model.forward_layers(model.embed(ids[None]), SlotWriter(self.cache, slots), win, 0, model.num_layers)
         return draft_argmax(model.head(h[:, -last:])[0], model.vocab_map, self.spec.vocab_size)
 

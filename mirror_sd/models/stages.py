@@ -101,7 +101,7 @@ def window_code(start: int, T: int, kind: int, given_positions: bool) -> int:
     return ((start * (MAX_WIDTH + 1) + T) * KINDS + kind) * 2 + int(given_positions)
 
 
-def _copy_into(buffer: torch.Tensor, data):
+def copy_into(buffer: torch.Tensor, data):
     """Copy ``data`` (a tensor, or numbers in nested lists) into a stage's buffer (broadcast): one
     copy from the buffer's device, else through ``to_device`` (a GPU never waits for the host)."""
     if not isinstance(data, torch.Tensor) or data.device != buffer.device:
@@ -153,7 +153,7 @@ class StageCache(KVCache):
         return self.k.shape[3]
 
 
-class _SlotWriter:
+class SlotWriter:
     """What ``Attention.forward`` writes through in a stage: k, v [B, K, W, D] go to the stage's slot
     buffer (real rows: their slots; padding rows: scratch), and every slot comes back [B, K, S, D]."""
 
@@ -229,7 +229,7 @@ class Stage:
             self.padding = torch.zeros(W, S, dtype=torch.bool, device=device)  # padding row i sees scratch i
             self.padding[torch.arange(W), usable + torch.arange(W)] = True
             self.mask[:, 0] = self.padding
-            self.writer = _SlotWriter(cache, self.slots)
+            self.writer = SlotWriter(cache, self.slots)
             # What the caller's mask says, written as it comes ([B, T, start + T] over the slots, or
             # [B, T, T] over the window): the body turns it into ``mask`` (``settle``).
             self.given = torch.zeros(B, W, S, dtype=torch.bool, device=device)
@@ -270,14 +270,14 @@ class Stage:
         B, T = (len(x), len(x[0])) if isinstance(x, list) else x.shape[:2]  # ids as lists: copied in one go
         if B != self.batch or not 1 <= T <= self.width:
             raise MirrorSDError(f"stage of batch {self.batch} and width {self.width} got input of {B} x {T} rows")
-        _copy_into(self.x[:, :T], x)
+        copy_into(self.x[:, :T], x)
         if self.layers[0] == self.layers[1]:  # the LM head alone: no cache, no window
             return T
         start = self.cache.length
         if self.streams is None and start + T > self.cache.max_slots:
             raise MirrorSDError(f"KV cache full: {start} + {T} tokens > {self.cache.max_slots} slots")
         if positions is not None:
-            _copy_into(self.positions[:, :T], positions)
+            copy_into(self.positions[:, :T], positions)
         if self.streams is not None and (mask is None or mask.shape[-1] != start + T):
             raise MirrorSDError(f"stream rows need a mask over the cache's {start} slots and their {T} rows")
         if mask is not None and mask.shape[-1] not in (T, start + T):
@@ -285,7 +285,7 @@ class Stage:
                                 f"got {tuple(mask.shape)}")
         kind = CAUSAL if mask is None else SLOTS if mask.shape[-1] == start + T else WINDOW
         if mask is not None:
-            _copy_into(self.given[:, :T, :mask.shape[-1]], mask)
+            copy_into(self.given[:, :T, :mask.shape[-1]], mask)
         self.window.fill_(window_code(start, T, kind, positions is not None))  # one launch, no copy, no wait
         return T
 
