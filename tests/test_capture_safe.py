@@ -1,4 +1,5 @@
-"""Every stage body can be captured as a CUDA graph: it never reads a number back to the host.
+"""Every stage body can be captured as a CUDA graph: it never reads a number back to the host, and
+a run of it over padding only (warm-up, capture) writes scratch slots only.
 
 A CUDA graph records kernels; an operation whose result the host must read first (``.item()``,
 ``.tolist()``, a tensor's truth value, a boolean mask's indexing: ``nonzero``, a repeat by a
@@ -92,3 +93,16 @@ def test_no_stage_body_reads_a_number_back(pair):
     for read_back in (lambda: torch.ones(3)[torch.ones(3) > 0], lambda: torch.ones(3).sum().item()):
         with pytest.raises(AssertionError, match="reads a number back"), NoReadBack():  # the check catches them
             read_back()
+
+
+def test_a_run_over_padding_writes_scratch_slots_only(pair):
+    """Warm-up, capture and the replays timed at capture run a stage over padding only: every kind
+    of stage must then leave every real slot of its cache as it was."""
+    for name, stage in loaded_stages(pair):
+        cache = stage.cache
+        with torch.inference_mode():
+            cache.kv.normal_()
+            before = cache.kv[:, :, :, :, :cache.max_slots].clone()
+            stage.load_padding()
+            stage.body()
+        assert torch.equal(cache.kv[:, :, :, :, :cache.max_slots], before), name

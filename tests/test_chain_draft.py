@@ -1,6 +1,6 @@
 """A draft's greedy chain as one stage (models/chain_draft.py): the tokens, cache length and keys
-that ``draft_window`` gives a forward at a time, from one replay; a run over padding writes scratch
-slots only."""
+that ``draft_window`` gives a forward at a time, from one replay (tests/test_capture_safe.py: its
+padding runs)."""
 from types import SimpleNamespace
 
 import pytest
@@ -30,16 +30,3 @@ def test_one_replay_drafts_the_chain_a_forward_at_a_time_gives(tiny_dirs, draft,
     assert windows[1] == windows[0] and len(windows[0][0]) == gamma
     assert staged.length == plain.length == len(sequence) + gamma - 1
     assert torch.allclose(staged.k[:, :, :, :plain.length], plain.k[:, :, :, :plain.length], atol=1e-5)
-
-
-def test_a_run_over_padding_writes_scratch_slots_only(tiny_dirs):
-    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), target_device="cpu",
-                     draft_device="cpu")
-    spec = ChainDraft(4, pair.target.args.vocab_size)
-    cache = stage_cache({}, pair.draft, 100, [spec])
-    stage = cache.stages.stage(spec.name, 2)
-    cache.k.normal_()
-    before = cache.k[:, :, :, :cache.max_slots].clone()
-    stage.load_padding()
-    stage.body()
-    assert torch.equal(cache.k[:, :, :, :cache.max_slots], before)

@@ -1,6 +1,5 @@
 """EAGLE's greedy draft as one stage (models/eagle_tree.py): the tree the head grows an operation at a
-time, from one replay; a run over padding writes scratch slots only; and an EAGLE step on stages
-leaves the host under a hundred operations."""
+time, from one replay; and an EAGLE step on stages leaves the host a few dozen operations."""
 import pytest
 import torch
 
@@ -57,24 +56,10 @@ def test_one_replay_drafts_the_tree_the_head_grows_step_by_step(tiny_head, depth
     assert torch.allclose(stage.v[:, :, :, :8], plain.v[:, :, :, :8], atol=1e-5)
 
 
-def test_a_run_over_padding_writes_scratch_slots_only(tiny_head):
-    """Warm-up and capture run a stage over padding: the tree's levels must not write real slots then."""
-    _, head = tiny_head
-    spec = TreeDraft(3, 3, 8, early=True)
-    cache = stage_cache({}, head, 100, [spec], stage_set=HeadStages)
-    stage = cache.stages.stage(spec.name, 8)
-    cache.k.normal_()
-    before = cache.k[:, :, :, :cache.max_slots].clone()
-    stage.load_padding()
-    stage.body()
-    assert torch.equal(cache.k[:, :, :, :cache.max_slots], before)
-    assert not torch.equal(cache.k[:, :, :, cache.max_slots:], torch.zeros_like(cache.k[:, :, :, cache.max_slots:]))
-
-
 def test_an_eagle_step_on_stages_leaves_the_host_a_few_dozen_operations(tiny_dirs, tiny_head, monkeypatch):
-    """scripts/host_ops.py: around the stages, an EAGLE step runs under a hundred operations (the draft
-    is one replay; the verification loads the tree and reads the path); the plain forwards run every
-    layer's and every tree level's one by one."""
+    """scripts/host_ops.py: around the stages, an EAGLE step runs a few dozen operations (its draft and
+    its verification one replay each); the plain forwards run every layer's and every tree level's
+    one by one."""
     from scripts.host_ops import count_ops, replay_outside_the_count
 
     monkeypatch.setattr(Stage, "replay", replay_outside_the_count(Stage.replay))
@@ -83,4 +68,4 @@ def test_an_eagle_step_on_stages_leaves_the_host_a_few_dozen_operations(tiny_dir
     on_stages = count_ops(pair, "eagle", 16, prompt="t1 t2 t3", raw=True)
     pair.graphs = "off"
     plain = count_ops(pair, "eagle", 16, prompt="t1 t2 t3", raw=True)
-    assert on_stages["ops_per_step"] < 100 and 5 * on_stages["ops_per_step"] < plain["ops_per_step"]
+    assert on_stages["ops_per_step"] < 40 and 10 * on_stages["ops_per_step"] < plain["ops_per_step"]

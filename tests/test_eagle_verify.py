@@ -1,6 +1,6 @@
 """EAGLE's greedy tree verification as one stage (models/eagle_verify.py): the accepted path, next
 token, features and kept keys and values that ``methods.eagle.verify_tree`` gives on the plain
-forward, from one replay; a run over padding writes scratch slots only."""
+forward, from one replay."""
 from types import SimpleNamespace
 
 import pytest
@@ -59,18 +59,6 @@ def test_one_replay_verifies_as_the_plain_forward_and_walk_do(tiny_dirs, early_l
     assert (got_early is None) == (early is None) and (early is None or torch.allclose(got_early, early, atol=ATOL))
     assert torch.allclose(staged.k[:, :, :, :length], plain.k[:, :, :, :length], atol=ATOL)  # the path, compacted
     assert torch.allclose(staged.v[:, :, :, :length], plain.v[:, :, :, :length], atol=ATOL)
-
-
-def test_a_run_over_padding_writes_scratch_slots_only(tiny_dirs):
-    target = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
-    spec = TreeVerify((1,))
-    cache = stage_cache({}, target, 100, [spec])
-    stage = cache.stages.stage(spec.name, 8)
-    cache.k.normal_()
-    before = cache.kv[:, :, :, :, :cache.max_slots].clone()
-    stage.load_padding()
-    stage.body()
-    assert torch.equal(cache.kv[:, :, :, :, :cache.max_slots], before)
 
 
 @pytest.mark.parametrize("case", ["all", "part", "none"])

@@ -1,6 +1,6 @@
 """Mirror-SD's queued draft-lane work as one stage (models/rollout.py): the branches and rollouts that
-``choose_branches_on_device`` and ``roll_out_tree`` give, from one replay; a run over padding
-writes scratch slots only; and a queued step on stages leaves the host far fewer operations."""
+``choose_branches_on_device`` and ``roll_out_tree`` give, from one replay; what it refuses; and a
+queued step on stages leaves the host far fewer operations."""
 from types import SimpleNamespace
 
 import pytest
@@ -63,17 +63,6 @@ def test_one_replay_rolls_out_the_branches_the_device_chooses(pair, T, kappa, bu
     assert not table[len(expected):, 2].any()
     C = unseen + len(window)
     assert torch.allclose(staged.k[:, :, :, :4 + C], plain.k[:, :, :, :4 + C], atol=1e-5)
-
-
-def test_a_run_over_padding_writes_scratch_slots_only(pair):
-    spec = Rollouts(8, 3, 4, 3, pair.target.args.vocab_size)
-    cache = stage_cache({}, pair.draft, 100, [spec])
-    stage = cache.stages.stage(spec.name, 16)
-    cache.k.normal_()
-    before = cache.k[:, :, :, :cache.max_slots].clone()
-    stage.load_padding()
-    stage.body()
-    assert torch.equal(cache.k[:, :, :, :cache.max_slots], before)
 
 
 def test_a_stage_refuses_what_it_cannot_hold(pair):

@@ -1,6 +1,6 @@
 """Speculative Streaming's greedy draft as one stage (models/stream_draft.py): the tree the streams'
 pass gives an operation at a time (``methods.ss.draft_from_streams`` on the plain forward), from
-one replay, with and without the next-token input; a run over padding writes scratch slots only."""
+one replay, with and without the next-token input."""
 from types import SimpleNamespace
 
 import pytest
@@ -48,15 +48,3 @@ def test_one_replay_drafts_the_tree_the_streams_pass_gives(tiny_dirs, next_token
     assert got.scores == pytest.approx(expected.scores, abs=1e-4)
     assert len(got.tokens) == min(total_tokens, top_k + top_k * top_k * (gamma - 1))
     assert staged.length == plain.length == 5
-
-
-def test_a_run_over_padding_writes_scratch_slots_only(tiny_dirs):
-    target = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
-    spec = StreamDraft(streams_for(target, 2), 3, 2)
-    cache = stage_cache({}, target, 100, [spec])
-    stage = cache.stages.stage(spec.name, 4)
-    cache.k.normal_()
-    before = cache.k[:, :, :, :cache.max_slots].clone()
-    stage.load_padding()
-    stage.body()
-    assert torch.equal(cache.k[:, :, :, :cache.max_slots], before)

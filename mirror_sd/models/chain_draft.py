@@ -18,26 +18,7 @@ import torch
 from ..errors import MirrorSDError
 from ..sampling import draft_argmax
 from .llama import Transformer
-from .stages import SlotWriter, Stage
-
-
-@dataclass(frozen=True)
-class ChainDraft:
-    """A draft stage set's forward: a greedy chain of ``gamma`` tokens after the unseen committed ones.
-    Give it to ``ModelPair.new_cache`` among the draft's ranges to make (capture) its stages at warm-up."""
-
-    gamma: int
-    vocab_size: int  # the target's (the picks are target ids)
-
-    @property
-    def name(self) -> str:
-        return f"chain draft of {self.gamma}"
-
-    def stage_name_in(self, stages) -> str:
-        return stages.name_kind(self.name, self)
-
-    def make_stage(self, model: Transformer, width: int, cache) -> "ChainDraftStage":
-        return ChainDraftStage(model, width, cache, self)
+from .stages import OwnStage, SlotWriter, Stage
 
 
 class ChainDraftStage(Stage):
@@ -76,3 +57,18 @@ class ChainDraftStage(Stage):
                                      SlotWriter(self.cache, torch.where(live, slot, usable)), win, 0, model.num_layers)
             picks.append(draft_argmax(model.head(h)[0], model.vocab_map, V))
         return torch.cat(picks)  # [gamma]
+
+
+@dataclass(frozen=True)
+class ChainDraft(OwnStage):
+    """A draft stage set's forward: a greedy chain of ``gamma`` tokens after the unseen committed ones.
+    Give it to ``ModelPair.new_cache`` among the draft's ranges to make (capture) its stages at warm-up."""
+
+    gamma: int
+    vocab_size: int  # the target's (the picks are target ids)
+
+    stage = ChainDraftStage
+
+    @property
+    def name(self) -> str:
+        return f"chain draft of {self.gamma}"

@@ -19,29 +19,7 @@ import torch
 from ..errors import MirrorSDError
 from ..sampling import to_target_vocab
 from .llama import Transformer
-from .stages import Stage
-
-
-@dataclass(frozen=True)
-class TokenChannel:
-    """A target stage set's forward: layers [0, exit_layer) and the token channel through ``reader``
-    (models/exit_head.py: EarlyExit). Give it to ``ModelPair.new_cache`` among the target's ranges
-    to make (capture) its stages at warm-up."""
-
-    exit_layer: int
-    kappa: int
-    reader: torch.nn.Module
-    vocab_size: int  # the target's
-
-    @property
-    def name(self) -> str:
-        return f"token channel: layers 0-{self.exit_layer}, {self.reader.stage_name}, top {self.kappa}"
-
-    def stage_name_in(self, stages) -> str:
-        return stages.name_kind(self.name, self)
-
-    def make_stage(self, model: Transformer, width: int, cache) -> "ChannelStage":
-        return ChannelStage(model, width, cache, self)
+from .stages import OwnStage, Stage
 
 
 class ChannelStage(Stage):
@@ -72,6 +50,24 @@ class ChannelStage(Stage):
         drafted = self.x[0, 1:]  # [W - 1]: the token after each row (past T - 1: padding's)
         window_logp = logp[:-1].gather(-1, drafted[:, None])[:, 0]  # [W - 1]
         return h, pack(top.indices, top.values, window_logp)
+
+
+@dataclass(frozen=True)
+class TokenChannel(OwnStage):
+    """A target stage set's forward: layers [0, exit_layer) and the token channel through ``reader``
+    (models/exit_head.py: EarlyExit). Give it to ``ModelPair.new_cache`` among the target's ranges
+    to make (capture) its stages at warm-up."""
+
+    exit_layer: int
+    kappa: int
+    reader: torch.nn.Module
+    vocab_size: int  # the target's
+
+    stage = ChannelStage
+
+    @property
+    def name(self) -> str:
+        return f"token channel: layers 0-{self.exit_layer}, {self.reader.stage_name}, top {self.kappa}"
 
 
 def pack(top_ids: torch.Tensor, top_logp: torch.Tensor, window_logp: torch.Tensor) -> torch.Tensor:

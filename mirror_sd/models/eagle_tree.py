@@ -26,30 +26,7 @@ import torch
 from ..drafting.tree import grow_fields
 from ..errors import MirrorSDError
 from .eagle import EagleHead, HeadStage
-from .stages import SlotWriter
-
-
-@dataclass(frozen=True)
-class TreeDraft:
-    """A head stage set's forward (``HeadStages``): the whole greedy draft at these settings. Give it
-    to ``ModelPair.new_cache`` among the head's ranges to make (capture) its stages at warm-up."""
-
-    depth: int
-    top_k: int
-    total_tokens: int
-    early: bool = False  # the pairs bring early features (a head with early layers)
-
-    @property
-    def name(self) -> str:
-        return (f"tree draft {self.depth}x{self.top_k}, {self.total_tokens} kept"
-                + (" + early features" if self.early else ""))
-
-    def stage_name_in(self, stages) -> str:
-        """Name this forward in a head's stage set (if new) and return its name."""
-        return stages.name_kind(self.name, self)
-
-    def make_stage(self, head: EagleHead, width: int, cache) -> "TreeDraftStage":
-        return TreeDraftStage(head, width, cache, self)
+from .stages import OwnStage, SlotWriter
 
 
 class TreeDraftStage(HeadStage):
@@ -103,3 +80,21 @@ class TreeDraftStage(HeadStage):
         first = torch.log_softmax(head.logits(last), dim=-1)  # [1, rows]
         return grow_fields(first, expand, lambda rows: head.vocab_map[rows], draft.depth, draft.top_k,
                            draft.total_tokens)
+
+
+@dataclass(frozen=True)
+class TreeDraft(OwnStage):
+    """A head stage set's forward (``HeadStages``): the whole greedy draft at these settings. Give it
+    to ``ModelPair.new_cache`` among the head's ranges to make (capture) its stages at warm-up."""
+
+    depth: int
+    top_k: int
+    total_tokens: int
+    early: bool = False  # the pairs bring early features (a head with early layers)
+
+    stage = TreeDraftStage
+
+    @property
+    def name(self) -> str:
+        return (f"tree draft {self.depth}x{self.top_k}, {self.total_tokens} kept"
+                + (" + early features" if self.early else ""))

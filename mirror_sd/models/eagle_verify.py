@@ -29,30 +29,9 @@ import torch
 
 from .llama import Transformer
 from ..errors import MirrorSDError
-from .stages import CAUSAL, SlotWriter, Stage, copy_into, window_code
+from .stages import CAUSAL, OwnStage, SlotWriter, Stage, copy_into, window_code
 
 PARENT_HOPS = 7  # pointer-jumping steps: 2**7 > 64, the widest stage, so every ancestor is found
-
-
-@dataclass(frozen=True)
-class TreeVerify:
-    """A target stage set's forward: the greedy verification of a draft tree, the features of its
-    accepted path and, for a head that reads them, their early features at ``early_layers``; with
-    ``hidden_at``, the path's hidden states entering that layer too (ss's streams start there)."""
-
-    early_layers: tuple[int, ...] = ()
-    hidden_at: int | None = None
-
-    @property
-    def name(self) -> str:
-        return ("tree verify" + (f", early features at {list(self.early_layers)}" if self.early_layers else "")
-                + (f", hidden states at {self.hidden_at}" if self.hidden_at is not None else ""))
-
-    def stage_name_in(self, stages) -> str:
-        return stages.name_kind(self.name, self)
-
-    def make_stage(self, model: Transformer, width: int, cache) -> "TreeVerifyStage":
-        return TreeVerifyStage(model, width, cache, self)
 
 
 class TreeVerifyStage(Stage):
@@ -123,3 +102,19 @@ class TreeVerifyStage(Stage):
         early = torch.cat(early, dim=-1)[0][path] if early else None
         return verdict, feats[path], early, (hidden[path] if hidden is not None else None)
 
+
+@dataclass(frozen=True)
+class TreeVerify(OwnStage):
+    """A target stage set's forward: the greedy verification of a draft tree, the features of its
+    accepted path and, for a head that reads them, their early features at ``early_layers``; with
+    ``hidden_at``, the path's hidden states entering that layer too (ss's streams start there)."""
+
+    early_layers: tuple[int, ...] = ()
+    hidden_at: int | None = None
+
+    stage = TreeVerifyStage
+
+    @property
+    def name(self) -> str:
+        return ("tree verify" + (f", early features at {list(self.early_layers)}" if self.early_layers else "")
+                + (f", hidden states at {self.hidden_at}" if self.hidden_at is not None else ""))

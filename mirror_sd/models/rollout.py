@@ -33,35 +33,7 @@ import torch
 from ..errors import MirrorSDError
 from ..sampling import draft_argmax
 from .llama import Transformer
-from .stages import BUCKETS, CAUSAL, SlotWriter, Stage, copy_into, window_code
-
-
-@dataclass(frozen=True)
-class Rollouts:
-    """A draft stage set's forward: a queued step's branch choice and rollouts at these settings.
-    Give it to ``ModelPair.new_cache`` among the draft's ranges to make (capture) its stages at
-    warm-up."""
-
-    budget: int  # branches rolled out: at most rows * kappa
-    gamma: int  # draft tokens after each root
-    kappa: int  # candidates per window row
-    rows: int  # the most rows a window (and so the channel) has
-    vocab_size: int  # the target's (the picks are target ids)
-
-    @property
-    def name(self) -> str:
-        return f"rollouts {self.budget}x{self.gamma} from {self.rows}x{self.kappa} candidates"
-
-    @property
-    def widths(self) -> tuple[int, ...]:
-        """The buckets whose first forward holds a chain besides the roots."""
-        return tuple(w for w in BUCKETS if w > self.budget)
-
-    def stage_name_in(self, stages) -> str:
-        return stages.name_kind(self.name, self)
-
-    def make_stage(self, model: Transformer, width: int, cache) -> "RolloutStage":
-        return RolloutStage(model, width, cache, self)
+from .stages import BUCKETS, CAUSAL, OwnStage, SlotWriter, Stage, copy_into, window_code
 
 
 class RolloutStage(Stage):
@@ -166,3 +138,26 @@ class RolloutStage(Stage):
         h = model.forward_layers(model.embed(ids[None]), SlotWriter(self.cache, slots), win, 0, model.num_layers)
         return draft_argmax(model.head(h[:, -last:])[0], model.vocab_map, self.spec.vocab_size)
 
+
+@dataclass(frozen=True)
+class Rollouts(OwnStage):
+    """A draft stage set's forward: a queued step's branch choice and rollouts at these settings.
+    Give it to ``ModelPair.new_cache`` among the draft's ranges to make (capture) its stages at
+    warm-up."""
+
+    budget: int  # branches rolled out: at most rows * kappa
+    gamma: int  # draft tokens after each root
+    kappa: int  # candidates per window row
+    rows: int  # the most rows a window (and so the channel) has
+    vocab_size: int  # the target's (the picks are target ids)
+
+    stage = RolloutStage
+
+    @property
+    def name(self) -> str:
+        return f"rollouts {self.budget}x{self.gamma} from {self.rows}x{self.kappa} candidates"
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The buckets whose first forward holds a chain besides the roots."""
+        return tuple(w for w in BUCKETS if w > self.budget)

@@ -407,6 +407,22 @@ class Stage:
         return statistics.median(begin.elapsed_time(end) for begin, end in events)
 
 
+class OwnStage:
+    """A forward with a kind of stage of its own: a step's drafting or verifying as one body
+    (models/chain_draft.py, eagle_tree.py, eagle_verify.py, stream_draft.py, channel.py,
+    rollout.py). Named among a model's ranges (``ModelPair.new_cache``), its stages are made
+    (on CUDA: captured) at warm-up. Subclasses are frozen dataclasses of their settings, with a
+    ``name`` and their ``stage`` class."""
+
+    stage: type  # the Stage subclass, made as stage(model, width, cache, self)
+
+    def stage_name_in(self, stages: "Stages") -> str:
+        return stages.name_kind(self.name, self)
+
+    def make_stage(self, model: Transformer, width: int, cache: StageCache) -> Stage:
+        return self.stage(model, width, cache, self)
+
+
 class Stages:
     """Every stage of one model on one lane, over one :class:`StageCache` they share.
 

@@ -17,33 +17,8 @@ import torch
 
 from ..errors import MirrorSDError
 from .llama import Transformer
-from .stages import CAUSAL, Stage, bucket, window_code
+from .stages import CAUSAL, OwnStage, Stage, bucket, window_code
 from .streams import Streams
-
-
-@dataclass(frozen=True)
-class StreamDraft:
-    """A target stage set's forward: the streams' pass of one row and its top candidates at these
-    settings. Give it to ``ModelPair.new_cache`` among the target's ranges to make (capture) its
-    stage at warm-up."""
-
-    streams: Streams
-    gamma: int  # the streams whose candidates are read (the first gamma)
-    top_k: int  # candidates per stream
-
-    @property
-    def name(self) -> str:
-        return f"stream draft {self.gamma}x{self.top_k}"
-
-    @property
-    def widths(self) -> tuple[int, ...]:
-        return (bucket(self.streams.num_streams),)  # one row per stream
-
-    def stage_name_in(self, stages) -> str:
-        return stages.name_kind(self.name, self)
-
-    def make_stage(self, model: Transformer, width: int, cache) -> "StreamDraftStage":
-        return StreamDraftStage(model, width, cache, self)
 
 
 class StreamDraftStage(Stage):
@@ -94,3 +69,23 @@ class StreamDraftStage(Stage):
         top = logp.topk(min(spec.top_k, logp.shape[-1]), dim=-1)
         return torch.cat([streams.to_target_ids(top.indices).double(), top.values.double()], dim=1)
 
+
+@dataclass(frozen=True)
+class StreamDraft(OwnStage):
+    """A target stage set's forward: the streams' pass of one row and its top candidates at these
+    settings. Give it to ``ModelPair.new_cache`` among the target's ranges to make (capture) its
+    stage at warm-up."""
+
+    streams: Streams
+    gamma: int  # the streams whose candidates are read (the first gamma)
+    top_k: int  # candidates per stream
+
+    stage = StreamDraftStage
+
+    @property
+    def name(self) -> str:
+        return f"stream draft {self.gamma}x{self.top_k}"
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return (bucket(self.streams.num_streams),)  # one row per stream
