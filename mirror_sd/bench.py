@@ -147,7 +147,7 @@ def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 1
           options: dict | None = None, traces_dir: str | Path | None = None, **settings) -> pd.DataFrame:
     """Run every method on every prompt; write results.csv, summary.csv, by_category.csv, step_ms.csv,
     summary.md, the what-if model's held-out check (``whatif_check``) and, if any, the tuned
-    kernels (tuned_kernels.csv); return the summary.
+    kernels (tuned_kernels.csv) and the captured stages' replay times (stage_ms.csv); return the summary.
     traces_dir: also write every run's trace JSON there (METHOD-ID-turnK.json)."""
     methods = ["vanilla"] + [m for m in methods if m != "vanilla"]  # vanilla first: the reference
     check_options_taken(options or {}, methods)
@@ -177,7 +177,21 @@ def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 1
     tuned = tuning.plan_table()
     if tuned:
         pd.DataFrame(tuned).to_csv(out / "tuned_kernels.csv", index=False)
+    replays = stage_replay_ms(pair)
+    if not replays.empty:
+        replays.to_csv(out / "stage_ms.csv", index=False)
     return summary
+
+
+def stage_replay_ms(pair) -> pd.DataFrame:
+    """Every captured stage the runs made, with the GPU time of one replay timed at its capture
+    (CUDA events; models/stages.py): model, stage, width, ms. Empty where nothing was captured (the
+    CPU). What a step's one-stage drafts and verifications cost the GPU, beside the forwards."""
+    rows = [dict(model=("target" if stages.model is pair.target else "draft" if stages.model is pair.draft
+                        else type(stages.model).__name__), stage=name, width=width, ms=ms)
+            for stages in pair.stage_sets.values() for name, by_width in stages.replay_ms.items()
+            for width, ms in sorted(by_width.items())]
+    return pd.DataFrame(rows, columns=["model", "stage", "width", "ms"])
 
 
 def whatif_check(traced: list[dict], out: Path) -> str:

@@ -27,8 +27,9 @@ DIR:
    ``tests.log``;
 4. the bench again with ``--graphs off`` (the plain forward), then with ``--draft-device cpu``
    (graphs on the GPU target only);
-5. ``report.md``: the machine, each part's outcome and time, the stage table, the bench tables and
-   what each kind of step cost with graphs on (from that bench's traces; ``trace.step_cost_table``).
+5. ``report.md``: the machine, each part's outcome and time, the stage table, the bench tables,
+   what each kind of step cost with graphs on (from that bench's traces; ``trace.step_cost_table``)
+   and the replay time of every stage that bench captured (its ``stage_ms.csv``).
    It is written again after every part, so a run stopped from outside keeps what it finished.
 
 A part that fails or runs out of time is reported and the next one runs; a part that the budget
@@ -437,6 +438,7 @@ def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
             lines += ["", f"## {name}: {title}", "", summary.read_text(encoding="utf-8").strip()]
     lines += host_fit_section(next((p for p in parts if p["name"] == "host-fit"), {}))
     lines += step_cost_section(out / "bench-graphs-on" / "traces")
+    lines += stage_replay_section(out / "bench-graphs-on" / "stage_ms.csv")
     lines += ["", "Spans on CUDA lanes come from CUDA events. On CUDA lanes Mirror-SD's steps are queued on the "
                   "two streams (the draft stream waits for the token channel on a CUDA event; methods/mirror.py: "
                   "queued_step); with --queued 0 the lanes' threads run them."]
@@ -515,6 +517,17 @@ def diagnosis_section(diagnosis: dict) -> list[str]:
 
 def _us(x) -> str:
     return "" if x is None else f"{x:.1f}"
+
+
+def stage_replay_section(path: Path) -> list[str]:
+    """Report lines: the GPU ms of one replay of every stage the graphs-on bench captured (its
+    stage_ms.csv: the one-stage drafts and verifications beside the forwards), by width; none
+    when the file is missing."""
+    if not path.exists():
+        return []
+    table = pd.read_csv(path).pivot_table(index=["model", "stage"], columns="width", values="ms", sort=False)
+    return ["", "## Stage replays in the graphs-on bench (GPU ms, CUDA events at capture; `stage_ms.csv`)", "",
+            table.to_markdown(floatfmt=".3f")]
 
 
 def step_cost_section(traces: Path) -> list[str]:

@@ -53,6 +53,22 @@ def test_bench_writes_results_and_summary(tiny_dirs, tmp_path, capsys):
     assert step_ms.loc["mirror", "target-suffix"] > 0 and step_ms.loc["mirror", "draft-rollout"] > 0
     assert "Mean time per decoding step by span kind" in (out / "summary.md").read_text()
     assert not (out / "tuned_kernels.csv").exists()  # nothing tuned on the CPU (models/tuning.py)
+    assert not (out / "stage_ms.csv").exists()  # nothing captured on the CPU
+
+
+def test_bench_writes_the_replay_time_of_every_stage_it_captured(tiny_dirs, tmp_path):
+    """stage_ms.csv: each stage set's replay times, as a GPU's captures time them (here set by hand on
+    stages made with graphs on, eagerly), labelled by model."""
+    from mirror_sd import load_pair
+    from mirror_sd.bench import bench
+
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
+    prompts = [dict(id="a", category="qa", turns=["t1 t2 t3"])]
+    bench(pair, prompts, ["vanilla"], max_new_tokens=2, out_dir=tmp_path / "first")  # makes the stages
+    pair.stage_sets[pair.target].replay_ms["full"] = {1: 0.97, 8: 1.34}  # as a capture would have timed them
+    bench(pair, prompts, ["vanilla"], max_new_tokens=2, out_dir=tmp_path / "out")
+    table = pd.read_csv(tmp_path / "out" / "stage_ms.csv")
+    assert table.values.tolist() == [["target", "full", 1, 0.97], ["target", "full", 8, 1.34]]
 
 
 def test_bench_writes_the_kernels_its_stages_tuned(tiny_dirs, tmp_path, monkeypatch):

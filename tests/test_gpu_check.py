@@ -6,6 +6,7 @@ import functools
 import json
 import time
 
+import pandas as pd
 import pytest
 import torch
 
@@ -120,3 +121,16 @@ def test_a_rehearsal_writes_the_report_after_every_part_and_skips_what_the_budge
     for method in ("vanilla", "mirror"):  # each method's runs re-timed
         assert f"| {method} | {sum(t.name.startswith(method) for t in traces)} |" in fit
     assert "bench-graphs-on" not in reports[0] and "| stages |" in reports[0]  # the first report: one part
+
+
+def test_the_report_tables_the_graphs_on_benchs_stage_replays(tmp_path):
+    """stage_ms.csv (bench.stage_replay_ms) as a table: a row per model and stage, a column per width."""
+    path = tmp_path / "stage_ms.csv"
+    assert gpu_check.stage_replay_section(path) == []  # no file, no section
+    pd.DataFrame([dict(model="target", stage="full", width=1, ms=0.97), dict(model="target", stage="full", width=8,
+                                                                             ms=1.34),
+                  dict(model="draft", stage="rollouts 12x2 from 9x4 candidates", width=16, ms=0.41)]).to_csv(path)
+    lines = gpu_check.stage_replay_section(path)
+    table = "\n".join(lines)
+    assert "Stage replays" in lines[1] and "rollouts 12x2 from 9x4 candidates" in table
+    assert "0.970" in table and "1.340" in table and "0.410" in table
