@@ -56,7 +56,8 @@ def loaded_stages(pair):
                  channel=TokenChannel(1, 3, exit_reader(pair), V), rollouts=Rollouts(8, 2, 3, 3, V),
                  chain=ChainDraft(3, V), stream_draft=StreamDraft(streams, 3, 2))
     caches = dict(tree_draft=stage_cache({}, head, 100, [specs["tree_draft"]], stage_set=HeadStages),
-                  **{k: stage_cache({}, target, 100, [FULL, specs[k]]) for k in ("tree_verify", "channel", "stream_draft")},
+                  **{k: stage_cache({}, target, 100, [FULL, specs[k]])
+                     for k in ("tree_verify", "channel", "stream_draft")},
                   **{k: stage_cache({}, draft, 100, [FULL, specs[k]]) for k in ("rollouts", "chain")})
     for name, cache in caches.items():
         model = cache.stages.model

@@ -128,7 +128,8 @@ def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_to
     n = len(run.sequence)
     stages = staged(head, cache)
     if run.draft_sampler.greedy and stages is not None:
-        tree = draft_on_stage(head, stages, cache, pending, TreeDraft(depth, top_k, total_tokens, bool(head.early_layers)))
+        spec = TreeDraft(depth, top_k, total_tokens, bool(head.early_layers))
+        tree = draft_on_stage(head, stages, cache, pending, spec)
         cache.rollback(n - 1)
         return graft(tree, copy_from_context(run.sequence, lookup))
     feats, ids, early = pending
@@ -198,8 +199,9 @@ def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
     verify_ranges = [TreeVerify(tuple(head.early_layers))] if greedy else []  # the verification as one stage
     cache = pair.new_cache(target, run.cache_slots + total_tokens + lookup,
                            [*stage_ranges(target, head.early_layers), *verify_ranges])
+    tree_draft = TreeDraft(depth, top_k, total_tokens, bool(head.early_layers))  # the whole draft: one stage
     head_ranges = [HeadStages.name(None), *([HeadStages.name(True)] if head.early_layers else []),
-                   TreeDraft(depth, top_k, total_tokens, bool(head.early_layers))] if greedy else []  # []: every forward
+                   tree_draft] if greedy else []  # []: every forward
     head_cache = pair.new_cache(head, run.cache_slots + total_tokens + depth * top_k, ranges=head_ranges,
                                 lane=pair.target_lane, stage_set=HeadStages)  # the head runs on the target lane
     P = len(run.prompt_ids)

@@ -381,6 +381,7 @@ def queues_steps(run, streams: int, queued: int) -> bool:
 def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, streams: int = 0, lookup: int = 0,
            exit_head: int = -1, queued: int = -1, tree: int = 0, branching: int = 4):
     pair = run.pair
+    greedy = run.draft_sampler.greedy
     trees = bool(tree)  # tree windows (methods/mirror_tree.py); temperature 0 only (the engine refuses them at T > 0)
     # a fresh window after a miss: token by token (a tree, with trees), or the draft's streams
     fresh = make_drafter(streams, tree=tree, branching=branching)
@@ -400,7 +401,7 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
     target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=rollout_slots,
                                                     target_ranges=[*target_ranges(pair, exit_layer, head),
                                                                    *([channel] if channel else [])],
-                                                    draft_ranges=[*fresh.layer_ranges(pair, gamma, run.draft_sampler.greedy),  # the rollouts' too
+                                                    draft_ranges=[*fresh.layer_ranges(pair, gamma, greedy),
                                                                   *([rollouts] if rollouts else [])])
     yield first
     fresh_label = f"fallback draft tree of {tree} tokens, depth {gamma}" if trees else f"fallback draft {gamma} tokens"
@@ -498,7 +499,8 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
         top = unpack(channel_there, kappa) if packed else channel_there
         r, roots, scores, valid = choose_branches_on_device(window, *top, budget)
         picks = roll_out_tree(run, draft_cache, window, r, roots, gamma)  # [B, gamma]
-        return torch.cat([torch.stack([r, roots, valid.long()], dim=1).double(), scores[:, None], picks.double()], dim=1)
+        columns = [torch.stack([r, roots, valid.long()], dim=1).double(), scores[:, None], picks.double()]
+        return torch.cat(columns, dim=1)
 
     table, rolled = run.draft_lane.queue("draft-rollout", choose_and_roll_out, after=channel.done,
                                          label=f"{B} branches x {gamma} tokens", step=step, tokens=B * gamma)

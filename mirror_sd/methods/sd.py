@@ -48,10 +48,11 @@ def decode(run, gamma: int, **drafter_options):
     pair = run.pair
     drafter = make_drafter(**drafter_options)
     extra_draft, past_gamma = drafter.extra_slots(pair, gamma)
-    verify_ranges = [TreeVerify()] if drafter.tree and run.target_sampler.greedy else []  # a tree's verification
+    greedy = run.draft_sampler.greedy
+    verify_ranges = [TreeVerify()] if drafter.tree and greedy else []  # a tree's verification: one stage
     target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=extra_draft, extra_target_slots=past_gamma,
                                                     target_ranges=[FULL, *verify_ranges],
-                                                    draft_ranges=drafter.layer_ranges(pair, gamma, run.draft_sampler.greedy))
+                                                    draft_ranges=drafter.layer_ranges(pair, gamma, greedy))
     yield first
     label = f"draft {'≥' if past_gamma else ''}{gamma} tokens{drafter.how}"
     if drafter.tree:

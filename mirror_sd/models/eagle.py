@@ -46,7 +46,8 @@ def target_features(target: Transformer, ids: torch.Tensor, cache, early_layers=
     h, early, on_stages = ids, [], staged(target, cache) is not None
     for a, b in feature_ranges(target, early_layers):
         last = b == target.num_layers
-        h = layers(target, h, cache, a, b, positions, tree_mask, head=final_norm(target) if on_stages and last else False)
+        norm = final_norm(target) if on_stages and last else False  # on stages, the final norm in the last one's
+        h = layers(target, h, cache, a, b, positions, tree_mask, head=norm)
         if not last:
             early.append(early_feature(target, h, b))
     return (h if on_stages else final_feature(target, h)), (torch.cat(early, dim=-1) if early else None)

@@ -60,7 +60,8 @@ def stage_cache(sets: dict, model: Transformer, slots: int, ranges: list[Range] 
     if stages is None or stages.cache.max_slots < slots:
         stages = sets[model] = stage_set(model, -(-slots // SLOT_STEP) * SLOT_STEP, stream=stream)
     stages.tuned_kernels = tuned_kernels
-    names = [stage_name(stages, r) for r in ranges if not isinstance(r, tuple) or r[0] != r[1] or r[2]]  # (a, a, False): no work
+    # (a, a, False) does no work: no stage for it
+    names = [stage_name(stages, r) for r in ranges if not isinstance(r, tuple) or r[0] != r[1] or r[2]]
     missing = stages.missing(names)
     stages.capture_all(names, progress=progress(len(missing)) if progress and missing else None)
     stages.cache.rollback(0)

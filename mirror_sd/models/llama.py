@@ -95,7 +95,7 @@ class KVCache(nn.Module):
                  num_layers: int | None = None):
         super().__init__()
         shape = (num_layers or args.num_layers, batch, args.num_kv_heads, max_slots, args.head_dim)
-        self.kv = torch.zeros((2, *shape), dtype=dtype, device=device)  # keys and values in one: ``keep`` moves both at once
+        self.kv = torch.zeros((2, *shape), dtype=dtype, device=device)  # both in one: ``keep`` moves them at once
         self.k, self.v = self.kv[0], self.kv[1]  # [L, B, K, max_slots, D] each
         self.length = 0  # slots [0, length) hold committed tokens
 

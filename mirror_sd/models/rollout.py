@@ -2,13 +2,13 @@
 
 In a queued step (methods/mirror.py: ``queued_step``; T = 0, chains) the draft lane gets the token
 channel (the target's top-kappa candidates at each window row, their log-probs, and the window
-tokens' own log-probs; packed in one tensor, models/channel.py), chooses the ``budget`` most likely branches (``choose_branches_on_device``)
-and rolls out ``gamma`` draft tokens after each, all branches in one tree per forward
-(``roll_out_tree``). Every shape in that is fixed by (budget, gamma, kappa, the window's most rows)
-and the bucket of the draft's first forward, and none of it needs the host until the branches are
-read. Run an operation at a time it is some hundred launches from the host per step; a
-:class:`RolloutStage` runs all of it in its body, so the host copies the chain and the channel in,
-replays one graph and reads one table.
+tokens' own log-probs; packed in one tensor, models/channel.py), chooses the ``budget`` most likely
+branches (``choose_branches_on_device``) and rolls out ``gamma`` draft tokens after each, all
+branches in one tree per forward (``roll_out_tree``). Every shape in that is fixed by (budget,
+gamma, kappa, the window's most rows) and the bucket of the draft's first forward, and none of it
+needs the host until the branches are read. Run an operation at a time it is some hundred launches
+from the host per step; a :class:`RolloutStage` runs all of it in its body, so the host copies the
+chain and the channel in, replays one graph and reads one table.
 
 The body, for a draft cache of ``base`` committed slots, a chain of C tokens (the committed tokens
 the draft has not seen, then the window's L = T - 1 draft tokens) and a channel of T rows:
@@ -118,7 +118,8 @@ class RolloutStage(Stage):
         """``choose_branches_on_device`` over the channel's first T rows (the rest: padding, last and
         never valid): (r, roots, valid, scores) [budget] of the best hypotheses, best first."""
         spec, device = self.spec, self.channel.device
-        top_ids, top_logp, window_logp = self.channel[:, :spec.kappa].long(), self.channel[:, spec.kappa:-1], self.channel[:, -1]
+        top_ids, top_logp = self.channel[:, :spec.kappa].long(), self.channel[:, spec.kappa:-1]  # [R, kappa]
+        window_logp = self.channel[:, -1]  # [R]
         row = torch.arange(spec.rows, device=device)  # [R]
         L = T - 1  # window tokens; row r < L holds d_{r+1}, which is an acceptance, not a branch
         drafted = self.x[0].gather(0, (C - L + row).clamp(0, self.width - 1))  # [R]: d_{r+1}

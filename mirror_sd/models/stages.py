@@ -31,22 +31,21 @@ the buffers, so a :class:`Stages` owns its cache: every generation reuses it (``
 
 The methods run on stages with ``load_pair(graphs="on")`` (or "auto" on a CUDA lane), through
 models/forwards.py: a method names the layer ranges it runs when it makes its cache, and they are
-made (captured) then, before the first step. On stages now: vanilla's forwards; sd's verify and
-its draft's forwards (token by token, at T = 0 a whole chain as one stage: models/chain_draft.py;
-and the streamed drafter's main rows and stream rows);
-Mirror-SD's target prefix, its early exit (trained head, final norm, LM-head rows, log_softmax: a
-stage of its own), its suffix, its fallback drafts and its branch rollouts (up to 64 rows; with
-streams, their stream rows too), and in a queued step its token channel and its branch choice and
-rollouts as one stage each (models/channel.py, models/rollout.py); EAGLE's target forwards (its prefill and tree verification, at
-the ranges its head's early features need) and its head's forwards (models/eagle.py:
+made (captured) then, before the first step. On stages now: vanilla's forwards; sd's verify and its
+draft's forwards (token by token, at T = 0 a whole chain as one stage: models/chain_draft.py; and
+the streamed drafter's main rows and stream rows); Mirror-SD's target prefix, its early exit
+(trained head, final norm, LM-head rows, log_softmax: a stage of its own), its suffix, its fallback
+drafts and its branch rollouts (up to 64 rows; with streams, their stream rows too), and in a
+queued step its token channel and its branch choice and rollouts as one stage each
+(models/channel.py, models/rollout.py); EAGLE's target forwards (its prefill and tree verification,
+at the ranges its head's early features need) and its head's forwards (models/eagle.py:
 ``HeadStages``), and at T = 0 its whole draft, head and tree, and its whole verification as one
-stage each (models/eagle_tree.py, models/eagle_verify.py);
-ss's main rows and its streams, in either form (at T = 0 its draft from them as one stage:
-models/stream_draft.py); every prefill, as 64-row chunks.
-Stream rows (a ``streams`` stage) keep their keys and values in scratch slots, which is how a
-stage stores nothing for them. Where stream rows ride behind main rows in one plain forward
-(ss's ``one_forward=1``, the draft's ``streams=2``), the stages run the main rows first and the
-stream rows after them (models/streams.py: ``forward_with_streams``).
+stage each (models/eagle_tree.py, models/eagle_verify.py); ss's main rows and its streams, in
+either form (at T = 0 its draft from them as one stage: models/stream_draft.py); every prefill, as
+64-row chunks. Stream rows (a ``streams`` stage) keep their keys and values in scratch slots, which
+is how a stage stores nothing for them. Where stream rows ride behind main rows in one plain
+forward (ss's ``one_forward=1``, the draft's ``streams=2``), the stages run the main rows first and
+the stream rows after them (models/streams.py: ``forward_with_streams``).
 
 The cheapest bucket. A GPU's time for a forward need not grow with its width: matrix products of
 2 to 16 rows can pick slower kernels than those of 1 or 32 (on an H200 in fp32 the target's
@@ -281,8 +280,8 @@ class Stage:
         if self.streams is not None and (mask is None or mask.shape[-1] != start + T):
             raise MirrorSDError(f"stream rows need a mask over the cache's {start} slots and their {T} rows")
         if mask is not None and mask.shape[-1] not in (T, start + T):
-            raise MirrorSDError(f"a mask over {T} rows after {start} slots is [.., {T}, {T}] or [.., {T}, {start + T}], "
-                                f"got {tuple(mask.shape)}")
+            raise MirrorSDError(f"a mask over {T} rows after {start} slots is [.., {T}, {T}] or "
+                                f"[.., {T}, {start + T}], got {tuple(mask.shape)}")
         kind = CAUSAL if mask is None else SLOTS if mask.shape[-1] == start + T else WINDOW
         if mask is not None:
             copy_into(self.given[:, :T, :mask.shape[-1]], mask)
@@ -308,7 +307,8 @@ class Stage:
         if self.streams is None:
             self.slots.copy_(torch.where(real, start + self.rows, scratch))
             window = (s >= start) & (s < start + T)  # [S]
-            over_window = self.given.gather(-1, (s - start).clamp(0, W - 1).expand_as(self.given))  # given[.., s - start]
+            column = (s - start).clamp(0, W - 1).expand_as(self.given)
+            over_window = self.given.gather(-1, column)  # [B, W, S]: given[.., s - start]
             sees = torch.where(kind == CAUSAL, s <= start + self.rows[:, None],  # [B, W, S]
                                torch.where(kind == SLOTS, self.given & (s < start + T),
                                            (s < start) | (window & over_window)))
