@@ -44,8 +44,8 @@ from ..models.eagle import EMBEDDED_HEAD, EagleHead, HeadStages, load_head, stag
 from ..models.eagle_tree import TreeDraft
 from ..models.eagle_verify import TreeVerify
 from ..models.forwards import staged
-from ..models.stages import MAX_WIDTH
 from ..models.loading import EMBEDDED_NAME
+from ..models.stages import MAX_WIDTH
 from ..sampling import to_target_vocab
 from ..trace import Step
 from .verify import accept_tree, verify_stages, verify_tree_on_stage

@@ -54,9 +54,9 @@ from ..devices import to_device
 from ..drafting import make_drafter
 from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, graft, keep_path, tree_window
+from ..models.channel import TokenChannel, pack, unpack
 from ..models.exit_head import EarlyExit, available_exit_head, exit_head_for
 from ..models.forwards import FULL, layers, staged
-from ..models.channel import TokenChannel, pack, unpack
 from ..models.rollout import Rollouts
 from ..models.stages import MAX_WIDTH
 from ..models.streams import draft_streams, split_forward, split_ranges

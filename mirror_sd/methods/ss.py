@@ -37,8 +37,8 @@ import torch
 from ..devices import to_device
 from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, graft, keep_path, sampled_chain, stream_tree, stream_tree_of, tree_window
-from ..models.forwards import staged
 from ..models.eagle_verify import TreeVerify
+from ..models.forwards import staged
 from ..models.stream_draft import StreamDraft
 from ..models.streams import forward_with_streams, split_forward, stream_ranges, target_streams
 from ..sampling import to_target_vocab
@@ -65,7 +65,7 @@ def draft_from_streams(run, streams, cache, h0_row, gamma: int, top_k: int, tota
     stages = staged(run.pair.target, cache)
     if run.draft_sampler.greedy and stages is not None:
         spec = StreamDraft(streams, gamma, top_k)
-        top = stages.run(spec.name, h0_row, rows=streams.num_streams, next_id=run.sequence[-1]).tolist()  # [gamma, 2k]
+        top = stages.run(spec.name, h0_row, rows=streams.num_streams, next_id=run.sequence[-1]).tolist()  # [g, 2k]
         k = len(top[0]) // 2
         tree = stream_tree_of([[int(t) for t in row[:k]] for row in top], [row[k:] for row in top], top_k, total_tokens)
         return graft(tree, copy_from_context(run.sequence, lookup))
