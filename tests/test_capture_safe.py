@@ -107,3 +107,48 @@ def test_a_run_over_padding_writes_scratch_slots_only(pair):
             stage.load_padding()
             stage.body()
         assert torch.equal(cache.kv[:, :, :, :, :cache.max_slots], before), name
+
+
+@pytest.mark.parametrize("method,options", [("sd", dict(gamma=3)), ("eagle", {}), ("ss", dict(gamma=3)),
+                                            ("mirror", dict(exit_layer=1, queued=1))])
+def test_a_one_stage_forward_that_fails_to_capture_is_refused_and_its_method_goes_on(
+        tiny_dirs, monkeypatch, method, options):
+    """As on a GPU whose capture of a one-stage forward fails: a warning names it, the set refuses it
+    (not named again), and the method commits vanilla's tokens an operation at a time around the
+    stages that did capture (here the plain stages' "capture" does nothing: no GPU)."""
+    from mirror_sd import generate
+    from mirror_sd.methods.eagle import attach_head
+    from mirror_sd.models.exit_head import ExitHead, attach_exit_head
+    from mirror_sd.models.stages import OwnStage, Stage, Stages
+
+    def capture(stage, pool=None, stream=None):
+        if type(stage) is not Stage and not type(stage).__name__.startswith("Head"):  # a one-stage forward's
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(Stage, "capture", capture)
+    monkeypatch.setattr(Stage, "time_replays", lambda stage: 1.0)
+    monkeypatch.setattr(Stages, "__init__", _graphs_on_the_cpu(Stages.__init__))
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
+    torch.manual_seed(0)
+    attach_head(pair, EagleHead.from_target(pair.target, torch.tensor([0, 1, 2, 3, 4, 5, 7, 8, 11, 13])).eval())
+    pair.streams = Streams(pair.target.args, StreamConfig(num_streams=3, stream_layers=1, rank=4)).attach(pair.target)
+    pair.attached_streams = True
+    attach_exit_head(pair, ExitHead.for_target(pair.target, 1, rank=4))
+    expected = generate(pair, "t1 t2 t3", method="vanilla", max_new_tokens=12, raw=True).token_ids
+    with pytest.warns(UserWarning, match="could not be captured as a CUDA graph"):
+        out = generate(pair, "t1 t2 t3", method=method, max_new_tokens=12, raw=True, **options)
+    assert out.error is None, out.error
+    assert out.token_ids == expected and "note" not in out.trace.meta, out.trace.meta.get("note")
+    refused = {name for stages in pair.stage_sets.values() for name in stages.refused}
+    assert refused and not any(isinstance(kind, OwnStage) for s in pair.stage_sets.values() for kind in s.kinds.values())
+    monkeypatch.setattr(Stage, "capture", lambda *a, **k: pytest.fail("a refused forward's capture was tried again"))
+    again = generate(pair, "t1 t2 t3", method=method, max_new_tokens=12, raw=True, **options)  # no capture tried
+    assert again.error is None and again.token_ids == expected
+
+
+def _graphs_on_the_cpu(init):
+    """Stages.__init__ with ``graphs`` on although the model is on the CPU (capture patched out)."""
+    def patched(self, model, max_slots, batch=1, graphs=None, stream=None):
+        init(self, model, max_slots, batch, False, stream)
+        self.graphs = True
+    return patched

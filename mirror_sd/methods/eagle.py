@@ -126,9 +126,8 @@ def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_to
     """Feed the pending (feature, token, early) triples, then draft; the head's cache ends at n - 1 slots.
     At T = 0 on a head's stages, all of it is one stage (``draft_on_stage``)."""
     n = len(run.sequence)
-    stages = staged(head, cache)
-    if run.draft_sampler.greedy and stages is not None:
-        spec = TreeDraft(depth, top_k, total_tokens, bool(head.early_layers))
+    stages, spec = staged(head, cache), TreeDraft(depth, top_k, total_tokens, bool(head.early_layers))
+    if run.draft_sampler.greedy and stages is not None and spec.name in stages.kinds:
         tree = draft_on_stage(head, stages, cache, pending, spec)
         cache.rollback(n - 1)
         return graft(tree, copy_from_context(run.sequence, lookup))

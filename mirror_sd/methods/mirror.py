@@ -517,9 +517,9 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
 def rollouts_fit(run, cache, window: list[int], rollouts: Rollouts | None) -> bool:
     """Whether the draft's stage for ``rollouts`` holds this step: the draft on stages, the window
     within the channel rows it was made for, the chain and every root within its widest forward."""
-    chain = len(run.sequence) - cache.length + len(window)
-    return (rollouts is not None and staged(run.pair.draft, cache) is not None and len(window) < rollouts.rows
-            and chain + rollouts.budget <= MAX_WIDTH)
+    chain, stages = len(run.sequence) - cache.length + len(window), staged(run.pair.draft, cache)
+    return (rollouts is not None and stages is not None and rollouts.name in stages.kinds
+            and len(window) < rollouts.rows and chain + rollouts.budget <= MAX_WIDTH)
 
 
 def roll_out_on_stage(run, cache, window: list[int], channel, rollouts: Rollouts) -> torch.Tensor:
@@ -546,6 +546,7 @@ def queue_target(run, target_cache, window: list[int], step, exit_layer, kappa, 
     T = len(window) + 1
     positions, mask = tree_window(tree, run.sequence, pair.target.device)[1:] if tree is not None else (None, None)
     stages = staged(pair.target, target_cache) if channel_stage is not None and tree is None else None
+    stages = stages if stages is not None and channel_stage.name in stages.kinds else None
 
     def token_channel_to_draft():  # the channel, sent on to the draft's device (off CUDA: read, so done)
         if stages is not None:  # one stage: the prefix and the channel, packed

@@ -72,6 +72,7 @@ event, and synchronise once.
 from __future__ import annotations
 
 import statistics
+import warnings
 from dataclasses import replace
 
 import torch
@@ -106,6 +107,10 @@ def copy_into(buffer: torch.Tensor, data):
     if not isinstance(data, torch.Tensor) or data.device != buffer.device:
         data = to_device(data, buffer.device)
     buffer.copy_(data)
+
+
+class StageRefused(MirrorSDError):
+    """A one-stage forward failed to capture and was refused (``Stages.capture``)."""
 
 
 def bucket(width: int) -> int:
@@ -450,6 +455,7 @@ class Stages:
         # (name, forward) -> its stages and timings while another forward holds the name (``add``)
         self._shelf: dict[tuple[str, object], tuple[dict, dict | None]] = {}
         self.replay_ms: dict[str, dict[int, float]] = {}  # name -> bucket -> GPU ms (captured stages)
+        self.refused: dict[str, str] = {}  # one-stage forwards whose capture failed -> why (``capture``)
         self.cheapest = True  # route windows by replay_ms (False: always the smallest bucket)
         self.tuned_kernels = True  # capture each operation in its fastest formulation (models/tuning.py)
 
@@ -470,9 +476,11 @@ class Stages:
         self.kinds[name] = kind
 
     def name_kind(self, name: str, kind) -> str:
-        """Name a forward that makes its own stages (``kind.make_stage``: models/eagle_tree.py,
-        channel.py, rollout.py, stream_draft.py) and return the name; stages made for another forward
-        of that name (other streams, say) are dropped."""
+        """Name a forward that makes its own stages (``OwnStage``) and return the name; stages made
+        for another forward of that name (other streams, say) are dropped. One whose capture failed
+        (``refused``) is not named again: its method runs it an operation at a time."""
+        if name in self.refused:
+            return name
         if self.kinds.get(name, kind) != kind:
             self._take(name)
         self.kinds[name] = kind
@@ -494,10 +502,27 @@ class Stages:
             stage = self.make(name, key[1])
             stage.tuned_kernels = self.tuned_kernels
             if self.graphs:
-                stage.capture(self.pool, self.stream)
+                self.capture(name, stage)
                 self.replay_ms.setdefault(name, {})[key[1]] = stage.time_replays()
             self._stages[key] = stage
         return self._stages[key]
+
+    def capture(self, name: str, stage: Stage):
+        """Capture ``stage`` in this set's pool on its stream. Where a one-stage forward (``OwnStage``)
+        fails to capture, it is refused with a warning, so that its method goes on an operation at a
+        time (the methods run such a forward only while it is named here): one failed capture costs
+        that forward's speed, not the run."""
+        try:
+            stage.capture(self.pool, self.stream)
+        except Exception as e:
+            if not isinstance(self.kinds[name], OwnStage):
+                raise
+            warnings.warn(f"stage {name!r} could not be captured as a CUDA graph ({type(e).__name__}: {e}); "
+                          f"its method runs that work an operation at a time instead")
+            self.refused[name] = f"{type(e).__name__}: {e}"
+            self._take(name)
+            del self.kinds[name]
+            raise StageRefused(name) from e
 
     def make(self, name: str, width: int) -> Stage:
         """A new stage of the forward ``name`` at ``width`` rows (not captured yet)."""
@@ -526,15 +551,19 @@ class Stages:
 
     def missing(self, names=None, widths=BUCKETS) -> list[tuple[str, int]]:
         """The (name, width) stages not made yet (names None: every named forward; a forward that
-        names its ``widths`` is made at those only)."""
-        return [(n, w) for n in (names or list(self.kinds)) for w in widths
+        names its ``widths`` is made at those only; a refused one, at none)."""
+        return [(n, w) for n in (names or list(self.kinds)) if n in self.kinds for w in widths
                 if w in getattr(self.kinds[n], "widths", BUCKETS) and (n, w) not in self._stages]
 
     def capture_all(self, names=None, widths=BUCKETS, progress=None):
         """Make every (name, width) not made yet now, at warm-up, so no step pays for a capture;
-        ``progress(done, total)`` after each."""
+        ``progress(done, total)`` after each. A refused forward's other widths are skipped."""
         pairs = self.missing(names, widths)
         for done, (name, width) in enumerate(pairs, 1):
-            self.stage(name, width)
+            if name in self.kinds:
+                try:
+                    self.stage(name, width)
+                except StageRefused:
+                    pass
             if progress is not None:
                 progress(done, len(pairs))
