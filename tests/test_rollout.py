@@ -76,8 +76,9 @@ def test_a_stage_refuses_what_it_cannot_hold(pair):
 
 
 def test_a_queued_step_on_stages_commits_vanillas_tokens_with_far_fewer_host_operations(tiny_dirs, pair, monkeypatch):
-    """scripts/host_ops.py: a queued Mirror-SD step on stages (the draft's work one replay) commits
-    vanilla's tokens and runs under half the host operations of one that rolls out a forward at a time."""
+    """scripts/host_ops.py: a queued Mirror-SD step on stages (the token channel and the draft's work one
+    replay each) commits vanilla's tokens and runs under half the host operations of one whose channel
+    and rollouts run a forward at a time."""
     from scripts.host_ops import count_ops, replay_outside_the_count
 
     monkeypatch.setattr(Stage, "replay", replay_outside_the_count(Stage.replay))
@@ -87,7 +88,7 @@ def test_a_queued_step_on_stages_commits_vanillas_tokens_with_far_fewer_host_ope
     assert out.token_ids == expected and "note" not in out.trace.meta  # no lane failed
     assert any(step.rendezvous.branch_used is not None for step in out.trace.steps[1:])  # the rollouts hit
     one_replay = count_ops(staged, "mirror", 16, prompt="t1 t2 t3", raw=True, options=dict(queued=1))
-    monkeypatch.setattr("mirror_sd.methods.mirror.staged", lambda model, cache: None)  # rollouts a forward at a time
+    monkeypatch.setattr("mirror_sd.methods.mirror.staged_for", lambda *a: None)  # a forward at a time
     forward_by_forward = count_ops(staged, "mirror", 16, prompt="t1 t2 t3", raw=True, options=dict(queued=1))
     assert 2 * one_replay["ops_per_step"] < forward_by_forward["ops_per_step"]
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ..devices import to_device
 from ..errors import MirrorSDError
 from ..models.chain_draft import ChainDraft
-from ..models.forwards import FULL, forward, staged
+from ..models.forwards import FULL, forward, staged_for
 from ..models.stages import MAX_WIDTH
 from ..options import Option
 from ..trace import DraftWork
@@ -71,8 +71,9 @@ def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
     draft, sampler = run.pair.draft, run.draft_sampler
     pending = run.sequence[cache.length:]
     if sampler.greedy and not copy_below:  # every pick stays on the device: one read of the window
-        stages, chain = staged(draft, cache), ChainDraft(gamma, run.pair.target.args.vocab_size)
-        if stages is not None and chain.name in stages.kinds and len(pending) <= MAX_WIDTH:  # one stage for all
+        chain = ChainDraft(gamma, run.pair.target.args.vocab_size)
+        stages = staged_for(draft, cache, chain)
+        if stages is not None and len(pending) <= MAX_WIDTH:  # one stage for all
             tokens = stages.run(chain.name, [pending]).tolist()
             cache.length += len(pending) + gamma - 1
             return tokens, None, []

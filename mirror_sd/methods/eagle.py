@@ -43,7 +43,7 @@ from ..errors import MirrorSDError
 from ..models.eagle import EMBEDDED_HEAD, EagleHead, HeadStages, load_head, stage_ranges, target_features
 from ..models.eagle_tree import TreeDraft
 from ..models.eagle_verify import TreeVerify
-from ..models.forwards import staged
+from ..models.forwards import staged_for
 from ..models.loading import EMBEDDED_NAME
 from ..models.stages import MAX_WIDTH
 from ..sampling import to_target_vocab
@@ -126,8 +126,9 @@ def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_to
     """Feed the pending (feature, token, early) triples, then draft; the head's cache ends at n - 1 slots.
     At T = 0 on a head's stages, all of it is one stage (``draft_on_stage``)."""
     n = len(run.sequence)
-    stages, spec = staged(head, cache), TreeDraft(depth, top_k, total_tokens, bool(head.early_layers))
-    if run.draft_sampler.greedy and stages is not None and spec.name in stages.kinds:
+    spec = TreeDraft(depth, top_k, total_tokens, bool(head.early_layers))
+    stages = staged_for(head, cache, spec)
+    if run.draft_sampler.greedy and stages is not None:
         tree = draft_on_stage(head, stages, cache, pending, spec)
         cache.rollback(n - 1)
         return graft(tree, copy_from_context(run.sequence, lookup))

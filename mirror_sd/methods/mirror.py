@@ -56,7 +56,7 @@ from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, graft, keep_path, tree_window
 from ..models.channel import TokenChannel, pack, unpack
 from ..models.exit_head import EarlyExit, available_exit_head, exit_head_for
-from ..models.forwards import FULL, layers, staged
+from ..models.forwards import FULL, layers, staged, staged_for
 from ..models.rollout import Rollouts
 from ..models.stages import MAX_WIDTH
 from ..models.streams import draft_streams, split_forward, split_ranges
@@ -517,8 +517,8 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
 def rollouts_fit(run, cache, window: list[int], rollouts: Rollouts | None) -> bool:
     """Whether the draft's stage for ``rollouts`` holds this step: the draft on stages, the window
     within the channel rows it was made for, the chain and every root within its widest forward."""
-    chain, stages = len(run.sequence) - cache.length + len(window), staged(run.pair.draft, cache)
-    return (rollouts is not None and stages is not None and rollouts.name in stages.kinds
+    chain = len(run.sequence) - cache.length + len(window)
+    return (rollouts is not None and staged_for(run.pair.draft, cache, rollouts) is not None
             and len(window) < rollouts.rows and chain + rollouts.budget <= MAX_WIDTH)
 
 
@@ -545,8 +545,8 @@ def queue_target(run, target_cache, window: list[int], step, exit_layer, kappa, 
     pair, draft_device = run.pair, run.pair.draft.device
     T = len(window) + 1
     positions, mask = tree_window(tree, run.sequence, pair.target.device)[1:] if tree is not None else (None, None)
-    stages = staged(pair.target, target_cache) if channel_stage is not None and tree is None else None
-    stages = stages if stages is not None and channel_stage.name in stages.kinds else None
+    stages = staged_for(pair.target, target_cache, channel_stage) if channel_stage is not None and tree is None \
+        else None
 
     def token_channel_to_draft():  # the channel, sent on to the draft's device (off CUDA: read, so done)
         if stages is not None:  # one stage: the prefix and the channel, packed

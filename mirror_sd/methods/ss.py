@@ -38,7 +38,7 @@ from ..devices import to_device
 from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, graft, keep_path, sampled_chain, stream_tree, stream_tree_of, tree_window
 from ..models.eagle_verify import TreeVerify
-from ..models.forwards import staged
+from ..models.forwards import staged_for
 from ..models.stream_draft import StreamDraft
 from ..models.streams import forward_with_streams, split_forward, stream_ranges, target_streams
 from ..sampling import to_target_vocab
@@ -62,8 +62,9 @@ def draft_from_streams(run, streams, cache, h0_row, gamma: int, top_k: int, tota
     """The next draft from the streams of one main row h0_row [1, 1, d] whose token sits in the
     cache's last slot, run in a pass of their own: they see the step's correction/bonus, committed.
     At T = 0 on the target's stages, one stage (models/stream_draft.py) gives their candidates."""
-    stages, spec = staged(run.pair.target, cache), StreamDraft(streams, gamma, top_k)
-    if run.draft_sampler.greedy and stages is not None and spec.name in stages.kinds:
+    spec = StreamDraft(streams, gamma, top_k)
+    stages = staged_for(run.pair.target, cache, spec)
+    if run.draft_sampler.greedy and stages is not None:
         top = stages.run(spec.name, h0_row, rows=streams.num_streams, next_id=run.sequence[-1]).tolist()  # [g, 2k]
         k = len(top[0]) // 2
         tree = stream_tree_of([[int(t) for t in row[:k]] for row in top], [row[k:] for row in top], top_k, total_tokens)

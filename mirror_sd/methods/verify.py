@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..drafting.tree import Tree, walk_tree
-from ..models.forwards import staged
+from ..models.forwards import staged_for
 from ..models.stages import MAX_WIDTH
 from ..sampling import Sampler
 
@@ -89,9 +89,8 @@ def accept_tree(tree: Tree, logits: torch.Tensor, sampler: Sampler) -> tuple[lis
 def verify_stages(run, cache, tree, spec):
     """The target's stage set for ``verify_tree_on_stage``, where it can verify ``tree``: T = 0, the
     target on stages whose warm-up made ``spec``'s stages, and a tree within the widest stage; else None."""
-    stages = staged(run.pair.target, cache)
-    fits = stages is not None and spec.name in stages.kinds and len(tree.tokens) < MAX_WIDTH
-    return stages if run.target_sampler.greedy and fits else None
+    stages = staged_for(run.pair.target, cache, spec)
+    return stages if run.target_sampler.greedy and len(tree.tokens) < MAX_WIDTH else None
 
 
 def verify_tree_on_stage(run, stages, cache, tree, spec):

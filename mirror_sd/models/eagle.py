@@ -31,7 +31,7 @@ from ..errors import MirrorSDError
 from .forwards import layers, staged
 from .linear import Linear, linear
 from .llama import DecoderLayer, KVCache, ModelArgs, Transformer
-from .stages import MAX_WIDTH, Stage, Stages, copy_into
+from .stages import MAX_WIDTH, OwnStage, Stage, Stages, copy_into
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_HEAD = ASSETS / "eagle-smollm2-135m"
@@ -245,7 +245,7 @@ class HeadStages(Stages):
         return "pairs" if early is None else "pairs + early features"
 
     def make(self, name: str, width: int) -> HeadStage:
-        if self.kinds[name] is not None:  # a forward that makes its own stages (models/eagle_tree.py: TreeDraft)
+        if isinstance(self.kinds[name], OwnStage):  # a forward that makes its own kind of stage (TreeDraft)
             return super().make(name, width)
         return HeadStage(self.model, width, self.cache, early=name == self.name(True))
 

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from .llama import KVCache, Transformer
-from .stages import MAX_WIDTH, Stages
+from .stages import MAX_WIDTH, OwnStage, Stages
 
 SLOT_STEP = 512  # a stage set's cache grows in steps of this many slots (a new set, captured anew)
 # Layers [a, b) (b None: to the last), then the LM head if True. In place of the flag: a module that
@@ -70,10 +70,10 @@ def stage_cache(sets: dict, model: Transformer, slots: int, ranges: list[Range] 
 
 def stage_name(stages: Stages, r) -> str:
     """The name of a forward in a stage set, added if new: a layer range (``name_range``), a stage's
-    name as it is, or a forward that names itself (``stage_name_in``: an EAGLE head's ``TreeDraft``)."""
+    name as it is, or a one-stage forward (``OwnStage``), which names itself."""
     if isinstance(r, str):
         return r
-    return r.stage_name_in(stages) if hasattr(r, "stage_name_in") else name_range(stages, r)
+    return r.stage_name_in(stages) if isinstance(r, OwnStage) else name_range(stages, r)
 
 
 def name_range(stages: Stages, r: Range) -> str:
@@ -91,6 +91,13 @@ def staged(model: Transformer, cache) -> Stages | None:
     """The stage set whose cache this is, if it is ``model``'s; else None (the plain forward runs)."""
     stages = getattr(cache, "stages", None)
     return stages if stages is not None and stages.model is model else None
+
+
+def staged_for(model: Transformer, cache, forward) -> Stages | None:
+    """``staged``, where the set makes the one-stage ``forward`` (an ``OwnStage``: named when the cache
+    was made, and not refused at its capture); else None (the method's work an operation at a time)."""
+    stages = staged(model, cache)
+    return stages if stages is not None and forward.name in stages.kinds else None
 
 
 def forward(model: Transformer, ids: torch.Tensor, cache, positions=None, tree_mask=None,

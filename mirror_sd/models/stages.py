@@ -527,7 +527,7 @@ class Stages:
     def make(self, name: str, width: int) -> Stage:
         """A new stage of the forward ``name`` at ``width`` rows (not captured yet)."""
         kind = self.kinds[name]
-        if hasattr(kind, "make_stage"):  # a forward that makes its own stages (models/rollout.py: Rollouts)
+        if isinstance(kind, OwnStage):  # a forward that makes its own kind of stage
             return kind.make_stage(self.model, width, self.cache)
         layers, head, streams = kind
         return Stage(self.model, width, self.cache, layers, head, streams)
