@@ -57,7 +57,7 @@ from ..drafting.tree import Tree, graft, keep_path, tree_window
 from ..models.channel import TokenChannel, pack, unpack
 from ..models.exit_head import EarlyExit, available_exit_head, exit_head_for
 from ..models.forwards import FULL, layers, staged, staged_for
-from ..models.rollout import Rollouts
+from ..models.rollout import Rollouts, rank_branches
 from ..models.stages import MAX_WIDTH
 from ..models.streams import draft_streams, split_forward, split_ranges
 from ..sampling import to_target_vocab
@@ -231,11 +231,7 @@ def choose_branches_on_device(draft: list[int], top_ids, top_logp, window_logp, 
         skip[:-1] = top_ids[:-1] == to_device(draft, dev, torch.long)[:, None]
     else:
         prefix, skip = _tree_prefix_and_skip(draft, parents, top_ids, window_logp)
-    scores = prefix[:, None] + top_logp.double()  # [T, kappa]
-    order = torch.sort(scores.flatten(), descending=True, stable=True).indices  # best first
-    order = order[torch.sort(skip.flatten()[order].byte(), stable=True).indices]  # the skipped ones last
-    order = order[:min(budget, T * kappa)]  # [B]
-    return order // kappa, top_ids.flatten()[order], scores.flatten()[order], ~skip.flatten()[order]
+    return rank_branches(prefix[:, None] + top_logp.double(), skip, top_ids, budget)  # [B] each
 
 
 def _tree_prefix_and_skip(draft: list[int], parents: list[int], top_ids, window_logp):

@@ -81,7 +81,7 @@ class RolloutStage(Stage):
     def body(self) -> torch.Tensor:
         _, _, C, base = self.window_numbers()  # [1] each: the chain's tokens, the draft's committed slots
         T = self.channel_rows
-        r, roots, valid, scores = self.choose(T, C)  # [B] each
+        r, roots, scores, valid = self.choose(T, C)  # [B] each
         model, spec, W, B = self.model, self.spec, self.width, self.spec.budget
         live, usable, s = C > 0, self.cache.max_slots, self.slot_ids  # padding only: scratch only; s [S]
         n = base + C - (T - 1)  # committed tokens: the chain's first C - (T - 1) are committed
@@ -116,7 +116,7 @@ class RolloutStage(Stage):
 
     def choose(self, T: torch.Tensor, C: torch.Tensor):
         """``choose_branches_on_device`` over the channel's first T rows (the rest: padding, last and
-        never valid): (r, roots, valid, scores) [budget] of the best hypotheses, best first."""
+        never valid): (r, roots, scores, valid) [budget] of the best hypotheses, best first."""
         spec, device = self.spec, self.channel.device
         top_ids, top_logp = self.channel[:, :spec.kappa].long(), self.channel[:, spec.kappa:-1]  # [R, kappa]
         window_logp = self.channel[:, -1]  # [R]
@@ -126,10 +126,8 @@ class RolloutStage(Stage):
         prefix = torch.cat([torch.zeros(1, dtype=torch.float64, device=device),
                             torch.where(row < L, window_logp, 0).cumsum(0)])[:spec.rows]  # [R]
         skip = ((row < L)[:, None] & (top_ids == drafted[:, None])) | (row >= T)[:, None]  # [R, kappa]
-        scores = torch.where((row < T)[:, None], prefix[:, None] + top_logp, float("-inf")).flatten()
-        order = torch.sort(scores, descending=True, stable=True).indices  # best first
-        order = order[torch.sort(skip.flatten()[order].byte(), stable=True).indices][:spec.budget]  # skipped last
-        return order // spec.kappa, top_ids.flatten()[order], ~skip.flatten()[order], scores[order]
+        scores = torch.where((row < T)[:, None], prefix[:, None] + top_logp, float("-inf"))  # [R, kappa]
+        return rank_branches(scores, skip, top_ids, spec.budget)
 
     def forward(self, ids, positions, sees, slots, last: int) -> torch.Tensor:
         """The draft over rows ids [R] at positions [R], seeing ``sees`` [R, S], writing ``slots`` [R]:
@@ -138,6 +136,18 @@ class RolloutStage(Stage):
         win = replace(model.window(None, R, positions=positions[None]), mask=sees[None, None], causal=False)
         h = model.forward_layers(model.embed(ids[None]), SlotWriter(self.cache, slots), win, 0, model.num_layers)
         return draft_argmax(model.head(h[:, -last:])[0], model.vocab_map, self.spec.vocab_size)
+
+
+def rank_branches(scores: torch.Tensor, skip: torch.Tensor, top_ids: torch.Tensor, budget: int):
+    """The ``budget`` best hypotheses (r, v) of scores [T, kappa] (float64), best first, ties in (r, rank)
+    order as a stable sort keeps them, the skipped ones (``skip`` [T, kappa]: acceptances, never
+    branches) after every other: (r, roots, scores, valid) [min(budget, T * kappa)]. The ranking
+    of methods/mirror.py's ``choose_branches_on_device`` and of a rollout stage's body."""
+    kappa = scores.shape[1]
+    scores, skip = scores.flatten(), skip.flatten()
+    order = torch.sort(scores, descending=True, stable=True).indices  # best first
+    order = order[torch.sort(skip[order].byte(), stable=True).indices][:budget]  # the skipped ones last
+    return order // kappa, top_ids.flatten()[order], scores[order], ~skip[order]
 
 
 @dataclass(frozen=True)
