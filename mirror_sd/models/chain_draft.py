@@ -11,7 +11,7 @@ only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -51,12 +51,19 @@ class ChainDraftStage(Stage):
         picks = [draft_argmax(logits.index_select(0, (T - 1).clamp(min=0)), model.vocab_map, V)]  # [1]
         for k in range(1, self.spec.gamma):
             slot = start + T + k - 1  # [1]: pick k's slot and position
-            sees = torch.where(live, s <= slot, s == usable)  # [S]
-            win = replace(model.window(None, 1, positions=slot.view(1, 1)), mask=sees.view(1, 1, 1, -1), causal=False)
-            h = model.forward_layers(model.embed(picks[-1].view(1, 1)),
-                                     SlotWriter(self.cache, torch.where(live, slot, usable)), win, 0, model.num_layers)
-            picks.append(draft_argmax(model.head(h)[0], model.vocab_map, V))
+            sees = torch.where(live, s <= slot, s == usable)[None]  # [1, S]
+            picks.append(greedy_picks(self, picks[-1], slot, sees, torch.where(live, slot, usable), V))
         return torch.cat(picks)  # [gamma]
+
+
+def greedy_picks(stage: Stage, ids, positions, sees, slots, vocab_size: int, last: int = 1) -> torch.Tensor:
+    """A draft stage's body running the draft over rows ids [R] at positions [R], seeing ``sees``
+    [R, S] of the cache's slots and writing ``slots`` [R]: the greedy picks (target ids) of the last
+    ``last`` rows. How a chain draft and Mirror-SD's rollouts feed picks back inside one graph."""
+    model = stage.model
+    win = stage.rows_window(positions, sees)
+    h = model.forward_layers(model.embed(ids.view(1, -1)), SlotWriter(stage.cache, slots), win, 0, model.num_layers)
+    return draft_argmax(model.head(h[:, -last:])[0], model.vocab_map, vocab_size)
 
 
 @dataclass(frozen=True)

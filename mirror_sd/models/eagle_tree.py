@@ -19,7 +19,7 @@ writes scratch slots only, as every stage's does.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -72,8 +72,8 @@ class TreeDraftStage(HeadStage):
             mask = torch.where(live, sees, s == (usable + rows)[:, None])  # [R, S]
             positions = (base - 1 + depth).expand(1, R)  # a node at depth j: n - 2 + j
             x = head.inputs(predicted[parents + 1][None], tokens[None])  # each node's input: its parent's output
-            win = replace(head.window(None, R, positions=positions), mask=mask[None, None], causal=False)
-            out = head.layer.output(x, win, SlotWriter(self.cache, slots), 0)[0]  # [R, d]
+            writer = SlotWriter(self.cache, slots)
+            out = head.layer.output(x, self.rows_window(positions, mask), writer, 0)[0]  # [R, d]
             predicted[nodes + 1] = out
             return torch.log_softmax(head.logits(out), dim=-1)
 

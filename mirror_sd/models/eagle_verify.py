@@ -23,12 +23,12 @@ path's hidden states where its streams start) and sd's trees verify on it. A run
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
-from .llama import Transformer
 from ..errors import MirrorSDError
+from .llama import Transformer
 from .stages import CAUSAL, OwnStage, SlotWriter, Stage, copy_into, window_code
 
 PARENT_HOPS = 7  # pointer-jumping steps: 2**7 > 64, the widest stage, so every ancestor is found
@@ -77,7 +77,7 @@ class TreeVerifyStage(Stage):
         mask = torch.where(real[:, None], sees, self.padding)
         slots = torch.where(real, start + r, usable + r)
         positions = torch.where(real, start + depths, 0)
-        win = replace(model.window(None, W, positions=positions[None]), mask=mask[None, None], causal=False)
+        win = self.rows_window(positions, mask)
         writer, spec = SlotWriter(self.cache, slots), self.spec
         h, early, hidden, a = model.embed(tokens[None]), [], None, 0
         bounds = sorted({*spec.early_layers, *([spec.hidden_at] if spec.hidden_at is not None else [])})

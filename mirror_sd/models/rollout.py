@@ -26,14 +26,14 @@ The greedy picks of each forward's branch rows are the next tokens. A run over p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from ..errors import MirrorSDError
-from ..sampling import draft_argmax
+from .chain_draft import greedy_picks
 from .llama import Transformer
-from .stages import BUCKETS, CAUSAL, OwnStage, SlotWriter, Stage, copy_into, window_code
+from .stages import BUCKETS, CAUSAL, OwnStage, Stage, copy_into, window_code
 
 
 class RolloutStage(Stage):
@@ -100,7 +100,7 @@ class RolloutStage(Stage):
         sees = torch.where(chain[:, None], s <= (base + rows)[:, None],  # [W, S]
                            sees_before_root[b] | (s == (base + C + b)[:, None]))
         sees = torch.where((chain | root)[:, None] & live, sees, self.padding)
-        picks = [self.forward(ids, positions, sees, slots, last=B)]  # [B]
+        picks = [greedy_picks(self, ids, positions, sees, slots, spec.vocab_size, last=B)]  # [B]
 
         # gamma - 1 more: each branch's newest token.
         branch = torch.arange(B, device=s.device)
@@ -109,7 +109,7 @@ class RolloutStage(Stage):
             own = (after >= 0) & (after % B == branch[:, None]) & (after // B <= k)  # [B, S]
             sees = torch.where(live, sees_before_root | own, s == (usable + branch)[:, None])
             slots = torch.where(live, base + C + k * B + branch, usable + branch)
-            picks.append(self.forward(picks[-1], n + r + k, sees, slots, last=B))
+            picks.append(greedy_picks(self, picks[-1], n + r + k, sees, slots, spec.vocab_size, last=B))
         columns = [r, roots, valid.long()]
         return torch.cat([torch.stack(columns, dim=1).double(), scores[:, None], torch.stack(picks, dim=1).double()],
                          dim=1)  # [B, 4 + gamma]
@@ -128,14 +128,6 @@ class RolloutStage(Stage):
         skip = ((row < L)[:, None] & (top_ids == drafted[:, None])) | (row >= T)[:, None]  # [R, kappa]
         scores = torch.where((row < T)[:, None], prefix[:, None] + top_logp, float("-inf"))  # [R, kappa]
         return rank_branches(scores, skip, top_ids, spec.budget)
-
-    def forward(self, ids, positions, sees, slots, last: int) -> torch.Tensor:
-        """The draft over rows ids [R] at positions [R], seeing ``sees`` [R, S], writing ``slots`` [R]:
-        the greedy picks (target ids) of the last ``last`` rows."""
-        model, R = self.model, ids.shape[0]
-        win = replace(model.window(None, R, positions=positions[None]), mask=sees[None, None], causal=False)
-        h = model.forward_layers(model.embed(ids[None]), SlotWriter(self.cache, slots), win, 0, model.num_layers)
-        return draft_argmax(model.head(h[:, -last:])[0], model.vocab_map, self.spec.vocab_size)
 
 
 def rank_branches(scores: torch.Tensor, skip: torch.Tensor, top_ids: torch.Tensor, budget: int):

@@ -324,6 +324,14 @@ class Stage:
         self.mask.copy_(torch.where(real[:, None], sees, self.padding)[:, None])  # [B, 1, W, S]
         self.positions.copy_(torch.where(given_positions, self.positions, torch.where(real, start + self.rows, 0)))
 
+    def rows_window(self, positions: torch.Tensor, sees: torch.Tensor, **more):
+        """The window of R rows a body lays out itself (beside its buffers', or in place of them): at
+        ``positions`` [R] (or [1, R]), attending to the cache's slots that ``sees`` [R, S] admits.
+        ``more``: further fields of the window (stream rows' ``main_rows``, ``adapter``)."""
+        R = positions.shape[-1]
+        window = self.model.window(None, R, positions=positions.view(1, R))
+        return replace(window, mask=sees.view(1, 1, R, -1), causal=False, **more)
+
     def window_numbers(self):
         """What ``window_code`` packed, as tensors [1] on the device (for the body): whether positions
         were given, the window's kind, its rows T and its first slot."""

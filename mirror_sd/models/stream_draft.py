@@ -11,7 +11,7 @@ in, fills two numbers, replays one graph and reads the candidates [gamma, 2 top_
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -62,8 +62,7 @@ class StreamDraftStage(Stage):
         r = self.rows[:, None]  # [W, 1]: stream r + 1's row; its keys and values sit in scratch slot r
         sees = (s <= at) | ((s >= usable) & (s - usable <= r))  # [W, S]: the committed slots, streams 1..r+1
         mask = torch.where((r < G) & live, sees, self.padding)
-        win = replace(model.window(None, W, positions=positions), mask=mask[None, None], causal=False, main_rows=0,
-                      adapter=streams.adapter)
+        win = self.rows_window(positions, mask, main_rows=0, adapter=streams.adapter)
         h = model.forward_layers(rows, self.writer, win, *self.layers)  # [1, W, d]
         logp = torch.log_softmax(streams.logits(model, h)[0, :spec.gamma], dim=-1)  # [gamma, head rows]
         top = logp.topk(min(spec.top_k, logp.shape[-1]), dim=-1)
