@@ -271,3 +271,29 @@ def test_captured_stages_time_every_formulation_and_record_the_fastest(tiny_dirs
             times, names = tuning.TIMES[key], tuning.FORMULATIONS[op]
             assert all(isinstance(times[name], float) and times[name] > 0 for name in names), times
             assert tuning.PLAN[key] == names[0] or times[tuning.PLAN[key]] < times[names[0]]
+
+
+def test_a_one_stage_forward_a_capture_cannot_record_is_refused_before_its_capture(tiny_dirs, monkeypatch):
+    """The warm-up's check (models/capture_check.py) finds a host value copied onto the device in a
+    one-stage forward's body, before any capture: the forward is refused with a warning, its method
+    commits vanilla's tokens an operation at a time, and the process's later captures and random
+    numbers still work (a failed capture could leave both unusable)."""
+    from mirror_sd.models.chain_draft import ChainDraftStage
+
+    body = ChainDraftStage.body
+
+    def unsafe_body(stage):
+        rows = torch.arange(1, device=stage.x.device)
+        stage.x[rows, rows] = 0  # a Python number through a tensor index: a copy from the host
+        return body(stage)
+
+    monkeypatch.setattr(ChainDraftStage, "body", unsafe_body)
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
+    expected = generate(pair, PROMPTS[0], method="vanilla", max_new_tokens=12, raw=True).token_ids
+    with pytest.warns(UserWarning, match="could not be captured as a CUDA graph"):
+        out = generate(pair, PROMPTS[0], method="sd", max_new_tokens=12, raw=True, gamma=3)
+    assert out.error is None and out.token_ids == expected
+    assert any("CaptureUnsafe" in why for s in pair.stage_sets.values() for why in s.refused.values())
+    torch.randn(8, device="cuda")  # the random-number state is not stuck in a capture
+    again = generate(pair, PROMPTS[0], method="mirror", max_new_tokens=12, raw=True, gamma=3, exit_layer=1)  # new captures
+    assert again.error is None and again.token_ids == expected

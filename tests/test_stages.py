@@ -324,7 +324,8 @@ def test_host_ops_counts_the_operations_around_a_stage_not_inside_it(tiny_dirs, 
     from scripts.host_ops import count_ops, replay_outside_the_count
 
     monkeypatch.setattr(Stage, "replay", replay_outside_the_count(Stage.replay))
-    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on",
+                     target_device="cpu", draft_device="cpu")  # the count's own test: the host's work
     on_stages = count_ops(pair, "vanilla", 12, prompt="t1 t2 t3", raw=True)
     pair.graphs = "off"
     plain = count_ops(pair, "vanilla", 12, prompt="t1 t2 t3", raw=True)

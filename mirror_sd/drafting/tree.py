@@ -116,7 +116,7 @@ def grow_fields(first: torch.Tensor, expand, to_ids, depth: int, top_k: int, tot
         frontier = torch.sort(scores[-1], dim=-1, descending=True, stable=True).indices[:, :k]  # [B, k] in the level
         done = (d - 2) * B * k  # rows expanded before this level
         mine = seen.gather(1, frontier[..., None].expand(B, k, columns)).view(B * k, columns)
-        mine[rows, done + rows] = True  # each row sees itself
+        mine.scatter_(1, (done + rows)[:, None], True)  # each row sees itself (no host value copied)
         nodes = start + frontier  # [B, k]
         logp = expand(trees, nodes.flatten(), parents[-1].gather(1, frontier).flatten(),
                       tokens[-1].gather(1, frontier).flatten(), d - 1, mine[:, :done + B * k])  # [R, rows]

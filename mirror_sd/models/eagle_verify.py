@@ -93,12 +93,13 @@ class TreeVerifyStage(Stage):
 
         matches = (tokens == picks[parents]) | (r == 0)  # [W]: a node the target would emit there (the root: kept)
         accepted = real & ~(seen & ~matches[None, :]).any(-1)  # every ancestor, and itself, matches
-        deepest = torch.where(accepted, depths, -1).argmax()  # the accepted path's last row
-        path = torch.sort(torch.where(seen[deepest], r, W + r)).values.clamp(max=W - 1)  # [W]: its rows first
+        deepest = torch.where(accepted, depths, -1).argmax().view(1)  # the accepted path's last row [1]
+        on_path = seen.index_select(0, deepest)[0]  # [W] (an index by a 0-d tensor would read it back)
+        path = torch.sort(torch.where(on_path, r, W + r)).values.clamp(max=W - 1)  # [W]: its rows first
         kv = self.cache.kv  # [2, L, B, K, S, D]
         kv.index_copy_(4, torch.where(live, start + r, usable + r), kv.index_select(4, torch.where(live, start + path,
                                                                                                 usable + r)))
-        verdict = torch.cat([depths[deepest].view(1), picks[deepest].view(1), path])  # [2 + W]
+        verdict = torch.cat([depths.index_select(0, deepest), picks.index_select(0, deepest), path])  # [2 + W]
         early = torch.cat(early, dim=-1)[0][path] if early else None
         return verdict, feats[path], early, (hidden[path] if hidden is not None else None)
 

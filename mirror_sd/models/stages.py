@@ -71,6 +71,7 @@ event, and synchronise once.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import warnings
 from dataclasses import replace
@@ -80,6 +81,7 @@ import torch
 from ..devices import to_device
 from ..errors import MirrorSDError
 from . import tuning
+from .capture_check import CaptureCheck
 from .llama import KVCache, Transformer
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -377,7 +379,7 @@ class Stage:
         if self.layers[0] < self.layers[1]:
             self.window.fill_(window_code(0, 0, CAUSAL, False))  # no real row: every row is padding
 
-    def capture(self, pool=None, stream: torch.cuda.Stream | None = None):
+    def capture(self, pool=None, stream: torch.cuda.Stream | None = None, check: bool = False):
         """Capture the stage as a CUDA graph on ``stream`` (None: a side stream of PyTorch's) in memory
         pool ``pool``: warm up on a side stream, then capture, as PyTorch documents. The buffers hold
         padding only meanwhile, so the warm-up writes scratch slots only.
@@ -389,15 +391,19 @@ class Stage:
         launches kernels on the stage's buffers, so nothing it records depends on that other work.
 
         Its operations are recorded in the formulation measured fastest for their shapes
-        (``tuned_kernels``; models/tuning.py), tuned during the warm-up."""
+        (``tuned_kernels``; models/tuning.py), tuned during the warm-up. With ``check`` the last
+        warm-up run is checked for operations a capture cannot record (models/capture_check.py;
+        raises ``CaptureUnsafe``): a failed capture can leave PyTorch's memory pool and random-number
+        state unusable for the rest of the process, a refused warm-up cannot."""
         device = self.x.device
         with torch.inference_mode(), torch.cuda.device(device), tuning.planned(self.tuned_kernels):
             self.load_padding()
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
-                for _ in range(WARMUP_RUNS):
-                    self.body()
+                for run in range(WARMUP_RUNS):  # the first tunes kernels; a check may watch the last
+                    with CaptureCheck() if check and run == WARMUP_RUNS - 1 else contextlib.nullcontext():
+                        self.body()
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="relaxed"):
@@ -521,13 +527,15 @@ class Stages:
         time (the methods run such a forward only while it is named here): one failed capture costs
         that forward's speed, not the run."""
         try:
-            stage.capture(self.pool, self.stream)
+            stage.capture(self.pool, self.stream, check=isinstance(self.kinds[name], OwnStage))
         except Exception as e:
             if not isinstance(self.kinds[name], OwnStage):
                 raise
             warnings.warn(f"stage {name!r} could not be captured as a CUDA graph ({type(e).__name__}: {e}); "
                           f"its method runs that work an operation at a time instead")
             self.refused[name] = f"{type(e).__name__}: {e}"
+            if self.pool is not None:  # a failed capture may leave its pool recording: take a fresh one
+                self.pool = torch.cuda.graph_pool_handle()
             self._take(name)
             del self.kinds[name]
             raise StageRefused(name) from e
