@@ -119,28 +119,50 @@ def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max
     (measured: docs/experiments/bench.md#bench-runs-warm-up-and-run-to-run-noise).
 
     traces: when given, one dict per timed run is appended: method, id, category, new_tokens,
-    wall_s and the run's traces (one per turn), for the what-if model's held-out check."""
+    wall_s and the run's traces (one per turn), for the what-if model's held-out check.
+
+    A run that fails (on its warm-up or on any prompt) is stopped and left out entirely, so that
+    every row compares the same prompts; the others go on. The table's ``attrs["failed"]`` maps
+    each stopped run's index to why. Vanilla failing stops everything: it is the reference."""
+    failed: dict[int, str] = {}
+
+    def attempt(index: int, *args, **kwargs) -> dict | None:
+        try:
+            return run_prompt(*args, **kwargs)
+        except MirrorSDError as e:
+            if index == 0:
+                raise
+            failed[index] = str(e)
+            tqdm.write(f"note: {e}; this run is left out, the others go on", file=sys.stderr)
+            return None
+
     if warmup and prompts:
         first = dict(prompts[0], turns=prompts[0]["turns"][:1])
-        for method, options in runs:
-            run_prompt(pair, first, method, min(WARMUP_TOKENS, max_new_tokens), **settings, **options)
-    rows, reference_ids = [], {}
+        for index, (method, options) in enumerate(runs):
+            attempt(index, pair, first, method, min(WARMUP_TOKENS, max_new_tokens), **settings, **options)
+    rows, reference_ids, timed = [], {}, []
     with tqdm(total=len(runs) * len(prompts), desc=desc, unit="run") as bar:
         for item in prompts:
             for index, (method, options) in enumerate(runs):
                 bar.set_postfix_str(f"{item['id']} {method}")
                 kept = {} if traces is None else dict(traces=[])
-                row = run_prompt(pair, item, method, max_new_tokens, **kept, **settings, **options)
-                if traces is not None:
-                    traces.append(dict(method=method, id=item["id"], category=item["category"],
-                                       new_tokens=row["new_tokens"], wall_s=row["wall_s"], traces=kept["traces"]))
+                row = None if index in failed else attempt(index, pair, item, method, max_new_tokens, **kept,
+                                                           **settings, **options)
+                bar.update()
+                if row is None:
+                    continue
+                timed.append(dict(run=index, method=method, id=item["id"], category=item["category"],
+                                  new_tokens=row["new_tokens"], wall_s=row["wall_s"], traces=kept.get("traces")))
                 reference_ids.setdefault(item["id"], row["token_ids"])
                 row["equal_to_vanilla"] = row.pop("token_ids") == reference_ids[item["id"]]
                 rows.append(dict(row, run=index))
-                bar.update()
-    table = pd.DataFrame(rows).sort_values("run", kind="stable").reset_index(drop=True)
+    if traces is not None:
+        traces += [{k: v for k, v in t.items() if k != "run"} for t in timed if t["run"] not in failed]
+    table = pd.DataFrame([r for r in rows if r["run"] not in failed]).sort_values("run", kind="stable")
     spans = [c for c in table.columns if c.startswith(SPAN_PREFIX)]
-    return table[[c for c in table.columns if c not in spans] + spans]  # span seconds last
+    table = table[[c for c in table.columns if c not in spans] + spans].reset_index(drop=True)  # span seconds last
+    table.attrs["failed"] = failed
+    return table
 
 
 def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 128, out_dir: str | Path = "bench-out",
@@ -156,8 +178,11 @@ def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 1
         make_folder(traces_dir, "the traces folder")
     runs = [(m, _options_for(m, options or {})) for m in methods]
     traced: list[dict] = []
-    results = run_interleaved(pair, prompts, runs, max_new_tokens, traces=traced, **settings).drop(columns="run")
+    results = run_interleaved(pair, prompts, runs, max_new_tokens, traces=traced, **settings)
+    failed = {runs[index][0]: why for index, why in results.attrs["failed"].items()}
+    results = results.drop(columns="run")
     summary = summarise(results)
+    summary.attrs["failed"] = failed
     results.to_csv(out / "results.csv", index=False)
     summary.to_csv(out / "summary.csv", index=False)
     by_category = results.groupby(["method", "category"], sort=False).agg(
@@ -171,7 +196,7 @@ def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 1
         summary.to_markdown(index=False, floatfmt=".3f") + "\n\nPer category:\n\n"
         + by_category.to_markdown(index=False, floatfmt=".3f") + "\n\nMean time per decoding step by span kind, "
         "in ms (spans on lanes that work at the same time both count):\n\n"
-        + steps.to_markdown(index=False, floatfmt=".2f") + "\n" + whatif_section)
+        + steps.to_markdown(index=False, floatfmt=".2f") + "\n" + whatif_section + failed_section(failed))
     if traces_dir is not None:
         write_traces(traced, Path(traces_dir))
     tuned = tuning.plan_table()
@@ -181,6 +206,14 @@ def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 1
     if not replays.empty:
         replays.to_csv(out / "stage_ms.csv", index=False)
     return summary
+
+
+def failed_section(failed: dict) -> str:
+    """Markdown naming each run that failed and was left out (``run_interleaved``), and why."""
+    if not failed:
+        return ""
+    return ("\nFailed, so left out of every table above (the other runs went on):\n\n"
+            + "".join(f"- {name}: {why}\n" for name, why in failed.items()))
 
 
 def stage_replay_ms(pair) -> pd.DataFrame:
@@ -333,7 +366,7 @@ def write_report(path: str | Path, summary: pd.DataFrame, command: str, pair, pr
         "target step; speedup: tokens/s over vanilla's on the same prompts in the same run.", "",
         table.to_markdown(index=False, disable_numparse=True,
                           colalign=["left", "right", "right", "right", "left", "right"][:table.shape[1]]), "",
-        equality, ""])
+        equality, failed_section(summary.attrs.get("failed", {}))])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page, encoding="utf-8")
@@ -385,16 +418,22 @@ def sweep(pair, prompts: list[dict], method: str, option: str, values: list, max
     base = _options_for(method, options or {})
     runs = [("vanilla", {})] + [(method, {**base, option: value}) for value in values]
     results = run_interleaved(pair, prompts, runs, max_new_tokens, desc=f"sweep {option}", **settings)
+    failed = {values[index - 1]: why for index, why in results.attrs["failed"].items()}
+    if len(failed) == len(values):
+        raise MirrorSDError(f"{method} failed at every value of {option}: {next(iter(failed.values()))}")
     swept = [None if r == 0 else values[r - 1] for r in results.run]  # vanilla's rows have no value
     results.insert(1, option, pd.array(swept, dtype="Int64") if all(isinstance(v, int) for v in values) else swept)
     vanilla = results[results.run == 0]
     rows = []
     for index, value in enumerate(values, start=1):
+        if value in failed:
+            continue
         summary = summarise(pd.concat([vanilla, results[results.run == index]]).drop(columns=["run", option]))
         row = summary[summary.method == method].drop(columns="method")  # its columns keep their types
         row.insert(0, option, [value])
         rows.append(row)
     table = pd.concat(rows, ignore_index=True)
+    table.attrs["failed"] = failed
     results.drop(columns="run").to_csv(out / "results.csv", index=False)
     table.to_csv(out / "sweep.csv", index=False)
     try:

@@ -230,7 +230,15 @@ def cmd_bench(args) -> int:
     warning = equality_warning(summary, args.temperature)
     if warning:
         print(warning, file=sys.stderr)
-    return 0
+    return _failed_runs(summary.attrs.get("failed", {}), args.out)
+
+
+def _failed_runs(failed: dict, out) -> int:
+    """2 after naming on stderr each run that failed and was left out (the others' results are
+    written); 0 when none did."""
+    for name, why in failed.items():
+        print(f"error: {name} failed and is left out ({why}); the other runs' results are in {out}", file=sys.stderr)
+    return 2 if failed else 0
 
 
 def cmd_sweep(args) -> int:
@@ -260,7 +268,8 @@ def cmd_sweep(args) -> int:
     print(table.to_markdown(index=False, floatfmt=".3f"))
     html = ", sweep.html" if (Path(args.out) / "sweep.html").exists() else ""
     print(f"\nwrote {args.out}/sweep.csv{html}")
-    return 0
+    return _failed_runs({f"{args.method} at {option} {value}": why for value, why in table.attrs["failed"].items()},
+                        args.out)
 
 
 def cmd_whatif(args) -> int:

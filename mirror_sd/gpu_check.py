@@ -29,7 +29,8 @@ DIR:
    (graphs on the GPU target only);
 5. ``report.md``: the machine, each part's outcome and time, the stage table, the bench tables,
    what each kind of step cost with graphs on (from that bench's traces; ``trace.step_cost_table``)
-   and the replay time of every stage that bench captured (its ``stage_ms.csv``).
+   and the replay time of every stage that bench captured (its ``stage_ms.csv``), and any
+   one-stage forward a part refused to capture, with why (the parts' logs).
    It is written again after every part, so a run stopped from outside keeps what it finished.
 
 A part that fails or runs out of time is reported and the next one runs; a part that the budget
@@ -439,6 +440,7 @@ def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
     lines += host_fit_section(next((p for p in parts if p["name"] == "host-fit"), {}))
     lines += step_cost_section(out / "bench-graphs-on" / "traces")
     lines += stage_replay_section(out / "bench-graphs-on" / "stage_ms.csv")
+    lines += refused_section(out)
     lines += ["", "Spans on CUDA lanes come from CUDA events. On CUDA lanes Mirror-SD's steps are queued on the "
                   "two streams (the draft stream waits for the token channel on a CUDA event; methods/mirror.py: "
                   "queued_step); with --queued 0 the lanes' threads run them."]
@@ -528,6 +530,21 @@ def stage_replay_section(path: Path) -> list[str]:
     table = pd.read_csv(path).pivot_table(index=["model", "stage"], columns="width", values="ms", sort=False)
     return ["", "## Stage replays in the graphs-on bench (GPU ms, CUDA events at capture; `stage_ms.csv`)", "",
             table.to_markdown(floatfmt=".3f")]
+
+
+REFUSED = re.compile(r"stage '([^']+)' could not be captured as a CUDA graph \((.*?)\); its method runs", re.DOTALL)
+
+
+def refused_section(out: Path) -> list[str]:
+    """Report lines: every one-stage forward a part refused to capture (its log's warning; the
+    method ran that work an operation at a time, so its speed is not the graphs'), with why; none
+    when every capture held."""
+    rows = [(log.stem, stage, " ".join(why.split())[:160]) for log in sorted(out.glob("*.log"))
+            for stage, why in dict(REFUSED.findall(log.read_text(encoding="utf-8", errors="replace"))).items()]
+    if not rows:
+        return []
+    return ["", "## Captures refused (that work ran an operation at a time; models/capture_check.py)", "",
+            "| part | stage | why |", "|---|---|---|", *(f"| {p} | {s} | {w.replace('|', '/')} |" for p, s, w in rows)]
 
 
 def step_cost_section(traces: Path) -> list[str]:

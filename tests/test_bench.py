@@ -288,3 +288,73 @@ def test_step_costs_account_for_every_decoding_step(tiny_dirs, tmp_path, capsys)
     section = "\n".join(step_cost_section(out / "traces"))
     assert section.startswith("\n## Step costs") and "'mirror'" in section and "'sd'" in section
     assert step_cost_section(tmp_path / "no-traces") == []
+
+
+def test_a_method_that_fails_is_left_out_and_the_others_go_on(tiny_dirs, tmp_path, capsys, monkeypatch):
+    """As on a GPU where one method's decoding fails: its rows are left out of every table (the
+    prompts it finished too, so every row compares the same prompts), the other methods run to the
+    end and are written, the summary and the report name it and why, and the command exits 2 with
+    one error line for it."""
+    import mirror_sd.bench as bench_module
+
+    real = bench_module.generate
+
+    def failing_on_b(pair, messages, method, **kwargs):
+        out = real(pair, messages, method=method, **kwargs)
+        if method == "sd" and "t4" in str(messages):
+            out.error = "decoding failed after 0 tokens: RuntimeError: a stage broke"
+        return out
+
+    monkeypatch.setattr(bench_module, "generate", failing_on_b)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(p) for p in [{"id": "a", "category": "qa", "prompt": "t1 t2 t3"},
+                                                          {"id": "b", "category": "math", "prompt": "t4 t5"},
+                                                          {"id": "c", "category": "qa", "prompt": "t6 t7"}]))
+    out, report = tmp_path / "out", tmp_path / "bench.md"
+    rc = main(["bench", "--prompts", str(prompts), "--methods", "sd,mirror", "--max-new-tokens", "6", "--gamma", "3",
+               "--out", str(out), "--report", str(report), "--target", str(tiny_dirs["target"]),
+               "--draft", str(tiny_dirs["draft"])])
+    err = capsys.readouterr().err
+    assert rc == 2
+    results = pd.read_csv(out / "results.csv")
+    assert list(results.method) == ["vanilla"] * 3 + ["mirror"] * 3 and results.equal_to_vanilla.all()
+    assert list(pd.read_csv(out / "summary.csv").method) == ["vanilla", "mirror"]
+    for text in ((out / "summary.md").read_text(), report.read_text()):
+        assert "- sd: sd on prompt b: decoding failed after 0 tokens: RuntimeError: a stage broke" in text
+    said = [line for line in err.splitlines() if line.startswith("error: sd failed and is left out")]
+    assert len(said) == 1 and "a stage broke" in said[0] and str(out) in said[0]
+
+
+def test_vanilla_failing_stops_the_bench(monkeypatch):
+    """Vanilla is every other run's reference: without it nothing can be compared."""
+    import mirror_sd.bench as bench_module
+
+    def fake_run_prompt(pair, item, method, max_new_tokens, **options):
+        raise MirrorSDError(f"{method} on prompt {item['id']}: decoding failed")
+
+    monkeypatch.setattr(bench_module, "run_prompt", fake_run_prompt)
+    with pytest.raises(MirrorSDError, match="vanilla on prompt a"):
+        bench_module.run_interleaved(None, [dict(id="a", category="qa", turns=["x"])], [("vanilla", {}), ("sd", {})], 4)
+
+
+def test_a_sweep_leaves_out_the_values_that_fail(tiny_dirs, tmp_path, capsys, monkeypatch):
+    import mirror_sd.bench as bench_module
+
+    real = bench_module.run_prompt
+
+    def failing_at_gamma_3(pair, item, method, max_new_tokens, **options):
+        if options.get("gamma") == 3:
+            raise MirrorSDError(f"{method} on prompt {item['id']}: decoding failed after 0 tokens")
+        return real(pair, item, method, max_new_tokens, **options)
+
+    monkeypatch.setattr(bench_module, "run_prompt", failing_at_gamma_3)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "category": "qa", "prompt": "t1 t2 t3"}))
+    argv = ["sweep", "--method", "sd", "--option", "gamma", "--values", "1,3", "--prompts", str(prompts),
+            "--max-new-tokens", "6", "--raw", "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"])]
+    assert main([*argv, "--out", str(tmp_path / "sweep")]) == 2
+    assert list(pd.read_csv(tmp_path / "sweep" / "sweep.csv").gamma) == [1]
+    assert "error: sd at gamma 3 failed and is left out" in capsys.readouterr().err
+    assert main([*argv[:6], "3", *argv[7:], "--out", str(tmp_path / "none")]) == 2  # every value failed
+    assert capsys.readouterr().err.strip().splitlines()[-1] == ("error: sd failed at every value of gamma: "
+                                                                "sd on prompt a: decoding failed after 0 tokens")

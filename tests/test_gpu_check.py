@@ -134,3 +134,23 @@ def test_the_report_tables_the_graphs_on_benchs_stage_replays(tmp_path):
     table = "\n".join(lines)
     assert "Stage replays" in lines[1] and "rollouts 12x2 from 9x4 candidates" in table
     assert "0.970" in table and "1.340" in table and "0.410" in table
+
+
+def test_the_report_names_every_capture_a_part_refused():
+    """The warning Stages.capture gives for a refused one-stage forward (as this H200 run's logs hold
+    it, reason over several lines), one row per part and stage; none when every capture held."""
+    from pathlib import Path
+
+    logs = Path(__file__).parent.parent / "docs" / "gpu" / "h200-2026-11-26-stages"
+    lines = gpu_check.refused_section(logs)
+    rows = [line for line in lines if line.startswith("| bench-")]
+    assert "Captures refused" in lines[1]
+    assert any("| tree verify | AcceleratorError: CUDA error: operation failed due to a previous error during capture"
+               in row for row in rows)
+    assert any("| tree draft 3x4, 8 kept | RuntimeError: Cannot copy between CPU and CUDA tensors" in row for row in rows)
+    assert len(rows) == len(set(rows))
+
+
+def test_no_refused_capture_no_section(tmp_path):
+    (tmp_path / "bench-graphs-on.log").write_text("capturing CUDA graphs (target lane): 100%|####| 7/7\n")
+    assert gpu_check.refused_section(tmp_path) == []
