@@ -74,11 +74,18 @@ def test_no_stage_body_reads_a_number_back_or_copies_a_host_value(pair):
     stages = loaded_stages(pair)
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     stages[-1][1].load(torch.tensor([[3, 4, 5]]), torch.tensor([[4, 5, 5]]), tree)  # the plain stage: a tree
+    verify = next(stage for name, stage in stages if name == "tree_verify")
+
+    def from_a_draft():  # the verify stage again, its rows from a draft's fields (run_drafted)
+        verify.drafted[:, :3].copy_(torch.tensor([[3, 9, 2], [-1, 0, 0], [1, 2, 2], [-0.1, -0.5, -0.7]]))
+        verify.from_draft.fill_(True)
+        return verify.body()
+
     unsafe = {}
-    for name, stage in stages:
+    for name, body in [*((name, stage.body) for name, stage in stages), ("tree_verify from a draft", from_a_draft)]:
         try:
             with torch.no_grad(), CaptureCheck():
-                stage.body()
+                body()
         except CaptureUnsafe as e:
             unsafe[name] = str(e)
     assert not unsafe

@@ -81,3 +81,31 @@ def test_ss_verifies_on_the_stage_with_the_hidden_state_its_streams_start_from(t
     ((path, token, h0), length), ((got_path, got_token, got_h0), got_length) = results
     assert (got_path, got_token, got_length) == (path, token, length)
     assert got_h0.shape == h0.shape == (1, 1, target.args.hidden_size) and torch.allclose(got_h0, h0, atol=ATOL)
+
+
+@pytest.mark.parametrize("case", ["all", "part", "none", "deep"])
+def test_a_tree_left_on_the_device_verifies_as_one_read_from_the_host(tiny_dirs, case):
+    """``verify_drafted_on_stage``: the tree as a one-stage draft leaves it (grow_fields' fields
+    [1, 4, M]), laid out by the stage's body: the same path, token, features and kept cache as the
+    plain forward's, and the tree itself read back with the verdict."""
+    from mirror_sd.methods.verify import verify_drafted_on_stage
+    from mirror_sd.models.forwards import staged_for
+
+    target = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
+    tree = trees(greedy_continuation(target, 6))[case]
+    spec = TreeVerify((1,))
+    plain = target.new_cache(100)
+    staged = stage_cache({}, target, 100, [*stage_ranges(target, (1,)), spec])
+    run = SimpleNamespace(pair=SimpleNamespace(target=target), sequence=PREFIX, target_sampler=Sampler(0.0))
+    for cache in (plain, staged):
+        forward(target, torch.tensor([PREFIX[:-1]]), cache)
+    path, token, feats, early = verify_tree(run, plain, tree, (1,))
+    fields = torch.tensor([[tree.tokens, tree.parents, tree.depths, [-0.25 * i for i in range(len(tree.tokens))]]],
+                          dtype=torch.float64)
+    got_tree, got_path, got_token, got_feats, got_early, _ = verify_drafted_on_stage(
+        run, staged_for(target, staged, spec), staged, fields, spec)
+    assert (got_tree.tokens, got_tree.parents, got_tree.depths) == (tree.tokens, tree.parents, tree.depths)
+    assert got_tree.scores == [-0.25 * i for i in range(len(tree.tokens))]
+    assert (got_path, got_token, staged.length) == (path, token, plain.length)
+    assert torch.allclose(got_feats, feats, atol=ATOL) and torch.allclose(got_early, early, atol=ATOL)
+    assert torch.allclose(staged.k[:, :, :, :plain.length], plain.k[:, :, :, :plain.length], atol=ATOL)

@@ -134,6 +134,29 @@ def test_every_method_on_stages_commits_vanillas_tokens(pair, stage_runs, method
     assert len(set(expected)) > 1  # not a degenerate run
 
 
+@pytest.mark.parametrize("lookup", [0, 8])
+def test_an_eagle_step_on_stages_reads_the_host_once_unless_it_copies_from_the_context(pair, monkeypatch, lookup):
+    """On its two one-stage forwards a greedy EAGLE step drafts and verifies with one read to the
+    host (methods/verify.py: verify_drafted_on_stage): the tree stays on the device between them.
+    A step that copies tokens from the context grafts them onto the tree on the host, so it reads
+    the tree first (two reads). Both commit vanilla's tokens."""
+    import mirror_sd.methods.eagle as eagle
+
+    one_read, two_reads = [], []
+    for name, calls in (("verify_drafted_on_stage", one_read), ("verify_tree", two_reads)):
+        monkeypatch.setattr(eagle, name, lambda *a, _f=getattr(eagle, name), _c=calls: _c.append(1) or _f(*a))
+    steps = 0
+    for prompt in PROMPTS:
+        out = generate(pair, prompt, method="eagle", max_new_tokens=TOKENS, raw=True, lookup=lookup)
+        assert out.error is None and out.token_ids == vanilla_tokens(pair, prompt), prompt
+        steps += sum(1 for step in out.trace.steps if step.index > 0)  # step 0: the prefill
+    assert len(one_read) + len(two_reads) == steps  # one verification per step
+    if lookup == 0:
+        assert one_read and not two_reads
+    else:  # "t4 t4 t4 t4" repeats itself, so some steps copy from it
+        assert one_read and two_reads
+
+
 @pytest.mark.parametrize("method,options,stages", METHODS[1:], ids=[f"{m}-{o}" for m, o, _ in METHODS[1:]])
 def test_every_method_commits_vanillas_tokens_with_the_other_tuned_kernels(pair, monkeypatch, method, options, stages):
     """Every product and attention the methods run, in every thread, in the formulation a GPU may

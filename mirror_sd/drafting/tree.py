@@ -148,8 +148,13 @@ def _best_subtrees(tokens: list, parents: list, scores: list, total_tokens: int)
 
 def read_trees(fields: torch.Tensor) -> list[Tree]:
     """The trees of ``grow_fields``' fields [B, 4, M], read to the host in one go."""
-    return [Tree([int(t) for t in toks], [int(p) for p in pars], [int(d) for d in deps], [round(x, 4) for x in scs])
-            for toks, pars, deps, scs in fields.tolist()]
+    return [tree_of_fields(*tree) for tree in fields.tolist()]
+
+
+def tree_of_fields(tokens: list, parents: list, depths: list, scores: list) -> Tree:
+    """One tree from its ``grow_fields`` fields read to the host (numbers, as floats)."""
+    return Tree([int(t) for t in tokens], [int(p) for p in parents], [int(d) for d in depths],
+                [round(x, 4) for x in scores])
 
 
 def stream_tree(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> Tree:

@@ -48,7 +48,7 @@ from ..models.loading import EMBEDDED_NAME
 from ..models.stages import MAX_WIDTH
 from ..sampling import to_target_vocab
 from ..trace import Step
-from .verify import accept_tree, verify_stages, verify_tree_on_stage
+from .verify import accept_tree, verify_drafted_on_stage, verify_stages, verify_tree_on_stage
 
 HEADS: "WeakKeyDictionary" = WeakKeyDictionary()  # target Transformer -> its EagleHead
 
@@ -122,30 +122,32 @@ def draft_chain(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, 
     return sampled_chain(tokens, torch.stack(q))
 
 
-def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_tokens: int, lookup: int) -> Tree:
-    """Feed the pending (feature, token, early) triples, then draft; the head's cache ends at n - 1 slots.
-    At T = 0 on a head's stages, all of it is one stage (``draft_on_stage``)."""
+def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_tokens: int, copied: list[int]) -> Tree:
+    """Feed the pending (feature, token, early) triples, then draft, with the tokens ``copied`` from
+    the context (greedy only) grafted on as a branch; the head's cache ends at n - 1 slots. At
+    T = 0 on a head's stages, all of it is one stage (``draft_on_stage``)."""
     n = len(run.sequence)
     spec = TreeDraft(depth, top_k, total_tokens, bool(head.early_layers))
     stages = staged_for(head, cache, spec)
     if run.draft_sampler.greedy and stages is not None:
-        tree = draft_on_stage(head, stages, cache, pending, spec)
+        tree = read_trees(draft_on_stage(head, stages, cache, pending, spec))[0]
         cache.rollback(n - 1)
-        return graft(tree, copy_from_context(run.sequence, lookup))
+        return graft(tree, copied)
     feats, ids, early = pending
     last = head_step(head, cache, feats, ids, early=early)[-1]  # f^_{n-1} [d]
     if run.draft_sampler.greedy:
-        tree = graft(draft_tree(head, cache, last, n, depth, top_k, total_tokens), copy_from_context(run.sequence, lookup))
+        tree = graft(draft_tree(head, cache, last, n, depth, top_k, total_tokens), copied)
     else:
         tree = draft_chain(head, cache, last, n, depth, run.draft_sampler, run.pair.target.args.vocab_size)
     cache.rollback(n - 1)
     return tree
 
 
-def draft_on_stage(head: EagleHead, stages, cache, pending, spec: TreeDraft) -> Tree:
+def draft_on_stage(head: EagleHead, stages, cache, pending, spec: TreeDraft) -> torch.Tensor:
     """The pending pairs and the greedy tree after them in one replay of the stage ``spec`` names
-    (models/eagle_tree.py), the tree read once; pairs beyond the stage's widest window (a long
-    prompt's, after the prefill) go through the head first."""
+    (models/eagle_tree.py): the tree's fields [1, 4, M] on the device (``read_trees`` reads them);
+    pairs beyond the stage's widest window (a long prompt's, after the prefill) go through the
+    head first."""
     feats, ids, early = pending
     extra = len(ids) - MAX_WIDTH
     if extra > 0:
@@ -154,7 +156,15 @@ def draft_on_stage(head: EagleHead, stages, cache, pending, spec: TreeDraft) -> 
     fields = stages.run(spec.name, to_device([ids], head.device), feats=feats[None],
                         early=early[None] if early is not None else None)  # [1, 4, M]
     cache.length += len(ids)  # the pairs are the head's now; the tree's rows after them are not
-    return read_trees(fields)[0]
+    return fields
+
+
+def draft_fields(run, head: EagleHead, stages, cache, pending, spec: TreeDraft) -> torch.Tensor:
+    """``draft_on_stage``, its tree left on the device for ``verify_drafted_on_stage``; the head's
+    cache ends at n - 1 slots."""
+    fields = draft_on_stage(head, stages, cache, pending, spec)
+    cache.rollback(len(run.sequence) - 1)
+    return fields
 
 
 # -- verification (target lane) ------------------------------------------------------------------
@@ -192,6 +202,18 @@ def verify_tree(run, cache, tree: Tree, early_layers=()):
     return path, token, feats[rows], (early[rows] if early is not None else None)
 
 
+def one_read_stages(run, head: EagleHead, head_cache, cache, tree_draft: TreeDraft, verify_ranges: list,
+                    copied: list[int]):
+    """(the head's stages, the target's) where a step can draft and verify on them with one read
+    to the host: T = 0, both one-stage forwards made, a tree within the widest stage, and nothing
+    copied from the context this step (the graft needs the tree on the host); else None."""
+    if copied or not verify_ranges or not run.target_sampler.greedy or tree_draft.total_tokens >= MAX_WIDTH:
+        return None
+    head_stages = staged_for(head, head_cache, tree_draft)
+    target_stages = staged_for(run.pair.target, cache, verify_ranges[0])
+    return (head_stages, target_stages) if head_stages is not None and target_stages is not None else None
+
+
 def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
     pair = run.pair
     target, lane, head = pair.target, run.target_lane, head_for(pair)
@@ -213,11 +235,23 @@ def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
     size = f"{total_tokens} tokens" + (f" + up to {lookup} copied" if lookup else "") if greedy else f"{depth} tokens"
     while not run.done:
         step = run.next_step
-        tree = lane.run("draft", draft, run, head, head_cache, pending, depth, top_k, total_tokens, lookup,
-                        label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]), drafting=True)
-        path, token, feats, early = lane.run("verify", verify_tree, run, cache, tree, early_layers,
-                                             label=f"verify {len(tree.tokens) + 1} tokens", step=step,
-                                             tokens=len(tree.tokens) + 1)
+        copied = copy_from_context(run.sequence, lookup) if greedy else []
+        on_device = one_read_stages(run, head, head_cache, cache, tree_draft, verify_ranges, copied)
+        if on_device:  # drafted and verified on the device, read once
+            fields = lane.run("draft", draft_fields, run, head, on_device[0], head_cache, pending, tree_draft,
+                              label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]),
+                              drafting=True)
+            rows = fields.shape[-1] + 1
+            tree, path, token, feats, early, _ = lane.run(
+                "verify", verify_drafted_on_stage, run, on_device[1], cache, fields, verify_ranges[0],
+                label=f"verify {rows} tokens", step=step, tokens=rows)
+        else:
+            tree = lane.run("draft", draft, run, head, head_cache, pending, depth, top_k, total_tokens, copied,
+                            label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]),
+                            drafting=True)
+            path, token, feats, early = lane.run("verify", verify_tree, run, cache, tree, early_layers,
+                                                 label=f"verify {len(tree.tokens) + 1} tokens", step=step,
+                                                 tokens=len(tree.tokens) + 1)
         committed, origins = tree.committed(path, token)
         pending = (feats, committed, early)  # f_{n-1} .. f_{n-1+A} with x_n .. x_{n+A}
         yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path),

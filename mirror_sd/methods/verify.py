@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafting.tree import Tree, walk_tree
+from ..drafting.tree import Tree, tree_of_fields, walk_tree
 from ..models.forwards import staged_for
 from ..models.stages import MAX_WIDTH
 from ..sampling import Sampler
@@ -99,11 +99,31 @@ def verify_tree_on_stage(run, stages, cache, tree, spec):
     next token, and the path's features [A + 1, d], early features and hidden states (``spec``'s;
     views of the stage's output: use them before its next replay). The cache keeps the root and
     the path, as ``keep_path`` leaves it."""
-    n = len(run.sequence)
     rows = [[run.sequence[-1], *tree.tokens], [0, *tree.depths], [0, *(p + 1 for p in tree.parents)]]
-    verdict, feats, early, hidden = stages.run(spec.name, rows)
-    accepted, token, *path = verdict.tolist()
-    cache.length = n + accepted  # the root and the path, moved to slots n - 1 .. n - 1 + A
+    verdict, *outputs = stages.run(spec.name, rows)
+    return _kept(run, cache, verdict.tolist(), *outputs)
+
+
+def verify_drafted_on_stage(run, stages, cache, fields, spec):
+    """``verify_tree_on_stage`` for a greedy tree still on the device, as a one-stage draft left it
+    (``drafting.tree.grow_fields``' fields [1, 4, M]): the stage lays its rows out and returns it
+    with the verdict, so the host reads once a step and the GPU never waits for it between
+    drafting and verifying. Returns the tree (``Tree``), then what ``verify_tree_on_stage`` returns."""
+    M = fields.shape[-1]
+    stage = stages.stage(spec.name, stages.route(spec.name, M + 1))
+    verdict, *outputs = stage.run_drafted(fields, run.sequence[-1])
+    read = verdict.tolist()
+    drafted = read[stage.width + 2:]  # the stage's drafted buffer [4, W - 1], flattened
+    tree = tree_of_fields(*(drafted[i * (stage.width - 1):i * (stage.width - 1) + M] for i in range(4)))
+    return (tree, *_kept(run, cache, read, *outputs))
+
+
+def _kept(run, cache, verdict: list[float], feats, early, hidden):
+    """A tree stage's verdict (accepted nodes A, next token, the path's rows) applied: the cache
+    keeps the root and the path (moved to slots n - 1 .. n - 1 + A); the path's nodes, the token,
+    and the first A + 1 rows of the features, early features and hidden states."""
+    accepted, token = int(verdict[0]), int(verdict[1])
+    cache.length = len(run.sequence) + accepted
     kept = slice(0, accepted + 1)
-    return ([row - 1 for row in path[1:accepted + 1]], token, feats[kept],
+    return ([int(row) - 1 for row in verdict[3:3 + accepted]], token, feats[kept],
             early[kept] if early is not None else None, hidden[kept] if hidden is not None else None)

@@ -40,35 +40,65 @@ class TreeVerifyStage(Stage):
     def __init__(self, model: Transformer, width: int, cache, spec: TreeVerify):
         super().__init__(model, width, cache, layers=(0, model.num_layers), head=False)
         self.spec = spec
-        self.tree = torch.zeros(3, width, dtype=torch.long, device=model.device)  # token, depth, parent row
+        device = model.device
+        self.tree = torch.zeros(3, width, dtype=torch.long, device=device)  # token, depth, parent row
+        self.drafted = torch.zeros(4, width - 1, dtype=torch.float64, device=device)  # or a draft's nodes (run_drafted)
+        self.root = torch.zeros(1, dtype=torch.long, device=device)  # and its root's token
+        self.from_draft = torch.zeros((), dtype=torch.bool, device=device)  # which of the two the rows are
 
     def run(self, x, positions=None, mask=None):
         """For a tree's rows x [3][T] (lists: token, depth, parent row; row 0 the root, at depth 0 and
-        its own parent), written from the cache's first free slot: the verdict [2 + W] (accepted
-        nodes A, the next token, then the path's rows: the root's 0 and the A nodes' rows), the
-        features [W, d] of the root and the path (first A + 1 rows), their early features
+        its own parent), written from the cache's first free slot: the verdict [2 + W + 4 (W - 1)],
+        float64 (accepted nodes A, the next token, then the path's rows: the root's 0 and the A
+        nodes' rows; then the ``drafted`` buffer, read in the same go by ``run_drafted``'s caller),
+        the features [W, d] of the root and the path (first A + 1 rows), their early features
         [W, n * d] (None without early layers) and their hidden states entering layer
         ``hidden_at`` [W, d] (None without it). The cache then holds the root and the path in its
         first A + 1 slots after the old length; its length does not move (the caller sets it)."""
         if positions is not None or mask is not None:
             raise MirrorSDError("a tree verify lays out its rows from their depths and parents: no positions or mask")
-        T, start = len(x[0]), self.cache.length
-        if not 1 <= T <= self.width or start + T > self.cache.max_slots:
-            raise MirrorSDError(f"a tree verify of width {self.width} after {start} of {self.cache.max_slots} slots "
-                                f"cannot hold {T} rows")
         with torch.inference_mode():
-            copy_into(self.tree[:, :T], x)  # one copy for the three rows
-            self.window.fill_(window_code(self.cache.length, T, CAUSAL, False))
-            self.replay()
+            copy_into(self.tree[:, :self._fits(len(x[0]))], x)  # one copy for the three rows
+            self.from_draft.fill_(False)
+            return self._replay(len(x[0]))
+
+    def run_drafted(self, fields: torch.Tensor, root: int):
+        """``run`` for a tree still on the device, as a one-stage draft left it (``drafting.tree.
+        grow_fields``' fields [1, 4, M]: token, parent (-1: the root's child), depth, score) after
+        the root token ``root``: the body lays its rows out, so the host reads nothing between the
+        draft and the verdict, whose tail holds the fields."""
+        M = fields.shape[-1]
+        with torch.inference_mode():
+            copy_into(self.drafted[:, :self._fits(M + 1) - 1], fields[0])
+            self.root.fill_(root)
+            self.from_draft.fill_(True)
+            return self._replay(M + 1)
+
+    def _fits(self, T: int) -> int:
+        if not 1 <= T <= self.width or self.cache.length + T > self.cache.max_slots:
+            raise MirrorSDError(f"a tree verify of width {self.width} after {self.cache.length} of "
+                                f"{self.cache.max_slots} slots cannot hold {T} rows")
+        return T
+
+    def _replay(self, T: int):
+        self.window.fill_(window_code(self.cache.length, T, CAUSAL, False))
+        self.replay()
         return self.out
+
+    def rows_from_draft(self) -> torch.Tensor:
+        """The rows [3, W] (token, depth, parent row) of the drafted tree: the root, then its nodes."""
+        nodes = self.drafted.long()  # [4, W - 1]
+        zero = torch.zeros_like(self.root)
+        return torch.stack([torch.cat([self.root, nodes[0]]), torch.cat([zero, nodes[2]]), torch.cat([zero, nodes[1] + 1])])
 
     def body(self):
         model, W, r, s = self.model, self.width, self.rows, self.slot_ids
         _, _, T, start = self.window_numbers()
         usable, live = self.cache.max_slots, T > 0
         real = (r < T) & live  # [W]
-        tokens, depths = self.tree[0], self.tree[1]
-        parents = torch.where(real, self.tree[2], r)  # padding rows: their own parent (no ancestor)
+        tree = torch.where(self.from_draft, self.rows_from_draft(), self.tree)  # [3, W]
+        tokens, depths = tree[0], tree[1]
+        parents = torch.where(real, tree[2], r)  # padding rows: their own parent (no ancestor)
         seen, hop = r[:, None] == r[None, :], parents  # [W, W]: each row's ancestors within 2**k steps, itself
         for _ in range(PARENT_HOPS):
             seen, hop = seen | seen[hop], hop[hop]
@@ -100,6 +130,7 @@ class TreeVerifyStage(Stage):
         kv.index_copy_(4, torch.where(live, start + r, usable + r), kv.index_select(4, torch.where(live, start + path,
                                                                                                 usable + r)))
         verdict = torch.cat([depths.index_select(0, deepest), picks.index_select(0, deepest), path])  # [2 + W]
+        verdict = torch.cat([verdict.double(), self.drafted.flatten()])  # the drafted tree with it: one read
         early = torch.cat(early, dim=-1)[0][path] if early else None
         return verdict, feats[path], early, (hidden[path] if hidden is not None else None)
 
