@@ -38,7 +38,7 @@ def loaded_stages(pair):
     streams = Streams(target.args, StreamConfig(num_streams=3, stream_layers=1, rank=4)).attach(target)
     specs = dict(tree_draft=TreeDraft(3, 3, 8, early=True), tree_verify=TreeVerify((1,), hidden_at=1),
                  channel=TokenChannel(1, 3, exit_reader(pair), V), rollouts=Rollouts(8, 2, 3, 3, V),
-                 chain=ChainDraft(3, V), stream_draft=StreamDraft(streams, 3, 2))
+                 chain=ChainDraft(3, V), stream_draft=StreamDraft(streams, 3, 2, 4))
     caches = dict(tree_draft=stage_cache({}, head, 100, [specs["tree_draft"]], stage_set=HeadStages),
                   **{k: stage_cache({}, target, 100, [FULL, specs[k]])
                      for k in ("tree_verify", "channel", "stream_draft")},

@@ -117,7 +117,7 @@ METHODS = [
      {"layers 0-1", "features 1-2", "tree draft 3x3, 8 kept + early features",  # the verification one stage
       "tree verify, early features at [1]"}),  # too (models/eagle_verify.py); the prefill on layer ranges
     ("ss", dict(gamma=3, top_k=2, total_tokens=4),  # the streams' pass and candidates one stage (models/stream_draft.py)
-     {"layers 0-1", "layers 1-2 + head", "stream draft 3x2", "tree verify, hidden states at 1"}),
+     {"layers 0-1", "layers 1-2 + head", "stream draft 3x2, 4 kept", "tree verify, hidden states at 1"}),
     ("ss", dict(gamma=3, one_forward=1), {"layers 0-1", "layers 1-2 + head", "streams 1-2"}),  # after the main rows
 ]
 
@@ -134,20 +134,23 @@ def test_every_method_on_stages_commits_vanillas_tokens(pair, stage_runs, method
     assert len(set(expected)) > 1  # not a degenerate run
 
 
+@pytest.mark.parametrize("method,options", [("eagle", {}), ("ss", dict(gamma=3, top_k=2, total_tokens=4))])
 @pytest.mark.parametrize("lookup", [0, 8])
-def test_an_eagle_step_on_stages_reads_the_host_once_unless_it_copies_from_the_context(pair, monkeypatch, lookup):
-    """On its two one-stage forwards a greedy EAGLE step drafts and verifies with one read to the
-    host (methods/verify.py: verify_drafted_on_stage): the tree stays on the device between them.
-    A step that copies tokens from the context grafts them onto the tree on the host, so it reads
-    the tree first (two reads). Both commit vanilla's tokens."""
-    import mirror_sd.methods.eagle as eagle
+def test_a_tree_step_on_stages_reads_the_host_once_unless_it_copies_from_the_context(pair, monkeypatch, method,
+                                                                                      options, lookup):
+    """On its one-stage draft and verification a greedy EAGLE or ss step drafts and verifies with
+    one read to the host (methods/verify.py: verify_drafted_on_stage): the tree stays on the device
+    between them. A step that copies tokens from the context grafts them onto the tree on the host,
+    so it reads the tree first (two reads). Both commit vanilla's tokens."""
+    import importlib
 
+    module = importlib.import_module(f"mirror_sd.methods.{method}")
     one_read, two_reads = [], []
     for name, calls in (("verify_drafted_on_stage", one_read), ("verify_tree", two_reads)):
-        monkeypatch.setattr(eagle, name, lambda *a, _f=getattr(eagle, name), _c=calls: _c.append(1) or _f(*a))
+        monkeypatch.setattr(module, name, lambda *a, _f=getattr(module, name), _c=calls: _c.append(1) or _f(*a))
     steps = 0
     for prompt in PROMPTS:
-        out = generate(pair, prompt, method="eagle", max_new_tokens=TOKENS, raw=True, lookup=lookup)
+        out = generate(pair, prompt, method=method, max_new_tokens=TOKENS, raw=True, lookup=lookup, **options)
         assert out.error is None and out.token_ids == vanilla_tokens(pair, prompt), prompt
         steps += sum(1 for step in out.trace.steps if step.index > 0)  # step 0: the prefill
     assert len(one_read) + len(two_reads) == steps  # one verification per step

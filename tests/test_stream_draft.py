@@ -32,7 +32,7 @@ def streams_for(model, next_token_rank: int) -> Streams:
 def test_one_replay_drafts_the_tree_the_streams_pass_gives(tiny_dirs, next_token_rank, gamma, top_k, total_tokens):
     target = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
     streams = streams_for(target, next_token_rank)
-    spec = StreamDraft(streams, gamma, top_k)
+    spec = StreamDraft(streams, gamma, top_k, total_tokens)
     plain, staged = target.new_cache(100), stage_cache({}, target, 100, [*stream_ranges(streams), spec])
     sequence = [1, 5, 2, 9, 4, 7]  # the main row: 4 (the cache's last slot); 7: the step's next token
     trees = []

@@ -48,7 +48,7 @@ from ..models.loading import EMBEDDED_NAME
 from ..models.stages import MAX_WIDTH
 from ..sampling import to_target_vocab
 from ..trace import Step
-from .verify import accept_tree, verify_drafted_on_stage, verify_stages, verify_tree_on_stage
+from .verify import accept_tree, drafted_verify_stages, verify_drafted_on_stage, verify_stages, verify_tree_on_stage
 
 HEADS: "WeakKeyDictionary" = WeakKeyDictionary()  # target Transformer -> its EagleHead
 
@@ -205,13 +205,12 @@ def verify_tree(run, cache, tree: Tree, early_layers=()):
 def one_read_stages(run, head: EagleHead, head_cache, cache, tree_draft: TreeDraft, verify_ranges: list,
                     copied: list[int]):
     """(the head's stages, the target's) where a step can draft and verify on them with one read
-    to the host: T = 0, both one-stage forwards made, a tree within the widest stage, and nothing
-    copied from the context this step (the graft needs the tree on the host); else None."""
-    if copied or not verify_ranges or not run.target_sampler.greedy or tree_draft.total_tokens >= MAX_WIDTH:
+    to the host (``drafted_verify_stages``, and the tree draft made on the head's); else None."""
+    if not verify_ranges:
         return None
-    head_stages = staged_for(head, head_cache, tree_draft)
-    target_stages = staged_for(run.pair.target, cache, verify_ranges[0])
-    return (head_stages, target_stages) if head_stages is not None and target_stages is not None else None
+    target_stages = drafted_verify_stages(run, cache, verify_ranges[0], tree_draft.total_tokens, copied)
+    head_stages = staged_for(head, head_cache, tree_draft) if target_stages is not None else None
+    return (head_stages, target_stages) if head_stages is not None else None
 
 
 def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):

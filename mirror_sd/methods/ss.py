@@ -36,14 +36,14 @@ import torch
 
 from ..devices import to_device
 from ..drafting.lookup import copy_from_context
-from ..drafting.tree import Tree, graft, keep_path, sampled_chain, stream_tree, stream_tree_of, tree_window
+from ..drafting.tree import Tree, graft, keep_path, read_trees, sampled_chain, stream_tree, tree_window
 from ..models.eagle_verify import TreeVerify
 from ..models.forwards import staged_for
 from ..models.stream_draft import StreamDraft
 from ..models.streams import forward_with_streams, split_forward, stream_ranges, target_streams
 from ..sampling import to_target_vocab
 from ..trace import Step
-from .verify import accept_tree, verify_stages, verify_tree_on_stage
+from .verify import accept_tree, drafted_verify_stages, verify_drafted_on_stage, verify_stages, verify_tree_on_stage
 
 
 def draft_tree(run, streams, logits, top_k: int, total_tokens: int, lookup: int) -> Tree:
@@ -52,7 +52,7 @@ def draft_tree(run, streams, logits, top_k: int, total_tokens: int, lookup: int)
     branch), else a chain of gamma tokens sampled from the streams."""
     sampler = run.draft_sampler
     if sampler.greedy:
-        tree = stream_tree(torch.log_softmax(logits, -1).cpu(), streams.to_target_ids, top_k, total_tokens)
+        tree = stream_tree(torch.log_softmax(logits, -1), streams.to_target_ids, top_k, total_tokens)
         return graft(tree, copy_from_context(run.sequence, lookup))
     q = sampler.probs(to_target_vocab(logits, streams.vocab_map, run.pair.target.args.vocab_size))  # [gamma, V]
     return sampled_chain([sampler.sample(q_j) for q_j in q], q)
@@ -61,18 +61,30 @@ def draft_tree(run, streams, logits, top_k: int, total_tokens: int, lookup: int)
 def draft_from_streams(run, streams, cache, h0_row, gamma: int, top_k: int, total_tokens: int, lookup: int) -> Tree:
     """The next draft from the streams of one main row h0_row [1, 1, d] whose token sits in the
     cache's last slot, run in a pass of their own: they see the step's correction/bonus, committed.
-    At T = 0 on the target's stages, one stage (models/stream_draft.py) gives their candidates."""
-    spec = StreamDraft(streams, gamma, top_k)
+    At T = 0 on the target's stages, one stage (models/stream_draft.py) grows the tree."""
+    spec = StreamDraft(streams, gamma, top_k, total_tokens)
     stages = staged_for(run.pair.target, cache, spec)
     if run.draft_sampler.greedy and stages is not None:
-        top = stages.run(spec.name, h0_row, rows=streams.num_streams, next_id=run.sequence[-1]).tolist()  # [g, 2k]
-        k = len(top[0]) // 2
-        tree = stream_tree_of([[int(t) for t in row[:k]] for row in top], [row[k:] for row in top], top_k, total_tokens)
+        tree = read_trees(stream_fields_on_stage(run, stages, streams, h0_row, spec))[0]
         return graft(tree, copy_from_context(run.sequence, lookup))
     at = to_device([[cache.length - 1]], h0_row.device)  # [1, 1]
     next_ids = to_device([[run.sequence[-1]]], h0_row.device)  # [1, 1]: the step's correction/bonus
     logits = streams(run.pair.target, cache, h0_row, at, next_ids=next_ids)[0, 0, :gamma]  # [gamma, head rows]
     return draft_tree(run, streams, logits, top_k, total_tokens, lookup)
+
+
+def one_read_stages(run, cache, draft_spec: StreamDraft, verify_spec: TreeVerify, lookup: int):
+    """The target's stages where this step can draft and verify on them with one read to the host
+    (``drafted_verify_stages``, and the streams' draft made there); else None."""
+    stages = drafted_verify_stages(run, cache, verify_spec, draft_spec.total_tokens,
+                                   copy_from_context(run.sequence, lookup))
+    return stages if stages is not None and staged_for(run.pair.target, cache, draft_spec) is stages else None
+
+
+def stream_fields_on_stage(run, stages, streams, h0_row, spec: StreamDraft) -> torch.Tensor:
+    """The streams' tree from main row h0_row in one replay of the stage ``spec`` names, left on the
+    device: fields [1, 4, M] (``drafting.tree.read_trees`` reads them)."""
+    return stages.run(spec.name, h0_row, rows=streams.num_streams, next_id=run.sequence[-1])
 
 
 def verify_tree(run, streams, cache, tree: Tree, gamma: int, one_forward: bool):
@@ -98,12 +110,12 @@ def verify_tree(run, streams, cache, tree: Tree, gamma: int, one_forward: bool):
     return path, token, stream_logits[0, last] if one_forward else h0[:, last:last + 1]
 
 
-def prefill(run, streams, window: int, gamma: int, one_forward: bool, top_k: int):
+def prefill(run, streams, window: int, gamma: int, one_forward: bool, top_k: int, total_tokens: int):
     """The prompt through the target: the first token, and what the first draft needs (see verify_tree)."""
     target, lane = run.pair.target, run.target_lane
     ranges = stream_ranges(streams)  # with one_forward too: forward_with_streams runs the same stages
     if run.draft_sampler.greedy and not one_forward:  # the streams' pass and its candidates, the verification:
-        ranges += [StreamDraft(streams, gamma, top_k), TreeVerify(hidden_at=streams.first_layer)]  # a stage each
+        ranges += [StreamDraft(streams, gamma, top_k, total_tokens), TreeVerify(hidden_at=streams.first_layer)]
     cache = run.pair.new_cache(target, run.cache_slots + window, ranges)
     ids = torch.tensor([run.prompt_ids], device=target.device)  # [1, P]
     n = ids.shape[1]
@@ -124,23 +136,35 @@ def prefill(run, streams, window: int, gamma: int, one_forward: bool, top_k: int
 def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int, one_forward: int):
     lane, one_forward = run.target_lane, bool(one_forward)
     streams = target_streams(run.pair, one_forward=one_forward)
-    cache, ahead, first = prefill(run, streams, total_tokens + lookup, gamma, one_forward, top_k)
+    cache, ahead, first = prefill(run, streams, total_tokens + lookup, gamma, one_forward, top_k, total_tokens)
     yield first
     copied = f" + up to {lookup} copied" if lookup else ""
+    draft_spec, verify_spec = StreamDraft(streams, gamma, top_k, total_tokens), TreeVerify(hidden_at=streams.first_layer)
     while not run.done:
         step = run.next_step
-        if one_forward:  # the streams' logits came with the last forward: only the tree is left to build
-            tree = lane.run("draft", draft_tree, run, streams, ahead, top_k, total_tokens, lookup,
-                            label=f"tree from the streams' logits{copied}", step=step, tokens=gamma)
+        stages = None if one_forward else one_read_stages(run, cache, draft_spec, verify_spec, lookup)
+        if stages is not None:  # drafted and verified on the target's stages, read once
+            fields = lane.run("draft", stream_fields_on_stage, run, stages, streams, ahead, draft_spec,
+                              label=f"streams: draft {gamma} levels{copied}", step=step, tokens=gamma, drafting=True)
+            window, stream_rows = fields.shape[-1] + 1, 0
+            tree, path, token, _, _, hidden = lane.run("verify", verify_drafted_on_stage, run, stages, cache, fields,
+                                                       verify_spec, label=f"verify {window} tokens", step=step,
+                                                       tokens=window)
+            ahead = hidden[None, -1:]  # the last accepted row's [1, 1, d]
         else:
-            tree = lane.run("draft", draft_from_streams, run, streams, cache, ahead, gamma, top_k, total_tokens, lookup,
-                            label=f"streams: draft {gamma} levels{copied}", step=step, tokens=gamma, drafting=True)
-        window = len(tree.tokens) + 1
-        stream_rows = window * gamma if one_forward else 0
-        path, token, ahead = lane.run("verify", verify_tree, run, streams, cache, tree, gamma, one_forward,
-                                      label=f"verify {window} tokens" + (f" + {stream_rows} stream rows"
-                                                                         if stream_rows else ""),
-                                      step=step, tokens=window)
+            if one_forward:  # the streams' logits came with the last forward: only the tree is left to build
+                tree = lane.run("draft", draft_tree, run, streams, ahead, top_k, total_tokens, lookup,
+                                label=f"tree from the streams' logits{copied}", step=step, tokens=gamma)
+            else:
+                tree = lane.run("draft", draft_from_streams, run, streams, cache, ahead, gamma, top_k, total_tokens,
+                                lookup, label=f"streams: draft {gamma} levels{copied}", step=step, tokens=gamma,
+                                drafting=True)
+            window = len(tree.tokens) + 1
+            stream_rows = window * gamma if one_forward else 0
+            path, token, ahead = lane.run("verify", verify_tree, run, streams, cache, tree, gamma, one_forward,
+                                          label=f"verify {window} tokens" + (f" + {stream_rows} stream rows"
+                                                                             if stream_rows else ""),
+                                          step=step, tokens=window)
         committed, origins = tree.committed(path, token)
         yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path),
                               tree=tree.record(path, stream_rows)))

@@ -104,6 +104,15 @@ def verify_tree_on_stage(run, stages, cache, tree, spec):
     return _kept(run, cache, verdict.tolist(), *outputs)
 
 
+def drafted_verify_stages(run, cache, spec, total_tokens: int, copied: list[int]):
+    """The target's stage set for ``verify_drafted_on_stage``: T = 0, ``spec``'s stages made, a tree
+    of ``total_tokens`` nodes within the widest stage, and nothing ``copied`` from the context this
+    step (grafting it needs the tree on the host); else None."""
+    if copied or not run.target_sampler.greedy or total_tokens >= MAX_WIDTH:
+        return None
+    return staged_for(run.pair.target, cache, spec)
+
+
 def verify_drafted_on_stage(run, stages, cache, fields, spec):
     """``verify_tree_on_stage`` for a greedy tree still on the device, as a one-stage draft left it
     (``drafting.tree.grow_fields``' fields [1, 4, M]): the stage lays its rows out and returns it

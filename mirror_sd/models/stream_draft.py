@@ -5,9 +5,10 @@ At T = 0 an ``ss`` step drafts from the streams of the last accepted row (method
 embedding (and the step's next token, for streams trained to see it), at the positions after
 it; each sees the committed slots and the streams before it; they run the top layers with the
 streams' adapters, and the streams' head gives each one's log-probs, whose top candidates make the
-draft tree (``drafting.tree.stream_tree``). Laid out by the host, that is some forty launches a
+draft tree (``drafting.tree.stream_fields``). Laid out by the host, that is some forty launches a
 step; a :class:`StreamDraftStage` does all of it in its body, so the host copies one hidden state
-in, fills two numbers, replays one graph and reads the candidates [gamma, 2 top_k] once.
+in, fills two numbers and replays one graph; the tree stays on the device for the verification
+stage (methods/verify.py: ``verify_drafted_on_stage``), or is read once.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..drafting.tree import stream_fields
 from ..errors import MirrorSDError
 from .llama import Transformer
 from .stages import CAUSAL, OwnStage, Stage, bucket, window_code
@@ -22,7 +24,7 @@ from .streams import Streams
 
 
 class StreamDraftStage(Stage):
-    """The streams' rows of one main row through the top layers, then their top candidates."""
+    """The streams' rows of one main row through the top layers, then their draft tree."""
 
     def __init__(self, model: Transformer, width: int, cache, spec: StreamDraft):
         streams = spec.streams
@@ -36,9 +38,9 @@ class StreamDraftStage(Stage):
         self.next_id = torch.zeros(1, 1, dtype=torch.long, device=model.device)
 
     def run(self, h0: torch.Tensor, positions=None, mask=None, next_id: int = 0) -> torch.Tensor:
-        """The top candidates [gamma, 2 top_k] (float64: target ids, then log-probs, best first) of the
-        streams of main row h0 [1, 1, d] (its layer-L0 hidden state), whose token sits in the cache's
-        last slot; ``next_id``: the token after it, already committed (streams that see it)."""
+        """The draft tree's fields [1, 4, M] (``drafting.tree.stream_fields``) of the streams of main
+        row h0 [1, 1, d] (its layer-L0 hidden state), whose token sits in the cache's last slot;
+        ``next_id``: the token after it, already committed (streams that see it)."""
         if positions is not None or mask is not None:
             raise MirrorSDError("a stream draft lays out its own rows: no positions or mask")
         with torch.inference_mode():
@@ -65,25 +67,25 @@ class StreamDraftStage(Stage):
         win = self.rows_window(positions, mask, main_rows=0, adapter=streams.adapter)
         h = model.forward_layers(rows, self.writer, win, *self.layers)  # [1, W, d]
         logp = torch.log_softmax(streams.logits(model, h)[0, :spec.gamma], dim=-1)  # [gamma, head rows]
-        top = logp.topk(min(spec.top_k, logp.shape[-1]), dim=-1)
-        return torch.cat([streams.to_target_ids(top.indices).double(), top.values.double()], dim=1)
+        return stream_fields(logp, streams.to_target_ids, spec.top_k, spec.total_tokens)
 
 
 @dataclass(frozen=True)
 class StreamDraft(OwnStage):
-    """A target stage set's forward: the streams' pass of one row and its top candidates at these
+    """A target stage set's forward: the streams' pass of one row and its draft tree at these
     settings. Give it to ``ModelPair.new_cache`` among the target's ranges to make (capture) its
     stage at warm-up."""
 
     streams: Streams
     gamma: int  # the streams whose candidates are read (the first gamma)
     top_k: int  # candidates per stream
+    total_tokens: int  # nodes kept
 
     stage = StreamDraftStage
 
     @property
     def name(self) -> str:
-        return f"stream draft {self.gamma}x{self.top_k}"
+        return f"stream draft {self.gamma}x{self.top_k}, {self.total_tokens} kept"
 
     @property
     def widths(self) -> tuple[int, ...]:
