@@ -226,6 +226,24 @@ def test_stream_tree_takes_each_streams_top_k_under_the_best_nodes():
     assert (flat.tokens, flat.parents, flat.depths) == ([0, 0], [-1, 0], [1, 2])  # top_k 1: a chain
 
 
+def test_the_streams_tree_grown_on_the_device_is_the_hosts():
+    """``stream_fields`` (a stage's body, through grow_fields) and ``stream_tree`` (the host's) keep
+    the same nodes in the same order, ties included, over random streams and settings."""
+    from mirror_sd.drafting.tree import read_trees, stream_fields
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        gamma, rows, top_k, total = (int(torch.randint(lo, hi, (), generator=gen))
+                                     for lo, hi in ((1, 5), (2, 12), (1, 6), (1, 24)))
+        scores = torch.randint(0, 3, (gamma, rows), generator=gen).float() if trial % 3 == 0 else \
+            torch.randn(gamma, rows, generator=gen)  # every third: ties
+        logp = torch.log_softmax(scores, -1)
+        host = stream_tree(logp, lambda r: r * 2 + 1, top_k, total)
+        device = read_trees(stream_fields(logp, lambda r: r * 2 + 1, top_k, total))[0]
+        assert (device.tokens, device.parents, device.depths) == (host.tokens, host.parents, host.depths), trial
+        assert device.scores == pytest.approx(host.scores, abs=1e-4)
+
+
 @pytest.mark.parametrize("one_forward,top_k,total_tokens,lookup",
                          [(0, 1, 4, 0), (0, 3, 8, 0), (0, 2, 4, 6), (1, 1, 4, 0), (1, 3, 8, 0), (1, 2, 4, 6)])
 def test_ss_equals_vanilla_on_tiny_prompts(request, one_forward, top_k, total_tokens, lookup):

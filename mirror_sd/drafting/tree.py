@@ -158,16 +158,37 @@ def tree_of_fields(tokens: list, parents: list, depths: list, scores: list) -> T
 
 
 def stream_tree(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> Tree:
-    """``stream_fields``' tree, read to the host."""
-    return read_trees(stream_fields(logp, to_ids, top_k, total_tokens))[0]
+    """A draft tree from speculative streams' log-probs logp [gamma, head rows] at one position
+    (the tree drafting of Speculative Streaming): ``stream_tree_of`` their top_k candidates. to_ids
+    maps head rows to target ids."""
+    top = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
+    return stream_tree_of(to_ids(top.indices).tolist(), top.values.tolist(), total_tokens)
+
+
+def stream_tree_of(rows: list[list[int]], values: list[list[float]], total_tokens: int) -> Tree:
+    """The streams' tree from each stream's k top candidates (target ids ``rows`` and log-probs
+    ``values`` [gamma][k], best first): the candidates of stream 1 are children of the root; those
+    of stream j + 1 are children of each of the k best nodes of level j, scored by the sum of
+    their streams' log-probs; the best ``total_tokens`` nodes are kept. Built on the host, for a
+    forward run an operation at a time; ``stream_fields`` grows the same tree on the device."""
+    tokens, parents, depths, scores = [], [], [], []
+    level = [-1]
+    for d, (ids, lps) in enumerate(zip(rows, values), start=1):
+        frontier = sorted(level, key=lambda i: (-scores[i] if i >= 0 else 0.0, i))[:len(ids)]
+        level = []
+        for parent in frontier:
+            for token, lp in zip(ids, lps):
+                tokens.append(token)
+                parents.append(parent)
+                depths.append(d)
+                scores.append((scores[parent] if parent >= 0 else 0.0) + lp)
+                level.append(len(tokens) - 1)
+    return best_subtree(tokens, parents, depths, scores, total_tokens)
 
 
 def stream_fields(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> torch.Tensor:
-    """The draft tree of Speculative Streaming from the streams' log-probs logp [gamma, head rows] at
-    one position, grown on their device as ``grow_fields``' fields [1, 4, M]: the top_k candidates
-    of stream 1 are children of the root; those of stream j + 1 are children of each of the top_k
-    best nodes of level j, scored by the sum of their streams' log-probs; the best
-    ``total_tokens`` nodes are kept. to_ids maps head rows to target ids."""
+    """``stream_tree`` grown on the streams' device with no read to the host (inside a stage's
+    body: models/stream_draft.py), as ``grow_fields``' fields [1, 4, M]."""
     def expand(_trees, _nodes, _parents, tokens, depth, _ancestors):  # every frontier node: the next stream's
         return logp[depth].expand(tokens.shape[0], -1)
 

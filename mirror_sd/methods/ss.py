@@ -52,7 +52,7 @@ def draft_tree(run, streams, logits, top_k: int, total_tokens: int, lookup: int)
     branch), else a chain of gamma tokens sampled from the streams."""
     sampler = run.draft_sampler
     if sampler.greedy:
-        tree = stream_tree(torch.log_softmax(logits, -1), streams.to_target_ids, top_k, total_tokens)
+        tree = stream_tree(torch.log_softmax(logits, -1).cpu(), streams.to_target_ids, top_k, total_tokens)
         return graft(tree, copy_from_context(run.sequence, lookup))
     q = sampler.probs(to_target_vocab(logits, streams.vocab_map, run.pair.target.args.vocab_size))  # [gamma, V]
     return sampled_chain([sampler.sample(q_j) for q_j in q], q)
