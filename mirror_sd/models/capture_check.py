@@ -53,8 +53,8 @@ class CaptureCheck(TorchDispatchMode):
             raise CaptureUnsafe(f"{name} copies between {' and '.join(sorted({str(t.device) for t in _tensors(args)}))}")
         if name.startswith("index_put") and any(args[2] is v for v in self.host_values):
             raise CaptureUnsafe(f"{name} of a host value (x[i] = a number) copies it onto the device")
-        source, onto = (args[1], args[0].device) if name == "copy_" else (args[0], kwargs.get("device"))
-        if name in ("copy_", "_to_copy") and _from_pageable_host(source, onto):
+        if name == "copy_" and _from_pageable_host(args[1], args[0].device) or \
+                name == "_to_copy" and _from_pageable_host(args[0], kwargs.get("device")):
             raise CaptureUnsafe(f"{name} from pageable host memory onto the device")
         out = func(*args, **kwargs)
         if name == "lift_fresh":
