@@ -42,7 +42,7 @@ def test_one_replay_drafts_the_tree_the_streams_pass_gives(tiny_dirs, next_token
         cache.length += 1
         run = SimpleNamespace(pair=SimpleNamespace(target=target), sequence=sequence,
                               draft_sampler=SimpleNamespace(greedy=True))
-        trees.append(draft_from_streams(run, streams, cache, h0, gamma, top_k, total_tokens, lookup=0))
+        trees.append(draft_from_streams(run, streams, cache, h0, gamma, top_k, total_tokens, copied=[]))
     expected, got = trees
     assert (got.tokens, got.parents, got.depths) == (expected.tokens, expected.parents, expected.depths)
     assert got.scores == pytest.approx(expected.scores, abs=1e-4)

@@ -46,19 +46,20 @@ from ..trace import Step
 from .verify import accept_tree, drafted_verify_stages, verify_drafted_on_stage, verify_stages, verify_tree_on_stage
 
 
-def draft_tree(run, streams, logits, top_k: int, total_tokens: int, lookup: int) -> Tree:
+def draft_tree(run, streams, logits, top_k: int, total_tokens: int, copied: list[int]) -> Tree:
     """The next draft from the streams' logits [gamma, head rows] after the last committed token: a
-    tree at temperature 0 (with up to ``lookup`` tokens copied from the context as one more
-    branch), else a chain of gamma tokens sampled from the streams."""
+    tree at temperature 0 (with the tokens ``copied`` from the context as one more branch), else a
+    chain of gamma tokens sampled from the streams."""
     sampler = run.draft_sampler
     if sampler.greedy:
         tree = stream_tree(torch.log_softmax(logits, -1).cpu(), streams.to_target_ids, top_k, total_tokens)
-        return graft(tree, copy_from_context(run.sequence, lookup))
+        return graft(tree, copied)
     q = sampler.probs(to_target_vocab(logits, streams.vocab_map, run.pair.target.args.vocab_size))  # [gamma, V]
     return sampled_chain([sampler.sample(q_j) for q_j in q], q)
 
 
-def draft_from_streams(run, streams, cache, h0_row, gamma: int, top_k: int, total_tokens: int, lookup: int) -> Tree:
+def draft_from_streams(run, streams, cache, h0_row, gamma: int, top_k: int, total_tokens: int,
+                       copied: list[int]) -> Tree:
     """The next draft from the streams of one main row h0_row [1, 1, d] whose token sits in the
     cache's last slot, run in a pass of their own: they see the step's correction/bonus, committed.
     At T = 0 on the target's stages, one stage (models/stream_draft.py) grows the tree."""
@@ -66,18 +67,17 @@ def draft_from_streams(run, streams, cache, h0_row, gamma: int, top_k: int, tota
     stages = staged_for(run.pair.target, cache, spec)
     if run.draft_sampler.greedy and stages is not None:
         tree = read_trees(stream_fields_on_stage(run, stages, streams, h0_row, spec))[0]
-        return graft(tree, copy_from_context(run.sequence, lookup))
+        return graft(tree, copied)
     at = to_device([[cache.length - 1]], h0_row.device)  # [1, 1]
     next_ids = to_device([[run.sequence[-1]]], h0_row.device)  # [1, 1]: the step's correction/bonus
     logits = streams(run.pair.target, cache, h0_row, at, next_ids=next_ids)[0, 0, :gamma]  # [gamma, head rows]
-    return draft_tree(run, streams, logits, top_k, total_tokens, lookup)
+    return draft_tree(run, streams, logits, top_k, total_tokens, copied)
 
 
-def one_read_stages(run, cache, draft_spec: StreamDraft, verify_spec: TreeVerify, lookup: int):
+def one_read_stages(run, cache, draft_spec: StreamDraft, verify_spec: TreeVerify, copied: list[int]):
     """The target's stages where this step can draft and verify on them with one read to the host
     (``drafted_verify_stages``, and the streams' draft made there); else None."""
-    stages = drafted_verify_stages(run, cache, verify_spec, draft_spec.total_tokens,
-                                   copy_from_context(run.sequence, lookup))
+    stages = drafted_verify_stages(run, cache, verify_spec, draft_spec.total_tokens, copied)
     return stages if stages is not None and staged_for(run.pair.target, cache, draft_spec) is stages else None
 
 
@@ -138,14 +138,16 @@ def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int, one_forw
     streams = target_streams(run.pair, one_forward=one_forward)
     cache, ahead, first = prefill(run, streams, total_tokens + lookup, gamma, one_forward, top_k, total_tokens)
     yield first
-    copied = f" + up to {lookup} copied" if lookup else ""
+    copy_label = f" + up to {lookup} copied" if lookup else ""
     draft_spec, verify_spec = StreamDraft(streams, gamma, top_k, total_tokens), TreeVerify(hidden_at=streams.first_layer)
     while not run.done:
         step = run.next_step
-        stages = None if one_forward else one_read_stages(run, cache, draft_spec, verify_spec, lookup)
+        copied = copy_from_context(run.sequence, lookup) if run.draft_sampler.greedy else []  # a branch from the root
+        stages = None if one_forward else one_read_stages(run, cache, draft_spec, verify_spec, copied)
         if stages is not None:  # drafted and verified on the target's stages, read once
             fields = lane.run("draft", stream_fields_on_stage, run, stages, streams, ahead, draft_spec,
-                              label=f"streams: draft {gamma} levels{copied}", step=step, tokens=gamma, drafting=True)
+                              label=f"streams: draft {gamma} levels{copy_label}", step=step, tokens=gamma,
+                              drafting=True)
             window, stream_rows = fields.shape[-1] + 1, 0
             tree, path, token, _, _, hidden = lane.run("verify", verify_drafted_on_stage, run, stages, cache, fields,
                                                        verify_spec, label=f"verify {window} tokens", step=step,
@@ -153,11 +155,11 @@ def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int, one_forw
             ahead = hidden[None, -1:]  # the last accepted row's [1, 1, d]
         else:
             if one_forward:  # the streams' logits came with the last forward: only the tree is left to build
-                tree = lane.run("draft", draft_tree, run, streams, ahead, top_k, total_tokens, lookup,
-                                label=f"tree from the streams' logits{copied}", step=step, tokens=gamma)
+                tree = lane.run("draft", draft_tree, run, streams, ahead, top_k, total_tokens, copied,
+                                label=f"tree from the streams' logits{copy_label}", step=step, tokens=gamma)
             else:
                 tree = lane.run("draft", draft_from_streams, run, streams, cache, ahead, gamma, top_k, total_tokens,
-                                lookup, label=f"streams: draft {gamma} levels{copied}", step=step, tokens=gamma,
+                                copied, label=f"streams: draft {gamma} levels{copy_label}", step=step, tokens=gamma,
                                 drafting=True)
             window = len(tree.tokens) + 1
             stream_rows = window * gamma if one_forward else 0

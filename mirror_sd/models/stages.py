@@ -526,10 +526,11 @@ class Stages:
         fails to capture, it is refused with a warning, so that its method goes on an operation at a
         time (the methods run such a forward only while it is named here): one failed capture costs
         that forward's speed, not the run."""
+        own = isinstance(self.kinds[name], OwnStage)
         try:
-            stage.capture(self.pool, self.stream, check=isinstance(self.kinds[name], OwnStage))
+            stage.capture(self.pool, self.stream, check=own)
         except Exception as e:
-            if not isinstance(self.kinds[name], OwnStage):
+            if not own:
                 raise
             warnings.warn(f"stage {name!r} could not be captured as a CUDA graph ({type(e).__name__}: {e}); "
                           f"its method runs that work an operation at a time instead")
