@@ -5,7 +5,9 @@ A CUDA graph records kernels; an operation whose result the host must read first
 ``.tolist()``, a tensor's truth value, a boolean mask's indexing: ``nonzero``, a repeat by a
 tensor) synchronises, which a capture refuses, and would make the recorded shapes depend on the
 data. On the CPU no capture runs, so this checks each kind of stage's body, run on a real window,
-for those operations (the GPU's capture itself runs in tests/test_cuda.py and gpu-check).
+for those operations (the GPU's capture itself runs in tests/test_cuda.py and gpu-check). It runs
+them twice: on the CPU, and on PyTorch's ``meta`` device standing for the GPU, where a host tensor
+copied in, used as an index or mixed into an operation, and any copy back to the host, show.
 """
 import pytest
 import torch
@@ -28,6 +30,18 @@ from mirror_sd.models.streams import StreamConfig, Streams
 def pair(tiny_dirs):
     return load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["reduced_draft"]), target_device="cpu",
                      draft_device="cpu")
+
+
+@pytest.fixture(scope="module")
+def meta_pair(tiny_dirs):
+    """The same pair with its models on the ``meta`` device: tensors of shapes without data."""
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["reduced_draft"]), target_device="cpu",
+                     draft_device="cpu")
+    for model in (pair.target, pair.draft):
+        model.to("meta")
+        if model.vocab_map is not None:  # loaded onto the model's device: on a GPU, there
+            model.vocab_map = model.vocab_map.to("meta")
+    return pair
 
 
 def loaded_stages(pair):
@@ -68,10 +82,11 @@ def loaded_stages(pair):
     return [*stage.items(), ("plain stage", caches["chain"].stages.stage("full", 4))]
 
 
-def test_no_stage_body_reads_a_number_back_or_copies_a_host_value(pair):
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_no_stage_body_reads_a_number_back_or_copies_a_host_value(request, device):
     """Run outside inference mode: there PyTorch reads a 0-d index tensor's value through the
     dispatcher on the CPU too (inside, it reads a CPU tensor's memory directly, unseen)."""
-    stages = loaded_stages(pair)
+    stages = loaded_stages(request.getfixturevalue("pair" if device == "cpu" else "meta_pair"))
     tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     stages[-1][1].load(torch.tensor([[3, 4, 5]]), torch.tensor([[4, 5, 5]]), tree)  # the plain stage: a tree
     verify = next(stage for name, stage in stages if name == "tree_verify")
@@ -79,16 +94,21 @@ def test_no_stage_body_reads_a_number_back_or_copies_a_host_value(pair):
     def from_a_draft():  # the verify stage again, its rows from a draft's fields (run_drafted)
         verify.drafted[:, :3].copy_(torch.tensor([[3, 9, 2], [-1, 0, 0], [1, 2, 2], [-0.1, -0.5, -0.7]]))
         verify.from_draft.fill_(True)
-        return verify.body()
+        return verify.body
 
     unsafe = {}
-    for name, body in [*((name, stage.body) for name, stage in stages), ("tree_verify from a draft", from_a_draft)]:
+    for name, load in [*((name, lambda stage=stage: stage.body) for name, stage in stages),
+                       ("tree_verify from a draft", from_a_draft)]:
+        body = load()  # loading copies from the host; the body must not
         try:
             with torch.no_grad(), CaptureCheck():
                 body()
         except CaptureUnsafe as e:
             unsafe[name] = str(e)
     assert not unsafe
+
+
+def test_the_check_catches_what_a_capture_refuses():
     x, i = torch.zeros(3, 3), torch.arange(3)
     for unsafe in (lambda: x[x > 0], lambda: x.sum().item(), lambda: x[torch.tensor(1).view(())],
                    lambda: x.__setitem__((i, i), 1.0)):
@@ -97,6 +117,14 @@ def test_no_stage_body_reads_a_number_back_or_copies_a_host_value(pair):
     with torch.no_grad(), CaptureCheck():  # and lets pass what a capture records: a fill, a host scalar operand
         x[:, 0] = 1.0
         x.mul_(torch.tensor(0.5))
+    x = torch.zeros(3, 3, device="meta")  # standing for the GPU: copies between it and the host show
+    for unsafe in (lambda: x + torch.tensor([1.0, 2.0, 3.0]).to(x.device), lambda: x[torch.tensor([0, 1])],
+                   lambda: x.tolist(), lambda: x.cpu()):
+        with torch.no_grad(), pytest.raises(CaptureUnsafe), CaptureCheck():
+            unsafe()
+    with torch.no_grad(), CaptureCheck():
+        x[:, 0] = 1.0
+        x.mul_(torch.tensor(0.5)).add_(torch.arange(3, device="meta"))
 
 
 def test_a_run_over_padding_writes_scratch_slots_only(pair):

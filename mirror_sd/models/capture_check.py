@@ -8,10 +8,14 @@ tests (tests/test_capture_safe.py):
 * an operation whose result the host must read: ``.item()`` (also indexing by a 0-d tensor),
   ``.tolist()``, a tensor's truth value, a boolean mask's indexing (``nonzero``), a repeat by a
   tensor. It synchronises, and the recorded shapes would depend on the data;
-* a host value copied onto the device: ``torch.tensor(..., device=gpu)`` in the body, or a
-  Python number assigned through a tensor index (``x[rows, cols] = True`` copies a CPU scalar
-  tensor; ``x[:, 0] = True`` fills, which is fine). A capture refuses a copy from pageable host
-  memory. On the CPU only the second shows (the value's tensor is made on the host).
+* a copy between the host and the device: ``torch.tensor(..., device=gpu)`` or a host tensor
+  used as an index in the body, a Python number assigned through a tensor index
+  (``x[rows, cols] = True`` copies a CPU scalar tensor; ``x[:, 0] = True`` fills, which is fine),
+  ``.cpu()``. A capture refuses a copy from pageable host memory, and a copy back waits for the GPU.
+
+On the CPU everything is on the host, so most such copies do not happen: the CPU tests also run
+each body with its model and buffers on PyTorch's ``meta`` device, which stands for the GPU there
+(shapes and devices, no data), so that every copy between it and the host shows.
 """
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -56,6 +60,9 @@ class CaptureCheck(TorchDispatchMode):
         if name == "copy_" and _from_pageable_host(args[1], args[0].device) or \
                 name == "_to_copy" and _from_pageable_host(args[0], kwargs.get("device")):
             raise CaptureUnsafe(f"{name} from pageable host memory onto the device")
+        if name == "copy_" and _back_to_host(args[1], args[0].device) or \
+                name == "_to_copy" and _back_to_host(args[0], kwargs.get("device")):
+            raise CaptureUnsafe(f"{name} from the device back to the host")
         out = func(*args, **kwargs)
         if name == "lift_fresh":
             self.host_values.append(out)
@@ -64,7 +71,13 @@ class CaptureCheck(TorchDispatchMode):
 
 def _from_pageable_host(source, onto) -> bool:
     """Whether copying ``source`` onto the device ``onto`` (None: where it is) goes from pageable
-    host memory onto a GPU."""
+    host memory onto another device (a GPU, or ``meta`` standing for one)."""
     on_the_host = isinstance(source, torch.Tensor) and source.device.type == "cpu"
-    onto_a_gpu = onto is not None and torch.device(onto).type == "cuda"
-    return on_the_host and onto_a_gpu and not source.is_pinned()
+    onto_a_device = onto is not None and torch.device(onto).type != "cpu"
+    return on_the_host and onto_a_device and not source.is_pinned()
+
+
+def _back_to_host(source, onto) -> bool:
+    """Whether copying ``source`` onto ``onto`` (None: where it is) brings it from a device to the host."""
+    on_a_device = isinstance(source, torch.Tensor) and source.device.type != "cpu"
+    return on_a_device and onto is not None and torch.device(onto).type == "cpu"
