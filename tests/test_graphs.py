@@ -78,9 +78,11 @@ def stage_runs(monkeypatch):
         runs[key] = runs.get(key, 0) + 1
         return run(self, name, x, *args, **kwargs)
 
-    def made(self, name, width):
-        if (name, bucket(width)) not in self._stages and not getattr(self, "capturing", False):
-            runs[("late", name)] = 1
+    def made(self, name, width):  # also how a stage that is not run by name is found (``run_drafted``)
+        if not getattr(self, "capturing", False):
+            runs.setdefault((self.model.num_layers, name), 0)
+            if (name, bucket(width)) not in self._stages:
+                runs[("late", name)] = 1
         return stage(self, name, width)
 
     def capturing(self, *args, **kwargs):
@@ -97,7 +99,8 @@ def stage_runs(monkeypatch):
 
 METHODS = [
     ("vanilla", {}, {"full"}),
-    ("sd", dict(gamma=3), {"full", "chain draft of 3"}),  # the draft's gamma forwards one stage (models/chain_draft.py)
+    ("sd", dict(gamma=3), {"full", "chain draft of 3", "tree verify"}),  # the draft's gamma forwards one stage
+    # (models/chain_draft.py), verified as a one-branch tree (models/eagle_verify.py)
     ("sd", dict(gamma=3, streams=1), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("sd", dict(gamma=3, streams=2), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("sd", dict(gamma=3, tree=6, branching=2), {"full", "tree verify"}),  # the draft's tree levels; the target's
@@ -134,27 +137,33 @@ def test_every_method_on_stages_commits_vanillas_tokens(pair, stage_runs, method
     assert len(set(expected)) > 1  # not a degenerate run
 
 
-@pytest.mark.parametrize("method,options", [("eagle", {}), ("ss", dict(gamma=3, top_k=2, total_tokens=4))])
-@pytest.mark.parametrize("lookup", [0, 8])
-def test_a_tree_step_on_stages_reads_the_host_once_unless_it_copies_from_the_context(pair, monkeypatch, method,
-                                                                                      options, lookup):
-    """On its one-stage draft and verification a greedy EAGLE or ss step drafts and verifies with
-    one read to the host (methods/verify.py: verify_drafted_on_stage): the tree stays on the device
-    between them. A step that copies tokens from the context grafts them onto the tree on the host,
-    so it reads the tree first (two reads). Both commit vanilla's tokens."""
+@pytest.mark.parametrize("method,options,plain", [
+    ("eagle", dict(lookup=0), "verify_tree"), ("eagle", dict(lookup=8), "verify_tree"),
+    ("ss", dict(gamma=3, top_k=2, total_tokens=4, lookup=0), "verify_tree"),
+    ("ss", dict(gamma=3, top_k=2, total_tokens=4, lookup=8), "verify_tree"),
+    ("sd", dict(gamma=3), "verify")], ids=["eagle", "eagle-lookup", "ss", "ss-lookup", "sd"])
+def test_a_step_on_stages_reads_the_host_once_unless_it_copies_from_the_context(pair, monkeypatch, method, options,
+                                                                                plain):
+    """On its one-stage draft and verification a greedy EAGLE, ss or sd (chain) step is queued on the
+    lanes' streams and read once (methods/verify.py: draft_and_verify_queued): the tree or chain
+    stays on the device between them, and both spans are recorded. A step that copies tokens from
+    the context grafts them onto the tree on the host, so it reads the tree first (two reads), as
+    an sd prompt longer than the widest stage does. All commit vanilla's tokens."""
     import importlib
 
     module = importlib.import_module(f"mirror_sd.methods.{method}")
     one_read, two_reads = [], []
-    for name, calls in (("verify_drafted_on_stage", one_read), ("verify_tree", two_reads)):
-        monkeypatch.setattr(module, name, lambda *a, _f=getattr(module, name), _c=calls: _c.append(1) or _f(*a))
+    for name, calls in (("draft_and_verify_queued", one_read), (plain, two_reads)):
+        monkeypatch.setattr(module, name, lambda *a, _f=getattr(module, name), _c=calls, **k: _c.append(a) or _f(*a, **k))
     steps = 0
     for prompt in PROMPTS:
-        out = generate(pair, prompt, method=method, max_new_tokens=TOKENS, raw=True, lookup=lookup, **options)
+        out = generate(pair, prompt, method=method, max_new_tokens=TOKENS, raw=True, **options)
         assert out.error is None and out.token_ids == vanilla_tokens(pair, prompt), prompt
         steps += sum(1 for step in out.trace.steps if step.index > 0)  # step 0: the prefill
+        spans = {(span.step, span.kind) for span in out.trace.spans}
+        assert all((step.index, kind) in spans for step in out.trace.steps[1:] for kind in ("draft", "verify"))
     assert len(one_read) + len(two_reads) == steps  # one verification per step
-    if lookup == 0:
+    if options.get("lookup", 0) == 0:
         assert one_read and not two_reads
     else:  # "t4 t4 t4 t4" repeats itself, so some steps copy from it
         assert one_read and two_reads

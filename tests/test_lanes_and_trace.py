@@ -217,16 +217,18 @@ def test_a_steps_idle_time_is_when_no_lane_worked_on_it():
     assert costs.idle.tolist() == pytest.approx([150.0, 50.0])  # 1.2-1.25 and 1.4-1.5; 1.6-1.65
 
 
-def test_queued_work_runs_on_the_callers_thread_and_records_its_span_when_told():
-    """Lane.queue (Mirror-SD's queued step): on a CPU lane fn runs to its end on the calling thread; the
-    span goes into the trace once the caller says the work is done, within the host's readings."""
+def test_queued_work_on_a_cpu_lane_runs_on_its_worker_and_records_its_span_when_told():
+    """Lane.queue (the queued steps): on a CPU lane fn runs to its end on the lane's worker, with its
+    threads, as ``run`` runs it; the span goes into the trace once the caller says the work is done,
+    within the host's readings."""
     from mirror_sd.devices import LaneError
 
     trace = Trace("test")
     lane = Lane("draft", torch.device("cpu"))
     before = time.perf_counter() - trace.t0
     result, queued = lane.queue("sleep", lambda: (time.sleep(0.02), threading.get_ident())[1], trace=trace, step=2)
-    assert result == threading.get_ident() and queued.done is None and not trace.spans
+    assert result == lane.run("thread", threading.get_ident) != threading.get_ident()
+    assert queued.done is None and not trace.spans
     queued.record()
     (span,) = trace.spans
     assert (span.kind, span.step) == ("sleep", 2) and before <= span.start and span.duration >= 0.02

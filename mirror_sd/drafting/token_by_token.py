@@ -69,15 +69,10 @@ def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
     at the end, so a GPU never waits for the host between forwards.
     """
     draft, sampler = run.pair.draft, run.draft_sampler
-    pending = run.sequence[cache.length:]
-    if sampler.greedy and not copy_below:  # every pick stays on the device: one read of the window
-        chain = ChainDraft(gamma, run.pair.target.args.vocab_size)
-        stages = staged_for(draft, cache, chain)
-        if stages is not None and len(pending) <= MAX_WIDTH:  # one stage for all
-            tokens = stages.run(chain.name, [pending]).tolist()
-            cache.length += len(pending) + gamma - 1
-            return tokens, None, []
-    ids = to_device([pending], draft.device)  # [1, pending]
+    stages = chain_stages(run, cache, gamma) if sampler.greedy and not copy_below else None
+    if stages is not None:  # one stage for all
+        return chain_on_stage(run, stages, cache, gamma).tolist(), None, []
+    ids = to_device([run.sequence[cache.length:]], draft.device)  # [1, pending]
     if sampler.greedy and not copy_below:
         picks = []
         for _ in range(gamma):
@@ -95,6 +90,23 @@ def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
             q.append(probs)
         ids = to_device([[token]], draft.device)
     return tokens, (torch.stack(q) if q else None), copies
+
+
+def chain_stages(run, cache, gamma: int):
+    """The draft's stage set where its greedy chain of gamma tokens is one stage this step
+    (models/chain_draft.py: made at warm-up, and the committed tokens it has not seen within its
+    widest window); else None."""
+    stages = staged_for(run.pair.draft, cache, ChainDraft(gamma, run.pair.target.args.vocab_size))
+    return stages if stages is not None and len(run.sequence) - cache.length <= MAX_WIDTH else None
+
+
+def chain_on_stage(run, stages, cache, gamma: int) -> torch.Tensor:
+    """The greedy chain's picks [gamma] (target ids), on the draft's device, from one replay of its
+    ``chain_stages`` stage; the cache moves past the unseen tokens and the first gamma - 1 picks."""
+    pending = run.sequence[cache.length:]
+    picks = stages.run(ChainDraft(gamma, run.pair.target.args.vocab_size).name, [pending])
+    cache.length += len(pending) + gamma - 1
+    return picks
 
 
 def tree_readers(run):

@@ -48,7 +48,8 @@ from ..models.loading import EMBEDDED_NAME
 from ..models.stages import MAX_WIDTH
 from ..sampling import to_target_vocab
 from ..trace import Step
-from .verify import accept_tree, drafted_verify_stages, verify_drafted_on_stage, verify_stages, verify_tree_on_stage
+from .verify import (accept_tree, draft_and_verify_queued, drafted_verify_stages, verify_stages,
+                     verify_tree_on_stage)
 
 HEADS: "WeakKeyDictionary" = WeakKeyDictionary()  # target Transformer -> its EagleHead
 
@@ -160,7 +161,7 @@ def draft_on_stage(head: EagleHead, stages, cache, pending, spec: TreeDraft) -> 
 
 
 def draft_fields(run, head: EagleHead, stages, cache, pending, spec: TreeDraft) -> torch.Tensor:
-    """``draft_on_stage``, its tree left on the device for ``verify_drafted_on_stage``; the head's
+    """``draft_on_stage``, its tree left on the device for ``draft_and_verify_queued``; the head's
     cache ends at n - 1 slots."""
     fields = draft_on_stage(head, stages, cache, pending, spec)
     cache.rollback(len(run.sequence) - 1)
@@ -236,14 +237,11 @@ def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
         step = run.next_step
         copied = copy_from_context(run.sequence, lookup) if greedy else []
         on_device = one_read_stages(run, head, head_cache, cache, tree_draft, verify_ranges, copied)
-        if on_device:  # drafted and verified on the device, read once
-            fields = lane.run("draft", draft_fields, run, head, on_device[0], head_cache, pending, tree_draft,
-                              label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]),
-                              drafting=True)
-            rows = fields.shape[-1] + 1
-            tree, path, token, feats, early, _ = lane.run(
-                "verify", verify_drafted_on_stage, run, on_device[1], cache, fields, verify_ranges[0],
-                label=f"verify {rows} tokens", step=step, tokens=rows)
+        if on_device:  # drafted and verified on the device, queued, read once
+            tree, path, token, feats, early, _ = draft_and_verify_queued(
+                run, lane, (draft_fields, run, head, on_device[0], head_cache, pending, tree_draft), on_device[1], cache,
+                verify_ranges[0], label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]),
+                drafting=True)
         else:
             tree = lane.run("draft", draft, run, head, head_cache, pending, depth, top_k, total_tokens, copied,
                             label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]),

@@ -482,7 +482,7 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
     stage (``channel_stage``, models/channel.py) and the draft's work another (``rollouts``,
     models/rollout.py); else ``token_channel``, ``choose_branches_on_device`` and ``roll_out_tree``.
     T = 0, token by token (``queues_steps``; so ``roll_out`` is not needed). On CPU lanes the same
-    work runs in turn on this thread. Returns what ``host_step`` does."""
+    work runs in turn, each part on its lane's worker. Returns what ``host_step`` does."""
     channel_there, channel, logits, suffix = queue_target(run, target_cache, window, step, exit_layer, kappa, head,
                                                           channel_stage=channel_stage)
     packed = isinstance(channel_there, torch.Tensor)  # from the channel's stage (``models.channel.pack``)

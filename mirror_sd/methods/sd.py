@@ -8,18 +8,25 @@ to what was committed. With ``tree`` > 0 (token by token, T = 0) the draft propo
 many tokens instead, and the target verifies it as eagle verifies its head's: one forward under
 the tree mask, then the walk down the children that match its argmax (``verify_tree``). The draft
 sits on the critical path: draft and target take turns (the serial barrier that Mirror-SD removes).
+
+At T = 0, token by token, on stages (a GPU's CUDA graphs), a chain step is two replays queued on
+the lanes' streams and one read: the draft's chain stage leaves its picks on the device as a
+one-branch tree, the target's stream waits for them on a CUDA event and verifies them on the
+tree verification stage (``verify.draft_and_verify_queued``); the host waits for the GPU once.
 """
 from __future__ import annotations
 
 import torch
 
-from ..drafting import make_drafter
+from ..drafting import Proposal, TokenByToken, make_drafter
+from ..drafting.token_by_token import chain_on_stage, chain_stages
 from ..drafting.tree import Tree, keep_path, tree_window
 from ..models.eagle_verify import TreeVerify
 from ..models.forwards import FULL, forward
-from ..trace import Step
+from ..trace import DraftWork, Step
 from .prefill import prefill_pair
-from .verify import accept_tree, verify, verify_stages, verify_tree_on_stage
+from .verify import (Verdict, accept_tree, draft_and_verify_queued, drafted_verify_stages, verify, verify_stages,
+                     verify_tree_on_stage)
 
 
 def check(pair, options):
@@ -44,12 +51,32 @@ def verify_tree(run, cache, tree: Tree) -> tuple[list[int], int]:
     return path, token
 
 
+def one_read_stages(run, draft_cache, target_cache, gamma: int, spec: TreeVerify):
+    """(the draft's stages, the target's) where this step's greedy chain can be drafted and verified
+    on them with one read (``chain_stages``, ``drafted_verify_stages``); else None."""
+    draft_stages = chain_stages(run, draft_cache, gamma)
+    target_stages = drafted_verify_stages(run, target_cache, spec, gamma, []) if draft_stages is not None else None
+    return (draft_stages, target_stages) if target_stages is not None else None
+
+
+def chain_fields(run, stages, cache, gamma: int) -> torch.Tensor:
+    """The greedy chain drafted on the draft's stage (``chain_on_stage``), left on the draft's device
+    as a tree's fields [1, 4, gamma] (``grow_fields``' layout: token, parent, depth, score; each node
+    the child of the one before it) for ``draft_and_verify_queued``."""
+    picks = chain_on_stage(run, stages, cache, gamma)  # [gamma]
+    depths = torch.arange(1, gamma + 1, device=picks.device)
+    return torch.stack([picks, depths - 2, depths, torch.zeros_like(depths)])[None].double()
+
+
 def decode(run, gamma: int, **drafter_options):
     pair = run.pair
     drafter = make_drafter(**drafter_options)
     extra_draft, past_gamma = drafter.extra_slots(pair, gamma)
     greedy = run.draft_sampler.greedy
-    verify_ranges = [TreeVerify()] if drafter.tree and greedy else []  # a tree's verification: one stage
+    # a tree's verification, and a greedy chain's where the draft drafts it as one stage: one stage
+    chains_on_stage = greedy and isinstance(drafter, TokenByToken) and not drafter.tree and not drafter.copy_below
+    verify_spec = TreeVerify()
+    verify_ranges = [verify_spec] if (greedy and drafter.tree) or chains_on_stage else []
     target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=extra_draft, extra_target_slots=past_gamma,
                                                     target_ranges=[FULL, *verify_ranges],
                                                     draft_ranges=drafter.layer_ranges(pair, gamma, greedy))
@@ -60,19 +87,29 @@ def decode(run, gamma: int, **drafter_options):
     while not run.done:
         step = run.next_step
         committed = len(run.sequence)
-        proposal = run.draft_lane.run("draft", drafter.propose, run, draft_cache, gamma, label=label, step=step,
-                                      tokens=gamma)
-        draft = proposal.tokens
-        verifying = dict(label=f"verify {len(draft) + 1} tokens", step=step, tokens=len(draft) + 1)
-        if proposal.tree is not None:
-            path, token = run.target_lane.run("verify", verify_tree, run, target_cache, proposal.tree, **verifying)
-            accepted, (tokens, origins), tree = len(path), proposal.tree.committed(path, token), proposal.tree.record(path)
-        else:
-            window = torch.tensor([[run.sequence[-1], *draft]], device=pair.target.device)  # [1, len(draft) + 1]
-            logits = run.target_lane.run("verify", forward, pair.target, window, target_cache, **verifying)
-            verdict = verify(draft, proposal.q, logits[0], run.target_sampler)
+        stages = one_read_stages(run, draft_cache, target_cache, gamma, verify_spec) if chains_on_stage else None
+        if stages is not None:  # drafted and verified on the stages, queued, read once
+            chain, path, token, *_ = draft_and_verify_queued(
+                run, run.draft_lane, (chain_fields, run, stages[0], draft_cache, gamma), stages[1], target_cache,
+                verify_spec, label=label, step=step, tokens=gamma)
+            proposal = Proposal(chain.tokens, None, DraftWork(forwards=gamma))
+            draft, verdict = proposal.tokens, Verdict(len(path), token)
             accepted, (tokens, origins), tree = verdict.accepted, verdict.committed(draft), None
-            target_cache.rollback(committed + accepted)  # last committed + accepted drafts
+        else:
+            proposal = run.draft_lane.run("draft", drafter.propose, run, draft_cache, gamma, label=label, step=step,
+                                          tokens=gamma)
+            draft = proposal.tokens
+            verifying = dict(label=f"verify {len(draft) + 1} tokens", step=step, tokens=len(draft) + 1)
+            if proposal.tree is not None:
+                path, token = run.target_lane.run("verify", verify_tree, run, target_cache, proposal.tree, **verifying)
+                accepted, (tokens, origins), tree = (len(path), proposal.tree.committed(path, token),
+                                                     proposal.tree.record(path))
+            else:
+                window = torch.tensor([[run.sequence[-1], *draft]], device=pair.target.device)  # [1, len(draft) + 1]
+                logits = run.target_lane.run("verify", forward, pair.target, window, target_cache, **verifying)
+                verdict = verify(draft, proposal.q, logits[0], run.target_sampler)
+                accepted, (tokens, origins), tree = verdict.accepted, verdict.committed(draft), None
+                target_cache.rollback(committed + accepted)  # last committed + accepted drafts
         draft_cache.rollback(min(draft_cache.length, committed + accepted))
         drafter.settle(proposal, accepted)
         yield run.commit(Step(step, tokens, origins, proposed=draft, accepted=accepted, draft=proposal.work, tree=tree))

@@ -43,7 +43,8 @@ from ..models.stream_draft import StreamDraft
 from ..models.streams import forward_with_streams, split_forward, stream_ranges, target_streams
 from ..sampling import to_target_vocab
 from ..trace import Step
-from .verify import accept_tree, drafted_verify_stages, verify_drafted_on_stage, verify_stages, verify_tree_on_stage
+from .verify import (accept_tree, draft_and_verify_queued, drafted_verify_stages, verify_stages,
+                     verify_tree_on_stage)
 
 
 def draft_tree(run, streams, logits, top_k: int, total_tokens: int, copied: list[int]) -> Tree:
@@ -144,14 +145,11 @@ def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int, one_forw
         step = run.next_step
         copied = copy_from_context(run.sequence, lookup) if run.draft_sampler.greedy else []  # a branch from the root
         stages = None if one_forward else one_read_stages(run, cache, draft_spec, verify_spec, copied)
-        if stages is not None:  # drafted and verified on the target's stages, read once
-            fields = lane.run("draft", stream_fields_on_stage, run, stages, streams, ahead, draft_spec,
-                              label=f"streams: draft {gamma} levels{copy_label}", step=step, tokens=gamma,
-                              drafting=True)
-            window, stream_rows = fields.shape[-1] + 1, 0
-            tree, path, token, _, _, hidden = lane.run("verify", verify_drafted_on_stage, run, stages, cache, fields,
-                                                       verify_spec, label=f"verify {window} tokens", step=step,
-                                                       tokens=window)
+        if stages is not None:  # drafted and verified on the target's stages, queued, read once
+            tree, path, token, _, _, hidden = draft_and_verify_queued(
+                run, lane, (stream_fields_on_stage, run, stages, streams, ahead, draft_spec), stages, cache,
+                verify_spec, label=f"streams: draft {gamma} levels{copy_label}", step=step, tokens=gamma, drafting=True)
+            window, stream_rows = len(tree.tokens) + 1, 0
             ahead = hidden[None, -1:]  # the last accepted row's [1, 1, d]
         else:
             if one_forward:  # the streams' logits came with the last forward: only the tree is left to build

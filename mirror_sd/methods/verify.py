@@ -118,9 +118,39 @@ def verify_drafted_on_stage(run, stages, cache, fields, spec):
     (``drafting.tree.grow_fields``' fields [1, 4, M]): the stage lays its rows out and returns it
     with the verdict, so the host reads once a step and the GPU never waits for it between
     drafting and verifying. Returns the tree (``Tree``), then what ``verify_tree_on_stage`` returns."""
+    return read_drafted_verdict(run, cache, *queue_drafted_verify(run, stages, fields, spec))
+
+
+def draft_and_verify_queued(run, draft_lane, draft, stages, cache, spec, **draft_span):
+    """One greedy step's draft and verification queued on the lanes' streams from this thread, which
+    waits for the GPU once, reading the verdict: ``draft`` (fn, *args) gives a tree's fields
+    [1, 4, M] on the draft's device (``grow_fields``' layout), queued on ``draft_lane`` as span
+    "draft" (``draft_span``: its label, step, tokens, drafting); the target lane's stream waits for
+    it on a CUDA event, not the host, then verifies it on the stage ``spec`` names in ``stages``
+    (``verify_drafted_on_stage``). A CUDA lane's thread is handed no work. On CPU lanes the same
+    work runs in turn, each part on its lane's worker. Returns what ``verify_drafted_on_stage`` returns."""
+    fields, drafted = draft_lane.queue("draft", *draft, **draft_span)
+    rows = fields.shape[-1] + 1
+    launched, verified = run.target_lane.queue("verify", queue_drafted_verify, run, stages, fields, spec,
+                                               after=drafted.done, label=f"verify {rows} tokens",
+                                               step=draft_span.get("step"), tokens=rows)
+    result = read_drafted_verdict(run, cache, *launched)  # the step's one wait for the GPU
+    drafted.record()
+    verified.record()
+    return result
+
+
+def queue_drafted_verify(run, stages, fields, spec):
+    """The replay of ``verify_drafted_on_stage``, not read: (the stage, the tree's size M, the
+    verdict and the stage's other outputs, on the device)."""
     M = fields.shape[-1]
     stage = stages.stage(spec.name, stages.route(spec.name, M + 1))
-    verdict, *outputs = stage.run_drafted(fields, run.sequence[-1])
+    return stage, M, *stage.run_drafted(fields, run.sequence[-1])
+
+
+def read_drafted_verdict(run, cache, stage, M: int, verdict, *outputs):
+    """``queue_drafted_verify``'s verdict read (the wait for the GPU) and applied: the tree, then
+    what ``verify_tree_on_stage`` returns."""
     read = verdict.tolist()
     drafted = read[stage.width + 2:]  # the stage's drafted buffer [4, W - 1], flattened
     tree = tree_of_fields(*(drafted[i * (stage.width - 1):i * (stage.width - 1) + M] for i in range(4)))
