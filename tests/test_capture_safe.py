@@ -52,11 +52,12 @@ def loaded_stages(pair):
     streams = Streams(target.args, StreamConfig(num_streams=3, stream_layers=1, rank=4)).attach(target)
     specs = dict(tree_draft=TreeDraft(3, 3, 8, early=True), tree_verify=TreeVerify((1,), hidden_at=1),
                  channel=TokenChannel(1, 3, exit_reader(pair), V), rollouts=Rollouts(8, 2, 3, 3, V),
-                 chain=ChainDraft(3, V), stream_draft=StreamDraft(streams, 3, 2, 4))
+                 chain=ChainDraft(3, V), chain_as_tree=ChainDraft(3, V, as_tree=True),
+                 stream_draft=StreamDraft(streams, 3, 2, 4))
     caches = dict(tree_draft=stage_cache({}, head, 100, [specs["tree_draft"]], stage_set=HeadStages),
                   **{k: stage_cache({}, target, 100, [FULL, specs[k]])
                      for k in ("tree_verify", "channel", "stream_draft")},
-                  **{k: stage_cache({}, draft, 100, [FULL, specs[k]]) for k in ("rollouts", "chain")})
+                  **{k: stage_cache({}, draft, 100, [FULL, specs[k]]) for k in ("rollouts", "chain", "chain_as_tree")})
     for name, cache in caches.items():
         model = cache.stages.model
         if name != "tree_draft":
@@ -65,7 +66,8 @@ def loaded_stages(pair):
             cache.length = 4
     d = target.args.hidden_size
     stage = {name: caches[name].stages.stage(specs[name].name, w) for name, w in
-             dict(tree_draft=4, tree_verify=8, channel=4, rollouts=16, chain=2, stream_draft=4).items()}
+             dict(tree_draft=4, tree_verify=8, channel=4, rollouts=16, chain=2, chain_as_tree=2,
+                  stream_draft=4).items()}
     with torch.inference_mode():  # each loaded as its run loads it (by hand where its run replays at once)
         stage["tree_draft"].load_pairs([[3, 4]], None, None, torch.randn(1, 2, d), torch.randn(1, 2, d))
         stage["tree_verify"].tree[:, :4].copy_(torch.tensor([[7, 3, 9, 2], [0, 1, 1, 2], [0, 0, 0, 1]]))
@@ -77,6 +79,7 @@ def loaded_stages(pair):
         rollouts.channel_rows.fill_(3)
         rollouts.window.fill_(window_code(4, 3, CAUSAL, False))
         stage["chain"].load([[7]])
+        stage["chain_as_tree"].load([[7]])
         stage["stream_draft"].h0.normal_()
         stage["stream_draft"].window.fill_(window_code(4, 1, CAUSAL, False))
     return [*stage.items(), ("plain stage", caches["chain"].stages.stage("full", 4))]

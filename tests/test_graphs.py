@@ -99,7 +99,7 @@ def stage_runs(monkeypatch):
 
 METHODS = [
     ("vanilla", {}, {"full"}),
-    ("sd", dict(gamma=3), {"full", "chain draft of 3", "tree verify"}),  # the draft's gamma forwards one stage
+    ("sd", dict(gamma=3), {"full", "chain draft of 3 as a tree", "tree verify"}),  # the draft's gamma forwards one stage
     # (models/chain_draft.py), verified as a one-branch tree (models/eagle_verify.py)
     ("sd", dict(gamma=3, streams=1), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("sd", dict(gamma=3, streams=2), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),

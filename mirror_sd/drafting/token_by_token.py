@@ -69,9 +69,10 @@ def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
     at the end, so a GPU never waits for the host between forwards.
     """
     draft, sampler = run.pair.draft, run.draft_sampler
-    stages = chain_stages(run, cache, gamma) if sampler.greedy and not copy_below else None
+    chain = ChainDraft(gamma, run.pair.target.args.vocab_size)
+    stages = chain_stages(run, cache, chain) if sampler.greedy and not copy_below else None
     if stages is not None:  # one stage for all
-        return chain_on_stage(run, stages, cache, gamma).tolist(), None, []
+        return chain_on_stage(run, stages, cache, chain).tolist(), None, []
     ids = to_device([run.sequence[cache.length:]], draft.device)  # [1, pending]
     if sampler.greedy and not copy_below:
         picks = []
@@ -92,21 +93,21 @@ def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
     return tokens, (torch.stack(q) if q else None), copies
 
 
-def chain_stages(run, cache, gamma: int):
-    """The draft's stage set where its greedy chain of gamma tokens is one stage this step
-    (models/chain_draft.py: made at warm-up, and the committed tokens it has not seen within its
-    widest window); else None."""
-    stages = staged_for(run.pair.draft, cache, ChainDraft(gamma, run.pair.target.args.vocab_size))
+def chain_stages(run, cache, chain: ChainDraft):
+    """The draft's stage set where its greedy chain is one stage this step (``chain``'s: made at
+    warm-up, and the committed tokens it has not seen within its widest window); else None."""
+    stages = staged_for(run.pair.draft, cache, chain)
     return stages if stages is not None and len(run.sequence) - cache.length <= MAX_WIDTH else None
 
 
-def chain_on_stage(run, stages, cache, gamma: int) -> torch.Tensor:
-    """The greedy chain's picks [gamma] (target ids), on the draft's device, from one replay of its
-    ``chain_stages`` stage; the cache moves past the unseen tokens and the first gamma - 1 picks."""
+def chain_on_stage(run, stages, cache, chain: ChainDraft) -> torch.Tensor:
+    """The greedy chain, on the draft's device, from one replay of its ``chain_stages`` stage: picks
+    [gamma] (target ids), or with ``chain.as_tree`` a tree's fields [1, 4, gamma]. The cache moves
+    past the unseen tokens and the first gamma - 1 picks."""
     pending = run.sequence[cache.length:]
-    picks = stages.run(ChainDraft(gamma, run.pair.target.args.vocab_size).name, [pending])
-    cache.length += len(pending) + gamma - 1
-    return picks
+    drafted = stages.run(chain.name, [pending])
+    cache.length += len(pending) + chain.gamma - 1
+    return drafted
 
 
 def tree_readers(run):

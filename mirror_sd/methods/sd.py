@@ -21,6 +21,7 @@ import torch
 from ..drafting import Proposal, TokenByToken, make_drafter
 from ..drafting.token_by_token import chain_on_stage, chain_stages
 from ..drafting.tree import Tree, keep_path, tree_window
+from ..models.chain_draft import ChainDraft
 from ..models.eagle_verify import TreeVerify
 from ..models.forwards import FULL, forward
 from ..trace import DraftWork, Step
@@ -51,21 +52,13 @@ def verify_tree(run, cache, tree: Tree) -> tuple[list[int], int]:
     return path, token
 
 
-def one_read_stages(run, draft_cache, target_cache, gamma: int, spec: TreeVerify):
-    """(the draft's stages, the target's) where this step's greedy chain can be drafted and verified
-    on them with one read (``chain_stages``, ``drafted_verify_stages``); else None."""
-    draft_stages = chain_stages(run, draft_cache, gamma)
-    target_stages = drafted_verify_stages(run, target_cache, spec, gamma, []) if draft_stages is not None else None
+def one_read_stages(run, draft_cache, target_cache, chain: ChainDraft, spec: TreeVerify):
+    """(the draft's stages, the target's) where this step's greedy chain can be drafted as a tree
+    and verified on them with one read (``chain_stages``, ``drafted_verify_stages``); else None."""
+    draft_stages = chain_stages(run, draft_cache, chain)
+    target_stages = (drafted_verify_stages(run, target_cache, spec, chain.gamma, []) if draft_stages is not None
+                     else None)
     return (draft_stages, target_stages) if target_stages is not None else None
-
-
-def chain_fields(run, stages, cache, gamma: int) -> torch.Tensor:
-    """The greedy chain drafted on the draft's stage (``chain_on_stage``), left on the draft's device
-    as a tree's fields [1, 4, gamma] (``grow_fields``' layout: token, parent, depth, score; each node
-    the child of the one before it) for ``draft_and_verify_queued``."""
-    picks = chain_on_stage(run, stages, cache, gamma)  # [gamma]
-    depths = torch.arange(1, gamma + 1, device=picks.device)
-    return torch.stack([picks, depths - 2, depths, torch.zeros_like(depths)])[None].double()
 
 
 def decode(run, gamma: int, **drafter_options):
@@ -73,13 +66,15 @@ def decode(run, gamma: int, **drafter_options):
     drafter = make_drafter(**drafter_options)
     extra_draft, past_gamma = drafter.extra_slots(pair, gamma)
     greedy = run.draft_sampler.greedy
-    # a tree's verification, and a greedy chain's where the draft drafts it as one stage: one stage
+    # a greedy chain drafted as a one-branch tree on the draft's stage, verified on the target's
+    # tree verification stage (a draft tree's too): a stage each
     chains_on_stage = greedy and isinstance(drafter, TokenByToken) and not drafter.tree and not drafter.copy_below
-    verify_spec = TreeVerify()
+    chain, verify_spec = ChainDraft(gamma, pair.target.args.vocab_size, as_tree=True), TreeVerify()
     verify_ranges = [verify_spec] if (greedy and drafter.tree) or chains_on_stage else []
     target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=extra_draft, extra_target_slots=past_gamma,
                                                     target_ranges=[FULL, *verify_ranges],
-                                                    draft_ranges=drafter.layer_ranges(pair, gamma, greedy))
+                                                    draft_ranges=[FULL, chain] if chains_on_stage
+                                                    else drafter.layer_ranges(pair, gamma, greedy))
     yield first
     label = f"draft {'≥' if past_gamma else ''}{gamma} tokens{drafter.how}"
     if drafter.tree:
@@ -87,12 +82,12 @@ def decode(run, gamma: int, **drafter_options):
     while not run.done:
         step = run.next_step
         committed = len(run.sequence)
-        stages = one_read_stages(run, draft_cache, target_cache, gamma, verify_spec) if chains_on_stage else None
+        stages = one_read_stages(run, draft_cache, target_cache, chain, verify_spec) if chains_on_stage else None
         if stages is not None:  # drafted and verified on the stages, queued, read once
-            chain, path, token, *_ = draft_and_verify_queued(
-                run, run.draft_lane, (chain_fields, run, stages[0], draft_cache, gamma), stages[1], target_cache,
+            drafted, path, token, *_ = draft_and_verify_queued(
+                run, run.draft_lane, (chain_on_stage, run, stages[0], draft_cache, chain), stages[1], target_cache,
                 verify_spec, label=label, step=step, tokens=gamma)
-            proposal = Proposal(chain.tokens, None, DraftWork(forwards=gamma))
+            proposal = Proposal(drafted.tokens, None, DraftWork(forwards=gamma))
             draft, verdict = proposal.tokens, Verdict(len(path), token)
             accepted, (tokens, origins), tree = verdict.accepted, verdict.committed(draft), None
         else:

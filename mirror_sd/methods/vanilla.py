@@ -1,6 +1,7 @@
 """Vanilla autoregressive decoding: the reference every other method must reproduce.
 
-One target forward per token, with a KV cache, on the target lane.
+One target forward per token, with a KV cache, on the target lane: queued on its stream from the
+decoding thread (on a GPU, one graph launch a token on stages), and read once, as the token is picked.
 """
 from __future__ import annotations
 
@@ -23,7 +24,14 @@ def decode(run, note: str = ""):
     yield run.commit(Step(run.next_step, [token], ["target"]))
     while not run.done:
         step = run.next_step
-        ids = torch.tensor([[token]], device=target.device)  # [1, 1]
-        logits = lane.run("decode", forward, target, ids, cache, label=f"decode 1 token{note}", step=step, tokens=1)
-        token = sampler.pick(logits[0, -1])
+        logits, decoded = lane.queue("decode", decode_one, target, token, cache, label=f"decode 1 token{note}",
+                                     step=step, tokens=1)
+        token = sampler.pick(logits[0, -1])  # the step's one wait for the device
+        decoded.record()
         yield run.commit(Step(step, [token], ["target"]))
+
+
+def decode_one(target, token: int, cache) -> torch.Tensor:
+    """The target's logits [1, 1, V] for ``token`` written after the cache's slots. (The token's copy
+    onto a GPU blocks, but the stream is idle: the last step's pick waited for it.)"""
+    return forward(target, torch.tensor([[token]], device=target.device), cache)  # [1, 1] ids

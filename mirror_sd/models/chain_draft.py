@@ -6,8 +6,9 @@ all; each pick already stays on the device, but each forward is a stage of its o
 read by the host. A :class:`ChainDraftStage` runs the catch-up (a causal window, laid out as every
 stage lays one out) and the gamma - 1 one-token forwards after it in its body, so the host copies
 the unseen tokens in, replays one graph and reads the gamma picks. Sd's drafts and Mirror-SD's
-fallback drafts are such chains. A run over padding only (warm-up, capture) writes scratch slots
-only.
+fallback drafts are such chains; sd's stage gives them as a one-branch tree, left on the device
+for the target's tree verification stage (``ChainDraft.as_tree``). A run over padding only
+(warm-up, capture) writes scratch slots only.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ class ChainDraftStage(Stage):
 
     def run(self, x, positions=None, mask=None) -> torch.Tensor:
         """The gamma picks [gamma] (target ids) after the T tokens x [1, T] written after the cache's
-        slots (a causal window). The cache's length does not move: the window and the first
+        slots (a causal window); with the spec's ``as_tree``, as a one-branch tree's fields [1, 4, gamma]
+        (``drafting.tree.grow_fields``' layout) for the tree verification stage to read. The cache's length does not move: the window and the first
         gamma - 1 picks take T + gamma - 1 slots after it (the last pick is never fed)."""
         if positions is not None or mask is not None:
             raise MirrorSDError("a chain draft's window is causal: no positions or mask")
@@ -53,7 +55,11 @@ class ChainDraftStage(Stage):
             slot = start + T + k - 1  # [1]: pick k's slot and position
             sees = torch.where(live, s <= slot, s == usable)[None]  # [1, S]
             picks.append(greedy_picks(self, picks[-1], slot, sees, torch.where(live, slot, usable), V))
-        return torch.cat(picks)  # [gamma]
+        picks = torch.cat(picks)  # [gamma]
+        if not self.spec.as_tree:
+            return picks
+        depths = torch.arange(1, self.spec.gamma + 1, device=picks.device)  # each pick the child of the one before
+        return torch.stack([picks, depths - 2, depths, torch.zeros_like(depths)])[None].double()  # [1, 4, gamma]
 
 
 def greedy_picks(stage: Stage, ids, positions, sees, slots, vocab_size: int, last: int = 1) -> torch.Tensor:
@@ -73,9 +79,10 @@ class ChainDraft(OwnStage):
 
     gamma: int
     vocab_size: int  # the target's (the picks are target ids)
+    as_tree: bool = False  # the picks as a one-branch tree's fields (sd's steps read once: methods/sd.py)
 
     stage = ChainDraftStage
 
     @property
     def name(self) -> str:
-        return f"chain draft of {self.gamma}"
+        return f"chain draft of {self.gamma}" + (" as a tree" if self.as_tree else "")
