@@ -152,6 +152,27 @@ def test_queued_work_on_the_second_stream_waits_for_the_firsts_on_the_gpu(fp32_p
     assert total.item() == 3.0 * x.numel()
 
 
+def test_sd_verifies_the_chain_its_draft_stream_just_drafted(fp32_pair, monkeypatch):
+    """sd's queued step (methods/verify.py: draft_and_verify_queued): the target's stream waits for the
+    draft's on a CUDA event, so the chain it verifies is the one the draft's stage has just drafted,
+    not the one its output buffer held before, even when the draft's stream runs late."""
+    from mirror_sd.drafting.tree import read_trees
+    from mirror_sd.methods import sd
+
+    drafted, draft_on_stage = [], sd.chain_on_stage
+
+    def late(run, stages, cache, chain):  # the draft's stream spins first, then drafts
+        torch.cuda._sleep(20_000_000)
+        fields = draft_on_stage(run, stages, cache, chain)
+        drafted.append(fields.clone())  # on the draft's stream, after the replay
+        return fields
+
+    monkeypatch.setattr(sd, "chain_on_stage", late)
+    out = generate(fp32_pair, PROMPTS[0], method="sd", max_new_tokens=16, raw=True, **METHODS["sd"])
+    assert out.error is None and len(drafted) == len(out.trace.steps) - 1  # every step queued, read once
+    assert [step.proposed for step in out.trace.steps[1:]] == [read_trees(f)[0].tokens for f in drafted]
+
+
 def test_to_device_queues_its_copy_behind_the_streams_work():
     """A non-blocking copy through pinned memory lands before the kernels queued after it read it,
     and after a long kernel already queued on the stream, without the host waiting for that kernel."""

@@ -82,7 +82,7 @@ class RolloutStage(Stage):
         _, _, C, base = self.window_numbers()  # [1] each: the chain's tokens, the draft's committed slots
         T = self.channel_rows
         r, roots, scores, valid = self.choose(T, C)  # [B] each
-        model, spec, W, B = self.model, self.spec, self.width, self.spec.budget
+        spec, W, B = self.spec, self.width, self.spec.budget
         live, usable, s = C > 0, self.cache.max_slots, self.slot_ids  # padding only: scratch only; s [S]
         n = base + C - (T - 1)  # committed tokens: the chain's first C - (T - 1) are committed
         chain_depth = (s - n + 1).clamp(min=0)  # [S]: a chain slot's window depth (0: committed)
