@@ -242,13 +242,15 @@ def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
                 run, lane, (draft_fields, run, head, on_device[0], head_cache, pending, tree_draft), on_device[1], cache,
                 verify_ranges[0], label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]),
                 drafting=True)
-        else:
-            tree = lane.run("draft", draft, run, head, head_cache, pending, depth, top_k, total_tokens, copied,
-                            label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]),
-                            drafting=True)
-            path, token, feats, early = lane.run("verify", verify_tree, run, cache, tree, early_layers,
-                                                 label=f"verify {len(tree.tokens) + 1} tokens", step=step,
-                                                 tokens=len(tree.tokens) + 1)
+        else:  # each read to the host (the tree, to graft a copy on it; the verdict)
+            tree, drafted = lane.queue("draft", draft, run, head, head_cache, pending, depth, top_k, total_tokens,
+                                       copied, label=f"draft tree of {size}, depth {depth}", step=step,
+                                       tokens=len(pending[1]), drafting=True)
+            (path, token, feats, early), verified = lane.queue("verify", verify_tree, run, cache, tree, early_layers,
+                                                               label=f"verify {len(tree.tokens) + 1} tokens",
+                                                               step=step, tokens=len(tree.tokens) + 1)
+            drafted.record()
+            verified.record()
         committed, origins = tree.committed(path, token)
         pending = (feats, committed, early)  # f_{n-1} .. f_{n-1+A} with x_n .. x_{n+A}
         yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path),

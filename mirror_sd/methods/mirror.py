@@ -412,8 +412,9 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
             window, q = (graft(Tree([], [], [], []), copy) if trees else copy), None  # trees: a one-branch tree
         fallback = window is None
         if fallback:  # the first step, or the last one missed: draft afresh, on the critical path
-            proposal = run.draft_lane.run("fallback-draft", fresh.propose, run, draft_cache, gamma,
-                                          label=fresh_label, step=step, tokens=gamma)
+            proposal, drafted = run.draft_lane.queue("fallback-draft", fresh.propose, run, draft_cache, gamma,
+                                                     label=fresh_label, step=step, tokens=gamma)
+            drafted.record()  # waits for the draft's stream: the laws q (T > 0) may still be in the making
             window, q = (proposal.tree if trees else proposal.tokens), proposal.q
             draft_cache.rollback(min(draft_cache.length, n - 1))
         if trees:
@@ -562,12 +563,9 @@ def queue_target(run, target_cache, window: list[int], step, exit_layer, kappa, 
 
 
 def wait_and_record(channel, suffix, rolled):
-    """The host's one wait of a queued step (for the suffix and the rollouts), then their spans."""
-    for queued in (suffix, rolled):
-        if queued.done is not None:
-            queued.done.synchronize()
+    """The host's one wait of a queued step (for the suffix and the rollouts), and their spans."""
     for queued in (channel, suffix, rolled):
-        queued.record()
+        queued.record()  # waits for the work first
 
 
 def prefix_label(exit_layer: int, head, T: int) -> str:

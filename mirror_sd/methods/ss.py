@@ -151,20 +151,21 @@ def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int, one_forw
                 verify_spec, label=f"streams: draft {gamma} levels{copy_label}", step=step, tokens=gamma, drafting=True)
             window, stream_rows = len(tree.tokens) + 1, 0
             ahead = hidden[None, -1:]  # the last accepted row's [1, 1, d]
-        else:
+        else:  # each read to the host (the tree; the verdict)
             if one_forward:  # the streams' logits came with the last forward: only the tree is left to build
-                tree = lane.run("draft", draft_tree, run, streams, ahead, top_k, total_tokens, copied,
-                                label=f"tree from the streams' logits{copy_label}", step=step, tokens=gamma)
+                tree, drafted = lane.queue("draft", draft_tree, run, streams, ahead, top_k, total_tokens, copied,
+                                           label=f"tree from the streams' logits{copy_label}", step=step, tokens=gamma)
             else:
-                tree = lane.run("draft", draft_from_streams, run, streams, cache, ahead, gamma, top_k, total_tokens,
-                                copied, label=f"streams: draft {gamma} levels{copy_label}", step=step, tokens=gamma,
-                                drafting=True)
+                tree, drafted = lane.queue("draft", draft_from_streams, run, streams, cache, ahead, gamma, top_k,
+                                           total_tokens, copied, label=f"streams: draft {gamma} levels{copy_label}",
+                                           step=step, tokens=gamma, drafting=True)
             window = len(tree.tokens) + 1
             stream_rows = window * gamma if one_forward else 0
-            path, token, ahead = lane.run("verify", verify_tree, run, streams, cache, tree, gamma, one_forward,
-                                          label=f"verify {window} tokens" + (f" + {stream_rows} stream rows"
-                                                                             if stream_rows else ""),
-                                          step=step, tokens=window)
+            (path, token, ahead), verified = lane.queue(
+                "verify", verify_tree, run, streams, cache, tree, gamma, one_forward, step=step, tokens=window,
+                label=f"verify {window} tokens" + (f" + {stream_rows} stream rows" if stream_rows else ""))
+            drafted.record()
+            verified.record()
         committed, origins = tree.committed(path, token)
         yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path),
                               tree=tree.record(path, stream_rows)))
