@@ -296,14 +296,14 @@ class Lane:
         for the GPU: on a CUDA lane its kernels are queued and the call returns as soon as they are
         launched. ``after``: an event (``Queued.done`` of work on another lane) this lane's stream
         waits for before the work, on the GPU, so the host need not. Returns (fn's result, a
-        :class:`Queued`); once the host has synchronised, ``Queued.record()`` puts the span in ``trace``.
+        :class:`Queued`); ``Queued.record()`` waits for the work and puts its span in ``trace``.
         On a CPU lane fn simply runs to its end, on the lane's worker (with its threads), and its span
         is the host's readings around it. ``drafting``: as for ``submit``."""
         int8 = self.int8_drafting and (drafting or self.name == "draft")
         if self.device.type == "cpu":
             start = time.perf_counter()
-            result = self.worker.submit(self._run, None, kind, label, step, tokens, False, int8, fn, args, kwargs).result()
-            return result, Queued(self, trace, kind, label, step, tokens, None, start, time.perf_counter(), None)
+            ran = self.worker.submit(self._run, None, kind, label, step, tokens, False, int8, fn, args, kwargs)
+            return ran.result(), Queued(self, trace, kind, label, step, tokens, None, start, time.perf_counter(), None)
         stream = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
         events, done = None, None
         start = time.perf_counter()

@@ -127,7 +127,8 @@ def main(argv=None):
     rows = [count_ops(pair, m, args.max_new_tokens, options=AS_ON_A_GPU.get(m)) for m in args.methods.split(",")]
     devices.Lane.queue = queue_on_this_thread
     for row in rows:
-        row["host_ms_per_step"] = host_ms(pair, row["method"], args.max_new_tokens, options=AS_ON_A_GPU.get(row["method"]))
+        options = AS_ON_A_GPU.get(row["method"])
+        row["host_ms_per_step"] = host_ms(pair, row["method"], args.max_new_tokens, options=options)
     print(pd.DataFrame(rows).to_markdown(index=False))
 
 

@@ -99,8 +99,9 @@ def stage_runs(monkeypatch):
 
 METHODS = [
     ("vanilla", {}, {"full"}),
-    ("sd", dict(gamma=3), {"full", "chain draft of 3 as a tree", "tree verify"}),  # the draft's gamma forwards one stage
-    # (models/chain_draft.py), verified as a one-branch tree (models/eagle_verify.py)
+    # sd: the draft's gamma forwards one stage (models/chain_draft.py), verified as a one-branch tree
+    # (models/eagle_verify.py)
+    ("sd", dict(gamma=3), {"full", "chain draft of 3 as a tree", "tree verify"}),
     ("sd", dict(gamma=3, streams=1), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("sd", dict(gamma=3, streams=2), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("sd", dict(gamma=3, tree=6, branching=2), {"full", "tree verify"}),  # the draft's tree levels; the target's
@@ -154,7 +155,8 @@ def test_a_step_on_stages_reads_the_host_once_unless_it_copies_from_the_context(
     module = importlib.import_module(f"mirror_sd.methods.{method}")
     one_read, two_reads = [], []
     for name, calls in (("draft_and_verify_queued", one_read), (plain, two_reads)):
-        monkeypatch.setattr(module, name, lambda *a, _f=getattr(module, name), _c=calls, **k: _c.append(a) or _f(*a, **k))
+        counted = lambda *a, _f=getattr(module, name), _c=calls, **k: _c.append(a) or _f(*a, **k)  # noqa: E731
+        monkeypatch.setattr(module, name, counted)
     steps = 0
     for prompt in PROMPTS:
         out = generate(pair, prompt, method=method, max_new_tokens=TOKENS, raw=True, **options)

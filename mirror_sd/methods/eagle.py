@@ -238,10 +238,10 @@ def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
         copied = copy_from_context(run.sequence, lookup) if greedy else []
         on_device = one_read_stages(run, head, head_cache, cache, tree_draft, verify_ranges, copied)
         if on_device:  # drafted and verified on the device, queued, read once
+            draft_work = (draft_fields, run, head, on_device[0], head_cache, pending, tree_draft)
             tree, path, token, feats, early, _ = draft_and_verify_queued(
-                run, lane, (draft_fields, run, head, on_device[0], head_cache, pending, tree_draft), on_device[1], cache,
-                verify_ranges[0], label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]),
-                drafting=True)
+                run, lane, draft_work, on_device[1], cache, verify_ranges[0],
+                label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]), drafting=True)
         else:  # each read to the host (the tree, to graft a copy on it; the verdict)
             tree, drafted = lane.queue("draft", draft, run, head, head_cache, pending, depth, top_k, total_tokens,
                                        copied, label=f"draft tree of {size}, depth {depth}", step=step,
