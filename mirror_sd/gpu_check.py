@@ -437,6 +437,7 @@ def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
         summary = out / name / "summary.md"
         if summary.exists():
             lines += ["", f"## {name}: {title}", "", summary.read_text(encoding="utf-8").strip()]
+    lines += goals_section(out / "bench-graphs-on" / "summary.csv", gpu)
     lines += host_fit_section(next((p for p in parts if p["name"] == "host-fit"), {}))
     lines += step_cost_section(out / "bench-graphs-on" / "traces")
     lines += stage_replay_section(out / "bench-graphs-on" / "stage_ms.csv")
@@ -533,6 +534,34 @@ def stage_replay_section(path: Path) -> list[str]:
 
 
 REFUSED = re.compile(r"stage '([^']+)' could not be captured as a CUDA graph \((.*?)\); its method runs", re.DOTALL)
+
+
+GOAL_VANILLA_TOKENS_S = 250  # issue 32: vanilla in fp32 on CUDA graphs, on an H100
+GOAL_OVERLAP = 0.8  # issue 32: Mirror-SD's draft work under the target's, on one GPU
+
+
+def goals_section(summary: Path, gpu: str) -> list[str]:
+    """Report lines: issue 32's goals against the graphs-on bench's summary (``summary.csv``, at
+    the default settings), each measured and met or not; none without the summary."""
+    if not summary.exists():
+        return []
+    rows = pd.read_csv(summary).set_index("method")
+    speed, rows_of = rows["speedup"], rows.index
+    speculative = [m for m in ("sd", "eagle", "ss", "mirror") if m in rows_of]
+    goals = [(f"vanilla ≥ {GOAL_VANILLA_TOKENS_S} tokens/s", f"{rows.loc['vanilla', 'tokens_per_s']:.0f} tokens/s",
+              rows.loc["vanilla", "tokens_per_s"] >= GOAL_VANILLA_TOKENS_S)]
+    goals += [(f"`{m}` faster than vanilla", f"{speed[m]:.2f}×", speed[m] > 1) for m in speculative]
+    if {"mirror", "eagle"} <= set(rows_of):
+        goals.append(("`mirror` at least level with `eagle`", f"{speed['mirror']:.2f}× against {speed['eagle']:.2f}×",
+                      speed["mirror"] >= speed["eagle"]))
+        goals.append((f"`mirror`'s overlap ≥ {GOAL_OVERLAP}", f"{rows.loc['mirror', 'overlap']:.2f}",
+                      rows.loc["mirror", "overlap"] >= GOAL_OVERLAP))
+    goals.append(("every method commits vanilla's tokens", f"{rows['equal_to_vanilla'].min():.0%} of runs at worst",
+                  rows["equal_to_vanilla"].min() == 1))
+    return ["", f"## Issue 32's goals, at the default settings (bench-graphs-on; asked of an H100, run on {gpu})",
+            "", "| goal | measured | met |", "|---|---|---|",
+            *(f"| {goal} | {measured} | {'yes' if met else 'no'} |" for goal, measured, met in goals),
+            "", "At other settings: the sweeps (`python -m scripts.gpu_bundle` prints their call)."]
 
 
 def refused_section(out: Path) -> list[str]:

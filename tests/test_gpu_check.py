@@ -154,3 +154,20 @@ def test_the_report_names_every_capture_a_part_refused():
 def test_no_refused_capture_no_section(tmp_path):
     (tmp_path / "bench-graphs-on.log").write_text("capturing CUDA graphs (target lane): 100%|####| 7/7\n")
     assert gpu_check.refused_section(tmp_path) == []
+
+
+def test_the_report_says_which_of_issue_32s_goals_the_graphs_on_bench_met(tmp_path):
+    """On the fourth GPU session's graphs-on bench (an H200's summary.csv): every goal a row, measured
+    and met or not; no summary, no section."""
+    from pathlib import Path
+
+    assert gpu_check.goals_section(tmp_path / "summary.csv", "GPU") == []
+    summary = Path(__file__).parent.parent / "docs" / "gpu" / "h200-2026-11-26" / "bench-graphs-on" / "summary.csv"
+    lines = gpu_check.goals_section(summary, "NVIDIA H200")
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in lines if line.startswith("| ")}
+    assert "run on NVIDIA H200" in lines[1]
+    assert rows["vanilla ≥ 250 tokens/s"] == "| vanilla ≥ 250 tokens/s | 234 tokens/s | no |"
+    assert rows["`sd` faster than vanilla"].endswith("| 0.95× | no |")
+    assert rows["`mirror` at least level with `eagle`"].endswith("| 0.83× against 0.92× | no |")
+    assert rows["every method commits vanilla's tokens"].endswith("| yes |")
+    assert len([r for r in rows if r.endswith("faster than vanilla")]) == 4 and "`mirror`'s overlap ≥ 0.8" in rows
