@@ -90,21 +90,25 @@ def decode(run, gamma: int, **drafter_options):
             proposal = Proposal(drafted.tokens, None, DraftWork(forwards=gamma))
             draft, verdict = proposal.tokens, Verdict(len(path), token)
             accepted, (tokens, origins), tree = verdict.accepted, verdict.committed(draft), None
-        else:
-            proposal = run.draft_lane.run("draft", drafter.propose, run, draft_cache, gamma, label=label, step=step,
-                                          tokens=gamma)
+        else:  # the draft read to the host, then the verification
+            proposal, drafted = run.draft_lane.queue("draft", drafter.propose, run, draft_cache, gamma, label=label,
+                                                     step=step, tokens=gamma)
+            drafted.record()  # waits for the draft's stream: the laws q (T > 0) may still be in the making there
             draft = proposal.tokens
             verifying = dict(label=f"verify {len(draft) + 1} tokens", step=step, tokens=len(draft) + 1)
             if proposal.tree is not None:
-                path, token = run.target_lane.run("verify", verify_tree, run, target_cache, proposal.tree, **verifying)
+                (path, token), verified = run.target_lane.queue("verify", verify_tree, run, target_cache,
+                                                                proposal.tree, **verifying)
                 accepted, (tokens, origins), tree = (len(path), proposal.tree.committed(path, token),
                                                      proposal.tree.record(path))
             else:
                 window = torch.tensor([[run.sequence[-1], *draft]], device=pair.target.device)  # [1, len(draft) + 1]
-                logits = run.target_lane.run("verify", forward, pair.target, window, target_cache, **verifying)
-                verdict = verify(draft, proposal.q, logits[0], run.target_sampler)
+                logits, verified = run.target_lane.queue("verify", forward, pair.target, window, target_cache,
+                                                         **verifying)
+                verdict = verify(draft, proposal.q, logits[0], run.target_sampler)  # the wait for the target
                 accepted, (tokens, origins), tree = verdict.accepted, verdict.committed(draft), None
                 target_cache.rollback(committed + accepted)  # last committed + accepted drafts
+            verified.record()
         draft_cache.rollback(min(draft_cache.length, committed + accepted))
         drafter.settle(proposal, accepted)
         yield run.commit(Step(step, tokens, origins, proposed=draft, accepted=accepted, draft=proposal.work, tree=tree))
