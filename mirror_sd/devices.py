@@ -299,11 +299,12 @@ class Lane:
         :class:`Queued`); ``Queued.record()`` waits for the work and puts its span in ``trace``.
         On a CPU lane fn simply runs to its end, on the lane's worker (with its threads), and its span
         is the host's readings around it. ``drafting``: as for ``submit``."""
-        int8 = self.int8_drafting and (drafting or self.name == "draft")
         if self.device.type == "cpu":
             start = time.perf_counter()
-            ran = self.worker.submit(self._run, None, kind, label, step, tokens, False, int8, fn, args, kwargs)
-            return ran.result(), Queued(self, trace, kind, label, step, tokens, None, start, time.perf_counter(), None)
+            result = self.submit(kind, fn, *args, label=label, step=step, tokens=tokens, drafting=drafting,
+                                 **kwargs).result()
+            return result, Queued(self, trace, kind, label, step, tokens, None, start, time.perf_counter(), None)
+        int8 = self.int8_drafting and (drafting or self.name == "draft")
         stream = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
         events, done = None, None
         start = time.perf_counter()
