@@ -131,9 +131,7 @@ def draft(run, head: EagleHead, cache, pending, depth: int, top_k: int, total_to
     spec = TreeDraft(depth, top_k, total_tokens, bool(head.early_layers))
     stages = staged_for(head, cache, spec)
     if run.draft_sampler.greedy and stages is not None:
-        tree = read_trees(draft_on_stage(head, stages, cache, pending, spec))[0]
-        cache.rollback(n - 1)
-        return graft(tree, copied)
+        return graft(read_trees(draft_fields(run, head, stages, cache, pending, spec))[0], copied)
     feats, ids, early = pending
     last = head_step(head, cache, feats, ids, early=early)[-1]  # f^_{n-1} [d]
     if run.draft_sampler.greedy:

@@ -140,7 +140,8 @@ def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int, one_forw
     cache, ahead, first = prefill(run, streams, total_tokens + lookup, gamma, one_forward, top_k, total_tokens)
     yield first
     copy_label = f" + up to {lookup} copied" if lookup else ""
-    draft_spec, verify_spec = StreamDraft(streams, gamma, top_k, total_tokens), TreeVerify(hidden_at=streams.first_layer)
+    draft_spec = StreamDraft(streams, gamma, top_k, total_tokens)
+    verify_spec = TreeVerify(hidden_at=streams.first_layer)
     while not run.done:
         step = run.next_step
         copied = copy_from_context(run.sequence, lookup) if run.draft_sampler.greedy else []  # a branch from the root

@@ -89,7 +89,8 @@ class TreeVerifyStage(Stage):
         """The rows [3, W] (token, depth, parent row) of the drafted tree: the root, then its nodes."""
         nodes = self.drafted.long()  # [4, W - 1]
         zero = torch.zeros_like(self.root)
-        return torch.stack([torch.cat([self.root, nodes[0]]), torch.cat([zero, nodes[2]]), torch.cat([zero, nodes[1] + 1])])
+        return torch.stack([torch.cat([self.root, nodes[0]]), torch.cat([zero, nodes[2]]),
+                            torch.cat([zero, nodes[1] + 1])])
 
     def body(self):
         model, W, r, s = self.model, self.width, self.rows, self.slot_ids
