@@ -1,6 +1,7 @@
 """Speculative Streaming's greedy draft as one stage (models/stream_draft.py): the tree the streams'
 pass gives an operation at a time (``methods.ss.draft_from_streams`` on the plain forward), from
 one replay, with and without the next-token input."""
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +11,7 @@ from mirror_sd import load_pair
 from mirror_sd.methods.ss import draft_from_streams
 from mirror_sd.models.forwards import forward, stage_cache
 from mirror_sd.models.stream_draft import StreamDraft
-from mirror_sd.models.streams import StreamConfig, Streams, split_forward, stream_ranges
+from mirror_sd.models.streams import StreamConfig, Streams, split_forward, stream_mask, stream_ranges
 
 
 def streams_for(model, next_token_rank: int) -> Streams:
@@ -48,3 +49,36 @@ def test_one_replay_drafts_the_tree_the_streams_pass_gives(tiny_dirs, next_token
     assert got.scores == pytest.approx(expected.scores, abs=1e-4)
     assert len(got.tokens) == min(total_tokens, top_k + top_k * top_k * (gamma - 1))
     assert staged.length == plain.length == 5
+
+
+def test_merged_layers_compute_the_layers_with_the_adapters_and_follow_the_streams(tiny_dirs):
+    """Stream rows through the streams' merged copies of the top layers (what a stage's body runs)
+    give what the model's layers with the adapters give, and the copies are remade when the streams'
+    parameters change."""
+    target = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
+    streams = streams_for(target, next_token_rank=0)
+    cache = target.new_cache(100)
+    forward(target, torch.tensor([[1, 5, 2, 9]]), cache)
+    torch.manual_seed(0)
+    rows = torch.randn(1, 3, target.args.hidden_size)  # streams 1..3 of the main row in slot 3
+    win = target.window(cache, 3, torch.tensor([[4, 5, 6]]), stream_mask(torch.tensor([[3]]), cache.length, 3),
+                        main_rows=0, adapter=streams.adapter)
+    a, b = streams.first_layer, target.num_layers
+
+    def adapted_and_merged():
+        with torch.inference_mode():
+            return (target.forward_layers(rows, cache, win, a, b),
+                    streams.rows_through_layers(target, rows, cache, win, a, b))
+
+    adapted, merged = adapted_and_merged()
+    assert torch.allclose(merged, adapted, atol=1e-4)
+    with torch.inference_mode():
+        bare = target.forward_layers(rows, cache, replace(win, adapter=None), a, b)
+    assert not torch.allclose(adapted, bare, atol=1e-3)  # the adapters act
+    with torch.no_grad():
+        for p in streams.lora_b.values():
+            p.mul_(2)
+    adapted_again, merged_again = adapted_and_merged()
+    assert torch.allclose(merged_again, adapted_again, atol=1e-4)
+    assert not torch.allclose(adapted_again, adapted, atol=1e-3)
+    assert cache.length == 4  # the stream rows stored nothing

@@ -409,15 +409,18 @@ class Transformer(nn.Module):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(ids)  # [B, T] -> [B, T, hidden]
 
-    def forward_layers(self, h, cache: KVCache | None, win: Window, start_layer: int = 0, end_layer=None):
-        """Run decoder layers [start_layer, end_layer) on hidden states h [B, T, hidden]."""
+    def forward_layers(self, h, cache: KVCache | None, win: Window, start_layer: int = 0, end_layer=None,
+                       stack=None):
+        """Run decoder layers [start_layer, end_layer) on hidden states h [B, T, hidden]. ``stack``:
+        modules to run in their place, one per layer (the streams' merged copies, models/streams.py)."""
         end_layer = self.num_layers if end_layer is None else end_layer
         delta = None  # the last layer's MLP output, added to h by the next layer (or at the end)
         for i in range(start_layer, end_layer):
             if self.layer_devices:  # sharded: hidden states and window follow the layers' devices
                 h, win = h.to(self.layer_devices[i]), win.to(self.layer_devices[i])
                 delta = None if delta is None else delta.to(h.device)
-            h, delta = self.model.layers[i](h, win, cache, i, delta)
+            layer = self.model.layers[i] if stack is None else stack[i - start_layer]
+            h, delta = layer(h, win, cache, i, delta)
         return h if delta is None else h + delta
 
     def to_target_ids(self, rows: torch.Tensor) -> torch.Tensor:

@@ -205,8 +205,8 @@ class Stage:
     reads the hidden states instead (Mirror-SD's early exit).
 
     With ``streams`` (models/streams.py) the rows are speculative stream rows entering layer a: their
-    keys and values go to scratch slots (stored nowhere a real row reads), the streams' adapters act
-    on them, and the streams' own head reads them (logits over its rows)."""
+    keys and values go to scratch slots (stored nowhere a real row reads), they run the streams' merged
+    copies of the layers (the adapters inside), and the streams' own head reads them (logits over its rows)."""
 
     def __init__(self, model: Transformer, width: int, cache: StageCache | None, layers=(0, None),
                  head: bool = True, streams=None):
@@ -359,8 +359,9 @@ class Stage:
             win = model.window(None, self.width, positions=self.positions, batch=self.batch)  # rotary cos, sin
             win = replace(win, mask=self.mask, causal=False)  # [B, 1, W, S]: every slot, under the mask
             if self.streams is not None:  # every row a stream row: adapted, its keys and values in scratch
-                win = replace(win, main_rows=0, adapter=self.streams.adapter)
-            h = model.forward_layers(h, self.writer, win, a, b)
+                h = self.streams.rows_through_layers(model, h, self.writer, win, a, b)
+            else:
+                h = model.forward_layers(h, self.writer, win, a, b)
         if self.streams is not None:
             return self.streams.logits(model, h)  # [B, W, head rows]
         if self.head is True:

@@ -64,8 +64,8 @@ class StreamDraftStage(Stage):
         r = self.rows[:, None]  # [W, 1]: stream r + 1's row; its keys and values sit in scratch slot r
         sees = (s <= at) | ((s >= usable) & (s - usable <= r))  # [W, S]: the committed slots, streams 1..r+1
         mask = torch.where((r < G) & live, sees, self.padding)
-        win = self.rows_window(positions, mask, main_rows=0, adapter=streams.adapter)
-        h = model.forward_layers(rows, self.writer, win, *self.layers)  # [1, W, d]
+        win = self.rows_window(positions, mask)
+        h = streams.rows_through_layers(model, rows, self.writer, win, *self.layers)  # [1, W, d]
         logp = torch.log_softmax(streams.logits(model, h)[0, :spec.gamma], dim=-1)  # [gamma, head rows]
         return stream_fields(logp, streams.to_target_ids, spec.top_k, spec.total_tokens)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,7 +33,7 @@ from ..devices import on_cpu_worker, to_device
 from ..errors import MirrorSDError
 from .forwards import layers, staged, stream_layers
 from .linear import linear
-from .llama import KVCache, ModelArgs, Transformer
+from .llama import DecoderLayer, KVCache, ModelArgs, Transformer, Window
 from .stages import full_mask
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -108,6 +108,45 @@ class Streams(nn.Module):
             return None
         scale = self.config.alpha / self.config.rank
         return (x @ self.lora_a[key].T) @ self.lora_b[key].T * scale  # [B, T, out]
+
+    def rows_through_layers(self, model: Transformer, rows: torch.Tensor, cache, win: Window, a: int,
+                            b: int) -> torch.Tensor:
+        """Stream rows [B, n, d], every row of ``win`` a stream row, through layers [a, b) at inference
+        (a stage's body): through the merged copies of those layers (``merged_layers``), so each linear
+        map is one product, joined and tuned as the model's own are (models/tuning.py), in place of the
+        model's product plus the adapter's two. Their keys and values are stored nowhere."""
+        win = replace(win, main_rows=0, adapter=None)
+        stack = self.merged_layers(model)[a - self.first_layer:b - self.first_layer] if self.lora_a else None
+        return model.forward_layers(rows, cache, win, a, b, stack=stack)
+
+    def merged_layers(self, model: Transformer) -> nn.ModuleList:
+        """Copies of ``model``'s layers L0..N with the adapters merged into their linear maps,
+        W' = W + (alpha / rank) B A: on a stream row, W' x is W x plus the adapter's delta. Made at first
+        use and again when the streams' parameters or the model's device change; kept outside the
+        module's state (``save`` writes the adapters only)."""
+        key = (id(model), model.device, model.dtype, sum(p._version for p in self.parameters()))
+        kept = self.__dict__.get("_merged")
+        if kept is None or kept[0] != key:
+            layers = nn.ModuleList(self._merged_layer(model, i) for i in range(self.first_layer, model.num_layers))
+            kept = self.__dict__["_merged"] = (key, layers)  # a tuple: not registered as a submodule
+        return kept[1]
+
+    def _merged_layer(self, model: Transformer, i: int) -> DecoderLayer:
+        own = model.model.layers[i]
+        with torch.device("meta"):
+            layer = DecoderLayer(model.args)
+        layer = layer.to_empty(device=model.device).to(model.dtype).requires_grad_(False)
+        scale = self.config.alpha / self.config.rank
+        with torch.no_grad():
+            for name, p in layer.named_parameters():
+                p.copy_(own.get_parameter(name))
+            for name in LINEARS:
+                part = "self_attn" if name in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+                merged, original = getattr(getattr(layer, part), name), getattr(getattr(own, part), name)
+                delta = self.lora_b[_key(i, name)].float() @ self.lora_a[_key(i, name)].float() * scale  # [out, in]
+                merged.weight.add_(delta.to(merged.weight.dtype))
+                merged.int8 = original.int8
+        return layer
 
     def inputs(self, model: Transformer, h: torch.Tensor, positions: torch.Tensor, gamma: int,
                next_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,81 @@
+"""How many operations each stage's body runs: the kernels its CUDA graph replays.
+
+    python -m scripts.stage_ops --methods vanilla,sd,eagle,ss,mirror
+
+A stage of the embedded pair's size is bound by its kernel count on a GPU, not by arithmetic: on
+an H200 the target's 8 top layers with the LM head replay in 0.33 ms, the same 8 layers over
+stream rows in 0.92 ms (docs/gpu/h200-2026-11-27/report.md). So counting what a body dispatches,
+which any device can do, says which stages a GPU will find slow. This runs each method once on the
+CPU with graphs on (the stages' bodies run eagerly there), then runs the body of every stage its
+stage sets made once more, at its narrowest width, counting the operations PyTorch dispatches:
+all of them, and those that launch work on a GPU (views, reshapes and the like launch none).
+The CPU does not plan the tuned kernels a CUDA capture joins (models/tuning.py), so a GPU's
+counts are lower; the differences between stages are what this shows.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+
+import pandas as pd
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mirror_sd import generate, load_pair
+
+PROMPT = "Explain how a bicycle stays upright."
+NO_KERNEL = {"view", "_unsafe_view", "reshape", "expand", "slice", "select", "unsqueeze", "squeeze", "permute",
+             "transpose", "t", "as_strided", "detach", "alias", "unbind", "split", "split_with_sizes", "chunk",
+             "narrow", "view_as", "expand_as", "lift_fresh", "_reshape_alias", "unflatten", "flatten"}
+
+
+class BodyCounter(TorchDispatchMode):
+    """Counts the operations dispatched while it is entered, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def body_ops(stage) -> tuple[int, int]:
+    """(operations, operations that launch work) in one run of the stage's body on its buffers."""
+    stage.load_padding()
+    with torch.inference_mode(), BodyCounter() as counter:
+        stage.body()
+    launching = sum(n for name, n in counter.counts.items() if name not in NO_KERNEL)
+    return sum(counter.counts.values()), launching
+
+
+def stage_rows(pair) -> list[dict]:
+    """One row per (model, stage name): its narrowest width's operation counts."""
+    rows = []
+    for model, stages in pair.stage_sets.items():
+        narrowest = {}
+        for (name, width), stage in stages._stages.items():
+            if width < narrowest.get(name, (1 << 30, None))[0]:
+                narrowest[name] = (width, stage)
+        for name, (width, stage) in sorted(narrowest.items()):
+            ops, launching = body_ops(stage)
+            rows.append(dict(model=type(model).__name__ if model not in (pair.target, pair.draft) else
+                             ("target" if model is pair.target else "draft"), stage=name, width=width, ops=ops,
+                             launching=launching))
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", default="vanilla,sd,eagle,ss,mirror")
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    args = parser.parse_args(argv)
+    pair = load_pair(target_device="cpu", draft_device="cpu", graphs="on")
+    for method in args.methods.split(","):
+        generate(pair, PROMPT, method=method, max_new_tokens=args.max_new_tokens)
+    print(pd.DataFrame(stage_rows(pair)).to_markdown(index=False))
+
+
+if __name__ == "__main__":
+    main()
