@@ -250,23 +250,29 @@ def test_ss_equals_vanilla_on_tiny_prompts(request, one_forward, top_k, total_to
     ss_pair = request.getfixturevalue("one_forward_pair" if one_forward else "ss_pair")
     gen = torch.Generator().manual_seed(1)
     accepted, off_chain, copied_accepted = 0, 0, 0
-    top_layer_runs = []
+    top_layer_runs, stream_runs = [], []
     hook = ss_pair.target.model.layers[-1].register_forward_hook(lambda *_: top_layer_runs.append(1))
+    streams = target_streams(ss_pair, one_forward=bool(one_forward))
+    stream_hook = streams.merged_layers(ss_pair.target)[-1].register_forward_hook(lambda *_: stream_runs.append(1))
     for _ in range(20):
         prompt = " ".join(f"t{int(t)}" for t in torch.randint(0, 16, (5,), generator=gen))
         vanilla = generate(ss_pair, prompt, method="vanilla", max_new_tokens=24, raw=True)
         top_layer_runs.clear()
+        stream_runs.clear()
         ss = generate(ss_pair, prompt, method="ss", max_new_tokens=24, raw=True, gamma=3, top_k=top_k,
                       total_tokens=total_tokens, lookup=lookup, one_forward=one_forward)
         assert ss.token_ids == vanilla.token_ids
         steps = len(ss.trace.steps) - 1  # after the prefill
-        # one_forward: one pass through the target's layers per step; else a second one for the streams
-        assert len(top_layer_runs) == 1 + steps * (1 if one_forward else 2)
+        # one pass through the target's layers per step; without one_forward, a second one of the stream
+        # rows, through the streams' merged copies of the layers
+        assert len(top_layer_runs) == 1 + steps
+        assert len(stream_runs) == (0 if one_forward else steps)
         accepted += sum(step.accepted for step in ss.trace.steps)
         trees = [step.tree for step in ss.trace.steps[1:]]
         off_chain += sum(t.path != list(range(len(t.path))) for t in trees)  # kept entries moved in the cache
         copied_accepted += sum(i in t.copied for t in trees for i in t.path)
     hook.remove()
+    stream_hook.remove()
     assert accepted > 20  # the streams' drafts were really used, not all rejected
     if top_k > 1:
         assert off_chain > 0  # paths through later siblings were accepted, so KVCache.keep really moved entries
@@ -311,5 +317,6 @@ def test_ss_with_shipped_streams_equals_vanilla_on_the_embedded_target(embedded_
     if embedded_pair.int8_drafting:  # the streams drafted through int8 copies of the top layers only
         layers = embedded_pair.target.model.layers
         first = target_streams(embedded_pair).first_layer
-        assert hasattr(layers[first].mlp.down_proj.weight, "_int8_packed")
-        assert not hasattr(layers[first - 1].mlp.down_proj.weight, "_int8_packed")
+        merged = target_streams(embedded_pair).merged_layers(embedded_pair.target)
+        assert hasattr(merged[0].mlp.down_proj.weight, "_int8_packed")
+        assert not hasattr(layers[first].mlp.down_proj.weight, "_int8_packed")  # the main rows stay in fp32
