@@ -221,8 +221,8 @@ def calls(parts: list[Path], repo: Path, run: str = GPU_CHECK) -> str:
     return "\n".join(lines)
 
 
-SWEEPS = ('for o in "eagle total_tokens 8,16,32" "mirror exit_layer 10,12,14" "mirror gamma 1,2,3 --exit-layer 14" '
-          '"mirror branch_budget 4,8,16 --exit-layer 14" "sd gamma 2,4,6" "sd tree 0,8,16 --gamma 4"; '
+SWEEPS = ('for o in "eagle total_tokens 7,8,15" "mirror branch_budget 4,8,16" "mirror gamma 1,2" "mirror kappa 2,4,8" '
+          '"ss gamma 1,2,4" "sd gamma 1,2,3" "mirror branch_budget 4,8 --exit-layer 14"; '
           'do set -- $o; timeout 80 python3 -m mirror_sd sweep '
           '--method $1 --option $2 --values $3 $4 $5 --graphs on --per-category 2 --max-new-tokens 64 '
           '--out /tmp/sweeps/$1-$2; tar -czf $OUT/sweeps.tgz -C /tmp sweeps; done')

@@ -6,7 +6,7 @@ A stage of the embedded pair's size is bound by its kernel count on a GPU, not b
 an H200 the target's 8 top layers with the LM head replay in 0.33 ms, the same 8 layers over
 stream rows in 0.92 ms (docs/gpu/h200-2026-11-27/report.md). So counting what a body dispatches,
 which any device can do, says which stages a GPU will find slow. This runs each method once on the
-CPU with graphs on (the stages' bodies run eagerly there), then runs the body of every stage its
+CPU with graphs on (the stages' bodies run eagerly there; Mirror-SD's steps queued, as on CUDA lanes), then runs the body of every stage its
 stage sets made once more, at its narrowest width, counting the operations PyTorch dispatches:
 all of them, and those that launch work on a GPU (views, reshapes and the like launch none).
 The CPU does not plan the tuned kernels a CUDA capture joins (models/tuning.py), so a GPU's
@@ -22,6 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mirror_sd import generate, load_pair
+from scripts.host_ops import AS_ON_A_GPU
 
 PROMPT = "Explain how a bicycle stays upright."
 NO_KERNEL = {"view", "_unsafe_view", "reshape", "expand", "slice", "select", "unsqueeze", "squeeze", "permute",
@@ -73,7 +74,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     pair = load_pair(target_device="cpu", draft_device="cpu", graphs="on")
     for method in args.methods.split(","):
-        generate(pair, PROMPT, method=method, max_new_tokens=args.max_new_tokens)
+        generate(pair, PROMPT, method=method, max_new_tokens=args.max_new_tokens, **AS_ON_A_GPU.get(method, {}))
     print(pd.DataFrame(stage_rows(pair)).to_markdown(index=False))
 
 

@@ -316,5 +316,8 @@ def test_a_one_stage_forward_a_capture_cannot_record_is_refused_before_its_captu
     assert out.error is None and out.token_ids == expected
     assert any("CaptureUnsafe" in why for s in pair.stage_sets.values() for why in s.refused.values())
     torch.randn(8, device="cuda")  # the random-number state is not stuck in a capture
+    monkeypatch.undo()  # the chain stages' own body again: Mirror-SD's fallback chain captures
+    refused = sum(len(s.refused) for s in pair.stage_sets.values())
     again = generate(pair, PROMPTS[0], method="mirror", max_new_tokens=12, raw=True, gamma=3, exit_layer=1)  # new captures
     assert again.error is None and again.token_ids == expected
+    assert sum(len(s.refused) for s in pair.stage_sets.values()) == refused
