@@ -1,7 +1,7 @@
 """Replay of a finished race, side by side, at the speed each method was measured to decode; and
 recorded races: races of the example prompts saved in ``app/recorded/`` that open with no model
-(those in a subfolder ran on another machine: ``nvidia-h100/``, made from gpu-check's bench on an
-H100 by ``python -m scripts.record_races --from-bench``).
+(those in a subfolder ran on another machine: ``nvidia-h200/``, made from gpu-check's bench on an
+H200 by ``python -m scripts.record_races --from-bench``).
 
 A step counts as committed when its last span ends (its rendezvous or verification), so the
 replay shows every method's text growing exactly as fast as it grew in its own run.
@@ -88,8 +88,8 @@ def busy_then(meta: dict) -> str:
 
 def recorded_races(folder: str | Path = RECORDED) -> list[tuple[str, str]]:
     """(label, path) of every recorded race in ``folder``, for a dropdown: "qa: Why is the sky blue?";
-    races in a subfolder (another machine's, such as ``nvidia-h100/``) after them, their label naming
-    the machine: "qa: Why is the sky blue? (on NVIDIA H100)"."""
+    races in a subfolder (another machine's, such as ``nvidia-h200/``) after them, their label naming
+    the machine: "qa: Why is the sky blue? (on NVIDIA H200)"."""
     folder, races = Path(folder), []
     for path in sorted(folder.glob("*.json")) + sorted(folder.glob("*/*.json")):
         data = json.loads(path.read_text())

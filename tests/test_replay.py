@@ -30,7 +30,7 @@ def test_every_example_prompt_has_a_small_recorded_race_on_the_cpu_and_on_a_gpu(
     races = recorded_races()
     examples = {item["turns"][0] for item in first_per_category(read_prompts(DEFAULT_PROMPTS), 1)}
     on_cpu = [path for label, path in races if "(on " not in label]
-    on_gpu = [path for label, path in races if label.endswith("(on NVIDIA H100)")]
+    on_gpu = [path for label, path in races if label.endswith("(on NVIDIA H200)")]
     assert len(on_cpu) + len(on_gpu) == len(races)
     assert {load_race(path)[0] for path in on_cpu} == {load_race(path)[0] for path in on_gpu} == examples
     assert sum(p.stat().st_size for p in RECORDED.glob("**/*.json")) < 2_000_000  # the repo stays small
@@ -44,13 +44,13 @@ def test_every_example_prompt_has_a_small_recorded_race_on_the_cpu_and_on_a_gpu(
 
 
 def test_the_gpu_races_show_the_draft_on_a_second_stream_under_the_target_suffix():
-    """Recorded from gpu-check's bench on an H100: spans from CUDA events, the draft lane a second stream
+    """Recorded from gpu-check's bench on an H200: spans from CUDA events, the draft lane a second stream
     of the target's GPU, and Mirror-SD's rollouts running while the target suffix runs."""
     for label, path in recorded_races():
         if "(on " not in label:
             continue
         prompt, meta, results = load_race(path)
-        assert meta["graphs"] == "on" and "NVIDIA H100" in meta["hardware"] and meta["note"]
+        assert meta["graphs"] == "on" and "NVIDIA H200" in meta["hardware"] and meta["note"]
         mirror = results["mirror"].trace
         assert mirror.meta["span_clocks"] == {"target": "CUDA events", "draft": "CUDA events"}
         assert mirror.meta["draft_lane"].endswith("cuda:0, 2nd stream")
