@@ -82,3 +82,15 @@ def test_merged_layers_compute_the_layers_with_the_adapters_and_follow_the_strea
     assert torch.allclose(merged_again, adapted_again, atol=1e-4)
     assert not torch.allclose(adapted_again, adapted, atol=1e-3)
     assert cache.length == 4  # the stream rows stored nothing
+
+
+def test_streams_loaded_in_inference_mode_merge_too(tiny_dirs):
+    """Streams made inside ``torch.inference_mode`` (their tensors keep no version count) still give
+    their merged layers."""
+    target = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
+    with torch.inference_mode():
+        streams = streams_for(target, next_token_rank=0)
+        assert next(streams.parameters()).is_inference()
+        merged = streams.merged_layers(target)
+    assert len(merged) == target.num_layers - streams.first_layer
+    assert streams.merged_layers(target) is merged  # made once

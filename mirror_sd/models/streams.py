@@ -124,7 +124,8 @@ class Streams(nn.Module):
         W' = W + (alpha / rank) B A: on a stream row, W' x is W x plus the adapter's delta. Made at first
         use and again when the streams' parameters or the model's device change; kept outside the
         module's state (``save`` writes the adapters only)."""
-        key = (id(model), model.device, model.dtype, sum(p._version for p in self.parameters()))
+        changes = sum(0 if p.is_inference() else p._version for p in self.parameters())  # (inference tensors: none)
+        key = (id(model), model.device, model.dtype, changes)
         kept = self.__dict__.get("_merged")
         if kept is None or kept[0] != key:
             layers = nn.ModuleList(self._merged_layer(model, i) for i in range(self.first_layer, model.num_layers))
