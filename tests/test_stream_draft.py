@@ -94,3 +94,23 @@ def test_streams_loaded_in_inference_mode_merge_too(tiny_dirs):
         merged = streams.merged_layers(target)
     assert len(merged) == target.num_layers - streams.first_layer
     assert streams.merged_layers(target) is merged  # made once
+
+
+def test_a_sharded_model_runs_the_streams_with_their_adapters(tiny_dirs):
+    """A sharded model's layers sit on several devices, so its stream rows run the adapters, not merged copies."""
+    from test_sharding import TWO_CPUS
+
+    from mirror_sd.models.loading import load_model
+    from mirror_sd.models.sharding import shard
+
+    target = shard(load_model(tiny_dirs["target"], torch.device("cpu"), torch.float32)[0], TWO_CPUS)
+    streams = streams_for(target, next_token_rank=0)
+    cache = target.new_cache(100)
+    forward(target, torch.tensor([[1, 5, 2, 9]]), cache)
+    rows = torch.randn(1, 3, target.args.hidden_size)
+    win = target.window(cache, 3, torch.tensor([[4, 5, 6]]), stream_mask(torch.tensor([[3]]), cache.length, 3),
+                        main_rows=0, adapter=streams.adapter)
+    with torch.inference_mode():
+        got = streams.rows_through_layers(target, rows, cache, win, streams.first_layer, target.num_layers)
+        expected = target.forward_layers(rows, cache, win, streams.first_layer)
+    assert torch.equal(got, expected) and "_merged" not in streams.__dict__

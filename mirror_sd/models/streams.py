@@ -115,6 +115,8 @@ class Streams(nn.Module):
         (a stage's body): through the merged copies of those layers (``merged_layers``), so each linear
         map is one product, joined and tuned as the model's own are (models/tuning.py), in place of the
         model's product plus the adapter's two. Their keys and values are stored nowhere."""
+        if model.layer_devices:  # a sharded model's layers sit on several devices: the adapters, as in training
+            return model.forward_layers(rows, cache, replace(win, main_rows=0, adapter=self.adapter), a, b)
         win = replace(win, main_rows=0, adapter=None)
         stack = self.merged_layers(model)[a - self.first_layer:b - self.first_layer] if self.lora_a else None
         return model.forward_layers(rows, cache, win, a, b, stack=stack)
