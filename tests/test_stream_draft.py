@@ -114,3 +114,24 @@ def test_a_sharded_model_runs_the_streams_with_their_adapters(tiny_dirs):
         got = streams.rows_through_layers(target, rows, cache, win, streams.first_layer, target.num_layers)
         expected = target.forward_layers(rows, cache, win, streams.first_layer)
     assert torch.equal(got, expected) and "_merged" not in streams.__dict__
+
+
+def test_a_streams_stage_runs_fewer_operations_merged_than_with_the_adapters(tiny_dirs, monkeypatch):
+    """scripts/stage_ops.py counts what a stage's body dispatches: the streams' stage over their merged
+    layers runs about what the target's own top layer and head run, and fewer than with the adapters."""
+    from scripts.stage_ops import stage_rows
+
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu", graphs="on")
+    streams = streams_for(pair.target, next_token_rank=0)
+    stage_cache(pair.stage_sets, pair.target, 100, stream_ranges(streams))
+
+    def launching():
+        return {row["stage"]: row["launching"] for row in stage_rows(pair)}
+
+    merged = launching()
+    a, b = streams.first_layer, pair.target.num_layers
+    monkeypatch.setattr(Streams, "rows_through_layers", lambda self, model, rows, cache, win, a, b: model.forward_layers(
+        rows, cache, replace(win, main_rows=0, adapter=self.adapter), a, b))
+    adapted = launching()
+    assert merged[f"layers {a}-{b} + head"] > 0 and merged[f"streams {a}-{b}"] < adapted[f"streams {a}-{b}"]
+    assert merged[f"streams {a}-{b}"] <= merged[f"layers {a}-{b} + head"] + 12  # the streams' rows laid out, their head
