@@ -222,7 +222,7 @@ def calls(parts: list[Path], repo: Path, run: str = GPU_CHECK) -> str:
 
 
 SWEEPS = ('for o in "eagle total_tokens 7,8,15" "mirror branch_budget 4,8,16" "mirror gamma 1,2" "mirror kappa 2,4,8" '
-          '"ss total_tokens 4,7,15" "ss gamma 1,2,4" "sd gamma 1,2,3" "mirror branch_budget 4,8 --exit-layer 14"; '
+          '"ss total_tokens 4,7,15" "ss gamma 1,2,4" "sd gamma 1,2,3"; '
           'do set -- $o; timeout 80 python3 -m mirror_sd sweep '
           '--method $1 --option $2 --values $3 $4 $5 --graphs on --per-category 2 --max-new-tokens 64 '
           '--out /tmp/sweeps/$1-$2; tar -czf $OUT/sweeps.tgz -C /tmp sweeps; done')

@@ -2,15 +2,15 @@
 
     python -m scripts.stage_ops --methods vanilla,sd,eagle,ss,mirror
 
-A stage of the embedded pair's size is bound by its kernel count on a GPU, not by arithmetic: on
-an H200 the target's 8 top layers with the LM head replay in 0.33 ms, the same 8 layers over
-stream rows in 0.92 ms (docs/gpu/h200-2026-11-27/report.md). So counting what a body dispatches,
-which any device can do, says which stages a GPU will find slow. This runs each method once on the
-CPU with graphs on (the stages' bodies run eagerly there; Mirror-SD's steps queued, as on CUDA lanes), then runs the body of every stage its
-stage sets made once more, at its narrowest width, counting the operations PyTorch dispatches:
-all of them, and those that launch work on a GPU (views, reshapes and the like launch none).
-The CPU does not plan the tuned kernels a CUDA capture joins (models/tuning.py), so a GPU's
-counts are lower; the differences between stages are what this shows.
+A stage of the embedded pair's size is bound on a GPU by how many kernels it launches, not by its
+arithmetic (docs/experiments/ss.md#merged-adapters-in-the-streams-pass). Counting what a body
+dispatches, which any device can do, says which stages a GPU will find slow. This runs each method
+once on the CPU with graphs on (the stages' bodies run eagerly there; Mirror-SD's steps queued, as
+on CUDA lanes), then runs the body of every stage its stage sets made, at its narrowest width, twice
+(the first as a capture's warm-up), counting the second run's operations: all of them, and those
+that launch work on a GPU (views, reshapes and the like launch none). The CPU does not plan the
+tuned kernels a CUDA capture joins (models/tuning.py), so a GPU's counts are lower; the
+differences between stages are what this shows.
 """
 from __future__ import annotations
 

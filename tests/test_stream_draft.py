@@ -130,8 +130,10 @@ def test_a_streams_stage_runs_fewer_operations_merged_than_with_the_adapters(tin
 
     merged = launching()
     a, b = streams.first_layer, pair.target.num_layers
-    monkeypatch.setattr(Streams, "rows_through_layers", lambda self, model, rows, cache, win, a, b: model.forward_layers(
-        rows, cache, replace(win, main_rows=0, adapter=self.adapter), a, b))
+    def with_the_adapters(self, model, rows, cache, win, a, b):
+        return model.forward_layers(rows, cache, replace(win, main_rows=0, adapter=self.adapter), a, b)
+
+    monkeypatch.setattr(Streams, "rows_through_layers", with_the_adapters)
     adapted = launching()
     assert merged[f"layers {a}-{b} + head"] > 0 and merged[f"streams {a}-{b}"] < adapted[f"streams {a}-{b}"]
     assert merged[f"streams {a}-{b}"] <= merged[f"layers {a}-{b} + head"] + 12  # the streams' rows laid out, their head

@@ -358,7 +358,7 @@ class Stage:
         if a < b:
             win = model.window(None, self.width, positions=self.positions, batch=self.batch)  # rotary cos, sin
             win = replace(win, mask=self.mask, causal=False)  # [B, 1, W, S]: every slot, under the mask
-            if self.streams is not None:  # every row a stream row: adapted, its keys and values in scratch
+            if self.streams is not None:  # every row a stream row: merged layers, its keys and values in scratch
                 h = self.streams.rows_through_layers(model, h, self.writer, win, a, b)
             else:
                 h = model.forward_layers(h, self.writer, win, a, b)
