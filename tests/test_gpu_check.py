@@ -171,3 +171,22 @@ def test_the_report_says_which_of_issue_32s_goals_the_graphs_on_bench_met(tmp_pa
     assert rows["`mirror` at least level with `eagle`"].endswith("| 0.83× against 0.92× | no |")
     assert rows["every method commits vanilla's tokens"].endswith("| yes |")
     assert len([r for r in rows if r.endswith("faster than vanilla")]) == 4 and "`mirror`'s overlap ≥ 0.8" in rows
+
+
+def test_best_settings_tables_each_methods_fastest_measured_setting_and_the_goals_there():
+    """scripts/best_settings.py on the sixth GPU session's folder (its bench and sweeps): each method's
+    fastest setting, a sweep's noted with the folder's note, and the goals at those settings."""
+    from pathlib import Path
+
+    from scripts.best_settings import best_settings, goals_table
+
+    best = best_settings(Path(__file__).parent.parent / "docs" / "gpu" / "h200-2026-11-27")
+    assert list(best.index) == ["vanilla", "sd", "eagle", "ss", "mirror"]
+    assert best.loc["vanilla", "setting"] == "defaults" and best.loc["vanilla", "speedup"] == 1
+    assert best.loc["eagle", "setting"] == "total_tokens 16"
+    assert best.loc["mirror", "setting"] == "branch_budget 4 (exit14)"
+    assert round(best.loc["mirror", "speedup"], 3) == 1.045 and round(best.loc["eagle", "speedup"], 3) == 1.086
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in goals_table(best)}
+    assert rows["`mirror` faster than vanilla"].endswith("| 1.05× | yes |")
+    assert rows["`ss` faster than vanilla"].endswith("| 0.85× | no |")
+    assert rows["`mirror` at least level with `eagle`"].endswith("| 1.05× against 1.09× | no |")
