@@ -36,14 +36,15 @@ def trees(g: list[int]) -> dict[str, Tree]:
         "part": Tree([other[0], g[0], other[1], g[1], other[2]], [-1, -1, 1, 1, 3], [1, 1, 2, 2, 3], [0.0] * 5),
         "none": Tree([other[0], other[1]], [-1, 0], [1, 2], [0.0] * 2),
         "deep": Tree([other[0], *g[:6]], [-1, -1, 1, 2, 3, 4, 5], [1, 1, 2, 3, 4, 5, 6], [0.0] * 7),
+        "chain": Tree(g[:7], [-1, 0, 1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6, 7], [0.0] * 7),  # as deep as 8 rows go
     }
 
 
 @pytest.mark.parametrize("early_layers", [(), (1,)])
-@pytest.mark.parametrize("case", ["all", "part", "none", "deep"])
+@pytest.mark.parametrize("case", ["all", "part", "none", "deep", "chain"])
 def test_one_replay_verifies_as_the_plain_forward_and_walk_do(tiny_dirs, early_layers, case):
     target = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
-    tree = trees(greedy_continuation(target, 6))[case]
+    tree = trees(greedy_continuation(target, 7))[case]
     spec = TreeVerify(early_layers)
     plain = target.new_cache(100)
     staged = stage_cache({}, target, 100, [*stage_ranges(target, early_layers), spec])
@@ -54,7 +55,7 @@ def test_one_replay_verifies_as_the_plain_forward_and_walk_do(tiny_dirs, early_l
         results.append((verify_tree(run, cache, tree, early_layers), cache.length))
     ((path, token, feats, early), length), ((got_path, got_token, got_feats, got_early), got_length) = results
     assert (got_path, got_token, got_length) == (path, token, length)
-    assert {"all": 3, "part": 2, "none": 0, "deep": 6}[case] == len(path)
+    assert {"all": 3, "part": 2, "none": 0, "deep": 6, "chain": 7}[case] == len(path)
     assert torch.allclose(got_feats, feats, atol=ATOL)
     assert (got_early is None) == (early is None) and (early is None or torch.allclose(got_early, early, atol=ATOL))
     assert torch.allclose(staged.k[:, :, :, :length], plain.k[:, :, :, :length], atol=ATOL)  # the path, compacted

@@ -31,7 +31,6 @@ from ..errors import MirrorSDError
 from .llama import Transformer
 from .stages import CAUSAL, OwnStage, SlotWriter, Stage, copy_into, window_code
 
-PARENT_HOPS = 7  # pointer-jumping steps: 2**7 > 64, the widest stage, so every ancestor is found
 
 
 class TreeVerifyStage(Stage):
@@ -101,7 +100,7 @@ class TreeVerifyStage(Stage):
         tokens, depths = tree[0], tree[1]
         parents = torch.where(real, tree[2], r)  # padding rows: their own parent (no ancestor)
         seen, hop = r[:, None] == r[None, :], parents  # [W, W]: each row's ancestors within 2**k steps, itself
-        for _ in range(PARENT_HOPS):
+        for _ in range((W - 1).bit_length()):  # after k hops: ancestors up to 2**k - 1 up; a tree is under W deep
             seen, hop = seen | seen[hop], hop[hop]
         theirs = seen.gather(1, (s - start).clamp(0, W - 1).expand(W, -1))  # [W, S]: seen[row, s - start]
         sees = (s < start) | ((s >= start) & (s < start + W) & theirs)
