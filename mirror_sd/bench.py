@@ -408,7 +408,8 @@ def sweep(pair, prompts: list[dict], method: str, option: str, values: list, max
     """Bench one method at several values of one option, against vanilla in the same run.
 
     Writes results.csv (one row per run and prompt; column ``option`` holds the value),
-    sweep.csv (one row per value: tau, tokens/s, speedup, equality) and sweep.html (plotly).
+    sweep.csv (one row per value: tau, tokens/s, speedup, equality; then the method and the options
+    given it besides the swept one, ``fixed``) and sweep.html (plotly).
     """
     names = _option_names(method)
     if option not in names:
@@ -433,6 +434,8 @@ def sweep(pair, prompts: list[dict], method: str, option: str, values: list, max
         row.insert(0, option, [value])
         rows.append(row)
     table = pd.concat(rows, ignore_index=True)
+    table["method"] = method
+    table["fixed"] = ", ".join(f"{k} {v}" for k, v in sorted(base.items()) if k != option)  # the options given
     table.attrs["failed"] = failed
     results.drop(columns="run").to_csv(out / "results.csv", index=False)
     table.to_csv(out / "sweep.csv", index=False)

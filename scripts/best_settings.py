@@ -4,7 +4,8 @@
 
 The folder is what a GPU session commits (docs/gpu/<card>-<date>/): gpu-check's graphs-on bench at
 the default settings (``bench-graphs-on/summary.csv``) and the sweeps of ``scripts.gpu_bundle``'s
-later call (``sweeps/<method>-<option>[-<note>]/sweep.csv``, one row per value). Every bench row and
+later call (``sweeps/*/sweep.csv``, one row per value, with its method and fixed options; an older
+sweep's folder name says them: ``<method>-<option>[-<note>]``). Every bench row and
 sweep row of a method is a setting it was measured at; its best is the fastest against vanilla.
 Each sweep times vanilla beside its own values, so a speedup is against that sweep's vanilla runs.
 """
@@ -26,10 +27,13 @@ def measured_settings(folder: Path) -> pd.DataFrame:
     frames = [bench.assign(setting="defaults")[["method", "setting", *COLUMNS]]]
     for csv in sorted(folder.glob("sweeps/*/sweep.csv")):
         sweep = pd.read_csv(csv)
-        method, _, note = csv.parent.name.partition("-")
         option = sweep.columns[0]
-        note = note.removeprefix(option).strip("-")
-        setting = sweep[option].map(lambda v: f"{option} {v:g}" + (f" ({note})" if note else ""))
+        if "fixed" in sweep:  # the sweep says its method and the options it fixed
+            method, fixed = sweep["method"].iloc[0], sweep["fixed"].fillna("").iloc[0]
+        else:  # an older sweep: the folder's name says them, <method>-<option>[-<note>]
+            method, _, note = csv.parent.name.partition("-")
+            fixed = note.removeprefix(option).strip("-")
+        setting = sweep[option].map(lambda v: f"{option} {v:g}" + (f" ({fixed})" if fixed else ""))
         frames.append(sweep.assign(method=method, setting=setting)[["method", "setting", *COLUMNS]])
     return pd.concat(frames, ignore_index=True)
 

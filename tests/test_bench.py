@@ -150,11 +150,12 @@ def test_sweep_runs_vanilla_once_and_each_value(tiny_dirs, tmp_path, capsys):
     prompts.write_text(json.dumps({"id": "a", "category": "qa", "prompt": "t1 t2 t3"}))
     out = tmp_path / "sweep"
     rc = main(["sweep", "--method", "sd", "--option", "gamma", "--values", "1,3", "--prompts", str(prompts),
-               "--max-new-tokens", "8", "--out", str(out), "--raw",
+               "--max-new-tokens", "8", "--out", str(out), "--raw", "--tree", "0",
                "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"])])
     assert rc == 0
     table = pd.read_csv(out / "sweep.csv")
     assert list(table.gamma) == [1, 3] and (table.equal_to_vanilla == 1.0).all()
+    assert list(table.method) == ["sd", "sd"] and list(table.fixed) == ["tree 0", "tree 0"]  # the options given
     assert (out / "sweep.html").exists()
     results = pd.read_csv(out / "results.csv")
     assert list(results.method) == ["vanilla", "sd", "sd"]  # vanilla once, then each value
