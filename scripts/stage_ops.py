@@ -59,15 +59,13 @@ def stage_rows(pair) -> list[dict]:
     """One row per (model, stage name): its narrowest width's operation counts."""
     rows = []
     for model, stages in pair.stage_sets.items():
+        who = {id(pair.target): "target", id(pair.draft): "draft"}.get(id(model), type(model).__name__)
         narrowest = {}
-        for (name, width), stage in stages._stages.items():
-            if width < narrowest.get(name, (1 << 30, None))[0]:
-                narrowest[name] = (width, stage)
+        for (name, width), stage in sorted(stages._stages.items(), key=lambda item: -item[0][1]):
+            narrowest[name] = (width, stage)  # the widest first, so the narrowest is kept
         for name, (width, stage) in sorted(narrowest.items()):
             ops, launching = body_ops(stage)
-            rows.append(dict(model=type(model).__name__ if model not in (pair.target, pair.draft) else
-                             ("target" if model is pair.target else "draft"), stage=name, width=width, ops=ops,
-                             launching=launching))
+            rows.append(dict(model=who, stage=name, width=width, ops=ops, launching=launching))
     return rows
 
 

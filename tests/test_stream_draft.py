@@ -28,6 +28,18 @@ def streams_for(model, next_token_rank: int) -> Streams:
     return streams.attach(model)
 
 
+def stream_rows_after_a_prompt(target, streams: Streams):
+    """A cache holding 4 prompt tokens, random stream rows 1..3 of its last token [1, 3, d], and
+    their window (adapters on, keys and values stored nowhere)."""
+    cache = target.new_cache(100)
+    forward(target, torch.tensor([[1, 5, 2, 9]]), cache)
+    torch.manual_seed(0)
+    rows = torch.randn(1, 3, target.args.hidden_size)
+    win = target.window(cache, 3, torch.tensor([[4, 5, 6]]), stream_mask(torch.tensor([[3]]), cache.length, 3),
+                        main_rows=0, adapter=streams.adapter)
+    return cache, rows, win
+
+
 @pytest.mark.parametrize("next_token_rank", [0, 2])
 @pytest.mark.parametrize("gamma,top_k,total_tokens", [(4, 2, 6), (3, 3, 9), (1, 1, 1)])
 def test_one_replay_drafts_the_tree_the_streams_pass_gives(tiny_dirs, next_token_rank, gamma, top_k, total_tokens):
@@ -57,12 +69,7 @@ def test_merged_layers_compute_the_layers_with_the_adapters_and_follow_the_strea
     parameters change."""
     target = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
     streams = streams_for(target, next_token_rank=0)
-    cache = target.new_cache(100)
-    forward(target, torch.tensor([[1, 5, 2, 9]]), cache)
-    torch.manual_seed(0)
-    rows = torch.randn(1, 3, target.args.hidden_size)  # streams 1..3 of the main row in slot 3
-    win = target.window(cache, 3, torch.tensor([[4, 5, 6]]), stream_mask(torch.tensor([[3]]), cache.length, 3),
-                        main_rows=0, adapter=streams.adapter)
+    cache, rows, win = stream_rows_after_a_prompt(target, streams)
     a, b = streams.first_layer, target.num_layers
 
     def adapted_and_merged():
@@ -105,11 +112,7 @@ def test_a_sharded_model_runs_the_streams_with_their_adapters(tiny_dirs):
 
     target = shard(load_model(tiny_dirs["target"], torch.device("cpu"), torch.float32)[0], TWO_CPUS)
     streams = streams_for(target, next_token_rank=0)
-    cache = target.new_cache(100)
-    forward(target, torch.tensor([[1, 5, 2, 9]]), cache)
-    rows = torch.randn(1, 3, target.args.hidden_size)
-    win = target.window(cache, 3, torch.tensor([[4, 5, 6]]), stream_mask(torch.tensor([[3]]), cache.length, 3),
-                        main_rows=0, adapter=streams.adapter)
+    cache, rows, win = stream_rows_after_a_prompt(target, streams)
     with torch.inference_mode():
         got = streams.rows_through_layers(target, rows, cache, win, streams.first_layer, target.num_layers)
         expected = target.forward_layers(rows, cache, win, streams.first_layer)

@@ -143,12 +143,12 @@ class Streams(nn.Module):
         with torch.no_grad():
             for name, p in layer.named_parameters():
                 p.copy_(own.get_parameter(name))
-            for name in LINEARS:
-                part = "self_attn" if name in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-                merged, original = getattr(getattr(layer, part), name), getattr(getattr(own, part), name)
-                delta = self.lora_b[_key(i, name)].float() @ self.lora_a[_key(i, name)].float() * scale  # [out, in]
-                merged.weight.add_(delta.to(merged.weight.dtype))
-                merged.int8 = original.int8
+            for path, merged in layer.named_modules():
+                name = path.rpartition(".")[2]  # "self_attn.q_proj" -> "q_proj"
+                if name in LINEARS:
+                    delta = self.lora_b[_key(i, name)].float() @ self.lora_a[_key(i, name)].float() * scale  # [out, in]
+                    merged.weight.add_(delta.to(merged.weight.dtype))
+                    merged.int8 = own.get_submodule(path).int8
         return layer
 
     def inputs(self, model: Transformer, h: torch.Tensor, positions: torch.Tensor, gamma: int,
