@@ -29,7 +29,8 @@ def measured_settings(folder: Path) -> pd.DataFrame:
         sweep = pd.read_csv(csv)
         option = sweep.columns[0]
         if "fixed" in sweep:  # the sweep says its method and the options it fixed
-            method, fixed = sweep["method"].iloc[0], sweep["fixed"].fillna("").iloc[0]
+            method, fixed = sweep["method"].iloc[0], sweep["fixed"].iloc[0]
+            fixed = fixed if isinstance(fixed, str) else ""  # an empty column reads as NaN
         else:  # an older sweep: the folder's name says them, <method>-<option>[-<note>]
             method, _, note = csv.parent.name.partition("-")
             fixed = note.removeprefix(option).strip("-")

@@ -190,3 +190,19 @@ def test_best_settings_tables_each_methods_fastest_measured_setting_and_the_goal
     assert rows["`mirror` faster than vanilla"].endswith("| 1.05× | yes |")
     assert rows["`ss` faster than vanilla"].endswith("| 0.85× | no |")
     assert rows["`mirror` at least level with `eagle`"].endswith("| 1.05× against 1.09× | no |")
+
+
+def test_best_settings_reads_the_options_a_sweep_fixed_from_its_csv():
+    """The seventh GPU session's sweeps name their method and fixed options in sweep.csv (not in the
+    folder's name): the best mirror setting carries them, and a speedup that two decimals would show
+    as 1.00× gets a third."""
+    from pathlib import Path
+
+    from scripts.best_settings import best_settings, goals_table
+
+    best = best_settings(Path(__file__).parent.parent / "docs" / "gpu" / "h200-2026-11-27-merged")
+    assert best.loc["mirror", "setting"] == "branch_budget 4 (exit_layer 14, gamma 1)"
+    assert best.loc["eagle", "setting"] == "total_tokens 7" and best.loc["ss", "setting"] == "gamma 1"
+    rows = {line.split(" | ")[0].removeprefix("| "): line for line in goals_table(best)}
+    assert rows["`ss` faster than vanilla"].endswith("| 1.003× | yes |")
+    assert rows["`mirror` at least level with `eagle`"].endswith("| 1.05× against 1.14× | no |")
