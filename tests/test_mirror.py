@@ -185,6 +185,38 @@ def test_a_queued_step_commits_and_records_what_the_hosts_does(tiny_pair, option
     assert runs[0] == runs[1] and any(r.hit for r in runs[1])
 
 
+@pytest.mark.parametrize("tree", [0, 3])
+def test_a_queued_step_queues_its_verification_before_its_one_wait(tiny_pair, monkeypatch, tree):
+    """A queued step (chain or tree window) queues the target's picks after the suffix, then waits:
+    after the step's first wait for its target or rollout work, it queues nothing more (on a GPU, the
+    host would otherwise wait twice a step, the GPU idling meanwhile)."""
+    from mirror_sd.devices import Lane, Queued
+
+    log = []
+    queue, record = Lane.queue, Queued.record
+
+    def logged_queue(self, kind, fn, *args, **kwargs):
+        log.append(("queue", kind, kwargs.get("step")))
+        return queue(self, kind, fn, *args, **kwargs)
+
+    def logged_record(self):
+        log.append(("wait", self.kind, self.step))
+        return record(self)
+
+    monkeypatch.setattr(Lane, "queue", logged_queue)
+    monkeypatch.setattr(Queued, "record", logged_record)
+    out = generate(tiny_pair, "t1 t2 t3", method="mirror", max_new_tokens=24, raw=True, gamma=2, kappa=2,
+                   branch_budget=3, lookup=0, tree=tree, queued=1)
+    assert out.error is None
+    steps = {step for _, kind, step in log if kind == "rendezvous"}
+    assert len(steps) == len(out.trace.steps) - 1  # every step after the prefill's
+    for step in steps:
+        events = [(what, kind) for what, kind, s in log if s == step and kind != "fallback-draft"]
+        first_wait = events.index(next(e for e in events if e[0] == "wait"))
+        assert ("queue", "rendezvous") in events[:first_wait]
+        assert all(what == "wait" for what, _ in events[first_wait:])
+
+
 def test_queued_steps_need_temperature_0_and_token_by_token_rollouts(tiny_pair):
     from types import SimpleNamespace
 

@@ -64,7 +64,7 @@ from ..sampling import to_target_vocab
 from ..trace import Rendezvous, Step
 from . import mirror_tree
 from .prefill import prefill_pair
-from .verify import verify
+from .verify import verdict_of_picks, verify
 
 
 @dataclass
@@ -360,8 +360,19 @@ def _forward_rows(model, cache, ids: torch.Tensor, positions: torch.Tensor, mask
 def rendezvous(draft, q, logits, sampler, branches: list[Branch]):
     """Verify the window against the final logits and look for the branch the outcome picked."""
     verdict = verify(draft, q, logits, sampler)
-    hit = next((i for i, b in enumerate(branches) if (b.accepted, b.root) == (verdict.accepted, verdict.token)), None)
-    return verdict, hit
+    return verdict, branch_hit(branches, verdict.accepted, verdict.token)
+
+
+def branch_hit(branches: list[Branch], accepted: int, token: int) -> int | None:
+    """The branch rolled out after ``accepted`` window tokens and ``token``, the outcome (None: a miss)."""
+    return next((i for i, b in enumerate(branches) if (b.accepted, b.root) == (accepted, token)), None)
+
+
+def target_picks(logits: torch.Tensor) -> torch.Tensor:
+    """The target's argmax at each row of the final logits [T, V] -> [T]: at T = 0 all that verifying
+    needs of the device. A queued step queues it right after the suffix, so it runs while the
+    rollouts may still run and the step's one wait reads it with them."""
+    return logits.argmax(-1)
 
 
 def queues_steps(run, streams: int, queued: int) -> bool:
@@ -477,9 +488,10 @@ def host_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa
 def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, budget, gamma, roll_out=None,
                 channel_stage: TokenChannel | None = None, rollouts: Rollouts | None = None):
     """One step queued on the lanes' streams from this thread, which waits for the GPU once, at the
-    rendezvous: the target stream runs the prefix, the early exit and the suffix back to back; the
-    draft stream waits for the token channel on a CUDA event (``Lane.queue``'s ``after``), then
-    chooses the branches and rolls them out, all on the device. On stages the token channel is one
+    rendezvous: the target stream runs the prefix, the early exit, the suffix and the target's picks
+    (``target_picks``) back to back; the draft stream waits for the token channel on a CUDA event
+    (``Lane.queue``'s ``after``), then chooses the branches and rolls them out, all on the device.
+    The host then reads the picks and the branches, and verifies and matches them itself. On stages the token channel is one
     stage (``channel_stage``, models/channel.py) and the draft's work another (``rollouts``,
     models/rollout.py); else ``token_channel``, ``choose_branches_on_device`` and ``roll_out_tree``.
     T = 0, token by token (``queues_steps``; so ``roll_out`` is not needed). On CPU lanes the same
@@ -501,12 +513,13 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
 
     table, rolled = run.draft_lane.queue("draft-rollout", choose_and_roll_out, after=channel.done,
                                          label=f"{B} branches x {gamma} tokens", step=step, tokens=B * gamma)
-    wait_and_record(channel, suffix, rolled)
+    picks, verified = run.target_lane.queue("rendezvous", target_picks, logits, label="verify + match branch",
+                                            step=step)
+    wait_and_record(channel, suffix, rolled, verified)  # the step's one wait
     branches = [Branch(int(row[0]), int(row[1]), row[3], tokens=[int(t) for t in row[4:]])
-                for row in table.tolist() if row[2]]  # the one read of the draft lane's work
-    (verdict, hit), verified = run.target_lane.queue("rendezvous", rendezvous, window, q, logits, run.target_sampler,
-                                                     branches, label="verify + match branch", step=step)
-    verified.record()  # the verdict is on the host: its work is done
+                for row in table.tolist() if row[2]]
+    verdict = verdict_of_picks(window, picks.tolist())
+    hit = branch_hit(branches, verdict.accepted, verdict.token)
     top_ids = [[int(v) for v in row[:kappa]] for row in channel_there.tolist()] if packed else channel_there[0].tolist()
     return verdict, hit, top_ids, branches
 
@@ -562,9 +575,9 @@ def queue_target(run, target_cache, window: list[int], step, exit_layer, kappa, 
     return channel_there, channel, logits, suffix
 
 
-def wait_and_record(channel, suffix, rolled):
-    """The host's one wait of a queued step (for the suffix and the rollouts), and their spans."""
-    for queued in (channel, suffix, rolled):
+def wait_and_record(*queued_work):
+    """The host's one wait of a queued step (for the target's work and the rollouts), and their spans."""
+    for queued in queued_work:
         queued.record()  # waits for the work first
 
 

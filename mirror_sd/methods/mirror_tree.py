@@ -35,7 +35,7 @@ from ..devices import to_device
 from ..drafting.token_by_token import tree_readers
 from ..drafting.tree import Tree, grow_trees, tree_mask, tree_window
 from . import mirror
-from .verify import accept_tree
+from .verify import accept_tree, walk_tree_picks
 
 
 def tree_step(run, target_cache, draft_cache, window: Tree, step, exit_layer, kappa, head, budget, gamma,
@@ -70,10 +70,10 @@ def tree_step(run, target_cache, draft_cache, window: Tree, step, exit_layer, ka
 def queued_tree_step(run, target_cache, draft_cache, window: Tree, step, exit_layer, kappa, head, budget, gamma,
                      branching, nodes):
     """``tree_step`` queued on the lanes' streams from this thread, as ``mirror.queued_step`` over a chain:
-    the target stream runs the prefix, the early exit and the suffix under the tree mask; the draft
-    stream waits for the token channel on a CUDA event, chooses the branches on the device
-    (``choose_branches_on_device`` with the tree's parents) and grows their trees there, read once
-    at the end. Returns what ``tree_step`` does."""
+    the target stream runs the prefix, the early exit, the suffix under the tree mask and the target's
+    picks; the draft stream waits for the token channel on a CUDA event, chooses the branches on the
+    device (``choose_branches_on_device`` with the tree's parents) and grows their trees there. The
+    host reads both once, at the end. Returns what ``tree_step`` does."""
     T = len(window.tokens) + 1
     channel_there, channel, logits, suffix = mirror.queue_target(run, target_cache, window.tokens, step, exit_layer,
                                                                  kappa, head, tree=window)
@@ -86,14 +86,14 @@ def queued_tree_step(run, target_cache, draft_cache, window: Tree, step, exit_la
     (r, roots, scores, valid, trees), rolled = run.draft_lane.queue(
         "draft-rollout", choose_and_roll_out, after=channel.done, label=rollout_label(B, nodes, gamma), step=step,
         tokens=B * nodes)
-    mirror.wait_and_record(channel, suffix, rolled)
+    picks, verified = run.target_lane.queue("rendezvous", mirror.target_picks, logits,
+                                            label="verify tree + match branch", step=step)
+    mirror.wait_and_record(channel, suffix, rolled, verified)  # the step's one wait
     rows = torch.stack([r, roots, valid.long()], dim=1).tolist()  # [B, 3]
     branches = [mirror.Branch(row[0], row[1], score, tokens=tree.tokens, tree=tree)
                 for row, score, tree in zip(rows, scores.tolist(), trees) if row[2]]
-    (path, token, hit), verified = run.target_lane.queue("rendezvous", rendezvous, window, logits, run.target_sampler,
-                                                         branches, label="verify tree + match branch", step=step)
-    verified.record()  # the verdict is on the host: its work is done
-    return path, token, hit, channel_there[0].tolist(), branches
+    path, token = walk_tree_picks(window.tokens, window.children(), picks.tolist())
+    return path, token, matched(path, token, branches), channel_there[0].tolist(), branches
 
 
 def rollout_label(branches: int, nodes: int, gamma: int) -> str:
@@ -104,8 +104,12 @@ def rendezvous(window: Tree, logits: torch.Tensor, sampler, branches: list) -> t
     """Verify the tree against the final logits [T, V]; the accepted path, the token after it and the
     branch that outcome picked (None: a miss)."""
     path, token = accept_tree(window, logits, sampler)
-    row = path[-1] + 1 if path else 0
-    return path, token, next((i for i, b in enumerate(branches) if (b.accepted, b.root) == (row, token)), None)
+    return path, token, matched(path, token, branches)
+
+
+def matched(path: list[int], token: int, branches: list) -> int | None:
+    """The branch rolled out from the accepted path's last row with ``token`` at its root (None: a miss)."""
+    return mirror.branch_hit(branches, path[-1] + 1 if path else 0, token)
 
 
 def rollout_layout(run, cache, window: Tree, r: torch.Tensor, roots: torch.Tensor):

@@ -35,11 +35,15 @@ class Verdict:
 
 def verify_greedy(draft: list[int], target_logits: torch.Tensor) -> Verdict:
     """draft: gamma tokens; target_logits: [gamma + 1, V], row i scores the token after draft[:i]."""
-    target = target_logits.argmax(-1).tolist()
+    return verdict_of_picks(draft, target_logits.argmax(-1).tolist())
+
+
+def verdict_of_picks(draft: list[int], picks: list[int]) -> Verdict:
+    """``verify_greedy`` from the target's argmax at each of the gamma + 1 rows, already read."""
     n = 0
-    while n < len(draft) and draft[n] == target[n]:
+    while n < len(draft) and draft[n] == picks[n]:
         n += 1
-    return Verdict(n, target[n])
+    return Verdict(n, picks[n])
 
 
 def verify_sampling(draft: list[int], q: torch.Tensor, p: torch.Tensor, sampler: Sampler) -> Verdict:
@@ -70,7 +74,11 @@ def walk_tree_greedy(tokens: list[int], children: dict[int, list[int]], logits: 
     parent carry distinct tokens, so at most one matches, and every committed token is the target's
     argmax given the committed prefix: exactly vanilla greedy decoding's tokens.
     """
-    picks = logits.argmax(-1).tolist()  # [N + 1]
+    return walk_tree_picks(tokens, children, logits.argmax(-1).tolist())
+
+
+def walk_tree_picks(tokens: list[int], children: dict[int, list[int]], picks: list[int]) -> tuple[list[int], int]:
+    """``walk_tree_greedy`` from the target's argmax at each of the N + 1 rows, already read."""
     return walk_tree(tokens, children, lambda node: picks[node + 1], lambda pick: pick)
 
 
