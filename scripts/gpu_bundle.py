@@ -221,11 +221,12 @@ def calls(parts: list[Path], repo: Path, run: str = GPU_CHECK) -> str:
     return "\n".join(lines)
 
 
-SWEEPS = ('for o in "eagle total_tokens 7,8,15" "mirror branch_budget 4,8,16" "mirror gamma 1,2" "mirror kappa 2,4,8" '
-          '"ss total_tokens 4,7,15" "ss gamma 1,2,4" "sd gamma 1,2,3"; '
-          'do set -- $o; timeout 80 python3 -m mirror_sd sweep '
-          '--method $1 --option $2 --values $3 $4 $5 --graphs on --per-category 2 --max-new-tokens 64 '
-          '--out /tmp/sweeps/$1-$2; tar -czf $OUT/sweeps.tgz -C /tmp sweeps; done')
+SWEEPS = ('for o in "mirror-gamma-exit14-bb4|gamma 1,2 --exit-layer 14 --branch-budget 4" '
+          '"mirror-branch_budget|branch_budget 4,8,16" "mirror-kappa-exit14-bb4-gamma1|kappa 4,8 --exit-layer 14 '
+          '--branch-budget 4 --gamma 1" "eagle-total_tokens|total_tokens 7,8" "ss-gamma-tt7|gamma 1,2 --total-tokens 7"; '
+          'do n=${o%%|*}; set -- ${o#*|}; timeout 80 python3 -m mirror_sd sweep --method ${n%%-*} '
+          '--option $1 --values $2 ${@:3} --graphs on --per-category 2 --max-new-tokens 64 '
+          '--out /tmp/sweeps/$n; tar -czf $OUT/sweeps.tgz -C /tmp sweeps; done')
 # one file back (a call returns only so many), rewritten after each sweep: a call cut short still returns the done ones
 
 
