@@ -14,6 +14,10 @@ tokens only, so one causal pass of the target over the final sequence gives it f
 With ``--exit-head 1`` mirror runs with its trained early-exit head (``exit_head=1``) and the ranks
 are the head's, at its exit layer only (models/exit_head.py); compare with a run without it.
 
+Columns ``kappa_4_draft_j``: the ceiling when a rejection row's candidates also hold the draft's own
+top-j there (its top-1 was the rejected token; the bonus row has no draft distribution yet): would
+the draft's alternatives be better branch roots than more of the exit's?
+
 Writes docs/sweeps/exit_ceiling.csv (exit_ceiling_head.csv with ``--exit-head 1``; ``--out`` names
 another file; one row per category and exit layer, plus "all") and prints it as markdown.
 """
@@ -29,21 +33,37 @@ from mirror_sd.engine import generate
 from mirror_sd.methods.mirror import default_exit_layer, early_exit
 from mirror_sd.models.exit_head import attach_exit_head, exit_head_for, load_exit_head
 from mirror_sd.models.pair import load_pair
+from mirror_sd.sampling import to_target_vocab
 
 from .comparison import SWEEPS, bench_prompts, comparison_parser
 
 KAPPAS = (1, 2, 4, 8, 16)
+DRAFT_TOPS = (2, 3)  # the draft's top-j at a rejection row, beside the exit's top 4
 
 
-def step_positions(prompt_len: int, steps) -> list[tuple[int, int, bool]]:
-    """(position p, the target's token after p, hit) for every decoding step whose last token is the
-    verdict's: p is the last accepted position, where the early exit proposed candidates."""
+def step_positions(prompt_len: int, steps) -> list[tuple[int, int, bool, bool]]:
+    """(position p, the target's token after p, hit, rejected) for every decoding step whose last
+    token is the verdict's: p is the last accepted position, where the early exit proposed
+    candidates; rejected: the token is a correction (the draft's token there was rejected)."""
     rows, n = [], prompt_len + len(steps[0].committed)
     for step in steps[1:]:
         if step.origins and step.origins[-1] in ("correction", "bonus"):
-            rows.append((n - 1 + step.accepted, step.committed[-1], step.rendezvous.hit))
+            rows.append((n - 1 + step.accepted, step.committed[-1], step.rendezvous.hit,
+                         step.origins[-1] == "correction"))
         n += len(step.committed)
     return rows
+
+
+@torch.inference_mode()
+def draft_ranks(pair, sequence: list[int], positions: list[int], tokens: list[int]) -> torch.Tensor:
+    """The rank [len(positions)] of each token under the draft's logits at its position (on the
+    target's vocabulary), over one causal pass of ``sequence``: the draft's distribution where it
+    drafted the window's token there, given the committed tokens before it."""
+    draft = pair.draft
+    h = draft.forward_layers(draft.embed(torch.tensor([sequence], device=draft.device)), None,
+                             draft.window(None, len(sequence)), 0, None)
+    logits = to_target_vocab(draft.head(h[0, positions]), draft.vocab_map, pair.target.args.vocab_size)  # [P, V]
+    return (logits > logits.gather(-1, torch.tensor(tokens, device=logits.device)[:, None])).sum(-1).cpu()
 
 
 @torch.inference_mode()
@@ -100,10 +120,11 @@ def main():
             steps = step_positions(prompt_len, out.trace.steps)
             if not steps:
                 continue
-            positions, tokens, hits = zip(*steps)
+            positions, tokens, hits, rejected = zip(*steps)
             ranks = exit_ranks(pair, sequence, list(positions), list(tokens), layers, head)
+            drafts = draft_ranks(pair, sequence, list(positions), list(tokens))
             for i, hit in enumerate(hits):
-                rows.append(dict(category=item["category"], hit=hit,
+                rows.append(dict(category=item["category"], hit=hit, rejected=rejected[i], draft_rank=int(drafts[i]),
                                  **{f"rank_{layer}": int(ranks[layer][i]) for layer in layers}))
     steps = pd.DataFrame(rows)
     table = []
@@ -112,7 +133,9 @@ def main():
             ranks = group[f"rank_{layer}"]
             table.append(dict(category=category, exit_layer=layer, exit_head=args.exit_head, steps=len(group),
                               hit_rate=group.hit.mean(),
-                              **{f"kappa_{k}": (ranks < k).mean() for k in KAPPAS}))
+                              **{f"kappa_{k}": (ranks < k).mean() for k in KAPPAS},
+                              **{f"kappa_4_draft_{j}": ((ranks < 4) | (group.rejected & (group.draft_rank < j))).mean()
+                                 for j in DRAFT_TOPS}))
     table = pd.DataFrame(table).round(3)
     table.to_csv(args.out or SWEEPS / ("exit_ceiling_head.csv" if head else "exit_ceiling.csv"), index=False)
     exit = "its trained early-exit head" if head else "the logit lens"
