@@ -565,8 +565,8 @@ def goals_table(rows: pd.DataFrame) -> list[str]:
               rows.loc["vanilla", "tokens_per_s"] >= GOAL_VANILLA_TOKENS_S)]
     goals += [(f"`{m}` faster than vanilla", times(speed[m]), speed[m] > 1) for m in speculative]
     if {"mirror", "eagle"} <= set(rows_of):
-        goals.append(("`mirror` at least level with `eagle`", f"{times(speed['mirror'])} against {times(speed['eagle'])}",
-                      speed["mirror"] >= speed["eagle"]))
+        goals.append(("`mirror` at least level with `eagle`",
+                      f"{times(speed['mirror'])} against {times(speed['eagle'])}", speed["mirror"] >= speed["eagle"]))
         goals.append((f"`mirror`'s overlap ≥ {GOAL_OVERLAP}", f"{rows.loc['mirror', 'overlap']:.2f}",
                       rows.loc["mirror", "overlap"] >= GOAL_OVERLAP))
     goals.append(("every method commits vanilla's tokens", f"{rows['equal_to_vanilla'].min():.0%} of runs at worst",

@@ -491,9 +491,10 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
     rendezvous: the target stream runs the prefix, the early exit, the suffix and the target's picks
     (``target_picks``) back to back; the draft stream waits for the token channel on a CUDA event
     (``Lane.queue``'s ``after``), then chooses the branches and rolls them out, all on the device.
-    The host then reads the picks and the branches, and verifies and matches them itself. On stages the token channel is one
-    stage (``channel_stage``, models/channel.py) and the draft's work another (``rollouts``,
-    models/rollout.py); else ``token_channel``, ``choose_branches_on_device`` and ``roll_out_tree``.
+    The host then reads the picks and the branches, and verifies and matches them itself. On stages
+    the token channel is one stage (``channel_stage``, models/channel.py) and the draft's work
+    another (``rollouts``, models/rollout.py); else ``token_channel``, ``choose_branches_on_device``
+    and ``roll_out_tree``.
     T = 0, token by token (``queues_steps``; so ``roll_out`` is not needed). On CPU lanes the same
     work runs in turn, each part on its lane's worker. Returns what ``host_step`` does."""
     channel_there, channel, logits, suffix = queue_target(run, target_cache, window, step, exit_layer, kappa, head,
