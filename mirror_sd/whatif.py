@@ -147,6 +147,11 @@ class Profile:
     # what the bucket the engine routes it to costs (``bucketed_ms``), not a line between two buckets.
     buckets: bool = False
 
+    @property
+    def one_cpu(self) -> bool:
+        """Whether both lanes are cores of one CPU (the engine then prefills the models in turn)."""
+        return all(str(self.devices.get(role, "")).startswith("cpu") for role in ("target", "draft"))
+
     def cost(self, stage: str, width: float, threads: int | None = None) -> float:
         """Milliseconds of one call of ``stage`` over ``width`` tokens on this profile; on a lane
         with ``threads`` CPU threads, the stage's cost for that many (``"draft@1"``) where it has one,
@@ -273,13 +278,15 @@ class Work:
 Phase = tuple  # Work items that run at the same time, one per lane
 
 
-def prefill_plan(trace: Trace) -> list[Phase]:
-    """Step 0: the prompt through the target, then (two-model methods) through the draft."""
+def prefill_plan(trace: Trace, together: bool = False) -> list[Phase]:
+    """Step 0: the prompt through the target and (two-model methods) through the draft: side by side
+    with ``together`` (lanes that are devices of their own, ``methods/prefill.py``), else in turn."""
     n = int(trace.meta.get("prompt_tokens") or next((s.tokens for s in trace.spans if s.kind == "prefill"), 1))
-    plan = [(Work("target", "prefill", f"prefill {n} tokens", [("prefill", n)], tokens=n),)]
-    if trace.lane_label("draft") and n > 1:
-        plan.append((Work("draft", "prefill", f"prefill {n} tokens", [("draft_prefill", n - 1)], tokens=n - 1),))
-    return plan
+    target = Work("target", "prefill", f"prefill {n} tokens", [("prefill", n)], tokens=n)
+    if not (trace.lane_label("draft") and n > 1):
+        return [(target,)]
+    draft = Work("draft", "prefill", f"prefill {n} tokens", [("draft_prefill", n - 1)], tokens=n - 1)
+    return [(target, draft)] if together else [(target,), (draft,)]
 
 
 def vanilla_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
@@ -361,12 +368,13 @@ def mirror_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[P
 PLANS = {"vanilla": vanilla_plan, "sd": sd_plan, "eagle": eagle_plan, "ss": ss_plan, "mirror": mirror_plan}
 
 
-def step_plans(trace: Trace) -> list[list[Phase]]:
-    """Each step's work, prefill first, in the order the method's schedule runs it."""
+def step_plans(trace: Trace, together: bool = False) -> list[list[Phase]]:
+    """Each step's work, prefill first (``prefill_plan``'s ``together``), in the order the method's
+    schedule runs it."""
     if trace.method not in PLANS:
         raise MirrorSDError(f"no latency model for method {trace.method!r} (models: {', '.join(PLANS)})")
     plan, options = PLANS[trace.method], trace.meta.get("options", {})
-    plans = [prefill_plan(trace)]
+    plans = [prefill_plan(trace, together)]
     for previous, step in zip(trace.steps, trace.steps[1:]):
         plans.append(plan(step, previous, options, trace.meta))
     threads = trace.meta.get("threads", {})
@@ -408,7 +416,7 @@ def retime(trace: Trace, profile: Profile | str) -> Trace:
     out.steps = list(trace.steps)
     labels = {name: lane_label(name, profile) for name in ("target", "draft")}
     t = 0.0
-    for index, plan in enumerate(step_plans(trace)):
+    for index, plan in enumerate(step_plans(trace, together=not profile.one_cpu)):
         t += profile.step_ms / 1000 if index else 0.0  # the host's work between two steps
         for phase in plan:
             t += profile.phase_ms / 1000 if index else 0.0  # the host launches the phase's work
@@ -428,7 +436,7 @@ def lane_label(name: str, profile: Profile) -> str:
 
 def modelled_seconds(trace: Trace, profile: Profile) -> float:
     """The whole run (prefill and every step) on ``profile``, in seconds."""
-    prefill, *steps = step_plans(trace)
+    prefill, *steps = step_plans(trace, together=not profile.one_cpu)
     return (step_ms(prefill, profile, host=False) + sum(step_ms(p, profile) for p in steps)
             + profile.step_ms * len(steps)) / 1000
 
@@ -444,7 +452,7 @@ def summary(trace: Trace, profile: Profile) -> dict:
     seconds modelled on the same profile for the same prompt and number of tokens."""
     new_tokens = sum(len(s.committed) for s in trace.steps)
     seconds = modelled_seconds(trace, profile)
-    prefill = step_ms(prefill_plan(trace), profile, host=False) / 1000
+    prefill = step_ms(prefill_plan(trace, together=not profile.one_cpu), profile, host=False) / 1000
     return dict(method=trace.method, new_tokens=new_tokens, steps=max(len(trace.steps) - 1, 1), seconds=seconds,
                 step_seconds=seconds - prefill,
                 vanilla_seconds=vanilla_seconds(int(trace.meta.get("prompt_tokens", 1)), new_tokens, profile))
@@ -466,18 +474,19 @@ def table(traces: list[Trace], profile: Profile):
 # -- this machine: a profile fitted from measured spans ------------------------------------------
 def measured_work(traces: list[Trace]):
     """Every piece of planned work next to the span the engine measured for it: (Work, ms) pairs,
-    matched by step and kind in schedule order. Steps whose spans do not match the plan are left out."""
+    matched by step, kind and lane in schedule order (the two prefills may start in either order
+    where they run side by side). Steps whose spans do not match the plan are left out."""
     pairs = []
     for trace in traces:
         spans: dict[tuple, list[float]] = {}
         for s in sorted(trace.spans, key=lambda s: s.start):
-            spans.setdefault((s.step, s.kind), []).append(1000 * s.duration)
+            spans.setdefault((s.step, s.kind, trace.lanes.get(s.lane)), []).append(1000 * s.duration)
         for index, plan in enumerate(step_plans(trace)):
             works = [w for phase in plan for w in phase if w.fixed != "channel_ms"]
-            seen: dict[str, int] = {}
+            seen: dict[tuple, int] = {}
             for w in works:
-                i = seen[w.kind] = seen.get(w.kind, -1) + 1
-                measured = spans.get((index, w.kind), [])
+                i = seen[w.kind, w.lane] = seen.get((w.kind, w.lane), -1) + 1
+                measured = spans.get((index, w.kind, w.lane), [])
                 if i < len(measured):
                     pairs.append((w, measured[i]))
     return pairs

@@ -338,3 +338,40 @@ def test_to_device_makes_tensors_of_numbers_and_of_tensors():
     mask = torch.ones(2, 2)
     assert to_device(mask, cpu) is mask  # already there: not copied
     assert to_device(mask, cpu, torch.bool).dtype == torch.bool
+
+
+@pytest.mark.parametrize("side_by_side", [False, True])
+def test_the_two_prefills_run_side_by_side_only_where_the_lanes_are_devices_of_their_own(tiny_pair, monkeypatch,
+                                                                                     side_by_side):
+    """Two CPU lanes prefill one after the other (the target's prefill takes every core they split);
+    lanes of their own (a GPU's two streams, a GPU and the CPU) prefill at once: the draft's is
+    submitted before the host waits for the target's (forced here; the CPU's lanes may then share
+    one worker, so their spans need not overlap). Either way sd and mirror commit vanilla's tokens."""
+    from mirror_sd.methods import prefill
+
+    assert not prefill.prefills_side_by_side(tiny_pair)  # the CPU's two lanes
+    monkeypatch.setattr(prefill, "prefills_side_by_side", lambda pair: side_by_side)
+    forward, submit, futures, target_done_at_draft = prefill.forward, Lane.submit, {}, []
+
+    def slow_target_forward(model, *args, **kwargs):  # the target's prefill outlasts the host's next step
+        if model is tiny_pair.target:
+            time.sleep(0.05)
+        return forward(model, *args, **kwargs)
+
+    def logged_submit(self, kind, fn, *args, **kwargs):
+        if kind == "prefill" and self.name == "draft":
+            target_done_at_draft.append(futures["target"].done())
+        futures[self.name] = submit(self, kind, fn, *args, **kwargs)
+        return futures[self.name]
+
+    monkeypatch.setattr(prefill, "forward", slow_target_forward)
+    monkeypatch.setattr(Lane, "submit", logged_submit)
+    prompt = "t1 t2 t3 t4 t5 t6 t7 t8 t9 t10 t11 t12 t13 t14 t15 t16"
+    expected = generate(tiny_pair, prompt, method="vanilla", max_new_tokens=12, raw=True).token_ids
+    for method in ("sd", "mirror"):
+        out = generate(tiny_pair, prompt, method=method, max_new_tokens=12, raw=True)
+        assert out.error is None and out.token_ids == expected
+        target, draft = (next(s for s in out.trace.spans if s.kind == "prefill" and s.lane == out.trace.lane_label(lane))
+                         for lane in ("target", "draft"))
+        assert target.end <= draft.start or side_by_side  # one after the other on the CPU's lanes
+    assert target_done_at_draft == [not side_by_side] * 2  # sd's and mirror's draft prefills

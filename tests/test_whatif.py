@@ -3,6 +3,7 @@ traces, re-timed traces that keep their steps, profiles and their refusals, the 
 import json
 import os
 import shutil
+from dataclasses import replace
 
 import pytest
 
@@ -169,8 +170,12 @@ def test_a_retimed_trace_keeps_its_steps_and_tokens_and_only_moves_spans():
     for lane in out.lanes:  # one worker per lane: its spans never overlap
         spans = sorted((s.start, s.end) for s in out.spans if s.lane == lane)
         assert all(a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:]))
-    prefill = (20 + 0.5 * 10) + (1 + 0.1 * 9)
+    prefill = max(20 + 0.5 * 10, 1 + 0.1 * 9)  # devices of their own: the two prefills side by side
     assert out.meta["modelled_s"] == pytest.approx((prefill + step_time(trace, 1) + step_time(trace, 2)) / 1000)
+    on_one_cpu = trace.retimed(replace(PROFILE, devices={"target": "cpu:0", "draft": "cpu:1"}))
+    prefills = sorted((s.start, s.end) for s in on_one_cpu.spans if s.kind == "prefill")
+    assert prefills[0][1] <= prefills[1][0]  # the CPU's two lanes: in turn
+    assert on_one_cpu.meta["modelled_s"] == pytest.approx(out.meta["modelled_s"] + (1 + 0.1 * 9) / 1000)
 
 
 def test_summary_speedup_is_against_vanilla_modelled_on_the_same_tokens():
@@ -178,7 +183,7 @@ def test_summary_speedup_is_against_vanilla_modelled_on_the_same_tokens():
     row = W.summary(trace, PROFILE)
     assert row["new_tokens"] == 4  # 1 from the prefill, 3 from the step
     assert row["vanilla_seconds"] == pytest.approx((25 + 3 * 11) / 1000)
-    assert row["seconds"] == pytest.approx((25 + 1.9 + 2 * 2.1 + 13) / 1000)
+    assert row["seconds"] == pytest.approx((25 + 2 * 2.1 + 13) / 1000)  # the draft's prefill beside the target's
 
 
 # -- profiles ------------------------------------------------------------------------------------

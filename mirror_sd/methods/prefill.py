@@ -1,4 +1,4 @@
-"""The prefill of the two-model methods (sd, mirror): the target, then the draft, on their lanes."""
+"""The prefill of the two-model methods (sd, mirror): the target and the draft, on their lanes."""
 from __future__ import annotations
 
 import torch
@@ -9,11 +9,13 @@ from ..trace import Step
 
 def prefill_pair(run, extra_draft_slots: int = 0, extra_target_slots: int = 0, target_ranges=(FULL,),
                  draft_ranges=(FULL,)):
-    """Prefill the target, then the draft, each alone on its lane; commit the target's first token.
+    """Prefill the target and the draft, each on its lane; commit the target's first token.
     Returns the target's and the draft's caches and the committed step.
 
-    One after the other, so that on a CPU whose cores the lanes split the target's prefill gets them
-    all (the draft's is a small share of the work). extra_draft_slots, extra_target_slots: room in
+    Side by side where the lanes are devices of their own (a GPU's two streams, a GPU and the CPU):
+    the draft's prefill costs the target nothing there. One after the other, each alone, where both
+    lanes are the CPU's, so that the target's prefill gets every core the lanes split (the draft's
+    is a small share of the work). extra_draft_slots, extra_target_slots: room in
     the caches beyond the sequence and the usual window margin (rollout trees, lookahead trees,
     windows past gamma). target_ranges, draft_ranges: the layer ranges each model's forwards run
     (``ModelPair.new_cache``: with stages on, they are made before the first step).
@@ -25,10 +27,18 @@ def prefill_pair(run, extra_draft_slots: int = 0, extra_target_slots: int = 0, t
     target_ids = torch.tensor([run.prompt_ids], device=pair.target.device)  # [1, P]
     draft_ids = torch.tensor([run.prompt_ids[:-1]], device=pair.draft.device)  # last token: fed at step 1
     label = f"prefill {n} tokens"
-    logits = run.target_lane.run("prefill", forward, pair.target, target_ids, target_cache, label=label, step=0,
-                                 tokens=n, alone=True)
+    together = prefills_side_by_side(pair)
+    target = run.target_lane.submit("prefill", forward, pair.target, target_ids, target_cache, label=label, step=0,
+                                    tokens=n, alone=not together)
+    if not together:
+        target.result()
     if n > 1:
-        run.draft_lane.run("prefill", forward, pair.draft, draft_ids, draft_cache, label=label, step=0, tokens=n - 1,
-                           alone=True)
-    token = run.target_sampler.pick(logits[0, -1])
+        run.draft_lane.submit("prefill", forward, pair.draft, draft_ids, draft_cache, label=label, step=0,
+                              tokens=n - 1, alone=not together).result()
+    token = run.target_sampler.pick(target.result()[0, -1])
     return target_cache, draft_cache, run.commit(Step(0, [token], ["target"]))
+
+
+def prefills_side_by_side(pair) -> bool:
+    """Whether the two prefills run at once: unless both lanes are the CPU's (they split its cores)."""
+    return not pair.target_lane.device.type == pair.draft_lane.device.type == "cpu"
