@@ -341,8 +341,7 @@ def test_to_device_makes_tensors_of_numbers_and_of_tensors():
 
 
 @pytest.mark.parametrize("side_by_side", [False, True])
-def test_the_two_prefills_run_side_by_side_only_where_the_lanes_are_devices_of_their_own(tiny_pair, monkeypatch,
-                                                                                     side_by_side):
+def test_the_two_prefills_run_side_by_side_only_on_lanes_of_their_own(tiny_pair, monkeypatch, side_by_side):
     """Two CPU lanes prefill one after the other (the target's prefill takes every core they split);
     lanes of their own (a GPU's two streams, a GPU and the CPU) prefill at once: the draft's is
     submitted before the host waits for the target's (forced here; the CPU's lanes may then share
@@ -371,7 +370,7 @@ def test_the_two_prefills_run_side_by_side_only_where_the_lanes_are_devices_of_t
     for method in ("sd", "mirror"):
         out = generate(tiny_pair, prompt, method=method, max_new_tokens=12, raw=True)
         assert out.error is None and out.token_ids == expected
-        target, draft = (next(s for s in out.trace.spans if s.kind == "prefill" and s.lane == out.trace.lane_label(lane))
+        target, draft = (next(s for s in out.trace.spans if s.kind == "prefill" and out.trace.lanes[s.lane] == lane)
                          for lane in ("target", "draft"))
         assert target.end <= draft.start or side_by_side  # one after the other on the CPU's lanes
     assert target_done_at_draft == [not side_by_side] * 2  # sd's and mirror's draft prefills

@@ -15,9 +15,10 @@ def prefill_pair(run, extra_draft_slots: int = 0, extra_target_slots: int = 0, t
     Side by side where the lanes are devices of their own (a GPU's two streams, a GPU and the CPU):
     the draft's prefill costs the target nothing there. One after the other, each alone, where both
     lanes are the CPU's, so that the target's prefill gets every core the lanes split (the draft's
-    is a small share of the work). extra_draft_slots, extra_target_slots: room in
-    the caches beyond the sequence and the usual window margin (rollout trees, lookahead trees,
-    windows past gamma). target_ranges, draft_ranges: the layer ranges each model's forwards run
+    is a small share of the work).
+
+    extra_draft_slots, extra_target_slots: room in the caches beyond the sequence and the usual
+    window margin (rollout trees, lookahead trees, windows past gamma). target_ranges, draft_ranges: the layer ranges each model's forwards run
     (``ModelPair.new_cache``: with stages on, they are made before the first step).
     """
     pair = run.pair
