@@ -22,9 +22,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mirror_sd import generate, load_pair
-from scripts.host_ops import AS_ON_A_GPU
+from scripts.host_ops import AS_ON_A_GPU, PROMPT
 
-PROMPT = "Explain how a bicycle stays upright."
 NO_KERNEL = {"view", "_unsafe_view", "reshape", "expand", "slice", "select", "unsqueeze", "squeeze", "permute",
              "transpose", "t", "as_strided", "detach", "alias", "unbind", "split", "split_with_sizes", "chunk",
              "narrow", "view_as", "expand_as", "lift_fresh", "_reshape_alias", "unflatten", "flatten"}
