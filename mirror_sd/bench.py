@@ -218,13 +218,20 @@ def failed_section(failed: dict) -> str:
 
 def stage_replay_ms(pair) -> pd.DataFrame:
     """Every captured stage the runs made, with the GPU time of one replay timed at its capture
-    (CUDA events; models/stages.py): model, stage, width, ms. Empty where nothing was captured (the
-    CPU). What a step's one-stage drafts and verifications cost the GPU, beside the forwards."""
+    (CUDA events; models/stages.py), and what launching one costs (``Stage.time_launch``): model,
+    stage, width, ms, launch_ms (the host's), from_idle_ms (the GPU's, from an idle stream). Empty
+    where nothing was captured (the CPU). What a step's one-stage drafts and verifications cost the
+    GPU, beside the forwards."""
+    def launched(stages, name, width):
+        stage = stages.made(name, width)
+        return dict(launch_ms=getattr(stage, "launch_ms", None), from_idle_ms=getattr(stage, "from_idle_ms", None))
+
     rows = [dict(model=("target" if stages.model is pair.target else "draft" if stages.model is pair.draft
-                        else type(stages.model).__name__), stage=name, width=width, ms=ms)
+                        else type(stages.model).__name__), stage=name, width=width, ms=ms,
+                 **launched(stages, name, width))
             for stages in pair.stage_sets.values() for name, by_width in stages.replay_ms.items()
             for width, ms in sorted(by_width.items())]
-    return pd.DataFrame(rows, columns=["model", "stage", "width", "ms"])
+    return pd.DataFrame(rows, columns=["model", "stage", "width", "ms", "launch_ms", "from_idle_ms"])
 
 
 def whatif_check(traced: list[dict], out: Path) -> str:

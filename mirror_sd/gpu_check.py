@@ -28,9 +28,10 @@ DIR:
 4. the bench again with ``--graphs off`` (the plain forward), then with ``--draft-device cpu``
    (graphs on the GPU target only);
 5. ``report.md``: the machine, each part's outcome and time, the stage table, the bench tables,
-   what each kind of step cost with graphs on (from that bench's traces; ``trace.step_cost_table``)
-   and the replay time of every stage that bench captured (its ``stage_ms.csv``), and any
-   one-stage forward a part refused to capture, with why (the parts' logs).
+   what each kind of step cost with graphs on (from that bench's traces; ``trace.step_cost_table``),
+   the replay time of every stage that bench captured (its ``stage_ms.csv``), what launching each
+   costs the host and the GPU (``Stage.time_launch``), and any one-stage forward a part refused to
+   capture, with why (the parts' logs).
    It is written again after every part, so a run stopped from outside keeps what it finished.
 
 A part that fails or runs out of time is reported and the next one runs; a part that the budget
@@ -441,6 +442,7 @@ def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
     lines += host_fit_section(next((p for p in parts if p["name"] == "host-fit"), {}))
     lines += step_cost_section(out / "bench-graphs-on" / "traces")
     lines += stage_replay_section(out / "bench-graphs-on" / "stage_ms.csv")
+    lines += launch_section(out / "bench-graphs-on" / "stage_ms.csv")
     lines += refused_section(out)
     lines += ["", "Spans on CUDA lanes come from CUDA events. On CUDA lanes Mirror-SD's steps are queued on the "
                   "two streams (the draft stream waits for the token channel on a CUDA event; methods/mirror.py: "
@@ -531,6 +533,27 @@ def stage_replay_section(path: Path) -> list[str]:
     table = pd.read_csv(path).pivot_table(index=["model", "stage"], columns="width", values="ms", sort=False)
     return ["", "## Stage replays in the graphs-on bench (GPU ms, CUDA events at capture; `stage_ms.csv`)", "",
             table.to_markdown(floatfmt=".3f")]
+
+
+def launch_section(path: Path) -> list[str]:
+    """Report lines: what launching each stage the graphs-on bench captured costs, at its narrowest
+    width (``stage_ms.csv``'s launch columns, ``Stage.time_launch``): the host's ms in the launch,
+    and the GPU's ms from an idle stream to the replay's end against the replay alone; none when
+    the file or its launch times are missing."""
+    if not path.exists():
+        return []
+    table = pd.read_csv(path)
+    if "from_idle_ms" not in table or table.from_idle_ms.isna().all():
+        return []
+    first = table.dropna(subset=["from_idle_ms"]).sort_values("width").groupby(["model", "stage"], sort=False).head(1)
+    rows = pd.DataFrame({"model": first.model, "stage": first.stage, "width": first.width,
+                         "replay ms": first.ms, "host ms to launch": first.launch_ms,
+                         "GPU ms from idle": first.from_idle_ms, "waiting for the launch": first.from_idle_ms - first.ms})
+    return ["", "## Launching a stage (at its narrowest width; `stage_ms.csv`)", "",
+            "Each launch on an idle stream: the host's time in the launch, and the GPU's from an event recorded "
+            "just before it to the replay's end. The last column is what the GPU waited for the launch to reach it, "
+            "which a step's spans carry beyond their replays.", "",
+            rows.to_markdown(index=False, floatfmt=".3f")]
 
 
 REFUSED = re.compile(r"stage '([^']+)' could not be captured as a CUDA graph \((.*?)\); its method runs", re.DOTALL)

@@ -65,10 +65,15 @@ def test_bench_writes_the_replay_time_of_every_stage_it_captured(tiny_dirs, tmp_
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
     prompts = [dict(id="a", category="qa", turns=["t1 t2 t3"])]
     bench(pair, prompts, ["vanilla"], max_new_tokens=2, out_dir=tmp_path / "first")  # makes the stages
-    pair.stage_sets[pair.target].replay_ms["full"] = {1: 0.97, 8: 1.34}  # as a capture would have timed them
+    target_stages = pair.stage_sets[pair.target]
+    target_stages.replay_ms["full"] = {1: 0.97, 8: 1.34}  # as a capture would have timed them
+    stage = target_stages.made("full", 1)  # made by the first bench, eagerly: no launch timed
+    stage.launch_ms, stage.from_idle_ms = 0.05, 1.21  # as a capture would have timed it (Stage.time_launch)
     bench(pair, prompts, ["vanilla"], max_new_tokens=2, out_dir=tmp_path / "out")
     table = pd.read_csv(tmp_path / "out" / "stage_ms.csv")
-    assert table.values.tolist() == [["target", "full", 1, 0.97], ["target", "full", 8, 1.34]]
+    assert table.columns.tolist() == ["model", "stage", "width", "ms", "launch_ms", "from_idle_ms"]
+    assert table.iloc[0].tolist() == ["target", "full", 1, 0.97, 0.05, 1.21]
+    assert table.iloc[1, :4].tolist() == ["target", "full", 8, 1.34] and table.iloc[1, 4:].isna().all()
 
 
 def test_bench_writes_the_kernels_its_stages_tuned(tiny_dirs, tmp_path, monkeypatch):

@@ -136,6 +136,26 @@ def test_the_report_tables_the_graphs_on_benchs_stage_replays(tmp_path):
     assert "0.970" in table and "1.340" in table and "0.410" in table
 
 
+def test_the_report_tables_what_launching_each_stage_costs(tmp_path):
+    """stage_ms.csv's launch columns (Stage.time_launch) at each stage's narrowest timed width, with
+    the GPU's wait for the launch (from idle less the replay); none without launch times."""
+    path = tmp_path / "stage_ms.csv"
+    assert gpu_check.launch_section(path) == []  # no file, no section
+    rows = [dict(model="target", stage="full", width=1, ms=0.94, launch_ms=0.021, from_idle_ms=1.22),
+            dict(model="target", stage="full", width=8, ms=1.34, launch_ms=0.022, from_idle_ms=1.62),
+            dict(model="draft", stage="chain draft of 2", width=2, ms=0.405, launch_ms=None, from_idle_ms=None),
+            dict(model="draft", stage="chain draft of 2", width=4, ms=0.418, launch_ms=0.015, from_idle_ms=0.5)]
+    pd.DataFrame(rows).to_csv(path, index=False)
+    table = "\n".join(gpu_check.launch_section(path))
+    assert "Launching a stage" in table
+    assert "| target  | full             |       1 |       0.940 |               0.021 |              1.220 |" \
+           "                    0.280 |" in table
+    assert "1.620" not in table  # the full forward at its narrowest width only
+    assert "|       4 |       0.418 |               0.015 |              0.500 |                    0.082 |" in table
+    pd.DataFrame([{**row, "launch_ms": None, "from_idle_ms": None} for row in rows]).to_csv(path, index=False)
+    assert gpu_check.launch_section(path) == []  # timed by an older engine: no launch times
+
+
 def test_the_report_names_every_capture_a_part_refused():
     """The warning Stages.capture gives for a refused one-stage forward (as this H200 run's logs hold
     it, reason over several lines), one row per part and stage; none when every capture held."""

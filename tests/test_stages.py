@@ -257,7 +257,11 @@ def test_captured_graphs_replay_the_eager_logits_on_the_gpu(tiny_dirs):
         tokens.append(greedy(lambda ids: stages.run("full", ids.cuda()), stages.cache, PROMPT.cuda(), 80))
         assert stages.cache.length == 5 + 80
     assert tokens[0] == tokens[1]
-    assert graphs.stage("full", 1).graph is not None
+    captured = graphs.stage("full", 1)
+    assert captured.graph is not None
+    # its launch timed at capture (Stage.time_launch): from an idle stream the GPU waits for the launch too
+    assert 0 < captured.launch_ms and captured.from_idle_ms >= graphs.replay_ms["full"][1] * 0.9
+    assert eager.stage("full", 1).launch_ms is None  # nothing captured, nothing timed
 
 
 @cuda

@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import time
 import warnings
 from dataclasses import replace
 
@@ -245,6 +246,8 @@ class Stage:
             self.rows, self.slot_ids = torch.arange(W, device=device), torch.arange(S, device=device)
         self.out: torch.Tensor | None = None  # the last output [B, W, vocab or hidden]
         self.graph = None  # a torch.cuda.CUDAGraph once captured
+        self.launch_ms: float | None = None  # once captured: the host's ms to launch a replay (``time_launch``)
+        self.from_idle_ms: float | None = None  # and the GPU's ms from an idle stream to that replay's end
 
     @property
     def batch(self) -> int:
@@ -427,6 +430,30 @@ class Stage:
         return statistics.median(begin.elapsed_time(end) for begin, end in events)
 
 
+    def time_launch(self, repeats: int = TIMED_REPLAYS) -> tuple[float, float]:
+        """Median (host ms to launch one replay, GPU ms from an idle stream to that replay's end).
+
+        Each time the stream is idle first; an event is recorded on it, the host launches the replay
+        (timed by the host's clock), and a second event follows it. The second figure less
+        ``time_replays``' is the time the GPU waited for the launch to reach it: what a step's span,
+        whose start event fires on an idle GPU, carries beyond its stages' replays."""
+        device = self.x.device
+        launches, from_idle = [], []
+        with torch.inference_mode(), torch.cuda.device(device):
+            stream = torch.cuda.current_stream(device)
+            for _ in range(repeats):
+                stream.synchronize()
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                start = time.perf_counter()
+                self.replay()
+                launches.append(1000 * (time.perf_counter() - start))
+                end.record()
+                end.synchronize()
+                from_idle.append(begin.elapsed_time(end))
+        return statistics.median(launches), statistics.median(from_idle)
+
+
 class OwnStage:
     """A forward with a kind of stage of its own: a step's drafting or verifying as one body
     (models/chain_draft.py, eagle_tree.py, eagle_verify.py, stream_draft.py, channel.py,
@@ -519,8 +546,13 @@ class Stages:
             if self.graphs:
                 self.capture(name, stage)
                 self.replay_ms.setdefault(name, {})[key[1]] = stage.time_replays()
+                stage.launch_ms, stage.from_idle_ms = stage.time_launch()
             self._stages[key] = stage
         return self._stages[key]
+
+    def made(self, name: str, width: int) -> Stage | None:
+        """The stage ``name`` at bucket ``width`` if it has been made, else None (none is made)."""
+        return self._stages.get((name, width))
 
     def capture(self, name: str, stage: Stage):
         """Capture ``stage`` in this set's pool on its stream. Where a one-stage forward (``OwnStage``)
