@@ -161,6 +161,7 @@ def test_a_one_stage_forward_that_fails_to_capture_is_refused_and_its_method_goe
 
     monkeypatch.setattr(Stage, "capture", capture)
     monkeypatch.setattr(Stage, "time_replays", lambda stage: 1.0)
+    monkeypatch.setattr(Stage, "time_launch", lambda stage: (0.01, 1.1))
     monkeypatch.setattr(Stages, "__init__", _graphs_on_the_cpu(Stages.__init__))
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
     torch.manual_seed(0)
