@@ -548,7 +548,8 @@ def launch_section(path: Path) -> list[str]:
     first = table.dropna(subset=["from_idle_ms"]).sort_values("width").groupby(["model", "stage"], sort=False).head(1)
     rows = pd.DataFrame({"model": first.model, "stage": first.stage, "width": first.width,
                          "replay ms": first.ms, "host ms to launch": first.launch_ms,
-                         "GPU ms from idle": first.from_idle_ms, "waiting for the launch": first.from_idle_ms - first.ms})
+                         "GPU ms from idle": first.from_idle_ms,
+                         "waiting for the launch": first.from_idle_ms - first.ms})
     return ["", "## Launching a stage (at its narrowest width; `stage_ms.csv`)", "",
             "Each launch on an idle stream: the host's time in the launch, and the GPU's from an event recorded "
             "just before it to the replay's end. The last column is what the GPU waited for the launch to reach it, "

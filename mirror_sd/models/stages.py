@@ -429,7 +429,6 @@ class Stage:
             events[-1][1].synchronize()
         return statistics.median(begin.elapsed_time(end) for begin, end in events)
 
-
     def time_launch(self, repeats: int = TIMED_REPLAYS) -> tuple[float, float]:
         """Median (host ms to launch one replay, GPU ms from an idle stream to that replay's end).
 
