@@ -18,8 +18,9 @@ def prefill_pair(run, extra_draft_slots: int = 0, extra_target_slots: int = 0, t
     is a small share of the work).
 
     extra_draft_slots, extra_target_slots: room in the caches beyond the sequence and the usual
-    window margin (rollout trees, lookahead trees, windows past gamma). target_ranges, draft_ranges: the layer ranges each model's forwards run
-    (``ModelPair.new_cache``: with stages on, they are made before the first step).
+    window margin (rollout trees, lookahead trees, windows past gamma). target_ranges, draft_ranges:
+    the layer ranges each model's forwards run (``ModelPair.new_cache``: with stages on, they are
+    made before the first step).
     """
     pair = run.pair
     target_cache = pair.new_cache(pair.target, run.cache_slots + extra_target_slots, target_ranges)

@@ -32,7 +32,6 @@ from .llama import Transformer
 from .stages import CAUSAL, OwnStage, SlotWriter, Stage, copy_into, window_code
 
 
-
 class TreeVerifyStage(Stage):
     """The tree's forward, its acceptance and the cache's compaction (module docstring)."""
 
