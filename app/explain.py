@@ -91,6 +91,8 @@ def _mirror(step, pieces: dict) -> str:
         return ""
     opening = " This window came from a fallback draft." if record.fallback else \
         " This window was copied from the context (no draft work)." if record.copied else \
+        " This window came from the correction rollout: when the last step missed, the draft had already " \
+        "rolled out from the target's own token, while the host read the verdict." if record.corrected else \
         " This window was a branch drafted during the previous step."
     if record.hit:
         return opening + (" The outcome was among the early-exit candidates and its branch was rolled out, "

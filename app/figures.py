@@ -26,6 +26,7 @@ SPAN_KINDS = {  # kind -> (colour, legend text); kinds not listed get a colour f
     "draft-rollout": ("#10b981", "draft rollout: branches drafted in parallel"),
     "rendezvous": ("#a855f7", "rendezvous: verify + pick branch"),
     "fallback-draft": ("#ef4444", "fallback draft: no branch hit, draft again"),
+    "correction-rollout": ("#f97316", "correction rollout: the next window if no branch hits"),
 }
 BRIEF = 0.003  # a span kind whose spans all last less than this share of the run gets a tick mark per span
 OTHER_COLOURS = ["#0d9488", "#db2777", "#84cc16", "#7c2d12", "#0891b2"]

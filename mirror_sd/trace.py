@@ -101,6 +101,9 @@ class Rendezvous(Record):
     # Tree windows (the step's ``tree`` is the window): r is a row of [root, nodes], and each branch's
     # continuation is a tree, these its nodes' parents (-1: the branch's root token v). Chains: [].
     branch_parents: list[list[int]] = field(default_factory=list)
+    # This window is the last step's correction rollout: after a miss, the draft stream rolled out from
+    # the target's own token while the host read the verdict (a queued step's; no fallback draft)
+    corrected: bool = False
 
     @property
     def hit(self) -> bool:
@@ -134,11 +137,12 @@ class Step:
     @property
     def kind(self) -> str:
         """'step' for a method without rendezvous; for a Mirror-SD step 'WINDOW -> OUTCOME': where its
-        window came from (a hit's branch, a copy from the context, a fallback draft) and hit or miss."""
+        window came from (a hit's branch, a copy from the context, a fallback draft, the last step's
+        correction rollout) and hit or miss."""
         r = self.rendezvous
         if r is None:
             return "step"
-        window = "copied" if r.copied else "fallback" if r.fallback else "hit's branch"
+        window = "copied" if r.copied else "fallback" if r.fallback else "correction" if r.corrected else "hit's branch"
         return f"{window} -> {'hit' if r.hit else 'miss'}"
 
     def records(self) -> list[Record]:

@@ -343,14 +343,17 @@ def ss_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase
 
 def mirror_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
     """[a fresh draft after a miss] -> target prefix + early exit -> token channel -> target suffix
-    beside the branch rollouts -> rendezvous. A copied window needs no draft."""
+    beside the branch rollouts -> rendezvous. A copied window needs no draft; a window from the last
+    step's correction rollout is priced as a fresh draft (the same draft forwards, after that step's
+    picks)."""
     rv, gamma = step.rendezvous, options.get("gamma", 2)
     window = len(step.proposed) + 1
     branches, trees = len(rv.branches), step.tree is not None  # trees: mirror's tree windows
     plan = []
-    if rv.fallback:
+    if rv.fallback or rv.corrected:
         fresh = tree_draft_calls(options) if trees else [("draft", 1)] * gamma
-        plan.append((Work("draft", "fallback-draft", f"fallback draft {gamma} tokens", fresh, tokens=gamma),))
+        kind = "fallback-draft" if rv.fallback else "correction-rollout"
+        plan.append((Work("draft", kind, f"{kind.replace('-', ' ')} {gamma} tokens", fresh, tokens=gamma),))
     plan.append((Work("target", "target-prefix", f"target prefix, {window} tokens", [("target_prefix", window)],
                       tokens=window),))
     plan.append((Work("target", "rendezvous", "token channel", fixed="channel_ms"),))
@@ -671,7 +674,7 @@ def steady_state(trace: Trace, profile: Profile, alpha: float | None = None, hit
         raise MirrorSDError(f"the {trace.method} run has no decoding steps to model")
     plans = step_plans(trace)[1:]
     if trace.method == "mirror":
-        no_draft = [[p for p in plan if p[0].kind != "fallback-draft"] for plan in plans]
+        no_draft = [[p for p in plan if p[0].kind not in ("fallback-draft", "correction-rollout")] for plan in plans]
         ms = sum(step_ms(p, profile) for p in no_draft) / len(plans)
         misses = [s for s in steps if not s.rendezvous.hit]
         copied = sum(s.rendezvous.copied for s in steps) / max(len(misses), 1)  # share of misses copied

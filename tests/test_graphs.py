@@ -108,9 +108,9 @@ METHODS = [
     # tree verify one stage (models/eagle_verify.py)
     ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=0),  # the trained exit head, in a stage of its own
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head", "chain draft of 3"}),
-    ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=1),  # the whole step queued: the token channel and the
-     {"full", "token channel: layers 0-1, trained early exit, top 4", "layers 1-2 + head",  # rollouts a stage each
-      "rollouts 16x3 from 4x4 candidates", "chain draft of 3"}),
+    ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=1),  # the whole step queued: the token channel, the
+     {"full", "token channel: layers 0-1, trained early exit, top 4", "layers 1-2 + head",  # rollouts and the
+      "rollouts 16x3 from 4x4 candidates", "rollouts 1x3 from 4x1 candidates", "chain draft of 3"}),  # correction's
     ("mirror", dict(gamma=3, exit_layer=1, tree=6, branching=2, queued=0),  # tree windows: the prefix and suffix
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),  # under a tree mask
     ("mirror", dict(gamma=3, exit_layer=1, tree=6, branching=2, queued=1),  # queued tree steps

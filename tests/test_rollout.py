@@ -101,3 +101,42 @@ def test_wide_budgets_roll_out_on_the_widest_stage_or_a_forward_at_a_time(tiny_d
     expected = generate(pair, "t1 t2 t3", method="vanilla", max_new_tokens=12, raw=True).token_ids
     out = generate(staged, "t1 t2 t3", method="mirror", max_new_tokens=12, raw=True, queued=1, **options)
     assert out.error is None and out.token_ids == expected and "note" not in out.trace.meta
+
+
+def greedy_draft(draft, ids: list[int], n: int, vocab_size: int) -> list[int]:
+    """The draft's n greedy tokens after ``ids``, each from a plain forward over the whole sequence."""
+    ids = list(ids)
+    for _ in range(n):
+        logits = forward(draft, torch.tensor([ids]), draft.new_cache(len(ids) + 1))
+        ids.append(int(draft_argmax(logits[0, -1], draft.vocab_map, vocab_size)))
+    return ids[-n:]
+
+
+@pytest.mark.parametrize("prompt", ["t1 t2 t3", "t5 t9 t2 t7 t7"])
+def test_a_miss_takes_its_next_window_from_the_correction_rollout(tiny_dirs, pair, prompt):
+    """In a queued step on stages the draft stream rolls out the branch of the target's own outcome
+    after its picks (``roll_out_correction``): the step after a miss takes that branch as its window,
+    with no fallback draft after the first step, and the window is the draft's greedy continuation
+    of the committed tokens, as a fallback draft's would be. Vanilla's tokens either way
+    (``correction`` 1 and 0); the correction's spans are on the draft lane, one per step but the last."""
+    staged = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
+    expected = generate(pair, prompt, method="vanilla", max_new_tokens=24, raw=True).token_ids
+    runs = {c: generate(staged, prompt, method="mirror", max_new_tokens=24, raw=True, queued=1, lookup=0, gamma=3,
+                        kappa=2, branch_budget=2, correction=c) for c in (0, 1)}
+    for out in runs.values():
+        assert out.error is None and out.token_ids == expected and "note" not in out.trace.meta
+    steps = runs[1].trace.steps
+    corrected = [s.rendezvous.corrected for s in steps[1:]]
+    assert corrected[1:] == [not s.rendezvous.hit for s in steps[1:-1]] and any(corrected)
+    assert [s.rendezvous.fallback for s in steps[1:]] == [True] + [False] * (len(steps) - 2)
+    sequence = pair.encode(prompt, raw=True)
+    for step in steps:
+        if step.rendezvous is not None and step.rendezvous.corrected:
+            assert step.proposed == greedy_draft(pair.draft, sequence, 3, pair.target.args.vocab_size)
+        sequence += step.committed
+    spans = [s for s in runs[1].trace.spans if s.kind == "correction-rollout"]
+    assert sorted(s.step for s in spans) == [s.index for s in steps[1:-1]]
+    assert {runs[1].trace.lanes[s.lane] for s in spans} == {"draft"}
+    assert not any(s.kind == "correction-rollout" for s in runs[0].trace.spans)
+    assert not any(s.rendezvous.corrected for s in runs[0].trace.steps[1:])
+    assert any(s.rendezvous.fallback for s in runs[0].trace.steps[2:])

@@ -86,6 +86,10 @@ QUEUED = Option("queued", -1, -1, 1, "1: this thread queues each step's work on 
                 "the branches on the device); 0: the lanes' threads run it, the host reading the token channel to "
                 "choose the branches; -1: 1 where both lanes are CUDA devices. Temperature 0, streams 0 only",
                 greedy_only=True)
+CORRECTION = Option("correction", 1, 0, 1, "1: in a queued step the draft stream also rolls out the branch of the "
+                    "target's own token at the first rejection, as soon as the target's picks are made, so a miss "
+                    "finds its next window made while the host read the verdict; 0: a miss drafts afresh after it. "
+                    "Queued steps over chains on stages only", greedy_only=True)
 
 
 def _check_exit_layer(pair, options):
@@ -136,7 +140,7 @@ register(Method("ss", "Speculative Streaming", "the target drafts for itself: tr
 register(Method("mirror", "Mirror-SD", "the target's early exit steers branch rollouts on the draft lane, "
                 "which run while the target finishes its layers", mirror.decode, needs_draft=True,
                 parallel_lanes=True, options=(GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, MIRROR_STREAMS, MIRROR_LOOKUP, EXIT_HEAD, QUEUED,
-                                  MIRROR_TREE, MIRROR_BRANCHING),
+                                  MIRROR_TREE, MIRROR_BRANCHING, CORRECTION),
                 check=_check_mirror))
 register(Method("eagle", "EAGLE-2", "a feature-level head on the target's lane drafts a dynamic tree; "
                 "the target verifies the whole tree in one forward", eagle.decode, needs_draft=False,

@@ -20,7 +20,10 @@ One step, with the window W = [last committed token, d1 .. d_gamma]:
    continuation is the next window, ready with no draft time on the critical path (a hit).
    Otherwise the next step starts with a fresh draft on the draft lane (a miss: draft time exposed),
    unless (temperature 0, ``lookup`` > 0) the context holds a continuation to copy (drafting/lookup.py):
-   then up to ``lookup`` copied tokens are the next window, with no draft time at all.
+   then up to ``lookup`` copied tokens are the next window, with no draft time at all. In a queued
+   step (T = 0, on stages) the draft stream also rolls out one more branch, from the target's own
+   token at the first rejection, as soon as the target's picks are made (``correction``): a miss
+   finds its next window there, made while the host read the verdict, not drafted after it.
 4. Commit d1..dA + c and roll both KV caches back to the committed length.
 
 With option ``tree`` > 0 (T = 0) the window and every branch's rollout are draft trees instead of
@@ -386,7 +389,7 @@ def queues_steps(run, streams: int, queued: int) -> bool:
 
 
 def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, streams: int = 0, lookup: int = 0,
-           exit_head: int = -1, queued: int = -1, tree: int = 0, branching: int = 4):
+           exit_head: int = -1, queued: int = -1, tree: int = 0, branching: int = 4, correction: int = 1):
     pair = run.pair
     greedy = run.draft_sampler.greedy
     trees = bool(tree)  # tree windows (methods/mirror_tree.py); temperature 0 only (the engine refuses them at T > 0)
@@ -402,17 +405,22 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
         if queues and not trees and not pair.target.layer_devices else None
     rollouts = Rollouts(min(branch_budget, rows * kappa), gamma, kappa, rows, pair.target.args.vocab_size) \
         if queues and not trees and min(branch_budget, rows * kappa) < MAX_WIDTH else None
-    step_on = partial(queued_step, channel_stage=channel, rollouts=rollouts) if queues else host_step
+    # A miss's next window, rolled out from the target's correction on the draft stream (``queued_step``)
+    corrections = Rollouts(1, gamma, 1, rows, pair.target.args.vocab_size) if rollouts and correction else None
+    step_on = partial(queued_step, channel_stage=channel, rollouts=rollouts, corrections=corrections) if queues \
+        else host_step
     rollout_slots = branch_budget * (1 + branching * (gamma - 1)) + max(tree, lookup) if trees \
         else branch_budget * gamma + lookup
     target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=rollout_slots,
                                                     target_ranges=[*target_ranges(pair, exit_layer, head),
                                                                    *([channel] if channel else [])],
                                                     draft_ranges=[*fresh.layer_ranges(pair, gamma, greedy),
-                                                                  *([rollouts] if rollouts else [])])
+                                                                  *([rollouts] if rollouts else []),
+                                                                  *([corrections] if corrections else [])])
     yield first
     fresh_label = f"fallback draft tree of {tree} tokens, depth {gamma}" if trees else f"fallback draft {gamma} tokens"
     window, q = None, None  # the window: draft tokens, or a Tree with trees
+    corrected, unrecorded = None, None  # a miss's correction rollout (tokens), and its work if not recorded yet
     while not run.done:
         step = run.next_step
         n = len(run.sequence)
@@ -421,6 +429,9 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
         copied = bool(copy)
         if copied:  # the last step missed, and the context holds a continuation: copy it, no draft work
             window, q = (graft(Tree([], [], [], []), copy) if trees else copy), None  # trees: a one-branch tree
+        from_correction = window is None and corrected is not None
+        if from_correction:  # the last step missed, and the draft stream rolled out from its correction
+            window, q = corrected, None
         fallback = window is None
         if fallback:  # the first step, or the last one missed: draft afresh, on the critical path
             proposal, drafted = run.draft_lane.queue("fallback-draft", fresh.propose, run, draft_cache, gamma,
@@ -430,22 +441,25 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
             draft_cache.rollback(min(draft_cache.length, n - 1))
         if trees:
             tree_step = mirror_tree.queued_tree_step if queues else mirror_tree.tree_step
-            path, token, hit, top_ids, branches = tree_step(
+            path, token, hit, top_ids, branches, corrected = *tree_step(
                 run, target_cache, draft_cache, window, step, exit_layer, kappa, head, branch_budget, gamma, branching,
-                tree)
+                tree), None
             keep_path(target_cache, path, n)
             keep_path(draft_cache, path, n)  # the rollouts wrote the window's nodes after the sequence
             tokens, origins = window.committed(path, token)
             accepted, proposed, drafted = len(path), window.tokens, window.record(path)
         else:
-            verdict, hit, top_ids, branches = step_on(run, target_cache, draft_cache, window, q, step, exit_layer,
-                                                      kappa, head, branch_budget, gamma, roll_out)
+            verdict, hit, top_ids, branches, corrected, correcting = step_on(
+                run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, branch_budget, gamma, roll_out)
+            if unrecorded is not None:  # the last step's correction rollout: done before this step's rollouts
+                unrecorded.record()
+            unrecorded = correcting if corrected is None else None
             tokens, origins = verdict.committed(window)
             accepted, proposed, drafted = verdict.accepted, window, None
             target_cache.rollback(n + accepted)
             draft_cache.rollback(min(draft_cache.length, n + accepted))
         met = Rendezvous(exit_candidates=top_ids, branches=[(b.accepted, b.root, b.tokens) for b in branches],
-                         branch_used=hit, fallback=fallback, copied=copied,
+                         branch_used=hit, fallback=fallback, copied=copied, corrected=from_correction,
                          branch_parents=[b.tree.parents for b in branches] if trees else [])
         yield run.commit(Step(step, tokens, origins, proposed=proposed, accepted=accepted, tree=drafted,
                               rendezvous=met))
@@ -454,13 +468,15 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
         else:
             window = branches[hit].tree if trees else branches[hit].tokens
             q = torch.stack(branches[hit].q) if branches[hit].q else None
+    if unrecorded is not None:
+        unrecorded.record()
 
 
 def host_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, budget, gamma, roll_out):
     """One step on the lanes' threads: the target lane's prefix and early exit, read by the host,
     which chooses the branches and hands them to the draft lane, while the target lane goes on
     with the suffix. Returns the verdict, the branch it hit (or None), the early-exit candidates
-    [T][kappa] and the branches."""
+    [T][kappa], the branches, and no correction (``queued_step``'s last two: None, None)."""
     pair = run.pair
     T = len(window) + 1
     channel = run.target_lane.submit(
@@ -482,11 +498,12 @@ def host_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa
     branches = rolled.result()
     verdict, hit = run.target_lane.run("rendezvous", rendezvous, window, q, logits, run.target_sampler, branches,
                                        label="verify + match branch", step=step)
-    return verdict, hit, top_ids.tolist(), branches
+    return verdict, hit, top_ids.tolist(), branches, None, None
 
 
 def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, budget, gamma, roll_out=None,
-                channel_stage: TokenChannel | None = None, rollouts: Rollouts | None = None):
+                channel_stage: TokenChannel | None = None, rollouts: Rollouts | None = None,
+                corrections: Rollouts | None = None):
     """One step queued on the lanes' streams from this thread, which waits for the GPU once, at the
     rendezvous: the target stream runs the prefix, the early exit, the suffix and the target's picks
     (``target_picks``) back to back; the draft stream waits for the token channel on a CUDA event
@@ -495,17 +512,25 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
     the token channel is one stage (``channel_stage``, models/channel.py) and the draft's work
     another (``rollouts``, models/rollout.py); else ``token_channel``, ``choose_branches_on_device``
     and ``roll_out_tree``.
+    With ``corrections`` (a one-branch stage, on the rollouts' stage path) the draft stream then rolls
+    out the branch of the target's own outcome, its picks' first rejection (``roll_out_correction``),
+    and the host waits for it only on a miss.
     T = 0, token by token (``queues_steps``; so ``roll_out`` is not needed). On CPU lanes the same
-    work runs in turn, each part on its lane's worker. Returns what ``host_step`` does."""
+    work runs in turn, each part on its lane's worker. Returns what ``host_step`` does, the last two
+    the correction: its tokens on a miss (else None), and its queued work, not yet recorded on a hit."""
     channel_there, channel, logits, suffix = queue_target(run, target_cache, window, step, exit_layer, kappa, head,
                                                           channel_stage=channel_stage)
     packed = isinstance(channel_there, torch.Tensor)  # from the channel's stage (``models.channel.pack``)
     B = min(budget, (len(window) + 1) * kappa)
+    base = draft_cache.length  # the rollouts' and the correction's chain starts here
+    on_stage = rollouts_fit(run, draft_cache, window, rollouts)
+    correcting = on_stage and rollouts_fit(run, draft_cache, window, corrections)
 
     def choose_and_roll_out():  # the branches [B', 4 + gamma]: r, root, valid, score, tokens (``RolloutStage.run``)
-        if rollouts_fit(run, draft_cache, window, rollouts):
-            return roll_out_on_stage(run, draft_cache, window, channel_there if packed else pack(*channel_there),
-                                     rollouts)
+        if on_stage:
+            table = roll_out_on_stage(run, draft_cache, window, channel_there if packed else pack(*channel_there),
+                                      rollouts)
+            return table.clone() if correcting else table  # the correction's stage may reuse the memory
         top = unpack(channel_there, kappa) if packed else channel_there
         r, roots, scores, valid = choose_branches_on_device(window, *top, budget)
         picks = roll_out_tree(run, draft_cache, window, r, roots, gamma)  # [B, gamma]
@@ -516,13 +541,41 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
                                          label=f"{B} branches x {gamma} tokens", step=step, tokens=B * gamma)
     picks, verified = run.target_lane.queue("rendezvous", target_picks, logits, label="verify + match branch",
                                             step=step)
+    fixes, correction = run.draft_lane.queue(
+        "correction-rollout", roll_out_correction, run, draft_cache, window, picks, base, corrections,
+        after=verified.done, label=f"correction: 1 branch x {gamma} tokens", step=step, tokens=gamma) \
+        if correcting else (None, None)
     wait_and_record(channel, suffix, rolled, verified)  # the step's one wait
-    branches = [Branch(int(row[0]), int(row[1]), row[3], tokens=[int(t) for t in row[4:]])
-                for row in table.tolist() if row[2]]
+    branches = branches_of(table)
     verdict = verdict_of_picks(window, picks.tolist())
     hit = branch_hit(branches, verdict.accepted, verdict.token)
     top_ids = [[int(v) for v in row[:kappa]] for row in channel_there.tolist()] if packed else channel_there[0].tolist()
-    return verdict, hit, top_ids, branches
+    if correction is None or hit is not None:
+        return verdict, hit, top_ids, branches, None, correction
+    correction.record()  # a miss: wait for its next window (queued right after the picks, done by now or soon)
+    fixed = branches_of(fixes)
+    corrected = fixed[0].tokens if branch_hit(fixed, verdict.accepted, verdict.token) == 0 else None
+    return verdict, hit, top_ids, branches, corrected, None
+
+
+def branches_of(table: torch.Tensor) -> list[Branch]:
+    """The valid branches of a rollout table [B, 4 + gamma] (``RolloutStage.run``), best first."""
+    return [Branch(int(row[0]), int(row[1]), row[3], tokens=[int(t) for t in row[4:]]) for row in table.tolist() if row[2]]
+
+
+def roll_out_correction(run, cache, window: list[int], picks: torch.Tensor, base: int,
+                        corrections: Rollouts) -> torch.Tensor:
+    """On the draft stream, once the target's picks [T] are made: the one branch of the step's own
+    outcome, rolled out on the ``corrections`` stage from the draft cache's ``base`` slots; its table
+    [1, 4 + gamma]. Its channel holds the picks alone, one candidate per row, all scored alike: the
+    rows whose pick is the window's next token are acceptances, skipped, so the branch chosen is the
+    first row where the target's pick differs, or the bonus row: the outcome (A, c) of verifying."""
+    picks = picks.to(run.pair.draft.device, non_blocking=True)
+    if picks.is_cuda:  # made on the target's stream: keep its memory until this stream has read it
+        picks.record_stream(torch.cuda.current_stream(picks.device))
+    zeros = torch.zeros(len(picks), 1, dtype=torch.float64, device=picks.device)
+    cache.length = base
+    return roll_out_on_stage(run, cache, window, pack(picks[:, None], zeros, zeros[:-1, 0]), corrections)
 
 
 def rollouts_fit(run, cache, window: list[int], rollouts: Rollouts | None) -> bool:
