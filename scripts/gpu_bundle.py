@@ -221,11 +221,11 @@ def calls(parts: list[Path], repo: Path, run: str = GPU_CHECK) -> str:
     return "\n".join(lines)
 
 
-SWEEPS = ('for o in "mirror-gamma-exit14-bb4|gamma 1,2 --exit-layer 14 --branch-budget 4" '
-          '"mirror-branch_budget|branch_budget 4,8,16" '
-          '"mirror-kappa-exit14-bb4-gamma1|kappa 4,8 --exit-layer 14 --branch-budget 4 --gamma 1" '
-          '"mirror-branch_budget-exit14-gamma1-kappa8|branch_budget 4,8,16 --exit-layer 14 --gamma 1 --kappa 8" '
-          '"mirror-tree-exit14-bb4|tree 0,4,7 --exit-layer 14 --branch-budget 4" '
+SWEEPS = ('for o in "mirror-correction-exit14-bb4|correction 0,1 --exit-layer 14 --branch-budget 4" '
+          '"mirror-correction|correction 0,1" '
+          '"mirror-branch_budget-exit14|branch_budget 4,8 --exit-layer 14" '
+          '"mirror-gamma-exit14-bb4|gamma 1,2,3 --exit-layer 14 --branch-budget 4" '
+          '"mirror-kappa-exit14-bb4|kappa 4,8 --exit-layer 14 --branch-budget 4" '
           '"eagle-total_tokens|total_tokens 7,8" "ss-gamma-tt7|gamma 1,2 --total-tokens 7"; '
           'do n=${o%%|*}; set -- ${o#*|}; timeout 80 python3 -m mirror_sd sweep --method ${n%%-*} '
           '--option $1 --values $2 ${@:3} --graphs on --per-category 2 --max-new-tokens 64 '
