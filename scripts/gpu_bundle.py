@@ -221,7 +221,8 @@ def calls(parts: list[Path], repo: Path, run: str = GPU_CHECK) -> str:
     return "\n".join(lines)
 
 
-SWEEPS = ('for o in "mirror-correction-exit14-bb4|correction 0,1 --exit-layer 14 --branch-budget 4" '
+SWEEPS = ('timeout 90 python3 -m scripts.host_samples --graphs on > $OUT/host_samples.md 2> /tmp/host_samples.log; '
+          'for o in "mirror-correction-exit14-bb4|correction 0,1 --exit-layer 14 --branch-budget 4" '
           '"mirror-correction|correction 0,1" '
           '"mirror-branch_budget-exit14|branch_budget 4,8 --exit-layer 14" '
           '"mirror-gamma-exit14-bb4|gamma 1,2,3 --exit-layer 14 --branch-budget 4" '

@@ -335,3 +335,22 @@ def test_host_ops_counts_the_operations_around_a_stage_not_inside_it(tiny_dirs, 
     plain = count_ops(pair, "vanilla", 12, prompt="t1 t2 t3", raw=True)
     assert on_stages["steps"] == plain["steps"] == 11
     assert 0 < on_stages["ops_per_step"] < 30 < plain["ops_per_step"]
+
+
+def test_host_samples_charges_the_decoding_threads_time_to_the_engines_lines(tiny_dirs):
+    """scripts/host_samples.py: every sample of the decoding thread goes to the innermost line of
+    mirror_sd/ on its stack (here, on the CPU, mostly a wait for the lane's worker), or to
+    "(outside)" for a stack without one (this test's own frame); the shares add up to 1."""
+    import re
+    import sys
+
+    from mirror_sd import load_pair
+    from scripts.host_samples import OUTSIDE, innermost_engine_line, sample_method
+
+    assert innermost_engine_line(sys._getframe()) == OUTSIDE
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), target_device="cpu",
+                     draft_device="cpu")
+    table = sample_method(pair, "vanilla", ["t1 t2 t3", "t4 t5"], 12, dict(raw=True), period_s=0.0005, top=5)
+    assert abs(table.share.sum() - 1) < 0.01 and (table.ms_per_step >= 0).all()
+    lines = table.line.iloc[:-1]
+    assert lines.iloc[0] != OUTSIDE and all(re.fullmatch(r"[\w/]+\.py:\d+ \w+", x) for x in lines if x != OUTSIDE)
