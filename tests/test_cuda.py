@@ -25,6 +25,7 @@ METHODS = {  # method (and a variant after a comma) -> options; lookup 0 keeps c
     "ss, one forward": dict(gamma=3, top_k=2, total_tokens=6, lookup=0, one_forward=1),
     "mirror": dict(gamma=3, kappa=2, branch_budget=3, lookup=0),  # each step queued on the two streams
     "mirror, host": dict(gamma=3, kappa=2, branch_budget=3, lookup=0, queued=0),  # the lanes' threads, the host between
+    "mirror, no correction": dict(gamma=3, kappa=2, branch_budget=3, lookup=0, correction=0),  # a miss drafts afresh
     "mirror, trees": dict(gamma=3, kappa=2, branch_budget=3, lookup=0, tree=6, branching=2),  # queued tree steps
     "sd, tree": dict(gamma=3, tree=6, branching=2),  # the draft's tree grown on the GPU, read once
 }
@@ -93,6 +94,21 @@ def test_mirror_rollouts_overlap_the_target_suffix_on_two_streams(fp32_pair, mon
             s, r = suffix.iloc[0], rollout.iloc[0]
             overlapping += min(s.end, r.end) - max(s.start, r.start) > 0
     assert overlapping >= 1 and out.metrics["overlap"] > 0
+
+
+def test_a_miss_takes_its_next_window_from_the_correction_rollout_on_the_gpu(fp32_pair):
+    """Queued on the two streams, the correction rollout runs on the draft's stream after the
+    target's picks: the step after a miss takes its window, with no fallback draft after the first
+    step, and the run equals vanilla (tests/test_rollout.py checks the window itself on the CPU)."""
+    for prompt in PROMPTS:
+        expected = generate(fp32_pair, prompt, method="vanilla", max_new_tokens=32, raw=True).token_ids
+        out = generate(fp32_pair, prompt, method="mirror", max_new_tokens=32, raw=True, **METHODS["mirror"])
+        assert out.error is None and out.token_ids == expected
+        steps = out.trace.steps[1:]
+        assert [s.rendezvous.corrected for s in steps[1:]] == [not s.rendezvous.hit for s in steps[:-1]]
+        assert not any(s.rendezvous.fallback for s in steps[1:])
+        lanes = {out.trace.lanes[s.lane] for s in out.trace.spans if s.kind == "correction-rollout"}
+        assert lanes == ({"draft"} if len(steps) > 1 else set())
 
 
 def test_gpu_lanes_time_their_spans_with_cuda_events(fp32_pair):
