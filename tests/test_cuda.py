@@ -108,7 +108,7 @@ def test_a_miss_takes_its_next_window_from_the_correction_rollout_on_the_gpu(fp3
         assert [s.rendezvous.corrected for s in steps[1:]] == [not s.rendezvous.hit for s in steps[:-1]]
         assert not any(s.rendezvous.fallback for s in steps[1:])
         lanes = {out.trace.lanes[s.lane] for s in out.trace.spans if s.kind == "correction-rollout"}
-        assert lanes == ({"draft"} if len(steps) > 1 else set())
+        assert lanes == {"draft"}
 
 
 def test_gpu_lanes_time_their_spans_with_cuda_events(fp32_pair):

@@ -118,7 +118,7 @@ def test_a_miss_takes_its_next_window_from_the_correction_rollout(tiny_dirs, pai
     after its picks (``roll_out_correction``): the step after a miss takes that branch as its window,
     with no fallback draft after the first step, and the window is the draft's greedy continuation
     of the committed tokens, as a fallback draft's would be. Vanilla's tokens either way
-    (``correction`` 1 and 0); the correction's spans are on the draft lane, one per step but the last."""
+    (``correction`` 1 and 0); the correction's spans are on the draft lane, one per step."""
     staged = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
     expected = generate(pair, prompt, method="vanilla", max_new_tokens=24, raw=True).token_ids
     runs = {c: generate(staged, prompt, method="mirror", max_new_tokens=24, raw=True, queued=1, lookup=0, gamma=3,
@@ -135,7 +135,7 @@ def test_a_miss_takes_its_next_window_from_the_correction_rollout(tiny_dirs, pai
             assert step.proposed == greedy_draft(pair.draft, sequence, 3, pair.target.args.vocab_size)
         sequence += step.committed
     spans = [s for s in runs[1].trace.spans if s.kind == "correction-rollout"]
-    assert sorted(s.step for s in spans) == [s.index for s in steps[1:-1]]
+    assert sorted(s.step for s in spans) == [s.index for s in steps[1:]]
     assert {runs[1].trace.lanes[s.lane] for s in spans} == {"draft"}
     assert not any(s.kind == "correction-rollout" for s in runs[0].trace.spans)
     assert not any(s.rendezvous.corrected for s in runs[0].trace.steps[1:])

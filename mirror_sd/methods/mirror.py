@@ -461,15 +461,16 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
         met = Rendezvous(exit_candidates=top_ids, branches=[(b.accepted, b.root, b.tokens) for b in branches],
                          branch_used=hit, fallback=fallback, copied=copied, corrected=from_correction,
                          branch_parents=[b.tree.parents for b in branches] if trees else [])
-        yield run.commit(Step(step, tokens, origins, proposed=proposed, accepted=accepted, tree=drafted,
-                              rendezvous=met))
+        committed = run.commit(Step(step, tokens, origins, proposed=proposed, accepted=accepted, tree=drafted,
+                                    rendezvous=met))
+        if run.done and unrecorded is not None:  # the engine asks for no step after the last: record it now
+            unrecorded.record()
+        yield committed
         if hit is None:
             window, q = None, None
         else:
             window = branches[hit].tree if trees else branches[hit].tokens
             q = torch.stack(branches[hit].q) if branches[hit].q else None
-    if unrecorded is not None:
-        unrecorded.record()
 
 
 def host_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, budget, gamma, roll_out):
