@@ -441,16 +441,18 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
             draft_cache.rollback(min(draft_cache.length, n - 1))
         if trees:
             tree_step = mirror_tree.queued_tree_step if queues else mirror_tree.tree_step
-            path, token, hit, top_ids, branches, corrected = *tree_step(
+            path, token, hit, top_ids, branches = tree_step(
                 run, target_cache, draft_cache, window, step, exit_layer, kappa, head, branch_budget, gamma, branching,
-                tree), None
+                tree)
+            corrected = None  # tree steps roll out no correction
             keep_path(target_cache, path, n)
             keep_path(draft_cache, path, n)  # the rollouts wrote the window's nodes after the sequence
             tokens, origins = window.committed(path, token)
             accepted, proposed, drafted = len(path), window.tokens, window.record(path)
         else:
             verdict, hit, top_ids, branches, corrected, correcting = step_on(
-                run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, branch_budget, gamma, roll_out)
+                run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, branch_budget, gamma,
+                roll_out)
             if unrecorded is not None:  # the last step's correction rollout: done before this step's rollouts
                 unrecorded.record()
             unrecorded = correcting if corrected is None else None
@@ -561,7 +563,8 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
 
 def branches_of(table: torch.Tensor) -> list[Branch]:
     """The valid branches of a rollout table [B, 4 + gamma] (``RolloutStage.run``), best first."""
-    return [Branch(int(row[0]), int(row[1]), row[3], tokens=[int(t) for t in row[4:]]) for row in table.tolist() if row[2]]
+    return [Branch(int(row[0]), int(row[1]), row[3], tokens=[int(t) for t in row[4:]])
+            for row in table.tolist() if row[2]]
 
 
 def roll_out_correction(run, cache, window: list[int], picks: torch.Tensor, base: int,
