@@ -80,6 +80,29 @@ class Branch:
     tree: Tree | None = None  # the continuation as a tree hanging from root (tree windows; None: a chain)
 
 
+@dataclass
+class Correction:
+    """A queued step's correction rollout (``roll_out_correction``), queued on the draft's stream: read
+    only if the next step needs its window, and recorded (its span) once it is done."""
+    table: torch.Tensor  # [1, 4 + gamma], on the draft's device
+    work: object  # its ``devices.Queued``
+    outcome: tuple[int, int]  # the step's verdict: (accepted, token)
+    recorded: bool = False
+
+    def record(self):
+        """Wait for the rollout (if it is still running) and put its span in the trace, once."""
+        if not self.recorded:
+            self.work.record()
+            self.recorded = True
+
+    def window(self) -> list[int] | None:
+        """The rollout's tokens after the outcome: the next window after a miss (None if the stage
+        chose another branch, which its channel rules out)."""
+        self.record()
+        fixed = branches_of(self.table)
+        return fixed[0].tokens if branch_hit(fixed, *self.outcome) == 0 else None
+
+
 def default_exit_layer(num_layers: int) -> int:
     """Three quarters of the way up (22 of SmolLM2-135M's 30 layers): a later exit sees more of the
     target (more hits) and still leaves the draft a suffix to hide under (measured:
@@ -420,7 +443,7 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
     yield first
     fresh_label = f"fallback draft tree of {tree} tokens, depth {gamma}" if trees else f"fallback draft {gamma} tokens"
     window, q = None, None  # the window: draft tokens, or a Tree with trees
-    corrected, unrecorded = None, None  # a miss's correction rollout (tokens), and its work if not recorded yet
+    correction = None  # the last step's correction rollout (queued steps)
     while not run.done:
         step = run.next_step
         n = len(run.sequence)
@@ -429,8 +452,9 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
         copied = bool(copy)
         if copied:  # the last step missed, and the context holds a continuation: copy it, no draft work
             window, q = (graft(Tree([], [], [], []), copy) if trees else copy), None  # trees: a one-branch tree
-        from_correction = window is None and corrected is not None
-        if from_correction:  # the last step missed, and the draft stream rolled out from its correction
+        corrected = correction.window() if window is None and correction is not None else None
+        from_correction = corrected is not None
+        if from_correction:  # the last step missed, and the draft stream rolled out from its outcome
             window, q = corrected, None
         fallback = window is None
         if fallback:  # the first step, or the last one missed: draft afresh, on the critical path
@@ -444,18 +468,18 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
             path, token, hit, top_ids, branches = tree_step(
                 run, target_cache, draft_cache, window, step, exit_layer, kappa, head, branch_budget, gamma, branching,
                 tree)
-            corrected = None  # tree steps roll out no correction
+            correction = None  # tree steps roll out no correction
             keep_path(target_cache, path, n)
             keep_path(draft_cache, path, n)  # the rollouts wrote the window's nodes after the sequence
             tokens, origins = window.committed(path, token)
             accepted, proposed, drafted = len(path), window.tokens, window.record(path)
         else:
-            verdict, hit, top_ids, branches, corrected, correcting = step_on(
+            last = correction
+            verdict, hit, top_ids, branches, correction = step_on(
                 run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, branch_budget, gamma,
                 roll_out)
-            if unrecorded is not None:  # the last step's correction rollout: done before this step's rollouts
-                unrecorded.record()
-            unrecorded = correcting if corrected is None else None
+            if last is not None:  # the last step's correction rollout, done before this step's rollouts
+                last.record()
             tokens, origins = verdict.committed(window)
             accepted, proposed, drafted = verdict.accepted, window, None
             target_cache.rollback(n + accepted)
@@ -465,8 +489,8 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
                          branch_parents=[b.tree.parents for b in branches] if trees else [])
         committed = run.commit(Step(step, tokens, origins, proposed=proposed, accepted=accepted, tree=drafted,
                                     rendezvous=met))
-        if run.done and unrecorded is not None:  # the engine asks for no step after the last: record it now
-            unrecorded.record()
+        if run.done and correction is not None:  # the engine asks for no step after the last: record it now
+            correction.record()
         yield committed
         if hit is None:
             window, q = None, None
@@ -479,7 +503,7 @@ def host_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa
     """One step on the lanes' threads: the target lane's prefix and early exit, read by the host,
     which chooses the branches and hands them to the draft lane, while the target lane goes on
     with the suffix. Returns the verdict, the branch it hit (or None), the early-exit candidates
-    [T][kappa], the branches, and no correction (``queued_step``'s last two: None, None)."""
+    [T][kappa], the branches, and no correction rollout (``queued_step``'s last: None)."""
     pair = run.pair
     T = len(window) + 1
     channel = run.target_lane.submit(
@@ -501,7 +525,7 @@ def host_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa
     branches = rolled.result()
     verdict, hit = run.target_lane.run("rendezvous", rendezvous, window, q, logits, run.target_sampler, branches,
                                        label="verify + match branch", step=step)
-    return verdict, hit, top_ids.tolist(), branches, None, None
+    return verdict, hit, top_ids.tolist(), branches, None
 
 
 def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, budget, gamma, roll_out=None,
@@ -517,10 +541,10 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
     and ``roll_out_tree``.
     With ``corrections`` (a one-branch stage, on the rollouts' stage path) the draft stream then rolls
     out the branch of the target's own outcome, its picks' first rejection (``roll_out_correction``),
-    and the host waits for it only on a miss.
+    which the host reads only if the next step needs it: after a miss without a copy.
     T = 0, token by token (``queues_steps``; so ``roll_out`` is not needed). On CPU lanes the same
-    work runs in turn, each part on its lane's worker. Returns what ``host_step`` does, the last two
-    the correction: its tokens on a miss (else None), and its queued work, not yet recorded on a hit."""
+    work runs in turn, each part on its lane's worker. Returns what ``host_step`` does, the last the
+    correction rollout (a :class:`Correction`; None without one)."""
     channel_there, channel, logits, suffix = queue_target(run, target_cache, window, step, exit_layer, kappa, head,
                                                           channel_stage=channel_stage)
     packed = isinstance(channel_there, torch.Tensor)  # from the channel's stage (``models.channel.pack``)
@@ -544,7 +568,7 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
                                          label=f"{B} branches x {gamma} tokens", step=step, tokens=B * gamma)
     picks, verified = run.target_lane.queue("rendezvous", target_picks, logits, label="verify + match branch",
                                             step=step)
-    fixes, correction = run.draft_lane.queue(
+    fixes, fixing = run.draft_lane.queue(
         "correction-rollout", roll_out_correction, run, draft_cache, window, picks, base, corrections,
         after=verified.done, label=f"correction: 1 branch x {gamma} tokens", step=step, tokens=gamma) \
         if correcting else (None, None)
@@ -553,12 +577,8 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
     verdict = verdict_of_picks(window, picks.tolist())
     hit = branch_hit(branches, verdict.accepted, verdict.token)
     top_ids = [[int(v) for v in row[:kappa]] for row in channel_there.tolist()] if packed else channel_there[0].tolist()
-    if correction is None or hit is not None:
-        return verdict, hit, top_ids, branches, None, correction
-    correction.record()  # a miss: wait for its next window (queued right after the picks, done by now or soon)
-    fixed = branches_of(fixes)
-    corrected = fixed[0].tokens if branch_hit(fixed, verdict.accepted, verdict.token) == 0 else None
-    return verdict, hit, top_ids, branches, corrected, None
+    correction = Correction(fixes, fixing, (verdict.accepted, verdict.token)) if correcting else None
+    return verdict, hit, top_ids, branches, correction
 
 
 def branches_of(table: torch.Tensor) -> list[Branch]:
