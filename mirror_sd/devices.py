@@ -401,13 +401,17 @@ class Lane:
 class Queued:
     """Work a lane queued (``Lane.queue``): ``done`` is a CUDA event recorded after it on the lane's
     stream (None off CUDA), for another lane's stream to wait on; ``record()`` waits for it (at
-    once, if the host has read what the work made since) and adds its span to the trace."""
+    once, if the host has read what the work made since) and adds its span to the trace, once."""
 
     def __init__(self, lane, trace, kind, label, step, tokens, events, start, launched, done):
         self.lane, self.trace, self.kind, self.label, self.step, self.tokens = lane, trace, kind, label, step, tokens
         self.events, self.start, self.launched, self.done = events, start, launched, done
+        self.recorded = False
 
     def record(self):
+        if self.recorded:
+            return
+        self.recorded = True
         if self.done is not None:
             self.done.synchronize()  # the work, and its end event, done on the GPU
         if self.trace is None:

@@ -85,10 +85,9 @@ def sample_method(pair, method: str, prompts: list, max_new_tokens: int, options
             out = generate(pair, prompt, method=method, max_new_tokens=max_new_tokens, **options)
             steps += len(out.trace.steps) - 1  # after the prefill
         wall_ms = 1000 * (time.perf_counter() - start)
-    total = sum(sampler.counts.values())
-    rows = [dict(line=line, share=n / total, ms_per_step=wall_ms * n / total / steps)
-            for line, n in sampler.counts.most_common(top)]
-    rest = total - sum(n for _, n in sampler.counts.most_common(top))
+    total, most = sum(sampler.counts.values()), sampler.counts.most_common(top)
+    rows = [dict(line=line, share=n / total, ms_per_step=wall_ms * n / total / steps) for line, n in most]
+    rest = total - sum(n for _, n in most)
     rows.append(dict(line="(every other line)", share=rest / total, ms_per_step=wall_ms * rest / total / steps))
     return pd.DataFrame(rows).round(3)
 

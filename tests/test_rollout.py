@@ -13,6 +13,7 @@ from mirror_sd.models.forwards import FULL, forward, stage_cache
 from mirror_sd.models.rollout import Rollouts
 from mirror_sd.models.stages import Stage
 from mirror_sd.sampling import draft_argmax
+from mirror_sd.train.ss import greedy_continuations
 
 
 @pytest.fixture(scope="module")
@@ -103,15 +104,6 @@ def test_wide_budgets_roll_out_on_the_widest_stage_or_a_forward_at_a_time(tiny_d
     assert out.error is None and out.token_ids == expected and "note" not in out.trace.meta
 
 
-def greedy_draft(draft, ids: list[int], n: int, vocab_size: int) -> list[int]:
-    """The draft's n greedy tokens after ``ids``, each from a plain forward over the whole sequence."""
-    ids = list(ids)
-    for _ in range(n):
-        logits = forward(draft, torch.tensor([ids]), draft.new_cache(len(ids) + 1))
-        ids.append(int(draft_argmax(logits[0, -1], draft.vocab_map, vocab_size)))
-    return ids[-n:]
-
-
 @pytest.mark.parametrize("prompt", ["t1 t2 t3", "t5 t9 t2 t7 t7"])
 def test_a_miss_takes_its_next_window_from_the_correction_rollout(tiny_dirs, pair, prompt):
     """In a queued step on stages the draft stream rolls out the branch of the target's own outcome
@@ -132,7 +124,7 @@ def test_a_miss_takes_its_next_window_from_the_correction_rollout(tiny_dirs, pai
     sequence = pair.encode(prompt, raw=True)
     for step in steps:
         if step.rendezvous is not None and step.rendezvous.corrected:
-            assert step.proposed == greedy_draft(pair.draft, sequence, 3, pair.target.args.vocab_size)
+            assert step.proposed == greedy_continuations(pair.draft, sequence, [len(sequence) - 1], 3)[0]
         sequence += step.committed
     spans = [s for s in runs[1].trace.spans if s.kind == "correction-rollout"]
     assert sorted(s.step for s in spans) == [s.index for s in steps[1:]]

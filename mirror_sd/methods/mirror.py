@@ -83,22 +83,15 @@ class Branch:
 @dataclass
 class Correction:
     """A queued step's correction rollout (``roll_out_correction``), queued on the draft's stream: read
-    only if the next step needs its window, and recorded (its span) once it is done."""
+    only if the next step needs its window; ``work.record()`` puts its span in the trace once it is done."""
     table: torch.Tensor  # [1, 4 + gamma], on the draft's device
     work: object  # its ``devices.Queued``
     outcome: tuple[int, int]  # the step's verdict: (accepted, token)
-    recorded: bool = False
-
-    def record(self):
-        """Wait for the rollout (if it is still running) and put its span in the trace, once."""
-        if not self.recorded:
-            self.work.record()
-            self.recorded = True
 
     def window(self) -> list[int] | None:
         """The rollout's tokens after the outcome: the next window after a miss (None if the stage
         chose another branch, which its channel rules out)."""
-        self.record()
+        self.work.record()  # waits for the rollout
         fixed = branches_of(self.table)
         return fixed[0].tokens if branch_hit(fixed, *self.outcome) == 0 else None
 
@@ -479,7 +472,7 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
                 run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, branch_budget, gamma,
                 roll_out)
             if last is not None:  # the last step's correction rollout, done before this step's rollouts
-                last.record()
+                last.work.record()
             tokens, origins = verdict.committed(window)
             accepted, proposed, drafted = verdict.accepted, window, None
             target_cache.rollback(n + accepted)
@@ -490,7 +483,7 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
         committed = run.commit(Step(step, tokens, origins, proposed=proposed, accepted=accepted, tree=drafted,
                                     rendezvous=met))
         if run.done and correction is not None:  # the engine asks for no step after the last: record it now
-            correction.record()
+            correction.work.record()
         yield committed
         if hit is None:
             window, q = None, None
