@@ -445,8 +445,8 @@ def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
     lines += launch_section(out / "bench-graphs-on" / "stage_ms.csv")
     lines += refused_section(out)
     lines += ["", "Spans on CUDA lanes come from CUDA events. On CUDA lanes Mirror-SD's steps are queued on the "
-                  "two streams (the draft stream waits for the token channel on a CUDA event; methods/mirror.py: "
-                  "queued_step); with --queued 0 the lanes' threads run them."]
+                  "two streams (the draft stream waits for the token channel on a CUDA event; "
+                  "methods/mirror_queued.py: queued_step); with --queued 0 the lanes' threads run them."]
     return "\n".join(lines) + "\n"
 
 

@@ -148,7 +148,8 @@ def test_the_device_chooses_the_hosts_branches():
     after a window token the exit gave -inf (a copied token outside the draft's vocabulary)."""
     import torch
 
-    from mirror_sd.methods.mirror import choose_branches, choose_branches_on_device
+    from mirror_sd.methods.mirror import choose_branches
+    from mirror_sd.methods.mirror_queued import choose_branches_on_device
 
     gen = torch.Generator().manual_seed(0)
     for trial in range(40):
@@ -220,7 +221,7 @@ def test_a_queued_step_queues_its_verification_before_its_one_wait(tiny_pair, mo
 def test_queued_steps_need_temperature_0_and_token_by_token_rollouts(tiny_pair):
     from types import SimpleNamespace
 
-    from mirror_sd.methods.mirror import queues_steps
+    from mirror_sd.methods.mirror_queued import queues_steps
 
     def run(greedy):
         return SimpleNamespace(pair=tiny_pair, draft_sampler=SimpleNamespace(greedy=greedy))

@@ -169,7 +169,7 @@ def random_tree(nodes: int, gen) -> list[int]:
 def test_the_device_chooses_the_hosts_branches_over_a_tree():
     """choose_branches_on_device with the tree's parents (the queued tree step) keeps the host's valid
     branches, scores and order, ties and -inf included; skipped candidates (children) after them."""
-    from mirror_sd.methods.mirror import choose_branches_on_device
+    from mirror_sd.methods.mirror_queued import choose_branches_on_device
 
     gen = torch.Generator().manual_seed(1)
     for trial in range(40):

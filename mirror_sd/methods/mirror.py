@@ -23,7 +23,8 @@ One step, with the window W = [last committed token, d1 .. d_gamma]:
    then up to ``lookup`` copied tokens are the next window, with no draft time at all. In a queued
    step (T = 0, on stages) the draft stream also rolls out one more branch, from the target's own
    token at the first rejection, as soon as the target's picks are made (``correction``): a miss
-   finds its next window there, made while the host read the verdict, not drafted after it.
+   finds its next window there, made while the host read the verdict, not drafted after it
+   (methods/mirror_queued.py).
 4. Commit d1..dA + c and roll both KV caches back to the committed length.
 
 With option ``tree`` > 0 (T = 0) the window and every branch's rollout are draft trees instead of
@@ -56,18 +57,15 @@ import torch
 from ..devices import to_device
 from ..drafting import make_drafter
 from ..drafting.lookup import copy_from_context
-from ..drafting.tree import Tree, graft, keep_path, tree_window
-from ..models.channel import TokenChannel, pack, unpack
+from ..drafting.tree import Tree, graft, keep_path
 from ..models.exit_head import EarlyExit, available_exit_head, exit_head_for
-from ..models.forwards import FULL, layers, staged, staged_for
-from ..models.rollout import Rollouts, rank_branches
-from ..models.stages import MAX_WIDTH
+from ..models.forwards import FULL, layers
 from ..models.streams import draft_streams, split_forward, split_ranges
 from ..sampling import to_target_vocab
 from ..trace import Rendezvous, Step
-from . import mirror_tree
+from . import mirror_queued, mirror_tree
 from .prefill import prefill_pair
-from .verify import verdict_of_picks, verify
+from .verify import verify
 
 
 @dataclass
@@ -78,22 +76,6 @@ class Branch:
     tokens: list[int] = field(default_factory=list)  # the draft's continuation after root (a tree's nodes)
     q: list[torch.Tensor] = field(default_factory=list)  # its distributions [V] (temperature > 0)
     tree: Tree | None = None  # the continuation as a tree hanging from root (tree windows; None: a chain)
-
-
-@dataclass
-class Correction:
-    """A queued step's correction rollout (``roll_out_correction``), queued on the draft's stream: read
-    only if the next step needs its window; ``work.record()`` puts its span in the trace once it is done."""
-    table: torch.Tensor  # [1, 4 + gamma], on the draft's device
-    work: object  # its ``devices.Queued``
-    outcome: tuple[int, int]  # the step's verdict: (accepted, token)
-
-    def window(self) -> list[int] | None:
-        """The rollout's tokens after the outcome: the next window after a miss (None if the stage
-        chose another branch, which its channel rules out)."""
-        self.work.record()  # waits for the rollout
-        fixed = branches_of(self.table)
-        return fixed[0].tokens if branch_hit(fixed, *self.outcome) == 0 else None
 
 
 def default_exit_layer(num_layers: int) -> int:
@@ -231,47 +213,6 @@ def choose_branches(draft: list[int], top_ids, top_logp, window_logp, budget: in
     return branches[:budget]
 
 
-def choose_branches_on_device(draft: list[int], top_ids, top_logp, window_logp, budget: int,
-                              parents: list[int] | None = None):
-    """``choose_branches`` where the token channel lies (the queued step), nothing read to the host:
-    (r, roots, scores, valid) [B] of the B = min(budget, T * kappa) best hypotheses, best first.
-
-    The scores are summed in float64 in the host's order, and ties keep (r, rank) order, as the
-    host's stable sort does. The skipped candidates (v = d_{r+1}; with ``parents``, any child of
-    row r) sort after every other one (even one at -inf: a copied window token outside the draft's
-    vocabulary), marked invalid: an acceptance, never a verdict, so they never hit. The valid ones
-    are ``choose_branches``' own.
-    """
-    T, kappa = top_ids.shape
-    dev = top_ids.device
-    if parents is None:  # a chain
-        prefix = torch.cat([torch.zeros(1, dtype=torch.float64, device=dev), window_logp.double().cumsum(0)])  # [T]
-        skip = torch.zeros(T, kappa, dtype=torch.bool, device=dev)
-        skip[:-1] = top_ids[:-1] == to_device(draft, dev, torch.long)[:, None]
-    else:
-        prefix, skip = _tree_prefix_and_skip(draft, parents, top_ids, window_logp)
-    return rank_branches(prefix[:, None] + top_logp.double(), skip, top_ids, budget)  # [B] each
-
-
-def _tree_prefix_and_skip(draft: list[int], parents: list[int], top_ids, window_logp):
-    """Over a tree window (rows: the root, then node i at i + 1), on the channel's device: each row's
-    path log-prob [T] (float64, summed root to leaf as ``choose_branches`` does), and which
-    candidates [T, kappa] are children of their row."""
-    dev, T = top_ids.device, len(draft) + 1
-    prefix, node_logp = torch.zeros(T, dtype=torch.float64, device=dev), window_logp.double()
-    depth = [0] * T
-    for i, p in enumerate(parents):
-        depth[i + 1] = depth[p + 1] + 1
-    for d in range(1, max(depth) + 1):  # one level at a time: every parent's sum is ready
-        nodes = [i for i in range(len(draft)) if depth[i + 1] == d]
-        at = to_device([nodes, [parents[i] + 1 for i in nodes]], dev, torch.long)
-        prefix[at[0] + 1] = prefix[at[1]] + node_logp[at[0]]
-    children = torch.zeros(T, len(draft), dtype=torch.bool)  # [row, node]: node is a child of the row
-    children[[p + 1 for p in parents], list(range(len(draft)))] = True
-    same = top_ids[:, :, None] == to_device(draft, dev, torch.long)[None, None, :]  # [T, kappa, nodes]
-    return prefix, (same & to_device(children, dev)[:, None, :]).any(-1)
-
-
 def branch_tensors(branches: list[Branch], device) -> tuple[torch.Tensor, torch.Tensor]:
     """(r, roots) [B] of host-chosen branches, on ``device``."""
     rows = to_device([[b.accepted for b in branches], [b.root for b in branches]], device, torch.long)
@@ -387,23 +328,6 @@ def branch_hit(branches: list[Branch], accepted: int, token: int) -> int | None:
     return next((i for i, b in enumerate(branches) if (b.accepted, b.root) == (accepted, token)), None)
 
 
-def target_picks(logits: torch.Tensor) -> torch.Tensor:
-    """The target's argmax at each row of the final logits [T, V] -> [T]: at T = 0 all that verifying
-    needs of the device. A queued step queues it right after the suffix, so it runs while the
-    rollouts may still run and the step's one wait reads it with them."""
-    return logits.argmax(-1)
-
-
-def queues_steps(run, streams: int, queued: int) -> bool:
-    """Whether steps are queued on the lanes' streams (``queued_step``; over tree windows,
-    ``mirror_tree.queued_tree_step``): always with ``queued`` 1, never with 0, and with -1 where
-    both lanes are CUDA devices; at T = 0, token by token, on one device's target."""
-    pair = run.pair
-    possible = run.draft_sampler.greedy and not streams and not pair.target.layer_devices
-    cuda = pair.target_lane.device.type == "cuda" and pair.draft_lane.device.type == "cuda"
-    return possible and (queued == 1 or (queued == -1 and cuda))
-
-
 def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, streams: int = 0, lookup: int = 0,
            exit_head: int = -1, queued: int = -1, tree: int = 0, branching: int = 4, correction: int = 1):
     pair = run.pair
@@ -412,19 +336,13 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
     # a fresh window after a miss: token by token (a tree, with trees), or the draft's streams
     fresh = make_drafter(streams, tree=tree, branching=branching)
     roll_out = rollout_streamed if streams else rollout
-    queues = queues_steps(run, streams, queued)
+    queues = mirror_queued.queues_steps(run, streams, queued)
     exit_layer = exit_layer or default_exit_layer(pair.target.num_layers)
     head = choose_exit_head(pair, exit_layer, exit_head)  # None: the logit lens
-    rows = max(gamma, lookup) + 1  # the most a window has, with the token before it
-    # A queued chain step's work as two stages: the token channel on the target, the rollouts on the draft
-    channel = TokenChannel(exit_layer, kappa, exit_reader(pair, head), pair.target.args.vocab_size) \
-        if queues and not trees and not pair.target.layer_devices else None
-    rollouts = Rollouts(min(branch_budget, rows * kappa), gamma, kappa, rows, pair.target.args.vocab_size) \
-        if queues and not trees and min(branch_budget, rows * kappa) < MAX_WIDTH else None
-    # A miss's next window, rolled out from the target's correction on the draft stream (``queued_step``)
-    corrections = Rollouts(1, gamma, 1, rows, pair.target.args.vocab_size) if rollouts and correction else None
-    step_on = partial(queued_step, channel_stage=channel, rollouts=rollouts, corrections=corrections) if queues \
-        else host_step
+    channel, rollouts, corrections = (None,) * 3 if not queues or trees else \
+        mirror_queued.step_stages(pair, exit_layer, kappa, head, gamma, branch_budget, lookup, correction)
+    step_on = partial(mirror_queued.queued_step, channel_stage=channel, rollouts=rollouts, corrections=corrections) \
+        if queues else host_step
     rollout_slots = branch_budget * (1 + branching * (gamma - 1)) + max(tree, lookup) if trees \
         else branch_budget * gamma + lookup
     target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=rollout_slots,
@@ -496,7 +414,7 @@ def host_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa
     """One step on the lanes' threads: the target lane's prefix and early exit, read by the host,
     which chooses the branches and hands them to the draft lane, while the target lane goes on
     with the suffix. Returns the verdict, the branch it hit (or None), the early-exit candidates
-    [T][kappa], the branches, and no correction rollout (``queued_step``'s last: None)."""
+    [T][kappa], the branches, and no correction rollout (``mirror_queued.queued_step``'s last: None)."""
     pair = run.pair
     T = len(window) + 1
     channel = run.target_lane.submit(
@@ -519,137 +437,6 @@ def host_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa
     verdict, hit = run.target_lane.run("rendezvous", rendezvous, window, q, logits, run.target_sampler, branches,
                                        label="verify + match branch", step=step)
     return verdict, hit, top_ids.tolist(), branches, None
-
-
-def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, budget, gamma, roll_out=None,
-                channel_stage: TokenChannel | None = None, rollouts: Rollouts | None = None,
-                corrections: Rollouts | None = None):
-    """One step queued on the lanes' streams from this thread, which waits for the GPU once, at the
-    rendezvous: the target stream runs the prefix, the early exit, the suffix and the target's picks
-    (``target_picks``) back to back; the draft stream waits for the token channel on a CUDA event
-    (``Lane.queue``'s ``after``), then chooses the branches and rolls them out, all on the device.
-    The host then reads the picks and the branches, and verifies and matches them itself. On stages
-    the token channel is one stage (``channel_stage``, models/channel.py) and the draft's work
-    another (``rollouts``, models/rollout.py); else ``token_channel``, ``choose_branches_on_device``
-    and ``roll_out_tree``.
-    With ``corrections`` (a one-branch stage, on the rollouts' stage path) the draft stream then rolls
-    out the branch of the target's own outcome, its picks' first rejection (``roll_out_correction``),
-    which the host reads only if the next step needs it: after a miss without a copy.
-    T = 0, token by token (``queues_steps``; so ``roll_out`` is not needed). On CPU lanes the same
-    work runs in turn, each part on its lane's worker. Returns what ``host_step`` does, the last the
-    correction rollout (a :class:`Correction`; None without one)."""
-    channel_there, channel, logits, suffix = queue_target(run, target_cache, window, step, exit_layer, kappa, head,
-                                                          channel_stage=channel_stage)
-    packed = isinstance(channel_there, torch.Tensor)  # from the channel's stage (``models.channel.pack``)
-    B = min(budget, (len(window) + 1) * kappa)
-    base = draft_cache.length  # the rollouts' and the correction's chain starts here
-    on_stage = rollouts_fit(run, draft_cache, window, rollouts)
-    correcting = on_stage and rollouts_fit(run, draft_cache, window, corrections)
-
-    def choose_and_roll_out():  # the branches [B', 4 + gamma]: r, root, valid, score, tokens (``RolloutStage.run``)
-        if on_stage:
-            table = roll_out_on_stage(run, draft_cache, window, channel_there if packed else pack(*channel_there),
-                                      rollouts)
-            return table.clone() if correcting else table  # the correction's stage may reuse the memory
-        top = unpack(channel_there, kappa) if packed else channel_there
-        r, roots, scores, valid = choose_branches_on_device(window, *top, budget)
-        picks = roll_out_tree(run, draft_cache, window, r, roots, gamma)  # [B, gamma]
-        columns = [torch.stack([r, roots, valid.long()], dim=1).double(), scores[:, None], picks.double()]
-        return torch.cat(columns, dim=1)
-
-    table, rolled = run.draft_lane.queue("draft-rollout", choose_and_roll_out, after=channel.done,
-                                         label=f"{B} branches x {gamma} tokens", step=step, tokens=B * gamma)
-    picks, verified = run.target_lane.queue("rendezvous", target_picks, logits, label="verify + match branch",
-                                            step=step)
-    fixes, fixing = run.draft_lane.queue(
-        "correction-rollout", roll_out_correction, run, draft_cache, window, picks, base, corrections,
-        after=verified.done, label=f"correction: 1 branch x {gamma} tokens", step=step, tokens=gamma) \
-        if correcting else (None, None)
-    wait_and_record(channel, suffix, rolled, verified)  # the step's one wait
-    branches = branches_of(table)
-    verdict = verdict_of_picks(window, picks.tolist())
-    hit = branch_hit(branches, verdict.accepted, verdict.token)
-    top_ids = [[int(v) for v in row[:kappa]] for row in channel_there.tolist()] if packed else channel_there[0].tolist()
-    correction = Correction(fixes, fixing, (verdict.accepted, verdict.token)) if correcting else None
-    return verdict, hit, top_ids, branches, correction
-
-
-def branches_of(table: torch.Tensor) -> list[Branch]:
-    """The valid branches of a rollout table [B, 4 + gamma] (``RolloutStage.run``), best first."""
-    return [Branch(int(row[0]), int(row[1]), row[3], tokens=[int(t) for t in row[4:]])
-            for row in table.tolist() if row[2]]
-
-
-def roll_out_correction(run, cache, window: list[int], picks: torch.Tensor, base: int,
-                        corrections: Rollouts) -> torch.Tensor:
-    """On the draft stream, once the target's picks [T] are made: the one branch of the step's own
-    outcome, rolled out on the ``corrections`` stage from the draft cache's ``base`` slots; its table
-    [1, 4 + gamma]. Its channel holds the picks alone, one candidate per row, all scored alike: the
-    rows whose pick is the window's next token are acceptances, skipped, so the branch chosen is the
-    first row where the target's pick differs, or the bonus row: the outcome (A, c) of verifying."""
-    picks = picks.to(run.pair.draft.device, non_blocking=True)
-    if picks.is_cuda:  # made on the target's stream: keep its memory until this stream has read it
-        picks.record_stream(torch.cuda.current_stream(picks.device))
-    zeros = torch.zeros(len(picks), 1, dtype=torch.float64, device=picks.device)
-    cache.length = base
-    return roll_out_on_stage(run, cache, window, pack(picks[:, None], zeros, zeros[:-1, 0]), corrections)
-
-
-def rollouts_fit(run, cache, window: list[int], rollouts: Rollouts | None) -> bool:
-    """Whether the draft's stage for ``rollouts`` holds this step: the draft on stages, the window
-    within the channel rows it was made for, the chain and every root within its widest forward."""
-    chain = len(run.sequence) - cache.length + len(window)
-    return (rollouts is not None and staged_for(run.pair.draft, cache, rollouts) is not None
-            and len(window) < rollouts.rows and chain + rollouts.budget <= MAX_WIDTH)
-
-
-def roll_out_on_stage(run, cache, window: list[int], channel, rollouts: Rollouts) -> torch.Tensor:
-    """A queued step's branch choice and rollouts in one replay of the draft's stage for ``rollouts``
-    (models/rollout.py), from the token channel packed (models/channel.py) on the draft's device;
-    the table ``RolloutStage.run`` gives. The cache moves past the chain and the
-    rollouts' slots, as ``roll_out_tree`` moves it."""
-    stages = staged(run.pair.draft, cache)
-    chain = run.sequence[cache.length:] + list(window)  # committed tokens the draft has not seen, then the window
-    table = stages.run(rollouts.name, [chain], rows=len(chain) + rollouts.budget, channel=channel)
-    cache.length += len(chain) + rollouts.gamma * rollouts.budget
-    return table
-
-
-def queue_target(run, target_cache, window: list[int], step, exit_layer, kappa, head, tree: Tree | None = None,
-                 channel_stage: TokenChannel | None = None):
-    """The target lane's part of a queued step, queued on its stream: the prefix and early exit over
-    the window (the draft tokens, or ``tree``'s nodes), the token channel sent on to the draft's
-    device, then the suffix. Returns the channel there (top ids, top log-probs, window log-probs;
-    from ``channel_stage``'s stage, for a chain on the target's stages: the three packed in one
-    tensor, models/channel.py), the prefix's ``Queued`` (its ``done`` event is what the draft
-    stream waits for), the final logits [T, V] (once the suffix is done) and the suffix's ``Queued``."""
-    pair, draft_device = run.pair, run.pair.draft.device
-    T = len(window) + 1
-    positions, mask = tree_window(tree, run.sequence, pair.target.device)[1:] if tree is not None else (None, None)
-    stages = staged_for(pair.target, target_cache, channel_stage) if channel_stage is not None and tree is None \
-        else None
-
-    def token_channel_to_draft():  # the channel, sent on to the draft's device (off CUDA: read, so done)
-        if stages is not None:  # one stage: the prefix and the channel, packed
-            hidden, packed = stages.run(channel_stage.name, [[run.sequence[-1], *window]])
-            return hidden, packed.to(draft_device, non_blocking=draft_device.type == "cuda")
-        hidden, *channel = token_channel(run, target_cache, [run.sequence[-1], *window], exit_layer, kappa, head,
-                                         on_host=False, positions=positions, mask=mask,
-                                         parents=tree.parents if tree is not None else None)
-        return hidden, [t.to(draft_device, non_blocking=draft_device.type == "cuda") for t in channel]
-
-    (hidden, channel_there), channel = run.target_lane.queue(
-        "target-prefix", token_channel_to_draft, label=prefix_label(exit_layer, head, T), step=step, tokens=T)
-    logits, suffix = run.target_lane.queue("target-suffix", suffix_logits, run, target_cache, hidden, exit_layer,
-                                           None, positions, mask, label=suffix_label(pair, exit_layer, T), step=step,
-                                           tokens=T)
-    return channel_there, channel, logits, suffix
-
-
-def wait_and_record(*queued_work):
-    """The host's one wait of a queued step (for the target's work and the rollouts), and their spans."""
-    for queued in queued_work:
-        queued.record()  # waits for the work first
 
 
 def prefix_label(exit_layer: int, head, T: int) -> str:

@@ -34,7 +34,7 @@ import torch
 from ..devices import to_device
 from ..drafting.token_by_token import tree_readers
 from ..drafting.tree import Tree, grow_trees, tree_mask, tree_window
-from . import mirror
+from . import mirror, mirror_queued
 from .verify import accept_tree, walk_tree_picks
 
 
@@ -69,26 +69,27 @@ def tree_step(run, target_cache, draft_cache, window: Tree, step, exit_layer, ka
 
 def queued_tree_step(run, target_cache, draft_cache, window: Tree, step, exit_layer, kappa, head, budget, gamma,
                      branching, nodes):
-    """``tree_step`` queued on the lanes' streams from this thread, as ``mirror.queued_step`` over a chain:
-    the target stream runs the prefix, the early exit, the suffix under the tree mask and the target's
-    picks; the draft stream waits for the token channel on a CUDA event, chooses the branches on the
-    device (``choose_branches_on_device`` with the tree's parents) and grows their trees there. The
-    host reads both once, at the end. Returns what ``tree_step`` does."""
+    """``tree_step`` queued on the lanes' streams from this thread, as ``mirror_queued.queued_step``
+    over a chain: the target stream runs the prefix, the early exit, the suffix under the tree mask
+    and the target's picks; the draft stream waits for the token channel on a CUDA event, chooses
+    the branches on the device (``choose_branches_on_device`` with the tree's parents) and grows
+    their trees there. The host reads both once, at the end. Returns what ``tree_step`` does."""
     T = len(window.tokens) + 1
-    channel_there, channel, logits, suffix = mirror.queue_target(run, target_cache, window.tokens, step, exit_layer,
-                                                                 kappa, head, tree=window)
+    channel_there, channel, logits, suffix = mirror_queued.queue_target(run, target_cache, window.tokens, step,
+                                                                        exit_layer, kappa, head, tree=window)
     B = min(budget, T * kappa)
 
     def choose_and_roll_out():
-        r, roots, scores, valid = mirror.choose_branches_on_device(window.tokens, *channel_there, budget, window.parents)
+        r, roots, scores, valid = mirror_queued.choose_branches_on_device(window.tokens, *channel_there, budget,
+                                                                          window.parents)
         return r, roots, scores, valid, roll_out_trees(run, draft_cache, window, r, roots, gamma, branching, nodes)
 
     (r, roots, scores, valid, trees), rolled = run.draft_lane.queue(
         "draft-rollout", choose_and_roll_out, after=channel.done, label=rollout_label(B, nodes, gamma), step=step,
         tokens=B * nodes)
-    picks, verified = run.target_lane.queue("rendezvous", mirror.target_picks, logits,
+    picks, verified = run.target_lane.queue("rendezvous", mirror_queued.target_picks, logits,
                                             label="verify tree + match branch", step=step)
-    mirror.wait_and_record(channel, suffix, rolled, verified)  # the step's one wait
+    mirror_queued.wait_and_record(channel, suffix, rolled, verified)  # the step's one wait
     rows = torch.stack([r, roots, valid.long()], dim=1).tolist()  # [B, 3]
     branches = [mirror.Branch(row[0], row[1], score, tokens=tree.tokens, tree=tree)
                 for row, score, tree in zip(rows, scores.tolist(), trees) if row[2]]

@@ -1,6 +1,6 @@
 """Mirror-SD's draft-lane work in a queued step, as one fixed-shape stage: one graph per step.
 
-In a queued step (methods/mirror.py: ``queued_step``; T = 0, chains) the draft lane gets the token
+In a queued step (methods/mirror_queued.py: ``queued_step``; T = 0, chains) the draft lane gets the token
 channel (the target's top-kappa candidates at each window row, their log-probs, and the window
 tokens' own log-probs; packed in one tensor, models/channel.py), chooses the ``budget`` most likely
 branches (``choose_branches_on_device``) and rolls out ``gamma`` draft tokens after each, all
@@ -134,7 +134,7 @@ def rank_branches(scores: torch.Tensor, skip: torch.Tensor, top_ids: torch.Tenso
     """The ``budget`` best hypotheses (r, v) of scores [T, kappa] (float64), best first, ties in (r, rank)
     order as a stable sort keeps them, the skipped ones (``skip`` [T, kappa]: acceptances, never
     branches) after every other: (r, roots, scores, valid) [min(budget, T * kappa)]. The ranking
-    of methods/mirror.py's ``choose_branches_on_device`` and of a rollout stage's body."""
+    of methods/mirror_queued.py's ``choose_branches_on_device`` and of a rollout stage's body."""
     kappa = scores.shape[1]
     scores, skip = scores.flatten(), skip.flatten()
     order = torch.sort(scores, descending=True, stable=True).indices  # best first
