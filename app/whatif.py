@@ -162,12 +162,15 @@ def why_text(runs, profile, knobs) -> str:
              "the rollouts do not fit under the suffix, so the draft sets the pace")
     steps = trace.steps[1:]
     misses = sum(not s.rendezvous.hit for s in steps) / len(steps)
+    miss = ("the draft's correction rollout, begun at the last step's picks, holds the next window, and what of "
+            "it outlasts the host's turn between the steps is on the critical path" if whatif.corrects(trace) else
+            "the next step first drafts afresh on the critical path")
     text = (f"**Mirror-SD's step here (MODELLED, mean over this run's steps):** target prefix "
             f"{ms.get('target-prefix', 0):.2f} ms + token channel {ms.get('token channel', 0):.2f} ms + the larger of "
             f"the target suffix ({suffix:.2f} ms) and the draft's rollouts ({rollouts:.2f} ms), which run on two devices "
             f"at once: {hides}; then the rendezvous, {ms.get('verify + match branch', 0):.2f} ms. A miss leaves no "
-            f"branch to continue from, so the next step first drafts afresh on the critical path: "
-            f"{whatif.fallback_ms(trace, profile):.2f} ms (this run missed {misses:.0%} of its steps).")
+            f"branch to continue from, so {miss}: {whatif.fallback_ms(trace, profile):.2f} ms (this run missed "
+            f"{misses:.0%} of its steps).")
     if "eagle" in runs:
         eagle = runs["eagle"].trace
         e = whatif.mean_work_ms(eagle, profile)

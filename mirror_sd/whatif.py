@@ -12,7 +12,9 @@ a function of width) and lays it out with each method's schedule:
   ss       T_streams(gamma) + T_tree(nodes + 1)    (one_forward=1: T_tree(nodes + 1) + T_streams(stream rows))
   mirror   [fallback draft on a miss] + T_prefix + T_rv + max(T_suffix, T_rollouts) + T_rv
            (T_rollouts: T_d(window + branches) + (gamma - 1) T_d(branches), or with tree windows
-           (gamma - 1) T_d(branches x branching); a tree window's fallback draft as sd's tree)
+           (gamma - 1) T_d(branches x branching); a tree window's fallback draft as sd's tree;
+           a window from the last step's correction rollout: only what of its gamma T_d(1) outlasts
+           the host's turn between the steps, since it starts at that step's picks)
 
 (``max`` where the devices overlap fully; ``overlap`` in 0..1 hides that share of the shorter
 work.) The host adds ``step_ms`` per step and ``phase_ms`` per phase (each line of work above,
@@ -344,8 +346,10 @@ def ss_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase
 def mirror_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
     """[a fresh draft after a miss] -> target prefix + early exit -> token channel -> target suffix
     beside the branch rollouts -> rendezvous. A copied window needs no draft; a window from the last
-    step's correction rollout is priced as a fresh draft (the same draft forwards, after that step's
-    picks)."""
+    step's correction rollout comes from the same draft forwards as a fresh draft, run from that
+    step's picks, during the host's turn between the steps (``in_host_turn``). A correction that no
+    step used ran on the draft's device while the target worked: it costs no time here and is not
+    drawn."""
     rv, gamma = step.rendezvous, options.get("gamma", 2)
     window = len(step.proposed) + 1
     branches, trees = len(rv.branches), step.tree is not None  # trees: mirror's tree windows
@@ -366,6 +370,21 @@ def mirror_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[P
                       tokens=branches * gamma)))
     plan.append((Work("target", "rendezvous", "verify + match branch", fixed="rendezvous_ms"),))
     return plan
+
+
+CORRECTION = "correction-rollout"
+
+
+def in_host_turn(phase: Phase) -> bool:
+    """Whether a phase is a correction rollout, which the last step launched at its picks
+    (methods/mirror_queued.py): it runs while the host takes its turn between the steps, and the
+    host launches nothing for it."""
+    return phase[0].kind == CORRECTION
+
+
+def corrects(trace: Trace) -> bool:
+    """Whether the run's misses took their next windows from correction rollouts."""
+    return any(s.rendezvous is not None and s.rendezvous.corrected for s in trace.steps)
 
 
 PLANS = {"vanilla": vanilla_plan, "sd": sd_plan, "eagle": eagle_plan, "ss": ss_plan, "mirror": mirror_plan}
@@ -405,9 +424,14 @@ def phase_ms(phase: Phase, profile: Profile) -> list[float]:
 def step_ms(plan: list[Phase], profile: Profile, host: bool = True) -> float:
     """A step's critical path: its phases one after the other, each the host's turn (``phase_ms``;
     not for the prefill, ``host=False``, which measured runs start with) and then as long as its
-    longest work."""
+    longest work; a correction rollout (``in_host_turn``) only for what of it outlasts the host's
+    turn between the steps (``profile.step_ms``, which the callers add)."""
     turn = profile.phase_ms if host else 0.0
-    return sum(turn + max(phase_ms(phase, profile), default=0.0) for phase in plan)
+    total = 0.0
+    for phase in plan:
+        longest = max(phase_ms(phase, profile), default=0.0)
+        total += max(0.0, longest - profile.step_ms) if in_host_turn(phase) else turn + longest
+    return total
 
 
 def retime(trace: Trace, profile: Profile | str) -> Trace:
@@ -420,14 +444,20 @@ def retime(trace: Trace, profile: Profile | str) -> Trace:
     labels = {name: lane_label(name, profile) for name in ("target", "draft")}
     t = 0.0
     for index, plan in enumerate(step_plans(trace, together=not profile.one_cpu)):
+        last_end = t
         t += profile.step_ms / 1000 if index else 0.0  # the host's work between two steps
         for phase in plan:
-            t += profile.phase_ms / 1000 if index else 0.0  # the host launches the phase's work
+            if in_host_turn(phase):  # launched at the last step's picks: it ran during the host's turn
+                start = last_end
+            else:
+                t += profile.phase_ms / 1000 if index else 0.0  # the host launches the phase's work
+                start = t
             for work, ms in zip(phase, phase_ms(phase, profile)):
                 if ms > 0 or work.calls:
                     out.lanes.setdefault(labels[work.lane], work.lane)
-                    out.spans.append(Span(labels[work.lane], work.kind, work.label, t, t + ms / 1000, index, work.tokens))
-            t += max(phase_ms(phase, profile), default=0.0) / 1000
+                    out.spans.append(Span(labels[work.lane], work.kind, work.label, start, start + ms / 1000, index,
+                                          work.tokens))
+            t = max(t, start + max(phase_ms(phase, profile), default=0.0) / 1000)
     out.meta["modelled_s"] = t
     return out
 
@@ -585,7 +615,8 @@ def fit_host(traces: list[Trace], profile: Profile) -> tuple[float, float]:
     out so, the other alone is fitted."""
     bare = replace(profile, step_ms=0.0, phase_ms=0.0)
     plans = [step_plans(t) for t in traces]
-    X = np.array([[len(p) - 1, sum(len(step) for step in p[1:])] for p in plans], dtype=float)  # [runs, 2]
+    turns = [sum(not in_host_turn(phase) for step in p[1:] for phase in step) for p in plans]  # phases launched
+    X = np.array([[len(p) - 1, n] for p, n in zip(plans, turns)], dtype=float)  # [runs, 2]
     y = np.array([1000 * (measured_seconds(t) - modelled_seconds(t, bare)) for t in traces])  # [runs] ms
     if not len(y) or not X[:, 0].any():
         return 0.0, 0.0
@@ -656,12 +687,15 @@ def tokens_per_step(alpha: float, window: int) -> float:
 
 
 def fallback_ms(trace: Trace, profile: Profile) -> float:
-    """Mirror-SD: the fresh draft a miss puts on the critical path (gamma draft forwards, or with tree
-    windows the draft's tree levels, after the host's turn to launch them)."""
+    """Mirror-SD: what a miss puts on the critical path: a fresh draft (gamma draft forwards, or with
+    tree windows the draft's tree levels) after the host's turn to launch it, or where the run's
+    misses took correction rollouts (``corrects``), what of those gamma forwards outlasts the
+    host's turn between the steps."""
     options = trace.meta.get("options", {})
     trees = options.get("tree") and trace.meta.get("temperature", 0.0) == 0
     calls = tree_draft_calls(options) if trees else [("draft", 1)] * options.get("gamma", 2)
-    return profile.phase_ms + sum(profile.cost(stage, width) for stage, width in calls)
+    draft = sum(profile.cost(stage, width) for stage, width in calls)
+    return max(0.0, draft - profile.step_ms) if corrects(trace) else profile.phase_ms + draft
 
 
 def steady_state(trace: Trace, profile: Profile, alpha: float | None = None, hit_rate: float | None = None) -> dict:

@@ -74,9 +74,9 @@ def test_ss_is_a_streams_pass_then_one_tree_verify():
     assert step_time(trace_of("ss", [step], dict(gamma=4))) == pytest.approx(3 + (10 + 5))
 
 
-def mirror_step(branches=4, hit=True, fallback=False, copied=False, accepted=1):
+def mirror_step(branches=4, hit=True, fallback=False, copied=False, accepted=1, corrected=False):
     rv = Rendezvous(exit_candidates=[[1, 2]] * 3, branches=[(0, 9, [1, 2])] * branches,
-                    branch_used=0 if hit else None, fallback=fallback, copied=copied)
+                    branch_used=0 if hit else None, fallback=fallback, copied=copied, corrected=corrected)
     return chain(1, [3, 4], accepted, rendezvous=rv)
 
 
@@ -105,6 +105,30 @@ def test_mirror_miss_exposes_a_fresh_draft_and_a_copy_exposes_none():
     assert step_time(fallback) == pytest.approx(hit + 2 * 2.1)  # gamma draft forwards on the critical path
     copied = trace_of("mirror", [mirror_step(hit=False, copied=True)], MIRROR, two_lanes=True)
     assert step_time(copied) == pytest.approx(hit)
+
+
+@pytest.mark.parametrize("host_turn", [0.0, 1.5, 10.0])  # shorter than, within, longer than the 4.2 ms rollout
+def test_a_correction_rollout_shows_only_what_outlasts_the_host_s_turn_between_the_steps(host_turn):
+    """The last step launched it at its picks (methods/mirror_queued.py), so it ran while the host
+    took its turn: the step after it costs its gamma draft forwards less that turn, never less than
+    nothing, and the re-timed trace draws it from the last step's end, beside the host's turn."""
+    profile = replace(PROFILE, step_ms=host_turn)
+    hit = W.step_ms(W.step_plans(trace_of("mirror", [mirror_step()], MIRROR, two_lanes=True))[1], profile)
+    steps = [mirror_step(hit=False), mirror_step(hit=False, corrected=True)]
+    steps[1].index = 2
+    trace = trace_of("mirror", steps, MIRROR, two_lanes=True)
+    assert W.corrects(trace)
+    exposed = max(0.0, 2 * 2.1 - host_turn)
+    assert W.step_ms(W.step_plans(trace)[2], profile) == pytest.approx(hit + exposed)
+    assert W.fallback_ms(trace, profile) == pytest.approx(exposed)
+    out = W.retime(trace, profile)
+    step_1_end = max(s.end for s in out.spans if s.step == 1)
+    correction = next(s for s in out.spans if s.kind == "correction-rollout")
+    prefix = next(s for s in out.spans if s.step == 2 and s.kind == "target-prefix")
+    assert correction.step == 2 and correction.start == pytest.approx(step_1_end)
+    assert correction.duration == pytest.approx(2 * 2.1 / 1000)
+    assert prefix.start == pytest.approx(step_1_end + max(host_turn, 2 * 2.1) / 1000)  # no launch turn: phase_ms 0
+    assert out.meta["modelled_s"] == pytest.approx(W.modelled_seconds(trace, profile))
 
 
 def test_tree_windows_price_the_draft_s_tree_levels_and_a_tree_verify():
