@@ -295,6 +295,7 @@ def stage_profile(pair=None, timer=None) -> tuple[dict, list[dict], dict]:
         notes=f"{gpu}, CUDA graphs, {target.dtype}; draft lane {pair.draft_lane.label}.",
         devices=dict(target=f"{gpu} (CUDA graphs)", draft=pair.draft_lane.label),
         rendezvous_ms=0.0, channel_ms=0.0, overlap=round(overlap, 3), draft_speed=1.0, step_ms=0.0, buckets=True,
+        split=dict(exit_layer=exit_layer, layers=target.num_layers),
         stages={s: {"ms_by_width": {str(w): round(v + (exit_ms[w] if s == "target_prefix" else 0.0), 4)
                                     for w, v in by_width.items()}} for s, by_width in ms.items()},
     )

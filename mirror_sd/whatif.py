@@ -16,6 +16,9 @@ a function of width) and lays it out with each method's schedule:
            a window from the last step's correction rollout: only what of its gamma T_d(1) outlasts
            the host's turn between the steps, since it starts at that step's picks)
 
+(T_prefix and T_suffix are the profile's at the exit depth it was measured at, ``split``; a run
+that exits at another depth, as a share of its layers, moves layers from one to the other.)
+
 (``max`` where the devices overlap fully; ``overlap`` in 0..1 hides that share of the shorter
 work.) The host adds ``step_ms`` per step and ``phase_ms`` per phase (each line of work above,
 which it launches and waits for): on a GPU that runs CUDA graphs the host's turns are what the
@@ -148,17 +151,38 @@ class Profile:
     # The stages' widths are CUDA-graph buckets (gpu-check's replays): a call of up to 64 tokens costs
     # what the bucket the engine routes it to costs (``bucketed_ms``), not a line between two buckets.
     buckets: bool = False
+    # (exit layer, target layers) where target_prefix and target_suffix were measured: a run that
+    # exits at another depth moves layers between them (``cost``'s ``depth``). None: the profile's
+    # split stands whatever the run's (the paper profiles: the paper's exit on a model of its own).
+    split: tuple[int, int] | None = None
 
     @property
     def one_cpu(self) -> bool:
         """Whether both lanes are cores of one CPU (the engine then prefills the models in turn)."""
         return all(str(self.devices.get(role, "")).startswith("cpu") for role in ("target", "draft"))
 
-    def cost(self, stage: str, width: float, threads: int | None = None) -> float:
+    def cost(self, stage: str, width: float, threads: int | None = None, depth: float | None = None) -> float:
         """Milliseconds of one call of ``stage`` over ``width`` tokens on this profile; on a lane
         with ``threads`` CPU threads, the stage's cost for that many (``"draft@1"``) where it has one,
         and where it has only such costs and no count is given, the one with the most threads (a
-        lane with the machine to itself, as vanilla's)."""
+        lane with the machine to itself, as vanilla's). ``depth``: the run's exit layer over its
+        target's layers, for Mirror-SD's prefix and suffix (``moved_layers_ms``)."""
+        ms = self._stage_ms(stage, width, threads)
+        if stage in ("target_prefix", "target_suffix") and depth is not None and self.split:
+            moved = self.moved_layers_ms(width, threads, depth)
+            ms = max(0.0, ms + moved if stage == "target_prefix" else ms - moved)
+        return ms
+
+    def moved_layers_ms(self, width: float, threads: int | None, depth: float) -> float:
+        """What the layers between the profile's exit and one at ``depth`` (a share of the layers)
+        cost over ``width`` tokens, negative for an earlier exit: a target layer costs what the full
+        forward costs beyond the suffix, over the prefix's layers (target = prefix layers + suffix)."""
+        exit_layer, layers = self.split
+        per_layer = max(0.0, self._stage_ms("target", width, threads)
+                        - self._stage_ms("target_suffix", width, threads)) / exit_layer
+        return (depth * layers - exit_layer) * per_layer
+
+    def _stage_ms(self, stage: str, width: float, threads: int | None = None) -> float:
         if stage in STAND_INS and not any(k.split("@")[0] == stage for k in self.stages):
             stage = STAND_INS[stage]
         counts = sorted(int(k.split("@")[1]) for k in self.stages if k.startswith(f"{stage}@"))
@@ -196,6 +220,7 @@ class Profile:
                     rendezvous_ms=self.rendezvous_ms, channel_ms=self.channel_ms, overlap=self.overlap,
                     draft_speed=self.draft_speed, step_ms=self.step_ms, phase_ms=self.phase_ms,
                     **(dict(buckets=True) if self.buckets else {}),
+                    **(dict(split=dict(exit_layer=self.split[0], layers=self.split[1])) if self.split else {}),
                     stages={s: c.to_json() for s, c in self.stages.items()})
 
     @classmethod
@@ -233,7 +258,20 @@ class Profile:
         if not isinstance(data.get("buckets", False), bool):
             raise MirrorSDError(f"{where}: \"buckets\" is true or false, got {json.dumps(data['buckets'])}")
         return cls(name=data["name"], source=data["source"], devices=dict(devices), stages=costs,
-                   notes=str(data.get("notes", "")), buckets=data.get("buckets", False), **numbers)
+                   notes=str(data.get("notes", "")), buckets=data.get("buckets", False),
+                   split=_split_from_json(data.get("split"), where), **numbers)
+
+
+def _split_from_json(value, where: str) -> tuple[int, int] | None:
+    """``{"exit_layer": 22, "layers": 30}`` -> (22, 30); absent -> None."""
+    if value is None:
+        return None
+    if isinstance(value, dict) and all(isinstance(value.get(k), int) and not isinstance(value.get(k), bool)
+                                       for k in ("exit_layer", "layers")) \
+            and 0 < value["exit_layer"] < value["layers"]:
+        return value["exit_layer"], value["layers"]
+    raise MirrorSDError(f"{where}: \"split\" is {{\"exit_layer\": e, \"layers\": n}} with 0 < e < n, "
+                        f"got {json.dumps(value)[:80]}")
 
 
 def profile_names() -> list[str]:
@@ -270,11 +308,12 @@ class Work:
     fixed: str | None = None  # a profile constant instead of calls: "rendezvous_ms" or "channel_ms"
     tokens: int = 0
     threads: int | None = None  # CPU threads of the lane that ran it (trace.meta["threads"]), where recorded
+    depth: float | None = None  # Mirror-SD's prefix and suffix: the run's exit layer over its target's layers
 
     def ms(self, profile: Profile) -> float:
         if self.fixed:
             return getattr(profile, self.fixed)
-        return sum(profile.cost(stage, width, self.threads) for stage, width in self.calls)
+        return sum(profile.cost(stage, width, self.threads, self.depth) for stage, width in self.calls)
 
 
 Phase = tuple  # Work items that run at the same time, one per lane
@@ -358,18 +397,30 @@ def mirror_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[P
         fresh = tree_draft_calls(options) if trees else [("draft", 1)] * gamma
         kind = "fallback-draft" if rv.fallback else "correction-rollout"
         plan.append((Work("draft", kind, f"{kind.replace('-', ' ')} {gamma} tokens", fresh, tokens=gamma),))
+    depth = exit_depth(meta)
     plan.append((Work("target", "target-prefix", f"target prefix, {window} tokens", [("target_prefix", window)],
-                      tokens=window),))
+                      tokens=window, depth=depth),))
     plan.append((Work("target", "rendezvous", "token channel", fixed="channel_ms"),))
     forwards = 1 if options.get("streams") else gamma
     per_level = branches * options.get("branching", 4) if trees else branches  # rows of each forward after the first
     rollout = [("draft", window + branches)] + [("draft", per_level)] * (forwards - 1)  # tree layout, then branches
     plan.append((Work("target", "target-suffix", f"target suffix, {window} tokens", [("target_suffix", window)],
-                      tokens=window),
+                      tokens=window, depth=depth),
                  Work("draft", "draft-rollout", f"{branches} branches x {gamma} tokens", rollout,
                       tokens=branches * gamma)))
     plan.append((Work("target", "rendezvous", "verify + match branch", fixed="rendezvous_ms"),))
     return plan
+
+
+def exit_depth(meta: dict) -> float | None:
+    """A Mirror-SD run's exit layer over its target's layers (its option, or the default exit), from
+    its trace's meta; None where the meta does not say how many layers the target has."""
+    from .methods.mirror import default_exit_layer
+
+    layers = meta.get("target_layers")
+    if not layers:
+        return None
+    return (meta.get("options", {}).get("exit_layer") or default_exit_layer(layers)) / layers
 
 
 CORRECTION = "correction-rollout"
@@ -605,7 +656,15 @@ def fit_profile(traces: list[Trace], name: str = "this-machine", source: str = "
                    fit_costs([(w, ms) for w, ms in pairs if w.calls]),
                    rendezvous_ms=float(np.mean(rendezvous)) if rendezvous else 0.0, overlap=1.0)
     step, phase = fit_host(traces, base)
-    return replace(base, step_ms=step, phase_ms=phase)
+    return replace(base, step_ms=step, phase_ms=phase, split=measured_split(traces))
+
+
+def measured_split(traces: list[Trace]) -> tuple[int, int] | None:
+    """(exit layer, target layers) of the Mirror-SD runs among ``traces``, where they all share one:
+    where the prefix and suffix costs fitted from them were measured."""
+    splits = {(round(depth * t.meta["target_layers"]), t.meta["target_layers"])
+              for t in traces if t.method == "mirror" and (depth := exit_depth(t.meta)) is not None}
+    return splits.pop() if len(splits) == 1 else None
 
 
 def fit_host(traces: list[Trace], profile: Profile) -> tuple[float, float]:

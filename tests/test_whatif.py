@@ -240,6 +240,8 @@ def test_cost_is_piecewise_linear_through_its_points():
     (dict(stages={"target": {"ms": 1}, "gpu": {"ms": 1}}), "unknown stage 'gpu'"),
     (dict(overlap=2), "'overlap'"),
     (dict(draft_speed=0), "'draft_speed'"),
+    (dict(split={"exit_layer": 30, "layers": 30}), "\"split\""),
+    (dict(split=[22, 30]), "\"split\""),
 ])
 def test_malformed_profiles_are_refused_with_what_is_wrong(tmp_path, change, message):
     data = {**W.load_profile("paper-14b").to_json(), **change}
@@ -260,8 +262,44 @@ def test_unreadable_and_unknown_profiles_are_refused(tmp_path):
 
 
 def test_a_profile_round_trips_through_json():
-    again = W.Profile.from_json(json.loads(json.dumps(PROFILE.to_json())))
-    assert again.to_json() == PROFILE.to_json()
+    for profile in (PROFILE, replace(PROFILE, split=(22, 30))):
+        again = W.Profile.from_json(json.loads(json.dumps(profile.to_json())))
+        assert again.to_json() == profile.to_json() and again.split == profile.split
+
+
+@pytest.mark.parametrize("exit_layer, layers", [(14, 30), (22, 30), (0, 30), (7, 15)])
+def test_a_run_at_another_exit_depth_moves_layers_between_prefix_and_suffix(exit_layer, layers):
+    """A profile measured with its exit at layer 22 of 30: a target layer costs what the full forward
+    costs beyond the suffix, over 22 layers; a run exiting at another share of its layers (0: the
+    default, 3/4 of the way up) moves that many layers' cost from the suffix to the prefix or back.
+    Without a split, or without the run's layer count, the profile's own prefix and suffix stand."""
+    split = replace(PROFILE, split=(22, 30))
+    meta = dict(options=dict(MIRROR, exit_layer=exit_layer), target_layers=layers, temperature=0.0)
+    trace = trace_of("mirror", [mirror_step()], MIRROR, two_lanes=True)
+    trace.meta.update(meta)
+    depth = (exit_layer or layers * 3 // 4) / layers
+    assert W.exit_depth(trace.meta) == pytest.approx(depth)
+    per_layer = ((10 + 3) - SUFFIX) / 22  # window of 3
+    moved = (depth * 30 - 22) * per_layer
+    plan = W.step_plans(trace)[1]
+    works = {w.kind: w for phase in plan for w in phase}
+    assert works["target-prefix"].ms(split) == pytest.approx(PREFIX + moved)
+    assert works["target-suffix"].ms(split) == pytest.approx(SUFFIX - moved)
+    assert works["target-prefix"].ms(PROFILE) == pytest.approx(PREFIX)  # no split: the profile's own
+    trace.meta.pop("target_layers")
+    assert W.exit_depth(trace.meta) is None
+    assert W.step_ms(W.step_plans(trace)[1], split) == pytest.approx(W.step_ms(W.step_plans(trace)[1], PROFILE))
+
+
+def test_a_fitted_profile_knows_the_exit_its_mirror_runs_were_measured_at():
+    def run(method, exit_layer):
+        trace = trace_of(method, [mirror_step()] if method == "mirror" else [Step(1, [5], ["target"])], MIRROR,
+                         two_lanes=True)
+        trace.meta.update(target_layers=30, options=dict(MIRROR, exit_layer=exit_layer))
+        return trace
+    assert W.measured_split([run("mirror", 0), run("mirror", 22), run("vanilla", 14)]) == (22, 30)
+    assert W.measured_split([run("mirror", 14), run("mirror", 22)]) is None  # two exits: no one split
+    assert W.measured_split([run("vanilla", 0)]) is None
 
 
 # -- the fit -------------------------------------------------------------------------------------
