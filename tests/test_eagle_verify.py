@@ -86,10 +86,10 @@ def test_ss_verifies_on_the_stage_with_the_hidden_state_its_streams_start_from(t
 
 @pytest.mark.parametrize("case", ["all", "part", "none", "deep"])
 def test_a_tree_left_on_the_device_verifies_as_one_read_from_the_host(tiny_dirs, case):
-    """``verify_drafted_on_stage``: the tree as a one-stage draft leaves it (grow_fields' fields
+    """``queue_drafted_verify`` then ``read_drafted_verdict``: the tree as a one-stage draft leaves it (grow_fields' fields
     [1, 4, M]), laid out by the stage's body: the same path, token, features and kept cache as the
     plain forward's, and the tree itself read back with the verdict."""
-    from mirror_sd.methods.verify import verify_drafted_on_stage
+    from mirror_sd.methods.verify import queue_drafted_verify, read_drafted_verdict
     from mirror_sd.models.forwards import staged_for
 
     target = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
@@ -103,8 +103,8 @@ def test_a_tree_left_on_the_device_verifies_as_one_read_from_the_host(tiny_dirs,
     path, token, feats, early = verify_tree(run, plain, tree, (1,))
     fields = torch.tensor([[tree.tokens, tree.parents, tree.depths, [-0.25 * i for i in range(len(tree.tokens))]]],
                           dtype=torch.float64)
-    got_tree, got_path, got_token, got_feats, got_early, _ = verify_drafted_on_stage(
-        run, staged_for(target, staged, spec), staged, fields, spec)
+    launched = queue_drafted_verify(run, staged_for(target, staged, spec), fields, spec)
+    got_tree, got_path, got_token, got_feats, got_early, _ = read_drafted_verdict(run, staged, *launched)
     assert (got_tree.tokens, got_tree.parents, got_tree.depths) == (tree.tokens, tree.parents, tree.depths)
     assert got_tree.scores == [-0.25 * i for i in range(len(tree.tokens))]
     assert (got_path, got_token, staged.length) == (path, token, plain.length)

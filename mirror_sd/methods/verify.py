@@ -113,20 +113,12 @@ def verify_tree_on_stage(run, stages, cache, tree, spec):
 
 
 def drafted_verify_stages(run, cache, spec, total_tokens: int, copied: list[int]):
-    """The target's stage set for ``verify_drafted_on_stage``: T = 0, ``spec``'s stages made, a tree
+    """The target's stage set for ``draft_and_verify_queued``: T = 0, ``spec``'s stages made, a tree
     of ``total_tokens`` nodes within the widest stage, and nothing ``copied`` from the context this
     step (grafting it needs the tree on the host); else None."""
     if copied or not run.target_sampler.greedy or total_tokens >= MAX_WIDTH:
         return None
     return staged_for(run.pair.target, cache, spec)
-
-
-def verify_drafted_on_stage(run, stages, cache, fields, spec):
-    """``verify_tree_on_stage`` for a greedy tree still on the device, as a one-stage draft left it
-    (``drafting.tree.grow_fields``' fields [1, 4, M]): the stage lays its rows out and returns it
-    with the verdict, so the host reads once a step and the GPU never waits for it between
-    drafting and verifying. Returns the tree (``Tree``), then what ``verify_tree_on_stage`` returns."""
-    return read_drafted_verdict(run, cache, *queue_drafted_verify(run, stages, fields, spec))
 
 
 def draft_and_verify_queued(run, draft_lane, draft, stages, cache, spec, **draft_span):
@@ -135,8 +127,9 @@ def draft_and_verify_queued(run, draft_lane, draft, stages, cache, spec, **draft
     [1, 4, M] on the draft's device (``grow_fields``' layout), queued on ``draft_lane`` as span
     "draft" (``draft_span``: its label, step, tokens, drafting); the target lane's stream waits for
     it on a CUDA event, not the host, then verifies it on the stage ``spec`` names in ``stages``
-    (``verify_drafted_on_stage``). A CUDA lane's thread is handed no work. On CPU lanes the same
-    work runs in turn, each part on its lane's worker. Returns what ``verify_drafted_on_stage`` returns."""
+    (``queue_drafted_verify``: the stage lays the tree's rows out and returns them with the
+    verdict). A CUDA lane's thread is handed no work. On CPU lanes the same work runs in turn,
+    each part on its lane's worker. Returns what ``read_drafted_verdict`` returns."""
     fields, drafted = draft_lane.queue("draft", *draft, **draft_span)
     rows = fields.shape[-1] + 1
     launched, verified = run.target_lane.queue("verify", queue_drafted_verify, run, stages, fields, spec,
@@ -149,8 +142,9 @@ def draft_and_verify_queued(run, draft_lane, draft, stages, cache, spec, **draft
 
 
 def queue_drafted_verify(run, stages, fields, spec):
-    """The replay of ``verify_drafted_on_stage``, not read: (the stage, the tree's size M, the
-    verdict and the stage's other outputs, on the device)."""
+    """``verify_tree_on_stage`` for a greedy tree still on the device, as a one-stage draft left it
+    (``drafting.tree.grow_fields``' fields [1, 4, M]), replayed and not read: (the stage, the tree's
+    size M, the verdict and the stage's other outputs, on the device)."""
     M = fields.shape[-1]
     stage = stages.stage(spec.name, stages.route(spec.name, M + 1))
     return stage, M, *stage.run_drafted(fields, run.sequence[-1])
