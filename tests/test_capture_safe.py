@@ -152,7 +152,7 @@ def test_a_one_stage_forward_that_fails_to_capture_is_refused_and_its_method_goe
     stages that did capture (here the plain stages' "capture" does nothing: no GPU)."""
     from mirror_sd import generate
     from mirror_sd.methods.eagle import attach_head
-    from mirror_sd.models.exit_head import ExitHead, attach_exit_head
+    from mirror_sd.models.exit_head import attach_exit_head, new_exit_head
     from mirror_sd.models.stages import OwnStage, Stage, Stages
 
     def capture(stage, pool=None, stream=None, check=False):
@@ -168,7 +168,7 @@ def test_a_one_stage_forward_that_fails_to_capture_is_refused_and_its_method_goe
     attach_head(pair, EagleHead.from_target(pair.target, torch.tensor([0, 1, 2, 3, 4, 5, 7, 8, 11, 13])).eval())
     pair.streams = Streams(pair.target.args, StreamConfig(num_streams=3, stream_layers=1, rank=4)).attach(pair.target)
     pair.attached_streams = True
-    attach_exit_head(pair, ExitHead.for_target(pair.target, 1, rank=4))
+    attach_exit_head(pair, new_exit_head(pair.target, 1, rank=4))
     expected = generate(pair, "t1 t2 t3", method="vanilla", max_new_tokens=12, raw=True).token_ids
     with pytest.warns(UserWarning, match="could not be captured as a CUDA graph"):
         out = generate(pair, "t1 t2 t3", method=method, max_new_tokens=12, raw=True, **options)

@@ -8,20 +8,21 @@ import torch
 from conftest import EQUALITY_TOKENS
 from mirror_sd import MirrorSDError, generate, load_pair
 from mirror_sd.methods.mirror import early_exit
-from mirror_sd.models.exit_head import (EMBEDDED_EXIT_HEAD, ExitHead, attach_exit_head, exit_head_for,
-                                        load_exit_head, save_exit_head)
+from mirror_sd.models.exit_head import (EMBEDDED_EXIT_HEAD, ExitHead, SwiGLUExitHead, attach_exit_head,
+                                        exit_head_for, load_exit_head, new_exit_head, save_exit_head)
 from test_distribution import PROMPT, chi_square_p, exact_law_of_tokens_2_and_3, sample_counts
 from test_train_draft import _distilled_data
 
 SHIPPED = (EMBEDDED_EXIT_HEAD / "model.safetensors").exists()
 
 
-def random_head(target, scale: float = 0.5) -> ExitHead:
-    """A head at the tiny target's exit layer (1 of 2) with random weights: unlike the logit lens."""
+def random_head(target, scale: float = 0.5, mlp: int = 0) -> ExitHead:
+    """A head at the tiny target's exit layer (1 of 2) with random weights: unlike the logit lens
+    (low rank 8, or SwiGLU with ``mlp`` hidden units)."""
     torch.manual_seed(4)
-    head = ExitHead.for_target(target, 1, rank=8)
+    head = new_exit_head(target, 1, rank=8, mlp=mlp)
     with torch.no_grad():
-        torch.nn.init.normal_(head.up.weight, std=scale)
+        torch.nn.init.normal_((head.down if mlp else head.up).weight, std=scale)  # the zero-started projection
     return head.eval()
 
 
@@ -37,21 +38,26 @@ def trained_head(tiny_dirs, tiny_pair, tmp_path_factory):
     return root / "head", card
 
 
-def test_an_untrained_head_is_exactly_the_logit_lens(tiny_dirs):
+@pytest.mark.parametrize("mlp", [0, 24])
+def test_an_untrained_head_is_exactly_the_logit_lens(tiny_dirs, mlp):
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["reduced_draft"]))
-    head = ExitHead.for_target(pair.target, 1)
+    head = new_exit_head(pair.target, 1, mlp=mlp)
     hidden = 5 * torch.randn(1, 4, pair.target.args.hidden_size)
     with torch.inference_mode():
         assert torch.equal(head(hidden), hidden)
         assert torch.equal(early_exit(pair, head(hidden)), early_exit(pair, hidden))
 
 
-def test_the_head_saves_loads_and_scores_target_ids_over_the_drafts_rows(tiny_dirs, tmp_path):
+@pytest.mark.parametrize("mlp", [0, 24])  # low rank, SwiGLU
+def test_the_head_saves_loads_and_scores_target_ids_over_the_drafts_rows(tiny_dirs, tmp_path, mlp):
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["reduced_draft"]))
-    head = random_head(pair.target)
+    head = random_head(pair.target, mlp=mlp)
     save_exit_head(head, tmp_path / "head", pair.target, "tiny", dict(target="tiny"))
     loaded = load_exit_head(tmp_path / "head", pair.target)
-    assert loaded.exit_layer == 1 and json.loads((tmp_path / "head" / "config.json").read_text())["exit_layer"] == 1
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    assert loaded.exit_layer == 1 and config["exit_layer"] == 1
+    assert isinstance(loaded, SwiGLUExitHead) == bool(mlp) and loaded.size == head.size
+    assert config.get("mlp", 0) == mlp and config["architecture"] == head.architecture
     rows = pair.draft.vocab_map
     hidden = 3 * torch.randn(1, 5, pair.target.args.hidden_size)
     with torch.inference_mode():
@@ -120,7 +126,7 @@ def test_a_missing_or_mismatched_head_is_refused(tiny_dirs):
     with pytest.raises(MirrorSDError, match="trained for exit layer 1, not 2"):
         exit_head_for(pair, 2)
     with pytest.raises(MirrorSDError, match="exit layer must be in 1..1"):
-        ExitHead.for_target(pair.target, 2)
+        new_exit_head(pair.target, 2)
 
 
 @pytest.mark.skipif(not SHIPPED, reason="the trained head is not shipped yet")
@@ -150,7 +156,7 @@ def test_the_trainer_is_a_subcommand():
     from mirror_sd.train.__main__ import build_parser
 
     args = build_parser().parse_args(["exit-head", "--data", "d", "--out", "o"])
-    assert (args.exit_layer, args.rank, args.draft, args.batch_tokens) == (0, 64, "default", 1024)
+    assert (args.exit_layer, args.rank, args.mlp, args.draft, args.batch_tokens) == (0, 64, 0, "default", 1024)
 
 
 def test_by_default_mirror_uses_a_trained_head_where_there_is_one(tiny_dirs, trained_head):

@@ -13,7 +13,7 @@ from mirror_sd.devices import on_cpu_worker, single_threaded
 from mirror_sd.errors import MirrorSDError
 from mirror_sd.methods.eagle import attach_head
 from mirror_sd.models.eagle import EagleHead
-from mirror_sd.models.exit_head import ExitHead, attach_exit_head
+from mirror_sd.models.exit_head import attach_exit_head, new_exit_head
 from mirror_sd.models.forwards import FULL, forward, layers, stage_cache, staged
 from mirror_sd.models.llama import KVCache
 from mirror_sd.models.stages import MAX_WIDTH, StageCache, Stages, bucket
@@ -51,7 +51,7 @@ def pair(tiny_dirs):
         pair.streams = pair.one_forward_streams = random_streams(pair.target, seed=1)
         pair.attached_streams = True
         pair.draft_streams = random_streams(pair.draft, seed=2)
-        exit_head = ExitHead.for_target(pair.target, 1, rank=4)
+        exit_head = new_exit_head(pair.target, 1, rank=4)
         torch.nn.init.normal_(exit_head.up.weight, std=0.5)
         attach_exit_head(pair, exit_head)
     on_cpu_worker(add_ons)

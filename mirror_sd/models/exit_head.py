@@ -1,15 +1,22 @@
-"""Mirror-SD's trained early exit: a "tuned lens" (Belrose et al., 2023) on the exit layer.
+"""Mirror-SD's trained early exit: a head on the exit layer, before the target's own norm and LM head.
 
 Mirror-SD's early exit reads the hidden state h [.., d] after ``exit_layer`` target layers with the
 target's own final norm and LM head (``methods/mirror.py: early_exit``): a "logit lens", never
 trained to read a middle layer. An exit head moves h first, and the same norm and head read it:
 
-    head(h) = h + rms(h) * up(down(h / rms(h)))      down: d -> rank; up: rank -> d, with a bias
+    head(h) = h + rms(h) * correction(h / rms(h))
 
-``up`` starts at zero, so an untrained head is exactly the logit lens. The correction is scaled by
-rms(h), so what the final norm (which divides the scale out) sees depends on h's direction only:
-the head learns from the cached early features (h through the exit layer's own input norm,
-``train/features.py``), from which h / rms(h) is the feature divided by that norm's weight.
+with one of two corrections (``new_exit_head``):
+
+    low rank ("tuned lens", Belrose et al., 2023)   up(down(x))                down: d -> rank; up: rank -> d
+    SwiGLU (an MLP as the target's layers have)    down(silu(gate(x)) * up(x))  gate, up: d -> mlp; down: mlp -> d
+
+The last projection has a bias and starts at zero, so an untrained head is exactly the logit lens.
+The correction is scaled by rms(h), so what the final norm (which divides the scale out) sees
+depends on h's direction only: the head learns from the cached early features (h through the exit
+layer's own input norm, ``train/features.py``), from which h / rms(h) is the feature divided by
+that norm's weight. The SwiGLU head is nonlinear, so it reaches further into what the layers above
+the exit would have made of h (measured: docs/experiments/mirror_hits.md).
 
 A head belongs to one target and one exit layer: config.json records both (the target's shape and
 a few of its norm weights, which tell targets of the same shape apart), and loading checks them.
@@ -46,39 +53,85 @@ def embedded_exit_heads() -> dict[int, Path]:
     return heads
 
 
+def _linear(n_in: int, n_out: int, zero: bool = False) -> Linear:
+    # the input has the residual stream's outlier channels: fp32 even when drafting in int8 (models/linear.py)
+    layer = Linear(n_in, n_out, bias=zero, int8=False)
+    if zero:  # the correction's last projection: an untrained head is the logit lens
+        nn.init.zeros_(layer.weight)
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
 class ExitHead(nn.Module):
-    def __init__(self, hidden_size: int, rank: int, exit_layer: int, eps: float):
+    """head(h) = h + rms(h) * correction(h / rms(h)); the subclasses give the correction and ``size``,
+    what config.json records of it."""
+
+    architecture = ""
+
+    def __init__(self, exit_layer: int, eps: float):
         super().__init__()
-        # the input has the residual stream's outlier channels: fp32 even when drafting in int8 (models/linear.py)
-        self.down = Linear(hidden_size, rank, bias=False, int8=False)
-        self.up = Linear(rank, hidden_size, bias=True, int8=False)
-        nn.init.zeros_(self.up.weight)
-        nn.init.zeros_(self.up.bias)
         self.exit_layer, self.eps = exit_layer, eps
 
-    @classmethod
-    def for_target(cls, target: Transformer, exit_layer: int, rank: int = 64) -> "ExitHead":
-        """A fresh head (the logit lens) for ``target`` at ``exit_layer``, on its device and dtype."""
-        if not 0 < exit_layer < target.num_layers:
-            raise MirrorSDError(f"exit layer must be in 1..{target.num_layers - 1} (the target has "
-                                f"{target.num_layers} layers), got {exit_layer}")
-        head = cls(target.args.hidden_size, rank, exit_layer, target.args.rms_norm_eps)
-        return head.to(target.device, target.dtype)
-
     @property
-    def rank(self) -> int:
-        return self.down.out_features
+    def size(self) -> dict:
+        raise NotImplementedError
+
+    def correction(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     @property
     def device(self) -> torch.device:
-        return self.up.weight.device
+        return next(self.parameters()).device
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """Hidden states after the exit layer [.., d] -> hidden states for the final norm [.., d]."""
         h = h.to(self.device)
         rms = (h.float().pow(2).mean(-1, keepdim=True) + self.eps).sqrt()  # [.., 1]
-        delta = self.up(self.down((h.float() / rms).to(self.up.weight.dtype)))  # [.., d]
+        delta = self.correction((h.float() / rms).to(next(self.parameters()).dtype))  # [.., d]
         return h + (delta.float() * rms).to(h.dtype)
+
+
+class LowRankExitHead(ExitHead):
+    architecture = "tuned lens: h + rms(h) * up(down(h / rms(h))) before the target's final norm and LM head"
+
+    def __init__(self, hidden_size: int, rank: int, exit_layer: int, eps: float):
+        super().__init__(exit_layer, eps)
+        self.down, self.up = _linear(hidden_size, rank), _linear(rank, hidden_size, zero=True)
+
+    @property
+    def size(self) -> dict:
+        return dict(rank=self.down.out_features)
+
+    def correction(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(self.down(x))
+
+
+class SwiGLUExitHead(ExitHead):
+    architecture = ("SwiGLU: h + rms(h) * down(silu(gate(x)) * up(x)), x = h / rms(h), before the target's final "
+                    "norm and LM head")
+
+    def __init__(self, hidden_size: int, mlp: int, exit_layer: int, eps: float):
+        super().__init__(exit_layer, eps)
+        self.gate, self.up = _linear(hidden_size, mlp), _linear(hidden_size, mlp)
+        self.down = _linear(mlp, hidden_size, zero=True)
+
+    @property
+    def size(self) -> dict:
+        return dict(mlp=self.gate.out_features)
+
+    def correction(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def new_exit_head(target: Transformer, exit_layer: int, rank: int = 64, mlp: int = 0) -> ExitHead:
+    """A fresh head (the logit lens) for ``target`` at ``exit_layer``, on its device and dtype: SwiGLU
+    with ``mlp`` hidden units where ``mlp`` > 0, else low rank ``rank``."""
+    if not 0 < exit_layer < target.num_layers:
+        raise MirrorSDError(f"exit layer must be in 1..{target.num_layers - 1} (the target has "
+                            f"{target.num_layers} layers), got {exit_layer}")
+    d, eps = target.args.hidden_size, target.args.rms_norm_eps
+    head = SwiGLUExitHead(d, mlp, exit_layer, eps) if mlp > 0 else LowRankExitHead(d, rank, exit_layer, eps)
+    return head.to(target.device, target.dtype)
 
 
 class EarlyExit(nn.Module):
@@ -120,8 +173,7 @@ def save_exit_head(head: ExitHead, out: Path, target: Transformer, target_name: 
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.float().contiguous().cpu() for k, v in head.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = dict(architecture="tuned lens: h + rms(h) * up(down(h / rms(h))) before the target's final norm and "
-                               "LM head", target=target_name, exit_layer=head.exit_layer, rank=head.rank,
+    config = dict(architecture=head.architecture, target=target_name, exit_layer=head.exit_layer, **head.size,
                   **target_shape(target), signature=signature(target, head.exit_layer), torch_dtype="float32")
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "training.json").write_text(json.dumps(card, indent=2))
@@ -143,7 +195,7 @@ def load_exit_head(folder: Path, target: Transformer) -> ExitHead:
     if wrong:
         raise MirrorSDError(f"the early-exit head in {folder} was trained for another target "
                             f"({config.get('target')!r}): (head, target) differ in {wrong}")
-    head = ExitHead.for_target(target, layer, config["rank"])
+    head = new_exit_head(target, layer, rank=config.get("rank", 64), mlp=config.get("mlp", 0))
     head.load_state_dict({k: v.to(target.dtype) for k, v in load_file(str(folder / "model.safetensors")).items()})
     return head.eval().requires_grad_(False)
 

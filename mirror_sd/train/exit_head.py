@@ -1,4 +1,4 @@
-"""Train Mirror-SD's early-exit head (``python -m mirror_sd.train exit-head ...``): a tuned lens.
+"""Train Mirror-SD's early-exit head (``python -m mirror_sd.train exit-head ...``): low rank or SwiGLU.
 
 Data: the target's features over the distilled examples, computed once and cached by
 ``train/features.py`` (the cache the EAGLE trainer uses), with early features at the exit layer:
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from ..devices import hardware_name, resolve_device
 from ..errors import MirrorSDError
 from ..methods.mirror import default_exit_layer
-from ..models.exit_head import ExitHead, save_exit_head
+from ..models.exit_head import ExitHead, new_exit_head, save_exit_head
 from ..models.loading import VOCAB_MAP_KEY, embedded_model_dir, load_model, load_state_dict
 from ..models.pair import EMBEDDED_DRAFT
 from .card import ModelCard, trained_on
@@ -131,14 +131,15 @@ DEFAULTS = Defaults(epochs=3.0, lr=2e-3, eval_every=100, batch_tokens=1024, hold
 
 
 def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None, exit_layer: int = 0,
-          rank: int = 64, draft: Path | str | None = "default", epochs: float = DEFAULTS.epochs,
+          rank: int = 64, mlp: int = 0, draft: Path | str | None = "default", epochs: float = DEFAULTS.epochs,
           lr: float = DEFAULTS.lr, batch_tokens: int = DEFAULTS.batch_tokens, max_len: int = DEFAULTS.max_len,
           eval_every: int = DEFAULTS.eval_every, holdout: float = DEFAULTS.holdout, seed: int = DEFAULTS.seed,
           threads: int = DEFAULTS.threads, target_dir: Path | None = None, device: str = DEFAULTS.device) -> dict:
     """Train an early-exit head for the target in ``target_dir`` (default: the embedded target).
 
     exit_layer: the hidden state after this many target layers is the head's input (0: Mirror-SD's
-    default exit layer). draft: the draft whose vocabulary rows the exit scores ("default": the
+    default exit layer). rank, mlp: the head's correction, SwiGLU with ``mlp`` hidden units where
+    ``mlp`` > 0, else low rank ``rank`` (models/exit_head.py). draft: the draft whose vocabulary rows the exit scores ("default": the
     shipped draft for the embedded target, every row for another; None: every row).
     device: where the target computes features and the head trains (fp32 either way).
     """
@@ -149,7 +150,7 @@ def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None,
     target_dir = Path(target_dir) if target_dir else embedded_model_dir()
     target, _ = load_model(target_dir, resolve_device(device), torch.float32)
     exit_layer = exit_layer or default_exit_layer(target.num_layers)
-    head = ExitHead.for_target(target, exit_layer, rank)  # checks the exit layer before any feature is computed
+    head = new_exit_head(target, exit_layer, rank, mlp)  # checks the exit layer before any feature is computed
     if draft == "default":
         draft = EMBEDDED_DRAFT if embedded else None
     vocab_map = draft_rows(draft, target)
@@ -181,7 +182,7 @@ def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None,
                 eval_every, desc="train exit head")
     final = run_evaluation(model, lambda: evaluate(model, held_out, batch_tokens))
     folders = data_folders(data_dirs)
-    card = dict(target=target_dir.name, exit_layer=exit_layer, rank=rank, **shape,
+    card = dict(target=target_dir.name, exit_layer=exit_layer, architecture=head.architecture, **head.size, **shape,
                 rows=len(vocab_map), draft=Path(draft).name if draft else None,
                 data=[d.name for d in folders], sources=[data_source(d) for d in folders],
                 examples_train=len(seqs) - n_eval, examples_held_out=n_eval, tokens_train=n, max_len=max_len,
@@ -214,10 +215,13 @@ def model_card(c: dict) -> ModelCard:
     """The card for the head folder: what it is, what it was trained on, what it reached."""
     rows = f"the {c['rows']:,} LM-head rows of the draft's vocabulary (`{c['draft']}`)" if c["draft"] else \
         f"all {c['rows']:,} LM-head rows"
-    d, r = c["hidden_size"], c["rank"]
+    d = c["hidden_size"]
+    correction = (f"down(silu(gate(x)) * up(x)), x = h / rms(h); gate, up: Linear({d} -> {c['mlp']}), down: "
+                  f"Linear({c['mlp']} -> {d}, bias), down" if c.get("mlp") else
+                  f"up(down(h / rms(h))), down: Linear({d} -> {c['rank']}), up: Linear({c['rank']} -> {d}, bias), up")
     architecture = f"""- Input: the target's hidden state h after {c['exit_layer']} of its {c['num_layers']} layers (Mirror-SD's
   exit layer).
-- head(h) = h + rms(h) * up(down(h / rms(h))), down: Linear({d} -> {r}), up: Linear({r} -> {d}, bias), up
+- head(h) = h + rms(h) * {correction}
   started at zero (an untrained head is the logit lens); then the target's own final norm and LM head.
 - {c['trainable_parameters']:,} parameters, stored in fp32 (model.safetensors); config.json records the
   target and the exit layer, which `mirror` checks (`exit_head=1`)."""
@@ -240,7 +244,7 @@ target's final top-1 probability below {HARD}: where drafts get rejected). Held-
 What this does to Mirror-SD's hit rate and speed: `docs/experiments/mirror.md`."""
     return ModelCard(
         title=f"Early-exit head for {c['target']} (exit layer {c['exit_layer']})",
-        intro="""A trained early exit ("tuned lens") for `method="mirror"` with `exit_head=1`: it chooses which
+        intro="""A trained early exit for `method="mirror"` with `exit_head=1`: it chooses which
 branches the draft rolls out, never what is committed (verification is unchanged, so decoding stays
 lossless). Trained by `python -m mirror_sd.train exit-head` (code: `mirror_sd/train/exit_head.py`,
 model: `mirror_sd/models/exit_head.py`).""",
@@ -252,7 +256,7 @@ def add_parser(sub):
     """``python -m mirror_sd.train exit-head ...``"""
     p = sub.add_parser("exit-head", help="train Mirror-SD's early-exit head for the embedded target",
                        description="Compute the target's features with early features at the exit layer (cached "
-                                   "in --features), then train a low-rank head on the exit layer's hidden states "
+                                   "in --features), then train a head on the exit layer's hidden states "
                                    "to match the target's final distribution. Resumable: rerun the same command.")
     o = TrainerOptions(p, DEFAULTS, holds="the head, its model card, loss.png, checkpoint/", rows="",
                        computes="the target computes features and the head trains")
@@ -260,7 +264,11 @@ def add_parser(sub):
     p.add_argument("--exit-layer", type=non_negative_int, default=0,
                    help="the head reads the hidden state after this many target layers (default 0: mirror's "
                         "default exit layer, three quarters of the layers)")
-    p.add_argument("--rank", type=positive_int, default=64, help="rank of the head's correction (default 64)")
+    p.add_argument("--rank", type=positive_int, default=64,
+                   help="rank of a low-rank head's correction (default 64)")
+    p.add_argument("--mlp", type=non_negative_int, default=0,
+                   help="hidden units of a SwiGLU head (a nonlinear correction, as the target's MLPs; the shipped "
+                        "heads have 1536); 0: a low-rank head (default 0)")
     p.add_argument("--draft", default="default",
                    help="the draft whose vocabulary rows the exit scores, as mirror's early exit does (default: "
                         "the shipped draft; none: every row)")
@@ -274,7 +282,7 @@ def add_parser(sub):
     def run(args):
         draft = None if args.draft.lower() == "none" else args.draft
         card = train([Path(d) for d in args.data], Path(args.out), exit_layer=args.exit_layer, rank=args.rank,
-                     draft=draft, holdout=args.holdout, **train_kwargs(args))
+                     mlp=args.mlp, draft=draft, holdout=args.holdout, **train_kwargs(args))
         print(json.dumps(card, indent=2))
         return 0
 
