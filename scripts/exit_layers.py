@@ -1,7 +1,9 @@
 """Mirror-SD at several exit layers, each read by a trained early-exit head of its own.
 
     python -m scripts.exit_layers --heads 22=mirror_sd/assets/exit-head-smollm2-135m 18=HEAD_18 \
-        [--kappas 2,4,8] [--per-category 2] [--max-new-tokens 64]
+        [--kappas 2,4,8] [--per-category 2] [--max-new-tokens 64] [--out CSV]
+
+Several heads for one layer (``14=OLD 14=NEW``) compare the heads: one run each.
 
 A head is trained for one exit layer (``python -m mirror_sd.train exit-head --exit-layer L``), and a
 pair holds one head at a time, so a plain sweep of ``exit_layer`` would read every other layer with
@@ -22,15 +24,15 @@ from .comparison import SWEEPS, add_ms_per_step, bench_prompts, comparison_parse
     summarise_runs
 
 
-def parse_heads(specs: list[str]) -> dict[int, Path]:
-    """["22=FOLDER", ...] -> {22: FOLDER}."""
-    heads = {}
+def parse_heads(specs: list[str]) -> list[tuple[int, Path]]:
+    """["22=FOLDER", ...] -> [(22, FOLDER), ...], by layer."""
+    heads = []
     for spec in specs:
         layer, sep, folder = spec.partition("=")
         if not sep or not layer.isdigit():
             raise SystemExit(f"--heads takes LAYER=FOLDER, got {spec!r}")
-        heads[int(layer)] = Path(folder)
-    return heads
+        heads.append((int(layer), Path(folder)))
+    return sorted(heads, key=lambda head: head[0])
 
 
 def main():
@@ -40,11 +42,14 @@ def main():
     parser.add_argument("--out", default=str(SWEEPS / "exit_layers_head.csv"), help="the CSV to write")
     args = parser.parse_args()
     pair = load_pair()
-    heads = {layer: load_exit_head(folder, pair.target) for layer, folder in parse_heads(args.heads).items()}
-    configs = [(layer, int(k)) for layer in sorted(heads) for k in args.kappas.split(",")]
-    runs = [("vanilla", {}), ("sd", {})] + [("mirror", dict(exit_layer=layer, kappa=k, exit_head=1))
-                                           for layer, k in configs]
-    labels = ["vanilla", "sd"] + [f"mirror exit {layer}, kappa {k}" for layer, k in configs]
+    specs = parse_heads(args.heads)
+    heads = [load_exit_head(folder, pair.target) for _, folder in specs]
+    configs = [(i, int(k)) for i in range(len(specs)) for k in args.kappas.split(",")]
+    runs = [("vanilla", {}), ("sd", {})] + [("mirror", dict(exit_layer=specs[i][0], kappa=k, exit_head=1))
+                                           for i, k in configs]
+    same_layer = len({layer for layer, _ in specs}) < len(specs)  # then the labels name the heads
+    labels = ["vanilla", "sd"] + [f"mirror exit {specs[i][0]}{f' ({specs[i][1].name})' if same_layer else ''}, "
+                                  f"kappa {k}" for i, k in configs]
 
     def setup(index):
         if index >= 2:
