@@ -1,6 +1,6 @@
 """Mirror-SD's token channel as one stage (models/channel.py): the prefix's hidden states and the
 channel (top candidates, their log-probs, the window tokens' log-probs) that ``token_channel``
-computes an operation at a time, packed in one tensor."""
+computes an operation at a time, packed in one tensor, with the logit lens or a trained head of either kind."""
 from types import SimpleNamespace
 
 import pytest
@@ -9,23 +9,35 @@ import torch
 from mirror_sd import load_pair
 from mirror_sd.methods.mirror import exit_reader, target_ranges, token_channel
 from mirror_sd.models.channel import TokenChannel, pack, unpack
+from mirror_sd.models.exit_head import new_exit_head
 from mirror_sd.models.forwards import forward, stage_cache
 
 ATOL = 1e-5
 
 
+def random_exit_head(target, mlp: int):
+    """A head at the tiny target's exit layer 1 with random weights (low rank 4, or SwiGLU of ``mlp``)."""
+    torch.manual_seed(3)
+    head = new_exit_head(target, 1, rank=4, mlp=mlp)
+    with torch.no_grad():
+        torch.nn.init.normal_((head.down if mlp else head.up).weight, std=0.5)  # the zero-started projection
+    return head.eval()
+
+
+@pytest.mark.parametrize("head", [None, 0, 24])  # the logit lens; a low-rank head; a SwiGLU head
 @pytest.mark.parametrize("draft", ["draft", "reduced_draft"])  # the exit over the whole head, or the draft's rows
 @pytest.mark.parametrize("window", [[4], [4, 8, 2], [3, 1, 4, 1, 5, 9, 2, 6, 5]])
-def test_one_replay_gives_the_channel_token_channel_computes(tiny_dirs, draft, window):
+def test_one_replay_gives_the_channel_token_channel_computes(tiny_dirs, draft, window, head):
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs[draft]), target_device="cpu",
                      draft_device="cpu")
     target, kappa = pair.target, 3
-    spec = TokenChannel(1, kappa, exit_reader(pair), target.args.vocab_size)
-    plain, staged = target.new_cache(100), stage_cache({}, target, 100, [*target_ranges(pair, 1), spec])
+    head = None if head is None else random_exit_head(target, head)
+    spec = TokenChannel(1, kappa, exit_reader(pair, head), target.args.vocab_size)
+    plain, staged = target.new_cache(100), stage_cache({}, target, 100, [*target_ranges(pair, 1, head), spec])
     for cache in (plain, staged):
         forward(target, torch.tensor([[1, 5, 2, 9]]), cache)
     hidden, top_ids, top_logp, window_logp = token_channel(SimpleNamespace(pair=pair), plain, window, 1, kappa,
-                                                           on_host=False)
+                                                           head=head, on_host=False)
     got_hidden, packed = staged.stages.run(spec.name, [window])
     got_ids, got_logp, got_window = unpack(packed, kappa)
     assert packed.shape == (len(window), 2 * kappa + 1) and staged.length == plain.length == 4
@@ -37,3 +49,8 @@ def test_one_replay_gives_the_channel_token_channel_computes(tiny_dirs, draft, w
     apart[:, 1:] &= gaps
     assert torch.equal(got_ids[apart], top_ids[apart])
     assert torch.equal(unpack(pack(top_ids, top_logp, window_logp), kappa)[0], top_ids)  # ids survive the packing
+    if head is not None:  # the head, not the lens, made the channel
+        lens = target.new_cache(100)
+        forward(target, torch.tensor([[1, 5, 2, 9]]), lens)
+        lens_logp = token_channel(SimpleNamespace(pair=pair), lens, window, 1, kappa, on_host=False)[2]
+        assert not torch.allclose(lens_logp, top_logp, atol=ATOL)
