@@ -412,15 +412,21 @@ def mirror_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[P
     return plan
 
 
-def exit_depth(meta: dict) -> float | None:
-    """A Mirror-SD run's exit layer over its target's layers (its option, or the default exit), from
-    its trace's meta; None where the meta does not say how many layers the target has."""
+def run_exit(meta: dict) -> tuple[int, int] | None:
+    """A Mirror-SD run's (exit layer, target layers): its option, or the default exit, from its
+    trace's meta; None where the meta does not say how many layers the target has."""
     from .methods.mirror import default_exit_layer
 
     layers = meta.get("target_layers")
     if not layers:
         return None
-    return (meta.get("options", {}).get("exit_layer") or default_exit_layer(layers)) / layers
+    return meta.get("options", {}).get("exit_layer") or default_exit_layer(layers), layers
+
+
+def exit_depth(meta: dict) -> float | None:
+    """A Mirror-SD run's exit layer over its target's layers (``run_exit``), or None."""
+    exit = run_exit(meta)
+    return exit[0] / exit[1] if exit else None
 
 
 CORRECTION = "correction-rollout"
@@ -662,8 +668,7 @@ def fit_profile(traces: list[Trace], name: str = "this-machine", source: str = "
 def measured_split(traces: list[Trace]) -> tuple[int, int] | None:
     """(exit layer, target layers) of the Mirror-SD runs among ``traces``, where they all share one:
     where the prefix and suffix costs fitted from them were measured."""
-    splits = {(round(depth * t.meta["target_layers"]), t.meta["target_layers"])
-              for t in traces if t.method == "mirror" and (depth := exit_depth(t.meta)) is not None}
+    splits = {run_exit(t.meta) for t in traces if t.method == "mirror" and run_exit(t.meta) is not None}
     return splits.pop() if len(splits) == 1 else None
 
 

@@ -1,6 +1,7 @@
 """Mirror-SD's token channel as one stage (models/channel.py): the prefix's hidden states and the
 channel (top candidates, their log-probs, the window tokens' log-probs) that ``token_channel``
-computes an operation at a time, packed in one tensor, with the logit lens or a trained head of either kind."""
+computes an operation at a time, packed in one tensor, with the logit lens or a trained head of
+either kind."""
 from types import SimpleNamespace
 
 import pytest
@@ -9,19 +10,10 @@ import torch
 from mirror_sd import load_pair
 from mirror_sd.methods.mirror import exit_reader, target_ranges, token_channel
 from mirror_sd.models.channel import TokenChannel, pack, unpack
-from mirror_sd.models.exit_head import new_exit_head
 from mirror_sd.models.forwards import forward, stage_cache
+from test_exit_head import random_head
 
 ATOL = 1e-5
-
-
-def random_exit_head(target, mlp: int):
-    """A head at the tiny target's exit layer 1 with random weights (low rank 4, or SwiGLU of ``mlp``)."""
-    torch.manual_seed(3)
-    head = new_exit_head(target, 1, rank=4, mlp=mlp)
-    with torch.no_grad():
-        torch.nn.init.normal_((head.down if mlp else head.up).weight, std=0.5)  # the zero-started projection
-    return head.eval()
 
 
 @pytest.mark.parametrize("head", [None, 0, 24])  # the logit lens; a low-rank head; a SwiGLU head
@@ -31,7 +23,7 @@ def test_one_replay_gives_the_channel_token_channel_computes(tiny_dirs, draft, w
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs[draft]), target_device="cpu",
                      draft_device="cpu")
     target, kappa = pair.target, 3
-    head = None if head is None else random_exit_head(target, head)
+    head = None if head is None else random_head(target, mlp=head)
     spec = TokenChannel(1, kappa, exit_reader(pair, head), target.args.vocab_size)
     plain, staged = target.new_cache(100), stage_cache({}, target, 100, [*target_ranges(pair, 1, head), spec])
     for cache in (plain, staged):

@@ -86,9 +86,9 @@ def test_ss_verifies_on_the_stage_with_the_hidden_state_its_streams_start_from(t
 
 @pytest.mark.parametrize("case", ["all", "part", "none", "deep"])
 def test_a_tree_left_on_the_device_verifies_as_one_read_from_the_host(tiny_dirs, case):
-    """``queue_drafted_verify`` then ``read_drafted_verdict``: the tree as a one-stage draft leaves it (grow_fields' fields
-    [1, 4, M]), laid out by the stage's body: the same path, token, features and kept cache as the
-    plain forward's, and the tree itself read back with the verdict."""
+    """``queue_drafted_verify`` then ``read_drafted_verdict``: the tree as a one-stage draft leaves
+    it (grow_fields' fields [1, 4, M]), laid out by the stage's body: the same path, token, features
+    and kept cache as the plain forward's, and the tree itself read back with the verdict."""
     from mirror_sd.methods.verify import queue_drafted_verify, read_drafted_verdict
     from mirror_sd.models.forwards import staged_for
 

@@ -34,13 +34,13 @@ from .verify import verdict_of_picks
 
 
 def step_stages(pair, exit_layer: int, kappa: int, head, gamma: int, budget: int, lookup: int, correction: int):
-    """A queued chain step's stages, for the caches to make: the token channel on the target (None
-    for a sharded target), the branch choice with the rollouts on the draft (None where the
-    branches outgrow the widest stage), and with ``correction`` the one-branch correction rollout."""
+    """A queued chain step's stages, for the caches to make: the token channel on the target (queued
+    steps run on one device's target: ``queues_steps``), the branch choice with the rollouts on the
+    draft (None where the branches outgrow the widest stage), and with ``correction`` the one-branch
+    correction rollout."""
     rows = max(gamma, lookup) + 1  # the most a window has, with the token before it
     vocab = pair.target.args.vocab_size
-    channel = TokenChannel(exit_layer, kappa, mirror.exit_reader(pair, head), vocab) \
-        if not pair.target.layer_devices else None
+    channel = TokenChannel(exit_layer, kappa, mirror.exit_reader(pair, head), vocab)
     branches = min(budget, rows * kappa)
     rollouts = Rollouts(branches, gamma, kappa, rows, vocab) if branches < MAX_WIDTH else None
     corrections = Rollouts(1, gamma, 1, rows, vocab) if rollouts and correction else None

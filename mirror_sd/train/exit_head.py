@@ -218,7 +218,8 @@ def model_card(c: dict) -> ModelCard:
     d = c["hidden_size"]
     correction = (f"down(silu(gate(x)) * up(x)), x = h / rms(h); gate, up: Linear({d} -> {c['mlp']}), down: "
                   f"Linear({c['mlp']} -> {d}, bias), down" if c.get("mlp") else
-                  f"up(down(h / rms(h))), down: Linear({d} -> {c['rank']}), up: Linear({c['rank']} -> {d}, bias), up")
+                  f"up(down(h / rms(h))), down: Linear({d} -> {c['rank']}), up: Linear({c['rank']} -> {d}, "
+                  f"bias), up")
     architecture = f"""- Input: the target's hidden state h after {c['exit_layer']} of its {c['num_layers']} layers (Mirror-SD's
   exit layer).
 - head(h) = h + rms(h) * {correction}
