@@ -153,9 +153,13 @@ def _host_part(out: Path, profile: dict, traces: Path) -> dict:
         runs = [Trace.from_json(p.read_text(encoding="utf-8")) for p in sorted(traces.glob("*.json"))]
         if not runs:
             raise MirrorSDError(f"no traces in {traces}")
+        drafts = bench_stages(traces.parent / "stage_ms.csv")
+        profile = dict(profile, stages={**profile["stages"], **drafts})
         step_ms, phase_ms = fit_host(runs, Profile.from_json(profile, "gpu-check profile"))
         host = dict(profile, name=f"{profile['name']}-host", step_ms=round(step_ms, 4), phase_ms=round(phase_ms, 4),
                     source=profile["source"].replace(NOT_MEASURED, "")
+                    + (f"{', '.join(drafts)}: from the replays of the graphs-on bench's stages (stage_ms.csv; "
+                       f"gpu_check.bench_stages). " if drafts else "")
                     + f"step_ms and phase_ms: the host's time per step and per phase, fitted on the {len(runs)} "
                       f"traces of gpu-check's graphs-on bench (whatif.fit_host); rendezvous_ms and channel_ms: 0.")
         fitted = Profile.from_json(host, "gpu-check host profile")
@@ -172,6 +176,38 @@ def _host_part(out: Path, profile: dict, traces: Path) -> dict:
         part.update(outcome=f"{type(e).__name__}: {e}")
     part["wall_s"] = time.monotonic() - start
     return part
+
+
+DRAFT_LABEL = re.compile(r"(tree|stream) draft (\d+)x(\d+), (\d+) kept")  # EAGLE's and ss's one-stage drafts
+
+
+def bench_stages(stage_ms: Path) -> dict:
+    """Profile costs (whatif.STAGES) of the stages a bench captured beyond the forwards the stage
+    part times, from their replays (``stage_ms.csv``): ``target_tree``, the target's forward over a
+    tree under its mask, by width; ``eagle_level``, a level of EAGLE's tree draft after the first
+    (the one-stage tree draft's replay less the head's forward over the same pairs, over its depth − 1
+    levels; the median over the widths, at the frontier's width); and ``stream_draft``, the streams'
+    one-stage draft by its levels. A draft that ran at more than one shape, or not at all, is left out."""
+    if not stage_ms.exists():
+        return {}
+    rows = pd.read_csv(stage_ms)
+    tree = rows[(rows.model == "target") & (rows.stage == "tree verify")]
+    out = {"target_tree": {"ms_by_width": {str(w): round(float(ms), 4) for w, ms in zip(tree.width, tree.ms)}}}
+    if tree.empty:
+        out = {}
+    for model, kind, stage in (("EagleHead", "tree", "eagle_level"), ("target", "stream", "stream_draft")):
+        mine = rows[(rows.model == model) & rows.stage.str.fullmatch(DRAFT_LABEL) & rows.stage.str.startswith(kind)]
+        if mine.stage.nunique() != 1:
+            continue
+        levels, width = (int(g) for g in DRAFT_LABEL.fullmatch(mine.stage.iloc[0]).groups()[1:3])
+        if stage == "stream_draft":
+            out[stage] = {"ms_by_width": {str(levels): round(float(mine.ms.median()), 4)}}
+            continue
+        pairs = rows[(rows.model == model) & (rows.stage == "pairs")].set_index("width").ms
+        extra = [(ms - pairs[w]) / (levels - 1) for w, ms in zip(mine.width, mine.ms) if w in pairs.index]
+        if levels > 1 and extra:
+            out[stage] = {"ms_by_width": {str(width): round(max(0.0, float(statistics.median(extra))), 4)}}
+    return out
 
 
 def host_fit_section(part: dict) -> list[str]:

@@ -8,13 +8,18 @@ a function of width) and lays it out with each method's schedule:
 
   vanilla  T_t(1)
   sd       sum of the draft's forwards T_d(w_i) + T_t(gamma + 1)    (a tree: T_d(1) + (gamma - 1) T_d(branching) + T_tree(nodes + 1))
-  eagle    T_head(pending) + (depth - 1) T_head(top_k) + T_tree(nodes + 1)
-  ss       T_streams(gamma) + T_tree(nodes + 1)    (one_forward=1: T_tree(nodes + 1) + T_streams(stream rows))
+  eagle    T_head(pending) + (depth - 1) T_level(top_k) + T_tree(nodes + 1)
+  ss       T_stream_draft(gamma) + T_tree(nodes + 1)    (one_forward=1: T_tree(nodes + 1) + T_streams(stream rows))
   mirror   [fallback draft on a miss] + T_prefix + T_rv + max(T_suffix, T_rollouts) + T_rv
            (T_rollouts: T_d(window + branches) + (gamma - 1) T_d(branches), or with tree windows
            (gamma - 1) T_d(branches x branching); a tree window's fallback draft as sd's tree;
            a window from the last step's correction rollout: only what of its gamma T_d(1) outlasts
            the host's turn between the steps, since it starts at that step's picks)
+
+(T_level: a level of EAGLE's tree draft after the first; T_stream_draft: the streams' whole draft.
+A profile without their own costs prices them as T_head and T_streams: the forwards alone, as the
+host runs them between its own operations. On CUDA graphs each draft is one stage, with the tree's
+top-k and bookkeeping inside it, and gpu-check gives them costs of their own.)
 
 (T_prefix and T_suffix are the profile's at the exit depth it was measured at, ``split``; a run
 that exits at another depth, as a share of its layers, moves layers from one to the other.)
@@ -54,13 +59,18 @@ STAGES = {  # stage -> what one call of it is; its cost is priced per call, by t
     "draft": "one draft forward over `width` tokens (a window token, or a batch of branches)",
     "draft_prefill": "the draft's forward over the prompt",
     "eagle_head": "one EAGLE head step over `width` tokens (tree frontier)",
+    "eagle_level": "EAGLE: a level of its tree draft after the first (the head over the `width`-node frontier, "
+                   "then the next frontier's top-k)",
     "streams": "Speculative Streaming: a pass of `width` stream rows through the top layers",
+    "stream_draft": "Speculative Streaming: the whole draft of `width` stream levels (the streams' pass, then the "
+                    "tree's pick)",
 }
 DRAFT_STAGES = ("draft", "draft_prefill")  # run on the draft device: scaled by its speed
-# A profile without a stage's own cost prices it as this one: a tree under a mask as a window as wide
+# A profile without a stage's own cost prices it as another: a tree under a mask as a window as wide
 # (on a GPU the attention mask costs next to nothing; on a CPU it takes another kernel, so fitted
-# profiles have their own).
-STAND_INS = {"target_tree": "target"}
+# profiles have their own); a draft's level or whole draft as its forwards alone (on CUDA graphs the
+# draft is one stage with its picks inside, which gpu-check times: ``bench_stages``).
+STAND_INS = {"target_tree": "target", "eagle_level": "eagle_head", "stream_draft": "streams"}
 
 
 # -- costs and profiles ------------------------------------------------------------------------
@@ -206,12 +216,14 @@ class Profile:
 
     def with_draft_ratio(self, ratio: float) -> "Profile":
         """The draft (and the EAGLE head) made ``ratio`` times a one-token target forward, width for width
-        in proportion: the x axis of the tradeoff curve."""
+        in proportion: the x axis of the tradeoff curve. The draft's prefill and an EAGLE level keep
+        their proportion to the draft and to the head."""
         target = self.cost("target", 1)
         stages = dict(self.stages)
-        for stage in ("draft", "draft_prefill", "eagle_head"):
+        for stage, like in (("draft", "draft"), ("draft_prefill", "draft"), ("eagle_head", "eagle_head"),
+                            ("eagle_level", "eagle_head")):
             if stage in stages:
-                now = self.cost(stage, 1) if stage != "draft_prefill" else self.cost("draft", 1)
+                now = self.cost(like, 1)
                 stages[stage] = stages[stage].scaled(ratio * target / now if now > 0 else 0.0)
         return replace(self, stages=stages)
 
@@ -364,20 +376,20 @@ def eagle_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Ph
     frontier = top_k if meta.get("temperature", 0.0) == 0 else 1
     pending = int(meta.get("prompt_tokens", 1)) if previous.index == 0 else len(previous.committed)
     window = len(step.tree.tokens) + 1
-    head = [("eagle_head", pending)] + [("eagle_head", frontier)] * (depth - 1)
+    head = [("eagle_head", pending)] + [("eagle_level", frontier)] * (depth - 1)
     return [(Work("target", "draft", f"draft tree, depth {depth}", head, tokens=pending),),
             (Work("target", "verify", f"verify {window} tokens", [("target_tree", window)], tokens=window),)]
 
 
 def ss_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
-    """The streams' own pass of gamma rows, then one verify forward; with ``one_forward`` the
+    """The streams' draft of gamma levels, then one verify forward; with ``one_forward`` the
     stream rows ride in the verify forward instead."""
     gamma, window = options.get("gamma", 4), len(step.tree.tokens) + 1
     verify = [("target_tree", window)]
     if options.get("one_forward"):
         draft, verify = [], verify + [("streams", step.tree.stream_rows)]
     else:
-        draft = [("streams", gamma)]
+        draft = [("stream_draft", gamma)]
     return [(Work("target", "draft", f"streams: draft {gamma} levels", draft, tokens=gamma),),
             (Work("target", "verify", f"verify {window} tokens", verify, tokens=window),)]
 

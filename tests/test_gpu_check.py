@@ -136,6 +136,28 @@ def test_the_report_tables_the_graphs_on_benchs_stage_replays(tmp_path):
     assert "0.970" in table and "1.340" in table and "0.410" in table
 
 
+def test_the_host_profile_takes_the_benchs_tree_verify_and_one_stage_drafts(tmp_path):
+    """bench_stages: target_tree from the tree verify's replays; eagle_level from the tree draft less
+    the head's forward over the same pairs, per level after the first; stream_draft at its levels;
+    nothing for a draft that ran at two shapes, nor without the file."""
+    path = tmp_path / "stage_ms.csv"
+    assert gpu_check.bench_stages(path) == {}
+    rows = [dict(model="target", stage="tree verify", width=w, ms=ms) for w, ms in ((1, 1.0), (8, 1.4))]
+    rows += [dict(model="EagleHead", stage="pairs", width=w, ms=ms) for w, ms in ((1, 0.1), (8, 0.12), (16, 0.2))]
+    rows += [dict(model="EagleHead", stage="tree draft 3x4, 8 kept", width=w, ms=ms) for w, ms in ((1, 0.5), (8, 0.6))]
+    rows += [dict(model="target", stage="stream draft 4x2, 4 kept", width=4, ms=0.67),
+             dict(model="draft", stage="chain draft of 2", width=1, ms=0.38)]
+    pd.DataFrame(rows).to_csv(path, index=False)
+    costs = gpu_check.bench_stages(path)
+    assert costs == {"target_tree": {"ms_by_width": {"1": 1.0, "8": 1.4}},
+                     "eagle_level": {"ms_by_width": {"4": pytest.approx((0.2 + 0.24) / 2)}},  # (0.4/2, 0.48/2)
+                     "stream_draft": {"ms_by_width": {"4": 0.67}}}
+    Profile.from_json({"name": "p", "source": "s", "stages": {"target": {"ms": 1}, **costs}})  # whatif reads them
+    rows.append(dict(model="EagleHead", stage="tree draft 4x4, 8 kept", width=1, ms=0.7))  # a second shape
+    pd.DataFrame(rows).to_csv(path, index=False)
+    assert "eagle_level" not in gpu_check.bench_stages(path)
+
+
 def test_the_report_tables_what_launching_each_stage_costs(tmp_path):
     """stage_ms.csv's launch columns (Stage.time_launch) at each stage's narrowest timed width, with
     the GPU's wait for the launch (from idle less the replay); none without launch times."""

@@ -74,6 +74,24 @@ def test_ss_is_a_streams_pass_then_one_tree_verify():
     assert step_time(trace_of("ss", [step], dict(gamma=4))) == pytest.approx(3 + (10 + 5))
 
 
+def test_one_stage_drafts_price_eagle_levels_and_the_streams_draft_where_the_profile_has_them():
+    """On CUDA graphs EAGLE's tree draft and ss's draft are one stage each, picks inside: a profile
+    with eagle_level and stream_draft prices them so; the profile above, without, by the forwards."""
+    tree = DraftTree(tokens=[1, 2], parents=[-1, 0], depths=[1, 2], scores=[0.0] * 2, path=[0, 1])
+    eagle = trace_of("eagle", [Step(1, [1, 2, 3], ["accepted", "accepted", "bonus"], proposed=[1, 2], accepted=2,
+                                    tree=tree)] * 2, dict(depth=3, top_k=4))
+    streams = DraftTree(tokens=[1, 2, 3, 4], parents=[-1, 0, 1, 2], depths=[1, 2, 3, 4], scores=[0.0] * 4, path=[])
+    ss = trace_of("ss", [Step(1, [5], ["correction"], proposed=streams.tokens, accepted=0, tree=streams)], dict(gamma=4))
+    graphs = W.Profile(**{**PROFILE.__dict__, "stages": {**PROFILE.stages, "eagle_level": W.Cost.line(4, 0),
+                                                         "stream_draft": W.Cost.line(7, 0)}})
+    verify = 10 + 3  # root + 2 nodes, as a window (no target_tree)
+    assert step_time(eagle, 2) == pytest.approx((1 + 1.5) + 2 * (1 + 2) + verify)  # the head's forwards alone
+    assert step_time(eagle, 2, graphs) == pytest.approx((1 + 1.5) + 2 * 4 + verify)
+    assert step_time(ss, 1, graphs) == pytest.approx(7 + (10 + 5))
+    half = graphs.with_draft_ratio(0.5 * graphs.cost("eagle_head", 1) / graphs.cost("target", 1))
+    assert half.cost("eagle_level", 4) == pytest.approx(2)  # scaled with the head, in proportion
+
+
 def mirror_step(branches=4, hit=True, fallback=False, copied=False, accepted=1, corrected=False):
     rv = Rendezvous(exit_candidates=[[1, 2]] * 3, branches=[(0, 9, [1, 2])] * branches,
                     branch_used=0 if hit else None, fallback=fallback, copied=copied, corrected=corrected)
