@@ -1,7 +1,7 @@
 """Mirror-SD at several exit layers, each read by a trained early-exit head of its own.
 
     python -m scripts.exit_layers --heads 22=mirror_sd/assets/exit-head-smollm2-135m 18=HEAD_18 \
-        [--kappas 2,4,8] [--per-category 2] [--max-new-tokens 64] [--out CSV]
+        [--kappas 2,4,8] [--branch-budget 16] [--per-category 2] [--max-new-tokens 64] [--out CSV]
 
 Several heads for one layer (``14=OLD 14=NEW``) compare the heads: one run each.
 
@@ -9,7 +9,7 @@ A head is trained for one exit layer (``python -m mirror_sd.train exit-head --ex
 pair holds one head at a time, so a plain sweep of ``exit_layer`` would read every other layer with
 the logit lens. Here each mirror run gets the head of its layer attached before it runs (the warm-up
 too). Runs, interleaved prompt by prompt: vanilla (the reference), sd, then mirror at every (exit
-layer, kappa), the other options at their defaults. Every run must commit vanilla's tokens. Writes
+layer, kappa), at ``--branch-budget``, the other options at their defaults. Every run must commit vanilla's tokens. Writes
 docs/sweeps/exit_layers_head.csv (or --out): per run, τ, hit rate, speed against vanilla, and the
 milliseconds per step of the target prefix, the rollouts, the suffix and the fallback drafts.
 """
@@ -39,14 +39,15 @@ def main():
     parser = comparison_parser(__doc__)
     parser.add_argument("--heads", nargs="+", required=True, help="LAYER=FOLDER: a trained exit head per exit layer")
     parser.add_argument("--kappas", default="4", help="token channel widths (comma-separated; default 4)")
+    parser.add_argument("--branch-budget", type=int, default=16, help="branches rolled out per step (default 16)")
     parser.add_argument("--out", default=str(SWEEPS / "exit_layers_head.csv"), help="the CSV to write")
     args = parser.parse_args()
     pair = load_pair()
     specs = parse_heads(args.heads)
     heads = [load_exit_head(folder, pair.target) for _, folder in specs]
     configs = [(i, int(k)) for i in range(len(specs)) for k in args.kappas.split(",")]
-    runs = [("vanilla", {}), ("sd", {})] + [("mirror", dict(exit_layer=specs[i][0], kappa=k, exit_head=1))
-                                           for i, k in configs]
+    runs = [("vanilla", {}), ("sd", {})] + [("mirror", dict(exit_layer=specs[i][0], kappa=k, exit_head=1,
+                                                           branch_budget=args.branch_budget)) for i, k in configs]
     same_layer = len({layer for layer, _ in specs}) < len(specs)  # then the labels name the heads
     labels = ["vanilla", "sd"] + [f"mirror exit {specs[i][0]}{f' ({specs[i][1].name})' if same_layer else ''}, "
                                   f"kappa {k}" for i, k in configs]
