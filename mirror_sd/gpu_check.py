@@ -191,23 +191,33 @@ def bench_stages(stage_ms: Path) -> dict:
     if not stage_ms.exists():
         return {}
     rows = pd.read_csv(stage_ms)
+    out = {}
     tree = rows[(rows.model == "target") & (rows.stage == "tree verify")]
-    out = {"target_tree": {"ms_by_width": {str(w): round(float(ms), 4) for w, ms in zip(tree.width, tree.ms)}}}
-    if tree.empty:
-        out = {}
-    for model, kind, stage in (("EagleHead", "tree", "eagle_level"), ("target", "stream", "stream_draft")):
-        mine = rows[(rows.model == model) & rows.stage.str.fullmatch(DRAFT_LABEL) & rows.stage.str.startswith(kind)]
-        if mine.stage.nunique() != 1:
-            continue
-        levels, width = (int(g) for g in DRAFT_LABEL.fullmatch(mine.stage.iloc[0]).groups()[1:3])
-        if stage == "stream_draft":
-            out[stage] = {"ms_by_width": {str(levels): round(float(mine.ms.median()), 4)}}
-            continue
-        pairs = rows[(rows.model == model) & (rows.stage == "pairs")].set_index("width").ms
-        extra = [(ms - pairs[w]) / (levels - 1) for w, ms in zip(mine.width, mine.ms) if w in pairs.index]
-        if levels > 1 and extra:
-            out[stage] = {"ms_by_width": {str(width): round(max(0.0, float(statistics.median(extra))), 4)}}
+    if len(tree):
+        out["target_tree"] = {"ms_by_width": {str(w): round(float(ms), 4) for w, ms in zip(tree.width, tree.ms)}}
+    streams = _one_draft(rows, "target", "stream")
+    if streams is not None:
+        replays, levels, _ = streams
+        out["stream_draft"] = {"ms_by_width": {str(levels): round(float(replays.median()), 4)}}
+    eagle = _one_draft(rows, "EagleHead", "tree")
+    head = rows[(rows.model == "EagleHead") & (rows.stage == "pairs")].set_index("width").ms
+    if eagle is not None and eagle[1] > 1:
+        replays, levels, frontier = eagle
+        per_level = [(ms - head[w]) / (levels - 1) for w, ms in replays.items() if w in head.index]
+        if per_level:
+            level_ms = max(0.0, float(statistics.median(per_level)))
+            out["eagle_level"] = {"ms_by_width": {str(frontier): round(level_ms, 4)}}
     return out
+
+
+def _one_draft(rows: pd.DataFrame, model: str, kind: str):
+    """(replay ms by width, levels, nodes per level) of the one draft stage of ``kind`` ("tree" or
+    "stream") that ``model`` ran, or None where it ran none or several shapes."""
+    mine = rows[(rows.model == model) & rows.stage.str.fullmatch(DRAFT_LABEL) & rows.stage.str.startswith(kind)]
+    if mine.stage.nunique() != 1:
+        return None
+    levels, per_level = (int(g) for g in DRAFT_LABEL.fullmatch(mine.stage.iloc[0]).groups()[1:3])
+    return mine.set_index("width").ms, levels, per_level
 
 
 def host_fit_section(part: dict) -> list[str]:

@@ -81,7 +81,8 @@ def test_one_stage_drafts_price_eagle_levels_and_the_streams_draft_where_the_pro
     eagle = trace_of("eagle", [Step(1, [1, 2, 3], ["accepted", "accepted", "bonus"], proposed=[1, 2], accepted=2,
                                     tree=tree)] * 2, dict(depth=3, top_k=4))
     streams = DraftTree(tokens=[1, 2, 3, 4], parents=[-1, 0, 1, 2], depths=[1, 2, 3, 4], scores=[0.0] * 4, path=[])
-    ss = trace_of("ss", [Step(1, [5], ["correction"], proposed=streams.tokens, accepted=0, tree=streams)], dict(gamma=4))
+    ss_step = Step(1, [5], ["correction"], proposed=streams.tokens, accepted=0, tree=streams)
+    ss = trace_of("ss", [ss_step], dict(gamma=4))
     graphs = W.Profile(**{**PROFILE.__dict__, "stages": {**PROFILE.stages, "eagle_level": W.Cost.line(4, 0),
                                                          "stream_draft": W.Cost.line(7, 0)}})
     verify = 10 + 3  # root + 2 nodes, as a window (no target_tree)
