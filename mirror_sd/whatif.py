@@ -399,8 +399,8 @@ def mirror_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[P
     beside the branch rollouts -> rendezvous. A copied window needs no draft; a window from the last
     step's correction rollout comes from the same draft forwards as a fresh draft, run from that
     step's picks, during the host's turn between the steps (``in_host_turn``). A correction that no
-    step used ran on the draft's device while the target worked: it costs no time here and is not
-    drawn."""
+    step used (the step hit, or copied its window) ran on the draft's device during the host's turn
+    too, off the critical path: it costs no time here and is not drawn."""
     rv, gamma = step.rendezvous, options.get("gamma", 2)
     window = len(step.proposed) + 1
     branches, trees = len(rv.branches), step.tree is not None  # trees: mirror's tree windows
