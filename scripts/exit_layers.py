@@ -9,9 +9,10 @@ A head is trained for one exit layer (``python -m mirror_sd.train exit-head --ex
 pair holds one head at a time, so a plain sweep of ``exit_layer`` would read every other layer with
 the logit lens. Here each mirror run gets the head of its layer attached before it runs (the warm-up
 too). Runs, interleaved prompt by prompt: vanilla (the reference), sd, then mirror at every (exit
-layer, kappa), at ``--branch-budget``, the other options at their defaults. Every run must commit vanilla's tokens. Writes
-docs/sweeps/exit_layers_head.csv (or --out): per run, τ, hit rate, speed against vanilla, and the
-milliseconds per step of the target prefix, the rollouts, the suffix and the fallback drafts.
+layer, kappa) and ``--branch-budget``, the other options at their defaults. Every run must commit
+vanilla's tokens. Writes docs/sweeps/exit_layers_head.csv (or --out): per run, τ, hit rate, speed
+against vanilla, and the milliseconds per step of the target prefix, the rollouts, the suffix and
+the fallback drafts.
 """
 from __future__ import annotations
 
