@@ -153,13 +153,13 @@ def _host_part(out: Path, profile: dict, traces: Path) -> dict:
         runs = [Trace.from_json(p.read_text(encoding="utf-8")) for p in sorted(traces.glob("*.json"))]
         if not runs:
             raise MirrorSDError(f"no traces in {traces}")
-        drafts = bench_stages(traces.parent / "stage_ms.csv")
-        profile = dict(profile, stages={**profile["stages"], **drafts})
+        captured = bench_stages(traces.parent / "stage_ms.csv")
+        profile = dict(profile, stages={**profile["stages"], **captured})
         step_ms, phase_ms = fit_host(runs, Profile.from_json(profile, "gpu-check profile"))
         host = dict(profile, name=f"{profile['name']}-host", step_ms=round(step_ms, 4), phase_ms=round(phase_ms, 4),
                     source=profile["source"].replace(NOT_MEASURED, "")
-                    + (f"{', '.join(drafts)}: from the replays of the graphs-on bench's stages (stage_ms.csv; "
-                       f"gpu_check.bench_stages). " if drafts else "")
+                    + (f"{', '.join(captured)}: from the replays of the graphs-on bench's stages (stage_ms.csv; "
+                       f"gpu_check.bench_stages). " if captured else "")
                     + f"step_ms and phase_ms: the host's time per step and per phase, fitted on the {len(runs)} "
                       f"traces of gpu-check's graphs-on bench (whatif.fit_host); rendezvous_ms and channel_ms: 0.")
         fitted = Profile.from_json(host, "gpu-check host profile")

@@ -269,7 +269,7 @@ def add_parser(sub):
                    help="rank of a low-rank head's correction (default 64)")
     p.add_argument("--mlp", type=non_negative_int, default=0,
                    help="hidden units of a SwiGLU head (a nonlinear correction, as the target's MLPs; the shipped "
-                        "layer-14 head has 1536); 0: a low-rank head (default 0)")
+                        "heads for layers 14 and 22 have 1536); 0: a low-rank head (default 0)")
     p.add_argument("--draft", default="default",
                    help="the draft whose vocabulary rows the exit scores, as mirror's early exit does (default: "
                         "the shipped draft; none: every row)")
