@@ -39,6 +39,10 @@ def _add_model_args(p: argparse.ArgumentParser):
     g.add_argument("--target", default=None, help="target model: HF id, local folder, or the embedded default")
     g.add_argument("--draft", default=None, help="draft model: HF id, local folder, or 'self:N' (default: the project's draft for the embedded "
                         "target; none for other targets)")
+    g.add_argument("--add-on", action="append", default=[], metavar="FOLDER",
+                   help="an add-on trained for the target (python -m mirror_sd.train eagle, exit-head or ss): its "
+                        "EAGLE head, an early-exit head, or its speculative streams; repeat for several (the embedded "
+                        "target's ship with the package)")
     g.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, npu, or GPUs to shard the target "
                                                              "over: cuda:0,cuda:1 (default: this machine's best)")
     g.add_argument("--draft-device", default=None, help="device of the draft lane (default: see README)")
@@ -138,7 +142,7 @@ def _load(args):
 
     return load_pair(target=args.target, draft=args.draft or DEFAULT, target_device=args.target_device,
                      draft_device=args.draft_device, dtype=args.dtype, int8_drafting=not args.fp32_drafting,
-                     graphs=args.graphs, buckets=args.buckets, kernels=args.kernels)
+                     graphs=args.graphs, buckets=args.buckets, kernels=args.kernels, add_ons=args.add_on)
 
 
 def _settings(args) -> dict:

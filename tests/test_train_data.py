@@ -5,7 +5,8 @@ import json
 import pytest
 
 from mirror_sd.bench import DEFAULT_PROMPTS
-from mirror_sd.train.distill import _encode, load_target
+from mirror_sd.train.data import encode_prompt
+from mirror_sd.train.distill import load_target
 from mirror_sd.train.generate import _generate_batch, _generate_batch_hf
 from mirror_sd.train.instruct import rejection, resume_point, self_instruct_prompts, user_turn_prefix
 from mirror_sd.train.prompts import CATEGORIES, BenchFilter, build_prompts
@@ -32,7 +33,7 @@ def hf_target():
 
 def test_batched_greedy_answers_equal_transformers_generate(hf_target):
     model, tokenizer = hf_target
-    prompts = [_encode(tokenizer, [{"role": "user", "content": text}])
+    prompts = [encode_prompt(tokenizer, [{"role": "user", "content": text}])
                for text in ("Name a colour.", "What is two plus two? Answer in one word.", "Say hello.")]
     ours = _generate_batch(model, tokenizer, prompts, max_new_tokens=12)
     assert ours == _generate_batch_hf(model, tokenizer, prompts, max_new_tokens=12)
@@ -85,14 +86,14 @@ def test_data_readme_lists_the_categories_present_and_mentions_turns_only_for_mu
     eos = 2
     tokenizer = SimpleNamespace(eos_token_id=eos)
     args = SimpleNamespace(source="self-instruct", seed=0, num_prompts=2, max_new_tokens=8, batch_size=2, threads=1,
-                           device="cpu", round_size=64, sampler="multinomial")
+                           device="cpu", round_size=64, sampler="multinomial", target=None)
     prompts = [dict(id=f"instruction-{i}", category="instruction", source="self-instruct",
                     messages=[{"role": "user", "content": "Name a colour."}]) for i in (1, 2)]
     rows = [dict(id=p["id"], category="instruction", prompt_ids=[5, 6], answer_ids=[7, eos]) for p in prompts]
     _write_reports(tmp_path, args, prompts, rows, {}, 1.0, 4, tokenizer, "target")
     readme = (tmp_path / "README.md").read_text()
     assert "| instruction | 2 | 2 | 4 | 4 | 0 |" in readme and "| qa |" not in readme
-    assert "Multi-turn" not in readme
+    assert "Multi-turn" not in readme and readme.startswith("# Distillation data for SmolLM2-135M-Instruct")
 
     two_turns = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": None},
                  {"role": "user", "content": "And?"}]

@@ -62,7 +62,7 @@ def head_for(pair) -> EagleHead:
     if pair.target_name not in (EMBEDDED_NAME, "default"):
         raise MirrorSDError(f"method 'eagle' needs an EAGLE head trained for target {pair.target_name!r}; only the "
                             f"embedded target ({EMBEDDED_NAME}) ships one (train one with python -m mirror_sd.train "
-                            f"eagle, then mirror_sd.methods.eagle.attach_head)")
+                            f"eagle --target ... --out HEAD, then pass --add-on HEAD, or load_pair(add_ons=[HEAD]))")
     head = load_head(EMBEDDED_HEAD, pair.target)
     HEADS[pair.target] = head
     return head

@@ -226,9 +226,11 @@ def exit_head_for(pair, exit_layer: int) -> ExitHead:
     layers = sorted(set(pair.exit_heads) | (set(embedded_exit_heads()) if pair.embedded_target else set()))
     if not layers:
         raise MirrorSDError(f"exit_head=1 needs an early-exit head trained for target {pair.target_name!r}; only "
-                            f"the embedded target ships them (train one with mirror_sd.train.exit_head.train(..., "
-                            f"target_dir=...), then mirror_sd.models.exit_head.attach_exit_head), or use exit_head=0")
+                            f"the embedded target ships them (train one with python -m mirror_sd.train exit-head "
+                            f"--target ... --exit-layer {exit_layer} --out HEAD, then pass --add-on HEAD, or "
+                            f"load_pair(add_ons=[HEAD])), or use exit_head=0")
     have = ", ".join(map(str, layers))
     raise MirrorSDError(f"this target's early-exit heads were trained for exit layer {have}, not {exit_layer}: "
                         f"use one of those exit layers, or exit_head=0 (the target's LM head), or train one for "
-                        f"layer {exit_layer} (python -m mirror_sd.train exit-head --exit-layer {exit_layer})")
+                        f"layer {exit_layer} (python -m mirror_sd.train exit-head --exit-layer {exit_layer}, then "
+                        f"--add-on)")

@@ -88,6 +88,15 @@ def resolve_model_dir(name: str | None) -> Path:
     return _download(name)
 
 
+def model_name(folder: Path) -> str:
+    """A model folder's name for cards and data: "org/name" for a Hugging Face cache snapshot
+    (``.../models--org--name/snapshots/<commit>``), else the folder's own name."""
+    folder = Path(folder)
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        return folder.parent.parent.name.removeprefix("models--").replace("--", "/")
+    return folder.name
+
+
 def _download(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError

@@ -158,7 +158,7 @@ class ModelPair:
 def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_device: str | None = None,
               draft_device: str | None = None, dtype: str | torch.dtype | None = None,
               int8_drafting: bool = True, graphs: str = "auto", buckets: str = "cheapest",
-              kernels: str = "tuned") -> ModelPair:
+              kernels: str = "tuned", add_ons: list[str | Path] = ()) -> ModelPair:
     """Load a target and a draft on their lanes. With no arguments: the embedded default pair.
 
     target: None / "smollm2-135m-instruct" (embedded), a Hugging Face id, or a local folder.
@@ -179,6 +179,9 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     runs the formulation measured fastest for its shapes; models/tuning.py) or "default"
     (PyTorch's calls, as outside a stage). It applies to stages captured from then on
     (``pair.kernels`` changes it).
+    add_ons: folders of add-ons trained for the target (``python -m mirror_sd.train eagle``,
+    ``exit-head`` or ``ss``): its EAGLE head, early-exit heads or speculative streams (mirror_sd/add_ons.py).
+    The embedded target's ship with the package and need none.
     Loading runs on the CPU lanes' shared worker thread (devices.on_cpu_worker says why).
     """
     for name, value, choices in (("graphs", graphs, GRAPHS), ("buckets", buckets, BUCKETS),
@@ -188,6 +191,10 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     pair = on_cpu_worker(_load_pair, target, draft, target_device, draft_device, dtype)
     pair.int8_drafting = int8_drafting
     pair.graphs, pair.buckets, pair.kernels = graphs, buckets, kernels
+    from ..add_ons import attach_add_on  # the add-ons' loaders live beside their methods
+
+    for folder in add_ons:
+        attach_add_on(pair, folder)
     return pair
 
 

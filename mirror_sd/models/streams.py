@@ -340,8 +340,9 @@ def target_streams(pair, one_forward: bool = False) -> Streams:
     if streams is None and not pair.attached_streams:
         if not pair.embedded_target:
             raise MirrorSDError(f"method 'ss' needs speculative streams trained for {pair.target_name!r}; "
-                                "streams ship only for the embedded target (train others with "
-                                "`python -m mirror_sd.train ss`)")
+                                "streams ship only for the embedded target (train others with python -m "
+                                "mirror_sd.train ss --target ... --out STREAMS, then pass --add-on STREAMS, or "
+                                "load_pair(add_ons=[STREAMS]))")
         folder = EMBEDDED_ONE_FORWARD_STREAMS if one_forward else EMBEDDED_STREAMS
         streams = Streams.load(folder, pair.target.args).attach(pair.target)
         setattr(pair, attr, streams)

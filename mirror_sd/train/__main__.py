@@ -4,9 +4,9 @@ Subcommands:
   data   build prompts (offline corpora, or written by the target: --source self-instruct) and
          record the target's greedy answers (distillation data); see mirror_sd/train/distill.py.
          --source reference takes the answers from the corpora too (mirror_sd/train/reference.py).
-  draft  train the draft for the embedded target on that data; see mirror_sd/train/draft.py.
-  ss     train speculative streams for the frozen embedded target; see mirror_sd/train/ss.py.
-  eagle  train the EAGLE head for the embedded target on its features; see mirror_sd/train/eagle.py.
+  draft  train a draft for the target on that data; see mirror_sd/train/draft.py.
+  ss     train speculative streams for the frozen target (or a draft); see mirror_sd/train/ss.py.
+  eagle  train an EAGLE head for the target on its features; see mirror_sd/train/eagle.py.
   exit-head  train Mirror-SD's early-exit head (a tuned lens) on the same features; see
          mirror_sd/train/exit_head.py.
 
@@ -32,6 +32,10 @@ def _add_data(sub) -> None:
                         "(default), or user requests the target writes itself (mirror_sd/train/instruct.py); "
                         "reference: corpus prompts with answers from the corpora too, nothing generated "
                         "(off-policy data for the EAGLE head: mirror_sd/train/reference.py)")
+    p.add_argument("--target", default=None,
+                   help="the model whose answers the data holds, and who writes self-instruct prompts: a Hugging "
+                        "Face id or a local model folder (default: the embedded SmolLM2-135M-Instruct); "
+                        "through its chat template, or as plain text where it has none")
     p.add_argument("--seed", type=int, default=0, help="prompt selection / sampling seed (default 0)")
     p.add_argument("--num-prompts", type=positive_int, required=True, help="number of prompts (multi-turn ones give 2 examples)")
     p.add_argument("--max-new-tokens", type=positive_int, default=192, help="answer length cap per turn (default 192)")

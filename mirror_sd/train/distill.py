@@ -40,11 +40,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import prompts as P
-from .data import ORIGIN
+from ..errors import MirrorSDError
+from ..models.loading import EMBEDDED_NAME
+from .data import ORIGIN, encode_prompt, target_name
 from .generate import SAMPLERS, generate_stream
 from .instruct import ROUND, self_instruct_prompts
 
-CONFIG_KEYS = ("source", "seed", "max_new_tokens", "round_size", "sampler")  # must match to resume into the same folder
+# must match to resume into the same folder
+CONFIG_KEYS = ("source", "seed", "max_new_tokens", "round_size", "sampler", "target")
 
 
 def _turn_ids(prompt: dict) -> list[str]:
@@ -101,23 +104,18 @@ def _messages_for_turn(prompt: dict, k: int, done: dict, tokenizer) -> list[dict
     raise ValueError(f"{prompt['id']} has no user turn {k}")
 
 
-def _encode(tokenizer, messages: list[dict]) -> list[int]:
-    enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
-    return list(enc["input_ids"])
-
-
-def load_target(threads: int, device: str = "cpu"):
-    """The embedded target as a transformers model in fp32 on ``device`` (cpu, cuda[:N], ...), and
-    its tokenizer, left-padding for batches."""
+def load_target(threads: int, device: str = "cpu", target: str | None = None):
+    """The target (a hub id or a local folder; None: the embedded one) as a transformers model in fp32
+    on ``device`` (cpu, cuda[:N], ...), and its tokenizer, left-padding for batches."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..devices import resolve_device
-    from ..models.loading import embedded_model_dir
+    from ..models.loading import resolve_model_dir
 
     torch.set_num_threads(threads)
     where = resolve_device(device)  # a clear error for a device this machine lacks
-    folder = embedded_model_dir()
+    folder = resolve_model_dir(target)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
@@ -172,7 +170,7 @@ def _keep_filter_stats(path: Path, stats: dict) -> dict:
 def run_data(args) -> int:
     from tqdm import tqdm
 
-    defaults = dict(round_size=ROUND, sampler=SAMPLERS[0])  # also what folders made before these options used
+    defaults = dict(round_size=ROUND, sampler=SAMPLERS[0], target=EMBEDDED_NAME)  # of folders from before these options
     args.round_size = args.round_size or defaults["round_size"]
     args.sampler = args.sampler or defaults["sampler"]
     out = Path(args.out)
@@ -180,7 +178,8 @@ def run_data(args) -> int:
     data_path, prompts_path = out / "data.jsonl", out / "prompts.jsonl"
     config = dict(source=args.source, seed=args.seed, num_prompts=args.num_prompts,
                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, threads=args.threads,
-                  device=args.device, round_size=args.round_size, sampler=args.sampler)
+                  device=args.device, round_size=args.round_size, sampler=args.sampler,
+                  target=target_name(args.target))
     cfg_path = out / "config.json"
     if cfg_path.exists() and (data_path.exists() or prompts_path.exists()):
         old = {"source": "corpora", **defaults, **json.loads(cfg_path.read_text())}  # folders from before them
@@ -196,7 +195,10 @@ def run_data(args) -> int:
     if args.source == "reference":
         return _run_reference(args, out, stats)
     if args.source == "self-instruct":
-        folder, model, tokenizer = load_target(args.threads, args.device)
+        folder, model, tokenizer = load_target(args.threads, args.device, args.target)
+        if not getattr(tokenizer, "chat_template", None):
+            raise MirrorSDError(f"--source self-instruct needs a chat model: {folder} has no chat template to "
+                                "write user turns in (use --source corpora)")
         prompts = _self_instruct(prompts_path, model, tokenizer, args, stats)
     else:
         prompts = _corpus_prompts(prompts_path, args, stats)
@@ -210,7 +212,7 @@ def run_data(args) -> int:
               f"machine without the corpora, given {out})", flush=True)
         return 0
     if args.source != "self-instruct":
-        folder, model, tokenizer = load_target(args.threads, args.device)
+        folder, model, tokenizer = load_target(args.threads, args.device, args.target)
 
     done = _read_done(data_path)
     wanted = {i for p in prompts for i in _turn_ids(p)}
@@ -228,7 +230,7 @@ def run_data(args) -> int:
                 ids = _turn_ids(p)
                 if len(ids) < k or ids[k - 1] in done:
                     continue
-                ids_ = _encode(tokenizer, _messages_for_turn(p, k, done, tokenizer))
+                ids_ = encode_prompt(tokenizer, _messages_for_turn(p, k, done, tokenizer))
                 jobs.append((len(ids_), p, ids[k - 1], ids_))
             jobs.sort(key=lambda j: (j[0], j[2]))
             stream = generate_stream(model, tokenizer, [j[3] for j in jobs], args.batch_size, args.max_new_tokens)
@@ -261,11 +263,11 @@ def _run_reference(args, out: Path, stats: dict) -> int:
     """--source reference: prompts with reference answers from the corpora; no model writes anything."""
     from transformers import AutoTokenizer
 
-    from ..models.loading import embedded_model_dir
+    from ..models.loading import resolve_model_dir
     from .reference import build_reference_prompts, reference_rows
 
     t0 = time.time()
-    folder = embedded_model_dir()
+    folder = resolve_model_dir(args.target)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     prompts = build_reference_prompts(args.num_prompts, args.seed, stats=stats)
     rows = reference_rows(prompts, tokenizer, args.max_new_tokens)
@@ -312,28 +314,34 @@ def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, toke
     ), indent=2, ensure_ascii=False) + "\n")
 
     total_wall = sum(r["wall_s"] for r in runs)
+    target = target_name(args.target)
+    eos_text = f"`{tokenizer.eos_token}`" if getattr(tokenizer, "eos_token", None) else "the end-of-sequence token"
     lines = [
-        "# Distillation data for SmolLM2-135M-Instruct",
+        f"# Distillation data for {'SmolLM2-135M-Instruct' if target == EMBEDDED_NAME else target}",
         "",
         ORIGIN[args.source] + (
-            f". Answers end with `<|im_end|>`, cut at {args.max_new_tokens} tokens. For the EAGLE head, which "
+            f". Answers end with {eos_text}, cut at {args.max_new_tokens} tokens. For the EAGLE head, which "
             "learns the target's features over any text." if args.source == "reference" else
             ": greedy (temperature 0), fp32, transformers model + KV cache with continuous batching "
             f"(token-identical to `generate(do_sample=False)`), at most {args.max_new_tokens} new tokens per turn, "
-            "stop at `<|im_end|>`."),
+            f"stop at {eos_text}."),
         "",
         "Built with:",
         "",
         "```",
-        f"python -m mirror_sd.train data --out {out} --source {args.source} --seed {args.seed} "
+        f"python -m mirror_sd.train data --out {out} "
+        + (f"--target {args.target} " if target != EMBEDDED_NAME else "") +
+        f"--source {args.source} --seed {args.seed} "
         f"--num-prompts {args.num_prompts} "
         + (f"--round-size {args.round_size} --sampler {args.sampler} " if args.source == "self-instruct" else "") +
         f"--max-new-tokens {args.max_new_tokens} --batch-size {args.batch_size} --threads {args.threads} "
         f"--device {args.device}",
         "```",
         "",
-        f"Target: `{folder}` (the engine's cached safetensors of the embedded GGUF). Chat template "
-        "with its default system prompt."
+        f"Target: `{folder}`"
+        + (" (the engine's cached safetensors of the embedded GGUF)" if target == EMBEDDED_NAME else "")
+        + (". Chat template with its default system prompt." if getattr(tokenizer, "chat_template", None) else
+           ". No chat template: each prompt's turns as plain text, joined by newlines.")
         + ("" if not any(len(_turn_ids(p)) > 1 for p in prompts) else
            " Multi-turn prompts hold the reference answers of their earlier turns." if args.source == "reference" else
            " Multi-turn prompts are answered turn by turn, each later turn seeing the target's own decoded "

@@ -1,13 +1,13 @@
-"""Train the project's draft for the embedded target by distillation.
+"""Train a draft for a target (by default the embedded one: the project's draft) by distillation.
 
-The draft is a small Llama with the target's width (d = 576). It reuses the target's frozen input
-embedding, so that is not shipped, and has a few decoder layers, initialised from the target's
-own layers. Its LM head covers a reduced vocabulary: the most frequent tokens of the target's
-answers, with a ``vocab_map`` to target ids, as in EAGLE-3. Training is cross-entropy on the
-target's greedy answers (the distilled data from ``python -m mirror_sd.train data``), so the draft
-learns the target's argmax, which is what greedy verification accepts. With ``--labels target`` every
-position is labelled with the target's argmax (prompt tokens too), from one target pass over the data
-(``train/features.py``, the cache the EAGLE trainer uses).
+The draft is a small Llama with the target's width (d = 576 for the embedded target). It reuses the
+target's frozen input embedding, so that is not shipped, and has a few decoder layers, initialised
+from the target's own layers. Its LM head covers a reduced vocabulary: the most frequent tokens of
+the target's answers, with a ``vocab_map`` to target ids, as in EAGLE-3. Training is cross-entropy
+on the target's greedy answers (the distilled data from ``python -m mirror_sd.train data``), so the
+draft learns the target's argmax, which is what greedy verification accepts. With ``--labels
+target`` every position is labelled with the target's argmax (prompt tokens too), from one target
+pass over the data (``train/features.py``, the cache the EAGLE trainer uses).
 
 Outputs in --out: model.safetensors (fp16, no embedding) + config.json + tokenizer files (a
 loadable draft), checkpoint/ (resumable, safetensors + JSON, no pickle), loss.png, metrics.json.
@@ -25,7 +25,8 @@ from safetensors.torch import save_file
 from ..devices import hardware_name, resolve_device
 from ..errors import MirrorSDError
 from ..models.llama import Transformer
-from ..models.loading import EMBED_FROM_TARGET, VOCAB_MAP_KEY, embedded_model_dir, load_model, load_tokenizer
+from ..models.loading import (EMBED_FROM_TARGET, VOCAB_MAP_KEY, embedded_model_dir, load_model, load_tokenizer,
+                              model_name)
 from .card import DECODING_NUMBERS, ModelCard, trained_on
 from .data import IGNORE, build_vocab_map, data_folders, data_source, read_examples
 from .features import extract_features, features_dir, load_sequences
@@ -181,7 +182,7 @@ def train(data_dirs: Path | list[Path], out: Path, layers: list[int], vocab_size
     state = fit(draft, epoch_batches, loss_of, lambda: evaluate(draft, held_out, batch_tokens),
                 out, epochs, lr, eval_every, desc="train draft")
     final = run_evaluation(draft, lambda: evaluate(draft, held_out, batch_tokens))
-    card = dict(hardware=hardware_name(draft.device), target=target_dir.name, layers_from_target=layers, head_vocabulary=len(vocab_map),
+    card = dict(hardware=hardware_name(draft.device), target=model_name(target_dir), layers_from_target=layers, head_vocabulary=len(vocab_map),
                 data=[d.name for d in data_folders(data_dirs)],
                 data_sources=[data_source(d) for d in data_folders(data_dirs)],
                 examples_train=len(train_set), examples_held_out=len(held_out), labels=labels,
@@ -233,13 +234,13 @@ Loss curve: loss.png."""
 
 def add_parser(sub):
     """``python -m mirror_sd.train draft ...``"""
-    p = sub.add_parser("draft", help="train the draft for the embedded target by distillation",
+    p = sub.add_parser("draft", help="train a draft for the target by distillation",
                        description="Train a small draft on distilled data (python -m mirror_sd.train data). "
                                    "Resumable: rerun the same command to continue from OUT/checkpoint.")
     o = TrainerOptions(p, DEFAULTS, holds="the loadable draft, loss.png, checkpoint/",
                        rows="draft head vocabulary: the most frequent answer tokens",
                        computes="the target and the draft compute")
-    o.add("data", "out")
+    o.add("data", "out", "target")
     p.add_argument("--layers", default=[0, 1], type=layer_list,
                    help="target layers that initialise the draft's layers (default 0,1)")
     o.add("vocab", "epochs", "lr", "batch_tokens", "max_len", "eval_every")

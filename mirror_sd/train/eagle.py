@@ -1,4 +1,4 @@
-"""Train the EAGLE head for the embedded target (``python -m mirror_sd.train eagle ...``).
+"""Train an EAGLE head for a target, by default the embedded one (``python -m mirror_sd.train eagle ...``).
 
 Two stages, both resumable (rerun the same command to continue):
 
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from ..devices import resolve_device
 from ..errors import MirrorSDError
 from ..models.eagle import EagleHead, check_early_layers, load_head, save_head
-from ..models.loading import embedded_model_dir, load_model, load_tokenizer
+from ..models.loading import embedded_model_dir, load_model, load_tokenizer, model_name
 from .card import DECODING_NUMBERS, ModelCard, stage_history, stage_lines
 from .data import IGNORE, ORIGIN, build_vocab_map, data_folders, data_source, read_examples
 from .features import extract_features, features_dir, load_sequences
@@ -262,7 +262,7 @@ def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None,
                 out, epochs, lr, eval_every, desc="train eagle head")
     final = run_evaluation(head, lambda: evaluate(head, held_out, row_of, batch_tokens, ce_weight))
     folders = data_folders(data_dirs)
-    card = dict(target=target_dir.name, data=[d.name for d in folders], sources=[data_source(d) for d in folders],
+    card = dict(target=model_name(target_dir), data=[d.name for d in folders], sources=[data_source(d) for d in folders],
                 hidden_size=head.args.hidden_size, head_vocabulary=len(vocab_map), examples_train=len(train_set),
                 examples_held_out=len(held_out), tokens_train=sum(len(s["ids"]) for s in train_set),
                 tokens_held_out=final["tokens"], max_len=max_len, steps=state["step"], epochs=epochs, lr=lr,
@@ -361,13 +361,13 @@ CPU with `python -m mirror_sd.train eagle` (code: `mirror_sd/train/eagle.py`, mo
 
 def add_parser(sub):
     """``python -m mirror_sd.train eagle ...``"""
-    p = sub.add_parser("eagle", help="train the EAGLE head for the embedded target on its features",
+    p = sub.add_parser("eagle", help="train an EAGLE head for the target on its features",
                        description="Compute the target's features over the distilled data (cached in --features), "
                                    "then train an EAGLE-1 style head on them. Resumable: rerun the same command.")
     o = TrainerOptions(p, DEFAULTS, holds="the head, loss.png, checkpoint/",
                        rows="head vocabulary: the most frequent answer tokens",
                        computes="the target computes features and the head trains")
-    o.add("data", "out", "features", "vocab", "epochs", "lr", "batch_tokens", "max_len")
+    o.add("data", "out", "target", "features", "vocab", "epochs", "lr", "batch_tokens", "max_len")
     p.add_argument("--noise", type=non_negative_float, default=0.2,
                    help="width of uniform noise on input features (default 0.2)")
     p.add_argument("--ce-weight", type=non_negative_float, default=0.1,

@@ -34,7 +34,7 @@ from ..devices import hardware_name, resolve_device
 from ..errors import MirrorSDError
 from ..methods.mirror import default_exit_layer
 from ..models.exit_head import ExitHead, new_exit_head, save_exit_head
-from ..models.loading import VOCAB_MAP_KEY, embedded_model_dir, load_model, load_state_dict
+from ..models.loading import VOCAB_MAP_KEY, embedded_model_dir, load_model, load_state_dict, model_name
 from ..models.pair import EMBEDDED_DRAFT
 from .card import ModelCard, trained_on
 from .data import IGNORE, data_folders, data_source, read_examples
@@ -182,7 +182,7 @@ def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None,
                 eval_every, desc="train exit head")
     final = run_evaluation(model, lambda: evaluate(model, held_out, batch_tokens))
     folders = data_folders(data_dirs)
-    card = dict(target=target_dir.name, exit_layer=exit_layer, architecture=head.architecture, **head.size, **shape,
+    card = dict(target=model_name(target_dir), exit_layer=exit_layer, architecture=head.architecture, **head.size, **shape,
                 rows=len(vocab_map), draft=Path(draft).name if draft else None,
                 data=[d.name for d in folders], sources=[data_source(d) for d in folders],
                 examples_train=len(seqs) - n_eval, examples_held_out=n_eval, tokens_train=n, max_len=max_len,
@@ -255,13 +255,13 @@ model: `mirror_sd/models/exit_head.py`).""",
 
 def add_parser(sub):
     """``python -m mirror_sd.train exit-head ...``"""
-    p = sub.add_parser("exit-head", help="train Mirror-SD's early-exit head for the embedded target",
+    p = sub.add_parser("exit-head", help="train Mirror-SD's early-exit head for the target",
                        description="Compute the target's features with early features at the exit layer (cached "
                                    "in --features), then train a head on the exit layer's hidden states "
                                    "to match the target's final distribution. Resumable: rerun the same command.")
     o = TrainerOptions(p, DEFAULTS, holds="the head, its model card, loss.png, checkpoint/", rows="",
                        computes="the target computes features and the head trains")
-    o.add("data", "out", "features")
+    o.add("data", "out", "target", "features")
     p.add_argument("--exit-layer", type=non_negative_int, default=0,
                    help="the head reads the hidden state after this many target layers (default 0: mirror's "
                         "default exit layer, three quarters of the layers)")
@@ -272,7 +272,7 @@ def add_parser(sub):
                         "heads for layers 14 and 22 have 1536); 0: a low-rank head (default 0)")
     p.add_argument("--draft", default="default",
                    help="the draft whose vocabulary rows the exit scores, as mirror's early exit does (default: "
-                        "the shipped draft; none: every row)")
+                        "the shipped draft for the embedded target, every row for another; none: every row)")
     o.add("epochs", "lr")
     p.add_argument("--batch-tokens", type=positive_int, default=DEFAULTS.batch_tokens,
                    help="positions per batch, drawn at random from every training example (default %(default)s)")

@@ -114,7 +114,7 @@ def generate_stream(model, tokenizer, prompts: list[list[int]], batch_size: int,
     samples instead).
     """
     eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    pad = next((t for t in (tokenizer.pad_token_id, eos) if t is not None), 0)  # masked out: any id serves
     refill_below = max(1, batch_size // 2)
     queue = 0
     rows: _Rows | None = None

@@ -68,6 +68,9 @@ SHARED_OPTIONS = dict(
     data=dict(required=True, nargs="+",
               help="folder(s) with data.jsonl from the data subcommand, read in the order given"),
     out=dict(required=True, help="output folder: {holds}"),
+    target=dict(default=None, help="the target to train for: a Hugging Face id or a local model folder (default: "
+                                   "the embedded SmolLM2-135M-Instruct); --data must hold its answers "
+                                   "(python -m mirror_sd.train data --target ...)"),
     vocab=dict(type=positive_int, help="{rows} (default %(default)s)"),
     epochs=dict(type=positive_float, help="passes over the training examples; fractions allowed (default %(default)s)"),
     lr=dict(type=positive_float, help="peak AdamW learning rate: a linear warm-up to it, then a cosine decay to a "
@@ -84,7 +87,7 @@ SHARED_OPTIONS = dict(
     threads=dict(type=positive_int, help="torch CPU threads (default %(default)s)"),
     device=dict(help="where {computes}: cpu (default) or cuda[:N]; fp32 either way"),
 )
-_KEYWORD = dict(vocab="vocab_size")  # option -> train() keyword, where they differ
+_KEYWORD = dict(vocab="vocab_size", target="target_dir")  # option -> train() keyword, where they differ
 
 
 class TrainerOptions:
@@ -109,6 +112,14 @@ class TrainerOptions:
 
 def train_kwargs(args: argparse.Namespace) -> dict:
     """The ``train()`` keywords of the shared options a trainer's parser added, but --data and --out
-    (which every ``train()`` takes first, as paths)."""
-    return {_KEYWORD.get(name, name): getattr(args, name) for name in SHARED_OPTIONS
-            if name not in ("data", "out") and hasattr(args, name)}
+    (which every ``train()`` takes first, as paths). --target becomes the target's folder (None: the
+    embedded target), once --data is checked to hold that target's answers."""
+    kwargs = {_KEYWORD.get(name, name): getattr(args, name) for name in SHARED_OPTIONS
+              if name not in ("data", "out") and hasattr(args, name)}
+    if "target_dir" in kwargs:
+        from ..models.loading import resolve_model_dir
+        from .data import check_data_target
+
+        check_data_target(args.data, args.target)
+        kwargs["target_dir"] = resolve_model_dir(args.target) if args.target else None
+    return kwargs

@@ -30,6 +30,7 @@ from random import Random
 from typing import Iterator
 
 from . import prompts as P
+from .data import encode_prompt
 
 CATEGORIES = ("multi-turn", "other-language", "summarization", "qa", "math", "rag")
 MAX_ANSWER_WORDS = 200
@@ -163,10 +164,8 @@ def reference_rows(prompts: list[dict], tokenizer, max_answer_tokens: int) -> li
         turns = sum(m["role"] == "user" for m in p["messages"])
         for k, answer in enumerate(p["answers"], 1):
             upto = [i for i, m in enumerate(p["messages"]) if m["role"] == "user"][k - 1]
-            enc = tokenizer.apply_chat_template(p["messages"][:upto + 1], add_generation_prompt=True,
-                                                tokenize=True, return_dict=True)
             ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
             rows.append(dict(id=p["id"] if turns == 1 else f"{p['id']}/t{k}", category=p["category"],
-                             source=p["source"], turn=k, prompt_ids=list(enc["input_ids"]),
+                             source=p["source"], turn=k, prompt_ids=encode_prompt(tokenizer, p["messages"][:upto + 1]),
                              answer_ids=ids[:max_answer_tokens]))
     return rows

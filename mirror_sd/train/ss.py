@@ -38,7 +38,7 @@ from tqdm import tqdm
 from ..devices import hardware_name, resolve_device
 from ..errors import MirrorSDError
 from ..models.llama import Transformer
-from ..models.loading import EMBED_FROM_TARGET, embedded_model_dir, load_model, load_tokenizer, read_config
+from ..models.loading import EMBED_FROM_TARGET, embedded_model_dir, load_model, load_tokenizer, model_name, read_config
 from ..models.streams import StreamConfig, Streams, stream_mask
 from .card import ModelCard, stage_history, stage_lines, trained_on
 from .data import IGNORE, build_vocab_map, data_folders, data_source, read_examples
@@ -208,14 +208,17 @@ def evaluate(target, streams, seqs, features, index, G, row_of, own=None) -> dic
                 top1_per_stream=top1, tau=sum(leading) / max(len(leading), 1))
 
 
-def load_frozen(model_dir: Path | None, device: str = "cpu") -> tuple[Transformer, Path]:
+def load_frozen(model_dir: Path | None, device: str = "cpu", embedding_from: Path | None = None
+                ) -> tuple[Transformer, Path]:
     """The model that will carry the streams, frozen, on ``device``: the embedded target, or a model
-    folder (a draft trained here borrows the embedded target's input embedding)."""
+    folder (a draft trained here borrows its target's input embedding: ``embedding_from``'s, by
+    default the embedded target's)."""
     where = resolve_device(device)
     model_dir = Path(model_dir) if model_dir else embedded_model_dir()
     embedding = None
     if getattr(read_config(model_dir), EMBED_FROM_TARGET, False):
-        embedding = load_model(embedded_model_dir(), where, torch.float32)[0].model.embed_tokens.weight
+        embedding = load_model(Path(embedding_from) if embedding_from else embedded_model_dir(), where,
+                               torch.float32)[0].model.embed_tokens.weight
     model, _ = load_model(model_dir, where, torch.float32, target_embedding=embedding)
     return model.requires_grad_(False), model_dir
 
@@ -227,7 +230,8 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
           epochs: float = DEFAULTS.epochs, lr: float = DEFAULTS.lr, batch_size: int = 8, positions: int = 64,
           max_len: int = DEFAULTS.max_len, eval_every: int = DEFAULTS.eval_every, holdout: float = DEFAULTS.holdout,
           seed: int = DEFAULTS.seed, threads: int = DEFAULTS.threads, target_dir: Path | None = None,
-          init: Path | None = None, device: str = DEFAULTS.device, labels: str = "answers") -> dict:
+          init: Path | None = None, device: str = DEFAULTS.device, labels: str = "answers",
+          embedding_from: Path | None = None) -> dict:
     """Train streams for the model in ``target_dir`` (default: the embedded target); see module docstring.
 
     labels: "answers", the tokens of the data's answers (the target's own greedy answers); "own",
@@ -235,6 +239,7 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
     checks the streams against in sd with streams=2), at ``positions`` fixed positions per sequence.
     A model with a reduced-vocabulary head (a draft) keeps its own head rows: ``vocab_size`` is unused.
     init: a streams folder to go on from (its config and head rows are kept; ``config`` is unused).
+    embedding_from: where a draft's target lives, whose input embedding it borrows (default: the embedded target).
     device: where the frozen model and the streams compute (fp32 either way)."""
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
@@ -243,7 +248,7 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
     # reference answers (data --source reference) serve too.
     examples = read_examples(data_dirs, targets_answers=labels == "answers")
     out.mkdir(parents=True, exist_ok=True)
-    target, target_dir = load_frozen(target_dir, device)
+    target, target_dir = load_frozen(target_dir, device, embedding_from)
     rng.shuffle(examples)
     n_eval = max(1, int(len(examples) * holdout))
     eos = load_tokenizer(target_dir).eos_token_id
@@ -283,14 +288,15 @@ def train(data_dirs: Path | list[Path], out: Path, config: StreamConfig, vocab_s
     state = fit(streams, epoch_batches, loss_of, held, out, epochs, lr, eval_every, desc="train streams")
     final = run_evaluation(streams, held)
     folders = data_folders(data_dirs)
-    card = dict(hardware=hardware_name(target.device), target=target_dir.name, data=[d.name for d in folders],
+    card = dict(hardware=hardware_name(target.device), target=model_name(target_dir), data=[d.name for d in folders],
                 data_sources=[data_source(d) for d in folders],
                 examples_train=len(train_index), examples_held_out=len(held_out),
                 labels=labels, steps=state["step"], epochs=epochs, lr=lr, batch_size=batch_size, positions_per_sequence=positions,
                 max_len=max_len, seed=seed, wall_s=round(state["wall_s"], 1), head_vocabulary=len(vocab_map),
                 trainable_parameters=streams.num_parameters(), first_stream_layer=streams.first_layer, held_out_loss=round(final["loss"], 4),
                 held_out_top1_per_stream=final["top1_per_stream"], held_out_greedy_chain_tau=round(final["tau"], 3),
-                init=str(init) if init else None, on_target=target_dir == embedded_model_dir())
+                init=str(init) if init else None,
+                on_target=target_dir in (embedded_model_dir(), embedding_from and Path(embedding_from)))
     earlier = json.loads((Path(init) / "streams.json").read_text()).get("training") if init else None
     card["stages"] = stage_history(earlier, card, stage_of)
     streams.save(out, meta=dict(training=card))
@@ -384,16 +390,16 @@ def next_token_line(config: StreamConfig, on_target: bool = True) -> str:
 
 def add_parser(sub):
     """``python -m mirror_sd.train ss ...``"""
-    p = sub.add_parser("ss", help="train speculative streams for the frozen embedded target",
+    p = sub.add_parser("ss", help="train speculative streams for the frozen target or a draft",
                        description="Train speculative streams (stream embeddings + LoRA on stream rows) for the "
                                    "frozen target on distilled data. Resumable: rerun the same command.")
     o = TrainerOptions(p, DEFAULTS, holds="streams.safetensors/.json, loss.png, checkpoint/ (for a draft: "
                                           "DRAFT_FOLDER/streams, where the engine looks)",
                        rows="stream head vocabulary: the most frequent answer tokens; a draft keeps its own head rows",
                        computes="the frozen model and the streams compute")
-    o.add("data", "out")
+    o.add("data", "out", "target")
     p.add_argument("--model", default=None, help="the frozen model that carries the streams: a draft folder "
-                                                 "(default: the embedded target)")
+                                                 "for --target (default: the target itself)")
     p.add_argument("--streams", type=positive_int, default=4, help="number of streams γ (default 4)")
     p.add_argument("--stream-layers", type=positive_int, default=8,  # measured: docs/experiments/ss.md#the-shipped-streams
                    help="top layers with streams, N_s (default 8)")
@@ -424,9 +430,11 @@ def add_parser(sub):
                                 "draft the next token themselves")
         config = StreamConfig(args.streams, args.stream_layers, args.rank, embedding_scale=args.embedding_scale,
                               next_token_rank=args.next_token_rank)
+        kwargs = train_kwargs(args)
+        target = kwargs.pop("target_dir")  # the streams' model is --model, a draft of it, or the target itself
         card = train([Path(d) for d in args.data], Path(args.out), config, batch_size=args.batch_size,
-                     positions=args.positions, target_dir=args.model, init=args.init, labels=args.labels,
-                     **train_kwargs(args))
+                     positions=args.positions, target_dir=args.model or target, init=args.init, labels=args.labels,
+                     embedding_from=target, **kwargs)
         print(json.dumps(card, indent=2))
         return 0
 
