@@ -68,10 +68,12 @@ INT8_NOTE = (" On the CPU, drafting (the draft model, the EAGLE head, the specul
 
 
 def hardware_notice(pair) -> str:
-    """The lanes in use, whether drafting runs in int8, and a plain warning when both lanes are the
-    same kind of hardware."""
+    """The models where they are not the embedded pair, the lanes in use, whether drafting runs in
+    int8, and a plain warning when both lanes are the same kind of hardware."""
     target, draft = pair.target_lane, pair.draft_lane
-    lanes = (f"Target lane: **{target.display_device}**, playing the {target.role.removesuffix(' role')}; "
+    models = "" if getattr(pair, "embedded_target", True) else (
+        f"Models: target **{pair.target_name}**, draft **{pair.draft_name or 'none'}**. ")
+    lanes = models + (f"Target lane: **{target.display_device}**, playing the {target.role.removesuffix(' role')}; "
              f"draft lane: **{draft.display_device}**, playing the {draft.role.removesuffix(' role')}.")
     if getattr(pair, "int8_drafting", False):
         lanes += INT8_NOTE

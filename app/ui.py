@@ -295,6 +295,7 @@ def _on_gpu(fn):
     return spaces.GPU(fn)
 
 
-def serve(host: str | None = None, port: int | None = None):
-    """Build and serve the app (host/port None: Gradio's defaults or GRADIO_SERVER_NAME/PORT)."""
-    build_demo().queue(max_size=QUEUE_SIZE).launch(server_name=host, server_port=port)
+def serve(host: str | None = None, port: int | None = None, pair_factory=None):
+    """Build and serve the app (host/port None: Gradio's defaults or GRADIO_SERVER_NAME/PORT) on the
+    models ``pair_factory`` loads (None: the embedded pair)."""
+    build_demo(pair_factory).queue(max_size=QUEUE_SIZE).launch(server_name=host, server_port=port)

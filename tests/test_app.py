@@ -240,6 +240,7 @@ def test_bad_options_and_prompts_become_messages(tiny_pair):
 
 def test_page_says_when_both_lanes_are_one_kind_of_hardware(tiny_pair):
     notice = hardware_notice(tiny_pair)
+    assert notice.startswith(f"Models: target **{tiny_pair.target_name}**, draft **{tiny_pair.draft_name}**. ")
     assert "Target lane: **cpu:0**, playing the GPU; draft lane: **cpu:1**, playing the NPU." in notice
     assert "stand in for the two separate devices" in notice
     assert ("int8" in notice) == tiny_pair.int8_drafting  # the app says when drafting runs in int8
@@ -250,6 +251,16 @@ def test_page_says_when_both_lanes_are_one_kind_of_hardware(tiny_pair):
     two_gpus = types.SimpleNamespace(target_lane=one_gpu.target_lane, draft_lane=Lane("draft", torch.device("cuda", 1)))
     notice = hardware_notice(two_gpus)
     assert "stand in for the two separate devices" in notice and "streams" not in notice
+
+
+def test_the_app_races_the_models_it_is_started_with(tiny_dirs):
+    from app.__main__ import pair_factory
+
+    assert pair_factory(None, None, []) is None  # the embedded pair (build_demo's default)
+    load = pair_factory(str(tiny_dirs["target"]), "self:1", [])
+    pair = load(target_device="cpu", draft_device="cpu")
+    assert pair.target_name == str(tiny_dirs["target"]) and pair.draft_name == "self:1"
+    assert pair.target_lane.device.type == "cpu"
 
 
 def test_the_race_asks_for_a_gpu_only_where_spaces_is_installed(tiny_pair, monkeypatch):
