@@ -39,9 +39,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import prompts as P
 from ..errors import MirrorSDError
 from ..models.loading import EMBEDDED_NAME
+from . import prompts as P
 from .data import ORIGIN, encode_prompt, target_name
 from .generate import SAMPLERS, generate_stream
 from .instruct import ROUND, self_instruct_prompts
