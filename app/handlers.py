@@ -257,7 +257,24 @@ def race_status(current: dict, done: bool = False, run: int = 0, runs: int = 1, 
     errors = [f"{r.title}: {r.error}" for r in results if r.error]
     head = "Stopped: the text so far is kept." if stopped else "Done."
     tail = " Errors: " + "; ".join(errors) if errors else ""
-    return f"{head} Replay the race below; step through it in **Step-through**.{tail}"
+    return f"{head} Replay the race below; step through it in **Step-through**.{tail}{loop_note(results)}"
+
+
+LOOP_TOKENS = 16  # a text whose last this many tokens hold at most two distinct ones is stuck in a loop
+
+
+def loop_note(results) -> str:
+    """A sentence when a finished method's text ends in a loop of one or two tokens, which a small model
+    can fall into when it always takes its most likely token: the text looks broken, the race is not."""
+    for r in results:
+        tokens = [t for step in r.trace.steps for t in step.committed][-LOOP_TOKENS:]
+        if r.finished in ("eos", "length") and len(tokens) == LOOP_TOKENS and len(set(tokens)) <= 2:
+            if r.trace.meta.get("temperature"):
+                return " The text ends in a loop: a model this small can repeat itself."
+            return (" The text ends in a loop: a model this small can repeat itself when it always takes its most "
+                    "likely token (temperature 0). Every method commits the same tokens as vanilla, so the race "
+                    "stays fair; a temperature above 0 gives varied text.")
+    return ""
 
 
 def make_rerender(names: list[str]):

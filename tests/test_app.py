@@ -307,6 +307,24 @@ def test_status_says_done_only_when_the_race_is_over(race):
     assert "(run 2 of 3)" in race_status(waiting, run=1, runs=3)
 
 
+def test_status_explains_a_text_that_ends_in_a_loop(embedded_pair):
+    from app.handlers import LOOP_TOKENS, race_status
+
+    def finished(tokens, temperature=0.0):
+        steps = [types.SimpleNamespace(committed=[t]) for t in tokens]
+        trace = types.SimpleNamespace(steps=steps, meta=dict(temperature=temperature))
+        return {"vanilla": types.SimpleNamespace(finished="length", title="Vanilla", error=None, trace=trace)}
+    stuck = [3, 9, 4] + [7, 8] * (LOOP_TOKENS // 2)
+    assert "temperature above 0 gives varied text" in race_status(finished(stuck), done=True)
+    assert race_status(finished(stuck, 0.7), done=True).endswith("a model this small can repeat itself.")
+    assert "loop" not in race_status(finished([3, 9, 4] + [7, 8, 9] * LOOP_TOKENS), done=True)
+    results = None  # a prompt the embedded model answers "1. **1011111..." at temperature 0
+    for results in run_race(embedded_pair, "Give me three tips for learning to cook.", ["vanilla"], threading.Event(),
+                            max_new_tokens=40):
+        pass
+    assert "The text ends in a loop" in race_status(results, done=True)
+
+
 def test_cards_explain_every_number_and_read_as_text(race):
     import re
 
