@@ -41,8 +41,8 @@ def _add_model_args(p: argparse.ArgumentParser):
                         "target; none for other targets)")
     g.add_argument("--add-on", action="append", default=[], metavar="FOLDER",
                    help="an add-on trained for the target (python -m mirror_sd.train eagle, exit-head or ss): its "
-                        "EAGLE head, an early-exit head, or its speculative streams; repeat for several (the embedded "
-                        "target's ship with the package)")
+                        "EAGLE head, an early-exit head, or its speculative streams; repeat for several. The embedded "
+                        "target's ship with the package; one given here replaces the shipped one of its kind")
     g.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, npu, or GPUs to shard the target "
                                                              "over: cuda:0,cuda:1 (default: this machine's best)")
     g.add_argument("--draft-device", default=None, help="device of the draft lane (default: see README)")

@@ -128,3 +128,15 @@ def test_a_folder_that_is_no_add_on_or_for_another_target_is_refused(tiny_dirs, 
     other = tiny_dirs["other_vocab"]  # another tiny target: same shapes, other weights and tokens
     with pytest.raises(MirrorSDError, match="another target"):
         load_pair(target=str(other), draft=None, add_ons=[add_ons["exit"]])
+
+
+def test_an_add_on_for_the_embedded_target_replaces_the_shipped_one(embedded_pair, tmp_path):
+    from mirror_sd.models.exit_head import new_exit_head, save_exit_head
+
+    save_exit_head(new_exit_head(embedded_pair.target, 22, rank=8), tmp_path / "head", embedded_pair.target,
+                   "SmolLM2-135M-Instruct", card={})
+    pair = load_pair(add_ons=[tmp_path / "head"])  # a pair of its own: the session's embedded pair stays as shipped
+    assert pair.exit_heads[22].size == dict(rank=8)  # the shipped head is a SwiGLU
+    prompt = "Why is the sky blue?"
+    mirror = generate(pair, prompt, method="mirror", max_new_tokens=16)
+    assert mirror.token_ids == generate(pair, prompt, method="vanilla", max_new_tokens=16).token_ids
