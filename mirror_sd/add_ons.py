@@ -51,10 +51,11 @@ def attach_add_on(pair, folder: Path | str) -> str:
     kind = add_on_kind(folder)
     if kind == "speculative streams":
         use_streams(pair, folder)
-        return kind
-    if kind == "EAGLE head":
+    elif kind == "EAGLE head":
         attach_head(pair, on_cpu_worker(load_head, folder, pair.target))
-        return kind
-    head = on_cpu_worker(load_exit_head, folder, pair.target)
-    attach_exit_head(pair, head)
-    return f"{kind} (layer {head.exit_layer})"
+    else:
+        head = on_cpu_worker(load_exit_head, folder, pair.target)
+        attach_exit_head(pair, head)
+        kind = f"{kind} (layer {head.exit_layer})"
+    pair.add_ons.append(f"{kind}: {folder}")  # in every trace's meta (ModelPair.describe)
+    return kind

@@ -369,6 +369,8 @@ def write_report(path: str | Path, summary: pd.DataFrame, command: str, pair, pr
         f"Machine: {cpu_model()}, {cpu_cores()} CPU cores" + "".join(f", {h}" for h in hardware)
         + f"; torch {torch.__version__}; lanes: {lanes['target_lane']}"
         + (f"; {lanes['draft_lane']}" if pair.draft is not None else ""), "",
+        f"Models: target {lanes['target']}, " + (f"draft {lanes['draft']}" if lanes["draft"] else "no draft")
+        + "".join(f"; {add_on}" for add_on in lanes["add_ons"]) + ".", "",
         f"{prompts} prompts, at most {max_new_tokens} new tokens per answer. τ: mean tokens committed per "
         "target step; speedup: tokens/s over vanilla's on the same prompts in the same run.", "",
         table.to_markdown(index=False, disable_numparse=True,

@@ -98,6 +98,9 @@ def test_every_method_runs_with_add_ons_trained_from_the_command_line_and_commit
         labels = {s.label for s in outs["mirror"].trace.spans if s.kind == "target-prefix"}
         assert labels and all("trained early exit" in label for label in labels)
     assert pair.exit_heads[1].exit_layer == 1
+    assert outs["mirror"].trace.meta["add_ons"] == [f"EAGLE head: {add_ons['eagle']}",
+                                                    f"early-exit head (layer 1): {add_ons['exit']}",
+                                                    f"speculative streams: {add_ons['streams']}"]
 
 
 def test_a_draft_and_its_streams_trained_for_another_target_are_lossless(tiny_dirs, own_draft):
@@ -109,7 +112,7 @@ def test_a_draft_and_its_streams_trained_for_another_target_are_lossless(tiny_di
             assert out.error is None and out.token_ids == vanilla, options
 
 
-def test_the_command_line_takes_add_ons_and_says_which_is_missing(tiny_dirs, add_ons, capsys):
+def test_the_command_line_takes_add_ons_and_says_which_is_missing(tiny_dirs, add_ons, tmp_path, capsys):
     target = ["--target", str(tiny_dirs["target"]), "--prompt", "t1 t2 t3", "--max-new-tokens", "6", "--json"]
     assert cli(["generate", "--method", "eagle", *target, "--add-on", str(add_ons["eagle"])]) == 0
     assert json.loads(capsys.readouterr().out)["method"] == "eagle"
@@ -118,6 +121,11 @@ def test_the_command_line_takes_add_ons_and_says_which_is_missing(tiny_dirs, add
     assert err.count("\n") == 0 and "--add-on HEAD" in err and "train eagle --target" in err
     assert cli(["generate", "--method", "ss", *target, "--add-on", str(add_ons["eagle"])]) == 2
     assert "--add-on STREAMS" in capsys.readouterr().err
+    report = tmp_path / "bench.md"  # the report names the add-ons its numbers came from
+    assert cli(["bench", "--methods", "eagle", "--target", str(tiny_dirs["target"]), "--limit", "1",
+                "--max-new-tokens", "4", "--out", str(tmp_path / "bench"), "--report", str(report),
+                "--add-on", str(add_ons["eagle"])]) == 0
+    assert f"Models: target {tiny_dirs['target']}, no draft; EAGLE head: {add_ons['eagle']}." in report.read_text()
 
 
 def test_a_folder_that_is_no_add_on_or_for_another_target_is_refused(tiny_dirs, tiny_data, add_ons, tmp_path):

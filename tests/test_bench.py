@@ -102,6 +102,7 @@ def test_bench_report_gives_the_command_and_one_row_per_method(tiny_dirs, tmp_pa
     text = report.read_text()
     assert f"`python -m mirror_sd {shlex.join(argv)}`" in text
     assert "Date: " in text and "CPU cores" in text and "torch " in text and "lanes: target" in text
+    assert f"Models: target {tiny_dirs['target']}, draft {tiny_dirs['draft']}." in text
     lines = [line for line in text.splitlines() if line.startswith("|")]
     header, rows = [c.strip() for c in lines[0].strip("|").split("|")], lines[2:]
     assert header == ["method", "τ (tokens per step)", "speedup vs vanilla", "tokens/s", "device", "hit rate (Mirror-SD)"]

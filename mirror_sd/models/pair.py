@@ -65,6 +65,7 @@ class ModelPair:
     early_exit_rows: torch.Tensor | None = field(default=None, repr=False)  # Mirror-SD's exit head rows
     early_exits: dict = field(default_factory=dict, repr=False)  # Mirror-SD: (exit head, rows?) -> its EarlyExit
     exit_heads: dict = field(default_factory=dict, repr=False)  # Mirror-SD: exit layer -> trained head (models/exit_head.py)
+    add_ons: list = field(default_factory=list, repr=False)  # "kind: folder", each add-on attached (add_ons.py)
     loaded_drafts: dict = field(default_factory=dict, repr=False)  # use_draft: name -> (model, name, folder)
     graphs: str = "auto"  # fixed-shape stages: "on", "off", or "auto" (on for CUDA lanes); see new_cache
     buckets: str = "cheapest"  # a stage's window: at the "cheapest" bucket timed at capture, or the "smallest"
@@ -151,7 +152,7 @@ class ModelPair:
         return dict(target=self.target_name, draft=self.draft_name, int8_drafting=self.int8_drafting,
                     graphs=self.graphs, buckets=self.buckets, kernels=self.kernels,
                     target_lane=self.target_lane.label, draft_lane=self.draft_lane.label,
-                    target_layers=self.target.num_layers,
+                    target_layers=self.target.num_layers, add_ons=list(self.add_ons),
                     draft_layers=self.draft.num_layers if self.draft is not None else None)
 
 
