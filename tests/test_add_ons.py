@@ -148,3 +148,34 @@ def test_an_add_on_for_the_embedded_target_replaces_the_shipped_one(embedded_pai
     prompt = "Why is the sky blue?"
     mirror = generate(pair, prompt, method="mirror", max_new_tokens=16)
     assert mirror.token_ids == generate(pair, prompt, method="vanilla", max_new_tokens=16).token_ids
+
+
+def test_a_hub_id_names_the_target_in_data_cards_and_runs(tiny_dirs, tmp_path, monkeypatch, capsys):
+    """--target org/name, served from a Hugging Face cache with the hub offline: the data, the head's
+    card and the run all name the target "org/name" and agree with each other."""
+    import shutil
+
+    import huggingface_hub.constants as hub
+
+    snapshot = tmp_path / "hub" / "models--acme--tiny-chat" / "snapshots" / "abc123"
+    shutil.copytree(tiny_dirs["target"], snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    data, head = tmp_path / "data", tmp_path / "head"
+    data.mkdir()
+    (data / "prompts.jsonl").write_text("".join(json.dumps(dict(id=f"qa-{i:06d}", category="qa", source="test",
+                                                               messages=[{"role": "user", "content": p}])) + "\n"
+                                                for i, p in enumerate(PROMPTS)))
+    assert train(["data", "--target", "acme/tiny-chat", "--out", str(data), "--num-prompts", str(len(PROMPTS)),
+                  "--max-new-tokens", "8", "--threads", "1"]) == 0
+    assert json.loads((data / "config.json").read_text())["target"] == "acme/tiny-chat"
+    assert train(["exit-head", "--target", "acme/tiny-chat", "--data", str(data), "--out", str(head), "--exit-layer",
+                  "1", "--rank", "4", "--epochs", "1", "--threads", "1", "--features", str(tmp_path / "f")]) == 0
+    assert json.loads((head / "config.json").read_text())["target"] == "acme/tiny-chat"
+    capsys.readouterr()
+    assert cli(["generate", "--method", "mirror", "--target", "acme/tiny-chat", "--draft", "self:1", "--add-on",
+                str(head), "--prompt", "t1 t2", "--max-new-tokens", "6", "--exit-layer", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["metrics"]["new_tokens"] == 6 and out["metrics"]["hit_rate"] is not None

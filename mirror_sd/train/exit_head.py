@@ -190,7 +190,7 @@ def train(data_dirs: Path | list[Path], out: Path, features: Path | None = None,
                 hardware=hardware_name(head.device), feature_extraction_s=round(feature_s, 1),
                 train_wall_s=round(state["wall_s"], 1), trainable_parameters=sum(p.numel() for p in head.parameters()),
                 held_out=_rounded(final), held_out_lens=_rounded(lens))
-    save_exit_head(head, out, target, target_dir.name, card)
+    save_exit_head(head, out, target, model_name(target_dir), card)
     model_card(card).write(out)
     return card
 
