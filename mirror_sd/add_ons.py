@@ -30,7 +30,10 @@ def add_on_kind(folder: Path) -> str:
         raise MirrorSDError(f"add-on {folder}: no such folder")
     if (folder / "streams.json").exists():
         return "speculative streams"
-    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").exists() else {}
+    try:
+        config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").exists() else {}
+    except ValueError as e:
+        raise MirrorSDError(f"add-on {folder}: its config.json is not JSON ({e})") from None
     if "exit_layer" in config:
         return "early-exit head"
     if "target_vocab_size" in config:

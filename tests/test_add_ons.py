@@ -133,6 +133,10 @@ def test_a_folder_that_is_no_add_on_or_for_another_target_is_refused(tiny_dirs, 
         load_pair(target=str(tiny_dirs["target"]), draft=None, add_ons=[tiny_data])
     with pytest.raises(MirrorSDError, match="no such folder"):
         load_pair(target=str(tiny_dirs["target"]), draft=None, add_ons=[tmp_path / "missing"])
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    with pytest.raises(MirrorSDError, match="its config.json is not JSON"):
+        add_on_kind(tmp_path / "broken")
     other = tiny_dirs["other_vocab"]  # another tiny target: same shapes, other weights and tokens
     with pytest.raises(MirrorSDError, match="another target"):
         load_pair(target=str(other), draft=None, add_ons=[add_ons["exit"]])
