@@ -680,7 +680,7 @@ def fit_profile(traces: list[Trace], name: str = "this-machine", source: str = "
 def measured_split(traces: list[Trace]) -> tuple[int, int] | None:
     """(exit layer, target layers) of the Mirror-SD runs among ``traces``, where they all share one:
     where the prefix and suffix costs fitted from them were measured."""
-    splits = {run_exit(t.meta) for t in traces if t.method == "mirror" and run_exit(t.meta) is not None}
+    splits = {split for t in traces if t.method == "mirror" and (split := run_exit(t.meta)) is not None}
     return splits.pop() if len(splits) == 1 else None
 
 

@@ -76,9 +76,14 @@ def _convert_gguf(gguf_dir: Path, gguf_file: str, out: Path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def is_embedded(name: str | None) -> bool:
+    """Whether a model name means the embedded default target."""
+    return name in (None, "", "default", EMBEDDED_NAME)
+
+
 def resolve_model_dir(name: str | None) -> Path:
     """A local folder for a model name: the embedded default, a local path or a Hub id."""
-    if name in (None, "", "default", EMBEDDED_NAME):
+    if is_embedded(name):
         return embedded_model_dir()
     path = Path(name).expanduser()
     if path.exists():

@@ -13,7 +13,7 @@ from .linear import INT8
 from .forwards import FULL, stage_cache
 from .llama import Transformer
 from .stages import Stages
-from .loading import EMBEDDED_NAME, load_model, load_tokenizer, resolve_model_dir
+from .loading import EMBEDDED_NAME, is_embedded, load_model, load_tokenizer, resolve_model_dir
 from .sharding import needs_sharding, shard_over
 
 # The default draft of the embedded target: the project's own, trained by `python -m mirror_sd.train
@@ -225,7 +225,7 @@ def _load_pair(target, draft, target_device, draft_device, dtype) -> ModelPair:
     target_model, target_config = _load_target(target_dir, target_lane, dtype, may_shard=target_device is None)
     tokenizer = load_tokenizer(target_dir)
     draft_model, draft_name, draft_dir = None, None, None
-    embedded = target in (None, "", "default", EMBEDDED_NAME)
+    embedded = is_embedded(target)
     if draft == DEFAULT:
         draft = str(EMBEDDED_DRAFT) if embedded else None
     if draft:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import MirrorSDError
-from ..models.loading import EMBEDDED_NAME, model_name
+from ..models.loading import EMBEDDED_NAME, is_embedded, model_name
 
 ORIGIN = {  # --source -> what such a folder holds: the data README's first sentence, the EAGLE card's data line
     "corpora": "Prompts from offline corpora (`mirror_sd/train/prompts.py`), answers written by the target model itself",
@@ -42,7 +42,7 @@ def data_source(data_dir: Path) -> str:
 def target_name(target: str | None) -> str:
     """How a data folder names the target it was made with: the embedded target's name, a local
     folder's own name, or a Hugging Face id."""
-    if target in (None, "", "default", EMBEDDED_NAME):
+    if is_embedded(target):
         return EMBEDDED_NAME
     path = Path(target).expanduser()
     return model_name(path.resolve()) if path.exists() else str(target)

@@ -117,10 +117,9 @@ def train_kwargs(args: argparse.Namespace) -> dict:
     kwargs = {_KEYWORD.get(name, name): getattr(args, name) for name in SHARED_OPTIONS
               if name not in ("data", "out") and hasattr(args, name)}
     if "target_dir" in kwargs:
-        from ..models.loading import EMBEDDED_NAME, resolve_model_dir
-        from .data import check_data_target, target_name
+        from ..models.loading import is_embedded, resolve_model_dir
+        from .data import check_data_target
 
         check_data_target(args.data, args.target)
-        embedded = target_name(args.target) == EMBEDDED_NAME
-        kwargs["target_dir"] = None if embedded else resolve_model_dir(args.target)
+        kwargs["target_dir"] = None if is_embedded(args.target) else resolve_model_dir(args.target)
     return kwargs
