@@ -163,3 +163,17 @@ def vanilla_reference(embedded_pair, equality_prompts) -> list[list[int]]:
 
 def write_json(path: Path, data: dict):
     path.write_text(json.dumps(data))
+
+
+def reference_branches(draft, top_ids, top_logp, window_logp, budget, parents=None):
+    """Mirror-SD's branch rule by its definition, in Python lists (what mirror_sd/branches.py computes
+    in tensors): the valid hypotheses (r, v, score), best first, ties in (r, rank) order, at most
+    ``budget``. score(r, v) = the path's early-exit log-probs + log p(v at r); children of row r skipped."""
+    parents = list(range(-1, len(draft) - 1)) if parents is None else parents
+    path_logp, children = [0.0], [set() for _ in range(len(draft) + 1)]
+    for i, (p, token) in enumerate(zip(parents, draft)):  # parents come first
+        path_logp.append(path_logp[p + 1] + float(window_logp[i]))
+        children[p + 1].add(token)
+    hypotheses = [(r, v, path_logp[r] + lp) for r in range(len(draft) + 1)
+                  for v, lp in zip(top_ids[r].tolist(), top_logp[r].tolist()) if v not in children[r]]
+    return sorted(hypotheses, key=lambda h: -h[2])[:budget]

@@ -135,21 +135,22 @@ def test_branches_are_chosen_by_the_chance_the_step_ends_there():
     top_ids = torch.tensor([[5, 7], [8, 6], [9, 10]])
     top_logp = torch.tensor([[0.6, 0.3], [0.45, 0.4], [0.7, 0.2]]).log()
     window_logp = torch.tensor([0.6, 0.4]).log()  # the exit's log-prob of d1 at 0 and of d2 at 1
-    branches = choose_branches([5, 6], top_ids, top_logp, window_logp, budget=10)
+    branches = [b for b in choose_branches([5, 6], top_ids, top_logp, window_logp, budget=10) if b.valid]
     assert [(b.accepted, b.root) for b in branches] == [(0, 7), (1, 8), (2, 9), (2, 10)]
     assert [math.exp(b.score) for b in branches] == pytest.approx([0.30, 0.27, 0.168, 0.048])
     # a budget of 2 keeps the likeliest step ends, not the likeliest candidates ((2, 9) at 0.7, (1, 8) at 0.45)
     assert [(b.accepted, b.root) for b in choose_branches([5, 6], top_ids, top_logp, window_logp, 2)] == [(0, 7), (1, 8)]
 
 
-def test_the_device_chooses_the_hosts_branches():
-    """choose_branches_on_device, which the queued step runs where the token channel lies, keeps the
-    host's valid branches, scores and order (ties included), the skipped candidates after them, even
-    after a window token the exit gave -inf (a copied token outside the draft's vocabulary)."""
+def test_the_branch_rule_keeps_its_definition():
+    """mirror_sd/branches.py's tensor rule (the host's step, the queued step and the rollout stage all
+    run it) gives the definition's valid branches, scores and order (ties included), then the skipped
+    candidates, marked invalid, up to min(budget, T * kappa) rows: even after a window token the exit
+    gave -inf (a copied token outside the draft's vocabulary)."""
     import torch
 
-    from mirror_sd.methods.mirror import choose_branches
-    from mirror_sd.methods.mirror_queued import choose_branches_on_device
+    from conftest import reference_branches
+    from mirror_sd.branches import choose_branches
 
     gen = torch.Generator().manual_seed(0)
     for trial in range(40):
@@ -162,11 +163,10 @@ def test_the_device_chooses_the_hosts_branches():
         if trial % 5 == 0 and T > 2:
             window_logp[0] = float("-inf")
         for budget in (1, 3, 64):
-            host = choose_branches(draft, top_ids, top_logp, window_logp, budget)
-            r, roots, scores, valid = choose_branches_on_device(draft, top_ids, top_logp, window_logp, budget)
-            assert len(r) == min(budget, T * kappa) and not valid[len(host):].any()
-            assert [(b.accepted, b.root, b.score) for b in host] == list(zip(r.tolist(), roots.tolist(),
-                                                                             scores.tolist()))[:len(host)]
+            expected = reference_branches(draft, top_ids, top_logp, window_logp, budget)
+            r, roots, scores, valid = choose_branches(draft, top_ids, top_logp, window_logp, budget)
+            assert len(r) == min(budget, T * kappa) and valid.sum() == len(expected) and not valid[len(expected):].any()
+            assert expected == list(zip(r.tolist(), roots.tolist(), scores.tolist()))[:len(expected)]
 
 
 @pytest.mark.parametrize("options", [dict(lookup=0), dict(lookup=8, gamma=2)])

@@ -87,7 +87,9 @@ def test_tree_branches_skip_every_child_and_score_the_path():
     top_ids = torch.tensor([[5, 7, 8], [6, 9, 1], [2, 3, 4], [0, 1, 6]])  # [rows, kappa]
     top_logp = torch.tensor([[-0.5, -1.0, -2.0], [-0.2, -1.5, -3.0], [-0.1, -0.3, -4.0], [-0.4, -2.0, -5.0]])
     window_logp = torch.tensor([-0.5, -0.2, -1.0])  # each node at its parent's row
-    branches = choose_branches(tokens, top_ids, top_logp, window_logp, budget=20, parents=parents)
+    branches = [b for b in choose_branches(tokens, top_ids, top_logp, window_logp, budget=20, parents=parents)
+                if b.valid]
+    assert len(choose_branches(tokens, top_ids, top_logp, window_logp, budget=20, parents=parents)) == 12  # every row
     got = {(b.accepted, b.root): round(b.score, 4) for b in branches}
     assert (0, 5) not in got and (0, 7) not in got and (1, 6) not in got  # children: acceptances, not branches
     assert got[(0, 8)] == -2.0 and got[(1, 9)] == -2.0 and got[(2, 2)] == -0.8 and got[(3, 0)] == -1.4
@@ -166,10 +168,12 @@ def random_tree(nodes: int, gen) -> list[int]:
     return [int(torch.randint(-1, i, (1,), generator=gen)) for i in range(nodes)]
 
 
-def test_the_device_chooses_the_hosts_branches_over_a_tree():
-    """choose_branches_on_device with the tree's parents (the queued tree step) keeps the host's valid
-    branches, scores and order, ties and -inf included; skipped candidates (children) after them."""
-    from mirror_sd.methods.mirror_queued import choose_branches_on_device
+def test_the_branch_rule_keeps_its_definition_over_a_tree():
+    """mirror_sd/branches.py's rule with the tree's parents (both tree steps run it) gives the
+    definition's valid branches, scores and order, ties and -inf included; skipped candidates
+    (children) after them, up to min(budget, T * kappa) rows."""
+    from conftest import reference_branches
+    from mirror_sd.branches import choose_branches as branch_rule
 
     gen = torch.Generator().manual_seed(1)
     for trial in range(40):
@@ -183,11 +187,11 @@ def test_the_device_chooses_the_hosts_branches_over_a_tree():
         if trial % 5 == 0:
             window_logp[0] = float("-inf")
         for budget in (1, 3, 64):
-            host = choose_branches(draft, top_ids, top_logp, window_logp, budget, parents)
-            r, roots, scores, valid = choose_branches_on_device(draft, top_ids, top_logp, window_logp, budget, parents)
-            assert len(r) == min(budget, (N + 1) * kappa) and not valid[len(host):].any()
-            assert [(b.accepted, b.root, b.score) for b in host] == list(zip(r.tolist(), roots.tolist(),
-                                                                             scores.tolist()))[:len(host)]
+            expected = reference_branches(draft, top_ids, top_logp, window_logp, budget, parents)
+            r, roots, scores, valid = branch_rule(draft, top_ids, top_logp, window_logp, budget, parents)
+            assert len(r) == min(budget, (N + 1) * kappa) and valid.sum() == len(expected)
+            assert not valid[len(expected):].any()
+            assert expected == list(zip(r.tolist(), roots.tolist(), scores.tolist()))[:len(expected)]
 
 
 def test_a_queued_tree_step_commits_and_records_what_the_host_s_does(tiny_dirs):
@@ -204,3 +208,54 @@ def test_a_queued_tree_step_commits_and_records_what_the_host_s_does(tiny_dirs):
             assert out.error is None and out.token_ids == expected
             runs[queued] = [(s.rendezvous, s.tree) for s in out.trace.steps[1:]]
         assert runs[0] == runs[1] and any(r.hit for r, _ in runs[1])
+
+
+def test_a_near_tie_in_the_draft_grows_the_same_tree_on_both_paths(tiny_dirs, tmp_path):
+    """Two of the draft's tokens (5 and 7) get LM-head rows equal up to rounding, so their log-probs
+    tie at every rollout forward up to the last bits. The host's step (queued=0) and the queued
+    step (queued=1) hand the draft the same rows (the branch rule's B rows, skipped ones included:
+    one forward shape) and grow the same trees with the same rule (``grow_fields``), so the near
+    tie is settled alike on any processor: the same rollout inputs, nodes and scores, step by step."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from mirror_sd.methods import mirror_tree
+
+    folder = tmp_path / "near-tie-draft"
+    shutil.copytree(tiny_dirs["reduced_draft"], folder)
+    state = load_file(folder / "model.safetensors")
+    head = state["lm_head.weight"]  # rows of tokens [0, 2, 3, 5, 7, 8, 11, 13]
+    head[4] = head[3] * (1 + 2 ** -22)  # token 7's row: token 5's, a few bits apart
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(folder))
+
+    roll_out_trees, rollouts = mirror_tree.roll_out_trees, []
+
+    def recorded(run, cache, window, r, roots, *args):
+        trees = roll_out_trees(run, cache, window, r, roots, *args)
+        rows = min(16, (len(window.tokens) + 1) * 3)  # B = min(branch_budget, T * kappa): every path's rows
+        assert len(r) == rows, f"rolled out {len(r)} rows, the rule's B is {rows}"
+        rollouts[-1].append((r.tolist(), roots.tolist(), [(t.tokens, t.parents, t.scores) for t in trees]))
+        return trees
+
+    mirror_tree.roll_out_trees = recorded
+    try:
+        for prompt in ("t1 t2 t3", "t4 t4 t4 t4"):
+            expected = generate(pair, prompt, method="vanilla", max_new_tokens=32, raw=True).token_ids
+            runs = {}
+            for queued in (0, 1):
+                rollouts.append([])
+                out = generate(pair, prompt, method="mirror", max_new_tokens=32, raw=True, gamma=3, tree=6,
+                               kappa=3, exit_layer=1, queued=queued)
+                assert out.error is None and out.token_ids == expected
+                runs[queued] = [(s.rendezvous, s.tree) for s in out.trace.steps[1:]]
+            host, queued = rollouts[-2], rollouts[-1]
+            assert host == queued and runs[0] == runs[1]
+            siblings = [(tokens, parents, scores) for _, _, trees in host for tokens, parents, scores in trees]
+            tied = [(p, s) for tokens, parents, scores in siblings for i, (t, p, s) in
+                    enumerate(zip(tokens, parents, scores)) if t == 5
+                    and any(u == 7 and q == p and abs(v - s) < 1e-3 for u, q, v in zip(tokens, parents, scores))]
+            assert tied, "the near tie never met in a rolled-out tree"
+    finally:
+        mirror_tree.roll_out_trees = roll_out_trees

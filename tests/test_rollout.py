@@ -1,5 +1,5 @@
 """Mirror-SD's queued draft-lane work as one stage (models/rollout.py): the branches and rollouts that
-``choose_branches_on_device`` and ``roll_out_tree`` give, from one replay; what it refuses; and a
+the branch rule (mirror_sd/branches.py) and ``roll_out_tree`` give, from one replay; what it refuses; and a
 queued step on stages leaves the host far fewer operations."""
 from types import SimpleNamespace
 
@@ -8,7 +8,7 @@ import torch
 
 from mirror_sd import generate, load_pair
 from mirror_sd.methods.mirror import roll_out_tree
-from mirror_sd.methods.mirror_queued import choose_branches_on_device
+from mirror_sd.branches import choose_branches
 from mirror_sd.models.channel import pack
 from mirror_sd.models.forwards import FULL, forward, stage_cache
 from mirror_sd.models.rollout import Rollouts
@@ -41,7 +41,7 @@ def channel(T: int, kappa: int, window: list[int], seed: int):
                                                          (1, 3, 4, 1, 1), (9, 4, 16, 2, 3)])
 def test_one_replay_rolls_out_the_branches_the_device_chooses(pair, T, kappa, budget, gamma, unseen):
     """After a prompt the draft has seen but its last ``unseen`` tokens: the stage's valid branches
-    (order, scores) and their tokens are those of ``choose_branches_on_device`` and ``roll_out_tree``
+    (order, scores) and their tokens are those of the branch rule (mirror_sd/branches.py) and ``roll_out_tree``
     on the plain forward, and every row past them is marked invalid; the chain's keys and values match."""
     draft, V = pair.draft, pair.target.args.vocab_size
     rows = max(T, 3)
@@ -54,7 +54,7 @@ def test_one_replay_rolls_out_the_branches_the_device_chooses(pair, T, kappa, bu
         forward(draft, torch.tensor([sequence[:4]]), cache)
     run = SimpleNamespace(pair=pair, sequence=sequence, draft_sampler=SimpleNamespace(greedy=True),
                           draft_picks=lambda logits: draft_argmax(logits, draft.vocab_map, V))
-    r, roots, scores, valid = choose_branches_on_device(window, top_ids, top_logp, window_logp, budget)
+    r, roots, scores, valid = choose_branches(window, top_ids, top_logp, window_logp, budget)
     picks = roll_out_tree(run, plain, window, r, roots, gamma)
     table = staged.stages.run(spec.name, [sequence[4:] + window], rows=unseen + len(window) + spec.budget,
                               channel=pack(top_ids, top_logp, window_logp))

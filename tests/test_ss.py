@@ -226,11 +226,30 @@ def test_stream_tree_takes_each_streams_top_k_under_the_best_nodes():
     assert (flat.tokens, flat.parents, flat.depths) == ([0, 0], [-1, 0], [1, 2])  # top_k 1: a chain
 
 
-def test_the_streams_tree_grown_on_the_device_is_the_hosts():
-    """``stream_fields`` (a stage's body, through grow_fields) and ``stream_tree`` (the host's) keep
-    the same nodes in the same order, ties included, over random streams and settings."""
-    from mirror_sd.drafting.tree import read_trees, stream_fields
+def reference_stream_tree(logp, to_ids, top_k, total):
+    """The streams' tree by its definition, in Python lists: stream 1's top_k under the root, stream
+    j + 1's under each of the top_k best nodes of level j (ties: the earlier node), the ``total``
+    best nodes kept (ties: the earlier node), re-indexed in creation order."""
+    top = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
+    rows, values = to_ids(top.indices).tolist(), top.values.tolist()
+    tokens, parents, depths, scores, level = [], [], [], [], [-1]
+    for d, (ids, lps) in enumerate(zip(rows, values), start=1):
+        frontier = sorted(level, key=lambda i: (-scores[i] if i >= 0 else 0.0, i))[:len(ids)]
+        level = []
+        for parent in frontier:
+            for token, lp in zip(ids, lps):
+                tokens.append(token), parents.append(parent), depths.append(d)
+                scores.append((scores[parent] if parent >= 0 else 0.0) + lp)
+                level.append(len(tokens) - 1)
+    keep = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:total])
+    index = {old: new for new, old in enumerate(keep)}
+    return ([tokens[i] for i in keep], [index[parents[i]] if parents[i] >= 0 else -1 for i in keep],
+            [depths[i] for i in keep], [scores[i] for i in keep])
 
+
+def test_the_streams_tree_keeps_its_definition():
+    """``stream_tree`` (grown by ``stream_fields``, the rule a stage's body runs too) keeps the
+    definition's nodes in the same order, ties included, over random streams and settings."""
     gen = torch.Generator().manual_seed(0)
     for trial in range(200):
         gamma, rows, top_k, total = (int(torch.randint(lo, hi, (), generator=gen))
@@ -238,10 +257,10 @@ def test_the_streams_tree_grown_on_the_device_is_the_hosts():
         scores = torch.randint(0, 3, (gamma, rows), generator=gen).float() if trial % 3 == 0 else \
             torch.randn(gamma, rows, generator=gen)  # every third: ties
         logp = torch.log_softmax(scores, -1)
-        host = stream_tree(logp, lambda r: r * 2 + 1, top_k, total)
-        device = read_trees(stream_fields(logp, lambda r: r * 2 + 1, top_k, total))[0]
-        assert (device.tokens, device.parents, device.depths) == (host.tokens, host.parents, host.depths), trial
-        assert device.scores == pytest.approx(host.scores, abs=1e-4)
+        tokens, parents, depths, expected_scores = reference_stream_tree(logp, lambda r: r * 2 + 1, top_k, total)
+        tree = stream_tree(logp, lambda r: r * 2 + 1, top_k, total)
+        assert (tree.tokens, tree.parents, tree.depths) == (tokens, parents, depths), trial
+        assert tree.scores == pytest.approx(expected_scores, abs=1e-4)
 
 
 @pytest.mark.parametrize("one_forward,top_k,total_tokens,lookup",

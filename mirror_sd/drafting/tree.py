@@ -51,18 +51,6 @@ def sampled_chain(tokens: list[int], q: torch.Tensor) -> Tree:
     return Tree(tokens, list(range(-1, n - 1)), list(range(1, n + 1)), [round(x, 4) for x in scores], q)
 
 
-def best_subtree(tokens: list[int], parents: list[int], depths: list[int], scores: list[float], total: int) -> Tree:
-    """The ``total`` best-scoring nodes, re-indexed in creation order.
-
-    Scores are sums of log-probs, so a child never outscores its parent, and ties go to the earlier
-    node: every kept node's parent is kept, and the result is a tree.
-    """
-    keep = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:total])
-    index = {old: new for new, old in enumerate(keep)}
-    return Tree([tokens[i] for i in keep], [index[parents[i]] if parents[i] >= 0 else -1 for i in keep],
-                [depths[i] for i in keep], [round(scores[i], 4) for i in keep])
-
-
 def grow_tree(first: torch.Tensor, expand, to_ids, depth: int, top_k: int, total_tokens: int, base: int) -> Tree:
     """EAGLE-2's dynamic tree, for a drafter that feeds nodes to a KV cache of ``base`` committed slots:
     ``grow_trees`` for one root (first: log-probs [rows]), whose nodes see every committed slot."""
@@ -101,8 +89,9 @@ def grow_fields(first: torch.Tensor, expand, to_ids, depth: int, top_k: int, tot
     rows expanded so far, this level's R last, each row sees: its expanded ancestors and itself); it
     writes the rows after those and returns their children's log-probs [R, rows]. Each frontier
     node gets its ``top_k`` best children. The best ``total_tokens`` nodes of each tree are kept
-    (``best_subtree``'s rule). to_ids maps rows (a tensor on the device) to target ids. Scores are
-    summed in float64.
+    (scores are sums of log-probs, so a child never outscores its parent; exactly equal scores go to
+    the earlier node, the one tie-break of a tree's growth, so the kept set is a tree). to_ids maps
+    rows (a tensor on the device) to target ids. Scores are summed in float64.
     """
     B, dev = first.shape[0], first.device
     k = min(top_k, first.shape[-1])
@@ -132,8 +121,7 @@ def grow_fields(first: torch.Tensor, expand, to_ids, depth: int, top_k: int, tot
 def _best_subtrees(tokens: list, parents: list, scores: list, total_tokens: int) -> torch.Tensor:
     """The ``total_tokens`` best-scoring nodes of each tree (per level: tokens, parents, scores
     [B, nodes]), re-indexed in creation order: fields [B, 4, M] (token, parent, depth, score; float64).
-    As ``best_subtree``: a child never outscores its parent and ties go to the earlier node, so the
-    kept set is a tree."""
+    A child never outscores its parent and ties go to the earlier node, so the kept set is a tree."""
     depths = torch.cat([torch.full_like(level, d) for d, level in enumerate(tokens, start=1)], dim=1)
     tokens, parents, scores = torch.cat(tokens, dim=1), torch.cat(parents, dim=1), torch.cat(scores, dim=1)
     B, N = tokens.shape
@@ -158,32 +146,12 @@ def tree_of_fields(tokens: list, parents: list, depths: list, scores: list) -> T
 
 
 def stream_tree(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> Tree:
-    """A draft tree from speculative streams' log-probs logp [gamma, head rows] at one position
-    (the tree drafting of Speculative Streaming): ``stream_tree_of`` their top_k candidates. to_ids
-    maps head rows to target ids."""
-    top = logp.topk(min(top_k, logp.shape[-1]), dim=-1)
-    return stream_tree_of(to_ids(top.indices).tolist(), top.values.tolist(), total_tokens)
-
-
-def stream_tree_of(rows: list[list[int]], values: list[list[float]], total_tokens: int) -> Tree:
-    """The streams' tree from each stream's k top candidates (target ids ``rows`` and log-probs
-    ``values`` [gamma][k], best first): the candidates of stream 1 are children of the root; those
-    of stream j + 1 are children of each of the k best nodes of level j, scored by the sum of
-    their streams' log-probs; the best ``total_tokens`` nodes are kept. Built on the host, for a
-    forward run an operation at a time; ``stream_fields`` grows the same tree on the device."""
-    tokens, parents, depths, scores = [], [], [], []
-    level = [-1]
-    for d, (ids, lps) in enumerate(zip(rows, values), start=1):
-        frontier = sorted(level, key=lambda i: (-scores[i] if i >= 0 else 0.0, i))[:len(ids)]
-        level = []
-        for parent in frontier:
-            for token, lp in zip(ids, lps):
-                tokens.append(token)
-                parents.append(parent)
-                depths.append(d)
-                scores.append((scores[parent] if parent >= 0 else 0.0) + lp)
-                level.append(len(tokens) - 1)
-    return best_subtree(tokens, parents, depths, scores, total_tokens)
+    """A draft tree from speculative streams' log-probs logp [gamma, head rows] at one position (the
+    tree drafting of Speculative Streaming): the top_k candidates of stream 1 are children of the
+    root; those of stream j + 1 are children of each of the top_k best nodes of level j, scored by
+    the sum of their streams' log-probs; the best ``total_tokens`` nodes are kept. to_ids maps head
+    rows to target ids. Grown by ``stream_fields``, the rule a stage's body runs, and read once."""
+    return read_trees(stream_fields(logp, to_ids, top_k, total_tokens))[0]
 
 
 def stream_fields(logp: torch.Tensor, to_ids, top_k: int, total_tokens: int) -> torch.Tensor:

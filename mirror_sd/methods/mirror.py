@@ -54,6 +54,7 @@ from functools import partial
 
 import torch
 
+from .. import branches as branch_rule
 from ..devices import to_device
 from ..drafting import make_drafter
 from ..drafting.lookup import copy_from_context
@@ -76,6 +77,7 @@ class Branch:
     tokens: list[int] = field(default_factory=list)  # the draft's continuation after root (a tree's nodes)
     q: list[torch.Tensor] = field(default_factory=list)  # its distributions [V] (temperature > 0)
     tree: Tree | None = None  # the continuation as a tree hanging from root (tree windows; None: a chain)
+    valid: bool = True  # False: a skipped candidate (an acceptance) rolled out only to keep B rows
 
 
 def default_exit_layer(num_layers: int) -> int:
@@ -192,25 +194,18 @@ def suffix_logits(run, cache, hidden, exit_layer: int, rollouts=None, positions=
 
 def choose_branches(draft: list[int], top_ids, top_logp, window_logp, budget: int,
                     parents: list[int] | None = None) -> list[Branch]:
-    """The ``budget`` most likely (accepted prefix, target token) hypotheses, by early-exit log-probs.
+    """The rows the draft rolls out, as branches, best first: the branch rule of mirror_sd/branches.py
+    (the one the queued step and the rollout stage run), read to the host once. Where fewer than
+    ``min(budget, T * kappa)`` candidates are valid, the skipped ones (acceptances) follow with
+    ``valid`` False: every path rolls out the same rows, and only valid branches are ever used."""
+    r, roots, scores, valid = branch_rule.choose_branches(draft, top_ids, top_logp, window_logp, budget, parents)
+    rows = torch.stack([r, roots, valid.long()], dim=1).tolist()  # [B, 3], one read
+    return [Branch(row[0], row[1], score, valid=bool(row[2])) for row, score in zip(rows, scores.tolist())]
 
-    score(r, v) = sum_{i<r} log p_exit(d_{i+1} at i) + log p_exit(v at r); v = d_{r+1} is skipped
-    (that is an acceptance, not a branch point). With ``parents``, the window is a tree of these
-    nodes (row 0 the last committed token, node i at row i + 1): r is a row, the sum runs over the
-    path to it, and every child of row r is skipped.
-    """
-    parents = list(range(-1, len(draft) - 1)) if parents is None else parents
-    path_logp, children = [0.0], [set() for _ in range(len(draft) + 1)]  # per row
-    window_logp = window_logp.tolist() if isinstance(window_logp, torch.Tensor) else window_logp
-    for i, (p, token) in enumerate(zip(parents, draft)):  # parents come first
-        path_logp.append(path_logp[p + 1] + float(window_logp[i]))
-        children[p + 1].add(token)
-    top_ids, top_logp = top_ids.tolist(), top_logp.tolist()  # one read each, not one per row
-    branches = [Branch(r, v, path_logp[r] + logp)
-                for r in range(len(draft) + 1)
-                for v, logp in zip(top_ids[r], top_logp[r]) if v not in children[r]]
-    branches.sort(key=lambda b: -b.score)
-    return branches[:budget]
+
+def valid_branches(branches: list[Branch]) -> list[Branch]:
+    """The branches that are branch points (not acceptances): the ones a step records and may hit."""
+    return [b for b in branches if b.valid]
 
 
 def branch_tensors(branches: list[Branch], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -427,13 +422,13 @@ def host_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa
     suffix = run.target_lane.submit("target-suffix", target_suffix, run, target_cache, channel, exit_layer,
                                     rollouts_done, label=suffix_label(pair, exit_layer, T), step=step, tokens=T)
     _, top_ids, top_logp, window_logp = channel.result()
-    branches = choose_branches(window, top_ids, top_logp, window_logp, budget)
-    rolled = run.draft_lane.submit("draft-rollout", roll_out, run, draft_cache, window, branches, gamma,
-                                   label=f"{len(branches)} branches x {gamma} tokens", step=step,
-                                   tokens=len(branches) * gamma)
+    rows = choose_branches(window, top_ids, top_logp, window_logp, budget)
+    rolled = run.draft_lane.submit("draft-rollout", roll_out, run, draft_cache, window, rows, gamma,
+                                   label=f"{len(rows)} branches x {gamma} tokens", step=step,
+                                   tokens=len(rows) * gamma)
     rolled.add_done_callback(lambda _: rollouts_done.set_result(None))
     logits = suffix.result()
-    branches = rolled.result()
+    branches = valid_branches(rolled.result())
     verdict, hit = run.target_lane.run("rendezvous", rendezvous, window, q, logits, run.target_sampler, branches,
                                        label="verify + match branch", step=step)
     return verdict, hit, top_ids.tolist(), branches, None

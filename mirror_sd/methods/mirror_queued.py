@@ -7,7 +7,7 @@ windows, one device's target), a step is instead queued whole, and nothing in it
 * target stream: the prefix and early exit (the token channel), sent on to the draft's device,
   then the suffix and the target's picks (``target_picks``: at T = 0 all that verifying needs);
 * draft stream: waits for the token channel on a CUDA event, then chooses the branches on the
-  device (``choose_branches_on_device``) and rolls them out; on stages the channel is one stage
+  device (mirror_sd/branches.py, the rule the host's step runs too) and rolls them out; on stages the channel is one stage
   (models/channel.py) and the choice with the rollouts another (models/rollout.py);
 * then, with ``correction``, the draft stream waits for the picks and rolls out the branch of the
   step's own outcome (``roll_out_correction``): a miss's next window, made while the host reads
@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..devices import to_device
+from ..branches import choose_branches
 from ..drafting.tree import Tree, tree_window
 from ..models.channel import TokenChannel, pack, unpack
 from ..models.forwards import staged, staged_for
-from ..models.rollout import Rollouts, rank_branches
+from ..models.rollout import Rollouts
 from ..models.stages import MAX_WIDTH
 from . import mirror
 from .verify import verdict_of_picks
@@ -80,47 +80,6 @@ def target_picks(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1)
 
 
-def choose_branches_on_device(draft: list[int], top_ids, top_logp, window_logp, budget: int,
-                              parents: list[int] | None = None):
-    """``choose_branches`` where the token channel lies (the queued step), nothing read to the host:
-    (r, roots, scores, valid) [B] of the B = min(budget, T * kappa) best hypotheses, best first.
-
-    The scores are summed in float64 in the host's order, and ties keep (r, rank) order, as the
-    host's stable sort does. The skipped candidates (v = d_{r+1}; with ``parents``, any child of
-    row r) sort after every other one (even one at -inf: a copied window token outside the draft's
-    vocabulary), marked invalid: an acceptance, never a verdict, so they never hit. The valid ones
-    are ``choose_branches``' own.
-    """
-    T, kappa = top_ids.shape
-    dev = top_ids.device
-    if parents is None:  # a chain
-        prefix = torch.cat([torch.zeros(1, dtype=torch.float64, device=dev), window_logp.double().cumsum(0)])  # [T]
-        skip = torch.zeros(T, kappa, dtype=torch.bool, device=dev)
-        skip[:-1] = top_ids[:-1] == to_device(draft, dev, torch.long)[:, None]
-    else:
-        prefix, skip = _tree_prefix_and_skip(draft, parents, top_ids, window_logp)
-    return rank_branches(prefix[:, None] + top_logp.double(), skip, top_ids, budget)  # [B] each
-
-
-def _tree_prefix_and_skip(draft: list[int], parents: list[int], top_ids, window_logp):
-    """Over a tree window (rows: the root, then node i at i + 1), on the channel's device: each row's
-    path log-prob [T] (float64, summed root to leaf as ``choose_branches`` does), and which
-    candidates [T, kappa] are children of their row."""
-    dev, T = top_ids.device, len(draft) + 1
-    prefix, node_logp = torch.zeros(T, dtype=torch.float64, device=dev), window_logp.double()
-    depth = [0] * T
-    for i, p in enumerate(parents):
-        depth[i + 1] = depth[p + 1] + 1
-    for d in range(1, max(depth) + 1):  # one level at a time: every parent's sum is ready
-        nodes = [i for i in range(len(draft)) if depth[i + 1] == d]
-        at = to_device([nodes, [parents[i] + 1 for i in nodes]], dev, torch.long)
-        prefix[at[0] + 1] = prefix[at[1]] + node_logp[at[0]]
-    children = torch.zeros(T, len(draft), dtype=torch.bool)  # [row, node]: node is a child of the row
-    children[[p + 1 for p in parents], list(range(len(draft)))] = True
-    same = top_ids[:, :, None] == to_device(draft, dev, torch.long)[None, None, :]  # [T, kappa, nodes]
-    return prefix, (same & to_device(children, dev)[:, None, :]).any(-1)
-
-
 def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, budget, gamma, roll_out=None,
                 channel_stage: TokenChannel | None = None, rollouts: Rollouts | None = None,
                 corrections: Rollouts | None = None):
@@ -130,7 +89,7 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
     (``Lane.queue``'s ``after``), then chooses the branches and rolls them out, all on the device.
     The host then reads the picks and the branches, and verifies and matches them itself. On stages
     the token channel is one stage (``channel_stage``, models/channel.py) and the draft's work
-    another (``rollouts``, models/rollout.py); else ``mirror.token_channel``, ``choose_branches_on_device``
+    another (``rollouts``, models/rollout.py); else ``mirror.token_channel``, ``branches.choose_branches``
     and ``mirror.roll_out_tree``.
     With ``corrections`` (a one-branch stage, on the rollouts' stage path) the draft stream then rolls
     out the branch of the target's own outcome, its picks' first rejection (``roll_out_correction``),
@@ -152,7 +111,7 @@ def queued_step(run, target_cache, draft_cache, window, q, step, exit_layer, kap
                                       rollouts)
             return table.clone() if correcting else table  # the correction's stage may reuse the memory
         top = unpack(channel_there, kappa) if packed else channel_there
-        r, roots, scores, valid = choose_branches_on_device(window, *top, budget)
+        r, roots, scores, valid = choose_branches(window, *top, budget)
         picks = mirror.roll_out_tree(run, draft_cache, window, r, roots, gamma)  # [B, gamma]
         columns = [torch.stack([r, roots, valid.long()], dim=1).double(), scores[:, None], picks.double()]
         return torch.cat(columns, dim=1)

@@ -9,7 +9,7 @@ row i + 1):
    top-kappa candidates at every row, and each node's early-exit log-prob at its parent's row.
 2. Branch (r, v) now reads: the target accepts the path to row r and emits v there (v not a child
    of row r: that would be an acceptance). Its score is the early-exit log-prob of that path plus
-   v's (``mirror.choose_branches`` with the tree's parents). Then, on two lanes at once:
+   v's (mirror_sd/branches.py, with the tree's parents). Then, on two lanes at once:
    - target lane: the suffix over the same rows, under the same mask;
    - draft lane: from the root v of each of the ``branch_budget`` best branches, the draft grows
      a tree as sd's tree draft does (EAGLE-2's dynamic tree, drafting/token_by_token.py:
@@ -31,6 +31,7 @@ from concurrent.futures import Future
 
 import torch
 
+from ..branches import choose_branches
 from ..devices import to_device
 from ..drafting.token_by_token import tree_readers
 from ..drafting.tree import Tree, grow_trees, tree_mask, tree_window
@@ -55,13 +56,13 @@ def tree_step(run, target_cache, draft_cache, window: Tree, step, exit_layer, ka
                                     rollouts_done, positions, mask, label=mirror.suffix_label(pair, exit_layer, T),
                                     step=step, tokens=T)
     _, top_ids, top_logp, window_logp = channel.result()
-    branches = mirror.choose_branches(window.tokens, top_ids, top_logp, window_logp, budget, window.parents)
-    rolled = run.draft_lane.submit("draft-rollout", roll_out, run, draft_cache, window, branches, gamma,
-                                   branching, nodes, label=rollout_label(len(branches), nodes, gamma),
-                                   step=step, tokens=len(branches) * nodes)
+    rows = mirror.choose_branches(window.tokens, top_ids, top_logp, window_logp, budget, window.parents)
+    rolled = run.draft_lane.submit("draft-rollout", roll_out, run, draft_cache, window, rows, gamma,
+                                   branching, nodes, label=rollout_label(len(rows), nodes, gamma),
+                                   step=step, tokens=len(rows) * nodes)
     rolled.add_done_callback(lambda _: rollouts_done.set_result(None))
     logits = suffix.result()
-    branches = rolled.result()
+    branches = mirror.valid_branches(rolled.result())
     path, token, hit = run.target_lane.run("rendezvous", rendezvous, window, logits, run.target_sampler, branches,
                                            label="verify tree + match branch", step=step)
     return path, token, hit, top_ids.tolist(), branches
@@ -72,16 +73,16 @@ def queued_tree_step(run, target_cache, draft_cache, window: Tree, step, exit_la
     """``tree_step`` queued on the lanes' streams from this thread, as ``mirror_queued.queued_step``
     over a chain: the target stream runs the prefix, the early exit, the suffix under the tree mask
     and the target's picks; the draft stream waits for the token channel on a CUDA event, chooses
-    the branches on the device (``choose_branches_on_device`` with the tree's parents) and grows
-    their trees there. The host reads both once, at the end. Returns what ``tree_step`` does."""
+    the branches on the device (mirror_sd/branches.py, the host's rule) and grows their trees
+    there (``roll_out_trees``, as the host's step does, over the same rows). The host reads both
+    once, at the end. Returns what ``tree_step`` does."""
     T = len(window.tokens) + 1
     channel_there, channel, logits, suffix = mirror_queued.queue_target(run, target_cache, window.tokens, step,
                                                                         exit_layer, kappa, head, tree=window)
     B = min(budget, T * kappa)
 
     def choose_and_roll_out():
-        r, roots, scores, valid = mirror_queued.choose_branches_on_device(window.tokens, *channel_there, budget,
-                                                                          window.parents)
+        r, roots, scores, valid = choose_branches(window.tokens, *channel_there, budget, window.parents)
         return r, roots, scores, valid, roll_out_trees(run, draft_cache, window, r, roots, gamma, branching, nodes)
 
     (r, roots, scores, valid, trees), rolled = run.draft_lane.queue(

@@ -3,7 +3,7 @@
 In a queued step (methods/mirror_queued.py: ``queued_step``; T = 0, chains) the draft lane gets the token
 channel (the target's top-kappa candidates at each window row, their log-probs, and the window
 tokens' own log-probs; packed in one tensor, models/channel.py), chooses the ``budget`` most likely
-branches (``choose_branches_on_device``) and rolls out ``gamma`` draft tokens after each, all
+branches (mirror_sd/branches.py) and rolls out ``gamma`` draft tokens after each, all
 branches in one tree per forward (``roll_out_tree``). Every shape in that is fixed by (budget,
 gamma, kappa, the window's most rows) and the bucket of the draft's first forward, and none of it
 needs the host until the branches are read. Run an operation at a time it is some hundred launches
@@ -13,7 +13,7 @@ chain and the channel in, replays one graph and reads one table.
 The body, for a draft cache of ``base`` committed slots, a chain of C tokens (the committed tokens
 the draft has not seen, then the window's L = T - 1 draft tokens) and a channel of T rows:
 
-1. the branches: ``choose_branches_on_device``'s rule over the channel's rows, its rows past T
+1. the branches: the branch rule (mirror_sd/branches.py) over the channel's rows, its rows past T
    (padding) sorted last and never valid;
 2. the first forward, W rows: the chain (rows [0, C), causal, at slots base..), padding, and the
    ``budget`` branch roots in the last rows (slots after the chain; root of branch (r, v) at the
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..branches import chain_scores, rank_branches
 from ..errors import MirrorSDError
 from .chain_draft import greedy_picks
 from .llama import Transformer
@@ -115,31 +116,14 @@ class RolloutStage(Stage):
                          dim=1)  # [B, 4 + gamma]
 
     def choose(self, T: torch.Tensor, C: torch.Tensor):
-        """``choose_branches_on_device`` over the channel's first T rows (the rest: padding, last and
-        never valid): (r, roots, scores, valid) [budget] of the best hypotheses, best first."""
-        spec, device = self.spec, self.channel.device
+        """The branch rule (mirror_sd/branches.py) over the channel's first T rows (the rest: padding,
+        last and never valid): (r, roots, scores, valid) [budget] of the best hypotheses, best first."""
+        spec = self.spec
         top_ids, top_logp = self.channel[:, :spec.kappa].long(), self.channel[:, spec.kappa:-1]  # [R, kappa]
-        window_logp = self.channel[:, -1]  # [R]
-        row = torch.arange(spec.rows, device=device)  # [R]
-        L = T - 1  # window tokens; row r < L holds d_{r+1}, which is an acceptance, not a branch
-        drafted = self.x[0].gather(0, (C - L + row).clamp(0, self.width - 1))  # [R]: d_{r+1}
-        prefix = torch.cat([torch.zeros(1, dtype=torch.float64, device=device),
-                            torch.where(row < L, window_logp, 0).cumsum(0)])[:spec.rows]  # [R]
-        skip = ((row < L)[:, None] & (top_ids == drafted[:, None])) | (row >= T)[:, None]  # [R, kappa]
-        scores = torch.where((row < T)[:, None], prefix[:, None] + top_logp, float("-inf"))  # [R, kappa]
+        row = torch.arange(spec.rows, device=self.channel.device)  # [R]
+        drafted = self.x[0].gather(0, (C - (T - 1) + row).clamp(0, self.width - 1))  # [R]: d_{r+1}
+        scores, skip = chain_scores(top_ids, top_logp, self.channel[:, -1], drafted, T)
         return rank_branches(scores, skip, top_ids, spec.budget)
-
-
-def rank_branches(scores: torch.Tensor, skip: torch.Tensor, top_ids: torch.Tensor, budget: int):
-    """The ``budget`` best hypotheses (r, v) of scores [T, kappa] (float64), best first, ties in (r, rank)
-    order as a stable sort keeps them, the skipped ones (``skip`` [T, kappa]: acceptances, never
-    branches) after every other: (r, roots, scores, valid) [min(budget, T * kappa)]. The ranking
-    of methods/mirror_queued.py's ``choose_branches_on_device`` and of a rollout stage's body."""
-    kappa = scores.shape[1]
-    scores, skip = scores.flatten(), skip.flatten()
-    order = torch.sort(scores, descending=True, stable=True).indices  # best first
-    order = order[torch.sort(skip[order].byte(), stable=True).indices][:budget]  # the skipped ones last
-    return order // kappa, top_ids.flatten()[order], scores[order], ~skip[order]
 
 
 @dataclass(frozen=True)
