@@ -111,7 +111,9 @@ WARMUP_TOKENS = 8  # new tokens of each untimed warm-up run (run_interleaved)
 def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max_new_tokens: int,
                     desc: str = "bench", warmup: bool = True, traces: list | None = None, **settings) -> pd.DataFrame:
     """Rows of :func:`run_prompt` for every (method, options) in ``runs`` (the first is vanilla, the
-    reference) on every prompt, prompt by prompt; column ``run`` is the index in ``runs``.
+    reference) on every prompt, prompt by prompt; column ``run`` is the index in ``runs``. A run may
+    name a third item, the draft it decodes with (``pair.use_draft``: loaded once, then swapped in
+    before each of its prompts).
 
     warmup: first run each once, untimed, for WARMUP_TOKENS on the first turn of the first prompt,
     so that one-time costs (weights packed for oneDNN on first use, a head or streams loaded, the
@@ -136,14 +138,22 @@ def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max
             tqdm.write(f"note: {e}; this run is left out, the others go on", file=sys.stderr)
             return None
 
+    def with_draft(index: int) -> tuple[str, dict]:
+        method, options, *draft = runs[index]
+        if draft and draft[0] is not None and draft[0] != pair.draft_name:
+            pair.use_draft(draft[0])
+        return method, options
+
     if warmup and prompts:
         first = dict(prompts[0], turns=prompts[0]["turns"][:1])
-        for index, (method, options) in enumerate(runs):
+        for index in range(len(runs)):
+            method, options = with_draft(index)
             attempt(index, pair, first, method, min(WARMUP_TOKENS, max_new_tokens), **settings, **options)
     rows, reference_ids, timed = [], {}, []
     with tqdm(total=len(runs) * len(prompts), desc=desc, unit="run") as bar:
         for item in prompts:
-            for index, (method, options) in enumerate(runs):
+            for index in range(len(runs)):
+                method, options = with_draft(index)
                 bar.set_postfix_str(f"{item['id']} {method}")
                 kept = {} if traces is None else dict(traces=[])
                 row = None if index in failed else attempt(index, pair, item, method, max_new_tokens, **kept,
@@ -157,7 +167,7 @@ def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max
                 row["equal_to_vanilla"] = row.pop("token_ids") == reference_ids[item["id"]]
                 rows.append(dict(row, run=index))
     if traces is not None:
-        traces += [{k: v for k, v in t.items() if k != "run"} for t in timed if t["run"] not in failed]
+        traces += [t for t in timed if t["run"] not in failed]
     table = pd.DataFrame([r for r in rows if r["run"] not in failed]).sort_values("run", kind="stable")
     spans = [c for c in table.columns if c.startswith(SPAN_PREFIX)]
     table = table[[c for c in table.columns if c not in spans] + spans].reset_index(drop=True)  # span seconds last

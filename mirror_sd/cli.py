@@ -1,4 +1,4 @@
-"""Command line: ``python -m mirror_sd {generate,bench,sweep,methods,whatif,gpu-check} ...``.
+"""Command line: ``python -m mirror_sd {generate,bench,sweep,tradeoff,methods,whatif,gpu-check} ...``.
 
 Method options (--gamma, ...) come from the method registry, so a new method's options appear
 here without changes to this file. Bad input prints one line, ``error: ...``, and exits with 2.
@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .errors import MirrorSDError
 from .methods import METHODS, Option
+from .tradeoff import DRAFTS, GAMMAS, PROFILES
 
 
 def _all_options() -> dict[str, list[tuple[str, Option]]]:
@@ -114,6 +115,23 @@ def build_parser() -> argparse.ArgumentParser:
     swp.add_argument("--out", default="sweep-out", help="output folder")
     _add_decoding_args(swp)
     _add_model_args(swp)
+
+    trd = sub.add_parser("tradeoff", help="drafts of growing capacity: sd and Mirror-SD with each, EAGLE once, "
+                         "measured in one run, then re-timed on hardware profiles (MODELLED)")
+    trd.add_argument("--drafts", default=",".join(DRAFTS),
+                     help="comma-separated drafts, smallest first: default (the pair's), exit:N (the target's first "
+                          "N layers and its exit head for layer N), self:N, a folder (default: %(default)s)")
+    trd.add_argument("--gammas", default=",".join(map(str, GAMMAS)),
+                     help="sd's windows; its best for each draft is kept (default: %(default)s)")
+    trd.add_argument("--profiles", default=",".join(PROFILES),
+                     help="what-if profiles to re-time on; this-machine is fitted from the run (default: %(default)s)")
+    trd.add_argument("--prompts", default=None, help="JSONL file (default: the bundled Spec-Bench-style set)")
+    trd.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    trd.add_argument("--per-category", type=int, default=1, help="the first N prompts of each category (default 1)")
+    trd.add_argument("--out", default="tradeoff-out", help="output folder")
+    _add_decoding_args(trd)
+    _add_model_args(trd)
+    trd.set_defaults(max_new_tokens=48)
 
     sub.add_parser("methods", help="list the decoding methods and their options")
 
@@ -276,6 +294,39 @@ def cmd_sweep(args) -> int:
                         args.out)
 
 
+def cmd_tradeoff(args) -> int:
+    from .bench import check_options_taken, check_writable
+    from .tradeoff import tradeoff
+    from .whatif import load_profile
+
+    drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
+    try:
+        gammas = [int(g) for g in args.gammas.split(",") if g.strip()]
+    except ValueError:
+        raise MirrorSDError(f"--gammas must be comma-separated whole numbers, got {args.gammas!r}") from None
+    if not drafts or not gammas or min(gammas) < 1:
+        raise MirrorSDError("--drafts and --gammas each need at least one value (gammas of 1 or more)")
+    profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
+    for name in profiles:
+        if name != "this-machine":
+            load_profile(name)  # fail fast on an unknown profile
+    options = _method_options(args)
+    check_options_taken(options, ["mirror"])
+    check_writable(args.out, "--out", folder=True)
+    prompts = _prompts(args)
+    pair = _load(args)
+    table = tradeoff(pair, prompts, drafts, gammas, out_dir=args.out, profiles=profiles, mirror_options=options,
+                     **_settings(args))
+    print(table.to_markdown(index=False, floatfmt=".3f"))
+    for sentence in table.attrs["sentences"]:
+        print(f"- {sentence}")
+    print(f"\nwrote {args.out}/tradeoff.csv, modelled.csv, tradeoff.md, tradeoff.html")
+    if table.attrs["unequal"]:
+        print(f"error: runs {table.attrs['unequal']} committed other tokens than vanilla", file=sys.stderr)
+        return 1
+    return _failed_runs({f"run {index}": why for index, why in table.attrs["failed"].items()}, args.out)
+
+
 def cmd_whatif(args) -> int:
     from .whatif import load_profile, table
 
@@ -354,7 +405,7 @@ def main(argv=None) -> int:
     args.argv = argv  # as given, for the report's command line
     try:
         commands = {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "methods": cmd_methods,
-                    "whatif": cmd_whatif, "gpu-check": cmd_gpu_check}
+                    "whatif": cmd_whatif, "gpu-check": cmd_gpu_check, "tradeoff": cmd_tradeoff}
         return commands[args.command](args)
     except MirrorSDError as e:
         print(f"error: {e}", file=sys.stderr)

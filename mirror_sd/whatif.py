@@ -222,9 +222,9 @@ class Profile:
         stages = dict(self.stages)
         for stage, like in (("draft", "draft"), ("draft_prefill", "draft"), ("eagle_head", "eagle_head"),
                             ("eagle_level", "eagle_head")):
-            if stage in stages:
-                now = self.cost(like, 1)
-                stages[stage] = stages[stage].scaled(ratio * target / now if now > 0 else 0.0)
+            now = self.cost(like, 1) if any(k.split("@")[0] == like for k in stages) else 0.0
+            for key in [k for k in stages if k.split("@")[0] == stage]:  # a fitted CPU's per-thread costs too
+                stages[key] = stages[key].scaled(ratio * target / now if now > 0 else 0.0)
         return replace(self, stages=stages)
 
     def to_json(self) -> dict:

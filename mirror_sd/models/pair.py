@@ -9,6 +9,7 @@ import torch
 
 from ..devices import DEFAULT_DTYPE, Lane, make_lanes, on_cpu_worker, shard_lane
 from ..errors import MirrorSDError
+from .exit_draft import PREFIX as EXIT_DRAFT, exit_layer_of, load_exit_draft
 from .linear import INT8
 from .forwards import FULL, stage_cache
 from .llama import Transformer
@@ -96,18 +97,32 @@ class ModelPair:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def use_draft(self, draft: str | None):
-        """Swap in another draft (a folder, a hub id, "self:N" or None), loaded on the draft lane in the
+        """Swap in another draft (a folder, a hub id, "self:N", "exit:N" or None), loaded on the draft lane in the
         target's dtype; drafts loaded before are kept, so swapping back costs nothing. Add-ons built for
         the old draft (its streams, mirror's early-exit head rows) are dropped."""
         loaded = self.loaded_drafts
         loaded.setdefault(self.draft_name, (self.draft, self.draft_name, self.draft_dir))
         if draft not in loaded:
             target_dir = resolve_model_dir(self.target_name)
-            loaded[draft] = on_cpu_worker(_load_draft, draft, target_dir, self.tokenizer, self.draft_lane,
-                                          self.target.dtype, self.target.model.embed_tokens.weight)
+            if draft is not None and draft.startswith(EXIT_DRAFT):  # needs the pair's exit heads
+                loaded[draft] = on_cpu_worker(self._load_exit_draft, draft, target_dir), draft, None
+            else:
+                loaded[draft] = on_cpu_worker(_load_draft, draft, target_dir, self.tokenizer, self.draft_lane,
+                                              self.target.dtype, self.target.model.embed_tokens.weight)
         self.draft, self.draft_name, self.draft_dir = loaded[draft]
         self.draft_streams = self.early_exit_rows = None
         self.early_exits = {}
+
+    def _load_exit_draft(self, draft: str, target_dir: Path) -> Transformer:
+        """``exit:N``: the target's first N layers through this pair's exit head for layer N
+        (models/exit_draft.py), over the shipped draft's rows for the embedded target."""
+        from .exit_head import available_exit_head
+
+        layer = exit_layer_of(draft, self.target.num_layers)
+        model = load_exit_draft(draft, available_exit_head(self, layer), self.target, target_dir,
+                                EMBEDDED_DRAFT if self.embedded_target else None, self.draft_lane.device,
+                                self.target.dtype)
+        return fp32_down_projections(model)
 
     @property
     def int8_drafting(self) -> bool:
@@ -163,8 +178,9 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     """Load a target and a draft on their lanes. With no arguments: the embedded default pair.
 
     target: None / "smollm2-135m-instruct" (embedded), a Hugging Face id, or a local folder.
-    draft: the same kinds of name, "self:N" (the target's first N layers), None for no draft, or
-    "default": the project's draft for the embedded target, and no draft for any other target.
+    draft: the same kinds of name, "self:N" (the target's first N layers), "exit:N" (those layers read
+    by the exit head trained for layer N: models/exit_draft.py), None for no draft, or "default": the
+    project's draft for the embedded target, and no draft for any other target.
     devices: "cpu", "cuda[:N]", "mps", "npu"; None picks this machine's defaults (see devices.py).
     target_device may list several GPUs ("cuda:0,cuda:1") to shard a target too big for one
     (models/sharding.py); with None, a target too big for the first GPU is sharded over all of them.
@@ -189,13 +205,16 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
                                  ("kernels", kernels, KERNELS)):
         if value not in choices:
             raise MirrorSDError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
-    pair = on_cpu_worker(_load_pair, target, draft, target_device, draft_device, dtype)
+    exit_draft = draft if isinstance(draft, str) and draft.startswith(EXIT_DRAFT) else None
+    pair = on_cpu_worker(_load_pair, target, None if exit_draft else draft, target_device, draft_device, dtype)
     pair.int8_drafting = int8_drafting
     pair.graphs, pair.buckets, pair.kernels = graphs, buckets, kernels
     from ..add_ons import attach_add_on  # the add-ons' loaders live beside their methods
 
     for folder in add_ons:
         attach_add_on(pair, folder)
+    if exit_draft:  # its head may be an add-on: loaded last
+        pair.use_draft(exit_draft)
     return pair
 
 
