@@ -3,7 +3,8 @@
 Everything drawn here is MODELLED: the steps (windows, trees, branches, hits) are this run's, the
 time each piece of work takes comes from a hardware profile. The banner says so on every view.
 The table puts the speedup measured here beside the one modelled there; the controls swap this
-run's acceptance and Mirror-SD hit rate for chosen ones; the tradeoff curve moves the draft's cost.
+run's acceptance and Mirror-SD hit rate for chosen ones. Below, the draft-capacity view
+(app/capacity.py): the recorded trade-off run, measured and modelled, beside the paper's Table 1.
 """
 from __future__ import annotations
 
@@ -11,12 +12,11 @@ from types import SimpleNamespace
 
 import gradio as gr
 import pandas as pd
-import plotly.graph_objects as go
 
 from mirror_sd import whatif
 from mirror_sd.errors import MirrorSDError
 
-from . import figures
+from . import capacity, figures
 from .cards import baseline
 from .inputs import ClampedSlider, show_in_range
 from .repeat import middle
@@ -36,7 +36,7 @@ on the critical path: the more often it misses, the more those fallbacks, not th
 step time. This small pair's acceptance and hit rate carry over to the profile's bigger models; a bigger pair
 with a stronger draft would accept more and hit more: the controls below set both."""
 
-NOTHING = (gr.update(visible=False), "", None, None, None)  # the views but the source line, before a race
+NOTHING = (gr.update(visible=False), "", None, None)  # the race's views, before a race
 
 
 def profile_choices() -> list[str]:
@@ -62,9 +62,15 @@ def whatif_tab() -> SimpleNamespace:
     with gr.Row():
         ui.own = gr.Checkbox(True, label="Use this run's acceptance and hit rate")
         ui.alpha = ClampedSlider(0.05, 0.95, value=0.6, step=0.05, label="Acceptance per draft token (α)",
-                                 interactive=False)
-        ui.hit = ClampedSlider(0.0, 1.0, value=0.5, step=0.05, label="Mirror-SD hit rate", interactive=False)
-    ui.curve = gr.Plot(label="MODELLED tradeoff: speedup vs draft cost", elem_id="whatif-curve")
+                                 visible=False)  # shown only when the controls, not the run, set it
+        ui.hit = ClampedSlider(0.0, 1.0, value=0.5, step=0.05, label="Mirror-SD hit rate", visible=False)
+    gr.Markdown("### Draft capacity: when does Mirror-SD pay?")
+    ui.curve = gr.Plot(label="Speedup as the draft grows: measured here, and MODELLED on the profile",
+                       elem_id="whatif-curve")
+    ui.capacity = gr.Markdown(elem_id="whatif-capacity")
+    gr.Markdown(capacity.REPORTED_CAPTION)
+    gr.Dataframe(capacity.REPORTED, label="REPORTED by the paper (Table 1): speedup over autoregressive",
+                 interactive=False, elem_id="whatif-reported")
     return ui
 
 
@@ -72,7 +78,7 @@ def wire_whatif(ui, results, drawn, tab):
     """Redraw after every race's views are drawn (``drawn``: a new race, a recorded one opened), when
     the tab opens and whenever a control moves."""
     inputs = [results, ui.profile, ui.draft_speed, ui.own, ui.alpha, ui.hit]
-    outputs = [ui.source, ui.table, ui.why, ui.timeline, ui.utilisation, ui.curve]
+    outputs = [ui.source, ui.table, ui.why, ui.timeline, ui.utilisation, ui.curve, ui.capacity]
     for event in drawn:
         event.then(render, inputs, outputs, api_name=False)
     tab.select(render, inputs, outputs, api_name=False)
@@ -81,7 +87,7 @@ def wire_whatif(ui, results, drawn, tab):
     for slider in (ui.draft_speed, ui.alpha, ui.hit):  # dragged or typed; a drag redraws once, at its last value
         show_in_range(slider)
         slider.change(render, inputs, outputs, api_name=False, trigger_mode="always_last")
-    ui.own.change(lambda own: (gr.update(interactive=not own),) * 2, [ui.own], [ui.alpha, ui.hit], queue=False,
+    ui.own.change(lambda own: (gr.update(visible=not own),) * 2, [ui.own], [ui.alpha, ui.hit], queue=False,
                   api_name=False).then(render, inputs, outputs, api_name=False)
 
 
@@ -111,26 +117,59 @@ def profile_for(name: str, current) -> whatif.Profile:
 
 def render(current, name, draft_speed, own, alpha, hit):
     """Every view of the tab for one profile and one setting of the controls."""
+    trade, trade_text = capacity_view(name)
     runs = race_runs(current)
     if not runs:
-        return "Run a race, or open a recorded one, first: the What if view re-times its steps.", *NOTHING
+        return ("Run a race, or open a recorded one, first: the What if view re-times its steps.", *NOTHING,
+                trade, trade_text)
     try:
         profile = profile_for(name, current)
     except MirrorSDError as e:
-        return f"**{e}**", *NOTHING
+        return f"**{e}**", *NOTHING, trade, trade_text
     if name != FITTED:
         profile = profile.with_draft_speed(draft_speed)
     knobs = dict(alpha=None, hit_rate=None) if own else dict(alpha=alpha, hit_rate=hit)
     modelled = {f"{r.title} (MODELLED)": r.trace.retimed(profile) for r in runs.values()}
-    charts = (figures.timeline(modelled), figures.utilisation(modelled), curve(runs, profile, knobs))
+    charts = (figures.timeline(modelled), figures.utilisation(modelled))
+    why = (own_text(runs) + "\n\n" if own else "") + why_text(runs, profile, knobs)
     return (source_text(profile), gr.update(value=speedup_table(current, runs, profile, knobs), visible=True),
-            why_text(runs, profile, knobs), *map(figures.fresh, charts))  # fresh: drawn at the tab's width
+            why, *map(figures.fresh, charts), trade, trade_text)  # fresh: drawn at the tab's width
+
+
+def capacity_view(name: str):
+    """The recorded trade-off run's chart and sentences for the chosen profile (the race's own
+    machine: the trade-off run's, fitted to its spans), or a note where none ships."""
+    recorded = capacity.load()
+    if recorded is None:
+        return None, "No trade-off run ships with this copy (python -m mirror_sd tradeoff records one)."
+    measured, modelled, meta = recorded
+    profile = capacity.THIS_MACHINE if name == FITTED else name
+    chart = figures.fresh(capacity.figure(measured, modelled, profile, meta))
+    return chart, capacity.sentences(measured, modelled, profile) + "\n\n" + capacity.caption(meta)
+
+
+def own_text(runs) -> str:
+    """This run's own acceptance per draft token (from τ and the window) and Mirror-SD's hit rate:
+    what the steady-state column uses while the box is ticked."""
+    parts = []
+    for method, r in runs.items():
+        window = r.trace.meta.get("options", {}).get(whatif.WINDOW_OPTION.get(method, ""), 0)
+        steps = r.trace.steps[1:]
+        if method == "vanilla" or not window or not steps:
+            continue
+        tau = sum(len(s.committed) for s in steps) / len(steps)
+        parts.append(f"{r.title} α {whatif.acceptance_of(tau, window):.2f} (τ {tau:.2f}, window {window})")
+        if method == "mirror":
+            parts.append(f"Mirror-SD hit rate {sum(bool(s.rendezvous.hit) for s in steps) / len(steps):.2f}")
+    return "**This run's own acceptance and hit rate** (the steady-state column uses them): " + "; ".join(parts) + "."
 
 
 def source_text(profile: whatif.Profile) -> str:
     devices = ", ".join(f"{role}: {device}" for role, device in profile.devices.items())
-    return (f"**Profile {profile.name}** ({devices}; draft device at {profile.draft_speed:g}× its figures). "
-            f"{profile.notes}\n\n<small>Source: {profile.source}</small>")
+    shipped = whatif.load_profile(profile.name).draft_speed if profile.name in whatif.profile_names() else None
+    assumed = f" (the profile's own assumption: {shipped:g}×)" if shipped not in (None, profile.draft_speed) else ""
+    return (f"**Profile {profile.name}** ({devices}). The draft device runs at {profile.draft_speed:g}× the speed of "
+            f"the profile's draft figures{assumed}. {profile.notes}\n\n<small>Source: {profile.source}</small>")
 
 
 def speedup_table(current, runs, profile, knobs) -> pd.DataFrame:
@@ -181,37 +220,3 @@ def why_text(runs, profile, knobs) -> str:
                  f"rate of {lead:.2f}." if lead is not None else f"With {acceptance}, Mirror-SD does not lead EAGLE "
                  "on this profile at any hit rate: its step commits too few tokens for what it costs."))
     return text
-
-
-RATIOS = [i / 40 for i in range(41)]  # draft forward / target forward, 0 .. 1
-MARKS = (("the shipped draft, one H100", "h100-embedded"), ("the paper's 0.6B draft, 14B target", "paper-14b"))
-
-
-def draft_marks(profile: whatif.Profile) -> list[tuple[str, float]]:
-    """Where drafts sit on the curve's x axis: this profile's, the shipped one's (one H100) and the
-    paper's (0.6B for a 14B target, its device at half the GPU's speed), each from its profile."""
-    marks = {round(profile.draft_ratio(), 3): f"this profile's draft ({profile.draft_ratio():.2f})"}
-    for text, name in MARKS:
-        if name in whatif.profile_names():
-            x = whatif.load_profile(name).draft_ratio()
-            marks.setdefault(round(x, 3), f"{text} ({x:.2f})")
-    return [(text, x) for x, text in marks.items()]
-
-
-def curve(runs, profile, knobs) -> go.Figure:
-    """Steady-state speedup vs draft cost for sd, EAGLE and Mirror-SD (those of them that ran), with
-    the shipped draft's and the paper's draft's cost marked."""
-    fig = go.Figure()
-    traces = [runs[m].trace for m in ("sd", "eagle", "mirror") if m in runs]
-    for method, ys in whatif.tradeoff(traces, profile, RATIOS, knobs["alpha"], knobs["hit_rate"]).items():
-        colour = figures.kind_style({"sd": "draft", "eagle": "verify", "mirror": "draft-rollout"}[method])[0]
-        fig.add_trace(go.Scatter(x=RATIOS, y=ys, name=runs[method].title, mode="lines", line=dict(color=colour, width=3)))
-    for i, (text, x) in enumerate(draft_marks(profile)):
-        if 0 <= x <= 1:
-            fig.add_vline(x=x, line=dict(dash="dot", color="#374151"), annotation_text=text,
-                          annotation_position=["top right", "bottom right", "top left"][i % 3])
-    fig.add_hline(y=1.0, line=dict(color="#9ca3af", width=1))
-    fig.update_layout(title=f"MODELLED on {profile.name}: speedup over vanilla as the draft gets dearer",
-                      xaxis_title="draft cost: one draft forward (or EAGLE head step) / one target forward",
-                      yaxis_title="speedup over vanilla (MODELLED)", height=420, margin=dict(l=10, r=10, t=50, b=40))
-    return fig

@@ -316,7 +316,7 @@ def cmd_tradeoff(args) -> int:
     prompts = _prompts(args)
     pair = _load(args)
     table = tradeoff(pair, prompts, drafts, gammas, out_dir=args.out, profiles=profiles, mirror_options=options,
-                     **_settings(args))
+                     command="python -m mirror_sd " + shlex.join(args.argv), **_settings(args))
     print(table.to_markdown(index=False, floatfmt=".3f"))
     for sentence in table.attrs["sentences"]:
         print(f"- {sentence}")

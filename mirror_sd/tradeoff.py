@@ -20,6 +20,7 @@ tradeoff.md and tradeoff.html (plotly).
 """
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from pathlib import Path
@@ -27,12 +28,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .bench import make_folder, run_interleaved
+from .bench import cpu_model, make_folder, run_interleaved
 from .devices import int8_products
 from .errors import MirrorSDError
 from .trace import Trace
 
-DRAFTS = ("default", "exit:6", "exit:10", "exit:14", "exit:18", "exit:22")  # growing capacity
+DRAFTS = ("default", "exit:3", "exit:6", "exit:10", "exit:14", "exit:18", "exit:22")  # growing capacity
 GAMMAS = (2, 4, 6)
 PROFILES = ("this-machine", "h200-embedded", "paper-14b")
 CONTEXT, REPEATS = 200, 20
@@ -55,13 +56,15 @@ def forward_ms(model, context: int = CONTEXT, repeats: int = REPEATS) -> float:
 
 def draft_costs(pair, drafts: list[str]) -> pd.DataFrame:
     """Per draft: its layers, one-token forward ms as drafting runs (int8 on a CPU lane with int8
-    drafting) and that over the target's one-token forward."""
-    target_ms = forward_ms(pair.target)
+    drafting) and that over the target's one-token forward, timed just before and after it (so a
+    busy spell of a shared machine moves both)."""
     rows = []
     for draft in drafts:
         pair.use_draft(draft)
+        before = forward_ms(pair.target)
         with int8_products(pair.int8_drafting):
             ms = forward_ms(pair.draft)
+        target_ms = (before + forward_ms(pair.target)) / 2
         rows.append(dict(draft=draft, layers=pair.draft.num_layers, draft_ms=ms, target_ms=target_ms,
                          cost=ms / target_ms))
     return pd.DataFrame(rows)
@@ -140,20 +143,24 @@ def modelled_table(table: pd.DataFrame, eagle: dict, traced: dict[int, list[Trac
 
 
 def verdict(rows: pd.DataFrame, where: str) -> str:
-    """One sentence from the numbers: which method leads at which draft, and where Mirror-SD's
-    rollouts outgrow the suffix."""
+    """One sentence from the numbers: which method leads at which draft, and why (τ against EAGLE's,
+    and where Mirror-SD's rollouts outgrow the target's suffix). rows: per draft, the three
+    methods' speedups, sd's and Mirror-SD's τ where measured, and ``outgrows_suffix``."""
     best_sd, best_mirror = rows.loc[rows.sd_speedup.idxmax()], rows.loc[rows.mirror_speedup.idxmax()]
     eagle = rows.eagle_speedup.iloc[0]
     leads = rows[rows.mirror_speedup > rows[["sd_speedup", "eagle_speedup"]].max(axis=1)]
-    grown = rows[rows.outgrows_suffix] if "outgrows_suffix" in rows else rows.iloc[0:0]
+    grown = rows[rows.outgrows_suffix]
     text = (f"{where}: sd peaks at {best_sd.sd_speedup:.2f}x with {best_sd.draft}, Mirror-SD at "
-            f"{best_mirror.mirror_speedup:.2f}x with {best_mirror.draft}, EAGLE {eagle:.2f}x; ")
+            f"{best_mirror.mirror_speedup:.2f}x with {best_mirror.draft}, EAGLE is at {eagle:.2f}x; ")
     if leads.empty:
         text += "Mirror-SD leads at no draft"
+        if "mirror_tau" in rows and "eagle_tau" in rows and rows.mirror_tau.max() < rows.eagle_tau.iloc[0]:
+            text += (f", since even its best τ ({rows.mirror_tau.max():.2f}) is below EAGLE's "
+                     f"({rows.eagle_tau.iloc[0]:.2f})")
     else:
-        text += f"Mirror-SD leads with {', '.join(leads.draft)}"
+        text += f"Mirror-SD leads with {', '.join(leads.draft)}, where its rollouts still hide under the suffix"
     if not grown.empty:
-        text += f"; its rollouts outgrow the target's suffix from {grown.draft.iloc[0]} on"
+        text += f"; from {grown.draft.iloc[0]} on its rollouts outgrow the suffix, so the draft's time shows"
     return text + "."
 
 
@@ -166,7 +173,7 @@ def load_profiles(names: list[str], fitted) -> dict:
 
 def tradeoff(pair, prompts: list[dict], drafts=DRAFTS, gammas=GAMMAS, max_new_tokens: int = 48,
              out_dir: str | Path = "tradeoff-out", profiles=PROFILES, mirror_options: dict | None = None,
-             **settings) -> pd.DataFrame:
+             command: str = "python -m mirror_sd tradeoff", **settings) -> pd.DataFrame:
     """Measure and re-time the trade-off (module docstring); write the outputs; return tradeoff.csv's table."""
     from .whatif import fit_profile
 
@@ -194,14 +201,18 @@ def tradeoff(pair, prompts: list[dict], drafts=DRAFTS, gammas=GAMMAS, max_new_to
         if "this-machine" in profiles else None
     modelled = modelled_table(table, eagle, by_run, load_profiles(list(profiles), fitted))
     table = table.assign(eagle_tau=eagle["tau"], eagle_speedup=eagle["speedup"]).drop(columns=["sd_run", "mirror_run"])
+    modelled = modelled.merge(table[["draft", "sd_tau", "mirror_tau", "eagle_tau"]], on="draft")
     table.to_csv(out / "tradeoff.csv", index=False)
     modelled.to_csv(out / "modelled.csv", index=False)
     unequal = stats.index[stats.equal_to_vanilla < 1].tolist()
     sentences = [verdict(table.assign(outgrows_suffix=False), "Measured here")] + \
         [verdict(rows, f"MODELLED on {name}") for name, rows in modelled.groupby("profile", sort=False)]
     (out / "tradeoff.md").write_text(report(table, modelled, sentences, unequal, runs, len(prompts), max_new_tokens))
+    (out / "meta.json").write_text(json.dumps(dict(command=command, prompts=len(prompts), max_new_tokens=max_new_tokens,
+                                                   machine=cpu_model(), date=time.strftime("%Y-%m-%d"),
+                                                   int8_drafting=pair.int8_drafting), indent=1))
     try:
-        plot(table, modelled, out / "tradeoff.html")
+        plot(table, modelled, out / "tradeoff.html")  # plotly.js from its CDN: a small file
     except ImportError:  # a machine without requirements.txt's plotly: keep the numbers
         pass
     table.attrs.update(sentences=sentences, failed=results.attrs.get("failed", {}), unequal=unequal)
@@ -229,7 +240,8 @@ def plot(table: pd.DataFrame, modelled: pd.DataFrame, path: Path):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    panels = [("measured here", table)] + [(f"MODELLED: {p}", rows) for p, rows in modelled.groupby("profile", sort=False)]
+    panels = [("measured here", table)] + [(f"MODELLED: {p}", rows)
+                                           for p, rows in modelled.groupby("profile", sort=False)]
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for t, _ in panels], shared_yaxes=False)
     for col, (_, rows) in enumerate(panels, start=1):
         first = col == 1
@@ -242,4 +254,4 @@ def plot(table: pd.DataFrame, modelled: pd.DataFrame, path: Path):
         fig.update_xaxes(title_text="draft cost / target forward", row=1, col=col)
     fig.update_yaxes(title_text="speedup over vanilla", row=1, col=1)
     fig.update_layout(title="Draft capacity against speedup", width=420 * len(panels), height=420)
-    fig.write_html(path)
+    fig.write_html(path, include_plotlyjs="cdn")

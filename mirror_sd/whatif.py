@@ -762,6 +762,16 @@ def tokens_per_step(alpha: float, window: int) -> float:
     return sum(alpha ** k for k in range(window + 1))
 
 
+def acceptance_of(tau: float, window: int) -> float:
+    """The acceptance ``alpha`` at which ``tokens_per_step(alpha, window)`` is ``tau`` (bisection; 0 for
+    tau <= 1, 1 for tau >= window + 1): a run's own acceptance, as the steady-state knobs take it."""
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if tokens_per_step(mid, window) < tau else (lo, mid)
+    return (lo + hi) / 2
+
+
 def fallback_ms(trace: Trace, profile: Profile) -> float:
     """Mirror-SD: what a miss puts on the critical path: a fresh draft (gamma draft forwards, or with
     tree windows the draft's tree levels) after the host's turn to launch it, or where the run's

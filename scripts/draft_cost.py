@@ -9,29 +9,10 @@ products and with the int8 weight copies that drafting uses on the CPU by defaul
 (models/linear.py). Prints milliseconds and the ratio to the target's forward: the draft issue's
 bound is 0.1.
 """
-import statistics
-import time
-
-import torch
-
 from mirror_sd import load_pair
 from mirror_sd.devices import int8_products
+from mirror_sd.tradeoff import forward_ms
 from scripts.comparison import swap_draft
-
-
-def forward_ms(model, context: int, repeats: int) -> float:
-    """Median milliseconds of one one-token forward after ``context`` cached tokens."""
-    cache = model.new_cache(context + 1)
-    ids = torch.randint(0, 1000, (1, context + 1))
-    with torch.inference_mode():
-        model(ids[:, :context], cache)
-        times = []
-        for _ in range(repeats + 3):  # the first three warm up
-            start = time.perf_counter()
-            model(ids[:, context:], cache)
-            times.append(time.perf_counter() - start)
-            cache.rollback(context)
-    return 1000 * statistics.median(times[3:])
 
 
 def main():

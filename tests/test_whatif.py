@@ -423,6 +423,45 @@ def test_a_miss_s_fresh_draft_with_tree_windows_is_the_draft_s_tree_levels():
     assert W.fallback_ms(trees, PROFILE) == pytest.approx(2.1 + 2 * 2.2)  # the root's forward, 2 levels of 2 nodes
 
 
+def test_the_what_if_tab_agrees_with_itself_on_a_recorded_race():
+    """On a recorded race, the tab's views say one thing: the draft-capacity chart's points are the
+    trade-off run's numbers (measured and, dashed, MODELLED on the chosen profile) and its sentence
+    names the same leaders; the source line names one draft speed, the one in force; with "use this
+    run's acceptance" ticked the sliders are hidden, and the run's own α and hit rate are printed,
+    the ones the steady-state column uses."""
+    from app import capacity
+    from app import whatif as view
+    from app.replay import load_race, recorded_races
+
+    _, path = recorded_races()[0]
+    _, _, current = load_race(path)
+    measured, modelled, _ = capacity.load()
+    for name, profile in (("paper-14b", "paper-14b"), (view.FITTED, capacity.THIS_MACHINE)):
+        source, shown, why, _, _, curve, text = view.render(current, name, 2.0, True, 0.6, 0.2)
+        lines = {t.name: t for t in curve.data}
+        assert list(lines["Mirror-SD, measured here"].y) == pytest.approx(list(measured.mirror_speedup))
+        assert list(lines["Speculative decoding, measured here"].y) == pytest.approx(list(measured.sd_speedup))
+        rows = capacity.modelled_on(modelled, profile)
+        assert list(lines[f"Mirror-SD, MODELLED on {profile}"].y) == pytest.approx(list(rows.mirror_speedup))
+        assert lines[f"EAGLE, MODELLED on {profile}"].y[0] == pytest.approx(rows.eagle_speedup.iloc[0])
+        best = rows.loc[rows.mirror_speedup.idxmax()]
+        assert f"Mirror-SD at {best.mirror_speedup:.2f}x with {best.draft}" in text
+        if name != view.FITTED:  # the chosen draft speed, and no other, is named
+            assert "runs at 2× the speed" in source and "half the GPU" not in source
+        assert "This run's own acceptance and hit rate" in why
+        table = shown["value"]
+        steady = table.set_index("method")["MODELLED, controls (steady state)"]
+        for r in view.race_runs(current).values():  # the column is the run's own steady state
+            p = view.profile_for(name, current)
+            p = p.with_draft_speed(2.0) if name != view.FITTED else p
+            assert steady[r.title].startswith(f"{W.steady_state(r.trace, p)['speedup']:.2f}×")
+    import gradio as gr
+
+    with gr.Blocks():
+        ui = view.whatif_tab()
+    assert ui.own.value is True and ui.alpha.visible is False and ui.hit.visible is False  # ticked: no other values
+
+
 def test_the_tradeoff_curve_falls_for_sd_and_stays_flat_for_mirror_while_rollouts_fit():
     sd = sd_trace([(2, 2)] * 3, 10)
     mirror = trace_of("mirror", [mirror_step(accepted=2)] * 3, MIRROR, two_lanes=True)
@@ -449,16 +488,18 @@ def test_the_app_view_draws_every_method_modelled_under_the_banner():
                                                                 mean_accepted=1.5), finished="length")
     assert "MODELLED from this run's steps, not measured" in view.BANNER
     for name in ("paper-14b", view.FITTED):
-        source, shown, why, timeline, utilisation, curve = view.render(current, name, 0.5, True, 0.6, 0.2)
+        source, shown, why, timeline, utilisation, curve, capacity = view.render(current, name, 0.5, True, 0.6, 0.2)
         table = shown["value"]
         assert shown["visible"]
         assert "the larger of the target suffix" in why
         assert len(table) == 3 and table.columns.str.contains("MODELLED").any()
         assert {t.name for t in timeline.data} and all("(MODELLED)" in a.text for a in timeline.layout.annotations)
-        assert {t.name for t in curve.data} == {"Speculative decoding", "Mirror-SD"}
+        assert {"Speculative decoding, measured here", "Mirror-SD, measured here"} <= {t.name for t in curve.data}
+        assert "Measured on this CPU" in capacity and "MODELLED on" in capacity
     assert "—" not in set(table["measured here"])
     empty = view.render({}, "paper-14b", 0.5, True, 0.6, 0.2)
     assert "Run a race, or open a recorded one, first" in empty[0] and empty[1]["visible"] is False
+    assert empty[5] is not None  # the trade-off run's chart needs no race
 
 
 CHROMIUM = "/usr/bin/chromium"
@@ -491,6 +532,10 @@ def test_browser_opens_the_what_if_view_with_the_banner_and_a_modelled_timeline_
                 expect(timeline).to_contain_text(f"{title} (MODELLED)")
             expect(page.locator("#whatif-table")).to_contain_text("MODELLED on paper-14b")
             expect(page.locator("#whatif-curve .js-plotly-plot")).to_be_visible()
+            expect(page.locator("#whatif-curve")).to_contain_text("Draft capacity")
+            expect(page.locator("#whatif-capacity")).to_contain_text("Measured on this CPU")
+            expect(page.locator("#whatif-reported")).to_contain_text("Mirror-SD")
+            expect(page.get_by_text("REPORTED by the paper").first).to_be_visible()
             browser.close()
     finally:
         demo.close()

@@ -4,10 +4,10 @@
 itself: its embedding and layers [0, N), then the exit head trained for layer N
 (models/exit_head.py: the pair's, shipped with the embedded target or attached with ``--add-on``),
 the target's final norm and the LM-head rows of the shipped draft's vocabulary (the rows the
-embedded target's heads were trained to score; another target's draft reads the whole head). So one family of drafts, from a tenth of the
-target's cost per token to most of it, all reading the same vocabulary, without training a model
-per size: only a head per layer. ``self:N`` is the same draft without the trained head (the bare
-logit lens), which accepts far less.
+embedded target's heads were trained to score; another target's draft reads the whole head). So
+one family of drafts, from a tenth of the target's cost per token to most of it, all reading the
+same vocabulary, without training a model per size: only a head per layer. ``self:N`` is the same
+draft without the trained head (the bare logit lens), which accepts far less.
 
 The head and the norm sit where the draft's final norm sits (``ExitNorm``), so every forward that
 reads a draft (plain, int8, staged, captured) runs the head with no branch of its own.
