@@ -41,9 +41,13 @@ def metrics_line(result: Result, baseline_tps: float | None) -> str:
     parts = [metric("tokens", f"{m['new_tokens']:g} token{'' if m['new_tokens'] == 1 else 's'}"),
              metric("tok/s", _ranged(runs, "tokens_per_s", "{:.1f}", m["tokens_per_s"]) + " tok/s"),
              metric("τ", f"τ {m['mean_accepted']:.2f}")]
+    if m.get("steps"):
+        parts.append(metric("ms/step", f"{1000 * m['wall_s'] / m['steps']:.0f} ms/step"))
     if m.get("acceptance_rate") is not None:
         parts.append(metric("accepted", f"accepted {100 * m['acceptance_rate']:.0f}% of drafts"))
-    if baseline_tps and result.method != "vanilla" and result.finished in ("eos", "length"):
+    if result.method != "vanilla" and result.finished in ("eos", "length") and not result.timed:
+        parts.append(metric("untimed", "too short to time"))
+    elif baseline_tps and result.method != "vanilla" and result.finished in ("eos", "length"):
         speedup = f"{m['tokens_per_s'] / baseline_tps:.2f}× vanilla"
         shown = f"{speedup} {metric('busy', '(machine busy)')}" if result.busy else f"<b>{speedup}</b>"
         parts.append(metric("speedup", shown))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+from html import escape as html_escape
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -150,6 +152,68 @@ def _timeline_row(fig, trace: Trace, row: int, step: int | None, shown: set):
                                                          else "") for lane in lanes], row=row, col=1)
 
 
+def step_spans(trace: Trace, step: int) -> list:
+    """The spans of one decoding step."""
+    return [s for s in trace.spans if s.step == step]
+
+
+def typical_steps(trace: Trace) -> list[tuple[str, int]]:
+    """(what, step) of a run's typical steps: the decoding step of median duration; for Mirror-SD the
+    median step after a hit (its window ready) and after a miss (a fallback draft first), as each
+    kind of step costs."""
+    def median_of(steps: list) -> int | None:
+        timed = sorted((max(s.end for s in spans) - min(s.start for s in spans), k)
+                       for k in steps if (spans := step_spans(trace, k)))
+        return timed[(len(timed) - 1) // 2][1] if timed else None
+
+    steps = [s.index for s in trace.steps[1:]]
+    if trace.method == "mirror":
+        ready = median_of([s.index for s in trace.steps[1:] if s.rendezvous and not s.rendezvous.fallback])
+        fallback = median_of([s.index for s in trace.steps[1:] if s.rendezvous and s.rendezvous.fallback])
+        return [(what, k) for what, k in (("after a hit", ready), ("after a miss, a fallback draft first", fallback))
+                if k is not None]
+    k = median_of(steps)
+    return [("a typical step", k)] if k is not None else []
+
+
+def zoomed_steps(traces: dict[str, Trace]) -> go.Figure:
+    """One typical step of each method (``typical_steps``) on one millisecond axis from the step's start:
+    why one step costs less than another, at a glance (Mirror-SD's rollouts under its suffix, its
+    rendezvous, a miss's fallback draft; sd's draft then verify; EAGLE's head levels then verify)."""
+    rows = [(name, trace, what, k) for name, trace in traces.items() for what, k in typical_steps(trace)]
+    titles = []
+    for name, trace, what, k in rows:
+        spans = step_spans(trace, k)
+        ms = 1000 * (max(s.end for s in spans) - min(s.start for s in spans))
+        step = next(s for s in trace.steps if s.index == k)
+        titles.append(f"{name}: {what} (step {k}), {ms:.1f} ms, {len(step.committed)} token"
+                      f"{'' if len(step.committed) == 1 else 's'}")
+    fig = make_subplots(rows=max(len(rows), 1), cols=1, shared_xaxes=True, subplot_titles=titles,
+                        vertical_spacing=0.12 / max(len(rows), 1))
+    shown, longest = set(), 0.0
+    for row, (name, trace, what, k) in enumerate(rows, start=1):
+        spans = step_spans(trace, k)
+        t0 = min(s.start for s in spans)
+        longest = max(longest, max(s.end for s in spans) - t0)
+        for s in spans:
+            colour, legend = kind_style(s.kind)
+            fig.add_trace(go.Bar(base=[1000 * (s.start - t0)], x=[max(1000 * s.duration, 0.05)], y=[s.lane],
+                                 orientation="h", name=legend, legendgroup=s.kind, showlegend=s.kind not in shown,
+                                 marker=dict(color=colour, line=dict(width=0.5, color="white")),
+                                 hovertemplate=f"{html_escape(s.label)}<br>%{{x:.2f}} ms<extra>%{{y}}</extra>"),
+                          row=row, col=1)
+            shown.add(s.kind)
+        lanes = list(reversed(lanes_of(trace)))
+        fig.update_yaxes(categoryorder="array", categoryarray=lanes, tickmode="array", tickvals=lanes,
+                         ticktext=[lane_text(lane, lanes) for lane in lanes], row=row, col=1)
+    fig.update_xaxes(range=[0, 1.02 * 1000 * longest if longest else 1])
+    fig.update_xaxes(title_text="ms since the step began (one axis for every method)", row=max(len(rows), 1), col=1)
+    fig.update_layout(barmode="overlay", height=120 + 120 * len(rows), margin=dict(l=10, r=10, t=40, b=40),
+                      legend=dict(title="span kind", orientation="h", y=-0.1 - 0.3 / max(len(rows), 1)),
+                      dragmode="zoom")
+    return fig
+
+
 def step_window_ms(trace: Trace, step: int) -> tuple[float, float]:
     """The x-range (ms) that shows a step with its neighbours: from step-1's start to step+1's end."""
     near = [s for s in trace.spans if s.step is not None and abs(s.step - step) <= 1] or trace.spans
@@ -267,7 +331,7 @@ def tree(step, pieces: dict, title: str = "") -> go.Figure:
         idx = [i for i, n in enumerate(nodes) if n.kind == kind]
         if not idx:
             continue
-        labels = ["prefix" if nodes[i].token is None else visible(piece(pieces, nodes[i].token)) for i in idx]
+        labels = ["text so far" if nodes[i].token is None else visible(piece(pieces, nodes[i].token)) for i in idx]
         fig.add_trace(go.Scatter(
             x=[xs[i] for i in idx], y=[ys[i] for i in idx], mode="markers" if kind == "candidate" else "markers+text",
             marker=dict(color=colour, size=size, line=dict(width=1, color="white")), name=kind,
@@ -275,7 +339,7 @@ def tree(step, pieces: dict, title: str = "") -> go.Figure:
             customdata=[[labels[j], nodes[i].note] for j, i in enumerate(idx)],
             hovertemplate="%{customdata[0]}<br>%{customdata[1]}<extra>" + kind + "</extra>"))
     fig.update_layout(title=title, height=max(300, 20 * sum(1 for n in nodes if _is_leaf(nodes, n))),
-                      xaxis=dict(title="depth (tokens after the committed prefix)", dtick=1, zeroline=False),
+                      xaxis=dict(title="depth (tokens after the committed text)", dtick=1, zeroline=False),
                       yaxis=dict(visible=False), margin=dict(l=10, r=10, t=40, b=40),
                       legend=dict(title="node"))
     return fig

@@ -23,6 +23,7 @@ from .export import export_files
 from .inputs import settle_all
 from .loading import in_background, loading_message
 from .predict import next_step, reveal_hit
+from .prompt_kinds import acceptance_note
 from .race import is_warm, run_race
 from .repeat import busy_note, record
 from .replay import frame_times, last_step_at
@@ -257,7 +258,18 @@ def race_status(current: dict, done: bool = False, run: int = 0, runs: int = 1, 
     errors = [f"{r.title}: {r.error}" for r in results if r.error]
     head = "Stopped: the text so far is kept." if stopped else "Done."
     tail = " Errors: " + "; ".join(errors) if errors else ""
-    return f"{head} Replay the race below; step through it in **Step-through**.{tail}{loop_note(results)}"
+    return (f"{head} Replay the race below; step through it in **Step-through**.{tail}{loop_note(results)}"
+            f"{sampled_note(results)}{acceptance_note(current)}")
+
+
+def sampled_note(results) -> str:
+    """At temperature > 0, what lossless means there: the same law, not the same text."""
+    temperature = max((r.trace.meta.get("temperature") or 0.0 for r in results), default=0.0)
+    if not temperature:
+        return ""
+    return (f" **Lossless at temperature {temperature:g}:** each method draws every token from the target's own "
+            "distribution, the one vanilla samples from, so the texts differ from method to method and from run to "
+            "run, as two vanilla runs would; no method makes any text more or less likely.")
 
 
 LOOP_TOKENS = 16  # a text whose last this many tokens hold at most two distinct ones is stuck in a loop
@@ -307,15 +319,17 @@ def race_traces(current: dict) -> dict:
 
 
 def views(current):
-    """After a race: the timeline, utilisation, export files and the step-through method choice."""
+    """After a race: the timeline, utilisation, export files, the step-through method choice and one
+    typical step of each method, zoomed."""
     traces = race_traces(current)
     if not traces:
-        return None, None, None, gr.update(choices=[], value=None)
+        return None, None, None, gr.update(choices=[], value=None), None
     choices = [(r.title, r.method) for r in current.values() if r.trace.steps]
     ran = [r for r in current.values() if r.trace.spans]
     files = export_files({r.method: r.trace for r in ran}, pieces={r.method: r.pieces for r in ran})
     first = "mirror" if "mirror" in dict((m, t) for t, m in choices) else choices[-1][1]  # the idea the page is about
-    return (figures.timeline(traces), figures.utilisation(traces), files, gr.update(choices=choices, value=first))
+    return (figures.timeline(traces), figures.utilisation(traces), files, gr.update(choices=choices, value=first),
+            figures.zoomed_steps(traces))
 
 
 def redraw_utilisation(current):

@@ -21,6 +21,8 @@ METRIC_HELP = {
                 "tree of alternatives and rejects most branches by design, yet each step keeps several tokens.",
     "speedup": "This method's tokens per second divided by vanilla's, in this race (over repeated runs: the "
                "median tokens per second divided by vanilla's median).",
+    "untimed": "Fewer than 8 new tokens: the time is mostly reading the prompt (the prefill), the same work for "
+               "every method, so no speedup is claimed. Raise Max new tokens to compare speeds.",
     "busy": "The machine was busy with other work while this race ran (the note under the race says how), so "
             "this speedup is rough: run the race again when the machine is quiet.",
     "hits": "Mirror-SD: the share of steps where the target's real token was among the early-exit guesses, so "
@@ -28,9 +30,52 @@ METRIC_HELP = {
     "overlap": "Mirror-SD: the share of the draft lane's work done while the target was working too. 100% means "
                "drafting was hidden behind the target's last layers.",
     "draft forwards": "Draft tokens per forward pass of the draft model (drafting with its speculative streams).",
+    "ms/step": "Milliseconds per step: what one step costs. Speed is τ divided by this: EAGLE-2's steps commit "
+               "the most tokens but cost a tree draft and a tree check each, so a higher τ need not mean faster.",
     "time": "Wall time of this method's run, from the first forward pass to the last token.",
     "runs": "Median over the repeated runs; the range in brackets is the lowest to the highest run.",
 }
+
+
+# Every term the page uses, one meaning each, visible on the page (not only in tooltips).
+GLOSSARY = {
+    "target": "the big model whose text we want; it checks every drafted token.",
+    "draft": "a small, cheap model that guesses the target's next tokens.",
+    "step": "one pass of the target over a window: it keeps the drafted tokens it agrees with, plus one of its own.",
+    "window": "the draft tokens the target checks in one step (a chain, or a tree of alternatives).",
+    "τ (tau)": "tokens committed per step. Speed is τ divided by what a step costs (ms/step on the cards), so "
+               "a method with a high τ and dear steps can still be slow.",
+    "bonus token": "the target's own token after a window it accepted whole.",
+    "correction": "the target's own token where it rejected a draft token.",
+    "lossless": "at temperature 0 every method writes exactly vanilla's tokens; above 0 every method draws each "
+                "token from the target's own distribution, so texts vary run to run as vanilla's do.",
+    "prefix layers": "the target's first layers, up to the early exit (Mirror-SD). The text written so far is "
+                     "called the committed text, never the prefix.",
+    "suffix layers": "the target's remaining layers after the early exit.",
+    "early exit": "reading the target's guess from its prefix layers, before the last layers run.",
+    "token channel": "the early exit's top candidates per window row, sent to the draft's device.",
+    "branch": "one guess of where the target will stop accepting and which token it will emit there.",
+    "rollout": "the draft writing the next window after a branch, while the target's suffix layers run.",
+    "rendezvous": "the moment the target's verdict meets the rollouts: if the verdict matches a branch, its "
+                  "rollout is the next window (a hit); if not, a miss.",
+    "hit / miss": "whether the next window was already drafted (hit) or must be drafted now, on the critical path (miss).",
+    "fallback draft": "after a miss, the fresh draft the next step waits for.",
+    "l_e": "the exit layer of Mirror-SD's early exit.",
+    "T_rv": "the time of a rendezvous.",
+    "lane": "a device and the work it runs, one row of the timeline.",
+    "NPU role": "the second device that drafts beside the target (in the paper a neural engine; here a core "
+                "group of the CPU or a second GPU stream).",
+    "int8 / fp32": "8-bit integer or 32-bit float numbers; drafting on a CPU multiplies in int8 to save time, "
+                   "the target always checks in fp32, so the text does not change.",
+    "CUDA graphs": "a GPU's recorded sequence of kernels, replayed with one launch instead of hundreds.",
+    "NVML": "NVIDIA's library for reading how busy a GPU is.",
+    "MODELLED / REPORTED": "MODELLED: re-timed by a model of hardware this page does not have; REPORTED: "
+                           "quoted from a paper, not run here. Everything else is measured.",
+}
+
+
+def glossary_markdown() -> str:
+    return "\n".join(f"- **{term}**: {meaning}" for term, meaning in GLOSSARY.items())
 
 
 def metric(key: str, text: str) -> str:

@@ -55,11 +55,17 @@ def why(winner, current: dict) -> str:
 
 
 def noted(guess: str | None, titles: dict[str, str]) -> str:
-    """What the page says when the visitor picks a guess: the answer waits for the race's end (a guess
-    made after a race is for the next one, so it is never answered from the old numbers)."""
+    """What the page says of a guess for a race still to run or running: the answer waits for its end."""
     if not guess or guess == SKIP:
         return ""
     return f"Your guess: **{titles.get(guess, guess)}**. The answer comes when the race ends."
+
+
+def guess_made(current: dict, guess: str | None, titles: dict[str, str]) -> str:
+    """The visitor picked a guess: where the race on the page is over (a recorded race opened, or a
+    race that has ended) its answer comes at once, from the numbers on the page; else it waits."""
+    over = bool(current) and all(r.done for r in current.values())
+    return reveal(current, guess) if over else noted(guess, titles)
 
 
 def reveal(current: dict, guess: str | None) -> str:
@@ -70,6 +76,10 @@ def reveal(current: dict, guess: str | None) -> str:
     winner = fastest(current)
     if winner is None:
         return f"Your guess: **{title}**. No method ran to the end, so there is no answer this time."
+    if not winner.timed:
+        return (f"Your guess: **{title}**. This race wrote {winner.metrics['new_tokens']:g} tokens: too few to time, "
+                "since the time is mostly reading the prompt, the same work for every method. No winner this time: "
+                "raise Max new tokens and race again.")
     verdict = "**Right!**" if winner.method == guess else f"**Not this time** (you guessed {title})."
     behind = f" {mirror_behind_sd(current)}" if guess == "mirror" and winner.method != "mirror" else ""
     rough = (" The machine was busy while this race ran, so read these speeds as rough: run it again when it is "

@@ -38,6 +38,16 @@ class Result:
     def done(self) -> bool:
         return self.finished not in ("waiting", "running")
 
+    @property
+    def timed(self) -> bool:
+        """Whether the run was long enough for a speed to mean anything (``TIMED_TOKENS``)."""
+        return bool(self.metrics) and self.metrics.get("new_tokens", 0) >= TIMED_TOKENS
+
+
+# A run of fewer new tokens is mostly the prompt's prefill, the same work for every method: its
+# tokens/s says little of the method, so the page claims no speedup and no winner from it.
+TIMED_TOKENS = 8
+
 
 def race_order(methods: list[str]) -> list[str]:
     """Vanilla first (speedups are measured against it in the same race), then registry order."""

@@ -96,8 +96,14 @@ def recorded_races(folder: str | Path = RECORDED) -> list[tuple[str, str]]:
         prompt = " ".join(data["prompt"].split())
         short = prompt if len(prompt) <= 60 else prompt[:57] + "…"
         where = f" (on {data['meta'].get('hardware', path.parent.name)})" if path.parent != folder else ""
-        races.append((f"{data['meta'].get('category', path.stem)}: {short}{where}", str(path)))
+        races.append((f"{category_label(data['meta'].get('category', path.stem))}: {short}{where}", str(path)))
     return races
+
+
+def category_label(category: str) -> str:
+    """A Spec-Bench category as the page names a race of it: the app races a prompt's first turn only,
+    so a multi-turn prompt's race is its opening turn, not a conversation."""
+    return "multi-turn, first turn" if category == "multi-turn" else category
 
 
 def recorded_on(meta: dict) -> str:

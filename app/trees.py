@@ -21,7 +21,7 @@ ROOT, ACCEPTED, REJECTED, CANDIDATE, ROLLED, USED, TARGET_MISS, NODE, COPIED = (
 
 @dataclass
 class Node:
-    token: int | None  # None for the root (the committed prefix)
+    token: int | None  # None for the root (the committed text)
     parent: int | None  # index of the parent node
     kind: str
     note: str = ""  # hover detail
@@ -46,7 +46,7 @@ def verdict_row(step) -> int:
 
 def mirror_tree(step) -> list[Node]:
     record = step.rendezvous
-    nodes = [Node(None, None, ROOT, "committed prefix")]
+    nodes = [Node(None, None, ROOT, "committed text")]
     window = step.tree  # a tree window (mirror's tree option), or None: a chain
     parents = window.parents if window is not None else list(range(-1, len(step.proposed) - 1))
     accepted = set(window.path) if window is not None else set(range(step.accepted))
@@ -84,7 +84,7 @@ def draft_tree(tree) -> list[Node]:
     """A drafted tree (``DraftTree``): node tokens, parents (-1 for children of the root), scores,
     accepted path, nodes copied from the context."""
     path, copied, scores = set(tree.path), set(tree.copied), tree.scores
-    nodes = [Node(None, None, ROOT, "committed prefix")]
+    nodes = [Node(None, None, ROOT, "committed text")]
     for i, (token, parent) in enumerate(zip(tree.tokens, tree.parents)):
         score = scores[i] if i < len(scores) else None
         note = f"node {i}" + (", copied from the context" if i in copied else "") + \

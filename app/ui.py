@@ -19,9 +19,10 @@ from mirror_sd.devices import cpu_cores
 from . import figures, handlers, replay, whatif
 from .handlers import AUTO
 from .inputs import LIMITS, ClampedSlider, show_in_range
-from .intro import how_it_works_html
+from .intro import glossary_markdown, how_it_works_html
 from .loading import Loader
-from .predict import HIT_CHOICES, guess_choices, noted, reveal
+from .predict import HIT_CHOICES, guess_choices, guess_made, noted, reveal
+from .prompt_kinds import typical_prompt
 from .tokens import legend_html
 from .waiting import Line
 
@@ -30,6 +31,7 @@ INTRO = ("# mirror-sd: a race of decoding methods\n"
          "The same prompt and the same models, decoded by each method the engine has. Every number, "
          "timeline and tree below comes from a real run on the machine serving this page.")
 AFTER_A_RACE = "Run a race, or open a recorded one: {}"
+RACING = "Racing: this race's timeline is drawn when it ends."
 SERIAL_NOTE = ("Methods run **one after another**, not at the same time: on this machine's {cores} CPU cores, "
                "running them together would distort each other's timings. When all are done, **Replay** "
                "shows the race side by side at the speed each method was measured to decode.")
@@ -82,7 +84,8 @@ def _limit_info(name: str) -> str:
 def race_tab(names: list[str]) -> SimpleNamespace:
     ui = SimpleNamespace()
     with gr.Row():
-        ui.prompt = gr.Textbox(label="Prompt", value=example_prompts()[0][0], lines=3, scale=5, min_width=260)
+        ui.prompt = gr.Textbox(label="Prompt", value=typical_prompt(example_prompts()[0][0]), lines=3, scale=5,
+                               min_width=260)  # the example whose drafts accept the middle amount
         with gr.Column(scale=1, min_width=140):
             ui.run = gr.Button("Run", variant="primary", elem_id="run")
             ui.stop = gr.Button("Stop", variant="stop", elem_id="stop", interactive=False)  # while a race runs
@@ -129,6 +132,9 @@ def race_tab(names: list[str]) -> SimpleNamespace:
     ui.replay = gr.Button("Replay the race side by side at measured speed", interactive=False)
     ui.timeline = gr.Plot(figures.placeholder(AFTER_A_RACE.format("each method's lanes appear here, span by span.")),
                           label="Timeline: one row per lane, real spans (shared time axis)", elem_id="timeline")
+    ui.zoom = gr.Plot(figures.placeholder(AFTER_A_RACE.format("one typical step of each method, side by side.")),
+                      label="One typical step of each method, zoomed: why one step costs less than another "
+                            "(one millisecond axis)", elem_id="zoomed-step")
     return ui
 
 
@@ -166,6 +172,8 @@ def build_demo(pair_factory=None) -> gr.Blocks:
                           "pictures", open=True,
                           elem_id="how") as how:
             gr.HTML(how_it_works_html())
+        with gr.Accordion("Glossary: every term on this page, one meaning each", open=False, elem_id="glossary"):
+            gr.Markdown(glossary_markdown())
         notice = gr.Markdown(elem_id="notice")
         with gr.Tab("Race"):
             race = race_tab(names)
@@ -183,7 +191,8 @@ def build_demo(pair_factory=None) -> gr.Blocks:
             files = gr.File(label="Downloads", file_count="multiple")
         with gr.Tab("What if") as what_if_tab:
             what_if = whatif.whatif_tab()
-        drawn = wire_race(demo, race, results, get_pair, names, [race.timeline, utilisation, files, steps.method])
+        drawn = wire_race(demo, race, results, get_pair, names,
+                          [race.timeline, utilisation, files, steps.method, race.zoom])
         wire_steps(steps, results, drawn)
         whatif.wire_whatif(what_if, results, drawn, what_if_tab)
         # drawn while its tab was hidden, the chart took a default width; drawn again when shown, the page's
@@ -211,10 +220,12 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
 
     def join(guess, request: gr.Request):
         """Run clicked: a place in line, its message ticking each second, the last race's reveal replaced
-        by this race's guess, if any, and Stop live."""
+        by this race's guess, if any, and Stop live; the last race's timeline and the recorded race's
+        name cleared, so nothing on the page speaks for a race no longer shown."""
         line.join(request.session_hash)
         return (line.message(request.session_hash), gr.Timer(active=True), noted(guess, titles),
-                gr.update(interactive=True))
+                gr.update(interactive=True), figures.placeholder(RACING), figures.placeholder(RACING),
+                gr.update(value=None))
 
     def tick(request: gr.Request):
         message = line.message(request.session_hash)
@@ -222,7 +233,8 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
 
     checked = race.run.click(handlers.settle_boxes, settings, [*settings, race.settings_note], queue=False,
                              api_name=False)
-    checked.then(join, [race.guess], [race.wait, waiting, race.reveal, race.stop], queue=False, api_name=False)
+    checked.then(join, [race.guess], [race.wait, waiting, race.reveal, race.stop, race.timeline, race.zoom,
+                                      race.recorded], queue=False, api_name=False)
     run = checked.then(run_fn, inputs, [race.status, race.replay, *race.cards, results], api_name="run",
                        concurrency_limit=1, show_progress="minimal")
     run.then(lambda: gr.update(interactive=False), None, race.stop, queue=False, api_name=False)  # nothing to stop
@@ -234,7 +246,8 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
     shown.then(answer, [results, race.guess], [race.reveal, race.guess], api_name=False)
     waiting.tick(tick, None, [race.wait, waiting], queue=False, api_name=False)
 
-    race.guess.input(lambda guess: noted(guess, titles), [race.guess], race.reveal, api_name=False)
+    race.guess.input(lambda current, guess: guess_made(current, guess, titles), [results, race.guess], race.reveal,
+                     api_name=False)
 
     def stop(request: gr.Request):
         stops.stop(request.session_hash)

@@ -1,4 +1,5 @@
-"""Retake docs/whatif.png: the app's What if tab after a real race, on the paper-scale profile.
+"""Retake docs/whatif.png (the app's What if tab after a real race, on the paper-scale profile) and
+docs/whatif-capacity.png (its draft-capacity view and the paper's Table 1).
 
     python demos/whatif_screenshot.py ["prompt"] [max new tokens]
     python demos/whatif_screenshot.py --recorded qa     # a recorded race of app/recorded instead: no model runs
@@ -38,7 +39,14 @@ def main():
         top = page.locator("#whatif-banner").bounding_box()["y"] - 12  # the tab, from its banner down
         height = page.evaluate("document.documentElement.scrollHeight") - top
         page.screenshot(path=DOCS / "whatif.png", full_page=True, clip=dict(x=0, y=top, width=1280, height=height))
-    print(f"wrote {DOCS / 'whatif.png'}")
+        page.locator("#whatif-curve").scroll_into_view_if_needed()
+        first = page.locator("#whatif-curve").bounding_box()["y"] + page.evaluate("window.scrollY") - 12
+        last = page.locator("#whatif-reported").bounding_box()
+        bottom = last["y"] + last["height"] + page.evaluate("window.scrollY") + 12
+        page.screenshot(path=DOCS / "whatif-capacity.png", full_page=True,
+                        clip=dict(x=0, y=first, width=1280, height=bottom - first))
+    print(f"wrote {DOCS / 'whatif.png'} and {DOCS / 'whatif-capacity.png'}")
+
 
 if __name__ == "__main__":
     main()

@@ -127,6 +127,99 @@ def test_card_shows_measured_numbers_and_speedup_over_vanilla(race):
     assert f"{speedup:.2f}× vanilla" in card and "τ" in card and 'data-state="length"' in card
 
 
+def test_a_run_too_short_to_time_claims_no_speedup_and_no_winner(tiny_pair):
+    """With max new tokens 1 every method's time is the prompt's prefill: no card claims a speedup
+    (each says it is too short to time) and a guess gets no winner."""
+    from app.predict import reveal
+    from app.race import TIMED_TOKENS, run_race
+
+    *_, short = run_race(tiny_pair, PROMPT, ["vanilla", "sd", "mirror"], threading.Event(), max_new_tokens=1)
+    rate = baseline(short)
+    for method in ("sd", "mirror"):
+        card = card_html(short[method], rate)
+        assert "× vanilla" not in card and "too short to time" in card
+    assert "too few to time" in reveal(short, "sd") and "Right!" not in reveal(short, "sd")
+    *_, long = run_race(tiny_pair, PROMPT, ["vanilla", "sd"], threading.Event(), max_new_tokens=TIMED_TOKENS)
+    assert "× vanilla" in card_html(long["sd"], baseline(long))
+
+
+def test_a_race_above_temperature_zero_says_what_lossless_means_there(tiny_pair, race):
+    from app.handlers import race_status
+
+    *_, sampled = run_race(tiny_pair, PROMPT, ["vanilla", "sd"], threading.Event(), max_new_tokens=8, temperature=1.5)
+    assert "Lossless at temperature 1.5" in race_status(sampled, done=True)
+    assert "Lossless at" not in race_status(race, done=True)  # temperature 0: the same tokens, said elsewhere
+
+
+def test_a_guess_on_a_race_already_over_is_answered_at_once(race):
+    """A recorded race opened, or a race that has ended: picking a guess reveals the answer from the numbers
+    on the page; a guess during a race waits for its end."""
+    from app.predict import guess_made
+    from app.replay import load_race, recorded_races
+
+    titles = {m: r.title for m, r in race.items()}
+    assert guess_made(race, "sd", titles).startswith(("**Right!**", "**Not this time**"))
+    _, _, recorded = load_race(recorded_races()[0][1])
+    assert guess_made(recorded, "mirror", titles).startswith(("**Right!**", "**Not this time**"))
+    running = {**race, "sd": replace(race["sd"], finished="running")}
+    assert "The answer comes when the race ends" in guess_made(running, "sd", titles)
+
+
+def test_the_glossary_names_every_term_of_the_page_once_and_cards_say_what_a_step_costs(race):
+    """Issue 63's jargon, each with one meaning in the visible glossary; 'prefix' means the target's first
+    layers only (the text so far is the committed text); each card gives its ms per step beside τ."""
+    from app.intro import GLOSSARY, glossary_markdown
+
+    for term in ("window", "early exit", "rendezvous", "token channel", "rollout", "fallback draft", "bonus token",
+                 "int8 / fp32", "NPU role", "CUDA graphs", "NVML", "l_e", "T_rv", "prefix layers", "τ (tau)",
+                 "lossless", "MODELLED / REPORTED"):
+        assert term in GLOSSARY and f"**{term}**" in glossary_markdown()
+    assert "committed text" in GLOSSARY["prefix layers"]
+    for method in ("sd", "eagle", "mirror"):
+        m = race[method].metrics
+        assert f"{1000 * m['wall_s'] / m['steps']:.0f} ms/step" in card_html(race[method], baseline(race))
+    from app.trees import step_tree
+
+    assert step_tree(race["sd"].trace.steps[1])[0].note == "committed text"  # a tree's root
+
+
+def test_the_page_starts_on_a_typical_prompt_and_says_how_a_prompt_compares(race):
+    """The default prompt is the recorded example whose drafts accept the middle amount (mean τ of the
+    speculative methods), and a finished race says where its prompt's τ falls among the examples'."""
+    from app.handlers import race_status
+    from app.prompt_kinds import race_tau, recorded_taus, typical_prompt
+
+    rows = recorded_taus()
+    taus = [t for *_, t in rows]
+    assert len(rows) == 6 and taus == sorted(taus)
+    middle = typical_prompt("")
+    assert middle in {p for _, p, _ in rows} and [t for _, p, t in rows if p == middle][0] == taus[2]
+    status = race_status(race, done=True)
+    assert f"τ {race_tau(race):.2f} averaged over the speculative methods" in status
+    assert f"from {taus[0]:.2f}" in status and f"to {taus[-1]:.2f}" in status
+
+
+def test_one_typical_step_of_each_method_is_drawn_on_one_millisecond_axis(race):
+    """The race's zoomed view: per method the step of median duration (Mirror-SD: after a hit and after a
+    miss, the latter starting with its fallback draft), its spans from the step's start, one x axis."""
+    traces = {r.title: r.trace for r in race.values()}
+    fig = figures.zoomed_steps(traces)
+    titles = [a.text for a in fig.layout.annotations]
+    for r in race.values():
+        assert any(t.startswith(f"{r.title}: ") and " ms, " in t for t in titles)
+    mirror = [t for t in titles if t.startswith("Mirror-SD: ")]
+    assert any("after a hit" in t for t in mirror) and any("fallback draft first" in t for t in mirror)
+    (what, k), *_ = figures.typical_steps(race["sd"].trace)
+    durations = sorted(max(s.end for s in figures.step_spans(race["sd"].trace, i))
+                       - min(s.start for s in figures.step_spans(race["sd"].trace, i))
+                       for i in range(1, len(race["sd"].trace.steps)) if figures.step_spans(race["sd"].trace, i))
+    spans = figures.step_spans(race["sd"].trace, k)
+    assert max(s.end for s in spans) - min(s.start for s in spans) == durations[(len(durations) - 1) // 2]
+    assert {"draft", "verify"} <= {s.kind for s in spans}  # sd: the draft, then the verification
+    bars = [b for b in fig.data if b.type == "bar"]
+    assert min(b.base[0] for b in bars) == 0.0 and all(b.base[0] >= 0 for b in bars)
+
+
 def test_sentences_follow_the_trace(race):
     sd = race["sd"]
     assert "3-token prompt" in explain(sd.trace, 0, sd.pieces)

@@ -61,12 +61,17 @@ def test_browser_teaches_predicts_reveals_and_fits_800px(class_url):
         expect(page.locator("#settings-note")).to_contain_text("Temperature: -1 is out of range")
         expect(page.locator("#max-tokens input")).to_have_value("1")
         expect(page.locator("#temperature input")).to_have_value("0")
-        expect(page.locator("#reveal")).to_contain_text("was fastest", timeout=60_000)  # the reveal, with why
-        expect(page.locator("#reveal")).to_contain_text("tokens per step")
+        # one token is all prefill: no speedup on a card, no winner (issue 63)
+        expect(page.locator("#reveal")).to_contain_text("too few to time", timeout=60_000)
         expect(page.locator("#status")).to_contain_text("Done.")
+        expect(page.locator("#card-sd .card-metrics")).to_contain_text("too short to time")
+        expect(page.locator("#card-sd .card-metrics")).not_to_contain_text("× vanilla")
 
         page.locator("#max-tokens input").fill("12")
+        page.locator("#guess").get_by_text("Mirror-SD", exact=True).click()
         page.locator("#run").click()
+        expect(page.locator("#reveal")).to_contain_text("was fastest", timeout=60_000)  # the reveal, with why
+        expect(page.locator("#reveal")).to_contain_text("tokens per step")
         expect(page.locator("#card-sd .card")).to_have_attribute("data-state", "length", timeout=60_000)
         expect(page.locator("#card-sd .card-metrics")).to_contain_text("12 tokens", timeout=60_000)
         expect(page.locator("#status")).to_contain_text("Done.", timeout=60_000)
@@ -155,6 +160,33 @@ def test_browser_closing_the_tab_ends_the_race(tiny_dirs):
         assert not any(t.name == "mirror-sd-load" for t in threading.enumerate())
     finally:
         demo.close()
+
+
+def test_browser_answers_a_guess_on_a_recorded_race_and_clears_it_for_a_live_one(class_url):
+    """A guess on a recorded H200 race is answered at once (its numbers are on the page); a live race
+    then clears the recording's name from the dropdown and its timeline, and draws its own (issue 63)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser, page = open_app(p, class_url)
+        page.locator("#recorded input").click()
+        page.locator("#recorded input").fill("NVIDIA H200")
+        page.keyboard.press("ArrowDown")
+        page.keyboard.press("Enter")
+        expect(page.locator("#status")).to_contain_text("Recorded on NVIDIA H200", timeout=60_000)
+        expect(page.locator("#timeline")).to_contain_text("stream", timeout=60_000)  # the GPU's two streams
+        page.locator("#guess").get_by_text("Mirror-SD", exact=True).click()
+        expect(page.locator("#reveal")).not_to_contain_text("The answer comes when the race ends")
+        expect(page.locator("#reveal")).to_contain_text("fastest", timeout=30_000)
+        pick_methods(page)
+        page.get_by_label("Prompt").fill("t1 t2 t3")
+        page.locator("#max-tokens input").fill("12")
+        page.locator("#run").click()
+        expect(page.locator("#recorded input")).to_have_value("", timeout=30_000)
+        expect(page.locator("#status")).to_contain_text("Done.", timeout=60_000)
+        expect(page.locator("#timeline")).not_to_contain_text("stream", timeout=30_000)
+        expect(page.locator("#timeline")).to_contain_text("cpu")
+        browser.close()
 
 
 def test_browser_steps_through_a_recorded_race_with_no_model():

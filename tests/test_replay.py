@@ -36,7 +36,10 @@ def test_every_example_prompt_has_a_small_recorded_race_on_the_cpu_and_on_a_gpu(
     assert sum(p.stat().st_size for p in RECORDED.glob("**/*.json")) < 2_000_000  # the repo stays small
     for label, path in races:
         prompt, meta, results = load_race(path)
-        assert meta["hardware"] and meta["date"] and label.startswith(meta["category"] + ": ")
+        assert meta["hardware"] and meta["date"]
+        # the app races a prompt's first turn: a multi-turn prompt's race says so
+        assert label.startswith(("multi-turn, first turn" if meta["category"] == "multi-turn" else meta["category"])
+                                + ": ")
         assert list(results) == NAMES and all(r.finished in ("eos", "length") for r in results.values())
         reference = results["vanilla"].trace.steps
         for r in results.values():  # recorded at temperature 0: every method commits vanilla's tokens
@@ -66,7 +69,7 @@ def test_a_recorded_race_opens_and_steps_through_with_no_model(no_model):
     prompt, status, replay, *cards, current = make_open_recorded(NAMES)(path)
     assert status.startswith("Recorded on ") and prompt == load_race(path)[0]
     assert all('class="card"' in card for card in cards) and set(current) == set(NAMES)
-    timeline, utilisation, files, choice = handlers.views(current)
+    timeline, utilisation, files, choice, zoomed = handlers.views(current)
     assert timeline is not None and utilisation is not None and files and choice["value"] == "mirror"
     steps = current["mirror"].trace.steps
     for step in (steps[0], steps[1], steps[-1]):
