@@ -67,18 +67,29 @@ def figure(measured: pd.DataFrame, modelled: pd.DataFrame, profile: str, meta: d
     fig = go.Figure()
     kinds = (("sd", "draft"), ("mirror", "draft-rollout"), ("eagle", "verify"))
     colour = {m: figures.kind_style(k)[0] for m, k in kinds}
-    hover = [f"{d}<br>cost {c:.2f}<br>sd τ {t:.2f} (γ {g})<br>Mirror-SD τ {m:.2f}, hit rate {h:.2f}"
-             for d, c, t, g, m, h in zip(measured.draft, measured.cost, measured.sd_tau, measured.sd_gamma,
-                                         measured.mirror_tau, measured.mirror_hit_rate)]
-    rows = modelled_on(modelled, profile)
+    measured = measured.assign(hover=[
+        f"{d}<br>cost {c:.2f}<br>sd τ {t:.2f} (γ {g})<br>Mirror-SD τ {m:.2f}, hit rate {h:.2f}"
+        for d, c, t, g, m, h in zip(measured.draft, measured.cost, measured.sd_tau, measured.sd_gamma,
+                                    measured.mirror_tau, measured.mirror_hit_rate)])
+    rows = modelled_on(modelled, profile).merge(measured[["draft", "hover"]], on="draft")
+    family = lambda t: t[t.draft.str.startswith("exit:")].sort_values("cost")  # noqa: E731  (the x axis)
+    shipped = lambda t: t[~t.draft.str.startswith("exit:")]  # noqa: E731  (a distilled draft: a point apart)
     for method, title in (("sd", "Speculative decoding"), ("mirror", "Mirror-SD")):
-        fig.add_trace(go.Scatter(x=measured.cost, y=measured[f"{method}_speedup"], name=f"{title}, measured here",
-                                 mode="lines+markers", text=hover, hoverinfo="text+y",
-                                 line=dict(color=colour[method], width=3)))
-        if not rows.empty:
-            fig.add_trace(go.Scatter(x=rows.cost, y=rows[f"{method}_speedup"], name=f"{title}, MODELLED on {profile}",
-                                     mode="lines+markers", text=hover, hoverinfo="text+y",
-                                     line=dict(color=colour[method], width=3, dash="dash")))
+        for table, where, dash in ((measured, "measured here", None), (rows, f"MODELLED on {profile}", "dash")):
+            if table.empty:
+                continue
+            line = family(table)
+            named = dash is None and method == "mirror"  # each draft named once, on the measured Mirror-SD line
+            fig.add_trace(go.Scatter(x=line.cost, y=line[f"{method}_speedup"], name=f"{title}, {where}",
+                                     mode="lines+markers+text" if named else "lines+markers",
+                                     text=line.draft if named else line.hover, textposition="top center",
+                                     hovertext=line.hover, hoverinfo="text+y",
+                                     line=dict(color=colour[method], width=3, dash=dash)))
+            point = shipped(table)
+            fig.add_trace(go.Scatter(x=point.cost, y=point[f"{method}_speedup"], name=f"{title}, {where}: the shipped "
+                                     "distilled draft", mode="markers", hovertext=point.hover, hoverinfo="text+y",
+                                     marker=dict(symbol="star" if dash is None else "star-open", size=14,
+                                                 color=colour[method])))
     x = [measured.cost.min(), measured.cost.max()]
     fig.add_trace(go.Scatter(x=x, y=[measured.eagle_speedup.iloc[0]] * 2, name="EAGLE (no draft), measured here",
                              mode="lines", line=dict(color=colour["eagle"], width=2)))
@@ -89,7 +100,7 @@ def figure(measured: pd.DataFrame, modelled: pd.DataFrame, profile: str, meta: d
         if not grown.empty:
             fig.add_vline(x=grown.cost.iloc[0], line=dict(dash="dot", color="#374151"),
                           annotation_text=f"Mirror-SD's draft outgrows the suffix (MODELLED on {profile})",
-                          annotation_position="top left")
+                          annotation_position="bottom right")
     fig.add_hline(y=1.0, line=dict(color="#9ca3af", width=1))
     fig.update_layout(title="Draft capacity: speedup over vanilla as the draft grows "
                             f"({meta.get('prompts', '?')} prompts, {meta.get('max_new_tokens', '?')} tokens)",

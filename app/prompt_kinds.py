@@ -16,7 +16,7 @@ from .replay import RECORDED, category_label, load_race
 def race_tau(results: dict) -> float | None:
     """Mean τ of the race's speculative methods that finished with numbers (None: none did)."""
     taus = [r.metrics["mean_accepted"] for m, r in results.items()
-            if m != "vanilla" and r.metrics and r.finished in ("eos", "length")]
+            if m != "vanilla" and getattr(r, "metrics", None) and r.finished in ("eos", "length")]
     return mean(taus) if taus else None
 
 

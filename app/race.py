@@ -41,7 +41,7 @@ class Result:
     @property
     def timed(self) -> bool:
         """Whether the run was long enough for a speed to mean anything (``TIMED_TOKENS``)."""
-        return bool(self.metrics) and self.metrics.get("new_tokens", 0) >= TIMED_TOKENS
+        return bool(self.metrics) and self.metrics.get("new_tokens", TIMED_TOKENS) >= TIMED_TOKENS
 
 
 # A run of fewer new tokens is mostly the prompt's prefill, the same work for every method: its

@@ -47,13 +47,15 @@ def test_api_run_returns_text_metrics_and_a_two_lane_timeline(app_url):
             assert 'data-state="length"' in card and "12 tokens" in card and "tok/s" in card and 'class="tok"' in card
         else:  # needs more than the tiny pair has: the card says why
             assert 'data-state="length"' in card or 'class="card-error"' in card
-    timeline, utilisation, files, _ = client.predict(api_name="/views")  # same session: the race just run
+    timeline, utilisation, files, _, zoomed = client.predict(api_name="/views")  # same session: the race just run
     figure = json.loads(timeline["plot"])
     row = [a["text"] for a in figure["layout"]["annotations"]].index("Mirror-SD") + 1  # subplot titles, in order
     axis = "y" if row == 1 else f"y{row}"
     lanes = {y for d in figure["data"] if d["type"] == "bar" and d.get("yaxis", "y") == axis for y in d["y"]}
     assert lanes == MIRROR_LANES
     assert len(files) >= 4 * len(TINY_METHODS) and all(Path(f).exists() for f in files)
+    steps = [a["text"] for a in json.loads(zoomed["plot"])["layout"]["annotations"]]  # one typical step each, zoomed
+    assert any(t.startswith("Mirror-SD: after a hit") for t in steps) and any(t.startswith("Vanilla: ") for t in steps)
 
 
 def test_api_reports_an_empty_prompt_without_a_traceback(app_url):
