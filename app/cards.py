@@ -29,6 +29,15 @@ def _ranged(numbers: list[dict] | None, key: str, fmt: str, now: float) -> str:
     return f"{fmt.format(mid)} ({fmt.format(low)}–{fmt.format(high)})"
 
 
+def acceptance_histogram(result: Result) -> str:
+    """This run's steps by the tokens each committed (the histogram behind τ), as a line of text."""
+    lengths = [len(s.committed) for s in result.trace.steps if s.index > 0]
+    if not lengths:
+        return ""
+    shares = {n: lengths.count(n) / len(lengths) for n in sorted(set(lengths))}
+    return "This run's steps by tokens committed: " + ", ".join(f"{n}: {100 * s:.0f}%" for n, s in shares.items())
+
+
 def metrics_line(result: Result, baseline_tps: float | None) -> str:
     """tokens, tokens/s, tau, acceptance, speedup over vanilla, Mirror-SD's hit rate and overlap, and the
     draft tokens per draft forward of sd drafting with streams. Over the result's repeated runs every
@@ -40,7 +49,7 @@ def metrics_line(result: Result, baseline_tps: float | None) -> str:
     parallel = result.method in METHODS and METHODS[result.method].parallel_lanes
     parts = [metric("tokens", f"{m['new_tokens']:g} token{'' if m['new_tokens'] == 1 else 's'}"),
              metric("tok/s", _ranged(runs, "tokens_per_s", "{:.1f}", m["tokens_per_s"]) + " tok/s"),
-             metric("τ", f"τ {m['mean_accepted']:.2f}")]
+             metric("τ", f"τ {m['mean_accepted']:.2f}", acceptance_histogram(result))]
     if m.get("steps"):
         parts.append(metric("ms/step", f"{1000 * m['wall_s'] / m['steps']:.0f} ms/step"))
     if m.get("acceptance_rate") is not None:

@@ -78,9 +78,11 @@ def glossary_markdown() -> str:
     return "\n".join(f"- **{term}**: {meaning}" for term, meaning in GLOSSARY.items())
 
 
-def metric(key: str, text: str) -> str:
-    """A card number with its plain-words meaning as a hover tooltip (and a dotted underline that says so)."""
-    return (f'<span class="metric" data-metric="{html.escape(key)}" title="{html.escape(METRIC_HELP[key])}" '
+def metric(key: str, text: str, detail: str = "") -> str:
+    """A card number with its plain-words meaning (and ``detail``, this run's) as a hover tooltip, and a
+    dotted underline that says so."""
+    title = METRIC_HELP[key] + (f"\n\n{detail}" if detail else "")
+    return (f'<span class="metric" data-metric="{html.escape(key)}" title="{html.escape(title)}" '
             f'style="text-decoration:underline dotted #9ca3af;cursor:help">{text}</span>')
 
 

@@ -5,7 +5,9 @@ value of a swept option), so a slow spell of a shared machine slows all of them 
 is compared to vanilla token for token, and its wall-time speedup is measured against vanilla's
 on the same prompts. Outputs in ``out_dir``: results.csv (one row per method and prompt),
 summary.csv and summary.md (one row per method), by_category.csv (per method and category;
-Mirror-SD's hit rate per category among them), and tuned_kernels.csv where stages were captured
+Mirror-SD's hit rate per category among them), spec_bench.csv and spec_bench.md (the run in Spec-Bench's
+own report layout: spec_bench.py), acceptance_hist.csv and .html (tokens committed per step, per method
+and task), and tuned_kernels.csv where stages were captured
 with tuned kernels (each product's and attention's formulation and times: models/tuning.py); a
 sweep writes results.csv, sweep.csv and sweep.html.
 :func:`write_report` writes a one-page markdown report of a bench run (``bench --report``).
@@ -22,18 +24,23 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from . import spec_bench
 from .devices import cpu_cores, hardware_name
 from .engine import generate
 from .errors import MirrorSDError
 from .methods import get_method
 from .models import tuning
+from .spec_bench import BUNDLED_TASKS, MT_BENCH
 
 DEFAULT_PROMPTS = Path(__file__).parent / "data" / "bench_prompts.jsonl"
 SPAN_PREFIX = "span_s_"  # results columns: seconds of spans of one kind over a prompt's decoding steps
 
 
 def read_prompts(path: str | Path) -> list[dict]:
-    """Prompts from JSONL: {"id", "category", "prompt"} or {"id", "category", "turns": [...]}."""
+    """Prompts from JSONL: {"id", "category", "prompt"} or {"id", "category", "turns": [...]}, or Spec-Bench's
+    ``question.jsonl`` as it is: {"question_id", "category", "turns", ...}, where the question's id is its id
+    and MT-Bench's eight categories fold into the task ``mt_bench`` (the original kept as ``subcategory``).
+    Every prompt also names its Spec-Bench ``task`` (the bundled prompts' multi-turn and math ones too)."""
     path = Path(path)
     if not path.exists():
         raise MirrorSDError(f"prompt file {path} does not exist")
@@ -51,26 +58,42 @@ def read_prompts(path: str | Path) -> list[dict]:
         turns = item.get("turns") or ([item["prompt"]] if "prompt" in item else None)
         if not turns or not all(isinstance(t, str) and t.strip() for t in turns):
             raise MirrorSDError(f"{path}:{n}: needs a non-empty \"prompt\" or \"turns\"")
-        prompts.append(dict(id=str(item.get("id", n)), category=item.get("category", "none"), turns=turns))
+        category = item.get("category", "none")
+        if "question_id" in item and "id" not in item:  # Spec-Bench's question file
+            task = "mt_bench" if category in MT_BENCH else category
+            prompts.append(dict(id=str(item["question_id"]), category=task, subcategory=category, task=task,
+                                turns=turns))
+        else:
+            prompts.append(dict(id=str(item.get("id", n)), category=category, turns=turns,
+                                task=BUNDLED_TASKS.get(category, category)))
     if not prompts:
         raise MirrorSDError(f"{path} holds no prompts")
     return prompts
 
 
 def first_per_category(prompts: list[dict], n: int) -> list[dict]:
-    """The first n prompts of each category, in file order."""
-    kept, counts = [], {}
-    for item in prompts:
-        if counts.get(item["category"], 0) < n:
-            kept.append(item)
-            counts[item["category"]] = counts.get(item["category"], 0) + 1
-    return kept
+    """The first n prompts of each category, in file order; a category folded from several (Spec-Bench's
+    mt_bench) takes them in turn from each of its subcategories, so that n of them span its kinds."""
+    seen: dict[tuple, int] = {}
+    rank = []
+    for order, item in enumerate(prompts):
+        key = (item["category"], item.get("subcategory"))
+        seen[key] = seen.get(key, 0) + 1
+        rank.append((seen[key], order))  # k-th of its subcategory, then file order
+    kept, counts = set(), {}
+    for _, order in sorted(rank):
+        category = prompts[order]["category"]
+        if counts.get(category, 0) < n:
+            kept.add(order)
+            counts[category] = counts.get(category, 0) + 1
+    return [item for order, item in enumerate(prompts) if order in kept]
 
 
 def run_prompt(pair, item: dict, method: str, max_new_tokens: int, traces: list | None = None, **settings) -> dict:
     """Decode every turn of one prompt (later turns see this method's own earlier answers); each
     turn's Trace is appended to ``traces`` when given."""
     messages, token_ids, rows, hits, overlap_s, draft_busy_s, span_s = [], [], [], [], 0.0, 0.0, {}
+    lengths = []  # tokens committed by each decoding step: the acceptance-length histogram's samples
     for turn in item["turns"]:
         messages.append({"role": "user", "content": turn})
         out = generate(pair, list(messages), method=method, max_new_tokens=max_new_tokens, **settings)
@@ -82,6 +105,7 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, traces: list 
         token_ids += out.token_ids
         rows.append(out.metrics)
         hits += [st.rendezvous.hit for st in out.trace.steps if st.rendezvous is not None]
+        lengths += [len(st.committed) for st in out.trace.steps if st.index > 0]  # step 0 is the prefill
         for span in out.trace.spans:  # decoding steps only: step 0 is the prefill
             if span.step:
                 span_s[span.kind] = span_s.get(span.kind, 0.0) + span.duration
@@ -94,7 +118,8 @@ def run_prompt(pair, item: dict, method: str, max_new_tokens: int, traces: list 
     wall_s = sum(r["wall_s"] for r in rows)
     committed_in_steps = sum(r["mean_accepted"] * r["steps"] for r in rows)
     draft_tokens, draft_forwards = (sum(r.get(k, 0) for r in rows) for k in ("draft_tokens", "draft_forwards"))  # sd
-    return dict(method=method, id=item["id"], category=item["category"], new_tokens=new_tokens, steps=steps,
+    return dict(method=method, id=item["id"], category=item["category"], task=item.get("task", item["category"]),
+                new_tokens=new_tokens, steps=steps, accept_lengths=" ".join(map(str, lengths)),
                 mean_accepted=committed_in_steps / steps if steps else 1.0, wall_s=wall_s,
                 tokens_per_s=new_tokens / wall_s if wall_s else 0.0,
                 hit_rate=sum(hits) / len(hits) if hits else None, hits=sum(hits), hit_steps=len(hits),
@@ -201,9 +226,11 @@ def bench(pair, prompts: list[dict], methods: list[str], max_new_tokens: int = 1
     by_category.to_csv(out / "by_category.csv", index=False)
     steps = step_ms(results)
     steps.to_csv(out / "step_ms.csv", index=False)
+    spec_section = write_spec_bench(results, out, pair, len(prompts), max_new_tokens, settings)
+    summary.attrs["spec_bench"] = spec_section
     whatif_section = summary.attrs["whatif"] = whatif_check(traced, out)
     (out / "summary.md").write_text(
-        summary.to_markdown(index=False, floatfmt=".3f") + "\n\nPer category:\n\n"
+        summary.to_markdown(index=False, floatfmt=".3f") + "\n\n" + spec_section + "\nPer category:\n\n"
         + by_category.to_markdown(index=False, floatfmt=".3f") + "\n\nMean time per decoding step by span kind, "
         "in ms (spans on lanes that work at the same time both count):\n\n"
         + steps.to_markdown(index=False, floatfmt=".2f") + "\n" + whatif_section + failed_section(failed))
@@ -385,7 +412,8 @@ def write_report(path: str | Path, summary: pd.DataFrame, command: str, pair, pr
         "target step; speedup: tokens/s over vanilla's on the same prompts in the same run.", "",
         table.to_markdown(index=False, disable_numparse=True,
                           colalign=["left", "right", "right", "right", "left", "right"][:table.shape[1]]), "",
-        equality, failed_section(summary.attrs.get("failed", {}))])
+        equality, failed_section(summary.attrs.get("failed", {})),
+        *(["", "## In Spec-Bench's layout", "", summary.attrs["spec_bench"]] if summary.attrs.get("spec_bench") else [])])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(page, encoding="utf-8")
@@ -414,6 +442,26 @@ def make_folder(path: str | Path, what: str) -> Path:
     except OSError as e:
         raise MirrorSDError(f"{what} {path} cannot be made ({e.strerror or e})") from None
     return path
+
+
+def write_spec_bench(results: pd.DataFrame, out: Path, pair, prompts: int, max_new_tokens: int, settings: dict) -> str:
+    """Spec-Bench's report of the run (spec_bench.csv, spec_bench.md) and the acceptance-length
+    histograms (acceptance_hist.csv, acceptance_hist.html); returns the markdown."""
+    spec = spec_bench.table(results)
+    spec.to_csv(out / "spec_bench.csv", index=False)
+    caption = (f"Spec-Bench's layout: {prompts} questions, at most {max_new_tokens} new tokens per turn, temperature "
+               f"{settings.get('temperature', 0.0):g}, target {pair.target_name}, draft {pair.draft_name}, on "
+               f"{cpu_model() if pair.target_lane.device.type == 'cpu' else hardware_name(pair.target_lane.device)}; "
+               "speedup: the mean of the questions' tokens/s over vanilla's mean (as its evaluation/speed.py).")
+    text = spec_bench.markdown(spec, caption)
+    (out / "spec_bench.md").write_text(text)
+    hist = spec_bench.histogram(results)
+    hist.to_csv(out / "acceptance_hist.csv", index=False)
+    try:
+        spec_bench.plot_histogram(hist, out / "acceptance_hist.html")
+    except ImportError:  # a machine without requirements.txt's plotly: keep the numbers
+        pass
+    return text
 
 
 def _options_for(method: str, options: dict) -> dict:

@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(gen)
 
     ben = sub.add_parser("bench", help="benchmark methods on a JSONL prompt set")
-    ben.add_argument("--prompts", default=None, help="JSONL file (default: the bundled Spec-Bench-style set)")
+    ben.add_argument("--prompts", default=None, help="JSONL file: the bundled Spec-Bench-style set (default), or "
+                     "Spec-Bench's own data/spec_bench/question.jsonl as it is")
     ben.add_argument("--methods", default=",".join(METHODS), help="comma-separated, vanilla always runs first")
     ben.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     ben.add_argument("--per-category", type=int, default=None, help="use only the first N prompts of each category")

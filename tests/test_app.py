@@ -166,6 +166,14 @@ def test_a_guess_on_a_race_already_over_is_answered_at_once(race):
     assert "The answer comes when the race ends" in guess_made(running, "sd", titles)
 
 
+def inspect_metrics(card: str) -> list[tuple[str, str]]:
+    """(data-metric, title) of every number on a card."""
+    import html as html_lib
+    import re
+
+    return [(k, html_lib.unescape(t)) for k, t in re.findall(r'data-metric="([^"]+)" title="([^"]*)"', card)]
+
+
 def test_the_glossary_names_every_term_of_the_page_once_and_cards_say_what_a_step_costs(race):
     """Issue 63's jargon, each with one meaning in the visible glossary; 'prefix' means the target's first
     layers only (the text so far is the committed text); each card gives its ms per step beside τ."""
@@ -179,6 +187,10 @@ def test_the_glossary_names_every_term_of_the_page_once_and_cards_say_what_a_ste
     for method in ("sd", "mirror"):  # (the tiny pair has no EAGLE head)
         m = race[method].metrics
         assert f"{1000 * m['wall_s'] / m['steps']:.0f} ms/step" in card_html(race[method], baseline(race))
+    sd_steps = [len(s.committed) for s in race["sd"].trace.steps[1:]]
+    tau = next(m for m in inspect_metrics(card_html(race["sd"], baseline(race))) if m[0] == "τ")[1]
+    ones = f"1: {100 * sd_steps.count(1) / len(sd_steps):.0f}%"
+    assert "steps by tokens committed" in tau and (ones in tau or 1 not in sd_steps)  # the histogram behind τ
     from app.trees import step_tree
 
     assert step_tree(race["mirror"].trace.steps[1])[0].note == "committed text"  # a tree's root
