@@ -22,10 +22,11 @@ def test_bench_writes_results_and_summary(tiny_dirs, tmp_path, capsys):
                "--out", str(out), "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"])])
     assert rc == 0
     results = pd.read_csv(out / "results.csv")
-    assert list(results.columns)[:17] == ["method", "id", "category", "new_tokens", "steps", "mean_accepted",
-                                          "wall_s", "tokens_per_s", "hit_rate", "hits", "hit_steps", "overlap",
-                                          "overlap_s", "draft_busy_s", "draft_tokens", "draft_forwards",
+    assert list(results.columns)[:19] == ["method", "id", "category", "task", "new_tokens", "steps", "accept_lengths",
+                                          "mean_accepted", "wall_s", "tokens_per_s", "hit_rate", "hits", "hit_steps",
+                                          "overlap", "overlap_s", "draft_busy_s", "draft_tokens", "draft_forwards",
                                           "equal_to_vanilla"]
+    assert (out / "spec_bench.md").exists() and (out / "acceptance_hist.csv").exists()
     assert {"span_s_decode", "span_s_draft", "span_s_verify", "span_s_target-suffix"} <= set(results.columns)
     assert list(results.method) == ["vanilla"] * 3 + ["sd"] * 3 + ["mirror"] * 3  # vanilla runs first
     assert results.equal_to_vanilla.all()
@@ -103,7 +104,9 @@ def test_bench_report_gives_the_command_and_one_row_per_method(tiny_dirs, tmp_pa
     assert f"`python -m mirror_sd {shlex.join(argv)}`" in text
     assert "Date: " in text and "CPU cores" in text and "torch " in text and "lanes: target" in text
     assert f"Models: target {tiny_dirs['target']}, draft {tiny_dirs['draft']}." in text
-    lines = [line for line in text.splitlines() if line.startswith("|")]
+    main_table = text.split("## In Spec-Bench's layout")[0]  # then the same run in Spec-Bench's layout
+    assert "#Mean Accepted Tokens" in text.split("## In Spec-Bench's layout")[1]
+    lines = [line for line in main_table.splitlines() if line.startswith("|")]
     header, rows = [c.strip() for c in lines[0].strip("|").split("|")], lines[2:]
     assert header == ["method", "τ (tokens per step)", "speedup vs vanilla", "tokens/s", "device", "hit rate (Mirror-SD)"]
     cells = {row.strip("|").split("|")[0].strip(): [c.strip() for c in row.strip("|").split("|")] for row in rows}
