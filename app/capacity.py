@@ -72,20 +72,18 @@ def figure(measured: pd.DataFrame, modelled: pd.DataFrame, profile: str, meta: d
         for d, c, t, g, m, h in zip(measured.draft, measured.cost, measured.sd_tau, measured.sd_gamma,
                                     measured.mirror_tau, measured.mirror_hit_rate)])
     rows = modelled_on(modelled, profile).merge(measured[["draft", "hover"]], on="draft")
-    family = lambda t: t[t.draft.str.startswith("exit:")].sort_values("cost")  # noqa: E731  (the x axis)
-    shipped = lambda t: t[~t.draft.str.startswith("exit:")]  # noqa: E731  (a distilled draft: a point apart)
     for method, title in (("sd", "Speculative decoding"), ("mirror", "Mirror-SD")):
         for table, where, dash in ((measured, "measured here", None), (rows, f"MODELLED on {profile}", "dash")):
             if table.empty:
                 continue
-            line = family(table)
+            exits = table.draft.str.startswith("exit:")  # the family is a curve; a distilled draft, a point apart
+            line, point = table[exits].sort_values("cost"), table[~exits]
             named = dash is None and method == "mirror"  # each draft named once, on the measured Mirror-SD line
             fig.add_trace(go.Scatter(x=line.cost, y=line[f"{method}_speedup"], name=f"{title}, {where}",
                                      mode="lines+markers+text" if named else "lines+markers",
                                      text=line.draft if named else line.hover, textposition="top center",
                                      hovertext=line.hover, hoverinfo="text+y",
                                      line=dict(color=colour[method], width=3, dash=dash)))
-            point = shipped(table)
             fig.add_trace(go.Scatter(x=point.cost, y=point[f"{method}_speedup"], name=f"{title}, {where}: the shipped "
                                      "distilled draft", mode="markers", hovertext=point.hover, hoverinfo="text+y",
                                      marker=dict(symbol="star" if dash is None else "star-open", size=14,

@@ -130,8 +130,7 @@ def rollout_vs_suffix(traces: list[Trace], profile) -> tuple[float, float]:
     from .whatif import mean_work_ms
 
     works = [mean_work_ms(t, profile) for t in traces if len(t.steps) > 1]
-    mean = lambda key: sum(w.get(key, 0.0) for w in works) / max(len(works), 1)  # noqa: E731
-    return mean("draft-rollout"), mean("target-suffix")
+    return tuple(sum(w.get(key, 0.0) for w in works) / max(len(works), 1) for key in ("draft-rollout", "target-suffix"))
 
 
 def modelled_table(table: pd.DataFrame, eagle: dict, traced: dict[int, list[Trace]], profiles: dict) -> pd.DataFrame:
