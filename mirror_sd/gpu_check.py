@@ -368,9 +368,8 @@ def _method_stages(pair, t, exit_layer: int) -> dict:
     """stage -> (stage set, name) of the other stages the methods replay, where the pair has what they
     need: Mirror-SD's early exit (its default reader) and the streams' pass, on the target's set
     ``t``, and the EAGLE head's forward over pairs, on a set of its own."""
-    from .methods.eagle import head_for
     from .methods.mirror import choose_exit_head, exit_reader
-    from .models.eagle import HeadStages
+    from .models.eagle import HeadStages, head_for
     from .models.forwards import name_range
     from .models.streams import target_streams
 

@@ -314,11 +314,10 @@ class Trace:
         return total
 
     def retimed(self, profile) -> "Trace":
-        """This run's steps re-timed on a hardware profile (a name, a path or a ``whatif.Profile``):
-        the same steps and tokens, spans laid out by the latency model, ``meta["modelled"]`` True."""
-        from .whatif import retime
-
-        return retime(self, profile)
+        """This run's steps re-timed on a hardware profile (a ``whatif.Profile``; ``whatif.retime`` also
+        takes a profile's name or path): the same steps and tokens, spans laid out by the latency model,
+        ``meta["modelled"]`` True. The profile does the work: the trace sits below the what-if model."""
+        return profile.retime(self)
 
     # -- export --------------------------------------------------------------------------------
     def to_dict(self) -> dict:

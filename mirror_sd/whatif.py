@@ -166,6 +166,10 @@ class Profile:
     # split stands whatever the run's (the paper profiles: the paper's exit on a model of its own).
     split: tuple[int, int] | None = None
 
+    def retime(self, trace: Trace) -> Trace:
+        """``trace`` re-timed on this profile (``retime``; what ``Trace.retimed`` calls)."""
+        return retime(trace, self)
+
     @property
     def one_cpu(self) -> bool:
         """Whether both lanes are cores of one CPU (the engine then prefills the models in turn)."""

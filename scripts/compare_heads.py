@@ -27,8 +27,7 @@ from tqdm import tqdm
 from mirror_sd import generate, load_pair
 from mirror_sd.bench import run_prompt, summarise
 from mirror_sd.devices import single_threaded
-from mirror_sd.methods.eagle import attach_head
-from mirror_sd.models.eagle import EagleHead, load_head
+from mirror_sd.models.eagle import EagleHead, attach_head, load_head
 from mirror_sd.models.loading import embedded_model_dir
 from mirror_sd.train.draft import IGNORE, read_examples
 from mirror_sd.train.eagle import evaluate, example_sequences, rows_of, split_order

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from mirror_sd import MirrorSDError, generate, load_pair
-from mirror_sd.add_ons import add_on_kind
+from mirror_sd.models.add_ons import add_on_kind
 from mirror_sd.cli import main as cli
 from mirror_sd.train.__main__ import main as train
 

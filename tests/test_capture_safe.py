@@ -151,7 +151,7 @@ def test_a_one_stage_forward_that_fails_to_capture_is_refused_and_its_method_goe
     (not named again), and the method commits vanilla's tokens an operation at a time around the
     stages that did capture (here the plain stages' "capture" does nothing: no GPU)."""
     from mirror_sd import generate
-    from mirror_sd.methods.eagle import attach_head
+    from mirror_sd.models.eagle import attach_head
     from mirror_sd.models.exit_head import attach_exit_head, new_exit_head
     from mirror_sd.models.stages import OwnStage, Stage, Stages
 

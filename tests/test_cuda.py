@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from mirror_sd import generate, load_pair
-from mirror_sd.methods.eagle import attach_head
-from mirror_sd.models.eagle import EagleHead
+from mirror_sd.models.eagle import EagleHead, attach_head
 
 from test_distribution import PROMPT, chi_square_p, exact_law_of_tokens_2_and_3, sample_counts
 from test_ss import random_streams

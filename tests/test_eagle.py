@@ -7,10 +7,9 @@ import torch
 
 from conftest import EQUALITY_TOKENS
 from mirror_sd import MirrorSDError, generate, load_pair
-from mirror_sd.methods.eagle import attach_head, head_for
 from mirror_sd.drafting.tree import Tree, tree_mask, tree_positions
 from mirror_sd.methods.verify import walk_tree_greedy
-from mirror_sd.models.eagle import EMBEDDED_HEAD, EagleHead, load_head
+from mirror_sd.models.eagle import EMBEDDED_HEAD, EagleHead, attach_head, head_for, load_head
 from test_distribution import PROMPT, chi_square_p, exact_law_of_tokens_2_and_3, sample_counts
 from test_train_draft import _distilled_data
 

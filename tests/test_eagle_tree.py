@@ -5,8 +5,8 @@ import torch
 
 from mirror_sd import load_pair
 from mirror_sd.drafting.tree import read_trees
-from mirror_sd.methods.eagle import attach_head, draft_tree, head_step
-from mirror_sd.models.eagle import EagleHead, HeadStages
+from mirror_sd.methods.eagle import draft_tree, head_step
+from mirror_sd.models.eagle import EagleHead, HeadStages, attach_head
 from mirror_sd.models.eagle_tree import TreeDraft
 from mirror_sd.models.forwards import stage_cache
 from mirror_sd.models.stages import Stage

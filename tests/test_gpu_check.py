@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from mirror_sd import gpu_check, load_pair
-from mirror_sd.methods.eagle import attach_head
 from mirror_sd.models import tuning
-from mirror_sd.models.eagle import EagleHead
+from mirror_sd.models.eagle import EagleHead, attach_head
 from mirror_sd.models.stages import Stages
 from mirror_sd.trace import Trace
 from mirror_sd.whatif import Profile, fit_host

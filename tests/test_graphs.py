@@ -11,8 +11,7 @@ import torch
 from mirror_sd import generate, load_pair
 from mirror_sd.devices import on_cpu_worker, single_threaded
 from mirror_sd.errors import MirrorSDError
-from mirror_sd.methods.eagle import attach_head
-from mirror_sd.models.eagle import EagleHead
+from mirror_sd.models.eagle import EagleHead, attach_head
 from mirror_sd.models.exit_head import attach_exit_head, new_exit_head
 from mirror_sd.models.forwards import FULL, forward, layers, stage_cache, staged
 from mirror_sd.models.llama import KVCache
@@ -357,8 +356,7 @@ def test_other_streams_on_the_same_model_get_stages_of_their_own(pair, target):
 
 
 def test_the_eagle_head_on_its_stages_gives_the_plain_features(pair, target, stage_runs):
-    from mirror_sd.methods.eagle import head_for
-    from mirror_sd.models.eagle import HeadStages
+    from mirror_sd.models.eagle import HeadStages, head_for
 
     head, d = head_for(pair), target.args.hidden_size
     plain, stage = head.new_cache(100), stage_cache({}, head, 100, [], stage_set=HeadStages)

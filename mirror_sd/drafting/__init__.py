@@ -16,52 +16,13 @@ Context copies (lookup.py) and draft trees (tree.py) are shared by the drafters 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-
-from ..models.forwards import FULL
 from ..options import Option
-from ..trace import DraftWork
-from .tree import Tree
+from .base import Drafter, Proposal
+from .streamed import CheckedStreams, Streamed
+from .token_by_token import TokenByToken
 
-
-@dataclass
-class Proposal:
-    tokens: list[int]  # the window (a tree's nodes, in creation order)
-    q: torch.Tensor | None  # [len(tokens), V]: each token's law at T > 0; None at T = 0
-    work: DraftWork  # draft forwards, copies, lookahead checked
-    tree: Tree | None = None  # the draft tree the tokens are the nodes of (None: a chain)
-
-
-class Drafter:
-    """Proposes windows for a run's committed prefix; see the module docstring."""
-
-    OPTIONS: tuple[Option, ...] = ()
-    how = ""  # how it drafts, for span labels ("" for token by token)
-    tree = 0  # draft tree nodes it proposes at T = 0 (0: a chain of gamma)
-
-    def check(self, pair, gamma: int):
-        """Refuse, with a MirrorSDError, a pair or window this drafter cannot draft with."""
-
-    def extra_slots(self, pair, gamma: int) -> tuple[int, int]:
-        """Cache room beyond a window of gamma: (draft cache, target cache)."""
-        return 0, 0
-
-    def layer_ranges(self, pair, gamma: int = 0, greedy: bool = False) -> list:
-        """The draft's layer ranges (and forwards of its own) this drafter's forwards run, for windows
-        of ``gamma`` tokens at T = 0 (``greedy``) or above (``ModelPair.new_cache``)."""
-        return [FULL]
-
-    def propose(self, run, cache, gamma: int) -> Proposal:
-        raise NotImplementedError
-
-    def settle(self, proposal: Proposal, accepted: int):
-        """The target accepted ``accepted`` tokens of ``proposal``."""
-
-
-from .streamed import CheckedStreams, Streamed  # noqa: E402  (they subclass Drafter)
-from .token_by_token import TokenByToken  # noqa: E402
+__all__ = ["Drafter", "Proposal", "TokenByToken", "Streamed", "CheckedStreams", "DRAFTERS", "drafter_options",
+           "make_drafter"]
 
 DRAFTERS: dict[int, type[Drafter]] = {0: TokenByToken, 1: Streamed, 2: CheckedStreams}
 

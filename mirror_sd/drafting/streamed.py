@@ -23,7 +23,7 @@ from ..models.forwards import FULL
 from ..models.streams import draft_streams, forward_with_streams, split_forward, stream_ranges
 from ..options import Option
 from ..trace import DraftWork
-from . import Drafter, Proposal
+from .base import Drafter, Proposal
 from .lookup import copy_from_context
 from .tree import Tree, graft, stream_tree, tree_mask, tree_positions, walk_tree
 

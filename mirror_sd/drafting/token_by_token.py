@@ -25,7 +25,7 @@ from ..models.forwards import FULL, forward, staged_for
 from ..models.stages import MAX_WIDTH
 from ..options import Option
 from ..trace import DraftWork
-from . import Drafter, Proposal
+from .base import Drafter, Proposal
 from .lookup import copy_from_context
 from .tree import Tree, grow_tree
 

@@ -32,46 +32,20 @@ p given the prefix. tests/test_eagle.py checks this with a chi-square test again
 """
 from __future__ import annotations
 
-from weakref import WeakKeyDictionary
-
 import torch
 
 from ..devices import to_device
 from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, graft, grow_tree, keep_path, read_trees, sampled_chain, tree_window
-from ..errors import MirrorSDError
-from ..models.eagle import EMBEDDED_HEAD, EagleHead, HeadStages, load_head, stage_ranges, target_features
+from ..models.eagle import EagleHead, HeadStages, head_for, stage_ranges, target_features
 from ..models.eagle_tree import TreeDraft
 from ..models.eagle_verify import TreeVerify
 from ..models.forwards import staged_for
-from ..models.loading import EMBEDDED_NAME
 from ..models.stages import MAX_WIDTH
 from ..sampling import to_target_vocab
 from ..trace import Step
 from .verify import (accept_tree, draft_and_verify_queued, drafted_verify_stages, verify_stages,
                      verify_tree_on_stage)
-
-HEADS: "WeakKeyDictionary" = WeakKeyDictionary()  # target Transformer -> its EagleHead
-
-
-def head_for(pair) -> EagleHead:
-    """The pair's EAGLE head: attached with ``attach_head``, or the shipped one for the embedded target."""
-    head = HEADS.get(pair.target)
-    if head is not None:
-        return head
-    if pair.target_name not in (EMBEDDED_NAME, "default"):
-        raise MirrorSDError(f"method 'eagle' needs an EAGLE head trained for target {pair.target_name!r}; only the "
-                            f"embedded target ({EMBEDDED_NAME}) ships one (train one with python -m mirror_sd.train "
-                            f"eagle --target ... --out HEAD, then pass --add-on HEAD, or load_pair(add_ons=[HEAD]))")
-    head = load_head(EMBEDDED_HEAD, pair.target)
-    HEADS[pair.target] = head
-    return head
-
-
-def attach_head(pair, head: EagleHead):
-    """Use ``head`` for every eagle run on this pair's target."""
-    HEADS[pair.target] = head.to(pair.target.device, pair.target.dtype).eval().requires_grad_(False)
-
 
 def check(pair, options):
     head_for(pair)  # load now: a missing head is an input error, not a failure mid-run

@@ -32,7 +32,7 @@ class ChainDraftStage(Stage):
     def run(self, x, positions=None, mask=None) -> torch.Tensor:
         """The gamma picks [gamma] (target ids) after the T tokens x [1, T] written after the cache's
         slots (a causal window); with the spec's ``as_tree``, as a one-branch tree's fields
-        [1, 4, gamma] (``drafting.tree.grow_fields``' layout) for the tree verification stage to
+        [1, 4, gamma] (``tree_growth.grow_fields``' layout) for the tree verification stage to
         read. The cache's length does not move: the window and the first gamma - 1 picks take
         T + gamma - 1 slots after it (the last pick is never fed)."""
         if positions is not None or mask is not None:

@@ -31,6 +31,7 @@ from ..errors import MirrorSDError
 from .forwards import layers, staged
 from .linear import Linear, linear
 from .llama import DecoderLayer, KVCache, ModelArgs, Transformer
+from .loading import EMBEDDED_NAME
 from .stages import MAX_WIDTH, OwnStage, Stage, Stages, copy_into
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -283,3 +284,25 @@ def load_head(folder: Path, target: Transformer) -> EagleHead:
     head = EagleHead.from_target(target, state["vocab_map"].long(), config.get("early_layers", ()))
     head.load_state_dict({k: v.to(target.dtype) if v.is_floating_point() else v for k, v in state.items()})
     return head.eval().requires_grad_(False)
+
+
+HEADS: "WeakKeyDictionary" = WeakKeyDictionary()  # target Transformer -> its EagleHead
+
+
+def head_for(pair) -> EagleHead:
+    """The pair's EAGLE head: attached with ``attach_head``, or the shipped one for the embedded target."""
+    head = HEADS.get(pair.target)
+    if head is not None:
+        return head
+    if pair.target_name not in (EMBEDDED_NAME, "default"):
+        raise MirrorSDError(f"method 'eagle' needs an EAGLE head trained for target {pair.target_name!r}; only the "
+                            f"embedded target ({EMBEDDED_NAME}) ships one (train one with python -m mirror_sd.train "
+                            f"eagle --target ... --out HEAD, then pass --add-on HEAD, or load_pair(add_ons=[HEAD]))")
+    head = load_head(EMBEDDED_HEAD, pair.target)
+    HEADS[pair.target] = head
+    return head
+
+
+def attach_head(pair, head: EagleHead):
+    """Use ``head`` for every eagle run on this pair's target."""
+    HEADS[pair.target] = head.to(pair.target.device, pair.target.dtype).eval().requires_grad_(False)

@@ -3,7 +3,7 @@
 At T = 0 an EAGLE step drafts in two parts (methods/eagle.py): the head runs over the (feature,
 token) pairs it has not seen, then a tree grows ``depth`` levels deep from its last output, one
 head forward per level over the ``top_k`` best nodes of the newest level, and the best
-``total_tokens`` nodes are kept (``drafting.tree.grow_fields``). Run an operation at a time, that
+``total_tokens`` nodes are kept (``tree_growth.grow_fields``). Run an operation at a time, that
 is some two hundred launches from the host per step, each costing the host more than the GPU's
 work it launches (docs/devices.md). But every shape in it is fixed by (depth, top_k, total_tokens)
 and the bucket of the pairs, and nothing in it needs the host until the tree is read. So a
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafting.tree import grow_fields
 from ..errors import MirrorSDError
+from ..tree_growth import grow_fields
 from .eagle import EagleHead, HeadStage
 from .stages import OwnStage, SlotWriter
 

@@ -9,6 +9,7 @@ import torch
 
 from ..devices import DEFAULT_DTYPE, Lane, make_lanes, on_cpu_worker, shard_lane
 from ..errors import MirrorSDError
+from .add_ons import attach_add_on
 from .exit_draft import PREFIX as EXIT_DRAFT, exit_layer_of, load_exit_draft
 from .linear import INT8
 from .forwards import FULL, stage_cache
@@ -197,7 +198,7 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     (PyTorch's calls, as outside a stage). It applies to stages captured from then on
     (``pair.kernels`` changes it).
     add_ons: folders of add-ons trained for the target (``python -m mirror_sd.train eagle``,
-    ``exit-head`` or ``ss``): its EAGLE head, early-exit heads or speculative streams (mirror_sd/add_ons.py).
+    ``exit-head`` or ``ss``): its EAGLE head, early-exit heads or speculative streams (models/add_ons.py).
     The embedded target's ship with the package and need none.
     Loading runs on the CPU lanes' shared worker thread (devices.on_cpu_worker says why).
     """
@@ -209,8 +210,6 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     pair = on_cpu_worker(_load_pair, target, None if exit_draft else draft, target_device, draft_device, dtype)
     pair.int8_drafting = int8_drafting
     pair.graphs, pair.buckets, pair.kernels = graphs, buckets, kernels
-    from ..add_ons import attach_add_on  # the add-ons' loaders live beside their methods
-
     for folder in add_ons:
         attach_add_on(pair, folder)
     if exit_draft:  # its head may be an add-on: loaded last

@@ -5,7 +5,7 @@ At T = 0 an ``ss`` step drafts from the streams of the last accepted row (method
 embedding (and the step's next token, for streams trained to see it), at the positions after
 it; each sees the committed slots and the streams before it; they run the top layers with the
 streams' adapters, and the streams' head gives each one's log-probs, whose top candidates make the
-draft tree (``drafting.tree.stream_fields``). Laid out by the host, that is some forty launches a
+draft tree (``tree_growth.stream_fields``). Laid out by the host, that is some forty launches a
 step; a :class:`StreamDraftStage` does all of it in its body, so the host copies one hidden state
 in, fills two numbers and replays one graph; the tree stays on the device for the verification
 stage (methods/verify.py: ``draft_and_verify_queued``), or is read once.
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafting.tree import stream_fields
 from ..errors import MirrorSDError
+from ..tree_growth import stream_fields
 from .llama import Transformer
 from .stages import CAUSAL, OwnStage, Stage, bucket, window_code
 from .streams import Streams
@@ -38,7 +38,7 @@ class StreamDraftStage(Stage):
         self.next_id = torch.zeros(1, 1, dtype=torch.long, device=model.device)
 
     def run(self, h0: torch.Tensor, positions=None, mask=None, next_id: int = 0) -> torch.Tensor:
-        """The draft tree's fields [1, 4, M] (``drafting.tree.stream_fields``) of the streams of main
+        """The draft tree's fields [1, 4, M] (``tree_growth.stream_fields``) of the streams of main
         row h0 [1, 1, d] (its layer-L0 hidden state), whose token sits in the cache's last slot;
         ``next_id``: the token after it, already committed (streams that see it)."""
         if positions is not None or mask is not None:

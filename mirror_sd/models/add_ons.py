@@ -17,8 +17,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .devices import on_cpu_worker
-from .errors import MirrorSDError
+from ..devices import on_cpu_worker
+from ..errors import MirrorSDError
+from .eagle import attach_head, load_head
+from .exit_head import attach_exit_head, load_exit_head
+from .streams import use_streams
 
 KINDS = ("EAGLE head", "early-exit head", "speculative streams")
 
@@ -45,11 +48,6 @@ def add_on_kind(folder: Path) -> str:
 def attach_add_on(pair, folder: Path | str) -> str:
     """Load the add-on in ``folder`` for ``pair``'s target and use it from now on; returns its kind
     (and, for an early-exit head, its layer), e.g. "early-exit head (layer 14)"."""
-    from .methods.eagle import attach_head
-    from .models.eagle import load_head
-    from .models.exit_head import attach_exit_head, load_exit_head
-    from .models.streams import use_streams
-
     folder = Path(folder).expanduser()
     kind = add_on_kind(folder)
     if kind == "speculative streams":
