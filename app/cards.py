@@ -73,16 +73,20 @@ def metrics_line(result: Result, baseline_tps: float | None) -> str:
 
 
 def card_html(result: Result, baseline_tps: float | None = None, upto: int | None = None,
-              rejected: bool = False) -> str:
+              rejected: bool = False, replaying: str | None = None) -> str:
     """The card; ``upto`` shows the text as it stood after that step (the replay); ``rejected`` shows the
-    rejected draft tokens struck through inside the text."""
-    state = STATES.get(result.finished, result.finished)
+    rejected draft tokens struck through inside the text; ``replaying`` (with ``upto``) is the state said
+    while the replay clock is still inside the run, e.g. "replaying…", so no card says done before its run
+    ended on that clock."""
+    state = STATES.get(result.finished, result.finished) if replaying is None else replaying
     error = f'<div class="card-error" style="color:#b91c1c">{html.escape(result.error)}</div>' if result.error else ""
     note = result.trace.meta.get("note")  # the draft lane failed: the run finished target-only
     error += f'<div class="card-note" style="color:#92400e">{html.escape(note)}</div>' if note else ""
     body = text_html(result.trace, result.pieces, upto=upto, rejected=rejected) if result.trace.steps else ""
     metrics = "" if upto is not None else metrics_line(result, baseline_tps)
-    return (f'<div class="card" style="{CARD_STYLE}" data-method="{html.escape(result.method)}" data-state="{html.escape(result.finished)}">'
+    data_state = "replaying" if replaying else result.finished
+    return (f'<div class="card" style="{CARD_STYLE}" data-method="{html.escape(result.method)}" '
+            f'data-state="{html.escape(data_state)}">'
             f'<div class="card-head"><b>{html.escape(result.title)}</b> <span class="card-state">{state}</span></div>'
             f'<div class="card-metrics" style="font-size:13px;color:#374151;margin:4px 0">{metrics}</div>{error}{body}</div>')
 

@@ -100,17 +100,15 @@ def run_end_ms(traces: list[Trace]) -> float:
     return 1000 * max((s.end for t in traces for s in t.spans), default=0.0)
 
 
-def timeline(traces: dict[str, Trace], x_max_ms: float | None = None, step: int | None = None,
-             now_ms: float | None = None) -> go.Figure:
-    """One row per method (titles: dict keys), lanes as bars; ``step`` highlighted; ``now_ms``: a cursor."""
+def timeline(traces: dict[str, Trace], x_max_ms: float | None = None, step: int | None = None) -> go.Figure:
+    """One row per method (titles: dict keys), lanes as bars; ``step`` highlighted. The replay's cursor is
+    drawn on the page (``app.handlers.CURSOR_JS``), so a replay never redraws the chart."""
     names = list(traces)
     fig = make_subplots(rows=max(len(names), 1), cols=1, shared_xaxes=True, subplot_titles=names,
                         vertical_spacing=0.12 / max(len(names), 1))
     shown = set()
     for row, name in enumerate(names, start=1):
         _timeline_row(fig, traces[name], row, step, shown)
-        if now_ms is not None:
-            fig.add_vline(x=now_ms, line=dict(color="#111827", width=2, dash="dot"), row=row, col=1)
     x_max = x_max_ms if x_max_ms else run_end_ms(list(traces.values()))
     fig.update_xaxes(range=[0, 1.02 * x_max if x_max else 1])
     fig.update_xaxes(title_text="time since the run began (ms)", row=len(names), col=1)

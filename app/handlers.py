@@ -338,22 +338,67 @@ def redraw_utilisation(current):
     return figures.fresh(figures.utilisation(traces)) if traces else gr.update()
 
 
-def make_replay(names: list[str]):
-    """The Replay handler: every card's text as it stood at each moment of its own measured run."""
+REPLAY_FPS = 20  # replay frames a second: each sends only the cards whose text moved, and the clock
+SLOW_BELOW_S = 1.0  # a race shorter than this (a GPU's: a tenth of a second) is too quick to watch: it
+SLOW_TO_S = 3.0  # replays slowed down by a whole factor, to last about this long, and its cards say so
 
-    def replay(current):
+
+def replay_speed(traces: list) -> int:
+    """How many times slower than measured the replay runs: 1, or more for a race too short to watch."""
+    end = max((s.end for t in traces for s in t.spans), default=0.0)
+    return max(1, round(SLOW_TO_S / end)) if 0 < end < SLOW_BELOW_S else 1
+
+
+def replaying_state(slow: int) -> str:
+    return "replaying…" if slow == 1 else f"replaying, {slow}× slower than measured…"
+
+
+def make_replay(names: list[str]):
+    """The Replay handler: every card's text as it stood at each moment of its own measured run, and the
+    replay clock (ms; None at the end) for the timeline's cursor, which the page moves itself
+    (``CURSOR_JS``) so the chart is never redrawn and keeps a visitor's zoom. A frame sends only the cards
+    that changed; a card says it is replaying until the clock passes its run's end, then shows its
+    numbers."""
+
+    def replay(current, rejected=False):
         traces = race_traces(current)
         if not traces:
             return
-        rate, start = baseline(current), time.perf_counter()
-        for t in frame_times(list(traces.values()), fps=4):
-            time.sleep(max(0.0, t - (time.perf_counter() - start)))
-            now = [card_html(current[n], rate, upto=last_step_at(current[n].trace, t)) if n in current
-                   else gr.update() for n in names]
-            yield (*now, figures.timeline(traces, now_ms=1000 * t))
-        yield (*cards(current, names), figures.timeline(traces))
+        rate, slow = baseline(current), replay_speed(list(traces.values()))
+        ends = {n: max((s.end for s in r.trace.spans), default=0.0) for n, r in current.items()}
+        shown: dict[str, object] = {}
+
+        def card(n: str, t: float | None):
+            """The card at replay time ``t`` (None: the end), or an empty update when it has not changed."""
+            r = current[n]
+            key = "end" if t is None or t >= ends[n] else last_step_at(r.trace, t)
+            if shown.get(n) == key:
+                return gr.update()
+            shown[n] = key
+            if key == "end":
+                return card_html(r, rate, rejected=bool(rejected))
+            return card_html(r, rate, upto=key, rejected=bool(rejected), replaying=replaying_state(slow))
+
+        start = time.perf_counter()
+        for t in frame_times(list(traces.values()), fps=REPLAY_FPS * slow):
+            time.sleep(max(0.0, slow * t - (time.perf_counter() - start)))
+            yield (*[card(n, t) if n in current else gr.update() for n in names], round(1000 * t, 3))
+        yield (*[card(n, None) if n in current else gr.update() for n in names], None)
 
     return replay
+
+
+# The timeline's replay cursor: a dotted line at the replay clock (ms), drawn by the page itself on the
+# chart already shown, across every method's row; none when the clock is empty.
+CURSOR_JS = """(ms) => {
+  const plot = document.querySelector('#timeline .js-plotly-plot');
+  if (plot && window.Plotly && plot._fullLayout && plot._fullLayout.xaxis) {
+    const line = {type: 'line', xref: 'x', yref: 'paper', x0: ms, x1: ms, y0: 0, y1: 1,
+                  line: {color: '#111827', width: 2, dash: 'dot'}};
+    window.Plotly.relayout(plot, {shapes: ms === null || ms === undefined ? [] : [line]});
+  }
+  return [];
+}"""
 
 
 def _steps(current, method) -> list:

@@ -13,8 +13,8 @@ import gradio as gr
 import torch
 
 from mirror_sd import METHODS, load_pair
-from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 from mirror_sd.devices import cpu_cores
+from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 
 from . import figures, handlers, replay, whatif
 from .handlers import AUTO
@@ -130,6 +130,7 @@ def race_tab(names: list[str]) -> SimpleNamespace:
             with gr.Column(min_width=240):
                 ui.cards.append(gr.HTML(f"<b>{METHODS[n].title}</b>", elem_id=f"card-{n}", min_height=80))
     ui.replay = gr.Button("Replay the race side by side at measured speed", interactive=False)
+    ui.clock = gr.Number(None, visible="hidden", elem_id="replay-clock")  # the replay's clock, ms: the cursor
     ui.timeline = gr.Plot(figures.placeholder(AFTER_A_RACE.format("each method's lanes appear here, span by span.")),
                           label="Timeline: one row per lane, real spans (shared time axis)", elem_id="timeline")
     ui.zoom = gr.Plot(figures.placeholder(AFTER_A_RACE.format("one typical step of each method, side by side.")),
@@ -264,7 +265,9 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
     opened = recorded.then(handlers.views, [results], view_outputs, api_name=False)
     opened.then(answer, [results, race.guess], [race.reveal, race.guess], api_name=False)  # a recorded race is over
     demo.unload(gone)
-    race.replay.click(handlers.make_replay(names), [results], [*race.cards, race.timeline], api_name="replay")
+    race.replay.click(handlers.make_replay(names), [results, race.show_rejected], [*race.cards, race.clock],
+                      api_name="replay", show_progress="hidden")
+    race.clock.change(None, [race.clock], None, js=handlers.CURSOR_JS, api_name=False)
     race.show_rejected.change(handlers.make_rerender(names), [results, race.show_rejected], race.cards,
                               api_name=False)
     race.methods.change(lambda chosen: [gr.update(visible=n in chosen) for n in names], [race.methods], race.cards,

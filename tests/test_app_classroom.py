@@ -214,3 +214,101 @@ def test_browser_steps_through_a_recorded_race_with_no_model():
             browser.close()
     finally:
         demo.close()
+
+
+
+def open_recorded(page, label: str):
+    """Open the recorded race whose dropdown label holds ``label``."""
+    page.locator("#recorded input").click()
+    page.locator("#recorded input").fill(label)
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("Enter")
+    expect_status(page, "Recorded on")
+
+
+def expect_status(page, text: str, timeout: int = 60_000):
+    from playwright.sync_api import expect
+
+    expect(page.locator("#status")).to_contain_text(text, timeout=timeout)
+
+
+def drag_timeline(page, start=0.2, end=0.5):
+    """Drag across the middle of the race timeline's first row, from ``start`` to ``end`` of its width."""
+    area = page.locator("#timeline .nsewdrag").first
+    area.scroll_into_view_if_needed()
+    box = area.bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + start * box["width"], y)
+    page.mouse.down()
+    for i in range(1, 11):
+        page.mouse.move(box["x"] + (start + (end - start) * i / 10) * box["width"], y + 1)
+    page.mouse.up()
+
+
+TIMELINE_RANGE = "() => document.querySelector('#timeline .js-plotly-plot')._fullLayout.xaxis.range"
+CURSORS = "() => (document.querySelector('#timeline .js-plotly-plot').layout.shapes || []).map(s => s.x0)"
+
+
+def test_browser_zooms_the_timeline_and_keeps_the_zoom_through_a_replay(class_url):
+    """A drag on a live race's timeline zooms its time axis, and the zoom stays: after the race's views,
+    and through a replay, whose cursor moves on the chart without redrawing it (issue 63)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser, page = open_app(p, class_url)
+        pick_methods(page)
+        page.locator("#max-tokens input").fill("24")
+        page.locator("#run").click()
+        expect_status(page, "Done.")
+        expect(page.locator("#timeline")).to_contain_text("cpu", timeout=30_000)
+        page.wait_for_timeout(1000)
+        whole = page.evaluate(TIMELINE_RANGE)
+        drag_timeline(page)
+        page.wait_for_timeout(500)
+        zoomed = page.evaluate(TIMELINE_RANGE)
+        assert whole[0] < zoomed[0] < zoomed[1] < whole[1] and zoomed[1] - zoomed[0] < 0.5 * (whole[1] - whole[0])
+        page.wait_for_timeout(2000)
+        assert page.evaluate(TIMELINE_RANGE) == zoomed  # it stays
+        page.get_by_role("button", name="Replay the race").click()
+        page.wait_for_function("() => (document.querySelector('#timeline .js-plotly-plot').layout.shapes || [])"
+                               ".length > 0", timeout=30_000)  # the replay's cursor, on the chart shown
+        assert page.evaluate(TIMELINE_RANGE) == zoomed
+        page.wait_for_function(CURSORS.replace("map(s => s.x0)", "length === 0"), timeout=60_000)  # replay over
+        assert page.evaluate(TIMELINE_RANGE) == zoomed
+        browser.close()
+
+
+def test_browser_replays_a_recorded_race_smoothly_with_no_overlay_and_no_early_done(class_url):
+    """Replay of a recorded race: the cards move many times a second, say "replaying" (not "done") until
+    their run's end on the replay clock, carry no progress overlay, and end with their numbers; an H200
+    race, a tenth of a second long, replays slowed down and says so (issue 63)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser, page = open_app(p, class_url)
+        open_recorded(page, "qa: ")  # this CPU's: 2.3 s on its own clock
+        expect(page.locator("#card-mirror .card")).to_have_attribute("data-state", "length")
+        expect(page.locator("#timeline")).to_contain_text("cpu", timeout=30_000)
+        page.wait_for_timeout(1500)  # the timeline drawn (a second of this CPU's time), before the replay
+        page.evaluate("""() => { window.__seen = [];
+            new MutationObserver(() => window.__seen.push([performance.now(),
+                [...document.querySelectorAll('#cards .card')].map(c => c.dataset.state).join(),
+                [...document.querySelectorAll('#cards .wrap')].some(w => !w.classList.contains('hide')
+                                                                         && w.textContent.includes('processing'))]))
+              .observe(document.querySelector('#cards'), {subtree: true, childList: true, characterData: true}); }""")
+        page.get_by_role("button", name="Replay the race").click()
+        expect(page.locator("#card-vanilla .card")).to_have_attribute("data-state", "replaying", timeout=30_000)
+        expect(page.locator("#card-vanilla .card-state")).to_have_text("replaying…")
+        expect(page.locator("#card-vanilla .card-metrics")).to_have_text("")
+        expect(page.locator("#card-vanilla .card")).to_have_attribute("data-state", "length", timeout=30_000)
+        expect(page.locator("#card-vanilla .card-metrics")).to_contain_text("tok/s")
+        seen = page.evaluate("window.__seen")
+        assert not any(overlay for _, _, overlay in seen)  # no "processing | 0.5/7.4s" over the titles
+        replaying = [t for t, states, _ in seen if "replaying" in states]
+        assert len(replaying) >= 15 and replaying[-1] - replaying[0] > 1500  # smooth: many frames a second
+
+        open_recorded(page, "qa: Why is the sky blue? (on NVIDIA H200)")
+        page.get_by_role("button", name="Replay the race").click()
+        expect(page.locator("#card-mirror .card-state")).to_contain_text("slower than measured", timeout=30_000)
+        expect(page.locator("#card-mirror .card")).to_have_attribute("data-state", "length", timeout=30_000)
+        browser.close()
