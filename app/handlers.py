@@ -313,6 +313,21 @@ def page_open(get_pair):
         yield f"**Cannot run:** {load_problem(e)}"
 
 
+def make_live_devices(get_pair):
+    """A live race's device line, back after a recorded race's: the lanes the race's pair runs on (the
+    pair loads once; a pair that cannot load leaves the line to the race's own message)."""
+
+    def live_devices(target_device, draft_device):
+        devices = {"target_device": None if target_device == AUTO else target_device,
+                   "draft_device": None if draft_device == AUTO else draft_device}
+        try:
+            return hardware_notice(get_pair(**devices))
+        except Exception:  # noqa: BLE001  the race itself says why it cannot run
+            return gr.update()
+
+    return live_devices
+
+
 def race_traces(current: dict) -> dict:
     """Traces of the methods that did any work, keyed by title (the figures' row names)."""
     return {r.title: r.trace for r in (current or {}).values() if r.trace.spans}

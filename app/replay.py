@@ -118,6 +118,32 @@ def recorded_on(meta: dict) -> str:
             f"or **Replay** it.")
 
 
+def recorded_devices(meta: dict, results: dict[str, Result]) -> str:
+    """The device line for a recorded race: the machine and the lanes it ran on, from the recording (its
+    traces' lane labels, e.g. 'draft, NPU role, cuda:0, 2nd stream'), not this server's."""
+    metas = [r.trace.meta for r in results.values()]
+    labels = {role: next((m[f"{role}_lane"] for m in metas if m.get(f"{role}_lane")), None)
+              for role in ("target", "draft")}
+    if not labels["target"]:  # a recording without lane labels in its meta: its spans' lanes
+        lanes = {role: label for r in results.values() for label, role in r.trace.lanes.items()}
+        labels = {role: lanes.get(role) for role in ("target", "draft")}
+    parts = []
+    for role, label in labels.items():
+        if label and len(label.split(", ")) >= 3:
+            _, plays, *where = label.split(", ")
+            parts.append(f"{role} lane: **{', '.join(where)}**, playing the {plays.removesuffix(' role')}")
+    devices = {", ".join(label.split(", ")[2:3]) for label in labels.values() if label}
+    shared = ""
+    if len(devices) == 1 and next(iter(devices)).startswith("cuda"):
+        shared = " Both lanes are two CUDA streams of one GPU: the draft's kernels ran beside the target's."
+    elif devices and all(d.startswith("cpu") for d in devices):
+        shared = " Both lanes are two groups of one CPU's cores."
+    lanes = "; ".join(parts) or "lanes not recorded"
+    return (f"Recorded on **{meta.get('hardware', 'unknown hardware')}**. {lanes[0].upper()}{lanes[1:]}.{shared} "
+            "Nothing runs on this server while a recorded race is open; a live race (**Run**) runs on this "
+            "server's own lanes.")
+
+
 def make_open_recorded(names: list[str]):
     """The handler that opens a recorded race: (prompt, status, replay button, *cards, results), the
     same outputs as the Run handler, with no model loaded and nothing decoded."""
@@ -133,3 +159,13 @@ def make_open_recorded(names: list[str]):
         return (prompt, recorded_on(meta), gr.update(interactive=True), *cards, results)
 
     return open_recorded
+
+
+def open_recorded_devices(path):
+    """The device line for the recorded race at ``path`` (unchanged when none is picked)."""
+    import gradio as gr
+
+    if not path:
+        return gr.update()
+    _, meta, results = load_race(path)
+    return recorded_devices(meta, results)

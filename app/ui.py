@@ -193,7 +193,7 @@ def build_demo(pair_factory=None) -> gr.Blocks:
         with gr.Tab("What if") as what_if_tab:
             what_if = whatif.whatif_tab()
         drawn = wire_race(demo, race, results, get_pair, names,
-                          [race.timeline, utilisation, files, steps.method, race.zoom])
+                          [race.timeline, utilisation, files, steps.method, race.zoom], notice)
         wire_steps(steps, results, drawn)
         whatif.wire_whatif(what_if, results, drawn, what_if_tab)
         # drawn while its tab was hidden, the chart took a default width; drawn again when shown, the page's
@@ -207,9 +207,10 @@ def build_demo(pair_factory=None) -> gr.Blocks:
     return demo
 
 
-def wire_race(demo, race, results, get_pair, names, view_outputs):
+def wire_race(demo, race, results, get_pair, names, view_outputs, notice):
     """Run (settings checked first, then the race, then its views and the reveal), Stop, Replay, the
-    visitor's place in line while waiting, and the end of a visitor's race when their tab closes.
+    visitor's place in line while waiting, and the end of a visitor's race when their tab closes. The
+    device line (``notice``) names a recorded race's devices while it is open, the live lanes for a race.
     Returns the events that draw a race's views: after a new race, after a recorded one opens."""
     stops, line = handlers.Stops(), Line()
     run_fn = _on_gpu(handlers.make_race(get_pair, stops, race.specs, names, line))
@@ -236,6 +237,8 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
                              api_name=False)
     checked.then(join, [race.guess], [race.wait, waiting, race.reveal, race.stop, race.timeline, race.zoom,
                                       race.recorded], queue=False, api_name=False)
+    checked.then(handlers.make_live_devices(get_pair), [race.target_device, race.draft_device], notice,
+                 api_name=False, show_progress="hidden")
     run = checked.then(run_fn, inputs, [race.status, race.replay, *race.cards, results], api_name="run",
                        concurrency_limit=1, show_progress="minimal")
     run.then(lambda: gr.update(interactive=False), None, race.stop, queue=False, api_name=False)  # nothing to stop
@@ -262,6 +265,7 @@ def wire_race(demo, race, results, get_pair, names, view_outputs):
     race.stop.click(stop, None, None, api_name="stop", queue=False)
     recorded = race.recorded.input(replay.make_open_recorded(names), [race.recorded, race.show_rejected],
                                    [race.prompt, race.status, race.replay, *race.cards, results], api_name=False)
+    recorded.then(replay.open_recorded_devices, [race.recorded], notice, api_name=False, show_progress="hidden")
     opened = recorded.then(handlers.views, [results], view_outputs, api_name=False)
     opened.then(answer, [results, race.guess], [race.reveal, race.guess], api_name=False)  # a recorded race is over
     demo.unload(gone)

@@ -312,3 +312,27 @@ def test_browser_replays_a_recorded_race_smoothly_with_no_overlay_and_no_early_d
         expect(page.locator("#card-mirror .card-state")).to_contain_text("slower than measured", timeout=30_000)
         expect(page.locator("#card-mirror .card")).to_have_attribute("data-state", "length", timeout=30_000)
         browser.close()
+
+
+def test_browser_names_a_recordings_devices_then_the_live_ones(class_url):
+    """The device line above the tabs names an H200 recording's devices while it is open (from the
+    recording), and this server's lanes again when a live race starts (issue 63)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser, page = open_app(p, class_url)
+        notice = page.locator("#notice")
+        expect(notice).to_contain_text("Target lane: cpu:0", timeout=30_000)  # this server's, on page open
+        open_recorded(page, "qa: Why is the sky blue? (on NVIDIA H200)")
+        expect(notice).to_contain_text("Recorded on NVIDIA H200", timeout=30_000)
+        expect(notice).to_contain_text("Target lane: cuda:0, playing the GPU; draft lane: cuda:0, 2nd stream")
+        expect(notice).not_to_contain_text("cpu:")
+        pick_methods(page)
+        page.get_by_label("Prompt").fill("t1 t2 t3")
+        page.locator("#max-tokens input").fill("8")
+        page.locator("#run").click()
+        expect(notice).to_contain_text("Target lane: cpu:0", timeout=30_000)
+        expect(notice).not_to_contain_text("cuda")
+        expect_status(page, "Done.")
+        expect(notice).not_to_contain_text("Recorded on")
+        browser.close()
