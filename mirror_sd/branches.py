@@ -19,6 +19,8 @@ this is the only tie-break of the branch choice.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 
@@ -86,6 +88,58 @@ def choose_branches(draft: list[int], top_ids: torch.Tensor, top_logp: torch.Ten
     else:
         scores, skip = tree_scores(draft, parents, top_ids, top_logp, window_logp)
     return rank_branches(scores, skip, top_ids, budget)
+
+
+@dataclass
+class Branch:
+    """One hypothesis of the step's outcome, and the draft's continuation after it."""
+
+    accepted: int  # r: window tokens (a tree window: rows) accepted before the branch point
+    root: int  # v: the token the target emits at row r in this hypothesis
+    score: float  # its early-exit log-probability
+    tokens: list[int] = field(default_factory=list)  # the draft's continuation after root (a tree's nodes)
+    q: list[torch.Tensor] = field(default_factory=list)  # their laws [V] (temperature > 0)
+    tree: object = None  # the continuation as a drafting.tree.Tree hanging from root (None: a chain)
+
+
+@dataclass
+class BranchTable:
+    """The draft lane's answer in a Mirror-SD step: the B chosen branches, best first, and their
+    rollouts, on the draft's device until read (``read``).
+
+    table [B, 4 + L] (float64, ids exact): per branch r, root, valid (0: a skipped candidate, rolled
+    out only to keep B rows), score, then the L rolled-out tokens of a chain (L = 0 where they are
+    drawn on the host: ``drawn``, or grown as ``trees``). One tensor, so that the host reads it in one copy."""
+
+    table: torch.Tensor
+    drawn: list[tuple[list[int], list[torch.Tensor]]] | None = None  # per branch: tokens, their laws (T > 0)
+    trees: list | None = None  # per branch: its rolled-out tree
+
+    @staticmethod
+    def columns(r: torch.Tensor, roots: torch.Tensor, valid: torch.Tensor, scores: torch.Tensor,
+                tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """The table of branches (r, roots, valid, scores [B]) and their tokens [B, L] (None: L = 0)."""
+        parts = [torch.stack([r, roots, valid.long()], dim=1).double(), scores[:, None].double()]
+        return torch.cat(parts + ([tokens.double()] if tokens is not None else []), dim=1)
+
+    def read(self) -> list[Branch]:
+        """The valid branches, read to the host in one copy: the ones a step records and may hit."""
+        branches = []
+        for b, row in enumerate(self.table.tolist()):
+            if not row[2]:
+                continue
+            branch = Branch(int(row[0]), int(row[1]), row[3], tokens=[int(t) for t in row[4:]])
+            if self.drawn is not None:
+                branch.tokens, branch.q = self.drawn[b]
+            if self.trees is not None:
+                branch.tree, branch.tokens = self.trees[b], self.trees[b].tokens
+            branches.append(branch)
+        return branches
+
+
+def branch_hit(branches: list[Branch], accepted: int, token: int) -> int | None:
+    """The branch rolled out after ``accepted`` window tokens and ``token``, the step's outcome (None: a miss)."""
+    return next((i for i, b in enumerate(branches) if (b.accepted, b.root) == (accepted, token)), None)
 
 
 def _rows(values: torch.Tensor, R: int) -> torch.Tensor:

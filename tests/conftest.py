@@ -14,7 +14,7 @@ if not torch.cuda.is_available():  # Triton's interpreter runs models/fused.py's
     os.environ.setdefault("TRITON_INTERPRET", "1")  # (read when Triton is first imported)
 
 from mirror_sd import load_pair  # noqa: E402
-from mirror_sd.bench import DEFAULT_PROMPTS, read_prompts  # noqa: E402
+from mirror_sd.tools.bench import DEFAULT_PROMPTS, read_prompts  # noqa: E402
 
 TINY_VOCAB = 16
 
@@ -177,3 +177,26 @@ def reference_branches(draft, top_ids, top_logp, window_logp, budget, parents=No
     hypotheses = [(r, v, path_logp[r] + lp) for r in range(len(draft) + 1)
                   for v, lp in zip(top_ids[r].tolist(), top_logp[r].tolist()) if v not in children[r]]
     return sorted(hypotheses, key=lambda h: -h[2])[:budget]
+
+
+def channel_of(pair, cache, ids: list[int], exit_layer: int, kappa: int, head=None):
+    """``mirror.token_channel`` over ``ids`` (the last committed token, then the window) written after
+    the target cache's slots, on the plain forwards (or the cache's layer stages): (hidden [1, T, d],
+    top ids [T, kappa], top log-probs [T, kappa], window log-probs [T - 1])."""
+    from types import SimpleNamespace
+
+    from mirror_sd.methods.mirror import Context, Settings, token_channel
+
+    run = SimpleNamespace(pair=pair, sequence=[ids[0]])
+    ctx = Context(run, None, cache, None, Settings(gamma=len(ids) - 1, kappa=kappa, exit_layer=exit_layer, budget=1),
+                  head)
+    hidden, channel = token_channel(ctx, ids[1:])
+    return hidden, channel.top_ids, channel.top_logp, channel.window_logp
+
+
+def valid_branches(draft, top_ids, top_logp, window_logp, budget, parents=None):
+    """The branch rule's valid branches (mirror_sd/branches.py), read as a step reads them: ``Branch``es."""
+    from mirror_sd.branches import BranchTable, choose_branches
+
+    r, roots, scores, valid = choose_branches(draft, top_ids, top_logp, window_logp, budget, parents)
+    return BranchTable(BranchTable.columns(r, roots, valid, scores)).read()

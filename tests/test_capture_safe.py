@@ -15,7 +15,7 @@ import torch
 from mirror_sd import load_pair
 from mirror_sd.methods.mirror import exit_reader
 from mirror_sd.models.chain_draft import ChainDraft
-from mirror_sd.models.channel import TokenChannel, pack
+from mirror_sd.models.channel import Channel, TokenChannel
 from mirror_sd.models.eagle import EagleHead, HeadStages
 from mirror_sd.models.eagle_tree import TreeDraft
 from mirror_sd.models.eagle_verify import TreeVerify
@@ -75,7 +75,7 @@ def loaded_stages(pair):
         stage["channel"].load([[7, 3, 9]])
         rollouts = stage["rollouts"]
         rollouts.x[0, :3] = torch.tensor([7, 3, 9])
-        rollouts.channel[:3] = pack(torch.randint(0, 16, (3, 3)), torch.randn(3, 3), torch.randn(2))
+        rollouts.channel[:3] = Channel.of(torch.randint(0, 16, (3, 3)), torch.randn(3, 3), torch.randn(2)).packed
         rollouts.channel_rows.fill_(3)
         rollouts.window.fill_(window_code(4, 3, CAUSAL, False))
         stage["chain"].load([[7]])

@@ -2,15 +2,14 @@
 channel (top candidates, their log-probs, the window tokens' log-probs) that ``token_channel``
 computes an operation at a time, packed in one tensor, with the logit lens or a trained head of
 either kind."""
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from mirror_sd import load_pair
-from mirror_sd.methods.mirror import exit_reader, target_ranges, token_channel
-from mirror_sd.models.channel import TokenChannel, pack, unpack
+from mirror_sd.methods.mirror import exit_reader, target_ranges
+from mirror_sd.models.channel import Channel, TokenChannel
 from mirror_sd.models.forwards import forward, stage_cache
+from conftest import channel_of
 from test_exit_head import random_head
 
 ATOL = 1e-5
@@ -28,11 +27,10 @@ def test_one_replay_gives_the_channel_token_channel_computes(tiny_dirs, draft, w
     plain, staged = target.new_cache(100), stage_cache({}, target, 100, [*target_ranges(pair, 1, head), spec])
     for cache in (plain, staged):
         forward(target, torch.tensor([[1, 5, 2, 9]]), cache)
-    hidden, top_ids, top_logp, window_logp = token_channel(SimpleNamespace(pair=pair), plain, window, 1, kappa,
-                                                           head=head, on_host=False)
-    got_hidden, packed = staged.stages.run(spec.name, [window])
-    got_ids, got_logp, got_window = unpack(packed, kappa)
-    assert packed.shape == (len(window), 2 * kappa + 1) and staged.length == plain.length == 4
+    hidden, top_ids, top_logp, window_logp = channel_of(pair, plain, window, 1, kappa, head)
+    got_hidden, got = staged.stages.run(spec.name, [window])
+    got_ids, got_logp, got_window = got.top_ids, got.top_logp, got.window_logp
+    assert got.packed.shape == (len(window), 2 * kappa + 1) and staged.length == plain.length == 4
     assert torch.allclose(got_hidden, hidden, atol=ATOL)
     assert torch.allclose(got_logp, top_logp, atol=ATOL) and torch.allclose(got_window, window_logp, atol=ATOL)
     apart = torch.ones_like(top_ids, dtype=torch.bool)  # candidates whose log-prob no neighbour ties
@@ -40,9 +38,9 @@ def test_one_replay_gives_the_channel_token_channel_computes(tiny_dirs, draft, w
     apart[:, :-1] &= gaps
     apart[:, 1:] &= gaps
     assert torch.equal(got_ids[apart], top_ids[apart])
-    assert torch.equal(unpack(pack(top_ids, top_logp, window_logp), kappa)[0], top_ids)  # ids survive the packing
+    assert torch.equal(Channel.of(top_ids, top_logp, window_logp).top_ids, top_ids)  # ids survive the packing
     if head is not None:  # the head, not the lens, made the channel
         lens = target.new_cache(100)
         forward(target, torch.tensor([[1, 5, 2, 9]]), lens)
-        lens_logp = token_channel(SimpleNamespace(pair=pair), lens, window, 1, kappa, on_host=False)[2]
+        lens_logp = channel_of(pair, lens, window, 1, kappa)[2]
         assert not torch.allclose(lens_logp, top_logp, atol=ATOL)

@@ -78,12 +78,12 @@ def test_mirror_rollouts_overlap_the_target_suffix_on_two_streams(fp32_pair, mon
     suffix would then never overlap it."""
     from mirror_sd.methods import mirror
 
-    suffix_logits = mirror.suffix_logits
+    target_suffix = mirror.target_suffix
 
     def long_suffix(*args, **kwargs):
         torch.cuda._sleep(2_000_000)  # GPU clock cycles, on the target lane's stream
-        return suffix_logits(*args, **kwargs)
-    monkeypatch.setattr(mirror, "suffix_logits", long_suffix)
+        return target_suffix(*args, **kwargs)
+    monkeypatch.setattr(mirror, "target_suffix", long_suffix)
     out = generate(fp32_pair, PROMPTS[4], method="mirror", max_new_tokens=48, raw=True, **METHODS["mirror"])
     spans = out.trace.spans_frame()
     overlapping = 0

@@ -105,11 +105,10 @@ METHODS = [
     ("sd", dict(gamma=3, streams=2), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("sd", dict(gamma=3, tree=6, branching=2), {"full", "tree verify"}),  # the draft's tree levels; the target's
     # tree verify one stage (models/eagle_verify.py)
-    ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=0),  # the trained exit head, in a stage of its own
-     {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head", "chain draft of 3"}),
-    ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=1),  # the whole step queued: the token channel, the
-     {"full", "token channel: layers 0-1, trained early exit, top 4", "layers 1-2 + head",  # rollouts and the
-      "rollouts 16x3 from 4x4 candidates", "rollouts 1x3 from 4x1 candidates", "chain draft of 3"}),  # correction's
+    *[("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=queued),  # on either executor: the token channel,
+       {"full", "token channel: layers 0-1, trained early exit, top 4", "layers 1-2 + head",  # the rollouts and the
+        "rollouts 16x3 from 4x4 candidates", "rollouts 1x3 from 4x1 candidates", "chain draft of 3"})  # correction
+      for queued in (0, 1)],
     ("mirror", dict(gamma=3, exit_layer=1, tree=6, branching=2, queued=0),  # tree windows: the prefix and suffix
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),  # under a tree mask
     ("mirror", dict(gamma=3, exit_layer=1, tree=6, branching=2, queued=1),  # queued tree steps
@@ -377,14 +376,12 @@ def test_the_eagle_head_on_its_stages_gives_the_plain_features(pair, target, sta
 
 
 def test_the_token_channel_on_its_stages_gives_the_plain_candidates(pair, target):
-    from types import SimpleNamespace
+    from conftest import channel_of
+    from mirror_sd.methods.mirror import target_ranges
 
-    from mirror_sd.methods.mirror import target_ranges, token_channel
-
-    run = SimpleNamespace(pair=pair)
     for head in (None, pair.exit_heads[1]):
         plain, stage = caches(target, ranges=target_ranges(pair, 1, head))
-        got, expected = (token_channel(run, cache, [4, 8, 2], 1, 3, head) for cache in (stage, plain))
+        got, expected = (channel_of(pair, cache, [4, 8, 2], 1, 3, head) for cache in (stage, plain))
         assert torch.allclose(got[0], expected[0], atol=ATOL)  # the prefix's hidden states
         for a, b in zip(got[2:], expected[2:]):
             assert torch.allclose(a, b, atol=ATOL)  # the top-kappa log-probs, and the window's

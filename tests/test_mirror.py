@@ -130,16 +130,16 @@ def test_branches_are_chosen_by_the_chance_the_step_ends_there():
 
     import torch
 
-    from mirror_sd.methods.mirror import choose_branches
+    from conftest import valid_branches
 
     top_ids = torch.tensor([[5, 7], [8, 6], [9, 10]])
     top_logp = torch.tensor([[0.6, 0.3], [0.45, 0.4], [0.7, 0.2]]).log()
     window_logp = torch.tensor([0.6, 0.4]).log()  # the exit's log-prob of d1 at 0 and of d2 at 1
-    branches = [b for b in choose_branches([5, 6], top_ids, top_logp, window_logp, budget=10) if b.valid]
+    branches = valid_branches([5, 6], top_ids, top_logp, window_logp, budget=10)
     assert [(b.accepted, b.root) for b in branches] == [(0, 7), (1, 8), (2, 9), (2, 10)]
     assert [math.exp(b.score) for b in branches] == pytest.approx([0.30, 0.27, 0.168, 0.048])
     # a budget of 2 keeps the likeliest step ends, not the likeliest candidates ((2, 9) at 0.7, (1, 8) at 0.45)
-    assert [(b.accepted, b.root) for b in choose_branches([5, 6], top_ids, top_logp, window_logp, 2)] == [(0, 7), (1, 8)]
+    assert [(b.accepted, b.root) for b in valid_branches([5, 6], top_ids, top_logp, window_logp, 2)] == [(0, 7), (1, 8)]
 
 
 def test_the_branch_rule_keeps_its_definition():
@@ -171,8 +171,8 @@ def test_the_branch_rule_keeps_its_definition():
 
 @pytest.mark.parametrize("options", [dict(lookup=0), dict(lookup=8, gamma=2)])
 def test_a_queued_step_commits_and_records_what_the_hosts_does(tiny_pair, options):
-    """queued=1 runs each step as ``queued_step`` (on a GPU: the host waits once, at the rendezvous; here,
-    on the CPU, the same work in turn on one thread): vanilla's tokens, and every step's early-exit
+    """queued=1 queues each step's phases on the lanes' streams (``executors.Streams``; on a GPU: the host
+    waits once, at the rendezvous; here, on the CPU, the same work in turn on one thread): vanilla's tokens, and every step's early-exit
     candidates, branches and hit as the lanes' threads (queued=0) record them."""
     expected = generate(tiny_pair, "t1 t2 t3", method="vanilla", max_new_tokens=40, raw=True).token_ids
     runs = {}
@@ -221,11 +221,12 @@ def test_a_queued_step_queues_its_verification_before_its_one_wait(tiny_pair, mo
 def test_queued_steps_need_temperature_0_and_token_by_token_rollouts(tiny_pair):
     from types import SimpleNamespace
 
-    from mirror_sd.methods.mirror_queued import queues_steps
+    from mirror_sd.methods.mirror import Settings, make_context
 
-    def run(greedy):
-        return SimpleNamespace(pair=tiny_pair, draft_sampler=SimpleNamespace(greedy=greedy))
+    def queued(greedy, streams=0, option=1):
+        run = SimpleNamespace(pair=tiny_pair, draft_sampler=SimpleNamespace(greedy=greedy))
+        return make_context(run, Settings(2, 2, 1, 4, streams=streams), exit_head=0, queued=option).ex.queued
 
-    assert queues_steps(run(True), streams=0, queued=1)
-    assert not queues_steps(run(True), streams=0, queued=-1)  # auto: CUDA lanes only; these are the CPU's
-    assert not queues_steps(run(False), streams=0, queued=1) and not queues_steps(run(True), streams=1, queued=1)
+    assert queued(True)
+    assert not queued(True, option=-1)  # auto: CUDA lanes only; these are the CPU's
+    assert not queued(False) and not queued(True, streams=1)

@@ -7,7 +7,8 @@ import torch
 from conftest import EQUALITY_TOKENS
 from mirror_sd import MirrorSDError, generate, load_pair
 from mirror_sd.drafting.tree import grow_tree, grow_trees
-from mirror_sd.methods.mirror import choose_branches
+from mirror_sd.branches import choose_branches
+from conftest import valid_branches
 
 
 def reference_trees(first, expand, depth, top_k, total, sees):
@@ -87,15 +88,14 @@ def test_tree_branches_skip_every_child_and_score_the_path():
     top_ids = torch.tensor([[5, 7, 8], [6, 9, 1], [2, 3, 4], [0, 1, 6]])  # [rows, kappa]
     top_logp = torch.tensor([[-0.5, -1.0, -2.0], [-0.2, -1.5, -3.0], [-0.1, -0.3, -4.0], [-0.4, -2.0, -5.0]])
     window_logp = torch.tensor([-0.5, -0.2, -1.0])  # each node at its parent's row
-    branches = [b for b in choose_branches(tokens, top_ids, top_logp, window_logp, budget=20, parents=parents)
-                if b.valid]
-    assert len(choose_branches(tokens, top_ids, top_logp, window_logp, budget=20, parents=parents)) == 12  # every row
+    branches = valid_branches(tokens, top_ids, top_logp, window_logp, budget=20, parents=parents)
+    assert len(choose_branches(tokens, top_ids, top_logp, window_logp, budget=20, parents=parents)[0]) == 12  # all
     got = {(b.accepted, b.root): round(b.score, 4) for b in branches}
     assert (0, 5) not in got and (0, 7) not in got and (1, 6) not in got  # children: acceptances, not branches
     assert got[(0, 8)] == -2.0 and got[(1, 9)] == -2.0 and got[(2, 2)] == -0.8 and got[(3, 0)] == -1.4
     assert [round(b.score, 4) for b in branches] == sorted(got.values(), reverse=True)
-    chain = choose_branches([5, 6], top_ids[:3], top_logp[:3], window_logp[:2], budget=20)
-    as_tree = choose_branches([5, 6], top_ids[:3], top_logp[:3], window_logp[:2], budget=20, parents=[-1, 0])
+    chain = valid_branches([5, 6], top_ids[:3], top_logp[:3], window_logp[:2], budget=20)
+    as_tree = valid_branches([5, 6], top_ids[:3], top_logp[:3], window_logp[:2], budget=20, parents=[-1, 0])
     assert [(b.accepted, b.root, b.score) for b in chain] == [(b.accepted, b.root, b.score) for b in as_tree]
 
 
@@ -195,7 +195,7 @@ def test_the_branch_rule_keeps_its_definition_over_a_tree():
 
 
 def test_a_queued_tree_step_commits_and_records_what_the_host_s_does(tiny_dirs):
-    """queued=1 runs each tree step as ``queued_tree_step`` (on a GPU: one wait, at the rendezvous; here
+    """queued=1 queues each tree step on the lanes' streams (on a GPU: one wait, at the rendezvous; here
     the same work in turn on one thread): vanilla's tokens, and every step's window, candidates,
     branches, their trees and hit as the lanes' threads (queued=0) record them."""
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["reduced_draft"]))

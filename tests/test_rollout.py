@@ -1,5 +1,5 @@
 """Mirror-SD's queued draft-lane work as one stage (models/rollout.py): the branches and rollouts that
-the branch rule (mirror_sd/branches.py) and ``roll_out_tree`` give, from one replay; what it refuses; and a
+the branch rule (mirror_sd/branches.py) and ``roll_out_chains`` give, from one replay; what it refuses; and a
 queued step on stages leaves the host far fewer operations."""
 from types import SimpleNamespace
 
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from mirror_sd import generate, load_pair
-from mirror_sd.methods.mirror import roll_out_tree
 from mirror_sd.branches import choose_branches
-from mirror_sd.models.channel import pack
+from mirror_sd.methods.mirror import roll_out_chains
+from mirror_sd.models.channel import Channel
 from mirror_sd.models.forwards import FULL, forward, stage_cache
 from mirror_sd.models.rollout import Rollouts
 from mirror_sd.models.stages import Stage
@@ -41,7 +41,7 @@ def channel(T: int, kappa: int, window: list[int], seed: int):
                                                          (1, 3, 4, 1, 1), (9, 4, 16, 2, 3)])
 def test_one_replay_rolls_out_the_branches_the_device_chooses(pair, T, kappa, budget, gamma, unseen):
     """After a prompt the draft has seen but its last ``unseen`` tokens: the stage's valid branches
-    (order, scores) and their tokens are those of the branch rule (mirror_sd/branches.py) and ``roll_out_tree``
+    (order, scores) and their tokens are those of the branch rule (mirror_sd/branches.py) and ``roll_out_chains``
     on the plain forward, and every row past them is marked invalid; the chain's keys and values match."""
     draft, V = pair.draft, pair.target.args.vocab_size
     rows = max(T, 3)
@@ -55,9 +55,9 @@ def test_one_replay_rolls_out_the_branches_the_device_chooses(pair, T, kappa, bu
     run = SimpleNamespace(pair=pair, sequence=sequence, draft_sampler=SimpleNamespace(greedy=True),
                           draft_picks=lambda logits: draft_argmax(logits, draft.vocab_map, V))
     r, roots, scores, valid = choose_branches(window, top_ids, top_logp, window_logp, budget)
-    picks = roll_out_tree(run, plain, window, r, roots, gamma)
+    picks, _ = roll_out_chains(run, plain, window, r, roots, gamma)
     table = staged.stages.run(spec.name, [sequence[4:] + window], rows=unseen + len(window) + spec.budget,
-                              channel=pack(top_ids, top_logp, window_logp))
+                              channel=Channel.of(top_ids, top_logp, window_logp)).table
     expected = [(int(a), int(b), float(s), p) for a, b, s, p, ok in
                 zip(r, roots, scores.tolist(), picks.tolist(), valid) if ok]
     got = [(int(row[0]), int(row[1]), row[3], [int(t) for t in row[4:]]) for row in table.tolist() if row[2]]
@@ -74,14 +74,14 @@ def test_a_stage_refuses_what_it_cannot_hold(pair):
     stage = cache.stages.stage(spec.name, 16)
     ids, logp = torch.zeros(4, 4, dtype=torch.long), torch.zeros(4, 4)
     with pytest.raises(Exception, match="1 to 3 channel rows"):
-        stage.run([[1, 2, 3]], channel=pack(ids, logp, torch.zeros(3)))
+        stage.run([[1, 2, 3]], channel=Channel.of(ids, logp, torch.zeros(3)))
 
 
 def test_a_queued_step_on_stages_commits_vanillas_tokens_with_far_fewer_host_operations(tiny_dirs, pair, monkeypatch):
-    """scripts/host_ops.py: a queued Mirror-SD step on stages (the token channel and the draft's work one
+    """research/host_ops.py: a queued Mirror-SD step on stages (the token channel and the draft's work one
     replay each) commits vanilla's tokens and runs under half the host operations of one whose channel
     and rollouts run a forward at a time."""
-    from scripts.host_ops import count_ops, replay_outside_the_count
+    from research.host_ops import count_ops, replay_outside_the_count
 
     monkeypatch.setattr(Stage, "replay", replay_outside_the_count(Stage.replay))
     staged = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
@@ -90,7 +90,7 @@ def test_a_queued_step_on_stages_commits_vanillas_tokens_with_far_fewer_host_ope
     assert out.token_ids == expected and "note" not in out.trace.meta  # no lane failed
     assert any(step.rendezvous.branch_used is not None for step in out.trace.steps[1:])  # the rollouts hit
     one_replay = count_ops(staged, "mirror", 16, prompt="t1 t2 t3", raw=True, options=dict(queued=1))
-    monkeypatch.setattr("mirror_sd.methods.mirror_queued.staged_for", lambda *a: None)  # a forward at a time
+    monkeypatch.setattr("mirror_sd.methods.mirror.staged_for", lambda *a: None)  # a forward at a time
     forward_by_forward = count_ops(staged, "mirror", 16, prompt="t1 t2 t3", raw=True, options=dict(queued=1))
     assert 2 * one_replay["ops_per_step"] < forward_by_forward["ops_per_step"]
 

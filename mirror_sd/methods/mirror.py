@@ -1,38 +1,36 @@
 """Mirror Speculative Decoding (Bhendawade et al., 2025): drafting leaves the critical path.
 
-One step, with the window W = [last committed token, d1 .. d_gamma]:
+One step, with the window W = [last committed token, d1 .. d_gamma] (``chain_step``):
 
-1. Target lane, layers [0, exit_layer) over W, then the target's own final norm + LM head on those
-   hidden states (an early exit; only the rows of the draft's vocabulary when it has a reduced
-   one: ``exit_reader``; with a trained exit head (``exit_head``; by default wherever the target has
-   one) the hidden states first go through it, models/exit_head.py): the top-kappa tokens and
-   log-probs at every window position.
-   This token channel is all that crosses to the draft lane (ids and log-probs, O(gamma * kappa)).
+1. token channel (target lane): layers [0, exit_layer) over W, then the early exit: the target's
+   own final norm + LM head on those hidden states (only the rows of the draft's vocabulary when
+   it has a reduced one: ``exit_reader``; through a trained exit head first where the target has
+   one: models/exit_head.py). The top-kappa tokens and log-probs at every row, and each draft
+   token's log-prob, are all that crosses to the draft lane (models/channel.py: ``Channel``).
 2. At the same time, on two lanes:
-   - target lane: layers [exit_layer, N) over W -> final logits -> verification (on a CPU whose
-     cores the lanes split, it takes the draft lane's cores too once the rollouts are done);
-   - draft lane: branch rollouts. Branch (r, v) assumes the target accepts d1..dr and then emits
-     v (an early-exit candidate at position r). The draft rolls out gamma tokens after each of the
-     ``branch_budget`` most likely branches, all branches batched in one tree per forward: gamma
-     forwards token by token, or with ``streams=1`` a single forward, where the draft's main
-     stream gives each branch's first token and its speculative streams the rest.
-3. Rendezvous: verification gives (accepted A, token c). If branch (A, c) was rolled out, its
+   - target suffix (target lane): layers [exit_layer, N) over W -> final logits;
+   - branch rollouts (draft lane): branch (r, v) assumes the target accepts d1..dr and then emits v
+     (an early-exit candidate at row r). The ``branch_budget`` most likely branches
+     (mirror_sd/branches.py) each get gamma draft tokens, all branches batched in one tree per
+     forward: gamma forwards token by token, or with ``streams=1`` one forward, the draft's main
+     stream giving each branch's first token and its speculative streams the rest.
+3. rendezvous: verification gives (accepted A, token c). If branch (A, c) was rolled out, its
    continuation is the next window, ready with no draft time on the critical path (a hit).
-   Otherwise the next step starts with a fresh draft on the draft lane (a miss: draft time exposed),
-   unless (temperature 0, ``lookup`` > 0) the context holds a continuation to copy (drafting/lookup.py):
-   then up to ``lookup`` copied tokens are the next window, with no draft time at all. In a queued
-   step (T = 0, on stages) the draft stream also rolls out one more branch, from the target's own
-   token at the first rejection, as soon as the target's picks are made (``correction``): a miss
-   finds its next window there, made while the host read the verdict, not drafted after it
-   (methods/mirror_queued.py).
-4. Commit d1..dA + c and roll both KV caches back to the committed length.
+   Otherwise the next step starts with a fresh draft (a miss: draft time exposed), unless
+   (temperature 0, ``lookup`` > 0) the context holds a continuation to copy (drafting/lookup.py),
+   or (``correction``, on the draft's stages) the draft lane rolled out the branch of the target's
+   own outcome as soon as its picks were made.
+4. commit d1..dA + c and roll both KV caches back to the committed length.
 
 With option ``tree`` > 0 (T = 0) the window and every branch's rollout are draft trees instead of
-chains, the branches hanging from any row of the window: methods/mirror_tree.py.
+chains, the branches hanging from any row of the window (``tree_step``; methods/mirror_tree.py).
+All-accepted case (left open by the paper): c is the bonus token at row gamma, and branches
+(gamma, v) use the early-exit candidates there, so a fully accepted window can hit too.
 
-All-accepted case (left open by the paper): c is then the bonus token at position gamma, drawn
-from the final distribution there; branches (gamma, v) use the early-exit candidates at that
-position, so a fully accepted window can hit too.
+How the phases run (two lanes overlapping on threads, or queued on CUDA streams with one wait per
+step) is the executor's business (mirror_sd/executors.py); this module is the whole algorithm.
+Where the pair's caches have fixed-shape stages, the channel and the rollouts each run as one
+(models/channel.py, models/rollout.py), with the same rules.
 
 Why this is lossless. Every committed token comes from ``verify`` against the target's unchanged
 final distribution, with the standard rules (greedy match at T = 0; speculative sampling at
@@ -48,54 +46,84 @@ as well. tests/test_distribution.py checks this with a chi-square test against t
 """
 from __future__ import annotations
 
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
 
 import torch
 
-from .. import branches as branch_rule
+from ..branches import Branch, BranchTable, branch_hit, choose_branches
 from ..devices import to_device
 from ..drafting import make_drafter
 from ..drafting.lookup import copy_from_context
-from ..drafting.tree import Tree, graft, keep_path
+from ..drafting.tree import Tree, graft, keep_path, tree_window
+from ..executors import executor_for
+from ..models.channel import Channel, TokenChannel
 from ..models.exit_head import EarlyExit, available_exit_head, exit_head_for
-from ..models.forwards import FULL, layers
+from ..models.forwards import FULL, forward_rows, layers, staged, staged_for
+from ..models.rollout import Rollouts
+from ..models.stages import MAX_WIDTH
 from ..models.streams import draft_streams, split_forward, split_ranges
 from ..sampling import to_target_vocab
 from ..trace import Rendezvous, Step
-from . import mirror_queued, mirror_tree
+from . import mirror_tree
 from .prefill import prefill_pair
-from .verify import verify
+from .verify import Verdict, verdict_of_picks, verify, walk_tree_picks
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A Mirror-SD run's options (methods/__init__.py), the exit layer resolved."""
+
+    gamma: int  # draft tokens per window (a tree window's depth)
+    kappa: int  # early-exit candidates per window row
+    exit_layer: int
+    budget: int  # branches rolled out per step
+    streams: int = 0  # 1: each rollout in one forward of the draft's speculative streams
+    lookup: int = 0  # after a miss, copy up to this many tokens from the context
+    tree: int = 0  # tree windows of this many nodes (0: chains)
+    branching: int = 4  # with tree: children per expanded node
+    correction: int = 1  # on the draft's stages: roll out the branch of the target's own outcome
 
 
 @dataclass
-class Branch:
-    accepted: int  # r: window tokens accepted before the branch point
-    root: int  # v: the token the target emits at position r in this hypothesis
-    score: float  # early-exit log-probability of this hypothesis
-    tokens: list[int] = field(default_factory=list)  # the draft's continuation after root (a tree's nodes)
-    q: list[torch.Tensor] = field(default_factory=list)  # its distributions [V] (temperature > 0)
-    tree: Tree | None = None  # the continuation as a tree hanging from root (tree windows; None: a chain)
-    valid: bool = True  # False: a skipped candidate (an acceptance) rolled out only to keep B rows
+class Context:
+    """What a step works with: the run, how its phases run, both caches, the settings, the exit head
+    (None: the logit lens) and the fixed-shape stages the caches were made with (None: none)."""
+
+    run: object
+    ex: object  # executors.Threads or executors.Streams
+    target_cache: object
+    draft_cache: object
+    s: Settings
+    head: object
+    channel_stage: TokenChannel | None = None
+    rollout_stage: Rollouts | None = None
+    correction_stage: Rollouts | None = None
+
+
+@dataclass
+class Outcome:
+    """A step's result: the accepted path (chain: its length), the token after it, the branch it hit
+    (None: a miss), the early-exit candidates [T][kappa], the branches, and the correction rollout."""
+
+    path: list[int]  # accepted nodes (a chain: 0 .. A - 1)
+    token: int
+    hit: int | None
+    top_ids: list[list[int]]
+    branches: list[Branch]
+    correction: Correction | None = None
 
 
 def default_exit_layer(num_layers: int) -> int:
     """Three quarters of the way up (22 of SmolLM2-135M's 30 layers): a later exit sees more of the
-    target (more hits) and still leaves the draft a suffix to hide under (measured:
-    docs/experiments/mirror.md#additions-options-and-sweeps)."""
+    target (more hits) and still leaves the draft a suffix to hide under (docs/experiments/mirror.md)."""
     return max(1, num_layers * 3 // 4)
 
 
 def exit_reader(pair, head=None, draft_rows: bool = True) -> EarlyExit:
     """The module that reads the exit layer for the token channel (models/exit_head.py: EarlyExit),
-    made once per pair and trained ``head`` (None: the logit lens).
-
-    With a reduced-vocabulary draft (a ``vocab_map``) and ``draft_rows``, it computes only the
-    target's LM-head rows of the draft's tokens: a fraction of the work (8,192 of 49,152 rows for
-    the shipped draft), while the early-exit candidates it loses are rare tokens (measured:
-    docs/experiments/mirror.md#with-copied-windows-and-the-early-exit-over-the-drafts-rows).
-    """
+    made once per pair, with trained ``head`` (None: the logit lens). With a reduced-vocabulary
+    draft (a ``vocab_map``) and ``draft_rows``, it computes only the target's LM-head rows of the
+    draft's tokens (8,192 of 49,152 for the shipped draft): the candidates it loses are rare tokens."""
     target, vocab_map = pair.target, pair.draft.vocab_map if draft_rows else None
     key = (head, vocab_map is not None)
     if key not in pair.early_exits:
@@ -107,19 +135,13 @@ def exit_reader(pair, head=None, draft_rows: bool = True) -> EarlyExit:
     return pair.early_exits[key]
 
 
-def on_target_vocab(pair, logp: torch.Tensor, reader: EarlyExit) -> torch.Tensor:
-    """Log-probs over the reader's rows [T, rows] laid out on the target's vocabulary [T, V] (-inf
-    for tokens outside the draft's vocabulary)."""
-    return to_target_vocab(logp, reader.vocab_map, pair.target.args.vocab_size)
-
-
 def early_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
-    """The logit lens on hidden states [1, T, d] (already through a trained head, if any): the target's
-    final norm and LM head (the draft's rows of it, ``exit_reader``): log-probs [T, V]."""
+    """The logit lens on hidden states [1, T, d] (already through a trained head, if any): log-probs
+    [T, V] on the target's vocabulary (-inf outside the draft's, with a reduced-vocabulary draft)."""
     if pair.target.layer_devices:
         return full_head_exit(pair, hidden)
     reader = exit_reader(pair)
-    return on_target_vocab(pair, reader(hidden)[0], reader)
+    return to_target_vocab(reader(hidden)[0], reader.vocab_map, pair.target.args.vocab_size)
 
 
 def full_head_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
@@ -135,89 +157,75 @@ def choose_exit_head(pair, exit_layer: int, exit_head: int):
     return available_exit_head(pair, exit_layer) if exit_head == -1 else None
 
 
-def token_channel(run, cache, window: list[int], exit_layer: int, kappa: int, head=None, on_host: bool = True,
-                  positions=None, mask=None, parents: list[int] | None = None):
-    """Target lane: layers [0, exit_layer) over the window and the early exit, through the trained
-    exit head ``head`` first when one is given (its cost is the target prefix's). A tree window
-    (methods/mirror_tree.py) brings its positions and tree mask (``tree_window``'s) and its nodes'
-    parents; None: a causal chain.
+# -- the phases ---------------------------------------------------------------------------------------
 
-    Returns hidden [1, T, d] (kept on the target lane for the suffix), and what crosses to the
-    draft lane: top-kappa ids and log-probs [T, kappa], and the early-exit log-prob of each draft
-    token at the row before it (a tree node's: at its parent's row) [T - 1]; read to the host, or
-    (``on_host=False``, the queued step) left on the device, unread.
-    """
+def token_channel(ctx: Context, window: list[int], tree: Tree | None = None) -> tuple[torch.Tensor, Channel]:
+    """Target lane: layers [0, exit_layer) over [last committed token, *window] and the early exit;
+    a tree window (``tree``) under its tree mask, each node's log-prob read at its parent's row.
+    Returns the hidden states [1, T, d] (kept for the suffix) and the :class:`Channel`, sent on to
+    the draft's device. On the target's channel stage where it has one (a chain): one replay."""
+    run, s, cache = ctx.run, ctx.s, ctx.target_cache
     pair, target = run.pair, run.pair.target
-    hidden = layers(target, to_device([window], target.device), cache, 0, exit_layer, positions, mask)  # [1, T, d]
+    ids = [run.sequence[-1], *window]
+    stages = staged_for(target, cache, ctx.channel_stage) if ctx.channel_stage and tree is None else None
+    if stages is not None:
+        hidden, channel = stages.run(ctx.channel_stage.name, [ids])
+        return hidden, channel.to(pair.draft.device)
+    positions, mask = tree_window(tree, run.sequence, target.device)[1:] if tree is not None else (None, None)
+    hidden = layers(target, to_device([ids], target.device), cache, 0, s.exit_layer, positions, mask)  # [1, T, d]
     if target.layer_devices:  # sharded: the plain forwards, the whole LM head
-        exit_logp = full_head_exit(pair, hidden if head is None else head(hidden))  # [T, V]
+        exit_logp = full_head_exit(pair, hidden if ctx.head is None else ctx.head(hidden))  # [T, V]
     else:  # one stage of its own on a stage cache
-        reader = exit_reader(pair, head)
-        exit_logp = on_target_vocab(pair, layers(target, hidden, cache, exit_layer, exit_layer, head=reader)[0], reader)
-    top = exit_logp.topk(kappa, dim=-1)
-    drafted = to_device(window[1:], exit_logp.device, torch.long)
-    rows = to_device([p + 1 for p in parents], exit_logp.device, torch.long) if parents is not None else None
-    before = exit_logp[:-1] if rows is None else exit_logp[rows]  # each node's parent row
-    window_logp = before.gather(-1, drafted[:, None])[:, 0]
-    if not on_host:
-        return hidden, top.indices, top.values, window_logp
-    return hidden, top.indices.cpu(), top.values.cpu(), window_logp.cpu()
+        reader = exit_reader(pair, ctx.head)
+        exit_logp = layers(target, hidden, cache, s.exit_layer, s.exit_layer, head=reader)[0]
+        exit_logp = to_target_vocab(exit_logp, reader.vocab_map, target.args.vocab_size)  # [T, V]
+    top = exit_logp.topk(s.kappa, dim=-1)
+    drafted = to_device(window, exit_logp.device, torch.long)
+    before = exit_logp[:-1] if tree is None else exit_logp[to_device([p + 1 for p in tree.parents], exit_logp.device,
+                                                                     torch.long)]  # each token's parent row
+    channel = Channel.of(top.indices, top.values, before.gather(-1, drafted[:, None])[:, 0])
+    return hidden, channel.to(pair.draft.device)
 
 
-def target_ranges(pair, exit_layer: int, head=None) -> list:
-    """The target's layer ranges: the prefill's full forward, the prefix, the early exit (through the
-    trained ``head``, if any) and the suffix (with the LM head)."""
-    exit_range = [] if pair.target.layer_devices else [(exit_layer, exit_layer, exit_reader(pair, head))]
-    return [FULL, *split_ranges(exit_layer), *exit_range]
-
-
-def target_suffix(run, cache, channel, exit_layer: int, rollouts=None, positions=None, mask=None) -> torch.Tensor:
-    """Target lane: layers [exit_layer, N) over the same window -> final logits [T, V].
-
-    channel: the token channel's Future (done: it ran before on this lane), whose hidden states
-    [1, T, d] the suffix goes on from. rollouts: a Future done once the draft lane's rollouts are;
-    then the rest of the suffix takes the cores the lanes shared (``Lane.widen_when_done``), checked
-    before each layer and before the LM head (once, before the whole suffix, on stages).
-    positions, mask: a tree window's, as the prefix saw it (None: causal).
-    """
-    return suffix_logits(run, cache, channel.result()[0], exit_layer, rollouts, positions, mask)
-
-
-def suffix_logits(run, cache, hidden, exit_layer: int, rollouts=None, positions=None, mask=None) -> torch.Tensor:
-    """Layers [exit_layer, N) and the LM head over the prefix's hidden states [1, T, d] -> [T, V]."""
-    target, lane = run.pair.target, run.target_lane
-    logits = layers(target, hidden, cache, exit_layer, None, positions, mask, head=True,
-                    each_layer=lambda: lane.widen_when_done(rollouts))  # [1, T, V]
+def target_suffix(ctx: Context, prefix: tuple[torch.Tensor, Channel], tree: Tree | None = None,
+                  each_layer=None) -> torch.Tensor:
+    """Target lane: layers [exit_layer, N) and the LM head over the prefix's hidden states [1, T, d]
+    -> final logits [T, V]. each_layer(): called between layers (the executor widens the lane's CPU
+    threads there once the rollouts are done)."""
+    run, cache, hidden = ctx.run, ctx.target_cache, prefix[0]
+    positions, mask = tree_window(tree, run.sequence, run.pair.target.device)[1:] if tree is not None else (None, None)
+    logits = layers(run.pair.target, hidden, cache, ctx.s.exit_layer, None, positions, mask, head=True,
+                    each_layer=each_layer)  # [1, T, V]
     cache.length += hidden.shape[1]
     return logits[0]
 
 
-def choose_branches(draft: list[int], top_ids, top_logp, window_logp, budget: int,
-                    parents: list[int] | None = None) -> list[Branch]:
-    """The rows the draft rolls out, as branches, best first: the branch rule of mirror_sd/branches.py
-    (the one the queued step and the rollout stage run), read to the host once. Where fewer than
-    ``min(budget, T * kappa)`` candidates are valid, the skipped ones (acceptances) follow with
-    ``valid`` False: every path rolls out the same rows, and only valid branches are ever used."""
-    r, roots, scores, valid = branch_rule.choose_branches(draft, top_ids, top_logp, window_logp, budget, parents)
-    rows = torch.stack([r, roots, valid.long()], dim=1).tolist()  # [B, 3], one read
-    return [Branch(row[0], row[1], score, valid=bool(row[2])) for row, score in zip(rows, scores.tolist())]
+def target_picks(logits: torch.Tensor) -> torch.Tensor:
+    """The target's argmax at each row of the final logits [T, V] -> [T]: at T = 0 all that verifying needs."""
+    return logits.argmax(-1)
 
 
-def valid_branches(branches: list[Branch]) -> list[Branch]:
-    """The branches that are branch points (not acceptances): the ones a step records and may hit."""
-    return [b for b in branches if b.valid]
+def roll_out(ctx: Context, window: list[int], prefix: tuple[torch.Tensor, Channel]) -> BranchTable:
+    """Draft lane: the branches (mirror_sd/branches.py) from the token channel, and gamma draft tokens
+    after each, all branches in one tree per forward (``roll_out_chains``), or with ``streams`` in
+    one forward (``roll_out_streamed``). On the draft's rollout stage where it holds the step: the
+    choice and every forward in one replay (models/rollout.py). Nothing read to the host at T = 0."""
+    run, cache, channel = ctx.run, ctx.draft_cache, prefix[1]
+    if rollout_stage_fits(ctx, window, ctx.rollout_stage):
+        return roll_out_on_stage(ctx, window, channel, ctx.rollout_stage)
+    r, roots, scores, valid = choose_branches(window, channel.top_ids, channel.top_logp, channel.window_logp,
+                                              ctx.s.budget)
+    if ctx.s.streams:
+        tokens, drawn = roll_out_streamed(run, cache, window, r, roots, ctx.s.gamma)
+    else:
+        tokens, drawn = roll_out_chains(run, cache, window, r, roots, ctx.s.gamma)
+    return BranchTable(BranchTable.columns(r, roots, valid, scores, tokens), drawn=drawn)
 
 
-def branch_tensors(branches: list[Branch], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(r, roots) [B] of host-chosen branches, on ``device``."""
-    rows = to_device([[b.accepted for b in branches], [b.root for b in branches]], device, torch.long)
-    return rows[0], rows[1]
-
-
-def tree_layout(run, cache, draft: list[int], r: torch.Tensor, roots: torch.Tensor):
+def rollout_layout(run, cache, draft: list[int], r: torch.Tensor, roots: torch.Tensor):
     """The first rollout forward: ids [T], positions [T] and mask [T, base + T] of the committed tokens
     the draft has not seen, the window d1..d_gamma (one causal chain) and every branch root; r and
-    roots [B] are the branches' accepted prefixes and roots, on the draft's device, and so is all
+    roots [B], the branches' accepted prefixes and roots, lie on the draft's device, and so does all
     this (laid out there, so the host need not know the branches).
 
     Also returns ``may_see(owner, depth)``: the [B, base + slots] mask of each branch's newest row,
@@ -245,111 +253,217 @@ def tree_layout(run, cache, draft: list[int], r: torch.Tensor, roots: torch.Tens
     return ids, positions, mask, owner, depth, may_see
 
 
-def rollout(run, cache, draft: list[int], branches: list[Branch], gamma: int) -> list[Branch]:
-    """Draft lane: gamma draft tokens after every branch, all branches in one tree per forward
-    (``roll_out_tree``), into the branches."""
-    r, roots = branch_tensors(branches, run.pair.draft.device)
-    picks = roll_out_tree(run, cache, draft, r, roots, gamma, branches)
-    if picks is not None:  # one read of every branch's tokens: the host never waits for the device between forwards
-        for b, tokens in zip(branches, picks.tolist()):
-            b.tokens = tokens
-    return branches
-
-
-def roll_out_tree(run, cache, draft: list[int], r: torch.Tensor, roots: torch.Tensor, gamma: int,
-                  branches: list[Branch] | None = None) -> torch.Tensor | None:
+def roll_out_chains(run, cache, draft: list[int], r: torch.Tensor, roots: torch.Tensor, gamma: int):
     """gamma draft tokens after every branch (r, roots [B] on the draft's device), all branches in one
-    tree per forward: forward 1 lays out the tree (``tree_layout``), forward k feeds each branch's
-    newest token. At T = 0 returns the picks [B, gamma], left on the device; at T > 0 draws into
-    ``branches`` (tokens and their distributions) and returns None."""
+    tree per forward: forward 1 lays out the tree (``rollout_layout``), forward k feeds each branch's
+    newest token. At T = 0: (picks [B, gamma], left on the device, None); at T > 0 each branch's
+    tokens are drawn from its own row: (None, [(tokens, laws)] per branch)."""
     model, sampler = run.pair.draft, run.draft_sampler
     n, B, dev = len(run.sequence), len(r), r.device
-    ids, positions, mask, owner, depth, may_see = tree_layout(run, cache, draft, r, roots)
-    picks = []  # T = 0: each forward's [B] picks
+    ids, positions, mask, owner, depth, may_see = rollout_layout(run, cache, draft, r, roots)
+    picks, drawn = [], [([], []) for _ in range(B)]  # T = 0: each forward's [B] picks; T > 0: draws
     for k in range(gamma):
-        logits = _forward_rows(model, cache, ids, positions, mask, rows=B)  # [B, V_draft]
+        logits = forward_rows(model, cache, ids, positions, mask, rows=B)  # [B, V_draft]
         if sampler.greedy:
             picks.append(run.draft_picks(logits))  # [B]
         else:  # every branch's token drawn from its own row, in one call
             q = sampler.probs(run.as_target_vocab(logits))  # [B, V]
-            for b, q_b, token in zip(branches, q, sampler.sample_rows(q)):
-                b.q.append(q_b)
-                b.tokens.append(token)
+            for (tokens, laws), q_b, token in zip(drawn, q, sampler.sample_rows(q)):
+                tokens.append(token)
+                laws.append(q_b)
         if k == gamma - 1:
             break
-        ids = picks[-1] if sampler.greedy else to_device([b.tokens[-1] for b in branches], dev, torch.long)
+        ids = picks[-1] if sampler.greedy else to_device([tokens[-1] for tokens, _ in drawn], dev, torch.long)
         positions = n + r + k + 1  # [B]
         owner = torch.cat([owner, torch.arange(B, device=dev)])
         depth = torch.cat([depth, torch.zeros(B, dtype=torch.long, device=dev)])
         mask = may_see(owner, depth)
-    return torch.stack(picks, dim=1) if picks else None
+    return (torch.stack(picks, dim=1), None) if sampler.greedy else (None, drawn)
 
 
-def rollout_streamed(run, cache, draft: list[int], branches: list[Branch], gamma: int) -> list[Branch]:
-    """Like ``rollout``, in one draft forward: the draft's main stream gives each branch's first
-    token after its root, and its speculative streams at the root the other gamma - 1."""
-    model, sampler = run.pair.draft, run.draft_sampler
+def roll_out_streamed(run, cache, draft: list[int], r: torch.Tensor, roots: torch.Tensor, gamma: int):
+    """Like ``roll_out_chains``, in one draft forward: the draft's main stream gives each branch's first
+    token after its root, and its speculative streams at the root the other gamma - 1. Returns
+    (None, [(tokens, laws)] per branch), the laws empty at T = 0."""
+    model, sampler, B = run.pair.draft, run.draft_sampler, len(r)
     streams = draft_streams(run.pair)
-    B, dev = len(branches), model.device
-    ids, positions, mask, *_ = tree_layout(run, cache, draft, *branch_tensors(branches, dev))
+    ids, positions, mask, *_ = rollout_layout(run, cache, draft, r, roots)
     main, h0 = split_forward(model, ids[None], cache, streams.first_layer, positions=positions[None], tree_mask=mask)
     cache.length += len(ids)
-    roots = torch.arange(cache.length - B, cache.length, device=dev)[None]  # [1, B]: the roots' cache slots
-    ahead = streams(model, cache, h0[:, -B:], roots, positions=positions[None, -B:],
+    root_slots = torch.arange(cache.length - B, cache.length, device=model.device)[None]  # [1, B]
+    ahead = streams(model, cache, h0[:, -B:], root_slots, positions=positions[None, -B:],
                     seen=mask[None, -B:])[0, :, :gamma - 1]  # [B, gamma - 1, V_d]
     logits = run.as_target_vocab(torch.cat([main[0, -B:, None], ahead], dim=1))  # [B, gamma, V]
-    for b, rows in zip(branches, logits):
-        b.tokens, q = sampler.draw(rows)
-        b.q = list(q) if q is not None else []
-    return branches
+    drawn = []
+    for rows in logits:
+        tokens, q = sampler.draw(rows)
+        drawn.append((tokens, list(q) if q is not None else []))
+    return None, drawn
 
 
-def _forward_rows(model, cache, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rows: int) -> torch.Tensor:
-    """Write ids [T] at positions [T] (on the model's device) at the cache's next slots under ``mask``;
-    logits of the last ``rows`` tokens only."""
-    logits = layers(model, ids[None], cache, 0, None, positions[None], mask, head=True, last=rows)  # [1, rows, V_draft]
-    cache.length += len(ids)
-    return logits[0]
+def rollout_stage_fits(ctx: Context, window: list[int], spec: Rollouts | None) -> bool:
+    """Whether the draft's stage for ``spec`` holds this step: the draft on stages, the window within
+    the channel rows it was made for, the chain and every root within its widest forward."""
+    run, cache = ctx.run, ctx.draft_cache
+    chain = len(run.sequence) - cache.length + len(window)
+    return (spec is not None and staged_for(run.pair.draft, cache, spec) is not None
+            and len(window) < spec.rows and chain + spec.budget <= MAX_WIDTH)
 
 
-def rendezvous(draft, q, logits, sampler, branches: list[Branch]):
-    """Verify the window against the final logits and look for the branch the outcome picked."""
-    verdict = verify(draft, q, logits, sampler)
-    return verdict, branch_hit(branches, verdict.accepted, verdict.token)
+def roll_out_on_stage(ctx: Context, window: list[int], channel: Channel, spec: Rollouts) -> BranchTable:
+    """The branch choice and rollouts in one replay of the draft's stage for ``spec`` (models/rollout.py);
+    the cache moves past the chain and the rollouts' slots, as ``roll_out_chains`` moves it."""
+    run, cache = ctx.run, ctx.draft_cache
+    chain = run.sequence[cache.length:] + list(window)  # committed tokens the draft has not seen, then the window
+    table = staged(run.pair.draft, cache).run(spec.name, [chain], rows=len(chain) + spec.budget, channel=channel)
+    cache.length += len(chain) + spec.gamma * spec.budget
+    return BranchTable(table.table.clone())  # the stage's output is reused by its next replay
 
 
-def branch_hit(branches: list[Branch], accepted: int, token: int) -> int | None:
-    """The branch rolled out after ``accepted`` window tokens and ``token``, the outcome (None: a miss)."""
-    return next((i for i, b in enumerate(branches) if (b.accepted, b.root) == (accepted, token)), None)
+@dataclass
+class Correction:
+    """The rollout of the branch of a step's own outcome (``roll_out_correction``), on the draft lane:
+    read only if the next step needs its window (after a miss without a copy)."""
+
+    phase: object  # its executors.Phase, whose value is the one-branch BranchTable
+    outcome: tuple[int, int]  # the step's verdict: (accepted, token)
+
+    def window(self) -> list[int] | None:
+        """The tokens after the outcome: the next window after a miss (None if the stage chose another
+        branch, which its channel rules out)."""
+        fixed = self.phase.result().read()
+        return fixed[0].tokens if branch_hit(fixed, *self.outcome) == 0 else None
+
+
+def roll_out_correction(ctx: Context, window: list[int], picks: torch.Tensor, base: int) -> BranchTable:
+    """Draft lane, once the target's picks [T] are made: the one branch of the step's own outcome,
+    rolled out from the draft cache's ``base`` slots. Its channel holds the picks alone, one
+    candidate per row, all scored alike: the rows whose pick is the window's next token are
+    acceptances, skipped, so the branch chosen is the first row where the target's pick differs, or
+    the bonus row: the outcome (A, c) of verifying."""
+    picks = picks.to(ctx.run.pair.draft.device, non_blocking=True)
+    if picks.is_cuda:  # made on the target's stream: keep its memory until this stream has read it
+        picks.record_stream(torch.cuda.current_stream(picks.device))
+    zeros = torch.zeros(len(picks), 1, dtype=torch.float64, device=picks.device)
+    ctx.draft_cache.length = base
+    return roll_out_on_stage(ctx, window, Channel.of(picks[:, None], zeros, zeros[:-1, 0]), ctx.correction_stage)
+
+
+# -- one step -----------------------------------------------------------------------------------------
+
+def chain_step(ctx: Context, window: list[int], q: torch.Tensor | None, step: int) -> Outcome:
+    """One step over a chain window (module docstring): the token channel, then at once the suffix on
+    the target lane and the branches' rollouts on the draft lane, then the rendezvous."""
+    run, ex, s = ctx.run, ctx.ex, ctx.s
+    target, draft, T = run.target_lane, run.draft_lane, len(window) + 1
+    base = ctx.draft_cache.length  # the rollouts' (and the correction's) chain starts here
+    prefix = ex.start(target, "target-prefix", token_channel, ctx, window, label=prefix_label(s, ctx.head, T),
+                      step=step, tokens=T, alone=True)  # the draft lane waits for the channel: all cores
+    widen = ex.widening(target)
+    suffix = ex.start(target, "target-suffix", target_suffix, ctx, prefix, None, widen,
+                      label=suffix_label(run.pair, s, T), step=step, tokens=T)
+    B = min(s.budget, T * s.kappa)
+    rolled = ex.start(draft, "draft-rollout", roll_out, ctx, window, prefix,
+                      label=f"{B} branches x {s.gamma} tokens", step=step, tokens=B * s.gamma)
+    widen.after(rolled)
+    greedy = run.target_sampler.greedy
+    verifying = dict(label="verify + match branch", step=step)
+    if greedy:  # the picks, queued before the step's one wait
+        picks = ex.start(target, "rendezvous", target_picks, suffix, **verifying)
+    correcting = greedy and s.correction and rollout_stage_fits(ctx, window, ctx.correction_stage) \
+        and rollout_stage_fits(ctx, window, ctx.rollout_stage)
+    fixing = ex.start(draft, "correction-rollout", roll_out_correction, ctx, window, picks, base,
+                      label=f"correction: 1 branch x {s.gamma} tokens", step=step, tokens=s.gamma) \
+        if correcting else None
+    if greedy:
+        ex.finish(prefix, suffix, rolled, picks)  # the step's one wait
+        verdict = verdict_of_picks(window, picks.result().tolist())
+    else:
+        ex.finish(prefix, suffix, rolled)
+        verdict = ex.start(target, "rendezvous", verify, window, q, suffix, run.target_sampler, **verifying).result()
+    branches = rolled.result().read()
+    outcome = (verdict.accepted, verdict.token)
+    return Outcome(list(range(verdict.accepted)), verdict.token, branch_hit(branches, *outcome),
+                   prefix.result()[1].top_ids.tolist(), branches,
+                   Correction(fixing, outcome) if fixing is not None else None)
+
+
+def tree_step(ctx: Context, window: Tree, step: int) -> Outcome:
+    """One step over a tree window (methods/mirror_tree.py): as ``chain_step``, the window's nodes
+    under its tree mask, each branch's rollout a tree, and the greedy tree walk at the rendezvous."""
+    run, ex, s = ctx.run, ctx.ex, ctx.s
+    target, draft, T = run.target_lane, run.draft_lane, len(window.tokens) + 1
+    prefix = ex.start(target, "target-prefix", token_channel, ctx, window.tokens, window,
+                      label=prefix_label(s, ctx.head, T), step=step, tokens=T, alone=True)
+    widen = ex.widening(target)
+    suffix = ex.start(target, "target-suffix", target_suffix, ctx, prefix, window, widen,
+                      label=suffix_label(run.pair, s, T), step=step, tokens=T)
+    B = min(s.budget, T * s.kappa)
+    rolled = ex.start(draft, "draft-rollout", mirror_tree.roll_out, ctx, window, prefix,
+                      label=mirror_tree.rollout_label(B, s.tree, s.gamma), step=step, tokens=B * s.tree)
+    widen.after(rolled)
+    picks = ex.start(target, "rendezvous", target_picks, suffix, label="verify tree + match branch", step=step)
+    ex.finish(prefix, suffix, rolled, picks)  # the step's one wait
+    path, token = walk_tree_picks(window.tokens, window.children(), picks.result().tolist())
+    branches = rolled.result().read()
+    return Outcome(path, token, branch_hit(branches, path[-1] + 1 if path else 0, token),
+                   prefix.result()[1].top_ids.tolist(), branches)
+
+
+def target_ranges(pair, exit_layer: int, head=None) -> list:
+    """The target's layer ranges: the prefill's full forward, the prefix, the early exit (through the
+    trained ``head``, if any; on one device's target) and the suffix (with the LM head)."""
+    exit_range = [] if pair.target.layer_devices else [(exit_layer, exit_layer, exit_reader(pair, head))]
+    return [FULL, *split_ranges(exit_layer), *exit_range]
+
+
+def prefix_label(s: Settings, head, T: int) -> str:
+    return f"layers 1-{s.exit_layer} + {'trained ' if head else ''}early exit, {T} tokens"
+
+
+def suffix_label(pair, s: Settings, T: int) -> str:
+    return f"layers {s.exit_layer + 1}-{pair.target.num_layers}, {T} tokens"
+
+
+# -- the decode loop ----------------------------------------------------------------------------------
+
+def make_context(run, s: Settings, exit_head: int, queued: int) -> Context:
+    """The step's context: the executor (``queued``: executors.executor_for; steps queue only at T = 0,
+    token by token, on one device's target), the exit head and the stages a greedy chain step runs
+    on where the caches have stages (the token channel, the rollouts, the correction)."""
+    pair, greedy = run.pair, run.draft_sampler.greedy
+    plain_lanes = not s.streams and not pair.target.layer_devices
+    ex = executor_for(run, queued, possible=greedy and plain_lanes)
+    head = choose_exit_head(pair, s.exit_layer, exit_head)
+    ctx = Context(run, ex, None, None, s, head)
+    if greedy and plain_lanes and not s.tree:
+        rows = max(s.gamma, s.lookup) + 1  # the most a window has, with the token before it
+        vocab, B = pair.target.args.vocab_size, min(s.budget, rows * s.kappa)
+        ctx.channel_stage = TokenChannel(s.exit_layer, s.kappa, exit_reader(pair, head), vocab)
+        ctx.rollout_stage = Rollouts(B, s.gamma, s.kappa, rows, vocab) if B < MAX_WIDTH else None
+        ctx.correction_stage = Rollouts(1, s.gamma, 1, rows, vocab) if ctx.rollout_stage and s.correction \
+            else None
+    return ctx
 
 
 def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, streams: int = 0, lookup: int = 0,
            exit_head: int = -1, queued: int = -1, tree: int = 0, branching: int = 4, correction: int = 1):
     pair = run.pair
-    greedy = run.draft_sampler.greedy
-    trees = bool(tree)  # tree windows (methods/mirror_tree.py); temperature 0 only (the engine refuses them at T > 0)
-    # a fresh window after a miss: token by token (a tree, with trees), or the draft's streams
-    fresh = make_drafter(streams, tree=tree, branching=branching)
-    roll_out = rollout_streamed if streams else rollout
-    queues = mirror_queued.queues_steps(run, streams, queued)
-    exit_layer = exit_layer or default_exit_layer(pair.target.num_layers)
-    head = choose_exit_head(pair, exit_layer, exit_head)  # None: the logit lens
-    channel, rollouts, corrections = (None,) * 3 if not queues or trees else \
-        mirror_queued.step_stages(pair, exit_layer, kappa, head, gamma, branch_budget, lookup, correction)
-    step_on = partial(mirror_queued.queued_step, channel_stage=channel, rollouts=rollouts, corrections=corrections) \
-        if queues else host_step
-    rollout_slots = branch_budget * (1 + branching * (gamma - 1)) + max(tree, lookup) if trees \
-        else branch_budget * gamma + lookup
-    target_cache, draft_cache, first = prefill_pair(run, extra_draft_slots=rollout_slots,
-                                                    target_ranges=[*target_ranges(pair, exit_layer, head),
-                                                                   *([channel] if channel else [])],
-                                                    draft_ranges=[*fresh.layer_ranges(pair, gamma, greedy),
-                                                                  *([rollouts] if rollouts else []),
-                                                                  *([corrections] if corrections else [])])
+    s = Settings(gamma, kappa, exit_layer or default_exit_layer(pair.target.num_layers), branch_budget, streams,
+                 lookup, tree, branching, correction)
+    ctx = make_context(run, s, exit_head, queued)
+    fresh = make_drafter(streams, tree=tree, branching=branching)  # a fresh window after a miss
+    rollout_slots = s.budget * (1 + branching * (gamma - 1)) + max(tree, lookup) if tree else s.budget * gamma + lookup
+    stages = [stage for stage in (ctx.rollout_stage, ctx.correction_stage) if stage]
+    ctx.target_cache, ctx.draft_cache, first = prefill_pair(
+        run, extra_draft_slots=rollout_slots,
+        target_ranges=[*target_ranges(pair, s.exit_layer, ctx.head), *([ctx.channel_stage] if ctx.channel_stage else [])],
+        draft_ranges=[*fresh.layer_ranges(pair, gamma, run.draft_sampler.greedy), *stages])
     yield first
-    fresh_label = f"fallback draft tree of {tree} tokens, depth {gamma}" if trees else f"fallback draft {gamma} tokens"
+    target_cache, draft_cache = ctx.target_cache, ctx.draft_cache
+    fresh_label = f"fallback draft tree of {tree} tokens, depth {gamma}" if tree else f"fallback draft {gamma} tokens"
     window, q = None, None  # the window: draft tokens, or a Tree with trees
-    correction = None  # the last step's correction rollout (queued steps)
+    correction = None  # the last step's correction rollout
     while not run.done:
         step = run.next_step
         n = len(run.sequence)
@@ -357,86 +471,43 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
         copy = copy_from_context(run.sequence, lookup) if window is None and run.draft_sampler.greedy else []
         copied = bool(copy)
         if copied:  # the last step missed, and the context holds a continuation: copy it, no draft work
-            window, q = (graft(Tree([], [], [], []), copy) if trees else copy), None  # trees: a one-branch tree
+            window, q = (graft(Tree([], [], [], []), copy) if tree else copy), None  # trees: a one-branch tree
         corrected = correction.window() if window is None and correction is not None else None
         from_correction = corrected is not None
-        if from_correction:  # the last step missed, and the draft stream rolled out from its outcome
+        if from_correction:  # the last step missed, and the draft lane rolled out from its outcome
             window, q = corrected, None
         fallback = window is None
         if fallback:  # the first step, or the last one missed: draft afresh, on the critical path
-            proposal, drafted = run.draft_lane.queue("fallback-draft", fresh.propose, run, draft_cache, gamma,
-                                                     label=fresh_label, step=step, tokens=gamma)
-            drafted.record()  # waits for the draft's stream: the laws q (T > 0) may still be in the making
-            window, q = (proposal.tree if trees else proposal.tokens), proposal.q
+            proposal = ctx.ex.start(run.draft_lane, "fallback-draft", fresh.propose, run, draft_cache, gamma,
+                                    label=fresh_label, step=step, tokens=gamma).result()
+            window, q = (proposal.tree if tree else proposal.tokens), proposal.q
             draft_cache.rollback(min(draft_cache.length, n - 1))
-        if trees:
-            tree_step = mirror_tree.queued_tree_step if queues else mirror_tree.tree_step
-            path, token, hit, top_ids, branches = tree_step(
-                run, target_cache, draft_cache, window, step, exit_layer, kappa, head, branch_budget, gamma, branching,
-                tree)
-            correction = None  # tree steps roll out no correction
-            keep_path(target_cache, path, n)
-            keep_path(draft_cache, path, n)  # the rollouts wrote the window's nodes after the sequence
-            tokens, origins = window.committed(path, token)
-            accepted, proposed, drafted = len(path), window.tokens, window.record(path)
+        last = correction
+        out = tree_step(ctx, window, step) if tree else chain_step(ctx, window, q, step)
+        if last is not None:  # the last step's correction rollout, done before this step's rollouts
+            last.phase.result()
+        correction = out.correction
+        if tree:
+            keep_path(target_cache, out.path, n)
+            keep_path(draft_cache, out.path, n)  # the rollouts wrote the window's nodes after the sequence
+            tokens, origins = window.committed(out.path, out.token)
+            proposed, drafted_tree = window.tokens, window.record(out.path)
         else:
-            last = correction
-            verdict, hit, top_ids, branches, correction = step_on(
-                run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, branch_budget, gamma,
-                roll_out)
-            if last is not None:  # the last step's correction rollout, done before this step's rollouts
-                last.work.record()
-            tokens, origins = verdict.committed(window)
-            accepted, proposed, drafted = verdict.accepted, window, None
-            target_cache.rollback(n + accepted)
-            draft_cache.rollback(min(draft_cache.length, n + accepted))
-        met = Rendezvous(exit_candidates=top_ids, branches=[(b.accepted, b.root, b.tokens) for b in branches],
-                         branch_used=hit, fallback=fallback, copied=copied, corrected=from_correction,
-                         branch_parents=[b.tree.parents for b in branches] if trees else [])
-        committed = run.commit(Step(step, tokens, origins, proposed=proposed, accepted=accepted, tree=drafted,
-                                    rendezvous=met))
+            tokens, origins = Verdict(len(out.path), out.token).committed(window)
+            proposed, drafted_tree = window, None
+            target_cache.rollback(n + len(out.path))
+            draft_cache.rollback(min(draft_cache.length, n + len(out.path)))
+        met = Rendezvous(exit_candidates=out.top_ids, branches=[(b.accepted, b.root, b.tokens) for b in out.branches],
+                         branch_used=out.hit, fallback=fallback, copied=copied, corrected=from_correction,
+                         branch_parents=[b.tree.parents for b in out.branches] if tree else [])
+        committed = run.commit(Step(step, tokens, origins, proposed=proposed, accepted=len(out.path),
+                                    tree=drafted_tree, rendezvous=met))
         if run.done and correction is not None:  # the engine asks for no step after the last: record it now
-            correction.work.record()
+            correction.phase.result()
         yield committed
-        if hit is None:
+        if out.hit is None:
             window, q = None, None
         else:
-            window = branches[hit].tree if trees else branches[hit].tokens
-            q = torch.stack(branches[hit].q) if branches[hit].q else None
-
-
-def host_step(run, target_cache, draft_cache, window, q, step, exit_layer, kappa, head, budget, gamma, roll_out):
-    """One step on the lanes' threads: the target lane's prefix and early exit, read by the host,
-    which chooses the branches and hands them to the draft lane, while the target lane goes on
-    with the suffix. Returns the verdict, the branch it hit (or None), the early-exit candidates
-    [T][kappa], the branches, and no correction rollout (``mirror_queued.queued_step``'s last: None)."""
-    pair = run.pair
-    T = len(window) + 1
-    channel = run.target_lane.submit(
-        "target-prefix", token_channel, run, target_cache, [run.sequence[-1], *window], exit_layer, kappa, head,
-        label=prefix_label(exit_layer, head, T), step=step, tokens=T,
-        alone=True)  # the draft lane waits for the token channel: the prefix may use its cores too
-    # The suffix goes in the target lane's queue now, so it starts as soon as the token channel is
-    # done, while this thread reads the channel and lays out the rollouts.
-    rollouts_done = Future()  # set once the rollouts (not submitted yet) are done: the suffix widens then
-    suffix = run.target_lane.submit("target-suffix", target_suffix, run, target_cache, channel, exit_layer,
-                                    rollouts_done, label=suffix_label(pair, exit_layer, T), step=step, tokens=T)
-    _, top_ids, top_logp, window_logp = channel.result()
-    rows = choose_branches(window, top_ids, top_logp, window_logp, budget)
-    rolled = run.draft_lane.submit("draft-rollout", roll_out, run, draft_cache, window, rows, gamma,
-                                   label=f"{len(rows)} branches x {gamma} tokens", step=step,
-                                   tokens=len(rows) * gamma)
-    rolled.add_done_callback(lambda _: rollouts_done.set_result(None))
-    logits = suffix.result()
-    branches = valid_branches(rolled.result())
-    verdict, hit = run.target_lane.run("rendezvous", rendezvous, window, q, logits, run.target_sampler, branches,
-                                       label="verify + match branch", step=step)
-    return verdict, hit, top_ids.tolist(), branches, None
-
-
-def prefix_label(exit_layer: int, head, T: int) -> str:
-    return f"layers 1-{exit_layer} + {'trained ' if head else ''}early exit, {T} tokens"
-
-
-def suffix_label(pair, exit_layer: int, T: int) -> str:
-    return f"layers {exit_layer + 1}-{pair.target.num_layers}, {T} tokens"
+            used = out.branches[out.hit]
+            window = used.tree if tree else used.tokens
+            q = torch.stack(used.q) if used.q else None

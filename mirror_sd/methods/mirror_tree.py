@@ -21,97 +21,36 @@ row i + 1):
    next window (a hit); otherwise a fresh tree draft or a copied chain is (a miss, as for chains).
 4. Both caches keep the root and the accepted path (``tree.keep_path``).
 
+The step itself is ``mirror.tree_step``; this module lays out and grows the rollouts' trees.
+
 Lossless as any greedy tree verification: every committed token is the target's argmax after the
 committed prefix. Trees are greedy only (a deterministic top-k tree has no exact sampling rule):
 at T > 0 the engine refuses ``tree`` (``options.refuse_greedy_only``).
 """
 from __future__ import annotations
 
-from concurrent.futures import Future
-
 import torch
 
-from ..branches import choose_branches
+from ..branches import BranchTable, choose_branches
 from ..devices import to_device
 from ..drafting.token_by_token import tree_readers
-from ..drafting.tree import Tree, grow_trees, tree_mask, tree_window
-from . import mirror, mirror_queued
-from .verify import accept_tree, walk_tree_picks
+from ..drafting.tree import Tree, grow_trees, tree_mask
+from ..models.forwards import forward_rows
 
 
-def tree_step(run, target_cache, draft_cache, window: Tree, step, exit_layer, kappa, head, budget, gamma,
-              branching, nodes):
-    """One step over a tree window on the lanes' threads (module docstring), as ``mirror.host_step``
-    over a chain. Returns the accepted path (nodes), the token after it, the branch it hit (or
-    None), the early-exit candidates [T][kappa] and the branches, each with its rolled-out tree."""
-    pair = run.pair
-    T = len(window.tokens) + 1
-    _, positions, mask = tree_window(window, run.sequence, pair.target.device)
-    channel = run.target_lane.submit(
-        "target-prefix", mirror.token_channel, run, target_cache, [run.sequence[-1], *window.tokens], exit_layer,
-        kappa, head, positions=positions, mask=mask, parents=window.parents,
-        label=mirror.prefix_label(exit_layer, head, T), step=step, tokens=T, alone=True)
-    rollouts_done = Future()  # set once the rollouts are done: the suffix widens then (as host_step's)
-    suffix = run.target_lane.submit("target-suffix", mirror.target_suffix, run, target_cache, channel, exit_layer,
-                                    rollouts_done, positions, mask, label=mirror.suffix_label(pair, exit_layer, T),
-                                    step=step, tokens=T)
-    _, top_ids, top_logp, window_logp = channel.result()
-    rows = mirror.choose_branches(window.tokens, top_ids, top_logp, window_logp, budget, window.parents)
-    rolled = run.draft_lane.submit("draft-rollout", roll_out, run, draft_cache, window, rows, gamma,
-                                   branching, nodes, label=rollout_label(len(rows), nodes, gamma),
-                                   step=step, tokens=len(rows) * nodes)
-    rolled.add_done_callback(lambda _: rollouts_done.set_result(None))
-    logits = suffix.result()
-    branches = mirror.valid_branches(rolled.result())
-    path, token, hit = run.target_lane.run("rendezvous", rendezvous, window, logits, run.target_sampler, branches,
-                                           label="verify tree + match branch", step=step)
-    return path, token, hit, top_ids.tolist(), branches
-
-
-def queued_tree_step(run, target_cache, draft_cache, window: Tree, step, exit_layer, kappa, head, budget, gamma,
-                     branching, nodes):
-    """``tree_step`` queued on the lanes' streams from this thread, as ``mirror_queued.queued_step``
-    over a chain: the target stream runs the prefix, the early exit, the suffix under the tree mask
-    and the target's picks; the draft stream waits for the token channel on a CUDA event, chooses
-    the branches on the device (mirror_sd/branches.py, the host's rule) and grows their trees
-    there (``roll_out_trees``, as the host's step does, over the same rows). The host reads both
-    once, at the end. Returns what ``tree_step`` does."""
-    T = len(window.tokens) + 1
-    channel_there, channel, logits, suffix = mirror_queued.queue_target(run, target_cache, window.tokens, step,
-                                                                        exit_layer, kappa, head, tree=window)
-    B = min(budget, T * kappa)
-
-    def choose_and_roll_out():
-        r, roots, scores, valid = choose_branches(window.tokens, *channel_there, budget, window.parents)
-        return r, roots, scores, valid, roll_out_trees(run, draft_cache, window, r, roots, gamma, branching, nodes)
-
-    (r, roots, scores, valid, trees), rolled = run.draft_lane.queue(
-        "draft-rollout", choose_and_roll_out, after=channel.done, label=rollout_label(B, nodes, gamma), step=step,
-        tokens=B * nodes)
-    picks, verified = run.target_lane.queue("rendezvous", mirror_queued.target_picks, logits,
-                                            label="verify tree + match branch", step=step)
-    mirror_queued.wait_and_record(channel, suffix, rolled, verified)  # the step's one wait
-    rows = torch.stack([r, roots, valid.long()], dim=1).tolist()  # [B, 3]
-    branches = [mirror.Branch(row[0], row[1], score, tokens=tree.tokens, tree=tree)
-                for row, score, tree in zip(rows, scores.tolist(), trees) if row[2]]
-    path, token = walk_tree_picks(window.tokens, window.children(), picks.tolist())
-    return path, token, matched(path, token, branches), channel_there[0].tolist(), branches
+def roll_out(ctx, window: Tree, prefix) -> BranchTable:
+    """Draft lane: the branches over the tree window (mirror_sd/branches.py, with the tree's parents)
+    from the token channel (``prefix``: the target prefix's hidden states and channel), and from each
+    branch's root a tree grown ``gamma`` levels deep (``roll_out_trees``)."""
+    channel, s = prefix[1], ctx.s
+    r, roots, scores, valid = choose_branches(window.tokens, channel.top_ids, channel.top_logp, channel.window_logp,
+                                              s.budget, window.parents)
+    trees = roll_out_trees(ctx.run, ctx.draft_cache, window, r, roots, s.gamma, s.branching, s.tree)
+    return BranchTable(BranchTable.columns(r, roots, valid, scores), trees=trees)
 
 
 def rollout_label(branches: int, nodes: int, gamma: int) -> str:
     return f"{branches} branches x tree of {nodes}, depth {gamma}"
-
-
-def rendezvous(window: Tree, logits: torch.Tensor, sampler, branches: list) -> tuple[list[int], int, int | None]:
-    """Verify the tree against the final logits [T, V]; the accepted path, the token after it and the
-    branch that outcome picked (None: a miss)."""
-    path, token = accept_tree(window, logits, sampler)
-    return path, token, matched(path, token, branches)
-
-
-def matched(path: list[int], token: int, branches: list) -> int | None:
-    """The branch rolled out from the accepted path's last row with ``token`` at its root (None: a miss)."""
-    return mirror.branch_hit(branches, path[-1] + 1 if path else 0, token)
 
 
 def rollout_layout(run, cache, window: Tree, r: torch.Tensor, roots: torch.Tensor):
@@ -146,19 +85,10 @@ def roll_out_trees(run, cache, window: Tree, r: torch.Tensor, roots: torch.Tenso
     model, B = run.pair.draft, len(r)
     log_probs, to_ids = tree_readers(run)
     ids, positions, mask = rollout_layout(run, cache, window, r, roots)
-    first = log_probs(mirror._forward_rows(model, cache, ids, positions, mask, rows=B))  # [B, rows]: the roots' children
+    first = log_probs(forward_rows(model, cache, ids, positions, mask, rows=B))  # [B, rows]: the roots' children
     root_position = positions[-B:]
 
     def expand(trees, _nodes, _parents, tokens, depth, mask):  # a node at ``depth`` below its branch's root
-        return log_probs(mirror._forward_rows(model, cache, tokens, root_position[trees] + depth, mask, rows=len(tokens)))
+        return log_probs(forward_rows(model, cache, tokens, root_position[trees] + depth, mask, rows=len(tokens)))
 
     return grow_trees(first, expand, to_ids, gamma, branching, nodes, mask[-B:])
-
-
-def roll_out(run, cache, window: Tree, branches: list, gamma: int, branching: int, nodes: int) -> list:
-    """``roll_out_trees`` for host-chosen branches, their trees into them."""
-    trees = roll_out_trees(run, cache, window, *mirror.branch_tensors(branches, run.pair.draft.device), gamma,
-                           branching, nodes)
-    for branch, tree in zip(branches, trees):
-        branch.tree, branch.tokens = tree, tree.tokens
-    return branches

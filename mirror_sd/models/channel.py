@@ -7,8 +7,8 @@ rows of the draft's vocabulary, log_softmax), lays the log-probs over the target
 takes the top-kappa candidates at every row and the log-prob of each window token at the row
 before it. Run an operation at a time, the part after the prefix is some twenty launches from the
 host; a :class:`ChannelStage` runs all of it in its body, over a causal window (a chain), and
-packs what crosses into one tensor [W, 2 kappa + 1] (``pack`` and ``unpack``), so the draft's
-device receives it in one copy. The prefix's hidden states stay in the stage for the suffix.
+packs what crosses into one tensor (:class:`Channel`), so the draft's device receives it in one copy.
+The prefix's hidden states stay in the stage for the suffix.
 """
 from __future__ import annotations
 
@@ -32,15 +32,15 @@ class ChannelStage(Stage):
     def run(self, x, positions=None, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
         """For the T window tokens x [1, T] (the last committed one first), a causal window written
         after the cache's slots: the prefix's hidden states [1, T, d] (a view of the stage's output:
-        use it before the next replay of a stage of this set) and the channel packed
-        [T, 2 kappa + 1] (``pack``; a copy). The cache's length does not move."""
+        use it before the next replay of a stage of this set) and the :class:`Channel` (a copy). The
+        cache's length does not move."""
         if positions is not None or mask is not None:
             raise MirrorSDError("the token channel's stage takes a chain: no positions or mask")
         with torch.inference_mode():
             T = self.load(x)
             self.replay()
             hidden, packed = self.out
-            return hidden[:, :T], packed[:T].clone()
+            return hidden[:, :T], Channel(packed[:T].clone(), self.spec.kappa)
 
     def body(self):
         h = super().body()  # [1, W, d]: layers [0, exit_layer) over the window
@@ -49,7 +49,7 @@ class ChannelStage(Stage):
         top = logp.topk(spec.kappa, dim=-1)
         drafted = self.x[0, 1:]  # [W - 1]: the token after each row (past T - 1: padding's)
         window_logp = logp[:-1].gather(-1, drafted[:, None])[:, 0]  # [W - 1]
-        return h, pack(top.indices, top.values, window_logp)
+        return h, Channel.of(top.indices, top.values, window_logp).packed
 
 
 @dataclass(frozen=True)
@@ -70,13 +70,36 @@ class TokenChannel(OwnStage):
         return f"token channel: layers 0-{self.exit_layer}, {self.reader.stage_name}, top {self.kappa}"
 
 
-def pack(top_ids: torch.Tensor, top_logp: torch.Tensor, window_logp: torch.Tensor) -> torch.Tensor:
-    """The token channel in one tensor [T, 2 kappa + 1] (float64, ids exact): top ids [T, kappa], their
-    log-probs [T, kappa], and the window tokens' log-probs [T - 1] (a last row of 0 after them)."""
-    window_logp = torch.cat([window_logp, window_logp.new_zeros(top_ids.shape[0] - window_logp.shape[0])])
-    return torch.cat([top_ids.double(), top_logp.double(), window_logp.double()[:, None]], dim=1)
+@dataclass(frozen=True)
+class Channel:
+    """The token channel: all that crosses from the target lane to the draft lane in a Mirror-SD step,
+    O(T kappa) numbers in one tensor, so that another device receives it in one copy.
 
+    packed [T, 2 kappa + 1] (float64, ids exact): the early exit's top-kappa ids [T, kappa], their
+    log-probs [T, kappa], and each draft token's log-prob at the row before it (a tree node's: at its
+    parent's row) [T - 1], with a last row of 0 after them."""
 
-def unpack(packed: torch.Tensor, kappa: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``pack``'s parts: top ids [T, kappa], top log-probs [T, kappa] (fp32), window log-probs [T - 1] (fp32)."""
-    return packed[:, :kappa].long(), packed[:, kappa:2 * kappa].float(), packed[:-1, 2 * kappa].float()
+    packed: torch.Tensor
+    kappa: int
+
+    @classmethod
+    def of(cls, top_ids: torch.Tensor, top_logp: torch.Tensor, window_logp: torch.Tensor) -> Channel:
+        window_logp = torch.cat([window_logp, window_logp.new_zeros(top_ids.shape[0] - window_logp.shape[0])])
+        packed = torch.cat([top_ids.double(), top_logp.double(), window_logp.double()[:, None]], dim=1)
+        return cls(packed, top_ids.shape[1])
+
+    @property
+    def top_ids(self) -> torch.Tensor:  # [T, kappa]
+        return self.packed[:, :self.kappa].long()
+
+    @property
+    def top_logp(self) -> torch.Tensor:  # [T, kappa]
+        return self.packed[:, self.kappa:2 * self.kappa].float()
+
+    @property
+    def window_logp(self) -> torch.Tensor:  # [T - 1]
+        return self.packed[:-1, 2 * self.kappa].float()
+
+    def to(self, device: torch.device) -> Channel:
+        """The channel on ``device``, copied without waiting where it goes to a GPU."""
+        return Channel(self.packed.to(device, non_blocking=device.type == "cuda"), self.kappa)

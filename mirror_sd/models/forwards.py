@@ -191,3 +191,11 @@ def _plain_layers(model, x, cache, a, b, positions, tree_mask, head, last, each_
     read = model.head if head is True else head
     return read(h if last is None else h[:, -last:])
 
+
+def forward_rows(model, cache, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                 rows: int) -> torch.Tensor:
+    """Write ids [T] at positions [T] (on the model's device) at the cache's next slots under ``mask``;
+    logits of the last ``rows`` tokens only."""
+    logits = layers(model, ids[None], cache, 0, None, positions[None], mask, head=True, last=rows)  # [1, rows, V]
+    cache.length += len(ids)
+    return logits[0]

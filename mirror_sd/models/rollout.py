@@ -30,9 +30,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..branches import chain_scores, rank_branches
+from ..branches import BranchTable, chain_scores, rank_branches
 from ..errors import MirrorSDError
 from .chain_draft import greedy_picks
+from .channel import Channel
 from .llama import Transformer
 from .stages import BUCKETS, CAUSAL, OwnStage, Stage, copy_into, window_code
 
@@ -49,17 +50,16 @@ class RolloutStage(Stage):
         self.channel = torch.zeros(spec.rows, 2 * spec.kappa + 1, dtype=torch.float64, device=device)  # T used
         self.channel_rows = torch.zeros(1, dtype=torch.long, device=device)  # T
 
-    def run(self, x, positions=None, mask=None, channel: torch.Tensor | None = None) -> torch.Tensor:
-        """The table [budget, 4 + gamma] (float64) of the branches, best first: accepted prefix r,
-        root, whether valid (not a window token: an acceptance, not a branch), score, then the
-        gamma tokens rolled out after the root (target ids). x: [chain], the C tokens after the
-        draft cache's slots (committed ones it has not seen, then the window's); ``channel``: the
-        token channel of the window's T rows, packed (models/channel.py: ``pack``), on the draft's
-        device. The cache's length does not move: the rollouts take C + gamma * budget slots after it."""
+    def run(self, x, positions=None, mask=None, channel: Channel | None = None) -> BranchTable:
+        """The branches, best first, with the gamma tokens rolled out after each root (target ids):
+        a :class:`BranchTable` (a view of the stage's output: read it before the next replay).
+        x: [chain], the C tokens after the draft cache's slots (committed ones it has not seen, then
+        the window's); ``channel``: the token channel of the window's T rows, on the draft's device.
+        The cache's length does not move: the rollouts take C + gamma * budget slots after it."""
         if positions is not None or mask is not None:
             raise MirrorSDError("a rollout stage lays out its own rows: no positions or mask")
         chain = x[0]
-        spec, C, T = self.spec, len(chain), channel.shape[0]
+        spec, C, T = self.spec, len(chain), channel.packed.shape[0]
         base = self.cache.length
         if not 1 <= C <= self.width - spec.budget or not 1 <= T <= spec.rows:
             raise MirrorSDError(f"a rollout stage of width {self.width} holds a chain of 1 to "
@@ -69,11 +69,11 @@ class RolloutStage(Stage):
                                 f"{self.cache.max_slots} slots")
         with torch.inference_mode():
             copy_into(self.x[0, :C], chain)
-            copy_into(self.channel[:T], channel)
+            copy_into(self.channel[:T], channel.packed)
             self.channel_rows.fill_(T)
             self.window.fill_(window_code(base, C, CAUSAL, False))
             self.replay()
-        return self.out
+        return BranchTable(self.out)
 
     def load_padding(self):
         super().load_padding()
@@ -111,19 +111,16 @@ class RolloutStage(Stage):
             sees = torch.where(live, sees_before_root | own, s == (usable + branch)[:, None])
             slots = torch.where(live, base + C + k * B + branch, usable + branch)
             picks.append(greedy_picks(self, picks[-1], n + r + k, sees, slots, spec.vocab_size, last=B))
-        columns = [r, roots, valid.long()]
-        return torch.cat([torch.stack(columns, dim=1).double(), scores[:, None], torch.stack(picks, dim=1).double()],
-                         dim=1)  # [B, 4 + gamma]
+        return BranchTable.columns(r, roots, valid, scores, torch.stack(picks, dim=1))  # [B, 4 + gamma]
 
     def choose(self, T: torch.Tensor, C: torch.Tensor):
         """The branch rule (mirror_sd/branches.py) over the channel's first T rows (the rest: padding,
         last and never valid): (r, roots, scores, valid) [budget] of the best hypotheses, best first."""
-        spec = self.spec
-        top_ids, top_logp = self.channel[:, :spec.kappa].long(), self.channel[:, spec.kappa:-1]  # [R, kappa]
+        spec, channel = self.spec, Channel(self.channel, self.spec.kappa)
         row = torch.arange(spec.rows, device=self.channel.device)  # [R]
         drafted = self.x[0].gather(0, (C - (T - 1) + row).clamp(0, self.width - 1))  # [R]: d_{r+1}
-        scores, skip = chain_scores(top_ids, top_logp, self.channel[:, -1], drafted, T)
-        return rank_branches(scores, skip, top_ids, spec.budget)
+        scores, skip = chain_scores(channel.top_ids, channel.top_logp, channel.window_logp, drafted, T)
+        return rank_branches(scores, skip, channel.top_ids, spec.budget)
 
 
 @dataclass(frozen=True)
