@@ -247,7 +247,8 @@ def race_status(current: dict, done: bool = False, run: int = 0, runs: int = 1, 
             if cold:
                 return (f"**Warming up… {waited_s:.0f} s.** A short discarded run of each method, once per server, "
                         "so that one-off start-up costs do not slow the first method down.")
-            return f"Starting the race{of_runs}…"
+            return (f"Starting the race{of_runs}: first a short untimed run of each method on this prompt, so that "
+                    "none pays a cold start the others skip…")
         running = [i for i, r in enumerate(results) if r.finished == "running"]
         nxt = running[0] if running else next((i for i, r in enumerate(results) if r.finished == "waiting"), None)
         if nxt is None:

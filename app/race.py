@@ -76,11 +76,31 @@ def warm_up(pair):
     _warm.add(id(pair))
 
 
+WARM_TOKENS = 2  # a prompt warm-up's new tokens: its prefill and its first decoding step
+
+
+def warm_up_prompt(pair, prompt: str, order: list[str], stop: threading.Event, temperature: float = 0.0,
+                   options: dict[str, dict] | None = None, **settings):
+    """Before a race is timed, a short discarded run of each of its methods on this prompt, with the
+    race's own options: every model the race uses (target, draft, EAGLE head, streams) has then run
+    forwards of this prompt's length and of its decoding steps, so the method that runs first pays no
+    cold start (a new shape's first forward) that the ones after it skip."""
+    for name in order:
+        if stop.is_set():
+            return
+        try:
+            generate(pair, prompt, method=name, max_new_tokens=WARM_TOKENS, temperature=temperature, **settings,
+                     **(options or {}).get(name, {}))
+        except MirrorSDError:  # the race itself reports what the engine refuses
+            pass
+
+
 def run_race(pair, prompt: str, methods: list[str], stop: threading.Event, max_new_tokens: int = 48,
              temperature: float = 0.0, options: dict[str, dict] | None = None, **settings) -> Iterator[dict]:
     """Yield {method: Result} at the start, as each method starts, and after each committed step.
 
-    Methods run in race order. The first race on a pair starts with a discarded warm-up (``warm_up``).
+    Methods run in race order. The first race on a pair starts with a discarded warm-up (``warm_up``),
+    and every race with a discarded warm-up of its methods on its prompt (``warm_up_prompt``).
     ``options`` maps a method to its own options; ``settings`` (top_p, seed, raw) go to every
     method. A method the engine refuses (bad options, a prompt too long) gets a Result with
     ``error`` and the race goes on with the next one.
@@ -89,6 +109,8 @@ def run_race(pair, prompt: str, methods: list[str], stop: threading.Event, max_n
     results = {name: Result(name, Trace(name)) for name in order}
     yield results  # every method waiting (the page can say so during the warm-up)
     for _ in in_background(lambda: warm_up(pair)):  # every second of it, so the page can count it
+        yield results
+    for _ in in_background(lambda: warm_up_prompt(pair, prompt, order, stop, temperature, options, **settings)):
         yield results
     for name in order:
         if stop.is_set():

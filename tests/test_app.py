@@ -605,3 +605,42 @@ def test_a_mirror_guess_behind_sd_hears_why_from_both_runs():
     cheap = _run_of("mirror", two_devices, mirror.trace.steps, 120.0, tokens_per_s=9.0)
     why = mirror_behind_sd(dict(race, mirror=cheap))
     assert "50% of its steps came after a miss" in why and "120 ms each" in why and "same processor" not in why
+
+
+def test_every_method_of_a_race_warms_up_on_its_prompt_before_any_is_timed(tiny_pair, monkeypatch):
+    """No method pays a cold start the others skip (issue 63): before the first timed run, every method
+    of the race ran discarded on this very prompt, with the race's options, and each model (target,
+    draft) had already run a forward of the prompt's length, the first timed forward's shape."""
+    import app.race as race_module
+
+    events, forwards = [], []
+    real_generate, real_stream = race_module.generate, race_module.stream
+
+    def generate(pair, prompt, method, **kw):
+        events.append(("warm", method, prompt, kw.get("gamma")))
+        return real_generate(pair, prompt, method=method, **kw)
+
+    def stream(pair, prompt, method, **kw):
+        events.append(("timed", method, prompt, kw.get("gamma")))
+        return real_stream(pair, prompt, method=method, **kw)
+
+    monkeypatch.setattr(race_module, "generate", generate)
+    monkeypatch.setattr(race_module, "stream", stream)
+    hooks = [model.model.embed_tokens.register_forward_hook(
+        lambda module, args, out, who=who: forwards.append((len(events), who, args[0].shape[-1])))
+        for who, model in (("target", tiny_pair.target), ("draft", tiny_pair.draft))]
+    prompt = "t4 t5 t6 t7 t8 t9 t10 t11 t12"  # a length no other test's race used
+    try:
+        for _ in run_race(tiny_pair, prompt, list(TINY_METHODS), threading.Event(), max_new_tokens=12,
+                          options={"sd": {"gamma": 3}}):
+            pass
+    finally:
+        for hook in hooks:
+            hook.remove()
+    first_timed = next(i for i, e in enumerate(events) if e[0] == "timed")
+    assert [e[0] for e in events[first_timed:]] == ["timed"] * len(TINY_METHODS)  # the timed runs come last
+    warmed = {(method, gamma) for kind, method, p, gamma in events[:first_timed] if kind == "warm" and p == prompt}
+    assert warmed == {("vanilla", None), ("sd", 3), ("mirror", None)}  # each method, with the race's options
+    for who in ("target", "draft"):
+        timed = [n for at, w, n in forwards if w == who and at > first_timed]
+        assert timed and timed[0] in {n for at, w, n in forwards if w == who and at <= first_timed}
