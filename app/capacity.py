@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from mirror_sd.tradeoff import verdict
+from mirror_sd.tools.tradeoff import verdict
 
 from . import figures
 

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from mirror_sd import whatif
 from mirror_sd.errors import MirrorSDError
+from mirror_sd.tools import whatif
 
 from . import capacity, figures
 from .cards import baseline

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .errors import MirrorSDError
 from .methods import METHODS, Option
-from .tradeoff import DRAFTS, GAMMAS, PROFILES
+from .tools.tradeoff import DRAFTS, GAMMAS, PROFILES
 
 
 def _all_options() -> dict[str, list[tuple[str, Option]]]:
@@ -173,7 +173,7 @@ def cmd_generate(args) -> int:
     from .engine import generate
     from .methods import get_method
 
-    from .bench import check_writable
+    from .tools.bench import check_writable
 
     get_method(args.method)  # fail fast, before loading models
     if args.trace:
@@ -212,7 +212,7 @@ def _write_trace(trace, path: Path) -> bool:
 
 
 def _prompts(args) -> list[dict]:
-    from .bench import DEFAULT_PROMPTS, first_per_category, read_prompts
+    from .tools.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 
     prompts = read_prompts(args.prompts or DEFAULT_PROMPTS)
     if args.per_category is not None:
@@ -227,7 +227,7 @@ def _prompts(args) -> list[dict]:
 
 
 def cmd_bench(args) -> int:
-    from .bench import bench, check_options_taken, check_writable, equality_warning, write_report
+    from .tools.bench import bench, check_options_taken, check_writable, equality_warning, write_report
     from .methods import get_method
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -265,7 +265,7 @@ def _failed_runs(failed: dict, out) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from .bench import check_options_taken, check_writable, sweep
+    from .tools.bench import check_options_taken, check_writable, sweep
     from .methods import get_method
 
     method = get_method(args.method)  # fail fast on an unknown method
@@ -296,9 +296,9 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_tradeoff(args) -> int:
-    from .bench import check_options_taken, check_writable
-    from .tradeoff import tradeoff
-    from .whatif import load_profile
+    from .tools.bench import check_options_taken, check_writable
+    from .tools.tradeoff import tradeoff
+    from .tools.whatif import load_profile
 
     drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
     try:
@@ -329,7 +329,7 @@ def cmd_tradeoff(args) -> int:
 
 
 def cmd_whatif(args) -> int:
-    from .whatif import load_profile, table
+    from .tools.whatif import load_profile, table
 
     profile = load_profile(args.profile)
     if args.draft_speed is not None:
@@ -378,7 +378,7 @@ def _read_trace(path: Path):
 
 
 def cmd_gpu_check(args) -> int:
-    from .gpu_check import BUDGET_S, gpu_check
+    from .tools.gpu_check import BUDGET_S, gpu_check
 
     return gpu_check(Path(args.out), BUDGET_S if args.budget is None else args.budget)
 

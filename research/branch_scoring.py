@@ -1,6 +1,6 @@
 """Which branches Mirror-SD should roll out when the budget cannot cover every early-exit candidate.
 
-    python -m scripts.branch_scoring [--per-category 2] [--max-new-tokens 64] [--budgets 2,4,6,8,16]
+    python -m research.branch_scoring [--per-category 2] [--max-new-tokens 64] [--budgets 2,4,6,8,16]
 
 A branch (r, v) is worth rolling out when the step is likely to end there: the target accepts the
 window's first r draft tokens, then emits v. ``methods/mirror.py: choose_branches`` scores exactly

@@ -1,7 +1,7 @@
 """Compare drafts on the bench prompts, interleaved: per prompt, vanilla, then each method with each
 draft at each γ, all on one loaded target.
 
-    python -m scripts.compare_drafts DRAFT [DRAFT ...] [--methods sd] [--gammas 2,5] [--per-category 2]
+    python -m research.compare_drafts DRAFT [DRAFT ...] [--methods sd] [--gammas 2,5] [--per-category 2]
                                      [--max-new-tokens 64] [--csv docs/sweeps/compare_drafts.csv]
 
 A draft is a folder that ``python -m mirror_sd.train draft`` writes ("default": the shipped one,
@@ -15,8 +15,8 @@ checks every run against vanilla token for token. The draft is swapped between r
 from pathlib import Path
 
 from mirror_sd import load_pair
-from scripts.comparison import (SWEEPS, bench_prompts, comparison_parser, drafting_ms_per_step, interleave,
-                                save_checked, summarise_runs, swap_draft)
+from research.comparison import (SWEEPS, bench_prompts, comparison_parser, drafting_ms_per_step, interleave,
+                                 save_checked, summarise_runs, swap_draft)
 
 CSV = SWEEPS / "compare_drafts.csv"
 COLUMNS = ["method", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "hit_rate",

@@ -1,6 +1,6 @@
 """Compare EAGLE heads on the bench prompts, interleaved: per prompt, vanilla, then eagle with each head.
 
-    python -m scripts.compare_heads HEAD_DIR [HEAD_DIR ...] [--per-category 2] [--max-new-tokens 64]
+    python -m research.compare_heads HEAD_DIR [HEAD_DIR ...] [--per-category 2] [--max-new-tokens 64]
                                     [--data ~/.cache/mirror-sd/distill [~/.cache/mirror-sd/instruct]]
                                     [--rows 16384 49152] [--lookup 8]
 
@@ -25,14 +25,14 @@ import torch
 from tqdm import tqdm
 
 from mirror_sd import generate, load_pair
-from mirror_sd.bench import run_prompt, summarise
 from mirror_sd.devices import single_threaded
 from mirror_sd.models.eagle import EagleHead, attach_head, load_head
 from mirror_sd.models.loading import embedded_model_dir
+from mirror_sd.tools.bench import run_prompt, summarise
 from mirror_sd.train.draft import IGNORE, read_examples
 from mirror_sd.train.eagle import evaluate, example_sequences, rows_of, split_order
 from mirror_sd.train.features import causal_features, features_dir
-from scripts.comparison import bench_prompts, comparison_parser
+from research.comparison import bench_prompts, comparison_parser
 
 DEPTHS = 3
 

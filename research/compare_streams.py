@@ -1,7 +1,7 @@
 """Compare the target's speculative streams on the bench prompts, interleaved: per prompt, vanilla, then
 ``ss`` with each streams folder.
 
-    python -m scripts.compare_streams STREAMS_DIR [STREAMS_DIR ...] [--per-category 2] [--max-new-tokens 64]
+    python -m research.compare_streams STREAMS_DIR [STREAMS_DIR ...] [--per-category 2] [--max-new-tokens 64]
                                       [--lookup 8]
 
 A streams folder is what ``python -m mirror_sd.train ss`` writes (the shipped one:
@@ -13,9 +13,9 @@ default; 0: the streams alone).
 from __future__ import annotations
 
 from mirror_sd import load_pair
-from mirror_sd.bench import summarise
 from mirror_sd.models.streams import use_streams
-from scripts.comparison import bench_prompts, comparison_parser, interleave
+from mirror_sd.tools.bench import summarise
+from research.comparison import bench_prompts, comparison_parser, interleave
 
 
 def main():

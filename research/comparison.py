@@ -6,7 +6,7 @@ swap of a loaded pair's draft, and the summary of an interleaved run.
     ...                                   # the script's own options
     args = parser.parse_args()
     prompts = bench_prompts(args.per_category)
-    table = run_interleaved(...)          # mirror_sd.bench, or interleave(..., setup) to change
+    table = run_interleaved(...)          # mirror_sd.tools.bench, or interleave(..., setup) to change
                                           # more than a method's options between runs
     summary, per_step = summarise_runs(table, labels)
     summary["drafting_ms"] = drafting_ms_per_step(summary, per_step)   # if the script wants it
@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from mirror_sd.bench import (DEFAULT_PROMPTS, WARMUP_TOKENS, first_per_category, read_prompts, run_prompt, step_ms,
-                             summarise)
+from mirror_sd.tools.bench import (DEFAULT_PROMPTS, WARMUP_TOKENS, first_per_category, read_prompts, run_prompt,
+                                   step_ms, summarise)
 
 SWEEPS = Path(__file__).resolve().parents[1] / "docs" / "sweeps"  # where the scripts' CSV records go
 

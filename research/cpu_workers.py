@@ -11,7 +11,7 @@ for it. This script measures, in fresh processes, on a worker thread (as a lane 
 once as mirror-sd runs them (the calling thread never runs a multi-threaded kernel) and once after
 the calling thread ran one (``torch.zeros(1 << 24)``), which gives it a pool of its own.
 
-    python -m scripts.cpu_workers
+    python -m research.cpu_workers
 """
 import json
 import subprocess

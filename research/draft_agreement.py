@@ -1,6 +1,6 @@
 """How often drafts agree with the target on its own answers to the bench prompts, by category.
 
-    python -m scripts.draft_agreement DRAFT [DRAFT ...] [--per-category 2] [--max-new-tokens 64]
+    python -m research.draft_agreement DRAFT [DRAFT ...] [--per-category 2] [--max-new-tokens 64]
                                       [--gamma 5] [--data FOLDER] [--csv FILE]
 
 The target answers each bench prompt greedily (vanilla, turn after turn as the bench does); each
@@ -28,7 +28,7 @@ from mirror_sd import generate, load_pair
 from mirror_sd.engine import to_target_vocab
 from mirror_sd.drafting.lookup import copy_from_context
 from mirror_sd.train.draft import answer_labels, evaluate, read_examples
-from scripts.comparison import bench_prompts, comparison_parser, swap_draft
+from research.comparison import bench_prompts, comparison_parser, swap_draft
 
 MAX_LEN = 512  # tokens of context per data example, the end kept: train draft's default (--max-len)
 EVAL_BATCH_TOKENS = 8192  # tokens per evaluation batch (only the speed depends on it)

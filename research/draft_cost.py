@@ -1,6 +1,6 @@
 """What one draft forward costs against one target forward on this machine's CPU.
 
-    python -m scripts.draft_cost [DRAFT ...] [--context 200] [--repeats 40]
+    python -m research.draft_cost [DRAFT ...] [--context 200] [--repeats 40]
 
 For the target and each draft (a folder; default: the shipped draft), the median time of
 ``--repeats`` forwards of one token after ``--context`` cached ones (the cache is rolled back after
@@ -11,14 +11,14 @@ bound is 0.1.
 """
 from mirror_sd import load_pair
 from mirror_sd.devices import int8_products
-from mirror_sd.tradeoff import forward_ms
-from scripts.comparison import swap_draft
+from mirror_sd.tools.tradeoff import forward_ms
+from research.comparison import swap_draft
 
 
 def main():
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m scripts.draft_cost", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m research.draft_cost", description=__doc__.splitlines()[0])
     parser.add_argument("drafts", nargs="*", default=["default"])
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=40)

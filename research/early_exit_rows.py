@@ -1,6 +1,6 @@
 """Mirror-SD's early exit over the draft's vocabulary rows against the target's full LM head.
 
-    python -m scripts.early_exit_rows [--per-category 2] [--max-new-tokens 64]
+    python -m research.early_exit_rows [--per-category 2] [--max-new-tokens 64]
 
 Interleaved on the bench prompts: per prompt, vanilla, then mirror with the early exit as shipped
 (``methods/mirror.py: exit_reader``, only the LM-head rows of the draft's tokens), then with the
@@ -8,9 +8,9 @@ target's full LM head (the order of the two alternates by prompt). Prints each o
 vanilla and mirror's hit rate, and checks every run against vanilla token for token.
 """
 from mirror_sd import load_pair
-from mirror_sd.bench import run_prompt
 from mirror_sd.methods import mirror
-from scripts.comparison import bench_prompts, comparison_parser
+from mirror_sd.tools.bench import run_prompt
+from research.comparison import bench_prompts, comparison_parser
 
 SHIPPED = mirror.exit_reader
 

@@ -1,6 +1,6 @@
 """How often Mirror-SD could hit: the early exit's top-kappa against the target's token, per exit layer.
 
-    python -m scripts.exit_ceiling [--per-category 8] [--max-new-tokens 64] [--layers 15,18,22,24,26,28]
+    python -m research.exit_ceiling [--per-category 8] [--max-new-tokens 64] [--layers 15,18,22,24,26,28]
                                    [--exit-head 1 [--head DIR]]
 
 A Mirror-SD step hits when the token the target emits after the accepted prefix (the correction, or

@@ -1,6 +1,6 @@
 """Mirror-SD at several exit layers, each read by a trained early-exit head of its own.
 
-    python -m scripts.exit_layers --heads 22=mirror_sd/assets/exit-head-smollm2-135m 18=HEAD_18 \
+    python -m research.exit_layers --heads 22=mirror_sd/assets/exit-head-smollm2-135m 18=HEAD_18 \
         [--kappas 2,4,8] [--branch-budget 16] [--per-category 2] [--max-new-tokens 64] [--out CSV]
 
 Several heads for one layer (``14=OLD 14=NEW``) compare the heads: one run each.

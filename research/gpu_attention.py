@@ -1,6 +1,6 @@
 """Vanilla decoding speed on a CUDA GPU, in fp32 and bf16, with PyTorch's cuDNN attention on and off.
 
-    python -m scripts.gpu_attention [--target MODEL]     (needs a CUDA GPU)
+    python -m research.gpu_attention [--target MODEL]     (needs a CUDA GPU)
 
 cuDNN builds an execution plan for each new sequence length, and PyTorch picks it for attention in
 bf16; lanes on a CUDA device turn it off (``mirror_sd.devices.avoid_cudnn_attention``). Prints
@@ -25,7 +25,7 @@ def tokens_per_s(pair, prompt: str, n: int = 64) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(prog="python -m scripts.gpu_attention", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m research.gpu_attention", description=__doc__.splitlines()[0])
     parser.add_argument("--target", default=None, help="model name or folder (default: the embedded target)")
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -1,6 +1,6 @@
 """Where the decoding thread's time goes, line by line, sampled while the methods decode.
 
-    python -m scripts.host_samples --methods vanilla,eagle,mirror --graphs on
+    python -m research.host_samples --methods vanilla,eagle,mirror --graphs on
 
 On a GPU with CUDA graphs a step is host-bound wherever the GPU idles between its stages: the
 traces show those gaps (the bench's step costs), not what the host did in them. This samples the
@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from mirror_sd import generate, load_pair
-from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
+from mirror_sd.tools.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 
 ENGINE = str(Path(__file__).resolve().parents[1] / "mirror_sd")
 OUTSIDE = "(outside)"

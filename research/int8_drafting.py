@@ -1,6 +1,6 @@
 """Int8 drafting against fp32 drafting, for every speculative method, in one interleaved run.
 
-    python -m scripts.int8_drafting [--per-category 2] [--max-new-tokens 64] [--methods sd,eagle,ss,mirror]
+    python -m research.int8_drafting [--per-category 2] [--max-new-tokens 64] [--methods sd,eagle,ss,mirror]
 
 On the bench prompts, prompt by prompt: vanilla, then each method with int8 drafting (the
 default: ``load_pair(int8_drafting=True)``, models/linear.py), then with fp32 drafting
@@ -10,8 +10,8 @@ milliseconds per step of drafting work (spans draft, fallback-draft and draft-ro
 ``bench.step_ms``), and checks every run against vanilla token for token.
 """
 from mirror_sd import load_pair
-from scripts.comparison import (SWEEPS, bench_prompts, comparison_parser, drafting_ms_per_step, interleave,
-                                save_checked, summarise_runs)
+from research.comparison import (SWEEPS, bench_prompts, comparison_parser, drafting_ms_per_step, interleave,
+                                 save_checked, summarise_runs)
 
 CSV = SWEEPS / "int8_drafting.csv"
 COLUMNS = ["method", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "wall_s",

@@ -8,8 +8,8 @@ mirror_sd/devices.py), window lengths interleaved (medians), and the one-token f
 (what models/linear.py did before), and windows of 1 and 3 tokens on one core instead of all
 (as Mirror-SD's target lane runs beside its draft lane).
 
-    python -m scripts.linear_kernels
-    python -m scripts.linear_kernels --forward
+    python -m research.linear_kernels
+    python -m research.linear_kernels --forward
 """
 import statistics
 import sys

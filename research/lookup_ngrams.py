@@ -1,6 +1,6 @@
 """Context lookup matching the last 3, else 2, else 1 tokens (as shipped) against 3, else 2.
 
-    python -m scripts.lookup_ngrams [--per-category 2] [--max-new-tokens 64]
+    python -m research.lookup_ngrams [--per-category 2] [--max-new-tokens 64]
 
 Interleaved on the bench prompts: per prompt, vanilla, then eagle, ss, mirror and sd, each of the
 first three with both n-gram lists (``drafting/lookup.py: NGRAM_SIZES``). Prints tau, tokens/s, the
@@ -8,9 +8,9 @@ speedup over vanilla and mirror's hit rate (``bench.summarise``); every run is c
 vanilla token for token.
 """
 from mirror_sd import load_pair
-from mirror_sd.bench import summarise
 from mirror_sd.drafting import lookup
-from scripts.comparison import bench_prompts, comparison_parser, interleave
+from mirror_sd.tools.bench import summarise
+from research.comparison import bench_prompts, comparison_parser, interleave
 
 SHIPPED = lookup.NGRAM_SIZES
 WITHOUT_ONE = (3, 2)

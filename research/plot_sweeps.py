@@ -1,6 +1,6 @@
 """Draw the sweeps in docs/sweeps (CSV files written by `python -m mirror_sd sweep`) as one PNG.
 
-    python -m scripts.plot_sweeps   # writes docs/sweeps/sweeps.png (needs matplotlib)
+    python -m research.plot_sweeps   # writes docs/sweeps/sweeps.png (needs matplotlib)
 """
 from pathlib import Path
 

@@ -1,7 +1,7 @@
 """sd with the draft checking its own streams' lookahead (streams=2): chain, tree, lookup and
 overshoot, in one interleaved run.
 
-    python -m scripts.sd_lookahead [--per-category 2] [--max-new-tokens 64] [--runs 0,6]
+    python -m research.sd_lookahead [--per-category 2] [--max-new-tokens 64] [--runs 0,6]
 
 On the bench prompts, prompt by prompt (``bench.run_interleaved``, warmed up first): vanilla, then
 ``sd`` at gamma 5 with the shipped draft drafting token by token (streams=0), in one unchecked
@@ -17,8 +17,9 @@ per draft forward, mean window length, milliseconds per step of drafting and of 
 (``bench.step_ms``), and checks every run against vanilla token for token.
 """
 from mirror_sd import load_pair
-from mirror_sd.bench import run_interleaved
-from scripts.comparison import SWEEPS, add_ms_per_step, bench_prompts, comparison_parser, save_checked, summarise_runs
+from mirror_sd.tools.bench import run_interleaved
+from research.comparison import (SWEEPS, add_ms_per_step, bench_prompts, comparison_parser, save_checked,
+                                 summarise_runs)
 
 TREE = dict(streams=2, top_k=8, lookup=8)
 RUNS = {  # label -> sd options (gamma 5 for all)

@@ -1,7 +1,7 @@
 """Speculative Streaming in one target forward per step against a streams pass of its own, in one
 interleaved run.
 
-    python -m scripts.ss_one_forward [--per-category 2] [--max-new-tokens 64]
+    python -m research.ss_one_forward [--per-category 2] [--max-new-tokens 64]
 
 On the bench prompts, prompt by prompt (``bench.run_interleaved``, warmed up first): vanilla, then
 ``ss`` in both forms (methods/ss.py), each at its default tree and at a wider, one-level tree:
@@ -17,8 +17,9 @@ Prints, and writes to docs/sweeps/ss_one_forward_N_prompts.csv (N: 12 with the d
 and checks every run against vanilla token for token.
 """
 from mirror_sd import load_pair
-from mirror_sd.bench import run_interleaved
-from scripts.comparison import SWEEPS, add_ms_per_step, bench_prompts, comparison_parser, save_checked, summarise_runs
+from mirror_sd.tools.bench import run_interleaved
+from research.comparison import (SWEEPS, add_ms_per_step, bench_prompts, comparison_parser, save_checked,
+                                 summarise_runs)
 
 WIDE = dict(gamma=1, top_k=8, total_tokens=8)  # the 8 best tokens of stream 1 under the root
 RUNS = {  # label -> ss options

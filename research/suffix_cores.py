@@ -1,6 +1,6 @@
 """Mirror-SD's target suffix taking the draft lane's core once the rollouts are done, against not.
 
-    python -m scripts.suffix_cores [--per-category 4] [--max-new-tokens 64]
+    python -m research.suffix_cores [--per-category 4] [--max-new-tokens 64]
 
 On a CPU the two lanes split the cores, so the suffix runs on one core beside the rollouts; the
 rollouts usually end first, and the suffix then takes both cores for its remaining layers and its LM
@@ -11,9 +11,9 @@ suffix's milliseconds per step (``bench.summarise``, ``bench.step_ms``), and che
 against vanilla token for token.
 """
 from mirror_sd import load_pair
-from mirror_sd.bench import step_ms, summarise
 from mirror_sd.devices import Lane
-from scripts.comparison import bench_prompts, comparison_parser, interleave
+from mirror_sd.tools.bench import step_ms, summarise
+from research.comparison import bench_prompts, comparison_parser, interleave
 
 SHIPPED = Lane.widen_when_done
 LABELS = ["vanilla", "mirror", "mirror, suffix on one core"]

@@ -1,6 +1,6 @@
-"""Research tools behind docs/experiments: the measurements the experiment records cite.
-
-Not part of the product (nothing under mirror_sd/ or app/ imports them). Run each from the
-repository root as ``python -m scripts.NAME`` (``--help`` lists its options); what they share
-is in :mod:`scripts.comparison`.
+"""Tools that the app, gpu-check and the docs' how-tos run, from the repository root as
+``python -m scripts.NAME``: record_races (the app's recorded races), gpu_bundle (gpu-check's files carried
+to a GPU machine), best_settings, step_costs and whatif_check (tables over a bench's or a GPU session's
+folder). Nothing under mirror_sd/ or app/ imports them. The research scripts behind docs/experiments
+are in research/.
 """

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mirror_sd.gpu_check import goals_table
+from mirror_sd.tools.gpu_check import goals_table
 
 COLUMNS = ["speedup", "tokens_per_s", "mean_accepted", "hit_rate", "overlap", "equal_to_vanilla"]
 

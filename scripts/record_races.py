@@ -32,10 +32,10 @@ from app.race import Result, run_race, warm_up
 from app.replay import RECORDED, save_race
 from app.tokens import collect_pieces
 from mirror_sd import METHODS, load_pair
-from mirror_sd.bench import DEFAULT_PROMPTS, cpu_model, first_per_category, read_prompts
 from mirror_sd.devices import cpu_cores, hardware_name
 from mirror_sd.engine import compute_metrics
 from mirror_sd.models.loading import embedded_model_dir, load_tokenizer
+from mirror_sd.tools.bench import DEFAULT_PROMPTS, cpu_model, first_per_category, read_prompts
 from mirror_sd.trace import Trace
 
 

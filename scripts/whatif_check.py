@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mirror_sd import whatif
+from mirror_sd.tools import whatif
 from mirror_sd.trace import Trace
 
 

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from mirror_sd import MirrorSDError
-from mirror_sd.bench import read_prompts
 from mirror_sd.cli import main
+from mirror_sd.tools.bench import read_prompts
 
 
 def test_bench_writes_results_and_summary(tiny_dirs, tmp_path, capsys):
@@ -61,7 +61,7 @@ def test_bench_writes_the_replay_time_of_every_stage_it_captured(tiny_dirs, tmp_
     """stage_ms.csv: each stage set's replay times, as a GPU's captures time them (here set by hand on
     stages made with graphs on, eagerly), labelled by model."""
     from mirror_sd import load_pair
-    from mirror_sd.bench import bench
+    from mirror_sd.tools.bench import bench
 
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
     prompts = [dict(id="a", category="qa", turns=["t1 t2 t3"])]
@@ -196,7 +196,7 @@ def test_sweep_rejects_options_the_method_lacks(tiny_dirs, tmp_path, capsys):
 
 
 def test_first_per_category(bench_prompts):
-    from mirror_sd.bench import first_per_category
+    from mirror_sd.tools.bench import first_per_category
 
     picked = first_per_category(bench_prompts, 2)
     assert len(picked) == 12 and pd.Series([p["category"] for p in picked]).value_counts().eq(2).all()
@@ -205,7 +205,7 @@ def test_first_per_category(bench_prompts):
 def test_runs_go_prompt_by_prompt(monkeypatch):
     """After one untimed warm-up run of each, on each prompt vanilla, then every other run: a slow
     spell of the machine hits them alike."""
-    import mirror_sd.bench as bench_module
+    import mirror_sd.tools.bench as bench_module
     calls = []
 
     def fake_run_prompt(pair, item, method, max_new_tokens, **options):
@@ -222,9 +222,9 @@ def test_runs_go_prompt_by_prompt(monkeypatch):
 
 
 def test_the_scripts_interleave_sets_up_each_run_before_it(monkeypatch):
-    """scripts.comparison.interleave: as run_interleaved, with setup(index) before every run (warm-up
+    """research.comparison.interleave: as run_interleaved, with setup(index) before every run (warm-up
     included), and each run checked against vanilla's tokens on the same prompt."""
-    import scripts.comparison as comparison
+    import research.comparison as comparison
     calls = []
 
     def fake_run_prompt(pair, item, method, max_new_tokens, **options):
@@ -244,7 +244,7 @@ def test_the_scripts_interleave_sets_up_each_run_before_it(monkeypatch):
 
 
 def test_the_scripts_swap_drafts_through_one_function():
-    import scripts.comparison as comparison
+    import research.comparison as comparison
 
     class Pair:
         def use_draft(self, draft):
@@ -258,7 +258,7 @@ def test_the_scripts_swap_drafts_through_one_function():
 def test_a_method_off_vanillas_tokens_at_temperature_0_is_named():
     import pandas as pd
 
-    from mirror_sd.bench import equality_warning
+    from mirror_sd.tools.bench import equality_warning
 
     summary = pd.DataFrame(dict(method=["vanilla", "sd", "eagle"], prompts=[6, 6, 6],
                                 equal_to_vanilla=[1.0, 5 / 6, 1.0]))
@@ -294,7 +294,7 @@ def test_step_costs_account_for_every_decoding_step(tiny_dirs, tmp_path, capsys)
                                                          for o in ("hit", "miss")}
     assert by_method.share.sum().round(6).eq(1).all() and (table["ms per step"] > 0).all()
     assert ((0 <= table["idle ms per step"]) & (table["idle ms per step"] < table["ms per step"])).all()
-    from mirror_sd.gpu_check import step_cost_section  # gpu-check's report shows the same table
+    from mirror_sd.tools.gpu_check import step_cost_section  # gpu-check's report shows the same table
     section = "\n".join(step_cost_section(out / "traces"))
     assert section.startswith("\n## Step costs") and "'mirror'" in section and "'sd'" in section
     assert step_cost_section(tmp_path / "no-traces") == []
@@ -305,7 +305,7 @@ def test_a_method_that_fails_is_left_out_and_the_others_go_on(tiny_dirs, tmp_pat
     prompts it finished too, so every row compares the same prompts), the other methods run to the
     end and are written, the summary and the report name it and why, and the command exits 2 with
     one error line for it."""
-    import mirror_sd.bench as bench_module
+    import mirror_sd.tools.bench as bench_module
 
     real = bench_module.generate
 
@@ -337,7 +337,7 @@ def test_a_method_that_fails_is_left_out_and_the_others_go_on(tiny_dirs, tmp_pat
 
 def test_vanilla_failing_stops_the_bench(monkeypatch):
     """Vanilla is every other run's reference: without it nothing can be compared."""
-    import mirror_sd.bench as bench_module
+    import mirror_sd.tools.bench as bench_module
 
     def fake_run_prompt(pair, item, method, max_new_tokens, **options):
         raise MirrorSDError(f"{method} on prompt {item['id']}: decoding failed")
@@ -348,7 +348,7 @@ def test_vanilla_failing_stops_the_bench(monkeypatch):
 
 
 def test_a_sweep_leaves_out_the_values_that_fail(tiny_dirs, tmp_path, capsys, monkeypatch):
-    import mirror_sd.bench as bench_module
+    import mirror_sd.tools.bench as bench_module
 
     real = bench_module.run_prompt
 

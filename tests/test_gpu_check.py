@@ -1,4 +1,4 @@
-"""gpu-check (mirror_sd/gpu_check.py) on the CPU: its answer without CUDA, and a rehearsal of its
+"""gpu-check (mirror_sd/tools/gpu_check.py) on the CPU: its answer without CUDA, and a rehearsal of its
 parts, budget and report, so that a session lent a GPU spends none of its short time on them."""
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import pandas as pd
 import pytest
 import torch
 
-from mirror_sd import gpu_check, load_pair
+from mirror_sd import load_pair
 from mirror_sd.models import tuning
 from mirror_sd.models.eagle import EagleHead, attach_head
 from mirror_sd.models.stages import Stages
+from mirror_sd.tools import gpu_check
+from mirror_sd.tools.whatif import Profile, fit_host
 from mirror_sd.trace import Trace
-from mirror_sd.whatif import Profile, fit_host
 
 from test_ss import random_streams
 

@@ -9,7 +9,7 @@ from app import handlers
 from app.race import run_race
 from app.replay import RECORDED, load_race, make_open_recorded, recorded_races, save_race
 from mirror_sd import METHODS
-from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
+from mirror_sd.tools.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 
 NAMES = list(METHODS)
 

@@ -4,8 +4,8 @@ import json
 import pandas as pd
 import pytest
 
-from mirror_sd.bench import bench, first_per_category, read_prompts
-from mirror_sd.spec_bench import MT_BENCH, SPEC_BENCH_TASKS
+from mirror_sd.tools.bench import bench, first_per_category, read_prompts
+from mirror_sd.tools.spec_bench import MT_BENCH, SPEC_BENCH_TASKS
 
 OTHERS = ("translation", "summarization", "qa", "math_reasoning", "rag")
 
@@ -37,7 +37,7 @@ def test_the_question_file_is_read_as_it_is(question_file):
     picked = first_per_category(prompts, 4)
     assert len(picked) == 4 + 2 * 5  # 4 of mt_bench; the others hold 2 each
     assert [p["subcategory"] for p in picked if p["task"] == "mt_bench"] == list(MT_BENCH[:4])  # spread, not 4 writing
-    bundled = read_prompts(__import__("mirror_sd.bench", fromlist=["DEFAULT_PROMPTS"]).DEFAULT_PROMPTS)
+    bundled = read_prompts(__import__("mirror_sd.tools.bench", fromlist=["DEFAULT_PROMPTS"]).DEFAULT_PROMPTS)
     assert {p["task"] for p in bundled} == set(SPEC_BENCH_TASKS) and "question_id" not in bundled[0]
 
 

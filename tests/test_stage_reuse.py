@@ -10,7 +10,7 @@ run eagerly but are made through the same code, so counting the stages made show
 import pytest
 import torch
 
-import mirror_sd.bench as bench
+import mirror_sd.tools.bench as bench
 from mirror_sd import generate, load_pair
 from mirror_sd.devices import on_cpu_worker, single_threaded
 from mirror_sd.models.stages import Stages, bucket

@@ -8,7 +8,7 @@ import torch
 from mirror_sd import load_pair
 from mirror_sd.cli import main
 from mirror_sd.models.exit_head import attach_exit_head, new_exit_head
-from mirror_sd.tradeoff import tradeoff, verdict
+from mirror_sd.tools.tradeoff import tradeoff, verdict
 
 PROMPTS = [{"id": "a", "category": "qa", "turns": ["t1 t2 t3"]}, {"id": "b", "category": "math", "turns": ["t4 t5"]}]
 

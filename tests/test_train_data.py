@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from mirror_sd.bench import DEFAULT_PROMPTS
+from mirror_sd.tools.bench import DEFAULT_PROMPTS
 from mirror_sd.train.data import encode_prompt
 from mirror_sd.train.distill import load_target
 from mirror_sd.train.generate import _generate_batch, _generate_batch_hf

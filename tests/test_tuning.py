@@ -12,11 +12,11 @@ import torch.nn.functional as F
 
 from mirror_sd import load_pair
 from mirror_sd.errors import MirrorSDError
-from mirror_sd.gpu_check import tuning_section
 from mirror_sd.models import tuning
 from mirror_sd.models.linear import Linear, linear
 from mirror_sd.models.loading import load_model
 from mirror_sd.models.tuning import FORMULATIONS, MARGIN, planned
+from mirror_sd.tools.gpu_check import tuning_section
 
 pytest.importorskip("triton")
 TRITON = {"skinny", "skinny-wide", "matvec", "matvec-wide", "triton", "joined-triton"}  # formulations running Triton

@@ -1,4 +1,4 @@
-"""The what-if latency model (mirror_sd/whatif.py): each method's step equation on hand-built
+"""The what-if latency model (mirror_sd/tools/whatif.py): each method's step equation on hand-built
 traces, re-timed traces that keep their steps, profiles and their refusals, the fit, the CLI."""
 import json
 import os
@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from mirror_sd import MirrorSDError
-from mirror_sd import whatif as W
 from mirror_sd.cli import main
+from mirror_sd.tools import whatif as W
 from mirror_sd.trace import DraftTree, DraftWork, Rendezvous, Span, Step, Trace
 
 # target(w) = 10 + w ms; every stage a line, so each equation can be worked by hand

@@ -24,15 +24,15 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
+from ..devices import cpu_cores, hardware_name
+from ..engine import generate
+from ..errors import MirrorSDError
+from ..methods import get_method
+from ..models import tuning
 from . import spec_bench
-from .devices import cpu_cores, hardware_name
-from .engine import generate
-from .errors import MirrorSDError
-from .methods import get_method
-from .models import tuning
 from .spec_bench import BUNDLED_TASKS, MT_BENCH
 
-DEFAULT_PROMPTS = Path(__file__).parent / "data" / "bench_prompts.jsonl"
+DEFAULT_PROMPTS = Path(__file__).parents[1] / "data" / "bench_prompts.jsonl"
 SPAN_PREFIX = "span_s_"  # results columns: seconds of spans of one kind over a prompt's decoding steps
 
 

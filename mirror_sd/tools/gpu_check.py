@@ -8,8 +8,8 @@ DIR:
 1. one CUDA-graph replay of each fixed-shape stage (models/stages.py; Mirror-SD's early exit, the
    streams' pass and the EAGLE head's forward too) at every bucketed width, timed with CUDA events
    (the GPU's own time, no host launches), and the two lanes' graphs side by side
-   on two streams: a hardware profile in the format of ``mirror_sd/profiles/*.json`` (whatif.py),
-   ``profile-<gpu>.json``; then why the target's time moves with the width (mirror_sd/kernels.py:
+   on two streams: a hardware profile in the format of ``mirror_sd/tools/profiles/*.json`` (whatif.py),
+   ``profile-<gpu>.json``; then why the target's time moves with the width (mirror_sd/tools/kernels.py:
    its top kernels at widths 1, 8 and 32, and its replays with TF32 products and in bf16), and
    which widths the stages route to a wider, cheaper bucket, and each tuned operation's time in
    every formulation models/tuning.py tries (products, attention, norms, rotary embeddings, q/k/v
@@ -53,15 +53,15 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .devices import hardware_name
-from .errors import MirrorSDError
+from ..devices import hardware_name
+from ..errors import MirrorSDError
+from ..models import tuning
+from ..models.stages import BUCKETS, routed_widths
+from ..trace import Trace, step_cost_table
 from .kernels import EVERY, PROFILED_WIDTHS, format_times, kernel_table
-from .models import tuning
-from .models.stages import BUCKETS, routed_widths
-from .trace import Trace, step_cost_table
 from .whatif import Profile, fit_host, measured_seconds, modelled_seconds
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository (tests/ lives there)
+ROOT = Path(__file__).resolve().parents[2]  # the repository (tests/ lives there)
 BUDGET_S = 450  # every part together, model set-up included: one 10-minute device command, with room to unpack
 TESTS = ["tests/test_cuda.py", "tests/test_stages.py", "tests/test_graphs.py"]
 BENCH = ["--methods", "vanilla,sd,eagle,ss,mirror", "--per-category", "2", "--max-new-tokens", "64"]
@@ -296,9 +296,9 @@ def stage_profile(pair=None, timer=None) -> tuple[dict, list[dict], dict]:
     (``timer``: ``replay_ms``), and return a hardware profile (whatif.Profile's JSON), the table of
     times and what explains the target's times by width (:func:`width_diagnosis`). On the CPU (the
     tests' rehearsal, with a host timer) the stages run eagerly."""
-    from . import load_pair
-    from .methods.mirror import default_exit_layer
-    from .models.stages import Stages
+    from .. import load_pair
+    from ..methods.mirror import default_exit_layer
+    from ..models.stages import Stages
 
     pair, timer = pair or load_pair(), timer or replay_ms
     target, draft = pair.target, pair.draft
@@ -352,7 +352,7 @@ def stage_profile(pair=None, timer=None) -> tuple[dict, list[dict], dict]:
 
 
 def width_diagnosis(t, timer) -> dict:
-    """Why the target's time grows with the width (mirror_sd/kernels.py): its top kernels at a few
+    """Why the target's time grows with the width (mirror_sd/tools/kernels.py): its top kernels at a few
     widths and its full forward under other number formats; a failure is reported in place."""
     out = {}
     for key, measure in (("kernels", lambda: kernel_table(t)),
@@ -368,10 +368,10 @@ def _method_stages(pair, t, exit_layer: int) -> dict:
     """stage -> (stage set, name) of the other stages the methods replay, where the pair has what they
     need: Mirror-SD's early exit (its default reader) and the streams' pass, on the target's set
     ``t``, and the EAGLE head's forward over pairs, on a set of its own."""
-    from .methods.mirror import choose_exit_head, exit_reader
-    from .models.eagle import HeadStages, head_for
-    from .models.forwards import name_range
-    from .models.streams import target_streams
+    from ..methods.mirror import choose_exit_head, exit_reader
+    from ..models.eagle import HeadStages, head_for
+    from ..models.forwards import name_range
+    from ..models.streams import target_streams
 
     reader = exit_reader(pair, choose_exit_head(pair, exit_layer, -1))
     stages = {"early_exit": (t, name_range(t, (exit_layer, exit_layer, reader)))}

@@ -18,8 +18,8 @@ from contextlib import contextmanager
 
 import torch
 
-from .models import tuning
-from .models.stages import BUCKETS, Stages
+from ..models import tuning
+from ..models.stages import BUCKETS, Stages
 
 PROFILED_WIDTHS = (1, 8, 32)
 TOP = 8  # kernels per width kept in the table

@@ -28,10 +28,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from ..devices import int8_products
+from ..errors import MirrorSDError
+from ..trace import Trace
 from .bench import cpu_model, make_folder, run_interleaved
-from .devices import int8_products
-from .errors import MirrorSDError
-from .trace import Trace
 
 DRAFTS = ("default", "exit:3", "exit:6", "exit:10", "exit:14", "exit:18", "exit:22")  # growing capacity
 GAMMAS = (1, 2, 4)

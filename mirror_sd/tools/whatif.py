@@ -32,7 +32,7 @@ spans leave idle, and a method of more phases per step waits on it more often. T
 moved, marked ``meta["modelled"] = True``. It is a model, not a measurement: every figure drawn
 from it must say so.
 
-Profiles are small JSON files (``mirror_sd/profiles/*.json``), each with its ``source``;
+Profiles are small JSON files (``mirror_sd/tools/profiles/*.json``), each with its ``source``;
 :func:`fit_profile` fits one for this machine from measured spans, and :func:`held_out_check`
 tests it on prompts it was not fitted on.
 """
@@ -45,9 +45,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import MirrorSDError
-from .models.stages import BUCKETS, MAX_WIDTH, cheapest_bucket
-from .trace import Span, Step, Trace
+from ..errors import MirrorSDError
+from ..models.stages import BUCKETS, MAX_WIDTH, cheapest_bucket
+from ..trace import Span, Step, Trace
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 STAGES = {  # stage -> what one call of it is; its cost is priced per call, by the call's width in tokens
@@ -291,7 +291,7 @@ def _split_from_json(value, where: str) -> tuple[int, int] | None:
 
 
 def profile_names() -> list[str]:
-    """The profiles that ship in mirror_sd/profiles/."""
+    """The profiles that ship in mirror_sd/tools/profiles/."""
     return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
 
 
@@ -431,7 +431,7 @@ def mirror_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[P
 def run_exit(meta: dict) -> tuple[int, int] | None:
     """A Mirror-SD run's (exit layer, target layers): its option, or the default exit, from its
     trace's meta; None where the meta does not say how many layers the target has."""
-    from .methods.mirror import default_exit_layer
+    from ..methods.mirror import default_exit_layer
 
     layers = meta.get("target_layers")
     if not layers:

@@ -345,7 +345,7 @@ def _write_reports(out: Path, args, prompts, rows, stats, wall, new_tokens, toke
         + ("" if not any(len(_turn_ids(p)) > 1 for p in prompts) else
            " Multi-turn prompts hold the reference answers of their earlier turns." if args.source == "reference" else
            " Multi-turn prompts are answered turn by turn, each later turn seeing the target's own decoded "
-           "earlier answers (as `mirror_sd/bench.py` does)."),
+           "earlier answers (as `mirror_sd/tools/bench.py` does)."),
         "",
         "Files: `data.jsonl` (one line per turn: id, category, source, turn, prompt_ids, "
         "answer_ids), `prompts.jsonl` (the prompts as messages), `sources.json` (packages, versions, "

@@ -348,7 +348,7 @@ def model_card(c: dict) -> ModelCard:
 - Each run holds out 3% of the data it reads (a seeded shuffle). When a run goes on (`--init`) from a head
   trained on a smaller data set, its held-out split can hold examples an earlier stage trained on, so the
   stages' held-out numbers are not comparable across data sets; compare heads on the bench prompts
-  (`scripts/compare_heads.py`).
+  (`research/compare_heads.py`).
 {DECODING_NUMBERS}"""
     return ModelCard(
         title=f"EAGLE head for {c['target']}",
