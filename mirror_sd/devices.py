@@ -16,8 +16,8 @@ stream may wait for it on a CUDA event), its span recorded once the caller has s
 CPU lanes run on shared CPU workers, not on threads of their own. PyTorch's CPU kernels split work
 over an OpenMP thread team, and each OS thread that ever ran a team keeps its own pool of team
 threads. Once two threads hold pools of all the cores, the pools oversubscribe the cores and every
-parallel kernel pays for it, small products most (measured:
-docs/experiments/devices.md#cpu-worker-threads-measured). So CPU lanes that work one after
+parallel kernel pays for it, small products most
+(docs/experiments/devices.md#cpu-worker-threads-measured). So CPU lanes that work one after
 another (every method but Mirror-SD) share one worker thread, and model loading
 (:func:`on_cpu_worker`) runs there too. Lanes that work at the same time get one worker each and
 split the cores (one thread each on 2 cores: no team at all); work that one of them runs while
@@ -194,7 +194,7 @@ def int8_products_on() -> bool:
 # fp32 on every device. On many CPUs bf16 matmuls are slow or crash. On a GPU, bf16 breaks the
 # promise of temperature 0: its rounding depends on how many tokens one forward holds, so a window's
 # verify and vanilla's one-token step can pick different argmaxes where two logits nearly tie
-# (measured: docs/experiments/devices.md#on-a-gpu-what-the-h100-session-found). Ask for bf16 or
+# (docs/experiments/devices.md#on-a-gpu-what-the-h100-session-found). Ask for bf16 or
 # fp16 (``dtype=``, ``--dtype``) to halve a big model's memory.
 DEFAULT_DTYPE = torch.float32
 
@@ -347,8 +347,8 @@ class Lane:
         take every core this lane may use alone for the rest of the work, so that no core idles.
 
         Mirror-SD's target suffix calls it between layers: its rollouts usually end first, and the
-        draft lane's core would idle for the rest of the suffix (measured:
-        docs/experiments/mirror.md#int8-rollouts-the-prefill-on-both-cores-and-variants-not-kept)."""
+        draft lane's core would idle for the rest of the suffix
+        (docs/experiments/mirror.md#int8-rollouts-the-prefill-on-both-cores-and-variants-not-kept)."""
         if (beside is not None and beside.done() and self.device.type == "cpu" and self.alone_threads
                 and torch.get_num_threads() < self.alone_threads):
             torch.set_num_threads(self.alone_threads)
@@ -447,8 +447,8 @@ def avoid_cudnn_attention():
 
     cuDNN builds an execution plan for each new sequence length, and decoding meets a new one at
     every step, so with cuDNN (which PyTorch picks in bf16, not in fp32) a new prompt decodes at a
-    fraction of the speed of one decoded before (measured:
-    docs/experiments/devices.md#on-a-gpu-what-the-h100-session-found). The flash, memory-efficient
+    fraction of the speed of one decoded before
+    (docs/experiments/devices.md#on-a-gpu-what-the-h100-session-found). The flash, memory-efficient
     and math kernels need no such plans."""
     torch.backends.cuda.enable_cudnn_sdp(False)
 

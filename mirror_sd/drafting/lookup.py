@@ -11,7 +11,7 @@ target's own choice.
 """
 from __future__ import annotations
 
-# Longest first; the last token alone matches too (measured: docs/experiments/lookup.md#matching-the-last-token-alone).
+# Longest first; the last token alone matches too (docs/experiments/lookup.md#matching-the-last-token-alone).
 NGRAM_SIZES = (3, 2, 1)
 
 

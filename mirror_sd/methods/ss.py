@@ -14,7 +14,7 @@ top N_s layers. Each step, on the target lane alone, in one of two forms:
 * ``one_forward=0``: the verify forward runs the main rows only; then the streams of the last
   accepted position re-enter the top N_s layers in a pass of their own, g rows that see the cache
   up to that position. This pass comes after the correction is committed, so streams trained with
-  ``next_token_rank`` see it (the shipped ``ss-smollm2-135m``: stream-1 top-1 0.57 held out), and
+  ``next_token_rank`` see it (the shipped ``ss-smollm2-135m``; its accuracy: docs/experiments/ss.md), and
   on a CPU, where every row costs time, only the g rows that are used run, in int8 (devices.Lane, drafting=True).
 
 The draft tree (temperature 0): the top_k tokens of stream 1 are children of the root; the top_k

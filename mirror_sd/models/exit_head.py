@@ -16,7 +16,7 @@ The correction is scaled by rms(h), so what the final norm (which divides the sc
 depends on h's direction only: the head learns from the cached early features (h through the exit
 layer's own input norm, ``train/features.py``), from which h / rms(h) is the feature divided by
 that norm's weight. The SwiGLU head is nonlinear, so it reaches further into what the layers above
-the exit would have made of h (measured: docs/experiments/mirror_hits.md).
+the exit would have made of h (docs/experiments/mirror_hits.md).
 
 A head belongs to one target and one exit layer: config.json records both (the target's shape and
 a few of its norm weights, which tell targets of the same shape apart), and loading checks them.

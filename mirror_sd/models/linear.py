@@ -8,7 +8,7 @@ a CPU its speed is how fast the weights stream from memory. PyTorch's default fp
 ``F.linear`` (MKL) streams them slowly for more than one row, and for 2-3 rows reads them once per
 row; oneDNN with the weight reordered once into its blocked layout streams them at about the same
 speed for any row count, and faster for one row too, so every product at inference goes through
-the prepacked weight (measured: docs/experiments/cpu.md#linear-kernels-by-row-count).
+the prepacked weight (docs/experiments/cpu.md#linear-kernels-by-row-count).
 
 The prepacked copy is made on first use and remade if the weight changes in place (an optimiser
 step bumps the tensor's version), so training, which needs gradients, and state dicts see a plain
@@ -19,15 +19,15 @@ Int8 drafting. Inside :func:`mirror_sd.devices.int8_products` (a per-thread swit
 turn on for drafting work: ``Lane.int8_drafting``) products take an int8 copy of the weight
 instead, one scale per output row, made on first use, with the input quantised on the fly
 (PyTorch's dynamic quantisation kernel, ``torch.ops.quantized.linear_dynamic``). A quarter of the
-bytes to stream, so a draft step costs about half as much (measured:
-docs/experiments/draft.md#int8-drafting).
+bytes to stream, so a draft step costs about half as much
+(docs/experiments/draft.md#int8-drafting).
 Drafts only propose, and the target verifies them in fp32, so every method stays lossless; what
 may change is which tokens a draft proposes, and so tau. The kernel quantises each input with one
 scale, which crushes an input with outlier channels, so two kinds of layer stay fp32
-(``Linear(..., int8=False)``): those fed raw residual-stream features (the EAGLE head's input maps;
-measured: docs/experiments/eagle.md#int8-drafting-and-τ--3), and a draft model's MLP down
+(``Linear(..., int8=False)``): those fed raw residual-stream features (the EAGLE head's input maps:
+docs/experiments/eagle.md#int8-drafting-and-τ--3), and a draft model's MLP down
 projections (``pair.fp32_down_projections``), whose input silu(gate) * up has outlier channels too
-(measured: docs/experiments/draft.md#self-instruct-data-and-fp32-down-projections-the-shipped-draft).
+(docs/experiments/draft.md#self-instruct-data-and-fp32-down-projections-the-shipped-draft).
 The target's speculative streams gain nothing from fp32 down projections (same record), so theirs
 stay int8.
 """
@@ -44,8 +44,8 @@ from ..devices import int8_products, int8_products_on  # noqa: F401
 from . import tuning
 
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-# Weights with fewer elements take F.linear in fp32: a 64 x 32 product costs 12 us there against
-# 53 us through oneDNN's call, and tiny weights stream from cache anyway (docs/experiments/cpu.md).
+# Weights with fewer elements take F.linear in fp32: for them oneDNN's call costs more than the
+# product, and tiny weights stream from cache anyway (docs/experiments/cpu.md#tiny-weights-take-flinear).
 PREPACK_MIN_WEIGHT = 1 << 16
 
 
@@ -55,7 +55,7 @@ def _int8_kernels_work() -> bool:
 
     The product runs on one thread: a multi-threaded kernel here would start an OpenMP pool on the
     importing thread, and with a second pool in the process every kernel on the CPU workers slows
-    down (devices.py; measured: docs/experiments/bench.md#a-fourth-fault-found-and-fixed-later)."""
+    down (devices.py; docs/experiments/bench.md#a-fourth-fault-found-and-fixed-later)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

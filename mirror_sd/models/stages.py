@@ -48,8 +48,8 @@ forward (ss's ``one_forward=1``, the draft's ``streams=2``), the stages run the 
 the stream rows after them (models/streams.py: ``forward_with_streams``).
 
 The cheapest bucket. A GPU's time for a forward need not grow with its width: matrix products of
-2 to 16 rows can pick slower kernels than those of 1 or 32 (on an H200 in fp32 the target's
-forward cost more at width 8 than at 32: docs/devices.md). So each captured stage
+2 to 16 rows can pick slower kernels than those of 1 or 32, so a wider bucket can cost less
+(docs/devices.md). So each captured stage
 is timed at capture (a few replays, CUDA events), and a window runs at the cheapest captured bucket
 that holds it: :func:`cheapest_bucket`, where a wider bucket must save more than ROUTE_MARGIN to be
 taken. Padding rows never change a real row, so only the time moves. Eager stages (the CPU) are

@@ -1,13 +1,12 @@
 """Tuned kernels: each matrix product, attention, RMSNorm, residual add, rotary embedding and cache
-write a CUDA stage captures runs the way measured fastest on that GPU for its shape.
+write a CUDA stage captures runs the way timed fastest on that GPU for its shape.
 
 Decoding runs a few rows at a time (a token, a draft window, a tree, a batch of branches: 1 to 64).
-On a GPU in fp32, cuBLAS's kernels for 2 to 16 rows can cost many times its one-row kernels: on an
-H200, a width-8 forward of the target cost 2.4 one-token forwards, and most of it went to its gate
-and up products, which ran a 32x128-tile kernel at 52 us each where a one-row product took a 3.5 us
-matrix-vector kernel (docs/devices.md). Then verifying a window costs more than the decoding steps
-it saves. So each such operation a captured stage records (models/stages.py) runs the fastest of
-a few formulations, measured on the device. Matrix products (``models/linear.py``):
+On a GPU in fp32, cuBLAS's kernels for 2 to 16 rows can cost many times its one-row
+matrix-vector kernels, and then verifying a window costs more than the decoding steps it saves
+(docs/devices.md; the H200's figures: docs/experiments/devices.md, "Tuned kernels"). So each such
+operation a captured stage records (models/stages.py) runs the fastest of a few formulations,
+timed on the device. Matrix products (``models/linear.py``):
 
 * ``cublas``: ``F.linear``, PyTorch's own call (what every product runs outside a stage);
 * ``swapped``: the same product with its two sides swapped, ``(W x^T)^T``: cuBLAS picks a
@@ -47,8 +46,8 @@ one-token forward's time is mostly their count:
   kernel (``joined-triton``). The joined products are tuned as products.
 
 The formulations of an operation differ only in rounding (the order of floating-point sums, fused
-multiply-adds), as cuBLAS's own kernels for two widths do, so every method stays as lossless as
-before (the tests hold each formulation to the default one and the methods to vanilla).
+multiply-adds), as cuBLAS's own kernels for two widths do, so every method stays lossless (the
+tests hold each formulation to the default one and the methods to vanilla).
 
 Measured, not assumed: inside :func:`planned` (a stage's warm-up and capture on a CUDA lane), the
 first operation of a new kind (its op, device, shapes, dtype, TF32 on or off) is tuned: :func:`tune`
