@@ -185,12 +185,42 @@ def load_problem(e: Exception) -> str:
     return f"the models could not be loaded ({type(e).__name__}: {e}). Recorded races still open."
 
 
+LIVE_INTERVAL_S = 0.25  # during a race the page is sent at most this often (and at each method's start and
+# end): the browser's drawing and the server's card building then take little of the cores the race is timed on
+
+
+class LivePage:
+    """What a live race sends the page: at most one update per ``LIVE_INTERVAL_S`` unless a method started
+    or ended since the last, and in it only the cards whose HTML changed (the others as empty updates)."""
+
+    def __init__(self, names: list[str], show_rejected: bool):
+        self.names, self.show = names, show_rejected
+        self.sent: dict[str, str] = {}
+        self.states: tuple = ()
+        self.at = float("-inf")
+
+    def due(self, current: dict) -> bool:
+        states = tuple((n, r.finished) for n, r in current.items())
+        return states != self.states or time.perf_counter() - self.at >= LIVE_INTERVAL_S
+
+    def cards(self, current: dict) -> list:
+        self.states, self.at = tuple((n, r.finished) for n, r in current.items()), time.perf_counter()
+        out = []
+        for n, html in zip(self.names, cards(current, self.names, self.show)):
+            changed = isinstance(html, str) and self.sent.get(n) != html
+            if changed:
+                self.sent[n] = html
+            out.append(html if changed else gr.update())
+        return out
+
+
 def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded_now, names: list[str]):
-    """Run the race ``n`` times (fewer if stopped), yielding after every step; at the end each result
-    carries every run's numbers, and the status says when the machine was busy. Returns whether the
-    race was stopped."""
+    """Run the race ``n`` times (fewer if stopped), yielding at a bounded rate (``LivePage``) while it runs;
+    at the end each result carries every run's numbers, and the status says when the machine was busy.
+    Returns whether the race was stopped."""
     show = bool(given["show_rejected"])
     warned, current, runs, crowded = set(), {}, {}, False
+    page = LivePage(names, show)
     for k in range(n):
         cold, began = not is_warm(pair), time.perf_counter()
         for current in run_race(pair, given["prompt_text"], given["methods"], stop, **settings):
@@ -199,8 +229,10 @@ def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded
                 if r.error and r.method not in warned:
                     warned.add(r.method)
                     gr.Warning(f"{r.title}: {r.error}")
+            if not page.due(current):
+                continue
             status = settled + race_status(current, run=k, runs=n, cold=cold, waited_s=time.perf_counter() - began)
-            yield (status, gr.update(interactive=False), *cards(current, names, show), current)
+            yield (status, gr.update(interactive=False), *page.cards(current), current)
         record(runs, current)
         if stop.is_set():
             break

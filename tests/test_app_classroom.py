@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from test_app_live import CHROMIUM, open_app
+from test_app_live import CHROMIUM, open_app, slow_app_url  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM) and not shutil.which("chromium"),
                                 reason="Chromium is not installed here (CI installs Debian's chromium: see .ci/run)")
@@ -335,4 +335,36 @@ def test_browser_names_a_recordings_devices_then_the_live_ones(class_url):
         expect(notice).not_to_contain_text("cuda")
         expect_status(page, "Done.")
         expect(notice).not_to_contain_text("Recorded on")
+        browser.close()
+
+
+CARD_CHANGES = """() => { window.__changes = [];
+    let last = '';
+    new MutationObserver(() => {
+        const now = [...document.querySelectorAll('#cards .card')].map(c => c.outerHTML).join('');
+        if (now !== last) { last = now; window.__changes.push(performance.now()); }
+    }).observe(document.querySelector('#cards'), {subtree: true, childList: true, characterData: true}); }"""
+
+
+def test_browser_live_race_updates_the_cards_at_a_bounded_rate_and_draws_figures_after(slow_app_url):
+    """During a live race (80 ms a target forward: about 12 steps a second) the cards change at most about
+    four times a second, besides each method's start and end, and the timeline is drawn once, after the
+    race, so the page's drawing stays off the cores the race is timed on (issue 63)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser, page = open_app(p, slow_app_url)
+        pick_methods(page)
+        page.locator("#max-tokens input").fill("30")
+        page.evaluate(CARD_CHANGES)
+        page.locator("#run").click()
+        expect(page.locator("#card-vanilla .card")).to_have_attribute("data-state", "running", timeout=60_000)
+        expect(page.locator("#card-vanilla .card .tok").nth(3)).to_be_attached(timeout=60_000)
+        expect(page.locator("#timeline")).to_contain_text("Racing")  # no timeline while the race runs
+        expect_status(page, "Done.")
+        changes = page.evaluate("window.__changes")
+        seconds = (changes[-1] - changes[0]) / 1000
+        assert seconds > 2
+        assert len(changes) <= 4 * seconds + 2 * len(RACED) + 4, (len(changes), seconds)
+        expect(page.locator("#timeline")).to_contain_text("cpu", timeout=30_000)  # drawn after the race
         browser.close()
