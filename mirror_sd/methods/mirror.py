@@ -370,7 +370,9 @@ def chain_step(ctx: Context, window: list[int], q: torch.Tensor | None, step: in
     verifying = dict(label="verify + match branch", step=step)
     if greedy:  # the picks, queued before the step's one wait
         picks = ex.start(target, "rendezvous", target_picks, suffix, **verifying)
-    correcting = greedy and s.correction and rollout_stage_fits(ctx, window, ctx.correction_stage) \
+    # The correction needs queued phases: on the lanes' threads it would still write the draft cache
+    # while the host rolls the cache back for the next step.
+    correcting = greedy and s.correction and ex.queued and rollout_stage_fits(ctx, window, ctx.correction_stage) \
         and rollout_stage_fits(ctx, window, ctx.rollout_stage)
     fixing = ex.start(draft, "correction-rollout", roll_out_correction, ctx, window, picks, base,
                       label=f"correction: 1 branch x {s.gamma} tokens", step=step, tokens=s.gamma) \

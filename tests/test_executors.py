@@ -1,0 +1,108 @@
+"""The executor seam (mirror_sd/executors.py): a Mirror-SD step is one algorithm (methods/mirror.py), and
+both ways of running it yield step for step the same windows, candidates, branches and committed
+tokens: its phases on the lanes' threads (``queued=0``) and queued in turn (``queued=1``: on a GPU,
+on its streams), on the plain forwards and on fixed-shape stages (``graphs="on"``), on the tiny
+random pairs and on the shipped pair.
+
+Stages against plain forwards: vanilla's tokens both, but not always the same steps. A stage runs
+padded shapes (its attention over every slot of its cache, masked), which may settle a near tie in
+the tiny random draft the other way. The correction rollout (``correction``) runs on queued stages
+only (tests/test_rollout.py): it is off here."""
+import threading
+import time
+
+import pytest
+
+from mirror_sd import generate, load_pair
+from mirror_sd.devices import allot_cpu_threads, make_lanes
+from mirror_sd.executors import Phase, Streams, Threads
+from mirror_sd.trace import Trace
+
+RUNS = [dict(queued=0), dict(queued=1)]
+
+
+def steps_of(out):
+    """What a run decided at each step: window, accepted count, committed tokens, rendezvous record."""
+    return [(s.proposed, s.accepted, s.committed, s.rendezvous, s.tree) for s in out.trace.steps[1:]]
+
+
+@pytest.mark.parametrize("options", [dict(gamma=3, kappa=2, branch_budget=3, lookup=0),
+                                     dict(gamma=2, kappa=3, branch_budget=5, lookup=8),
+                                     dict(gamma=3, kappa=3, exit_layer=1, tree=6)])
+def test_every_executor_on_plain_forwards_and_on_stages_takes_the_same_steps(tiny_dirs, options):
+    prompt = "t1 t2 t3"
+    plain = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["reduced_draft"]))
+    staged = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["reduced_draft"]), graphs="on")
+    expected = generate(plain, prompt, method="vanilla", max_new_tokens=32, raw=True).token_ids
+    runs = {}
+    for name, pair in (("plain", plain), ("stages", staged)):
+        for run in RUNS:
+            out = generate(pair, prompt, method="mirror", max_new_tokens=32, raw=True, correction=0, **options, **run)
+            assert out.error is None and out.token_ids == expected, (name, run)
+            runs[name, run["queued"]] = steps_of(out)
+    for forwards in ("plain", "stages"):
+        reference = runs[forwards, 1]  # the phases in turn, each to its end
+        assert runs[forwards, 0] == reference, f"the lanes' threads step apart from the reference on {forwards}"
+        assert any(r.hit for _, _, _, r, _ in reference) and any(not r.hit for _, _, _, r, _ in reference)
+
+
+def test_the_shipped_pair_takes_the_same_steps_on_either_executor(embedded_pair):
+    prompt = "Write a short poem about the sea."
+    runs = [steps_of(generate(embedded_pair, prompt, method="mirror", max_new_tokens=24, **run)) for run in RUNS]
+    assert runs[0] == runs[1] and any(r.hit for _, _, _, r, _ in runs[0])
+
+
+def lanes_for_test():
+    target, draft = make_lanes("cpu", "cpu")
+    allot_cpu_threads([target, draft], parallel=True)  # a worker each, as for Mirror-SD
+    trace = Trace("test")
+    return target.recording(trace), draft.recording(trace), trace
+
+
+def test_threads_overlap_the_lanes_and_hand_a_phase_its_dependencies_values():
+    """Threads: two phases of different lanes run at the same time; a phase given another lane's phase
+    gets its value once it is done; one given a phase of its own lane gets it too (done before it)."""
+    target, draft, trace = lanes_for_test()
+    ex = Threads()
+    started = {}
+
+    def work(name, value, seconds=0.05):
+        started[name] = (time.perf_counter(), threading.get_ident())
+        time.sleep(seconds)
+        return value
+
+    a = ex.start(target, "a", work, "a", 1)
+    b = ex.start(draft, "b", work, "b", 2)  # independent: overlaps a
+    c = ex.start(draft, "c", lambda x, y: x + y, a, b)  # waits for a (the other lane), b (its own)
+    d = ex.start(target, "d", lambda x: 10 * x, a)
+    ex.finish(a, b, c, d)
+    assert (c.result(), d.result()) == (3, 10)
+    assert abs(started["a"][0] - started["b"][0]) < 0.04 and started["a"][1] != started["b"][1]
+    assert {s.kind for s in trace.spans} == {"a", "b", "c", "d"}
+
+
+def test_streams_run_phases_in_turn_on_cpu_lanes_and_record_each_span_once():
+    target, draft, trace = lanes_for_test()
+    ex = Streams()
+    order = []
+    a = ex.start(target, "a", lambda: order.append("a") or 1)
+    b = ex.start(draft, "b", lambda x: order.append("b") or x + 1, a)
+    assert order == ["a", "b"] and isinstance(b, Phase) and not trace.spans  # recorded when waited for
+    ex.finish(a, b)
+    assert b.result() == 2 and [s.kind for s in trace.spans] == ["a", "b"]
+
+
+def test_a_widening_takes_the_shared_cores_only_once_the_other_lanes_phase_is_done():
+    target, draft, _ = lanes_for_test()
+    calls = []
+    target.lane.widen_when_done = lambda beside: calls.append(beside.done())
+    ex = Threads()
+    widen = ex.widening(target)
+    widen()  # nothing to wait for yet: no call
+    slow = ex.start(draft, "slow", time.sleep, 0.05)
+    widen.after(slow)
+    widen()
+    slow.result()
+    widen()
+    assert calls == [False, True]
+    Streams().widening(target)()  # queued work: never widens
