@@ -105,10 +105,12 @@ METHODS = [
     ("sd", dict(gamma=3, streams=2), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
     ("sd", dict(gamma=3, tree=6, branching=2), {"full", "tree verify"}),  # the draft's tree levels; the target's
     # tree verify one stage (models/eagle_verify.py)
-    *[("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=queued),  # on either executor: the token channel,
-       {"full", "token channel: layers 0-1, trained early exit, top 4", "layers 1-2 + head",  # the rollouts and the
-        "rollouts 16x3 from 4x4 candidates", "rollouts 1x3 from 4x1 candidates", "chain draft of 3"})  # correction
-      for queued in (0, 1)],
+    ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=0),  # on the lanes' threads: the token channel and
+     {"full", "token channel: layers 0-1, trained early exit, top 4", "layers 1-2 + head",  # the rollouts
+      "rollouts 16x3 from 4x4 candidates", "chain draft of 3"}),
+    ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=1),  # queued: the correction's too
+     {"full", "token channel: layers 0-1, trained early exit, top 4", "layers 1-2 + head",
+      "rollouts 16x3 from 4x4 candidates", "rollouts 1x3 from 4x1 candidates", "chain draft of 3"}),
     ("mirror", dict(gamma=3, exit_layer=1, tree=6, branching=2, queued=0),  # tree windows: the prefix and suffix
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),  # under a tree mask
     ("mirror", dict(gamma=3, exit_layer=1, tree=6, branching=2, queued=1),  # queued tree steps

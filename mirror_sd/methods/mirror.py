@@ -370,9 +370,7 @@ def chain_step(ctx: Context, window: list[int], q: torch.Tensor | None, step: in
     verifying = dict(label="verify + match branch", step=step)
     if greedy:  # the picks, queued before the step's one wait
         picks = ex.start(target, "rendezvous", target_picks, suffix, **verifying)
-    # The correction needs queued phases: on the lanes' threads it would still write the draft cache
-    # while the host rolls the cache back for the next step.
-    correcting = greedy and s.correction and ex.queued and rollout_stage_fits(ctx, window, ctx.correction_stage) \
+    correcting = greedy and rollout_stage_fits(ctx, window, ctx.correction_stage) \
         and rollout_stage_fits(ctx, window, ctx.rollout_stage)
     fixing = ex.start(draft, "correction-rollout", roll_out_correction, ctx, window, picks, base,
                       label=f"correction: 1 branch x {s.gamma} tokens", step=step, tokens=s.gamma) \
@@ -443,8 +441,10 @@ def make_context(run, s: Settings, exit_head: int, queued: int) -> Context:
         vocab, B = pair.target.args.vocab_size, min(s.budget, rows * s.kappa)
         ctx.channel_stage = TokenChannel(s.exit_layer, s.kappa, exit_reader(pair, head), vocab)
         ctx.rollout_stage = Rollouts(B, s.gamma, s.kappa, rows, vocab) if B < MAX_WIDTH else None
-        ctx.correction_stage = Rollouts(1, s.gamma, 1, rows, vocab) if ctx.rollout_stage and s.correction \
-            else None
+        # The correction needs queued phases: on the lanes' threads it would still write the draft cache
+        # while the host rolls the cache back for the next step.
+        correcting = ctx.rollout_stage and s.correction and ex.queued
+        ctx.correction_stage = Rollouts(1, s.gamma, 1, rows, vocab) if correcting else None
     return ctx
 
 
