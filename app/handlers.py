@@ -24,7 +24,8 @@ from .inputs import settle_all
 from .loading import in_background, loading_message
 from .predict import next_step, reveal_hit
 from .prompt_kinds import acceptance_note
-from .race import is_warm, run_race
+from .prompt_cost import prompt_line, speeds_of, too_long
+from .race import is_warm, run_race, warm_up
 from .repeat import busy_note, record
 from .replay import frame_times, last_step_at
 from .tokens import text_html
@@ -136,6 +137,7 @@ def make_race(get_pair, stops: Stops, specs, names: list[str], line: Line):
         session = request.session_hash if request else ""
         if stops.gone(session):  # the visitor left while their race waited in the queue
             return
+        idle = (gr.update(),) * len(names)
         used, messages = settle_all(**{k: given[k] for k in ("max_new", "temperature", "top_p", "seed", "runs")})
         settled = ("**Settings changed:** " + " ".join(messages) + " ") if messages else ""
         line.join(session)
@@ -144,6 +146,14 @@ def make_race(get_pair, stops: Stops, specs, names: list[str], line: Line):
             if pair is None:
                 return
             line.start(session)
+            cold, began = not is_warm(pair), time.perf_counter()
+            for _ in in_background(lambda: warm_up(pair)):  # once per pair; measures this machine's speeds
+                yield (settled + race_status({}, cold=cold, waited_s=time.perf_counter() - began), gr.update(),
+                       *idle, gr.update())
+            problem = length_problem(pair, given["prompt_text"], given["methods"], used["max_new"], used["runs"])
+            if problem:
+                yield (f"**Cannot run:** {problem}", gr.update(), *idle, gr.update())  # the last race stays
+                return
             settings = dict(max_new_tokens=used["max_new"], temperature=used["temperature"], top_p=used["top_p"],
                             seed=used["seed"], options=gather_options(specs, values[len(RACE_INPUTS):]))
             stopped = yield from _runs(pair, given, settings, used["runs"], settled, stops.fresh(session),
@@ -172,7 +182,7 @@ def _load(get_pair, given: dict, names: list[str]):
                 return done.value
     except Exception as e:  # noqa: BLE001  one message in the page, the traceback in the server's log
         gr.Warning(load_problem(e))
-        yield (f"**Cannot run:** {load_problem(e)}", gr.update(), *idle, {})
+        yield (f"**Cannot run:** {load_problem(e)}", gr.update(), *idle, gr.update())  # the last race stays
         return None
 
 
@@ -262,6 +272,51 @@ def check_prompt(prompt_text: str, chosen: list[str]) -> str | None:
     return None
 
 
+def length_problem(pair, prompt_text: str, methods: list[str], max_new, runs) -> str:
+    """Why this prompt is too long for a live race on this machine ('' when it is not, or before the
+    warm-up has measured the machine's speeds)."""
+    speeds = speeds_of(pair)
+    if speeds is None or not (prompt_text or "").strip():
+        return ""
+    used, _ = settle_all(max_new=max_new, runs=runs)
+    return too_long(len(pair.encode(prompt_text)), len(prompt_text), speeds, len(methods or []) or 1,
+                    used["max_new"], used["runs"])
+
+
+def make_prompt_info(get_pair):
+    """The line under the prompt: its length in tokens, its expected prefill and race time here, and
+    whether it is too long for a live race (``app.prompt_cost``), for the settings on the page."""
+
+    def prompt_info(prompt_text, methods, max_new, runs):
+        text = prompt_text or ""
+        if not text.strip():
+            return ""
+        used, _ = settle_all(max_new=max_new, runs=runs)
+        pair = get_pair(target_device=None, draft_device=None) if get_pair.loaded(
+            target_device=None, draft_device=None) else None
+        tokens = len(pair.encode(text)) if pair is not None else None
+        return prompt_line(tokens, len(text), speeds_of(pair) if pair is not None else None,
+                           len(methods or []) or 1, used["max_new"], used["runs"])
+
+    return prompt_info
+
+
+def make_check_length(get_pair):
+    """Run's first step: a prompt too long for a live race (speeds already measured) is refused with one
+    message before anything on the page changes, so the last race's cards, timeline and views stay."""
+
+    def check_length(prompt_text, methods, max_new, runs, target_device, draft_device):
+        devices = {"target_device": None if target_device == AUTO else target_device,
+                   "draft_device": None if draft_device == AUTO else draft_device}
+        if not get_pair.loaded(**devices):
+            return
+        problem = length_problem(get_pair(**devices), prompt_text, methods, max_new, runs)
+        if problem:
+            raise gr.Error(problem.replace("**", ""), title="Prompt too long")
+
+    return check_length
+
+
 def cards(current: dict, names: list[str], rejected: bool = False) -> list:
     rate = baseline(current)
     return [card_html(current[n], rate, rejected=rejected) if n in current else gr.update()
@@ -333,14 +388,18 @@ def make_rerender(names: list[str]):
 
 def page_open(get_pair):
     """On page open: a loading message with the time so far while the models load, then which hardware
-    each lane runs on."""
+    each lane runs on; then the one-off warm-up, which measures this machine's speeds for the prompt's
+    expected cost (the event ends when it has)."""
     try:
         loads = in_background(lambda: get_pair(target_device=None, draft_device=None))
         while True:
             try:
                 yield loading_message(next(loads))
             except StopIteration as done:
-                yield hardware_notice(done.value)
+                pair = done.value
+                yield hardware_notice(pair)
+                for _ in in_background(lambda: warm_up(pair)):  # once per server: the prompt's cost needs it
+                    pass
                 return
     except Exception as e:  # noqa: BLE001  (load_problem)
         yield f"**Cannot run:** {load_problem(e)}"

@@ -13,6 +13,7 @@ from typing import Iterator
 from mirror_sd import METHODS, MirrorSDError, generate, stream
 from mirror_sd.trace import Trace
 
+from . import prompt_cost
 from .loading import in_background
 from .tokens import collect_pieces
 
@@ -63,17 +64,24 @@ def is_warm(pair) -> bool:
     return id(pair) in _warm
 
 
+_warming = threading.Lock()
+
+
 def warm_up(pair):
     """Once per pair, a 2-token run of every method through the engine, discarded: the first run in a
-    process pays one-off costs (thread start-up, allocator warm-up) that would bias the first method."""
-    if id(pair) in _warm:
-        return
-    for name in METHODS:
-        try:
-            generate(pair, "Hello", method=name, max_new_tokens=2)
-        except Exception:  # noqa: BLE001  a method this pair cannot run: the race itself reports why
-            pass
-    _warm.add(id(pair))
+    process pays one-off costs (thread start-up, allocator warm-up) that would bias the first method.
+    Then this machine's prefill and decoding speeds are measured (``app.prompt_cost.measure``), for the
+    prompt's expected cost before a race. Two callers at once (a page opening, a race) warm up once."""
+    with _warming:
+        if id(pair) in _warm:
+            return
+        for name in METHODS:
+            try:
+                generate(pair, "Hello", method=name, max_new_tokens=2)
+            except Exception:  # noqa: BLE001  a method this pair cannot run: the race itself reports why
+                pass
+        prompt_cost.measure(pair)
+        _warm.add(id(pair))
 
 
 WARM_TOKENS = 2  # a prompt warm-up's new tokens: its prefill and its first decoding step

@@ -14,7 +14,7 @@ import torch
 
 from mirror_sd import METHODS, load_pair
 from mirror_sd.devices import cpu_cores
-from mirror_sd.tools.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
+from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 
 from . import figures, handlers, replay, whatif
 from .handlers import AUTO
@@ -89,6 +89,7 @@ def race_tab(names: list[str]) -> SimpleNamespace:
         with gr.Column(scale=1, min_width=140):
             ui.run = gr.Button("Run", variant="primary", elem_id="run")
             ui.stop = gr.Button("Stop", variant="stop", elem_id="stop", interactive=False)  # while a race runs
+    ui.prompt_info = gr.Markdown(elem_id="prompt-info")  # its tokens, expected prefill and race time here
     gr.Examples(example_prompts(), [ui.prompt], label="Examples: one per Spec-Bench category", cache_examples=False)
     ui.recorded = gr.Dropdown(replay.recorded_races(), value=None, elem_id="recorded",
                               label="Or open a recorded race of an example, on this CPU or on a GPU: instant, "
@@ -202,7 +203,13 @@ def build_demo(pair_factory=None) -> gr.Blocks:
         def opened():
             yield from handlers.page_open(get_pair)
 
-        demo.load(opened, None, notice, api_name=False, concurrency_limit=None)  # every visitor sees the load at once
+        loaded = demo.load(opened, None, notice, api_name=False, concurrency_limit=None)  # every visitor at once
+        info = handlers.make_prompt_info(get_pair)
+        info_inputs = [race.prompt, race.methods, race.max_tokens, race.runs]
+        loaded.then(info, info_inputs, race.prompt_info, api_name=False, show_progress="hidden")
+        for box in info_inputs:
+            box.change(info, info_inputs, race.prompt_info, api_name=False, show_progress="hidden",
+                       trigger_mode="always_last")
         demo.load(lambda was_seen: (gr.update(open=not was_seen), True), [seen], [how, seen], api_name=False)
     return demo
 
@@ -233,8 +240,9 @@ def wire_race(demo, race, results, get_pair, names, view_outputs, notice):
         message = line.message(request.session_hash)
         return message, gr.Timer(active=bool(message))
 
-    checked = race.run.click(handlers.settle_boxes, settings, [*settings, race.settings_note], queue=False,
-                             api_name=False)
+    length = [race.prompt, race.methods, race.max_tokens, race.runs, race.target_device, race.draft_device]
+    checked = race.run.click(handlers.make_check_length(get_pair), length, None, queue=False, api_name=False).success(
+        handlers.settle_boxes, settings, [*settings, race.settings_note], queue=False, api_name=False)
     checked.then(join, [race.guess], [race.wait, waiting, race.reveal, race.stop, race.timeline, race.zoom,
                                       race.recorded], queue=False, api_name=False)
     checked.then(handlers.make_live_devices(get_pair), [race.target_device, race.draft_device], notice,

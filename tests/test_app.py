@@ -644,3 +644,24 @@ def test_every_method_of_a_race_warms_up_on_its_prompt_before_any_is_timed(tiny_
     for who in ("target", "draft"):
         timed = [n for at, w, n in forwards if w == who and at > first_timed]
         assert timed and timed[0] in {n for at, w, n in forwards if w == who and at <= first_timed}
+
+
+def test_a_prompts_cost_comes_from_measured_speeds_and_only_a_long_prompt_is_refused(tiny_pair):
+    """The prompt's expected prefill and race time come from speeds measured on this machine (the engine's
+    spans); the limit is on the prompt's own part of the race, so a short prompt is never refused, and
+    the longest allowed prompt adds at most the limit (issue 63)."""
+    from app.prompt_cost import RACE_LIMIT_S, Speeds, measure_speeds, prompt_line, too_long
+
+    speeds = measure_speeds(tiny_pair)
+    assert speeds.a > 0 and speeds.b >= 0 and speeds.c >= 0 and speeds.step_s >= 0 and speeds.rate > 0
+    assert speeds.rate_at == tiny_pair.context_length // 4  # a quarter of the tiny context
+    slow = Speeds(a=0.001, b=1e-7, step_s=5.0, c=1e-4, rate=900.0, rate_at=1024)  # decoding alone takes minutes
+    assert too_long(40, 160, slow, 5, 48) == ""
+    limit = slow.max_tokens(5, 48)
+    assert slow.prompt_s(limit, 5, 48) <= RACE_LIMIT_S < slow.prompt_s(limit + 1, 5, 48)
+    assert slow.max_tokens(2, 48) > limit  # fewer methods read it fewer times
+    message = too_long(limit + 1, 4 * (limit + 1), slow, 5, 48)
+    assert "Too long for a live race here" in message and f"under about {limit:,} tokens" in message
+    line = prompt_line(12, 50, slow, 5, 48)
+    assert "**12 tokens**" in line and "per method here" in line and "900 tokens/s at 1,024 tokens" in line
+    assert "shows once the models have loaded" in prompt_line(None, 50, None, 5, 48)

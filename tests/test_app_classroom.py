@@ -368,3 +368,44 @@ def test_browser_live_race_updates_the_cards_at_a_bounded_rate_and_draws_figures
         assert len(changes) <= 4 * seconds + 2 * len(RACED) + 4, (len(changes), seconds)
         expect(page.locator("#timeline")).to_contain_text("cpu", timeout=30_000)  # drawn after the race
         browser.close()
+
+
+def test_browser_shows_a_prompts_cost_and_refuses_a_paste_that_would_take_minutes(embedded_pair):
+    """On the embedded pair: the line under the prompt gives its tokens and expected prefill, measured
+    on this machine at warm-up; a 20,000-character paste is refused with one message before anything
+    changes, and the race already on the page stays (issue 63)."""
+    from pathlib import Path
+
+    from playwright.sync_api import expect, sync_playwright
+
+    root = Path(__file__).resolve().parents[1]
+    paste = ((root / "README.md").read_text() + (root / "docs" / "app.md").read_text()) * 2
+    paste = paste[:20_000]
+    demo, url = launch(lambda **devices: embedded_pair)
+    try:
+        with sync_playwright() as p:
+            browser, page = open_app(p, url, prompt="Why is the sky blue?")
+            info = page.locator("#prompt-info")
+            expect(info).to_contain_text("per method here (measured:", timeout=600_000)  # after the warm-up
+            expect(info).to_contain_text("tokens")
+            pick_methods(page, ("Vanilla", "Speculative decoding"))
+            page.locator("#max-tokens input").fill("8")
+            page.locator("#run").click()
+            expect_status(page, "Done.", timeout=300_000)
+            expect(page.locator("#timeline")).to_contain_text("cpu", timeout=60_000)
+            kept = page.locator("#card-sd .card").inner_html()
+            for title in ("Speculative Streaming", "Mirror-SD", "EAGLE-2"):
+                page.get_by_role("checkbox", name=title, exact=True).check()
+            page.get_by_label("Prompt").fill(paste)
+            expect(info).to_contain_text("Too long for a live race here", timeout=60_000)
+            tokens = int(info.locator("strong").first.inner_text().split()[0].replace(",", ""))
+            assert tokens > 4000
+            page.locator("#run").click()
+            expect(page.get_by_text("Too long for a live race here").last).to_be_visible(timeout=30_000)  # the toast
+            page.wait_for_timeout(2000)
+            expect(page.locator("#status")).to_contain_text("Done.")  # nothing of the last race is lost
+            assert page.locator("#card-sd .card").inner_html() == kept
+            expect(page.locator("#timeline")).to_contain_text("cpu")
+            browser.close()
+    finally:
+        demo.close()
