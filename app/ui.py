@@ -14,7 +14,7 @@ import torch
 
 from mirror_sd import METHODS, load_pair
 from mirror_sd.devices import cpu_cores
-from mirror_sd.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
+from mirror_sd.tools.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 
 from . import figures, handlers, replay, whatif
 from .handlers import AUTO
