@@ -207,9 +207,8 @@ def build_demo(pair_factory=None) -> gr.Blocks:
         info = handlers.make_prompt_info(get_pair)
         info_inputs = [race.prompt, race.methods, race.max_tokens, race.runs]
         loaded.then(info, info_inputs, race.prompt_info, api_name=False, show_progress="hidden")
-        for box in info_inputs:
-            box.change(info, info_inputs, race.prompt_info, api_name=False, show_progress="hidden",
-                       trigger_mode="always_last")
+        gr.on([box.change for box in info_inputs], info, info_inputs, race.prompt_info, api_name=False,
+              show_progress="hidden", trigger_mode="always_last")  # one event: the last change's line wins
         demo.load(lambda was_seen: (gr.update(open=not was_seen), True), [seen], [how, seen], api_name=False)
     return demo
 
