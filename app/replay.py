@@ -88,15 +88,21 @@ def busy_then(meta: dict) -> str:
 
 def recorded_races(folder: str | Path = RECORDED) -> list[tuple[str, str]]:
     """(label, path) of every recorded race in ``folder``, for a dropdown: "qa: Why is the sky blue?";
-    races in a subfolder (another machine's, such as ``nvidia-h200/``) after them, their label naming
-    the machine: "qa: Why is the sky blue? (on NVIDIA H200)"."""
+    races in a subfolder after them, their label naming another machine ("(on NVIDIA H200)", for
+    ``nvidia-h200/``) and settings other than the defaults ("(at best settings: mirror exit layer 14,
+    branch budget 4)", for ``cpu-best/``)."""
     folder, races = Path(folder), []
+    here = {json.loads(path.read_text())["meta"].get("hardware") for path in folder.glob("*.json")}
     for path in sorted(folder.glob("*.json")) + sorted(folder.glob("*/*.json")):
         data = json.loads(path.read_text())
+        meta = data["meta"]
         prompt = " ".join(data["prompt"].split())
         short = prompt if len(prompt) <= 60 else prompt[:57] + "…"
-        where = f" (on {data['meta'].get('hardware', path.parent.name)})" if path.parent != folder else ""
-        races.append((f"{category_label(data['meta'].get('category', path.stem))}: {short}{where}", str(path)))
+        notes = [f"on {meta.get('hardware', path.parent.name)}"] if path.parent != folder and (
+            meta.get("hardware") not in here) else []
+        notes += [meta["settings"]] if meta.get("settings") else []
+        where = f" ({', '.join(notes)})" if notes else ""
+        races.append((f"{category_label(meta.get('category', path.stem))}: {short}{where}", str(path)))
     return races
 
 
@@ -111,10 +117,12 @@ def recorded_on(meta: dict) -> str:
     machine then (a load average above its cores)."""
     busy = busy_then(meta)
     graphs = ", every forward a CUDA graph" if meta.get("graphs") == "on" else ""
+    settings = (f"{meta['settings']} (every other option at its default)" if meta.get("settings")
+                else "each method's default options")
     note = f" {meta['note']}" if meta.get("note") else ""
     return (f"Recorded on {meta.get('hardware', 'unknown hardware')}, {meta.get('date', 'an unknown date')}: "
-            f"at most {meta.get('max_new_tokens')} new tokens, temperature {meta.get('temperature', 0.0)}, each "
-            f"method's default options{graphs}.{note}{busy} Nothing runs now: step through it in **Step-through**, "
+            f"at most {meta.get('max_new_tokens')} new tokens, temperature {meta.get('temperature', 0.0)}, "
+            f"{settings}{graphs}.{note}{busy} Nothing runs now: step through it in **Step-through**, "
             f"or **Replay** it.")
 
 

@@ -398,6 +398,8 @@ def test_browser_shows_a_prompts_cost_and_refuses_a_paste_that_would_take_minute
                 page.get_by_role("checkbox", name=title, exact=True).check()
             page.get_by_label("Prompt").fill(paste)
             expect(info).to_contain_text("Too long for a live race here", timeout=60_000)
+            page.wait_for_timeout(2000)  # every change's line drawn: the last one stays
+            expect(info).to_contain_text("Too long for a live race here")
             tokens = int(info.locator("strong").first.inner_text().split()[0].replace(",", ""))
             assert tokens > 4000
             page.locator("#run").click()
@@ -409,3 +411,19 @@ def test_browser_shows_a_prompts_cost_and_refuses_a_paste_that_would_take_minute
             browser.close()
     finally:
         demo.close()
+
+
+def test_browser_opens_a_race_recorded_at_each_methods_best_settings(class_url):
+    """Beside the defaults' races, the dropdown offers this CPU's races at each method's best measured
+    settings, labelled with them; opened, the status line says them (issue 63)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser, page = open_app(p, class_url)
+        open_recorded(page, "qa: Why is the sky blue? (at best settings")
+        expect(page.locator("#recorded input")).to_have_value(
+            "qa: Why is the sky blue? (at best settings: sd gamma 3; mirror exit layer 14, branch budget 4)")
+        expect(page.locator("#status")).to_contain_text(
+            "at best settings: sd gamma 3; mirror exit layer 14, branch budget 4 (every other option at its default)")
+        expect(page.locator("#card-mirror")).to_contain_text("tok/s")
+        browser.close()

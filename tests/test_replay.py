@@ -26,13 +26,24 @@ def no_model(monkeypatch):
     monkeypatch.setattr("mirror_sd.models.pair.load_pair", refuse)
 
 
-def test_every_example_prompt_has_a_small_recorded_race_on_the_cpu_and_on_a_gpu():
+BEST_ON_CPU = {"sd": {"gamma": 3}, "mirror": {"exit_layer": 14, "branch_budget": 4}}  # docs/app.md: from which sweeps
+
+
+def test_every_example_prompt_has_a_small_recorded_race_on_the_cpu_at_defaults_and_best_settings_and_on_a_gpu():
     races = recorded_races()
     examples = {item["turns"][0] for item in first_per_category(read_prompts(DEFAULT_PROMPTS), 1)}
-    on_cpu = [path for label, path in races if "(on " not in label]
     on_gpu = [path for label, path in races if label.endswith("(on NVIDIA H200)")]
-    assert len(on_cpu) + len(on_gpu) == len(races)
-    assert {load_race(path)[0] for path in on_cpu} == {load_race(path)[0] for path in on_gpu} == examples
+    best = [path for label, path in races
+            if label.endswith("(at best settings: sd gamma 3; mirror exit layer 14, branch budget 4)")]
+    on_cpu = [path for label, path in races if path not in on_gpu + best]
+    assert len(on_cpu) == len(best) == len(on_gpu) == len(examples)
+    assert ({load_race(path)[0] for path in on_cpu} == {load_race(path)[0] for path in on_gpu}
+            == {load_race(path)[0] for path in best} == examples)
+    for path in best:  # recorded on this CPU with those settings, every other option at its default
+        prompt, meta, results = load_race(path)
+        assert meta["options"] == BEST_ON_CPU and "(on " not in meta["settings"]
+        for method, chosen in BEST_ON_CPU.items():
+            assert {k: results[method].trace.meta["options"][k] for k in chosen} == chosen
     assert sum(p.stat().st_size for p in RECORDED.glob("**/*.json")) < 2_000_000  # the repo stays small
     for label, path in races:
         prompt, meta, results = load_race(path)
