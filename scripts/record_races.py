@@ -9,8 +9,9 @@
 One race per example prompt (the first prompt of each Spec-Bench category, as the app's examples),
 every method at its defaults (or at ``--options``: a method's own settings, as the app's Advanced
 drawer sets them, named in the recording and in its label in the app's dropdown), temperature 0,
-through ``app.race.run_race`` as the Run button does (a discarded warm-up first). Each race is written to ``<out>/<category>.json`` with the hardware
-and the date it ran on, and the load average at its end (other work on the machine slows every
+through ``app.race.run_race`` as the Run button does (a discarded warm-up first). Each race is
+written to ``<out>/<category>.json`` with the hardware and the date it ran on, and the load
+average at its end (other work on the machine slows every
 method; the app says so); a table of each race's wall time is printed (what a visitor to a live
 Space waits for one race). Run it alone on the machine for times a class can trust.
 
