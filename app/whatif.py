@@ -1,4 +1,4 @@
-"""The "What if" tab: the race just run, re-timed on another machine's profile (mirror_sd/whatif.py).
+"""The "What if" tab: the race just run, re-timed on another machine's profile (mirror_sd/tools/whatif.py).
 
 Everything drawn here is MODELLED: the steps (windows, trees, branches, hits) are this run's, the
 time each piece of work takes comes from a hardware profile. The banner says so on every view.

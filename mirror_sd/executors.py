@@ -13,7 +13,8 @@ functions, in the same order, on the same tensors.
 * :class:`Streams`: every phase queued from the calling thread on its lane's CUDA stream, nothing
   waiting for the host: a phase's stream waits for the other lane's phases it reads on CUDA
   events, and the host waits once, when it reads a result. On CPU lanes the same phases run in
-  turn, each to its end (the reference order: no overlap at all).
+  turn, each to its end (the reference order: no overlap at all). Methods whose phases follow one
+  another (vanilla, sd, eagle, ss) always run on it; Mirror-SD's ``queued`` option picks.
 """
 from __future__ import annotations
 

@@ -18,14 +18,31 @@ import json
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 
 import pandas as pd
+
+
+class SpanKind(StrEnum):
+    """What a span's work was: one name per phase of a step, shared by the methods, the trace, the
+    what-if model and the app (each a string too, so saved traces read as plain JSON)."""
+
+    PREFILL = "prefill"  # the prompt through a model
+    DECODE = "decode"  # vanilla: one target forward, one token
+    DRAFT = "draft"  # sd, eagle, ss: the window or tree the target verifies next
+    VERIFY = "verify"  # sd, eagle, ss: the target's forward over the window, and the acceptance rule
+    TARGET_PREFIX = "target-prefix"  # Mirror-SD: layers [0, exit) and the early exit (the token channel)
+    TARGET_SUFFIX = "target-suffix"  # Mirror-SD: layers [exit, N) and the LM head
+    DRAFT_ROLLOUT = "draft-rollout"  # Mirror-SD: the branches' rollouts, beside the suffix
+    RENDEZVOUS = "rendezvous"  # Mirror-SD: verification and the branch match
+    FALLBACK_DRAFT = "fallback-draft"  # Mirror-SD: a fresh window after a miss, on the critical path
+    CORRECTION_ROLLOUT = "correction-rollout"  # Mirror-SD: the branch of the step's own outcome (queued steps)
 
 
 @dataclass
 class Span:
     lane: str  # lane label, e.g. "target, GPU role, cpu:0"
-    kind: str  # prefill, decode, draft, verify, target-prefix, target-suffix, rendezvous, ...
+    kind: SpanKind
     label: str
     start: float  # seconds since the trace began
     end: float
@@ -111,9 +128,9 @@ class Rendezvous(Record):
 
     @staticmethod
     def metrics(steps, trace) -> dict:
-        rendezvous = [s.duration for s in trace.spans if s.kind == "rendezvous"]
+        rendezvous = [s.duration for s in trace.spans if s.kind == SpanKind.RENDEZVOUS]
         return dict(hit_rate=sum(s.rendezvous.hit for s in steps) / len(steps),
-                    fallbacks=sum(1 for s in trace.spans if s.kind == "fallback-draft"),
+                    fallbacks=sum(1 for s in trace.spans if s.kind == SpanKind.FALLBACK_DRAFT),
                     rendezvous_ms=1000 * sum(rendezvous) / max(len(rendezvous), 1))
 
     def columns(self) -> dict:
@@ -242,7 +259,7 @@ class Trace:
     def add_span(self, lane, kind, label, start, end, step=None, tokens=0):
         """Record work done on ``lane`` between two perf_counter() times (host readings, or CUDA events
         put on the host's clock: ``lane.span_clock``)."""
-        span = Span(lane.label, kind, label, start - self.t0, end - self.t0, step, tokens)
+        span = Span(lane.label, SpanKind(kind), label, start - self.t0, end - self.t0, step, tokens)
         with self._lock:
             self.lanes.setdefault(lane.label, lane.name)
             self.spans.append(span)
@@ -332,7 +349,7 @@ class Trace:
     def from_dict(cls, data: dict) -> "Trace":
         trace = cls(data["method"], data.get("meta"))
         trace.lanes = dict(data.get("lanes", {}))
-        trace.spans = [Span(**s) for s in data.get("spans", [])]
+        trace.spans = [Span(**{**s, "kind": SpanKind(s["kind"])}) for s in data.get("spans", [])]
         trace.steps = [Step.from_dict(s) for s in data.get("steps", [])]
         trace.gpu_samples = [GpuSample(**g) for g in data.get("gpu_samples", [])]
         return trace

@@ -168,7 +168,7 @@ def test_queued_work_on_the_second_stream_waits_for_the_firsts_on_the_gpu(fp32_p
 
 
 def test_sd_verifies_the_chain_its_draft_stream_just_drafted(fp32_pair, monkeypatch):
-    """sd's queued step (methods/verify.py: draft_and_verify_queued): the target's stream waits for the
+    """sd's queued step (methods/verify.py: draft_and_verify_on_stages): the target's stream waits for the
     draft's on a CUDA event, so the chain it verifies is the one the draft's stage has just drafted,
     not the one its output buffer held before, even when the draft's stream runs late."""
     from mirror_sd.drafting.tree import read_trees

@@ -16,7 +16,7 @@ import pytest
 from mirror_sd import generate, load_pair
 from mirror_sd.devices import allot_cpu_threads, make_lanes
 from mirror_sd.executors import Phase, Streams, Threads
-from mirror_sd.trace import Trace
+from mirror_sd.trace import SpanKind, Trace
 
 RUNS = [dict(queued=0), dict(queued=1)]
 
@@ -71,25 +71,25 @@ def test_threads_overlap_the_lanes_and_hand_a_phase_its_dependencies_values():
         time.sleep(seconds)
         return value
 
-    a = ex.start(target, "a", work, "a", 1)
-    b = ex.start(draft, "b", work, "b", 2)  # independent: overlaps a
-    c = ex.start(draft, "c", lambda x, y: x + y, a, b)  # waits for a (the other lane), b (its own)
-    d = ex.start(target, "d", lambda x: 10 * x, a)
+    a = ex.start(target, SpanKind.TARGET_PREFIX, work, "a", 1)
+    b = ex.start(draft, SpanKind.DRAFT_ROLLOUT, work, "b", 2)  # independent: overlaps a
+    c = ex.start(draft, SpanKind.CORRECTION_ROLLOUT, lambda x, y: x + y, a, b)  # waits for a (other lane), b (its own)
+    d = ex.start(target, SpanKind.TARGET_SUFFIX, lambda x: 10 * x, a)
     ex.finish(a, b, c, d)
     assert (c.result(), d.result()) == (3, 10)
     assert abs(started["a"][0] - started["b"][0]) < 0.04 and started["a"][1] != started["b"][1]
-    assert {s.kind for s in trace.spans} == {"a", "b", "c", "d"}
+    assert len(trace.spans) == 4 and all(isinstance(s.kind, SpanKind) for s in trace.spans)
 
 
 def test_streams_run_phases_in_turn_on_cpu_lanes_and_record_each_span_once():
     target, draft, trace = lanes_for_test()
     ex = Streams()
     order = []
-    a = ex.start(target, "a", lambda: order.append("a") or 1)
-    b = ex.start(draft, "b", lambda x: order.append("b") or x + 1, a)
+    a = ex.start(target, SpanKind.TARGET_PREFIX, lambda: order.append("a") or 1)
+    b = ex.start(draft, SpanKind.DRAFT_ROLLOUT, lambda x: order.append("b") or x + 1, a)
     assert order == ["a", "b"] and isinstance(b, Phase) and not trace.spans  # recorded when waited for
     ex.finish(a, b)
-    assert b.result() == 2 and [s.kind for s in trace.spans] == ["a", "b"]
+    assert b.result() == 2 and [s.kind for s in trace.spans] == [SpanKind.TARGET_PREFIX, SpanKind.DRAFT_ROLLOUT]
 
 
 def test_a_widening_takes_the_shared_cores_only_once_the_other_lanes_phase_is_done():
@@ -99,10 +99,21 @@ def test_a_widening_takes_the_shared_cores_only_once_the_other_lanes_phase_is_do
     ex = Threads()
     widen = ex.widening(target)
     widen()  # nothing to wait for yet: no call
-    slow = ex.start(draft, "slow", time.sleep, 0.05)
+    slow = ex.start(draft, SpanKind.DRAFT_ROLLOUT, time.sleep, 0.05)
     widen.after(slow)
     widen()
     slow.result()
     widen()
     assert calls == [False, True]
     Streams().widening(target)()  # queued work: never widens
+
+
+def test_a_span_kind_is_one_of_the_shared_names_and_survives_json():
+    """Span kinds are one enum (trace.SpanKind) for the methods, the trace, the what-if model and the
+    app: a trace refuses any other name, and one read back from JSON holds the same members."""
+    target, _, trace = lanes_for_test()
+    target.run(SpanKind.VERIFY, lambda: None)
+    with pytest.raises(Exception, match="not a valid SpanKind"):
+        target.run("verify-ish", lambda: None)
+    again = Trace.from_json(trace.to_json())
+    assert [s.kind for s in again.spans] == [SpanKind.VERIFY] and again.spans[0].kind is SpanKind.VERIFY

@@ -146,7 +146,7 @@ def test_every_method_on_stages_commits_vanillas_tokens(pair, stage_runs, method
 def test_a_step_on_stages_reads_the_host_once_unless_it_copies_from_the_context(pair, monkeypatch, method, options,
                                                                                 plain):
     """On its one-stage draft and verification a greedy EAGLE, ss or sd (chain) step is queued on the
-    lanes' streams and read once (methods/verify.py: draft_and_verify_queued): the tree or chain
+    lanes' streams and read once (methods/verify.py: draft_and_verify_on_stages): the tree or chain
     stays on the device between them, and both spans are recorded. A step that copies tokens from
     the context grafts them onto the tree on the host, so it reads the tree first (two reads), as
     an sd prompt longer than the widest stage does. All commit vanilla's tokens."""
@@ -154,7 +154,7 @@ def test_a_step_on_stages_reads_the_host_once_unless_it_copies_from_the_context(
 
     module = importlib.import_module(f"mirror_sd.methods.{method}")
     one_read, two_reads = [], []
-    for name, calls in (("draft_and_verify_queued", one_read), (plain, two_reads)):
+    for name, calls in (("draft_and_verify_on_stages", one_read), (plain, two_reads)):
         counted = lambda *a, _f=getattr(module, name), _c=calls, **k: _c.append(a) or _f(*a, **k)  # noqa: E731
         monkeypatch.setattr(module, name, counted)
     steps = 0

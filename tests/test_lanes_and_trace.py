@@ -23,7 +23,7 @@ def test_two_lanes_overlap_in_time():
     trace = Trace("test")
     lanes = [Lane("target", torch.device("cpu"), "cpu:0"), Lane("draft", torch.device("cpu"), "cpu:1")]
     allot_cpu_threads(lanes, parallel=True)
-    futures = [lane.submit("work", _matmuls, label="matmuls", step=1, trace=trace) for lane in lanes]
+    futures = [lane.submit("decode", _matmuls, label="matmuls", step=1, trace=trace) for lane in lanes]
     [f.result() for f in futures]
     a, b = trace.spans
     assert a.lane != b.lane
@@ -143,7 +143,7 @@ def test_spans_are_measured_on_the_lane_clock():
     trace = Trace("test")
     lane = Lane("target", torch.device("cpu"))
     before = time.perf_counter() - trace.t0
-    lane.run("sleep", time.sleep, 0.05, label="sleep", trace=trace)
+    lane.run("decode", time.sleep, 0.05, label="sleep", trace=trace)
     after = time.perf_counter() - trace.t0
     (span,) = trace.spans
     assert before <= span.start < span.end <= after
@@ -188,10 +188,10 @@ def test_a_lane_with_an_event_clock_records_when_its_device_worked_not_when_the_
     assert lane.span_clock == "host"
     lane.clock = EventClock(lane.device, event=StandInEvent)
     assert lane.span_clock == "CUDA events"
-    lane.run("first", time.sleep, 0.01, trace=trace)  # anchors the clock for this trace, nothing queued
+    lane.run("prefill", time.sleep, 0.01, trace=trace)  # anchors the clock for this trace, nothing queued
     monkeypatch.setattr(StandInEvent, "queued", 0.02)  # the device starts 20 ms after the host submits
     before = time.perf_counter() - trace.t0
-    lane.run("sleep", time.sleep, 0.05, label="sleep", trace=trace)
+    lane.run("decode", time.sleep, 0.05, label="sleep", trace=trace)
     after = time.perf_counter() - trace.t0
     span = trace.spans[-1]
     assert before + 0.02 <= span.start < span.end <= after  # the host's readings would start at `before`
@@ -226,12 +226,12 @@ def test_queued_work_on_a_cpu_lane_runs_on_its_worker_and_records_its_span_when_
     trace = Trace("test")
     lane = Lane("draft", torch.device("cpu"))
     before = time.perf_counter() - trace.t0
-    result, queued = lane.queue("sleep", lambda: (time.sleep(0.02), threading.get_ident())[1], trace=trace, step=2)
+    result, queued = lane.queue("decode", lambda: (time.sleep(0.02), threading.get_ident())[1], trace=trace, step=2)
     assert result == lane.run("thread", threading.get_ident) != threading.get_ident()
     assert queued.done is None and not trace.spans
     queued.record()
     (span,) = trace.spans
-    assert (span.kind, span.step) == ("sleep", 2) and before <= span.start and span.duration >= 0.02
+    assert (span.kind, span.step) == ("decode", 2) and before <= span.start and span.duration >= 0.02
     with pytest.raises(LaneError, match="ZeroDivisionError") as caught:
         lane.queue("boom", lambda: 1 / 0, step=3)
     assert (caught.value.lane, caught.value.step) == ("draft", 3)

@@ -128,7 +128,7 @@ def test_mirror_miss_exposes_a_fresh_draft_and_a_copy_exposes_none():
 
 @pytest.mark.parametrize("host_turn", [0.0, 1.5, 10.0])  # shorter than, within, longer than the 4.2 ms rollout
 def test_a_correction_rollout_shows_only_what_outlasts_the_host_s_turn_between_the_steps(host_turn):
-    """The last step launched it at its picks (methods/mirror_queued.py), so it ran while the host
+    """The last step launched it at its picks (methods/mirror.py: roll_out_correction), so it ran while the host
     took its turn: the step after it costs its gamma draft forwards less that turn, never less than
     nothing, and the re-timed trace draws it from the last step's end, beside the host's turn."""
     profile = replace(PROFILE, step_ms=host_turn)

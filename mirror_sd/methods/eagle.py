@@ -37,14 +37,15 @@ import torch
 from ..devices import to_device
 from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, graft, grow_tree, keep_path, read_trees, sampled_chain, tree_window
+from ..executors import Streams
 from ..models.eagle import EagleHead, HeadStages, head_for, stage_ranges, target_features
 from ..models.eagle_tree import TreeDraft
 from ..models.eagle_verify import TreeVerify
 from ..models.forwards import staged_for
 from ..models.stages import MAX_WIDTH
 from ..sampling import to_target_vocab
-from ..trace import Step
-from .verify import (accept_tree, draft_and_verify_queued, drafted_verify_stages, verify_stages,
+from ..trace import SpanKind, Step
+from .verify import (accept_tree, draft_and_verify_on_stages, drafted_verify_stages, verify_stages,
                      verify_tree_on_stage)
 
 def check(pair, options):
@@ -133,7 +134,7 @@ def draft_on_stage(head: EagleHead, stages, cache, pending, spec: TreeDraft) -> 
 
 
 def draft_fields(run, head: EagleHead, stages, cache, pending, spec: TreeDraft) -> torch.Tensor:
-    """``draft_on_stage``, its tree left on the device for ``draft_and_verify_queued``; the head's
+    """``draft_on_stage``, its tree left on the device for ``draft_and_verify_on_stages``; the head's
     cache ends at n - 1 slots."""
     fields = draft_on_stage(head, stages, cache, pending, spec)
     cache.rollback(len(run.sequence) - 1)
@@ -200,29 +201,29 @@ def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
                                 lane=pair.target_lane, stage_set=HeadStages)  # the head runs on the target lane
     P = len(run.prompt_ids)
     early_layers = head.early_layers
-    feats, early, token = lane.run("prefill", prefill, run, cache, early_layers, label=f"prefill {P} tokens",
+    feats, early, token = lane.run(SpanKind.PREFILL, prefill, run, cache, early_layers, label=f"prefill {P} tokens",
                                    step=0, tokens=P)
     yield run.commit(Step(0, [token], ["target"]))
     pending = (feats, run.prompt_ids[1:] + [token], early)  # f_0 .. f_{P-1} with x_1 .. x_P
     size = f"{total_tokens} tokens" + (f" + up to {lookup} copied" if lookup else "") if greedy else f"{depth} tokens"
+    ex = Streams()  # its phases follow one another: queued, each read when needed
     while not run.done:
         step = run.next_step
         copied = copy_from_context(run.sequence, lookup) if greedy else []
         on_device = one_read_stages(run, head, head_cache, cache, tree_draft, verify_ranges, copied)
-        if on_device:  # drafted and verified on the device, queued, read once
+        if on_device:  # drafted and verified on the device, read once
             draft_work = (draft_fields, run, head, on_device[0], head_cache, pending, tree_draft)
-            tree, path, token, feats, early, _ = draft_and_verify_queued(
-                run, lane, draft_work, on_device[1], cache, verify_ranges[0],
+            tree, path, token, feats, early, _ = draft_and_verify_on_stages(
+                run, ex, lane, draft_work, total_tokens, on_device[1], cache, verify_ranges[0],
                 label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]), drafting=True)
         else:  # each read to the host (the tree, to graft a copy on it; the verdict)
-            tree, drafted = lane.queue("draft", draft, run, head, head_cache, pending, depth, top_k, total_tokens,
-                                       copied, label=f"draft tree of {size}, depth {depth}", step=step,
-                                       tokens=len(pending[1]), drafting=True)
-            (path, token, feats, early), verified = lane.queue("verify", verify_tree, run, cache, tree, early_layers,
-                                                               label=f"verify {len(tree.tokens) + 1} tokens",
-                                                               step=step, tokens=len(tree.tokens) + 1)
-            drafted.record()
-            verified.record()
+            drafted = ex.start(lane, SpanKind.DRAFT, draft, run, head, head_cache, pending, depth, top_k, total_tokens,
+                               copied, label=f"draft tree of {size}, depth {depth}", step=step,
+                               tokens=len(pending[1]), drafting=True)
+            tree = drafted.result()
+            path, token, feats, early = ex.start(lane, SpanKind.VERIFY, verify_tree, run, cache, tree, early_layers,
+                                                 label=f"verify {len(tree.tokens) + 1} tokens", step=step,
+                                                 tokens=len(tree.tokens) + 1).result()
         committed, origins = tree.committed(path, token)
         pending = (feats, committed, early)  # f_{n-1} .. f_{n-1+A} with x_n .. x_{n+A}
         yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path),

@@ -63,7 +63,7 @@ from ..models.rollout import Rollouts
 from ..models.stages import MAX_WIDTH
 from ..models.streams import draft_streams, split_forward, split_ranges
 from ..sampling import to_target_vocab
-from ..trace import Rendezvous, Step
+from ..trace import Rendezvous, SpanKind, Step
 from . import mirror_tree
 from .prefill import prefill_pair
 from .verify import Verdict, verdict_of_picks, verify, walk_tree_picks
@@ -357,22 +357,22 @@ def chain_step(ctx: Context, window: list[int], q: torch.Tensor | None, step: in
     run, ex, s = ctx.run, ctx.ex, ctx.s
     target, draft, T = run.target_lane, run.draft_lane, len(window) + 1
     base = ctx.draft_cache.length  # the rollouts' (and the correction's) chain starts here
-    prefix = ex.start(target, "target-prefix", token_channel, ctx, window, label=prefix_label(s, ctx.head, T),
+    prefix = ex.start(target, SpanKind.TARGET_PREFIX, token_channel, ctx, window, label=prefix_label(s, ctx.head, T),
                       step=step, tokens=T, alone=True)  # the draft lane waits for the channel: all cores
     widen = ex.widening(target)
-    suffix = ex.start(target, "target-suffix", target_suffix, ctx, prefix, None, widen,
+    suffix = ex.start(target, SpanKind.TARGET_SUFFIX, target_suffix, ctx, prefix, None, widen,
                       label=suffix_label(run.pair, s, T), step=step, tokens=T)
     B = min(s.budget, T * s.kappa)
-    rolled = ex.start(draft, "draft-rollout", roll_out, ctx, window, prefix,
+    rolled = ex.start(draft, SpanKind.DRAFT_ROLLOUT, roll_out, ctx, window, prefix,
                       label=f"{B} branches x {s.gamma} tokens", step=step, tokens=B * s.gamma)
     widen.after(rolled)
     greedy = run.target_sampler.greedy
     verifying = dict(label="verify + match branch", step=step)
     if greedy:  # the picks, queued before the step's one wait
-        picks = ex.start(target, "rendezvous", target_picks, suffix, **verifying)
+        picks = ex.start(target, SpanKind.RENDEZVOUS, target_picks, suffix, **verifying)
     correcting = greedy and rollout_stage_fits(ctx, window, ctx.correction_stage) \
         and rollout_stage_fits(ctx, window, ctx.rollout_stage)
-    fixing = ex.start(draft, "correction-rollout", roll_out_correction, ctx, window, picks, base,
+    fixing = ex.start(draft, SpanKind.CORRECTION_ROLLOUT, roll_out_correction, ctx, window, picks, base,
                       label=f"correction: 1 branch x {s.gamma} tokens", step=step, tokens=s.gamma) \
         if correcting else None
     if greedy:
@@ -380,7 +380,8 @@ def chain_step(ctx: Context, window: list[int], q: torch.Tensor | None, step: in
         verdict = verdict_of_picks(window, picks.result().tolist())
     else:
         ex.finish(prefix, suffix, rolled)
-        verdict = ex.start(target, "rendezvous", verify, window, q, suffix, run.target_sampler, **verifying).result()
+        verdict = ex.start(target, SpanKind.RENDEZVOUS, verify, window, q, suffix, run.target_sampler,
+                           **verifying).result()
     branches = rolled.result().read()
     outcome = (verdict.accepted, verdict.token)
     return Outcome(list(range(verdict.accepted)), verdict.token, branch_hit(branches, *outcome),
@@ -393,16 +394,16 @@ def tree_step(ctx: Context, window: Tree, step: int) -> Outcome:
     under its tree mask, each branch's rollout a tree, and the greedy tree walk at the rendezvous."""
     run, ex, s = ctx.run, ctx.ex, ctx.s
     target, draft, T = run.target_lane, run.draft_lane, len(window.tokens) + 1
-    prefix = ex.start(target, "target-prefix", token_channel, ctx, window.tokens, window,
+    prefix = ex.start(target, SpanKind.TARGET_PREFIX, token_channel, ctx, window.tokens, window,
                       label=prefix_label(s, ctx.head, T), step=step, tokens=T, alone=True)
     widen = ex.widening(target)
-    suffix = ex.start(target, "target-suffix", target_suffix, ctx, prefix, window, widen,
+    suffix = ex.start(target, SpanKind.TARGET_SUFFIX, target_suffix, ctx, prefix, window, widen,
                       label=suffix_label(run.pair, s, T), step=step, tokens=T)
     B = min(s.budget, T * s.kappa)
-    rolled = ex.start(draft, "draft-rollout", mirror_tree.roll_out, ctx, window, prefix,
+    rolled = ex.start(draft, SpanKind.DRAFT_ROLLOUT, mirror_tree.roll_out, ctx, window, prefix,
                       label=mirror_tree.rollout_label(B, s.tree, s.gamma), step=step, tokens=B * s.tree)
     widen.after(rolled)
-    picks = ex.start(target, "rendezvous", target_picks, suffix, label="verify tree + match branch", step=step)
+    picks = ex.start(target, SpanKind.RENDEZVOUS, target_picks, suffix, label="verify tree + match branch", step=step)
     ex.finish(prefix, suffix, rolled, picks)  # the step's one wait
     path, token = walk_tree_picks(window.tokens, window.children(), picks.result().tolist())
     branches = rolled.result().read()
@@ -457,9 +458,10 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
     fresh = make_drafter(streams, tree=tree, branching=branching)  # a fresh window after a miss
     rollout_slots = s.budget * (1 + branching * (gamma - 1)) + max(tree, lookup) if tree else s.budget * gamma + lookup
     stages = [stage for stage in (ctx.rollout_stage, ctx.correction_stage) if stage]
+    channel_stages = [ctx.channel_stage] if ctx.channel_stage else []
     ctx.target_cache, ctx.draft_cache, first = prefill_pair(
         run, extra_draft_slots=rollout_slots,
-        target_ranges=[*target_ranges(pair, s.exit_layer, ctx.head), *([ctx.channel_stage] if ctx.channel_stage else [])],
+        target_ranges=[*target_ranges(pair, s.exit_layer, ctx.head), *channel_stages],
         draft_ranges=[*fresh.layer_ranges(pair, gamma, run.draft_sampler.greedy), *stages])
     yield first
     target_cache, draft_cache = ctx.target_cache, ctx.draft_cache
@@ -480,7 +482,7 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
             window, q = corrected, None
         fallback = window is None
         if fallback:  # the first step, or the last one missed: draft afresh, on the critical path
-            proposal = ctx.ex.start(run.draft_lane, "fallback-draft", fresh.propose, run, draft_cache, gamma,
+            proposal = ctx.ex.start(run.draft_lane, SpanKind.FALLBACK_DRAFT, fresh.propose, run, draft_cache, gamma,
                                     label=fresh_label, step=step, tokens=gamma).result()
             window, q = (proposal.tree if tree else proposal.tokens), proposal.q
             draft_cache.rollback(min(draft_cache.length, n - 1))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..models.forwards import FULL, forward
-from ..trace import Step
+from ..trace import SpanKind, Step
 
 
 def prefill_pair(run, extra_draft_slots: int = 0, extra_target_slots: int = 0, target_ranges=(FULL,),
@@ -30,12 +30,12 @@ def prefill_pair(run, extra_draft_slots: int = 0, extra_target_slots: int = 0, t
     draft_ids = torch.tensor([run.prompt_ids[:-1]], device=pair.draft.device)  # last token: fed at step 1
     label = f"prefill {n} tokens"
     together = prefills_side_by_side(pair)
-    target = run.target_lane.submit("prefill", forward, pair.target, target_ids, target_cache, label=label, step=0,
+    target = run.target_lane.submit(SpanKind.PREFILL, forward, pair.target, target_ids, target_cache, label=label, step=0,
                                     tokens=n, alone=not together)
     if not together:
         target.result()
     if n > 1:
-        run.draft_lane.submit("prefill", forward, pair.draft, draft_ids, draft_cache, label=label, step=0,
+        run.draft_lane.submit(SpanKind.PREFILL, forward, pair.draft, draft_ids, draft_cache, label=label, step=0,
                               tokens=n - 1, alone=not together).result()
     token = run.target_sampler.pick(target.result()[0, -1])
     return target_cache, draft_cache, run.commit(Step(0, [token], ["target"]))

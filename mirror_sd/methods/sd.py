@@ -12,7 +12,7 @@ sits on the critical path: draft and target take turns (the serial barrier that 
 At T = 0, token by token, on stages (a GPU's CUDA graphs), a chain step is two replays queued on
 the lanes' streams and one read: the draft's chain stage leaves its picks on the device as a
 one-branch tree, the target's stream waits for them on a CUDA event and verifies them on the
-tree verification stage (``verify.draft_and_verify_queued``); the host waits for the GPU once.
+tree verification stage (``verify.draft_and_verify_on_stages``); the host waits for the GPU once.
 """
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ import torch
 from ..drafting import Proposal, TokenByToken, make_drafter
 from ..drafting.token_by_token import chain_on_stage, chain_stages
 from ..drafting.tree import Tree, keep_path, tree_window
+from ..executors import Streams
 from ..models.chain_draft import ChainDraft
 from ..models.eagle_verify import TreeVerify
 from ..models.forwards import FULL, forward
-from ..trace import DraftWork, Step
+from ..trace import DraftWork, SpanKind, Step
 from .prefill import prefill_pair
-from .verify import (Verdict, accept_tree, draft_and_verify_queued, drafted_verify_stages, verify, verify_stages,
+from .verify import (Verdict, accept_tree, draft_and_verify_on_stages, drafted_verify_stages, verify, verify_stages,
                      verify_tree_on_stage)
 
 
@@ -79,36 +80,36 @@ def decode(run, gamma: int, **drafter_options):
     label = f"draft {'≥' if past_gamma else ''}{gamma} tokens{drafter.how}"
     if drafter.tree:
         label = f"draft tree of {drafter.tree} tokens, depth {gamma}"
+    ex = Streams()  # its phases follow one another: queued, each read when needed
     while not run.done:
         step = run.next_step
         committed = len(run.sequence)
         stages = one_read_stages(run, draft_cache, target_cache, chain, verify_spec) if chains_on_stage else None
-        if stages is not None:  # drafted and verified on the stages, queued, read once
-            drafted, path, token, *_ = draft_and_verify_queued(
-                run, run.draft_lane, (chain_on_stage, run, stages[0], draft_cache, chain), stages[1], target_cache,
-                verify_spec, label=label, step=step, tokens=gamma)
+        if stages is not None:  # drafted and verified on the stages, read once
+            drafted, path, token, *_ = draft_and_verify_on_stages(
+                run, ex, run.draft_lane, (chain_on_stage, run, stages[0], draft_cache, chain), gamma, stages[1],
+                target_cache, verify_spec, label=label, step=step, tokens=gamma)
             proposal = Proposal(drafted.tokens, None, DraftWork(forwards=gamma))
             draft, verdict = proposal.tokens, Verdict(len(path), token)
             accepted, (tokens, origins), tree = verdict.accepted, verdict.committed(draft), None
         else:  # the draft read to the host, then the verification
-            proposal, drafted = run.draft_lane.queue("draft", drafter.propose, run, draft_cache, gamma, label=label,
-                                                     step=step, tokens=gamma)
-            drafted.record()  # waits for the draft's stream: the laws q (T > 0) may still be in the making there
+            # the draft's laws q (T > 0) may still be in the making on its stream: its result waits for them
+            proposal = ex.start(run.draft_lane, SpanKind.DRAFT, drafter.propose, run, draft_cache, gamma, label=label,
+                                step=step, tokens=gamma).result()
             draft = proposal.tokens
             verifying = dict(label=f"verify {len(draft) + 1} tokens", step=step, tokens=len(draft) + 1)
             if proposal.tree is not None:
-                (path, token), verified = run.target_lane.queue("verify", verify_tree, run, target_cache,
-                                                                proposal.tree, **verifying)
+                path, token = ex.start(run.target_lane, SpanKind.VERIFY, verify_tree, run, target_cache, proposal.tree,
+                                       **verifying).result()
                 accepted, (tokens, origins), tree = (len(path), proposal.tree.committed(path, token),
                                                      proposal.tree.record(path))
             else:
                 window = torch.tensor([[run.sequence[-1], *draft]], device=pair.target.device)  # [1, len(draft) + 1]
-                logits, verified = run.target_lane.queue("verify", forward, pair.target, window, target_cache,
-                                                         **verifying)
-                verdict = verify(draft, proposal.q, logits[0], run.target_sampler)  # the wait for the target
+                verified = ex.start(run.target_lane, SpanKind.VERIFY, forward, pair.target, window, target_cache,
+                                    **verifying)
+                verdict = verify(draft, proposal.q, verified.result()[0], run.target_sampler)
                 accepted, (tokens, origins), tree = verdict.accepted, verdict.committed(draft), None
                 target_cache.rollback(committed + accepted)  # last committed + accepted drafts
-            verified.record()
         draft_cache.rollback(min(draft_cache.length, committed + accepted))
         drafter.settle(proposal, accepted)
         yield run.commit(Step(step, tokens, origins, proposed=draft, accepted=accepted, draft=proposal.work, tree=tree))

@@ -37,13 +37,14 @@ import torch
 from ..devices import to_device
 from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, graft, keep_path, read_trees, sampled_chain, stream_tree, tree_window
+from ..executors import Streams
 from ..models.eagle_verify import TreeVerify
 from ..models.forwards import staged_for
 from ..models.stream_draft import StreamDraft
 from ..models.streams import forward_with_streams, split_forward, stream_ranges, target_streams
 from ..sampling import to_target_vocab
-from ..trace import Step
-from .verify import (accept_tree, draft_and_verify_queued, drafted_verify_stages, verify_stages,
+from ..trace import SpanKind, Step
+from .verify import (accept_tree, draft_and_verify_on_stages, drafted_verify_stages, verify_stages,
                      verify_tree_on_stage)
 
 
@@ -121,11 +122,11 @@ def prefill(run, streams, window: int, gamma: int, one_forward: bool, top_k: int
     ids = torch.tensor([run.prompt_ids], device=target.device)  # [1, P]
     n = ids.shape[1]
     if one_forward:  # the streams of the last prompt token ride in the prefill
-        logits, stream_logits = lane.run("prefill", forward_with_streams, target, streams, ids, cache, gamma,
+        logits, stream_logits = lane.run(SpanKind.PREFILL, forward_with_streams, target, streams, ids, cache, gamma,
                                          rows=[n - 1], label=f"prefill {n} tokens", step=0, tokens=n)
         ahead = stream_logits[0, 0]
     else:
-        logits, h0 = lane.run("prefill", split_forward, target, ids, cache, streams.first_layer,
+        logits, h0 = lane.run(SpanKind.PREFILL, split_forward, target, ids, cache, streams.first_layer,
                               label=f"prefill {n} tokens", step=0, tokens=n)
         ahead = h0[:, -1:]
     cache.length = n
@@ -142,31 +143,33 @@ def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int, one_forw
     copy_label = f" + up to {lookup} copied" if lookup else ""
     draft_spec = StreamDraft(streams, gamma, top_k, total_tokens)
     verify_spec = TreeVerify(hidden_at=streams.first_layer)
+    ex = Streams()  # its phases follow one another: queued, each read when needed
     while not run.done:
         step = run.next_step
         copied = copy_from_context(run.sequence, lookup) if run.draft_sampler.greedy else []  # a branch from the root
         stages = None if one_forward else one_read_stages(run, cache, draft_spec, verify_spec, copied)
-        if stages is not None:  # drafted and verified on the target's stages, queued, read once
-            tree, path, token, _, _, hidden = draft_and_verify_queued(
-                run, lane, (stream_fields_on_stage, run, stages, streams, ahead, draft_spec), stages, cache,
-                verify_spec, label=f"streams: draft {gamma} levels{copy_label}", step=step, tokens=gamma, drafting=True)
+        if stages is not None:  # drafted and verified on the target's stages, read once
+            tree, path, token, _, _, hidden = draft_and_verify_on_stages(
+                run, ex, lane, (stream_fields_on_stage, run, stages, streams, ahead, draft_spec), total_tokens, stages,
+                cache, verify_spec, label=f"streams: draft {gamma} levels{copy_label}", step=step, tokens=gamma,
+                drafting=True)
             window, stream_rows = len(tree.tokens) + 1, 0
             ahead = hidden[None, -1:]  # the last accepted row's [1, 1, d]
         else:  # each read to the host (the tree; the verdict)
             if one_forward:  # the streams' logits came with the last forward: only the tree is left to build
-                tree, drafted = lane.queue("draft", draft_tree, run, streams, ahead, top_k, total_tokens, copied,
-                                           label=f"tree from the streams' logits{copy_label}", step=step, tokens=gamma)
+                drafted = ex.start(lane, SpanKind.DRAFT, draft_tree, run, streams, ahead, top_k, total_tokens, copied,
+                                   label=f"tree from the streams' logits{copy_label}", step=step, tokens=gamma)
             else:
-                tree, drafted = lane.queue("draft", draft_from_streams, run, streams, cache, ahead, gamma, top_k,
-                                           total_tokens, copied, label=f"streams: draft {gamma} levels{copy_label}",
-                                           step=step, tokens=gamma, drafting=True)
+                drafted = ex.start(lane, SpanKind.DRAFT, draft_from_streams, run, streams, cache, ahead, gamma, top_k,
+                                   total_tokens, copied, label=f"streams: draft {gamma} levels{copy_label}",
+                                   step=step, tokens=gamma, drafting=True)
+            tree = drafted.result()
             window = len(tree.tokens) + 1
             stream_rows = window * gamma if one_forward else 0
-            (path, token, ahead), verified = lane.queue(
-                "verify", verify_tree, run, streams, cache, tree, gamma, one_forward, step=step, tokens=window,
-                label=f"verify {window} tokens" + (f" + {stream_rows} stream rows" if stream_rows else ""))
-            drafted.record()
-            verified.record()
+            path, token, ahead = ex.start(
+                lane, SpanKind.VERIFY, verify_tree, run, streams, cache, tree, gamma, one_forward, step=step,
+                tokens=window,
+                label=f"verify {window} tokens" + (f" + {stream_rows} stream rows" if stream_rows else "")).result()
         committed, origins = tree.committed(path, token)
         yield run.commit(Step(step, committed, origins, proposed=tree.tokens, accepted=len(path),
                               tree=tree.record(path, stream_rows)))

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import torch
 
+from ..executors import Streams
 from ..models.forwards import forward
-from ..trace import Step
+from ..trace import SpanKind, Step
 
 
 def decode(run, note: str = ""):
@@ -18,16 +19,16 @@ def decode(run, note: str = ""):
     target, lane, sampler = run.pair.target, run.target_lane, run.target_sampler
     cache = run.pair.new_cache(target, run.cache_slots)
     ids = torch.tensor([run.sequence], device=target.device)  # [1, P + committed]
-    logits = lane.run("prefill", forward, target, ids, cache, label=f"prefill {ids.shape[1]} tokens{note}",
+    logits = lane.run(SpanKind.PREFILL, forward, target, ids, cache, label=f"prefill {ids.shape[1]} tokens{note}",
                       step=run.next_step, tokens=ids.shape[1])
     token = sampler.pick(logits[0, -1])
     yield run.commit(Step(run.next_step, [token], ["target"]))
+    ex = Streams()  # its phases follow one another: queued, each read when needed
     while not run.done:
         step = run.next_step
-        logits, decoded = lane.queue("decode", decode_one, target, token, cache, label=f"decode 1 token{note}",
-                                     step=step, tokens=1)
-        token = sampler.pick(logits[0, -1])  # the step's one wait for the device
-        decoded.record()
+        logits = ex.start(lane, SpanKind.DECODE, decode_one, target, token, cache, label=f"decode 1 token{note}",
+                          step=step, tokens=1).result()  # the step's one wait for the device
+        token = sampler.pick(logits[0, -1])
         yield run.commit(Step(step, [token], ["target"]))
 
 

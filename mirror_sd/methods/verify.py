@@ -20,6 +20,7 @@ from ..drafting.tree import Tree, tree_of_fields, walk_tree
 from ..models.forwards import staged_for
 from ..models.stages import MAX_WIDTH
 from ..sampling import Sampler
+from ..trace import SpanKind
 
 
 @dataclass
@@ -113,7 +114,7 @@ def verify_tree_on_stage(run, stages, cache, tree, spec):
 
 
 def drafted_verify_stages(run, cache, spec, total_tokens: int, copied: list[int]):
-    """The target's stage set for ``draft_and_verify_queued``: T = 0, ``spec``'s stages made, a tree
+    """The target's stage set for ``draft_and_verify_on_stages``: T = 0, ``spec``'s stages made, a tree
     of ``total_tokens`` nodes within the widest stage, and nothing ``copied`` from the context this
     step (grafting it needs the tree on the host); else None."""
     if copied or not run.target_sampler.greedy or total_tokens >= MAX_WIDTH:
@@ -121,29 +122,24 @@ def drafted_verify_stages(run, cache, spec, total_tokens: int, copied: list[int]
     return staged_for(run.pair.target, cache, spec)
 
 
-def draft_and_verify_queued(run, draft_lane, draft, stages, cache, spec, **draft_span):
-    """One greedy step's draft and verification queued on the lanes' streams from this thread, which
-    waits for the GPU once, reading the verdict: ``draft`` (fn, *args) gives a tree's fields
-    [1, 4, M] on the draft's device (``grow_fields``' layout), queued on ``draft_lane`` as span
-    "draft" (``draft_span``: its label, step, tokens, drafting); the target lane's stream waits for
-    it on a CUDA event, not the host, then verifies it on the stage ``spec`` names in ``stages``
-    (``queue_drafted_verify``: the stage lays the tree's rows out and returns them with the
-    verdict). A CUDA lane's thread is handed no work. On CPU lanes the same work runs in turn,
-    each part on its lane's worker. Returns what ``read_drafted_verdict`` returns."""
-    fields, drafted = draft_lane.queue("draft", *draft, **draft_span)
-    rows = fields.shape[-1] + 1
-    launched, verified = run.target_lane.queue("verify", queue_drafted_verify, run, stages, fields, spec,
-                                               after=drafted.done, label=f"verify {rows} tokens",
-                                               step=draft_span.get("step"), tokens=rows)
-    result = read_drafted_verdict(run, cache, *launched)  # the step's one wait for the GPU
-    drafted.record()
-    verified.record()
-    return result
+def draft_and_verify_on_stages(run, ex, draft_lane, draft, nodes: int, stages, cache, spec, **draft_span):
+    """One greedy step's draft and verification on stages, read once: ``draft`` (fn, *args) gives a
+    tree's fields [1, 4, nodes] on the draft's device (``grow_fields``' layout), run on ``draft_lane``
+    as span "draft" (``draft_span``: its label, step, tokens, drafting); the target lane then
+    verifies it on the stage ``spec`` names in ``stages`` (``queue_drafted_verify``: the stage lays
+    the tree's rows out and returns them with the verdict). Queued (``ex``: executors.Streams), the
+    target's stream waits for the draft on a CUDA event, not the host, and the host waits for the
+    GPU once, reading the verdict. Returns what ``read_drafted_verdict`` returns."""
+    drafted = ex.start(draft_lane, SpanKind.DRAFT, *draft, **draft_span)
+    verified = ex.start(run.target_lane, SpanKind.VERIFY, queue_drafted_verify, run, stages, drafted, spec,
+                        label=f"verify {nodes + 1} tokens", step=draft_span.get("step"), tokens=nodes + 1)
+    ex.finish(drafted, verified)  # the step's one wait for the GPU
+    return read_drafted_verdict(run, cache, *verified.result())
 
 
 def queue_drafted_verify(run, stages, fields, spec):
     """``verify_tree_on_stage`` for a greedy tree still on the device, as a one-stage draft left it
-    (``drafting.tree.grow_fields``' fields [1, 4, M]), replayed and not read: (the stage, the tree's
+    (``tree_growth.grow_fields``' fields [1, 4, M]), replayed and not read: (the stage, the tree's
     size M, the verdict and the stage's other outputs, on the device)."""
     M = fields.shape[-1]
     stage = stages.stage(spec.name, stages.route(spec.name, M + 1))

@@ -65,9 +65,9 @@ Not here (these run the plain forward, on the same cache, with graphs on): the L
 EAGLE's features and its head's logits (one product each: one launch, nothing for a graph to
 save), tree windows of more than 64 rows, and any sharded model. A CUDA lane's spans come from
 CUDA events around its work (devices.EventClock). A lane's thread synchronises after each piece
-of work it runs; Mirror-SD's queued steps (methods/mirror_queued.py: queued_step) instead queue a
-whole step on both streams from one thread, the draft stream waiting for the token channel on a
-CUDA event, and synchronise once.
+of work it runs; queued phases (mirror_sd/executors.py: ``Streams``, every method's executor on a
+GPU) instead go on both streams from one thread, a Mirror-SD step's draft stream waiting for the
+token channel on a CUDA event, and synchronise once a step.
 """
 from __future__ import annotations
 

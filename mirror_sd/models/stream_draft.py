@@ -8,7 +8,7 @@ streams' adapters, and the streams' head gives each one's log-probs, whose top c
 draft tree (``tree_growth.stream_fields``). Laid out by the host, that is some forty launches a
 step; a :class:`StreamDraftStage` does all of it in its body, so the host copies one hidden state
 in, fills two numbers and replays one graph; the tree stays on the device for the verification
-stage (methods/verify.py: ``draft_and_verify_queued``), or is read once.
+stage (methods/verify.py: ``draft_and_verify_on_stages``), or is read once.
 """
 from __future__ import annotations
 

@@ -492,7 +492,7 @@ def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
     lines += refused_section(out)
     lines += ["", "Spans on CUDA lanes come from CUDA events. On CUDA lanes Mirror-SD's steps are queued on the "
                   "two streams (the draft stream waits for the token channel on a CUDA event; "
-                  "methods/mirror_queued.py: queued_step); with --queued 0 the lanes' threads run them."]
+                  "mirror_sd/executors.py: Streams); with --queued 0 the lanes' threads run them."]
     return "\n".join(lines) + "\n"
 
 

@@ -30,7 +30,7 @@ import torch
 
 from ..devices import int8_products
 from ..errors import MirrorSDError
-from ..trace import Trace
+from ..trace import SpanKind, Trace
 from .bench import cpu_model, make_folder, run_interleaved
 
 DRAFTS = ("default", "exit:3", "exit:6", "exit:10", "exit:14", "exit:18", "exit:22")  # growing capacity
@@ -130,7 +130,7 @@ def rollout_vs_suffix(traces: list[Trace], profile) -> tuple[float, float]:
     from .whatif import mean_work_ms
 
     works = [mean_work_ms(t, profile) for t in traces if len(t.steps) > 1]
-    return tuple(sum(w.get(key, 0.0) for w in works) / max(len(works), 1) for key in ("draft-rollout", "target-suffix"))
+    return tuple(sum(w.get(key, 0.0) for w in works) / max(len(works), 1) for key in (SpanKind.DRAFT_ROLLOUT, SpanKind.TARGET_SUFFIX))
 
 
 def modelled_table(table: pd.DataFrame, eagle: dict, traced: dict[int, list[Trace]], profiles: dict) -> pd.DataFrame:

@@ -47,7 +47,7 @@ import numpy as np
 
 from ..errors import MirrorSDError
 from ..models.stages import BUCKETS, MAX_WIDTH, cheapest_bucket
-from ..trace import Span, Step, Trace
+from ..trace import Span, SpanKind, Step, Trace
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 STAGES = {  # stage -> what one call of it is; its cost is priced per call, by the call's width in tokens
@@ -318,7 +318,7 @@ class Work:
     """One span of work: on a lane, of an engine span kind, priced as calls of stages."""
 
     lane: str  # "target" or "draft"
-    kind: str  # the span kind the engine records for it (prefill, draft, verify, target-prefix, ...)
+    kind: SpanKind  # the span kind the engine records for it
     label: str
     calls: list[tuple[str, int]] = field(default_factory=list)  # (stage, width) per forward
     fixed: str | None = None  # a profile constant instead of calls: "rendezvous_ms" or "channel_ms"
@@ -338,16 +338,17 @@ Phase = tuple  # Work items that run at the same time, one per lane
 def prefill_plan(trace: Trace, together: bool = False) -> list[Phase]:
     """Step 0: the prompt through the target and (two-model methods) through the draft: side by side
     with ``together`` (lanes that are devices of their own, ``methods/prefill.py``), else in turn."""
-    n = int(trace.meta.get("prompt_tokens") or next((s.tokens for s in trace.spans if s.kind == "prefill"), 1))
-    target = Work("target", "prefill", f"prefill {n} tokens", [("prefill", n)], tokens=n)
+    n = int(trace.meta.get("prompt_tokens")
+            or next((s.tokens for s in trace.spans if s.kind == SpanKind.PREFILL), 1))
+    target = Work("target", SpanKind.PREFILL, f"prefill {n} tokens", [("prefill", n)], tokens=n)
     if not (trace.lane_label("draft") and n > 1):
         return [(target,)]
-    draft = Work("draft", "prefill", f"prefill {n} tokens", [("draft_prefill", n - 1)], tokens=n - 1)
+    draft = Work("draft", SpanKind.PREFILL, f"prefill {n} tokens", [("draft_prefill", n - 1)], tokens=n - 1)
     return [(target, draft)] if together else [(target,), (draft,)]
 
 
 def vanilla_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
-    return [(Work("target", "decode", "decode 1 token", [("target", 1)], tokens=1),)]
+    return [(Work("target", SpanKind.DECODE, "decode 1 token", [("target", 1)], tokens=1),)]
 
 
 def draft_calls(work) -> list[tuple[str, int]]:
@@ -368,8 +369,8 @@ def sd_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase
     window = len(step.proposed) + 1
     calls, verify = (draft_calls(step.draft), "target") if step.tree is None else (tree_draft_calls(options),
                                                                                   "target_tree")
-    return [(Work("draft", "draft", f"draft {len(step.proposed)} tokens", calls, tokens=len(step.proposed)),),
-            (Work("target", "verify", f"verify {window} tokens", [(verify, window)], tokens=window),)]
+    return [(Work("draft", SpanKind.DRAFT, f"draft {len(step.proposed)} tokens", calls, tokens=len(step.proposed)),),
+            (Work("target", SpanKind.VERIFY, f"verify {window} tokens", [(verify, window)], tokens=window),)]
 
 
 def eagle_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
@@ -381,8 +382,8 @@ def eagle_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Ph
     pending = int(meta.get("prompt_tokens", 1)) if previous.index == 0 else len(previous.committed)
     window = len(step.tree.tokens) + 1
     head = [("eagle_head", pending)] + [("eagle_level", frontier)] * (depth - 1)
-    return [(Work("target", "draft", f"draft tree, depth {depth}", head, tokens=pending),),
-            (Work("target", "verify", f"verify {window} tokens", [("target_tree", window)], tokens=window),)]
+    return [(Work("target", SpanKind.DRAFT, f"draft tree, depth {depth}", head, tokens=pending),),
+            (Work("target", SpanKind.VERIFY, f"verify {window} tokens", [("target_tree", window)], tokens=window),)]
 
 
 def ss_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
@@ -394,8 +395,8 @@ def ss_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase
         draft, verify = [], verify + [("streams", step.tree.stream_rows)]
     else:
         draft = [("stream_draft", gamma)]
-    return [(Work("target", "draft", f"streams: draft {gamma} levels", draft, tokens=gamma),),
-            (Work("target", "verify", f"verify {window} tokens", verify, tokens=window),)]
+    return [(Work("target", SpanKind.DRAFT, f"streams: draft {gamma} levels", draft, tokens=gamma),),
+            (Work("target", SpanKind.VERIFY, f"verify {window} tokens", verify, tokens=window),)]
 
 
 def mirror_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
@@ -411,20 +412,20 @@ def mirror_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[P
     plan = []
     if rv.fallback or rv.corrected:
         fresh = tree_draft_calls(options) if trees else [("draft", 1)] * gamma
-        kind = "fallback-draft" if rv.fallback else "correction-rollout"
+        kind = SpanKind.FALLBACK_DRAFT if rv.fallback else SpanKind.CORRECTION_ROLLOUT
         plan.append((Work("draft", kind, f"{kind.replace('-', ' ')} {gamma} tokens", fresh, tokens=gamma),))
     depth = exit_depth(meta)
-    plan.append((Work("target", "target-prefix", f"target prefix, {window} tokens", [("target_prefix", window)],
+    plan.append((Work("target", SpanKind.TARGET_PREFIX, f"target prefix, {window} tokens", [("target_prefix", window)],
                       tokens=window, depth=depth),))
-    plan.append((Work("target", "rendezvous", "token channel", fixed="channel_ms"),))
+    plan.append((Work("target", SpanKind.RENDEZVOUS, "token channel", fixed="channel_ms"),))
     forwards = 1 if options.get("streams") else gamma
     per_level = branches * options.get("branching", 4) if trees else branches  # rows of each forward after the first
     rollout = [("draft", window + branches)] + [("draft", per_level)] * (forwards - 1)  # tree layout, then branches
-    plan.append((Work("target", "target-suffix", f"target suffix, {window} tokens", [("target_suffix", window)],
+    plan.append((Work("target", SpanKind.TARGET_SUFFIX, f"target suffix, {window} tokens", [("target_suffix", window)],
                       tokens=window, depth=depth),
-                 Work("draft", "draft-rollout", f"{branches} branches x {gamma} tokens", rollout,
+                 Work("draft", SpanKind.DRAFT_ROLLOUT, f"{branches} branches x {gamma} tokens", rollout,
                       tokens=branches * gamma)))
-    plan.append((Work("target", "rendezvous", "verify + match branch", fixed="rendezvous_ms"),))
+    plan.append((Work("target", SpanKind.RENDEZVOUS, "verify + match branch", fixed="rendezvous_ms"),))
     return plan
 
 
@@ -445,12 +446,12 @@ def exit_depth(meta: dict) -> float | None:
     return exit[0] / exit[1] if exit else None
 
 
-CORRECTION = "correction-rollout"
+CORRECTION = SpanKind.CORRECTION_ROLLOUT
 
 
 def in_host_turn(phase: Phase) -> bool:
     """Whether a phase is a correction rollout, which the last step launched at its picks
-    (methods/mirror_queued.py): it runs while the host takes its turn between the steps, and the
+    (methods/mirror.py: ``roll_out_correction``): it runs while the host takes its turn between the steps, and the
     host launches nothing for it."""
     return phase[0].kind == CORRECTION
 
@@ -798,7 +799,8 @@ def steady_state(trace: Trace, profile: Profile, alpha: float | None = None, hit
         raise MirrorSDError(f"the {trace.method} run has no decoding steps to model")
     plans = step_plans(trace)[1:]
     if trace.method == "mirror":
-        no_draft = [[p for p in plan if p[0].kind not in ("fallback-draft", "correction-rollout")] for plan in plans]
+        fresh = (SpanKind.FALLBACK_DRAFT, SpanKind.CORRECTION_ROLLOUT)
+        no_draft = [[p for p in plan if p[0].kind not in fresh] for plan in plans]
         ms = sum(step_ms(p, profile) for p in no_draft) / len(plans)
         misses = [s for s in steps if not s.rendezvous.hit]
         copied = sum(s.rendezvous.copied for s in steps) / max(len(misses), 1)  # share of misses copied
@@ -830,7 +832,7 @@ def mean_work_ms(trace: Trace, profile: Profile) -> dict[str, float]:
     for plan in plans:
         for phase in plan:
             for work, ms in zip(phase, phase_ms(phase, profile)):
-                key = work.label if work.kind == "rendezvous" else work.kind
+                key = work.label if work.kind == SpanKind.RENDEZVOUS else work.kind
                 totals[key] = totals.get(key, 0.0) + ms
     return {key: ms / max(len(plans), 1) for key, ms in totals.items()}
 
