@@ -16,6 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from mirror_sd.tools.tradeoff import verdict
+from mirror_sd.trace import SpanKind
 
 from . import figures
 
@@ -65,7 +66,7 @@ def figure(measured: pd.DataFrame, modelled: pd.DataFrame, profile: str, meta: d
     level; solid measured here, dashed MODELLED on ``profile``; a line where Mirror-SD's rollouts
     outgrow the target's suffix there. Hover: each draft's τ and Mirror-SD's hit rate."""
     fig = go.Figure()
-    kinds = (("sd", "draft"), ("mirror", "draft-rollout"), ("eagle", "verify"))
+    kinds = (("sd", SpanKind.DRAFT), ("mirror", SpanKind.DRAFT_ROLLOUT), ("eagle", SpanKind.VERIFY))
     colour = {m: figures.kind_style(k)[0] for m, k in kinds}
     measured = measured.assign(hover=[
         f"{d}<br>cost {c:.2f}<br>sd τ {t:.2f} (γ {g})<br>Mirror-SD τ {m:.2f}, hit rate {h:.2f}"

@@ -13,34 +13,32 @@ from html import escape as html_escape
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from mirror_sd.trace import Trace
+from mirror_sd.trace import SpanKind, Trace
 
 from .tokens import piece, visible
 from .trees import step_tree
 
-SPAN_KINDS = {  # kind -> (colour, legend text); kinds not listed get a colour from OTHER_COLOURS
-    "prefill": ("#64748b", "prefill: read the prompt"),
-    "decode": ("#2563eb", "decode: target makes 1 token"),
-    "draft": ("#f59e0b", "draft: draft proposes a window"),
-    "verify": ("#6366f1", "verify: target checks the window"),
-    "target-prefix": ("#1e3a8a", "target prefix: layers up to the early exit"),
-    "target-suffix": ("#38bdf8", "target suffix: remaining layers"),
-    "draft-rollout": ("#10b981", "draft rollout: branches drafted in parallel"),
-    "rendezvous": ("#a855f7", "rendezvous: verify + pick branch"),
-    "fallback-draft": ("#ef4444", "fallback draft: no branch hit, draft again"),
-    "correction-rollout": ("#f97316", "correction rollout: the next window if no branch hits"),
+SPAN_KINDS = {  # kind -> (colour, legend text): every SpanKind
+    SpanKind.PREFILL: ("#64748b", "prefill: read the prompt"),
+    SpanKind.DECODE: ("#2563eb", "decode: target makes 1 token"),
+    SpanKind.DRAFT: ("#f59e0b", "draft: draft proposes a window"),
+    SpanKind.VERIFY: ("#6366f1", "verify: target checks the window"),
+    SpanKind.TARGET_PREFIX: ("#1e3a8a", "target prefix: layers up to the early exit"),
+    SpanKind.TARGET_SUFFIX: ("#38bdf8", "target suffix: remaining layers"),
+    SpanKind.DRAFT_ROLLOUT: ("#10b981", "draft rollout: branches drafted in parallel"),
+    SpanKind.RENDEZVOUS: ("#a855f7", "rendezvous: verify + pick branch"),
+    SpanKind.FALLBACK_DRAFT: ("#ef4444", "fallback draft: no branch hit, draft again"),
+    SpanKind.CORRECTION_ROLLOUT: ("#f97316", "correction rollout: the next window if no branch hits"),
 }
 BRIEF = 0.003  # a span kind whose spans all last less than this share of the run gets a tick mark per span
-OTHER_COLOURS = ["#0d9488", "#db2777", "#84cc16", "#7c2d12", "#0891b2"]
 LANE_ORDER = {"target": 0, "draft": 1}
 PROCESSOR = {"cpu": "CPU", "cuda": "GPU", "mps": "GPU"}  # a device type, as a lane label names it
 LANE_COLOURS = {"target": "#2563eb", "draft": "#10b981"}  # the utilisation's bars and lines, per lane role
 
 
-def kind_style(kind: str) -> tuple[str, str]:
-    if kind in SPAN_KINDS:
-        return SPAN_KINDS[kind]
-    return OTHER_COLOURS[sum(map(ord, kind)) % len(OTHER_COLOURS)], kind
+def kind_style(kind: SpanKind) -> tuple[str, str]:
+    """A span kind's colour and legend text."""
+    return SPAN_KINDS[kind]
 
 
 def lanes_of(trace: Trace) -> list[str]:

@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass
 
 from mirror_sd import MirrorSDError, generate
+from mirror_sd.trace import SpanKind
 
 RACE_LIMIT_S = 120.0  # a prompt expected to add more than this to its race is refused: others wait behind it
 MEASURE_TOKENS = 1024  # the longer measured prefill (at most a quarter of the target's context)
@@ -60,8 +61,8 @@ def _prefill(pair, tokens: int) -> tuple[int, float, list[float]]:
     about ``tokens`` tokens, from its spans."""
     per_word = max(1.0, len(pair.encode(WORD * 8, raw=True)) / 8)
     out = generate(pair, WORD * max(1, int(tokens / per_word)), method="vanilla", max_new_tokens=4, raw=True)
-    prefill = sum(s.duration for s in out.trace.spans if s.kind == "prefill")
-    steps = [s.duration for s in out.trace.spans if s.kind == "decode"]
+    prefill = sum(s.duration for s in out.trace.spans if s.kind == SpanKind.PREFILL)
+    steps = [s.duration for s in out.trace.spans if s.kind == SpanKind.DECODE]
     return int(out.trace.meta.get("prompt_tokens") or tokens), prefill, steps
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 
 from mirror_sd.errors import MirrorSDError
 from mirror_sd.tools import whatif
+from mirror_sd.trace import SpanKind
 
 from . import capacity, figures
 from .cards import baseline
@@ -129,7 +130,7 @@ def render(current, name, draft_speed, own, alpha, hit):
     if name != FITTED:
         profile = profile.with_draft_speed(draft_speed)
     knobs = dict(alpha=None, hit_rate=None) if own else dict(alpha=alpha, hit_rate=hit)
-    modelled = {f"{r.title} (MODELLED)": r.trace.retimed(profile) for r in runs.values()}
+    modelled = {f"{r.title} (MODELLED)": profile.retime(r.trace) for r in runs.values()}
     charts = (figures.timeline(modelled), figures.utilisation(modelled))
     why = (own_text(runs) + "\n\n" if own else "") + why_text(runs, profile, knobs)
     return (source_text(profile), gr.update(value=speedup_table(current, runs, profile, knobs), visible=True),
@@ -196,7 +197,7 @@ def why_text(runs, profile, knobs) -> str:
         return ""
     trace = runs["mirror"].trace
     ms = whatif.mean_work_ms(trace, profile)
-    suffix, rollouts = ms.get("target-suffix", 0.0), ms.get("draft-rollout", 0.0)
+    suffix, rollouts = ms.get(SpanKind.TARGET_SUFFIX, 0.0), ms.get(SpanKind.DRAFT_ROLLOUT, 0.0)
     hides = ("the rollouts hide under the suffix" if rollouts <= suffix else
              "the rollouts do not fit under the suffix, so the draft sets the pace")
     steps = trace.steps[1:]

@@ -330,12 +330,6 @@ class Trace:
                 j += 1
         return total
 
-    def retimed(self, profile) -> "Trace":
-        """This run's steps re-timed on a hardware profile (a ``whatif.Profile``; ``whatif.retime`` also
-        takes a profile's name or path): the same steps and tokens, spans laid out by the latency model,
-        ``meta["modelled"]`` True. The profile does the work: the trace sits below the what-if model."""
-        return profile.retime(self)
-
     # -- export --------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return dict(method=self.method, meta=self.meta, lanes=self.lanes,

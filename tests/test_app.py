@@ -665,3 +665,12 @@ def test_a_prompts_cost_comes_from_measured_speeds_and_only_a_long_prompt_is_ref
     line = prompt_line(12, 50, slow, 5, 48)
     assert "**12 tokens**" in line and "per method here" in line and "900 tokens/s at 1,024 tokens" in line
     assert "shows once the models have loaded" in prompt_line(None, 50, None, 5, 48)
+
+
+def test_every_span_kind_has_its_own_colour_and_legend():
+    """The timeline colours spans by trace.SpanKind, the one list of kinds the methods record: every
+    kind has an entry, and no two share a colour."""
+    from mirror_sd.trace import SpanKind
+
+    styles = [figures.kind_style(kind) for kind in SpanKind]
+    assert len({colour for colour, _ in styles}) == len(SpanKind) and all(legend for _, legend in styles)

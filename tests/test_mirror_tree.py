@@ -1,4 +1,4 @@
-"""Mirror-SD's tree windows (option ``tree`` > 0; methods/mirror_tree.py): the window is a tree, every
+"""Mirror-SD's tree windows (option ``tree`` > 0; methods/mirror_rollouts.py): the window is a tree, every
 branch's rollout grows one (drafting/tree.py: grow_trees), and at temperature 0 it commits vanilla's
 tokens."""
 import pytest
@@ -220,7 +220,7 @@ def test_a_near_tie_in_the_draft_grows_the_same_tree_on_both_paths(tiny_dirs, tm
 
     from safetensors.torch import load_file, save_file
 
-    from mirror_sd.methods import mirror_tree
+    from mirror_sd.methods import mirror_rollouts as mirror_tree
 
     folder = tmp_path / "near-tie-draft"
     shutil.copytree(tiny_dirs["reduced_draft"], folder)

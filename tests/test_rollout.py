@@ -8,7 +8,7 @@ import torch
 
 from mirror_sd import generate, load_pair
 from mirror_sd.branches import choose_branches
-from mirror_sd.methods.mirror import roll_out_chains
+from mirror_sd.methods.mirror_rollouts import roll_out_chains
 from mirror_sd.models.channel import Channel
 from mirror_sd.models.forwards import FULL, forward, stage_cache
 from mirror_sd.models.rollout import Rollouts
@@ -90,7 +90,8 @@ def test_a_queued_step_on_stages_commits_vanillas_tokens_with_far_fewer_host_ope
     assert out.token_ids == expected and "note" not in out.trace.meta  # no lane failed
     assert any(step.rendezvous.branch_used is not None for step in out.trace.steps[1:])  # the rollouts hit
     one_replay = count_ops(staged, "mirror", 16, prompt="t1 t2 t3", raw=True, options=dict(queued=1))
-    monkeypatch.setattr("mirror_sd.methods.mirror.staged_for", lambda *a: None)  # a forward at a time
+    for module in ("mirror", "mirror_rollouts"):  # the channel and the rollouts: a forward at a time
+        monkeypatch.setattr(f"mirror_sd.methods.{module}.staged_for", lambda *a: None)
     forward_by_forward = count_ops(staged, "mirror", 16, prompt="t1 t2 t3", raw=True, options=dict(queued=1))
     assert 2 * one_replay["ops_per_step"] < forward_by_forward["ops_per_step"]
 

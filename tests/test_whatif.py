@@ -203,7 +203,7 @@ def test_a_retimed_trace_keeps_its_steps_and_tokens_and_only_moves_spans():
     steps[1].index = 2
     trace = trace_of("mirror", steps, MIRROR, two_lanes=True)
     trace.spans = [Span("target, GPU role, cpu:0", "prefill", "prefill", 0.0, 1.0, 0, 10)]
-    out = trace.retimed(PROFILE)
+    out = PROFILE.retime(trace)
     assert out.steps == trace.steps and out.method == "mirror" and out.meta["modelled"] is True
     assert out.meta["profile"] == "test" and not trace.meta.get("modelled")
     assert sorted(out.lanes.values()) == ["draft", "target"] and all("(modelled)" in label for label in out.lanes)
@@ -215,7 +215,7 @@ def test_a_retimed_trace_keeps_its_steps_and_tokens_and_only_moves_spans():
         assert all(a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:]))
     prefill = max(20 + 0.5 * 10, 1 + 0.1 * 9)  # devices of their own: the two prefills side by side
     assert out.meta["modelled_s"] == pytest.approx((prefill + step_time(trace, 1) + step_time(trace, 2)) / 1000)
-    on_one_cpu = trace.retimed(replace(PROFILE, devices={"target": "cpu:0", "draft": "cpu:1"}))
+    on_one_cpu = replace(PROFILE, devices={"target": "cpu:0", "draft": "cpu:1"}).retime(trace)
     prefills = sorted((s.start, s.end) for s in on_one_cpu.spans if s.kind == "prefill")
     assert prefills[0][1] <= prefills[1][0]  # the CPU's two lanes: in turn
     assert on_one_cpu.meta["modelled_s"] == pytest.approx(out.meta["modelled_s"] + (1 + 0.1 * 9) / 1000)

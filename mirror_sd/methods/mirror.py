@@ -23,7 +23,7 @@ One step, with the window W = [last committed token, d1 .. d_gamma] (``chain_ste
 4. commit d1..dA + c and roll both KV caches back to the committed length.
 
 With option ``tree`` > 0 (T = 0) the window and every branch's rollout are draft trees instead of
-chains, the branches hanging from any row of the window (``tree_step``; methods/mirror_tree.py).
+chains, the branches hanging from any row of the window (``tree_step``; methods/mirror_rollouts.py).
 All-accepted case (left open by the paper): c is the bonus token at row gamma, and branches
 (gamma, v) use the early-exit candidates there, so a fully accepted window can hit too.
 
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..branches import Branch, BranchTable, branch_hit, choose_branches
+from ..branches import Branch, branch_hit
 from ..devices import to_device
 from ..drafting import make_drafter
 from ..drafting.lookup import copy_from_context
@@ -58,13 +58,14 @@ from ..drafting.tree import Tree, graft, keep_path, tree_window
 from ..executors import executor_for
 from ..models.channel import Channel, TokenChannel
 from ..models.exit_head import EarlyExit, available_exit_head, exit_head_for
-from ..models.forwards import FULL, forward_rows, layers, staged, staged_for
+from ..models.forwards import FULL, layers, staged_for
 from ..models.rollout import Rollouts
 from ..models.stages import MAX_WIDTH
-from ..models.streams import draft_streams, split_forward, split_ranges
+from ..models.streams import split_ranges
 from ..sampling import to_target_vocab
 from ..trace import Rendezvous, SpanKind, Step
-from . import mirror_tree
+from .mirror_rollouts import (roll_out_chain_window, roll_out_correction, roll_out_tree_window, rollout_label,
+                              rollout_stage_fits)
 from .prefill import prefill_pair
 from .verify import Verdict, verdict_of_picks, verify, walk_tree_picks
 
@@ -205,121 +206,6 @@ def target_picks(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1)
 
 
-def roll_out(ctx: Context, window: list[int], prefix: tuple[torch.Tensor, Channel]) -> BranchTable:
-    """Draft lane: the branches (mirror_sd/branches.py) from the token channel, and gamma draft tokens
-    after each, all branches in one tree per forward (``roll_out_chains``), or with ``streams`` in
-    one forward (``roll_out_streamed``). On the draft's rollout stage where it holds the step: the
-    choice and every forward in one replay (models/rollout.py). Nothing read to the host at T = 0."""
-    run, cache, channel = ctx.run, ctx.draft_cache, prefix[1]
-    if rollout_stage_fits(ctx, window, ctx.rollout_stage):
-        return roll_out_on_stage(ctx, window, channel, ctx.rollout_stage)
-    r, roots, scores, valid = choose_branches(window, channel.top_ids, channel.top_logp, channel.window_logp,
-                                              ctx.s.budget)
-    if ctx.s.streams:
-        tokens, drawn = roll_out_streamed(run, cache, window, r, roots, ctx.s.gamma)
-    else:
-        tokens, drawn = roll_out_chains(run, cache, window, r, roots, ctx.s.gamma)
-    return BranchTable(BranchTable.columns(r, roots, valid, scores, tokens), drawn=drawn)
-
-
-def rollout_layout(run, cache, draft: list[int], r: torch.Tensor, roots: torch.Tensor):
-    """The first rollout forward: ids [T], positions [T] and mask [T, base + T] of the committed tokens
-    the draft has not seen, the window d1..d_gamma (one causal chain) and every branch root; r and
-    roots [B], the branches' accepted prefixes and roots, lie on the draft's device, and so does all
-    this (laid out there, so the host need not know the branches).
-
-    Also returns ``may_see(owner, depth)``: the [B, base + slots] mask of each branch's newest row,
-    given the owner (-1 chain, else branch) and chain depth of every new slot so far. A branch sees
-    the committed prefix, the window up to its branch point and its own tokens, nothing else.
-    """
-    n, base = len(run.sequence), cache.length  # the last committed token is at position n - 1
-    chain = run.sequence[base:] + draft  # pending committed tokens + window: one causal chain
-    B, C, dev = len(r), len(chain), r.device
-    at = dict(dtype=torch.long, device=dev)
-    branch = torch.arange(B, **at)
-    owner = torch.cat([torch.full((C,), -1, **at), branch])  # per new slot: -1 chain, else branch
-    depth = torch.cat([torch.zeros(C - len(draft), **at), torch.arange(1, len(draft) + 1, **at), torch.zeros(B, **at)])
-
-    def may_see(owner, depth):
-        sees = ((owner == -1) & (depth <= r[:, None])) | (owner == branch[:, None])
-        return torch.cat([torch.ones(B, base, dtype=torch.bool, device=dev), sees], dim=-1)
-
-    chain_rows = torch.cat([torch.ones(C, base, dtype=torch.bool, device=dev),
-                            torch.ones(C, C, dtype=torch.bool, device=dev).tril(),
-                            torch.zeros(C, B, dtype=torch.bool, device=dev)], dim=-1)
-    mask = torch.cat([chain_rows, may_see(owner, depth)])  # [T, base + T]
-    positions = torch.cat([torch.arange(n - C + len(draft), n + len(draft), **at), n + r])
-    ids = torch.cat([to_device(chain, dev, torch.long), roots])
-    return ids, positions, mask, owner, depth, may_see
-
-
-def roll_out_chains(run, cache, draft: list[int], r: torch.Tensor, roots: torch.Tensor, gamma: int):
-    """gamma draft tokens after every branch (r, roots [B] on the draft's device), all branches in one
-    tree per forward: forward 1 lays out the tree (``rollout_layout``), forward k feeds each branch's
-    newest token. At T = 0: (picks [B, gamma], left on the device, None); at T > 0 each branch's
-    tokens are drawn from its own row: (None, [(tokens, laws)] per branch)."""
-    model, sampler = run.pair.draft, run.draft_sampler
-    n, B, dev = len(run.sequence), len(r), r.device
-    ids, positions, mask, owner, depth, may_see = rollout_layout(run, cache, draft, r, roots)
-    picks, drawn = [], [([], []) for _ in range(B)]  # T = 0: each forward's [B] picks; T > 0: draws
-    for k in range(gamma):
-        logits = forward_rows(model, cache, ids, positions, mask, rows=B)  # [B, V_draft]
-        if sampler.greedy:
-            picks.append(run.draft_picks(logits))  # [B]
-        else:  # every branch's token drawn from its own row, in one call
-            q = sampler.probs(run.as_target_vocab(logits))  # [B, V]
-            for (tokens, laws), q_b, token in zip(drawn, q, sampler.sample_rows(q)):
-                tokens.append(token)
-                laws.append(q_b)
-        if k == gamma - 1:
-            break
-        ids = picks[-1] if sampler.greedy else to_device([tokens[-1] for tokens, _ in drawn], dev, torch.long)
-        positions = n + r + k + 1  # [B]
-        owner = torch.cat([owner, torch.arange(B, device=dev)])
-        depth = torch.cat([depth, torch.zeros(B, dtype=torch.long, device=dev)])
-        mask = may_see(owner, depth)
-    return (torch.stack(picks, dim=1), None) if sampler.greedy else (None, drawn)
-
-
-def roll_out_streamed(run, cache, draft: list[int], r: torch.Tensor, roots: torch.Tensor, gamma: int):
-    """Like ``roll_out_chains``, in one draft forward: the draft's main stream gives each branch's first
-    token after its root, and its speculative streams at the root the other gamma - 1. Returns
-    (None, [(tokens, laws)] per branch), the laws empty at T = 0."""
-    model, sampler, B = run.pair.draft, run.draft_sampler, len(r)
-    streams = draft_streams(run.pair)
-    ids, positions, mask, *_ = rollout_layout(run, cache, draft, r, roots)
-    main, h0 = split_forward(model, ids[None], cache, streams.first_layer, positions=positions[None], tree_mask=mask)
-    cache.length += len(ids)
-    root_slots = torch.arange(cache.length - B, cache.length, device=model.device)[None]  # [1, B]
-    ahead = streams(model, cache, h0[:, -B:], root_slots, positions=positions[None, -B:],
-                    seen=mask[None, -B:])[0, :, :gamma - 1]  # [B, gamma - 1, V_d]
-    logits = run.as_target_vocab(torch.cat([main[0, -B:, None], ahead], dim=1))  # [B, gamma, V]
-    drawn = []
-    for rows in logits:
-        tokens, q = sampler.draw(rows)
-        drawn.append((tokens, list(q) if q is not None else []))
-    return None, drawn
-
-
-def rollout_stage_fits(ctx: Context, window: list[int], spec: Rollouts | None) -> bool:
-    """Whether the draft's stage for ``spec`` holds this step: the draft on stages, the window within
-    the channel rows it was made for, the chain and every root within its widest forward."""
-    run, cache = ctx.run, ctx.draft_cache
-    chain = len(run.sequence) - cache.length + len(window)
-    return (spec is not None and staged_for(run.pair.draft, cache, spec) is not None
-            and len(window) < spec.rows and chain + spec.budget <= MAX_WIDTH)
-
-
-def roll_out_on_stage(ctx: Context, window: list[int], channel: Channel, spec: Rollouts) -> BranchTable:
-    """The branch choice and rollouts in one replay of the draft's stage for ``spec`` (models/rollout.py);
-    the cache moves past the chain and the rollouts' slots, as ``roll_out_chains`` moves it."""
-    run, cache = ctx.run, ctx.draft_cache
-    chain = run.sequence[cache.length:] + list(window)  # committed tokens the draft has not seen, then the window
-    table = staged(run.pair.draft, cache).run(spec.name, [chain], rows=len(chain) + spec.budget, channel=channel)
-    cache.length += len(chain) + spec.gamma * spec.budget
-    return BranchTable(table.table.clone())  # the stage's output is reused by its next replay
-
-
 @dataclass
 class Correction:
     """The rollout of the branch of a step's own outcome (``roll_out_correction``), on the draft lane:
@@ -333,20 +219,6 @@ class Correction:
         branch, which its channel rules out)."""
         fixed = self.phase.result().read()
         return fixed[0].tokens if branch_hit(fixed, *self.outcome) == 0 else None
-
-
-def roll_out_correction(ctx: Context, window: list[int], picks: torch.Tensor, base: int) -> BranchTable:
-    """Draft lane, once the target's picks [T] are made: the one branch of the step's own outcome,
-    rolled out from the draft cache's ``base`` slots. Its channel holds the picks alone, one
-    candidate per row, all scored alike: the rows whose pick is the window's next token are
-    acceptances, skipped, so the branch chosen is the first row where the target's pick differs, or
-    the bonus row: the outcome (A, c) of verifying."""
-    picks = picks.to(ctx.run.pair.draft.device, non_blocking=True)
-    if picks.is_cuda:  # made on the target's stream: keep its memory until this stream has read it
-        picks.record_stream(torch.cuda.current_stream(picks.device))
-    zeros = torch.zeros(len(picks), 1, dtype=torch.float64, device=picks.device)
-    ctx.draft_cache.length = base
-    return roll_out_on_stage(ctx, window, Channel.of(picks[:, None], zeros, zeros[:-1, 0]), ctx.correction_stage)
 
 
 # -- one step -----------------------------------------------------------------------------------------
@@ -363,7 +235,7 @@ def chain_step(ctx: Context, window: list[int], q: torch.Tensor | None, step: in
     suffix = ex.start(target, SpanKind.TARGET_SUFFIX, target_suffix, ctx, prefix, None, widen,
                       label=suffix_label(run.pair, s, T), step=step, tokens=T)
     B = min(s.budget, T * s.kappa)
-    rolled = ex.start(draft, SpanKind.DRAFT_ROLLOUT, roll_out, ctx, window, prefix,
+    rolled = ex.start(draft, SpanKind.DRAFT_ROLLOUT, roll_out_chain_window, ctx, window, prefix,
                       label=f"{B} branches x {s.gamma} tokens", step=step, tokens=B * s.gamma)
     widen.after(rolled)
     greedy = run.target_sampler.greedy
@@ -390,7 +262,7 @@ def chain_step(ctx: Context, window: list[int], q: torch.Tensor | None, step: in
 
 
 def tree_step(ctx: Context, window: Tree, step: int) -> Outcome:
-    """One step over a tree window (methods/mirror_tree.py): as ``chain_step``, the window's nodes
+    """One step over a tree window: as ``chain_step``, the window's nodes
     under its tree mask, each branch's rollout a tree, and the greedy tree walk at the rendezvous."""
     run, ex, s = ctx.run, ctx.ex, ctx.s
     target, draft, T = run.target_lane, run.draft_lane, len(window.tokens) + 1
@@ -400,8 +272,8 @@ def tree_step(ctx: Context, window: Tree, step: int) -> Outcome:
     suffix = ex.start(target, SpanKind.TARGET_SUFFIX, target_suffix, ctx, prefix, window, widen,
                       label=suffix_label(run.pair, s, T), step=step, tokens=T)
     B = min(s.budget, T * s.kappa)
-    rolled = ex.start(draft, SpanKind.DRAFT_ROLLOUT, mirror_tree.roll_out, ctx, window, prefix,
-                      label=mirror_tree.rollout_label(B, s.tree, s.gamma), step=step, tokens=B * s.tree)
+    rolled = ex.start(draft, SpanKind.DRAFT_ROLLOUT, roll_out_tree_window, ctx, window, prefix,
+                      label=rollout_label(B, s.tree, s.gamma), step=step, tokens=B * s.tree)
     widen.after(rolled)
     picks = ex.start(target, SpanKind.RENDEZVOUS, target_picks, suffix, label="verify tree + match branch", step=step)
     ex.finish(prefix, suffix, rolled, picks)  # the step's one wait

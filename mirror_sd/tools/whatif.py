@@ -167,7 +167,7 @@ class Profile:
     split: tuple[int, int] | None = None
 
     def retime(self, trace: Trace) -> Trace:
-        """``trace`` re-timed on this profile (``retime``; what ``Trace.retimed`` calls)."""
+        """``trace`` re-timed on this profile (``retime``)."""
         return retime(trace, self)
 
     @property
