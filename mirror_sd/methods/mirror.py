@@ -262,8 +262,8 @@ def chain_step(ctx: Context, window: list[int], q: torch.Tensor | None, step: in
 
 
 def tree_step(ctx: Context, window: Tree, step: int) -> Outcome:
-    """One step over a tree window: as ``chain_step``, the window's nodes
-    under its tree mask, each branch's rollout a tree, and the greedy tree walk at the rendezvous."""
+    """One step over a tree window (T = 0): as ``chain_step``, the window's nodes under its tree mask, each
+    branch's rollout a tree (methods/mirror_rollouts.py), and the greedy tree walk at the rendezvous."""
     run, ex, s = ctx.run, ctx.ex, ctx.s
     target, draft, T = run.target_lane, run.draft_lane, len(window.tokens) + 1
     prefix = ex.start(target, SpanKind.TARGET_PREFIX, token_channel, ctx, window.tokens, window,
