@@ -56,7 +56,7 @@ from ..drafting import make_drafter
 from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, graft, keep_path, tree_window
 from ..executors import executor_for
-from ..models.channel import Channel, TokenChannel
+from ..models.channel import Channel, TokenChannel, channel_of
 from ..models.exit_head import EarlyExit, available_exit_head, exit_head_for
 from ..models.forwards import FULL, layers, staged_for
 from ..models.rollout import Rollouts
@@ -180,11 +180,8 @@ def token_channel(ctx: Context, window: list[int], tree: Tree | None = None) -> 
         reader = exit_reader(pair, ctx.head)
         exit_logp = layers(target, hidden, cache, s.exit_layer, s.exit_layer, head=reader)[0]
         exit_logp = to_target_vocab(exit_logp, reader.vocab_map, target.args.vocab_size)  # [T, V]
-    top = exit_logp.topk(s.kappa, dim=-1)
-    drafted = to_device(window, exit_logp.device, torch.long)
-    before = exit_logp[:-1] if tree is None else exit_logp[to_device([p + 1 for p in tree.parents], exit_logp.device,
-                                                                     torch.long)]  # each token's parent row
-    channel = Channel.of(top.indices, top.values, before.gather(-1, drafted[:, None])[:, 0])
+    rows = to_device([p + 1 for p in tree.parents], exit_logp.device, torch.long) if tree is not None else None
+    channel = channel_of(exit_logp, to_device(window, exit_logp.device, torch.long), s.kappa, rows)
     return hidden, channel.to(pair.draft.device)
 
 

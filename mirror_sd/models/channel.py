@@ -46,10 +46,7 @@ class ChannelStage(Stage):
         h = super().body()  # [1, W, d]: layers [0, exit_layer) over the window
         spec = self.spec
         logp = to_target_vocab(spec.reader(h)[0], spec.reader.vocab_map, spec.vocab_size)  # [W, V]
-        top = logp.topk(spec.kappa, dim=-1)
-        drafted = self.x[0, 1:]  # [W - 1]: the token after each row (past T - 1: padding's)
-        window_logp = logp[:-1].gather(-1, drafted[:, None])[:, 0]  # [W - 1]
-        return h, Channel.of(top.indices, top.values, window_logp).packed
+        return h, channel_of(logp, self.x[0, 1:], spec.kappa).packed  # past row T - 1: padding's
 
 
 @dataclass(frozen=True)
@@ -103,3 +100,13 @@ class Channel:
     def to(self, device: torch.device) -> Channel:
         """The channel on ``device``, copied without waiting where it goes to a GPU."""
         return Channel(self.packed.to(device, non_blocking=device.type == "cuda"), self.kappa)
+
+
+def channel_of(exit_logp: torch.Tensor, drafted: torch.Tensor, kappa: int,
+               parent_rows: torch.Tensor | None = None) -> Channel:
+    """The token channel from the early exit's log-probs [T, V] over a window whose draft tokens are
+    ``drafted`` [T - 1]: the top-kappa candidates at every row, and each draft token's log-prob at
+    the row before it, or (a tree window) at its parent's row (``parent_rows`` [T - 1])."""
+    top = exit_logp.topk(kappa, dim=-1)
+    before = exit_logp[:-1] if parent_rows is None else exit_logp[parent_rows]  # [T - 1, V]
+    return Channel.of(top.indices, top.values, before.gather(-1, drafted[:, None])[:, 0])
