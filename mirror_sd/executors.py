@@ -36,9 +36,6 @@ class Phase:
         self.queued.record()
         return self.value
 
-    def done(self) -> bool:
-        return self.future.done() if self.future is not None else self.queued.recorded
-
 
 class Threads:
     """Phases on the lanes' worker threads: the lanes overlap (module docstring)."""
