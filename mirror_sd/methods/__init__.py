@@ -81,10 +81,10 @@ EXIT_HEAD = Option("exit_head", -1, -1, 1, "what reads the exit layer's hidden s
                    "layers 14, 18 and 22); 0 that norm and head alone (a logit lens); -1 the trained head where there is one, "
                    "else the logit lens")
 
-QUEUED = Option("queued", -1, -1, 1, "1: this thread queues each step's work on the lanes' CUDA streams and waits "
-                "once, at the rendezvous (the draft stream waits for the token channel on a CUDA event, and chooses "
-                "the branches on the device); 0: the lanes' threads run it, the host reading the token channel to "
-                "choose the branches; -1: 1 where both lanes are CUDA devices. Temperature 0, streams 0 only",
+QUEUED = Option("queued", -1, -1, 1, "how a step's phases run (mirror_sd/executors.py): 1 queued on the lanes' "
+                "CUDA streams from this thread, which waits once, at the rendezvous (on CPU lanes: in turn); 0 on "
+                "the lanes' threads, at the same time; -1: 1 where both lanes are CUDA devices. Either way the draft "
+                "lane chooses the branches from the token channel on its device. Temperature 0, streams 0 only",
                 greedy_only=True)
 CORRECTION = Option("correction", 1, 0, 1, "1: in a queued step the draft stream also rolls out the branch of the "
                     "target's own token at the first rejection, as soon as the target's picks are made, so a miss "
