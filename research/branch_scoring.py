@@ -3,7 +3,7 @@
     python -m research.branch_scoring [--per-category 2] [--max-new-tokens 64] [--budgets 2,4,6,8,16]
 
 A branch (r, v) is worth rolling out when the step is likely to end there: the target accepts the
-window's first r draft tokens, then emits v. ``methods/mirror.py: choose_branches`` scores exactly
+window's first r draft tokens, then emits v. ``mirror_sd/branches.py: choose_branches`` scores exactly
 that under the early exit, log P(d1..dr accepted) + log P(v at r), and keeps the best ``budget``.
 This compares it, at several budgets, with two simpler rules:
 
@@ -18,25 +18,30 @@ docs/sweeps/branch_scoring.csv and prints the hit rate per rule and budget, over
 from __future__ import annotations
 
 import pandas as pd
+import torch
 
-from mirror_sd.methods import mirror
+from mirror_sd.branches import choose_branches
+from mirror_sd.methods import mirror_rollouts
 from mirror_sd.models.pair import load_pair
 
 from .comparison import SWEEPS, bench_prompts, comparison_parser, interleave
 
-STEP_END = mirror.choose_branches
+STEP_END = choose_branches
 
 
-def by_candidate(draft, top_ids, top_logp, window_logp, budget):
-    """Branches by the candidate's own early-exit log-prob, not weighted by reaching its position."""
-    branches = STEP_END(draft, top_ids, top_logp, window_logp * 0, budget=10 ** 6)
-    return sorted(branches, key=lambda b: -b.score)[:budget]
+def by_candidate(draft, top_ids, top_logp, window_logp, budget, parents=None):
+    """Branches by the candidate's own early-exit log-prob, not weighted by reaching its position:
+    the rule with every window token's log-prob taken as 0 (the rule's rows: valid ones first)."""
+    r, roots, scores, valid = STEP_END(draft, top_ids, top_logp, window_logp * 0, 10 ** 6, parents)
+    return r[:budget], roots[:budget], scores[:budget], valid[:budget]
 
 
-def by_earliest(draft, top_ids, top_logp, window_logp, budget):
+def by_earliest(draft, top_ids, top_logp, window_logp, budget, parents=None):
     """Branch points nearest the window's start first, then by the candidate's early-exit log-prob."""
-    branches = by_candidate(draft, top_ids, top_logp, window_logp, budget=10 ** 6)
-    return sorted(branches, key=lambda b: (b.accepted, -b.score))[:budget]
+    r, roots, scores, valid = by_candidate(draft, top_ids, top_logp, window_logp, 10 ** 6, parents)
+    order = torch.sort(r, stable=True).indices  # by row; within a row, by log-prob (already)
+    order = order[torch.sort((~valid[order]).byte(), stable=True).indices][:budget]  # skipped ones last
+    return r[order], roots[order], scores[order], valid[order]
 
 
 RULES = {"step-end": STEP_END, "candidate": by_candidate, "earliest": by_earliest}
@@ -52,13 +57,13 @@ def main():
     runs = [("vanilla", {})] + [("mirror", dict(branch_budget=budget)) for _, budget in configs]
 
     def setup(index):
-        mirror.choose_branches = STEP_END if index == 0 else RULES[configs[index - 1][0]]
+        mirror_rollouts.choose_branches = STEP_END if index == 0 else RULES[configs[index - 1][0]]
 
     pair = load_pair()
     try:
         rows = interleave(pair, bench_prompts(args.per_category), runs, args.max_new_tokens, setup, desc="branch scoring")
     finally:
-        mirror.choose_branches = STEP_END
+        mirror_rollouts.choose_branches = STEP_END
     rows = rows[rows.run > 0].copy()
     rows["rule"] = [configs[i - 1][0] for i in rows.run]
     rows["budget"] = [configs[i - 1][1] for i in rows.run]

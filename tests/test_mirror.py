@@ -143,7 +143,7 @@ def test_branches_are_chosen_by_the_chance_the_step_ends_there():
 
 
 def test_the_branch_rule_keeps_its_definition():
-    """mirror_sd/branches.py's tensor rule (the host's step, the queued step and the rollout stage all
+    """mirror_sd/branches.py's tensor rule (the step on either executor and the rollout stage both
     run it) gives the definition's valid branches, scores and order (ties included), then the skipped
     candidates, marked invalid, up to min(budget, T * kappa) rows: even after a window token the exit
     gave -inf (a copied token outside the draft's vocabulary)."""

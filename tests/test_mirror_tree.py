@@ -212,8 +212,8 @@ def test_a_queued_tree_step_commits_and_records_what_the_host_s_does(tiny_dirs):
 
 def test_a_near_tie_in_the_draft_grows_the_same_tree_on_both_paths(tiny_dirs, tmp_path):
     """Two of the draft's tokens (5 and 7) get LM-head rows equal up to rounding, so their log-probs
-    tie at every rollout forward up to the last bits. The host's step (queued=0) and the queued
-    step (queued=1) hand the draft the same rows (the branch rule's B rows, skipped ones included:
+    tie at every rollout forward up to the last bits. The step on the lanes' threads (queued=0) and
+    the queued step (queued=1) hand the draft the same rows (the branch rule's B rows, skipped ones included:
     one forward shape) and grow the same trees with the same rule (``grow_fields``), so the near
     tie is settled alike on any processor: the same rollout inputs, nodes and scores, step by step."""
     import shutil
