@@ -9,8 +9,9 @@ summed in float64. A candidate v that is a child of row r (in a chain: d_{r+1}) 
 not a branch point: it is skipped. The ``budget`` best hypotheses are rolled out, best first.
 
 Every caller rolls out the same B = min(budget, T * kappa) rows: the step on either executor
-(methods/mirror_rollouts.py) and the rollout stage's captured body (models/rollout.py). Where fewer than B candidates are valid,
-the skipped ones fill the last rows, marked invalid (their rollouts are never used). So each path
+(methods/mirror_rollouts.py) and the rollout stage's captured body (models/rollout.py). Where fewer
+than B candidates are valid, the skipped ones fill the last rows, marked invalid (their rollouts are
+never used). So each path
 hands the draft forwards of one shape, and no processor's rounding can make two paths grow
 different rollouts from the same channel.
 

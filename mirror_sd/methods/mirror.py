@@ -226,21 +226,21 @@ def chain_step(ctx: Context, window: list[int], q: torch.Tensor | None, step: in
     run, ex, s = ctx.run, ctx.ex, ctx.s
     target, draft, T = run.target_lane, run.draft_lane, len(window) + 1
     base = ctx.draft_cache.length  # the rollouts' (and the correction's) chain starts here
+    greedy = run.target_sampler.greedy
+    correcting = greedy and rollout_stage_fits(ctx, window, ctx.correction_stage) \
+        and rollout_stage_fits(ctx, window, ctx.rollout_stage)  # decided before the rollouts move the cache
     prefix = ex.start(target, SpanKind.TARGET_PREFIX, token_channel, ctx, window, label=prefix_label(s, ctx.head, T),
                       step=step, tokens=T, alone=True)  # the draft lane waits for the channel: all cores
     widen = ex.widening(target)
     suffix = ex.start(target, SpanKind.TARGET_SUFFIX, target_suffix, ctx, prefix, None, widen,
                       label=suffix_label(run.pair, s, T), step=step, tokens=T)
     B = min(s.budget, T * s.kappa)
-    rolled = ex.start(draft, SpanKind.DRAFT_ROLLOUT, roll_out_chain_window, ctx, window, prefix,
+    rolled = ex.start(draft, SpanKind.DRAFT_ROLLOUT, roll_out_chain_window, ctx, window, prefix, correcting,
                       label=f"{B} branches x {s.gamma} tokens", step=step, tokens=B * s.gamma)
     widen.after(rolled)
-    greedy = run.target_sampler.greedy
     verifying = dict(label="verify + match branch", step=step)
     if greedy:  # the picks, queued before the step's one wait
         picks = ex.start(target, SpanKind.RENDEZVOUS, target_picks, suffix, **verifying)
-    correcting = greedy and rollout_stage_fits(ctx, window, ctx.correction_stage) \
-        and rollout_stage_fits(ctx, window, ctx.rollout_stage)
     fixing = ex.start(draft, SpanKind.CORRECTION_ROLLOUT, roll_out_correction, ctx, window, picks, base,
                       label=f"correction: 1 branch x {s.gamma} tokens", step=step, tokens=s.gamma) \
         if correcting else None

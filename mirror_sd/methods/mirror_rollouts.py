@@ -32,14 +32,16 @@ from ..models.stages import MAX_WIDTH
 from ..models.streams import draft_streams, split_forward
 
 
-def roll_out_chain_window(ctx, window: list[int], prefix: tuple[torch.Tensor, Channel]) -> BranchTable:
+def roll_out_chain_window(ctx, window: list[int], prefix: tuple[torch.Tensor, Channel],
+                          keep: bool = False) -> BranchTable:
     """Draft lane, a chain window: the branches from the token channel (``prefix``: the target
     prefix's hidden states and channel) and gamma draft tokens after each (``roll_out_chains``, or
     with ``streams`` ``roll_out_streamed``); on the draft's rollout stage where it holds the step, the
-    choice and every forward in one replay. Nothing read to the host at T = 0."""
+    choice and every forward in one replay (``keep``: as in ``roll_out_on_stage``). Nothing read to
+    the host at T = 0."""
     run, cache, channel = ctx.run, ctx.draft_cache, prefix[1]
     if rollout_stage_fits(ctx, window, ctx.rollout_stage):
-        return roll_out_on_stage(ctx, window, channel, ctx.rollout_stage)
+        return roll_out_on_stage(ctx, window, channel, ctx.rollout_stage, keep)
     r, roots, scores, valid = choose_branches(window, channel.top_ids, channel.top_logp, channel.window_logp,
                                               ctx.s.budget)
     roll = roll_out_streamed if ctx.s.streams else roll_out_chains
@@ -160,14 +162,16 @@ def rollout_stage_fits(ctx, window: list[int], spec: Rollouts | None) -> bool:
             and len(window) < spec.rows and chain + spec.budget <= MAX_WIDTH)
 
 
-def roll_out_on_stage(ctx, window: list[int], channel: Channel, spec: Rollouts) -> BranchTable:
+def roll_out_on_stage(ctx, window: list[int], channel: Channel, spec: Rollouts, keep: bool = False) -> BranchTable:
     """The branch choice and rollouts in one replay of the draft's stage for ``spec`` (models/rollout.py);
-    the cache moves past the chain and the rollouts' slots, as ``roll_out_chains`` moves it."""
+    the cache moves past the chain and the rollouts' slots, as ``roll_out_chains`` moves it. The table
+    is the stage's output, read before the stage's next replay; ``keep``: a copy, for a step whose
+    correction replays a stage (which may reuse the memory) before the host reads the table."""
     run, cache = ctx.run, ctx.draft_cache
     chain = run.sequence[cache.length:] + list(window)  # committed tokens the draft has not seen, then the window
     table = staged(run.pair.draft, cache).run(spec.name, [chain], rows=len(chain) + spec.budget, channel=channel)
     cache.length += len(chain) + spec.gamma * spec.budget
-    return BranchTable(table.table.clone())  # the stage's output is reused by its next replay
+    return BranchTable(table.table.clone() if keep else table.table)
 
 
 def roll_out_correction(ctx, window: list[int], picks: torch.Tensor, base: int) -> BranchTable:

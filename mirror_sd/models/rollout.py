@@ -1,10 +1,10 @@
 """Mirror-SD's draft-lane work in a step, as one fixed-shape stage: one graph per step.
 
 In a greedy chain step on the draft's stages (methods/mirror_rollouts.py: ``roll_out_on_stage``) the
-draft lane gets the token channel (the target's top-kappa candidates at each window row, their log-probs, and the window
-tokens' own log-probs; packed in one tensor, models/channel.py), chooses the ``budget`` most likely
-branches (mirror_sd/branches.py) and rolls out ``gamma`` draft tokens after each, all
-branches in one batch per forward (``roll_out_chains``). Every shape in that is fixed by (budget,
+draft lane gets the token channel (the target's top-kappa candidates at each window row, their
+log-probs, and the window tokens' own log-probs; packed in one tensor, models/channel.py), chooses
+the ``budget`` most likely branches (mirror_sd/branches.py) and rolls out ``gamma`` draft tokens
+after each, all branches in one batch per forward (``roll_out_chains``). Every shape in that is fixed by (budget,
 gamma, kappa, the window's most rows) and the bucket of the draft's first forward, and none of it
 needs the host until the branches are read. Run an operation at a time it is some hundred launches
 from the host per step; a :class:`RolloutStage` runs all of it in its body, so the host copies the
@@ -119,8 +119,9 @@ class RolloutStage(Stage):
         spec, channel = self.spec, Channel(self.channel, self.spec.kappa)
         row = torch.arange(spec.rows, device=self.channel.device)  # [R]
         drafted = self.x[0].gather(0, (C - (T - 1) + row).clamp(0, self.width - 1))  # [R]: d_{r+1}
-        scores, skip = chain_scores(channel.top_ids, channel.top_logp, channel.window_logp, drafted, T)
-        return rank_branches(scores, skip, channel.top_ids, spec.budget)
+        top_ids = channel.top_ids  # [R, kappa]
+        scores, skip = chain_scores(top_ids, channel.top_logp, channel.window_logp, drafted, T)
+        return rank_branches(scores, skip, top_ids, spec.budget)
 
 
 @dataclass(frozen=True)
