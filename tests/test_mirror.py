@@ -171,9 +171,10 @@ def test_the_branch_rule_keeps_its_definition():
 
 @pytest.mark.parametrize("options", [dict(lookup=0), dict(lookup=8, gamma=2)])
 def test_a_queued_step_commits_and_records_what_the_hosts_does(tiny_pair, options):
-    """queued=1 queues each step's phases on the lanes' streams (``executors.Streams``; on a GPU: the host
-    waits once, at the rendezvous; here, on the CPU, the same work in turn on one thread): vanilla's tokens, and every step's early-exit
-    candidates, branches and hit as the lanes' threads (queued=0) record them."""
+    """queued=1 queues each step's phases on the lanes' streams (``executors.Streams``; on a GPU: the
+    host waits once, at the rendezvous; here, on the CPU, the same work in turn on one thread):
+    vanilla's tokens, and every step's early-exit candidates, branches and hit as the lanes' threads
+    (queued=0) record them."""
     expected = generate(tiny_pair, "t1 t2 t3", method="vanilla", max_new_tokens=40, raw=True).token_ids
     runs = {}
     for queued in (0, 1):

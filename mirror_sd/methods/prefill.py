@@ -30,8 +30,8 @@ def prefill_pair(run, extra_draft_slots: int = 0, extra_target_slots: int = 0, t
     draft_ids = torch.tensor([run.prompt_ids[:-1]], device=pair.draft.device)  # last token: fed at step 1
     label = f"prefill {n} tokens"
     together = prefills_side_by_side(pair)
-    target = run.target_lane.submit(SpanKind.PREFILL, forward, pair.target, target_ids, target_cache, label=label, step=0,
-                                    tokens=n, alone=not together)
+    target = run.target_lane.submit(SpanKind.PREFILL, forward, pair.target, target_ids, target_cache, label=label,
+                                    step=0, tokens=n, alone=not together)
     if not together:
         target.result()
     if n > 1:

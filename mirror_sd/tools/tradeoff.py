@@ -130,7 +130,8 @@ def rollout_vs_suffix(traces: list[Trace], profile) -> tuple[float, float]:
     from .whatif import mean_work_ms
 
     works = [mean_work_ms(t, profile) for t in traces if len(t.steps) > 1]
-    return tuple(sum(w.get(key, 0.0) for w in works) / max(len(works), 1) for key in (SpanKind.DRAFT_ROLLOUT, SpanKind.TARGET_SUFFIX))
+    kinds = (SpanKind.DRAFT_ROLLOUT, SpanKind.TARGET_SUFFIX)
+    return tuple(sum(w.get(key, 0.0) for w in works) / max(len(works), 1) for key in kinds)
 
 
 def modelled_table(table: pd.DataFrame, eagle: dict, traced: dict[int, list[Trace]], profiles: dict) -> pd.DataFrame:
