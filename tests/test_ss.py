@@ -282,10 +282,10 @@ def test_ss_equals_vanilla_on_tiny_prompts(request, one_forward, top_k, total_to
                       total_tokens=total_tokens, lookup=lookup, one_forward=one_forward)
         assert ss.token_ids == vanilla.token_ids
         steps = len(ss.trace.steps) - 1  # after the prefill
-        # one pass through the target's layers per step; without one_forward, a second one of the stream
-        # rows, through the streams' merged copies of the layers
+        # one pass through the target's layers per step, and one of the stream rows through the streams'
+        # merged copies of the top layers (with one_forward, those of every window row, in the same step)
         assert len(top_layer_runs) == 1 + steps
-        assert len(stream_runs) == (0 if one_forward else steps)
+        assert len(stream_runs) == steps + one_forward  # with one_forward, the prefill's streams too
         accepted += sum(step.accepted for step in ss.trace.steps)
         trees = [step.tree for step in ss.trace.steps[1:]]
         off_chain += sum(t.path != list(range(len(t.path))) for t in trees)  # kept entries moved in the cache

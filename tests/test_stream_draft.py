@@ -1,7 +1,6 @@
 """Speculative Streaming's greedy draft as one stage (models/stream_draft.py): the tree the streams'
 pass gives an operation at a time (``methods.ss.draft_from_streams`` on the plain forward), from
 one replay, with and without the next-token input."""
-from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +10,7 @@ from mirror_sd import load_pair
 from mirror_sd.methods.ss import draft_from_streams
 from mirror_sd.models.forwards import forward, stage_cache
 from mirror_sd.models.stream_draft import StreamDraft
-from mirror_sd.models.streams import StreamConfig, Streams, split_forward, stream_mask, stream_ranges
+from mirror_sd.models.streams import StreamConfig, Streams, Unstored, split_forward, stream_mask, stream_ranges
 
 
 def streams_for(model, next_token_rank: int) -> Streams:
@@ -29,15 +28,14 @@ def streams_for(model, next_token_rank: int) -> Streams:
 
 
 def stream_rows_after_a_prompt(target, streams: Streams):
-    """A cache holding 4 prompt tokens, random stream rows 1..3 of its last token [1, 3, d], and
-    their window (adapters on, keys and values stored nowhere)."""
+    """A cache holding 4 prompt tokens, random stream rows 1..3 of its last token [1, 3, d], their
+    positions [1, 3] and what they see [1, 3, 4 + 3]."""
     cache = target.new_cache(100)
-    forward(target, torch.tensor([[1, 5, 2, 9]]), cache)
+    with torch.no_grad():  # the main stream is frozen (as in training)
+        forward(target, torch.tensor([[1, 5, 2, 9]]), cache)
     torch.manual_seed(0)
     rows = torch.randn(1, 3, target.args.hidden_size)
-    win = target.window(cache, 3, torch.tensor([[4, 5, 6]]), stream_mask(torch.tensor([[3]]), cache.length, 3),
-                        main_rows=0, adapter=streams.adapter)
-    return cache, rows, win
+    return cache, rows, torch.tensor([[4, 5, 6]]), stream_mask(torch.tensor([[3]]), cache.length, 3)
 
 
 @pytest.mark.parametrize("next_token_rank", [0, 2])
@@ -64,24 +62,28 @@ def test_one_replay_drafts_the_tree_the_streams_pass_gives(tiny_dirs, next_token
 
 
 def test_merged_layers_compute_the_layers_with_the_adapters_and_follow_the_streams(tiny_dirs):
-    """Stream rows through the streams' merged copies of the top layers (what a stage's body runs)
-    give what the model's layers with the adapters give, and the copies are remade when the streams'
-    parameters change."""
+    """Stream rows through the streams' merged copies of the top layers (what inference runs) give
+    what the layers with the adapters beside their maps give (what training runs), and the copies
+    are remade when the streams' parameters change."""
     target = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu").target
     streams = streams_for(target, next_token_rank=0)
-    cache, rows, win = stream_rows_after_a_prompt(target, streams)
+    cache, rows, positions, mask = stream_rows_after_a_prompt(target, streams)
     a, b = streams.first_layer, target.num_layers
+    win = target.window(None, 3, positions, mask)
 
     def adapted_and_merged():
         with torch.inference_mode():
-            return (target.forward_layers(rows, cache, win, a, b),
-                    streams.rows_through_layers(target, rows, cache, win, a, b))
+            return (target.forward_layers(rows, Unstored(cache), win, a, b, stack=streams.adapted_layers(target)),
+                    target.forward_layers(rows, Unstored(cache), win, a, b, stack=streams.layers_for(target, a, b)))
 
     adapted, merged = adapted_and_merged()
     assert torch.allclose(merged, adapted, atol=1e-4)
     with torch.inference_mode():
-        bare = target.forward_layers(rows, cache, replace(win, adapter=None), a, b)
+        bare = target.forward_layers(rows, Unstored(cache), win, a, b)
     assert not torch.allclose(adapted, bare, atol=1e-3)  # the adapters act
+    with torch.enable_grad():  # training: the adapters beside the maps, and gradients reach them
+        streams.rows_through_layers(target, rows, cache, positions, mask).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in streams.lora_a.values())
     with torch.no_grad():
         for p in streams.lora_b.values():
             p.mul_(2)
@@ -104,19 +106,23 @@ def test_streams_loaded_in_inference_mode_merge_too(tiny_dirs):
 
 
 def test_a_sharded_model_runs_the_streams_with_their_adapters(tiny_dirs):
-    """A sharded model's layers sit on several devices, so its stream rows run the adapters, not merged copies."""
+    """A sharded model's layers sit on several devices, so its stream rows run the adapters, not merged
+    copies, and give what the same streams give on the model whole."""
     from test_sharding import TWO_CPUS
 
     from mirror_sd.models.loading import load_model
     from mirror_sd.models.sharding import shard
 
-    target = shard(load_model(tiny_dirs["target"], torch.device("cpu"), torch.float32)[0], TWO_CPUS)
-    streams = streams_for(target, next_token_rank=0)
-    cache, rows, win = stream_rows_after_a_prompt(target, streams)
-    with torch.inference_mode():
-        got = streams.rows_through_layers(target, rows, cache, win, streams.first_layer, target.num_layers)
-        expected = target.forward_layers(rows, cache, win, streams.first_layer)
-    assert torch.equal(got, expected) and "_merged" not in streams.__dict__
+    whole = load_model(tiny_dirs["target"], torch.device("cpu"), torch.float32)[0]
+    sharded = shard(load_model(tiny_dirs["target"], torch.device("cpu"), torch.float32)[0], TWO_CPUS)
+    got = []
+    for target in (whole, sharded):
+        streams = streams_for(target, next_token_rank=0)
+        cache, rows, positions, mask = stream_rows_after_a_prompt(target, streams)
+        with torch.inference_mode():
+            got.append(streams.rows_through_layers(target, rows, cache, positions, mask))
+        assert cache.length == 4  # the stream rows stored nothing
+    assert torch.allclose(got[1], got[0], atol=1e-4) and "_merged" not in streams.__dict__
 
 
 def test_a_streams_stage_runs_fewer_operations_merged_than_with_the_adapters(tiny_dirs, monkeypatch):
@@ -133,10 +139,10 @@ def test_a_streams_stage_runs_fewer_operations_merged_than_with_the_adapters(tin
 
     merged = launching()
     a, b = streams.first_layer, pair.target.num_layers
-    def with_the_adapters(self, model, rows, cache, win, a, b):
-        return model.forward_layers(rows, cache, replace(win, main_rows=0, adapter=self.adapter), a, b)
+    def with_the_adapters(self, model, a, b):
+        return self.adapted_layers(model)[a - self.first_layer:b - self.first_layer]
 
-    monkeypatch.setattr(Streams, "rows_through_layers", with_the_adapters)
+    monkeypatch.setattr(Streams, "layers_for", with_the_adapters)
     adapted = launching()
     assert merged[f"layers {a}-{b} + head"] > 0 and merged[f"streams {a}-{b}"] < adapted[f"streams {a}-{b}"]
     assert merged[f"streams {a}-{b}"] <= merged[f"layers {a}-{b} + head"] + 12  # the streams' rows laid out, their head

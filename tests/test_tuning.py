@@ -301,17 +301,21 @@ COMBINATIONS = [  # a formulation per op, in FORMULATIONS' order: product, atten
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])  # qwen2: biases; qwen3: q and k norms
 @pytest.mark.parametrize("chosen", COMBINATIONS, ids=["-".join(c) for c in COMBINATIONS])
-def test_a_forward_in_any_formulation_gives_the_plain_logits(tiny_dirs, tmp_path, model_type, chosen):
+def test_a_stage_in_any_formulation_gives_the_plain_logits(tiny_dirs, tmp_path, model_type, chosen):
+    """A stage's body (models/tuned.py's layers) in any formulation of each operation gives the plain forward's logits."""
     needs_interpreter(*chosen)
     from conftest import make_tiny_model
+
+    from mirror_sd.models.stages import Stage, StageCache
 
     folder = tiny_dirs["target"] if model_type == "llama" else make_tiny_model(tmp_path / model_type, 5, model_type)
     model, _ = load_model(folder, torch.device("cpu"), torch.float32)
     ids = torch.tensor([[1, 5, 2, 9, 3]])
     with torch.inference_mode():
         plain = model.forward(ids, model.new_cache(16))
-        with planned(True, timer=fastest(*chosen)):
-            tuned = model.forward(ids, model.new_cache(16))
+    stage = Stage(model, 8, StageCache(model, 16))
+    with planned(True, timer=fastest(*chosen)):
+        tuned = stage.run(ids)
     assert {op: name for (op, *_), name in tuning.PLAN.items()} == dict(zip(FORMULATIONS, chosen))
     torch.testing.assert_close(tuned, plain, rtol=1e-5, atol=1e-5)
 

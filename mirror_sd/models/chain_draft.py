@@ -20,6 +20,7 @@ from ..errors import MirrorSDError
 from ..sampling import draft_argmax
 from .llama import Transformer
 from .stages import OwnStage, SlotWriter, Stage
+from .tuned import run_layers
 
 
 class ChainDraftStage(Stage):
@@ -69,7 +70,7 @@ def greedy_picks(stage: Stage, ids, positions, sees, slots, vocab_size: int, las
     ``last`` rows. How a chain draft and Mirror-SD's rollouts feed picks back inside one graph."""
     model = stage.model
     win = stage.rows_window(positions, sees)
-    h = model.forward_layers(model.embed(ids.view(1, -1)), SlotWriter(stage.cache, slots), win, 0, model.num_layers)
+    h = run_layers(model.model.layers, model.embed(ids.view(1, -1)), SlotWriter(stage.cache, slots), win, 0)
     return draft_argmax(model.head(h[:, -last:])[0], model.vocab_map, vocab_size)
 
 

@@ -33,6 +33,7 @@ from .linear import Linear, linear
 from .llama import DecoderLayer, KVCache, ModelArgs, Transformer
 from .loading import EMBEDDED_NAME
 from .stages import MAX_WIDTH, OwnStage, Stage, Stages, copy_into
+from .tuned import run_layers
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 EMBEDDED_HEAD = ASSETS / "eagle-smollm2-135m"
@@ -180,7 +181,7 @@ class EagleHead(nn.Module):
             return h
         x = self.inputs(feats, ids, early)
         win = self.window(cache, T, positions, tree_mask, batch=ids.shape[0])
-        h = self.layer.output(x, win, cache, 0)
+        h = self.layer(x, win, cache, 0)
         if cache is not None:
             cache.length = win.start + T
         return h
@@ -230,7 +231,7 @@ class HeadStage(Stage):
         self.settle()
         x = head.inputs(self.feats, self.x, self.early)  # [B, W, d]
         win = head.window(None, self.width, positions=self.positions, batch=self.batch)
-        return head.layer.output(x, replace(win, mask=self.mask, causal=False), self.writer, 0)
+        return run_layers([head.layer], x, self.writer, replace(win, mask=self.mask, causal=False), 0)
 
 
 class HeadStages(Stages):

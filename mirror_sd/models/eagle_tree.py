@@ -27,6 +27,7 @@ from ..errors import MirrorSDError
 from ..tree_growth import grow_fields
 from .eagle import EagleHead, HeadStage
 from .stages import OwnStage, SlotWriter
+from .tuned import run_layers
 
 
 class TreeDraftStage(HeadStage):
@@ -73,7 +74,7 @@ class TreeDraftStage(HeadStage):
             positions = (base - 1 + depth).expand(1, R)  # a node at depth j: n - 2 + j
             x = head.inputs(predicted[parents + 1][None], tokens[None])  # each node's input: its parent's output
             writer = SlotWriter(self.cache, slots)
-            out = head.layer.output(x, self.rows_window(positions, mask), writer, 0)[0]  # [R, d]
+            out = run_layers([head.layer], x, writer, self.rows_window(positions, mask), 0)[0]  # [R, d]
             predicted[nodes + 1] = out
             return torch.log_softmax(head.logits(out), dim=-1)
 

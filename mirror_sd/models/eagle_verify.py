@@ -30,6 +30,7 @@ import torch
 from ..errors import MirrorSDError
 from .llama import Transformer
 from .stages import CAUSAL, OwnStage, SlotWriter, Stage, copy_into, window_code
+from .tuned import run_layers
 
 
 class TreeVerifyStage(Stage):
@@ -111,7 +112,7 @@ class TreeVerifyStage(Stage):
         h, early, hidden, a = model.embed(tokens[None]), [], None, 0
         bounds = sorted({*spec.early_layers, *([spec.hidden_at] if spec.hidden_at is not None else [])})
         for b in (*bounds, model.num_layers):  # the ranges target_features runs, split where hidden_at asks
-            h = model.forward_layers(h, writer, win, a, b) if a < b else h
+            h = run_layers(model.model.layers[a:b], h, writer, win, a) if a < b else h
             if b in spec.early_layers:
                 early.append(model.model.layers[b].input_layernorm(h))
             if b == spec.hidden_at:

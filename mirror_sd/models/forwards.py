@@ -141,17 +141,13 @@ def stream_layers(model: Transformer, streams, rows: torch.Tensor, cache, positi
     """Stream rows [B, n, d] entering layer ``streams.first_layer`` through the top layers, then the
     streams' head: logits [B, n, head rows]. positions [B, n]; mask [B, n, cache.length + n] (what
     each row sees of the cache and of the rows). The rows' keys and values are stored nowhere. On
-    the stage "streams a-b" for a stage cache (at most 64 rows), else the plain forward: with the
-    adapters while gradients flow (training), else through the streams' merged layers."""
+    the stage "streams a-b" for a stage cache (at most 64 rows), else the plain forward
+    (``Streams.rows_through_layers``)."""
     a = streams.first_layer
     stages = staged(model, cache)
     if stages is not None and _fits(stages, rows, a, mask):
         return stages.run(name_range(stages, (a, None, streams)), rows, positions, mask)
-    win = model.window(cache, rows.shape[1], positions, mask, batch=rows.shape[0], main_rows=0,
-                       adapter=streams.adapter)
-    if torch.is_grad_enabled():
-        return streams.logits(model, model.forward_layers(rows, cache, win, a))
-    return streams.logits(model, streams.rows_through_layers(model, rows, cache, win, a, model.num_layers))
+    return streams.logits(model, streams.rows_through_layers(model, rows, cache, positions, mask))
 
 
 def _fits(stages: Stages, x: torch.Tensor, a: int, tree_mask) -> bool:

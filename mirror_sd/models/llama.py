@@ -10,6 +10,15 @@ and speculative decoding needs all three:
   length is a pointer move, and ``keep(slots)`` compacts a non-contiguous accepted tree path.
 * Every forward accepts explicit position ids and a window attention mask (tree verification).
 
+This is the plain forward, one operation after another. Each operation's kernel is chosen where
+the operation is written: a product in ``Linear`` (models/linear.py: oneDNN or int8 on a CPU), the
+norm, rotary embedding and attention in models/tuning.py (PyTorch's own calls, or inside a CUDA
+stage's capture the formulation measured fastest). Formulations that join operations across this
+file's boundaries (rotary embedding and cache write in one kernel, a residual add with the next
+layer's norm, q/k/v or gate/up as one product) are models/tuned.py's layers, which a stage's body
+runs in place of these; stream rows run these layers with a cache that stores nothing
+(models/streams.py).
+
 Supported families: Llama (incl. SmolLM), Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k RMSNorm).
 Shapes: B batch, T window length, S cache slots in use, H query heads, K kv heads, D head dim.
 """
@@ -17,7 +26,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from itertools import groupby
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -108,24 +116,11 @@ class KVCache(nn.Module):
         end = start + k.shape[2]
         self.k[layer, :, :, start:end] = k
         self.v[layer, :, :, start:end] = v
+        return self.read(layer, end)
+
+    def read(self, layer: int, end: int):
+        """k, v [B, K, end, D] of slots [0, end)."""
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
-
-    def write_turned(self, layer: int, start: int, q, k, v, cos, sin):
-        """q and k [B, heads, T, D] turned by the rotary embedding (cos, sin [B|1, 1, T, D]), and k
-        and v stored as ``write`` stores them: (q turned, every slot's k, v up to there), as one tuned
-        operation (models/tuning.py), which may be one kernel."""
-        end = start + k.shape[2]
-        slots = torch.arange(start, end, device=self.k.device)
-        return tuning.rotary_store(q, k, v, cos, sin, self.k[layer, :, :, :end], self.v[layer, :, :, :end], slots)
-
-    def attend(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, stored: int):
-        """Store the first ``stored`` rows of k, v [B, K, T, D] at slots [start, start + stored) and
-        return every slot up to there followed by the other rows, which are not stored: rows whose
-        keys and values serve one forward only (speculative streams)."""
-        k_all, v_all = self.write(layer, start, k[:, :, :stored], v[:, :, :stored])
-        if stored == k.shape[2]:
-            return k_all, v_all
-        return torch.cat([k_all, k[:, :, stored:]], dim=2), torch.cat([v_all, v[:, :, stored:]], dim=2)
 
     def rollback(self, length: int):
         """Forget every slot from ``length`` on (they are overwritten by later writes)."""
@@ -174,13 +169,9 @@ class ShardedKVCache:
         part, i = self.part_of[layer]
         return part.write(i, start, k, v)
 
-    def write_turned(self, layer: int, start: int, q, k, v, cos, sin):
+    def read(self, layer: int, end: int):
         part, i = self.part_of[layer]
-        return part.write_turned(i, start, q, k, v, cos, sin)
-
-    def attend(self, layer: int, start: int, k, v, stored: int):
-        part, i = self.part_of[layer]
-        return part.attend(i, start, k, v, stored)
+        return part.read(i, end)
 
     def rollback(self, length: int):
         for part in self.parts:
@@ -216,24 +207,28 @@ class Attention(nn.Module):
         self.qk_norm = args.qk_norm
 
     def forward(self, x, win: "Window", cache: KVCache | None, layer: int):
-        B, T, _ = x.shape
-        q, k, v = win.project_all((self.q_proj, self.k_proj, self.v_proj), x, layer, ("q_proj", "k_proj", "v_proj"))
+        """x [B, T, hidden] -> [B, T, hidden]: the window's rows attend to the cache's slots (their own
+        keys and values stored there first) under the window's mask."""
+        q, k, v = self.heads(self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        q, k = tuning.rotary(q, k, win.cos, win.sin)
+        if cache is not None:
+            k, v = cache.write(layer, win.start, k, v)  # [B, K, S, D]: every slot up to the window's end
+        return self.out(tuning.attention(q, k, v, win.mask, win.causal))
+
+    def heads(self, q, k, v):
+        """The projections [B, T, heads * D] split into heads [B, heads, T, D], q and k normed where
+        the model norms them (Qwen3)."""
+        B, T, _ = q.shape
         q = q.view(B, T, self.num_heads, self.head_dim)
         k, v = k.view(B, T, self.num_kv_heads, self.head_dim), v.view(B, T, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
-        stored = win.stored(T)  # k, v below: [B, K, S, D], S = start + T (a stage's: every slot)
-        if cache is not None and stored == T and tuning.planning():  # a tuned stage: rotary and writes in one
-            q, k, v = cache.write_turned(layer, win.start, q, k, v, win.cos, win.sin)
-        else:
-            q, k = tuning.rotary(q, k, win.cos, win.sin)
-            if cache is not None and stored == T:
-                k, v = cache.write(layer, win.start, k, v)
-            elif cache is not None:  # trailing stream rows: used here, not stored
-                k, v = cache.attend(layer, win.start, k, v, stored)
-        y = tuning.attention(q, k, v, win.mask, win.causal)  # [B, H, T, D] (grouped-query heads)
-        return win.project(self.o_proj, y.transpose(1, 2).reshape(B, T, -1), layer, "o_proj")
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def out(self, y: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs y [B, H, T, D] joined and projected: [B, T, hidden]."""
+        B, H, T, D = y.shape
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, H * D))
 
 
 class MLP(nn.Module):
@@ -243,13 +238,8 @@ class MLP(nn.Module):
         self.up_proj = Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=False)
 
-    def forward(self, x, win: "Window", layer: int):
-        if win.adapter is None:  # no stream rows to adapt: the products may be joined (models/tuning.py)
-            hidden = tuning.gated(x, self.gate_proj, self.up_proj)
-        else:
-            gate = win.project(self.gate_proj, x, layer, "gate_proj")
-            hidden = F.silu(gate) * win.project(self.up_proj, x, layer, "up_proj")
-        return win.project(self.down_proj, hidden, layer, "down_proj")
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -260,18 +250,10 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def forward(self, x, win, cache, layer, delta=None):
-        """The layer on hidden states x + delta (delta: the previous layer's MLP output, not yet
-        added; None: x alone). Returns (x', its MLP output): the layer's output is their sum, which
-        the next layer adds with its first norm (one kernel in a tuned stage, models/tuning.py)."""
-        x, normed = tuning.added_norm(x, delta, self.input_layernorm)
-        x, normed = tuning.added_norm(x, self.self_attn(normed, win, cache, layer), self.post_attention_layernorm)
-        return x, self.mlp(normed, win, layer)
-
-    def output(self, x, win, cache, layer):
+    def forward(self, x, win: "Window", cache: KVCache | None, layer: int) -> torch.Tensor:
         """The layer's output hidden states for input x: [B, T, hidden]."""
-        x, delta = self(x, win, cache, layer)
-        return x + delta
+        h = x + self.self_attn(self.input_layernorm(x), win, cache, layer)
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class Backbone(nn.Module):
@@ -292,10 +274,6 @@ class Window:
     positions: [B, T] rotary positions (default start, start+1, ...; a tree uses depths).
     mask: [B or 1, 1, T, start + T] bool, True = may attend; None with causal=False: attend to all
     (one new token); causal=True: no cache, plain causal attention within the window (training).
-    main_rows: the first main_rows rows (None: all) are the model's own tokens: their keys and values
-    go into the cache at [start, start + main_rows). The rows after them are speculative stream rows:
-    their keys and values serve this forward only, and ``adapter(layer, name, x) -> delta or None``,
-    if given, is added to the output of each linear layer for them (the streams' low-rank adapters).
     """
 
     start: int
@@ -304,34 +282,12 @@ class Window:
     cos: torch.Tensor  # [B, 1, T, D]
     sin: torch.Tensor
     causal: bool = False
-    main_rows: int | None = None
-    adapter: Callable | None = None
-
-    def stored(self, T: int) -> int:
-        """How many of the window's T rows go into the cache."""
-        return T if self.main_rows is None else self.main_rows
 
     def to(self, device: torch.device) -> "Window":
         """The same window with its tensors on ``device`` (a sharded model's next device)."""
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return replace(self, positions=move(self.positions), mask=move(self.mask), cos=move(self.cos),
                        sin=move(self.sin))
-
-    def project_all(self, linears, x: torch.Tensor, layer: int, names) -> list[torch.Tensor]:
-        """[project(linear, x, layer, name) for each], as one joined product where tuning plans it
-        (models/tuning.py: ``projections``) and no adapter acts."""
-        if self.adapter is None:
-            return tuning.projections(x, linears)
-        return [self.project(linear, x, layer, name) for linear, name in zip(linears, names)]
-
-    def project(self, linear: Linear, x: torch.Tensor, layer: int, name: str) -> torch.Tensor:
-        """linear(x) for x [B, T, in], plus the adapter's delta on the stream rows."""
-        y = linear(x)
-        first = self.stored(x.shape[1])  # first stream row
-        delta = None if self.adapter is None or first == x.shape[1] else self.adapter(layer, name, x[:, first:])
-        if delta is None:
-            return y
-        return y + delta if first == 0 else torch.cat([y[:, :first], y[:, first:] + delta], dim=1)
 
 
 class Transformer(nn.Module):
@@ -373,19 +329,17 @@ class Transformer(nn.Module):
         return KVCache(self.args, max_slots, batch, self.dtype, self.device)
 
     # -- the forward pass, in pieces ---------------------------------------------------------
-    def window(self, cache: KVCache | None, T: int, positions=None, tree_mask=None, batch: int = 1,
-               main_rows: int | None = None, adapter: Callable | None = None) -> Window:
+    def window(self, cache: KVCache | None, T: int, positions=None, tree_mask=None, batch: int = 1) -> Window:
         """Describe a window of T new tokens written right after the cache's committed slots.
 
         tree_mask: optional bool mask of what each window token sees: [T, T] (or [B, T, T]) over the
         window, the cached prefix always visible; or [T, start + T] (or [B, ...]) over every slot, for
-        trees that grow over several forwards. cache=None: one causal sequence, no cache (training).
-        main_rows, adapter: see :class:`Window`.
+        trees that grow over several forwards. cache=None: no cache (training: one causal sequence;
+        or rows whose mask says what they see, as a stage's body and stream rows lay them out).
         """
         start = cache.length if cache is not None else 0
-        stored = T if main_rows is None else main_rows
-        if cache is not None and start + stored > cache.max_slots:
-            raise ValueError(f"KV cache full: {start} + {stored} tokens > {cache.max_slots} slots")
+        if cache is not None and start + T > cache.max_slots:
+            raise ValueError(f"KV cache full: {start} + {T} tokens > {cache.max_slots} slots")
         if positions is None:
             positions = torch.arange(start, start + T, device=self.device).expand(batch, T)
         mask = None
@@ -404,7 +358,7 @@ class Transformer(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1) * self.rope_scale
         cos = emb.cos().to(self.dtype).unsqueeze(1)  # [B, 1, T, D]
         sin = emb.sin().to(self.dtype).unsqueeze(1)
-        return Window(start, positions, mask, cos, sin, causal, main_rows, adapter)
+        return Window(start, positions, mask, cos, sin, causal)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(ids)  # [B, T] -> [B, T, hidden]
@@ -412,16 +366,15 @@ class Transformer(nn.Module):
     def forward_layers(self, h, cache: KVCache | None, win: Window, start_layer: int = 0, end_layer=None,
                        stack=None):
         """Run decoder layers [start_layer, end_layer) on hidden states h [B, T, hidden]. ``stack``:
-        modules to run in their place, one per layer (the streams' merged copies, models/streams.py)."""
+        modules to run in their place, one per layer (the streams' adapted or merged copies,
+        models/streams.py)."""
         end_layer = self.num_layers if end_layer is None else end_layer
-        delta = None  # the last layer's MLP output, added to h by the next layer (or at the end)
         for i in range(start_layer, end_layer):
             if self.layer_devices:  # sharded: hidden states and window follow the layers' devices
                 h, win = h.to(self.layer_devices[i]), win.to(self.layer_devices[i])
-                delta = None if delta is None else delta.to(h.device)
             layer = self.model.layers[i] if stack is None else stack[i - start_layer]
-            h, delta = layer(h, win, cache, i, delta)
-        return h if delta is None else h + delta
+            h = layer(h, win, cache, i)
+        return h
 
     def to_target_ids(self, rows: torch.Tensor) -> torch.Tensor:
         """Head rows -> target token ids (the same for a full-vocabulary head)."""

@@ -84,6 +84,7 @@ from ..errors import MirrorSDError
 from . import tuning
 from .capture_check import CaptureCheck
 from .llama import KVCache, Transformer
+from .tuned import run_layers
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MAX_WIDTH = BUCKETS[-1]
@@ -161,26 +162,16 @@ class StageCache(KVCache):
 
 
 class SlotWriter:
-    """What ``Attention.forward`` writes through in a stage: k, v [B, K, W, D] go to the stage's slot
-    buffer (real rows: their slots; padding rows: scratch), and every slot comes back [B, K, S, D]."""
+    """Where a stage's body writes keys and values (models/tuned.py): each row at its slot of the
+    stage's buffer (real rows: their own; padding and stream rows: scratch)."""
 
     def __init__(self, cache: StageCache, slots: torch.Tensor):
-        self.cache, self.slots = cache, slots
+        self.cache, self.slots = cache, slots  # slots [W]
 
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
-        self.cache.k[layer].index_copy_(2, self.slots, k)
-        self.cache.v[layer].index_copy_(2, self.slots, v)
-        return self.cache.k[layer], self.cache.v[layer]
-
-    def write_turned(self, layer: int, start: int, q, k, v, cos, sin):
-        """``write``, with q and k turned by the rotary embedding first: one tuned operation
-        (models/tuning.py), which may be one kernel."""
+    def store(self, layer: int, q, k, v, cos, sin):
+        """q and k [B, heads, W, D] turned by the rotary embedding, k and v stored at the rows' slots:
+        (q turned, every slot's k, v [B, K, S, D]), as one tuned operation (models/tuning.py)."""
         return tuning.rotary_store(q, k, v, cos, sin, self.cache.k[layer], self.cache.v[layer], self.slots)
-
-    def attend(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, stored: int):
-        """Stream rows (``Window.main_rows`` 0): their slots are scratch slots, so writing them there
-        stores nothing a real row reads."""
-        return self.write(layer, start, k, v)
 
 
 def full_mask(tree_mask: torch.Tensor | None, T: int, start: int, device) -> torch.Tensor:
@@ -329,13 +320,12 @@ class Stage:
         self.mask.copy_(torch.where(real[:, None], sees, self.padding)[:, None])  # [B, 1, W, S]
         self.positions.copy_(torch.where(given_positions, self.positions, torch.where(real, start + self.rows, 0)))
 
-    def rows_window(self, positions: torch.Tensor, sees: torch.Tensor, **more):
+    def rows_window(self, positions: torch.Tensor, sees: torch.Tensor):
         """The window of R rows a body lays out itself (beside its buffers', or in place of them): at
-        ``positions`` [R] (or [1, R]), attending to the cache's slots that ``sees`` [R, S] admits.
-        ``more``: further fields of the window (stream rows' ``main_rows``, ``adapter``)."""
+        ``positions`` [R] (or [1, R]), attending to the cache's slots that ``sees`` [R, S] admits."""
         R = positions.shape[-1]
         window = self.model.window(None, R, positions=positions.view(1, R))
-        return replace(window, mask=sees.view(1, 1, R, -1), causal=False, **more)
+        return replace(window, mask=sees.view(1, 1, R, -1), causal=False)
 
     def window_numbers(self):
         """What ``window_code`` packed, as tensors [1] on the device (for the body): whether positions
@@ -361,10 +351,9 @@ class Stage:
         if a < b:
             win = model.window(None, self.width, positions=self.positions, batch=self.batch)  # rotary cos, sin
             win = replace(win, mask=self.mask, causal=False)  # [B, 1, W, S]: every slot, under the mask
-            if self.streams is not None:  # every row a stream row: merged layers, its keys and values in scratch
-                h = self.streams.rows_through_layers(model, h, self.writer, win, a, b)
-            else:
-                h = model.forward_layers(h, self.writer, win, a, b)
+            # stream rows: the streams' merged layers, their keys and values in scratch slots
+            stack = model.model.layers[a:b] if self.streams is None else self.streams.layers_for(model, a, b)
+            h = run_layers(stack, h, self.writer, win, a)
         if self.streams is not None:
             return self.streams.logits(model, h)  # [B, W, head rows]
         if self.head is True:

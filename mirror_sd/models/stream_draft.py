@@ -21,6 +21,7 @@ from ..tree_growth import stream_fields
 from .llama import Transformer
 from .stages import CAUSAL, OwnStage, Stage, bucket, window_code
 from .streams import Streams
+from .tuned import run_layers
 
 
 class StreamDraftStage(Stage):
@@ -65,7 +66,7 @@ class StreamDraftStage(Stage):
         sees = (s <= at) | ((s >= usable) & (s - usable <= r))  # [W, S]: the committed slots, streams 1..r+1
         mask = torch.where((r < G) & live, sees, self.padding)
         win = self.rows_window(positions, mask)
-        h = streams.rows_through_layers(model, rows, self.writer, win, *self.layers)  # [1, W, d]
+        h = run_layers(streams.layers_for(model, *self.layers), rows, self.writer, win, self.layers[0])  # [1, W, d]
         logp = torch.log_softmax(streams.logits(model, h)[0, :spec.gamma], dim=-1)  # [gamma, head rows]
         return stream_fields(logp, streams.to_target_ids, spec.top_k, spec.total_tokens)
 

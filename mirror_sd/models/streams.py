@@ -6,12 +6,13 @@ L0 = N - N_s as ``S_j = M_t + P_j`` (M_t: the main stream's hidden state enterin
 P_j: a learned stream embedding), attend to the main stream's keys and values up to t and to
 streams 1..j at t, share the model's final norm and LM head, and keep no KV cache.
 
-Low-rank adapters (LoRA) on the top layers' linear maps act on stream rows only. Stream rows run
-either in a forward of their own after the main stream's (``Streams.forward``), or behind the main
-rows in the same forward (``forward_with_streams``, the paper's single pass); either way no main
-row sees them and their keys and values are not stored (``Window(main_rows=...)``), so the main
-stream computes exactly what the model alone computes: with a frozen target, decoding with
-streams attached is the target (the lossless form of the method).
+Low-rank adapters (LoRA) on the top layers' linear maps act on stream rows only: stream rows run
+copies of those layers whose linear maps carry the adapters (``Streams.layers_for``: the adapter
+beside each map while training, merged into it at inference), with a cache that stores nothing
+(:class:`Unstored`). They run in a pass of their own after the main rows' forward
+(``Streams.forward``; ``forward_with_streams`` for the paper's single pass), so no main row sees
+them and the main stream computes exactly what the model alone computes: with a frozen target,
+decoding with streams attached is the target (the lossless form of the method).
 
 The head may cover a reduced vocabulary (``vocab_map``: target id of each head row, rows of the
 model's own LM head), as drafts here do: a draft token outside it is simply never proposed.
@@ -20,9 +21,10 @@ Shapes: B batch, R main rows that get streams, G streams per row (γ), d hidden 
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -31,9 +33,9 @@ from torch import nn
 
 from ..devices import on_cpu_worker, to_device
 from ..errors import MirrorSDError
-from .forwards import layers, staged, stream_layers
+from .forwards import layers, stream_layers
 from .linear import linear
-from .llama import DecoderLayer, KVCache, ModelArgs, Transformer, Window
+from .llama import DecoderLayer, KVCache, ModelArgs, Transformer
 from .stages import full_mask
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -47,6 +49,30 @@ class StreamConfig:
     alpha: float = 32.0  # LoRA scale = alpha / rank
     embedding_scale: float | None = None  # P_j = scale * trained vector; None: 1, or the hidden RMS when training
     next_token_rank: int = 0  # >0: streams also see the next token's embedding through a rank-r map (see below)
+
+
+class Unstored:
+    """A cache that rows read and are not stored in (speculative stream rows): each layer's keys and
+    values are the cache's committed slots followed by the rows' own, which serve this forward only."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
+        """k, v [B, K, n, D] -> every committed slot's, then the rows' [B, K, cache.length + n, D]."""
+        k_all, v_all = self.cache.read(layer, self.cache.length)
+        return torch.cat([k_all, k], dim=2), torch.cat([v_all, v], dim=2)
+
+
+class Adapted(nn.Module):
+    """A linear map with a low-rank adapter beside it: base(x) + (alpha / rank) B A x."""
+
+    def __init__(self, base: nn.Module, a: nn.Parameter, b: nn.Parameter, scale: float):
+        super().__init__()
+        self.base, self.a, self.b, self.scale = base, a, b, scale  # a [r, in], b [out, r]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.a.T) @ self.b.T * self.scale
 
 
 def _linear_shapes(args: ModelArgs) -> dict[str, tuple[int, int]]:
@@ -102,24 +128,43 @@ class Streams(nn.Module):
             self.head_weight = weight if self.vocab_map is None else weight[self.vocab_map.to(model.device)]
         return self
 
-    def adapter(self, layer: int, name: str, x: torch.Tensor) -> torch.Tensor | None:
-        key = _key(layer, name)
-        if key not in self.lora_a:
-            return None
-        scale = self.config.alpha / self.config.rank
-        return (x @ self.lora_a[key].T) @ self.lora_b[key].T * scale  # [B, T, out]
+    def layers_for(self, model: Transformer, a: int, b: int):
+        """The layers [a, b) that stream rows run: the model's own without adapters; with them, copies
+        whose linear maps carry the adapters: beside each map while gradients flow (training) and on a
+        sharded model (``adapted_layers``), else merged into it (``merged_layers``), so that each map
+        is one product, joined and tuned as the model's own are (models/tuned.py)."""
+        if not self.lora_a:
+            return model.model.layers[a:b]
+        own = self.adapted_layers(model) if torch.is_grad_enabled() or model.layer_devices else self.merged_layers(model)
+        return own[a - self.first_layer:b - self.first_layer]
 
-    def rows_through_layers(self, model: Transformer, rows: torch.Tensor, cache, win: Window, a: int,
-                            b: int) -> torch.Tensor:
-        """Stream rows [B, n, d], every row of ``win`` a stream row, through layers [a, b) at inference
-        (a stage's body): through the merged copies of those layers (``merged_layers``), so each linear
-        map is one product, joined and tuned as the model's own are (models/tuning.py), in place of the
-        model's product plus the adapter's two. Their keys and values are stored nowhere."""
-        if model.layer_devices:  # a sharded model's layers sit on several devices: the adapters, as in training
-            return model.forward_layers(rows, cache, replace(win, main_rows=0, adapter=self.adapter), a, b)
-        win = replace(win, main_rows=0, adapter=None)
-        stack = self.merged_layers(model)[a - self.first_layer:b - self.first_layer] if self.lora_a else None
-        return model.forward_layers(rows, cache, win, a, b, stack=stack)
+    def adapted_layers(self, model: Transformer) -> nn.ModuleList:
+        """Views of ``model``'s layers L0..N whose linear maps are :class:`Adapted`: the model's map
+        plus its adapter, both the same parameters as the model's and the streams' (gradients reach
+        the adapters). Made at first use and kept outside the module's state."""
+        key = id(model)
+        kept = self.__dict__.get("_adapted")
+        if kept is None or kept[0] != key:
+            layers = nn.ModuleList(self._adapted_layer(model, i) for i in range(self.first_layer, model.num_layers))
+            kept = self.__dict__["_adapted"] = (key, layers)  # a tuple: not registered as a submodule
+        return kept[1]
+
+    def _adapted_layer(self, model: Transformer, i: int) -> DecoderLayer:
+        """Layer i with each linear map in an :class:`Adapted`; every other module is the model's own."""
+        scale = self.config.alpha / self.config.rank
+
+        def view(module: nn.Module) -> nn.Module:
+            copy_ = copy.copy(module)
+            copy_._modules = dict(module._modules)  # a shallow copy shares the dict of submodules
+            return copy_
+        layer = view(model.model.layers[i])
+        for part in ("self_attn", "mlp"):
+            own = layer._modules[part] = view(layer._modules[part])
+            for name in LINEARS:
+                if name in own._modules:
+                    key = _key(i, name)
+                    own._modules[name] = Adapted(own._modules[name], self.lora_a[key], self.lora_b[key], scale)
+        return layer
 
     def merged_layers(self, model: Transformer) -> nn.ModuleList:
         """Copies of ``model``'s layers L0..N with the adapters merged into their linear maps,
@@ -168,6 +213,14 @@ class Streams(nn.Module):
     def logits(self, model: Transformer, out: torch.Tensor) -> torch.Tensor:
         """The shared final norm and LM head (its rows for ``vocab_map``): [B, n, d] -> [B, n, head rows]."""
         return linear(model.model.norm(out), self.head_weight).float()
+
+    def rows_through_layers(self, model: Transformer, rows: torch.Tensor, cache, positions, mask) -> torch.Tensor:
+        """Stream rows [B, n, d] entering layer L0 through the top layers (``layers_for``), on the plain
+        forward: at ``positions`` [B, n], seeing what ``mask`` [B, n, cache.length + n] admits of the
+        cache's slots and of the rows. Their keys and values are stored nowhere."""
+        win = model.window(None, rows.shape[1], positions, mask, batch=rows.shape[0])
+        return model.forward_layers(rows, Unstored(cache), win, self.first_layer,
+                                    stack=self.layers_for(model, self.first_layer, model.num_layers))
 
     def forward(self, model: Transformer, cache: KVCache, h: torch.Tensor, at: torch.Tensor,
                 positions: torch.Tensor | None = None, seen: torch.Tensor | None = None,
@@ -243,42 +296,15 @@ def stream_ranges(streams: Streams) -> list:
 
 
 def forward_with_streams(model, streams: Streams, ids, cache, gamma: int, rows=None, positions=None, tree_mask=None):
-    """One forward of ids [1, T] after the cache, with streams 1..gamma riding in it (the paper's
-    single pass): the main logits [1, T, V], as split_forward gives them, and the streams' logits
-    [1, R, gamma, head rows] at window rows ``rows`` (default: all T).
+    """One forward of ids [1, T] after the cache with streams 1..gamma of its rows (the paper's single
+    pass): the main logits [1, T, V], as split_forward gives them, and the streams' logits
+    [1, R, gamma, head rows] at window rows ``rows`` (default: all T). The caller advances cache.length.
 
-    Below layer L0 only the main rows run. From L0 on, the stream rows join the same window behind
-    the main rows: each sees what its main row sees (the cached prefix and the window rows the
-    tree mask allows) and streams 1..j of its own row; no main row sees a stream row, the main
-    rows' keys and values are stored and the streams' are not, and the adapters touch only stream
-    rows. So the main rows compute what the model alone computes. Only streams trained without the
-    next-token input fit here (the next token is what this forward decides). The caller advances
-    cache.length.
-
-    On a stage cache (models/forwards.py) the same numbers come from two stages: the main rows
-    through every layer (``split_forward``), then the stream rows through the top layers
-    (``stream_layers``), reading the main rows' keys and values that the first stage stored. No
-    main row sees a stream row, so nothing changes but the order of the work; a GPU reads the top
-    layers' weights twice."""
-    if staged(model, cache) is not None:
-        return _streams_after_main_rows(model, streams, ids, cache, gamma, rows, positions, tree_mask)
-    T, start = ids.shape[1], cache.length
-    win = model.window(cache, T, positions=positions, tree_mask=tree_mask)
-    h0 = model.forward_layers(model.embed(ids), cache, win, 0, streams.first_layer)  # [1, T, d]
-    main_mask = win.mask[:, 0] if win.mask is not None else torch.ones(1, T, start + T, dtype=torch.bool,
-                                                                        device=h0.device)  # [1, T, start + T]
-    R, stream_in, stream_positions, stream_sees = _stream_rows(model, streams, h0, win.positions, main_mask, start,
-                                                               rows, gamma)
-    main_sees_no_stream = torch.zeros(1, T, R * gamma, dtype=torch.bool, device=h0.device)
-    mask = torch.cat([torch.cat([main_mask, main_sees_no_stream], dim=-1), stream_sees], dim=1)
-    joint = model.window(cache, T + R * gamma, torch.cat([win.positions, stream_positions], dim=1), mask,
-                         main_rows=T, adapter=streams.adapter)
-    out = model.forward_layers(torch.cat([h0, stream_in], dim=1), cache, joint, streams.first_layer)
-    return model.head(out[:, :T]), streams.logits(model, out[:, T:]).view(1, R, gamma, -1)
-
-
-def _streams_after_main_rows(model, streams: Streams, ids, cache, gamma: int, rows, positions, tree_mask):
-    """``forward_with_streams`` on a stage cache: the main rows' stages, then the stream rows' stage."""
+    The main rows run every layer (``split_forward``), storing their keys and values; then the stream
+    rows run the top layers (``stream_layers``): each sees what its main row sees (the cached prefix
+    and the window rows the tree mask allows) and streams 1..j of its own row. No main row sees a
+    stream row, so the main rows compute what the model alone computes. Only streams trained without
+    the next-token input fit here (the next token is what this forward decides)."""
     T, start = ids.shape[1], cache.length
     logits, h0 = split_forward(model, ids, cache, streams.first_layer, positions, tree_mask)  # [1, T, V], [1, T, d]
     if positions is None:

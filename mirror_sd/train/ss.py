@@ -39,7 +39,7 @@ from ..devices import hardware_name, resolve_device
 from ..errors import MirrorSDError
 from ..models.llama import Transformer
 from ..models.loading import EMBED_FROM_TARGET, embedded_model_dir, load_model, load_tokenizer, model_name, read_config
-from ..models.streams import StreamConfig, Streams, stream_mask
+from ..models.streams import StreamConfig, Streams, Unstored, stream_mask
 from .card import ModelCard, stage_history, stage_lines, trained_on
 from .data import IGNORE, build_vocab_map, data_folders, data_source, read_examples
 from .loop import fit, run_evaluation
@@ -150,8 +150,9 @@ def greedy_continuations(model: Transformer, ids: list[int], at: list[int], leng
     for k in range(1, length):
         rows = torch.stack(chain, 1).reshape(1, R * k)  # [1, R*k]: g_1..g_k of each position
         positions = (slots[:, :, None] + torch.arange(1, k + 1, device=model.device)).reshape(1, R * k)
-        win = model.window(cache, R * k, positions, stream_mask(slots, T, k), main_rows=0)
-        out = model.head(model.forward_layers(model.embed(model.to_target_ids(rows)), cache, win))  # [1, R*k, V]
+        win = model.window(None, R * k, positions, stream_mask(slots, T, k))
+        h = model.forward_layers(model.embed(model.to_target_ids(rows)), Unstored(cache), win)  # stored nowhere
+        out = model.head(h)  # [1, R*k, V]
         chain.append(out[0].view(R, k, -1)[:, -1].argmax(-1))
     return model.to_target_ids(torch.stack(chain, 1)).tolist()  # [R][length]
 
