@@ -22,7 +22,7 @@ from mirror_sd.models.eagle_verify import TreeVerify
 from mirror_sd.models.forwards import FULL, forward, stage_cache
 from mirror_sd.models.rollout import Rollouts
 from mirror_sd.models.capture_check import CaptureCheck, CaptureUnsafe
-from mirror_sd.models.stages import CAUSAL, window_code
+from mirror_sd.models.stages import Layout
 from mirror_sd.models.stream_draft import StreamDraft
 from mirror_sd.models.streams import StreamConfig, Streams
 
@@ -71,17 +71,17 @@ def loaded_stages(pair):
     with torch.inference_mode():  # each loaded as its run loads it (by hand where its run replays at once)
         stage["tree_draft"].load_pairs([[3, 4]], None, None, torch.randn(1, 2, d), torch.randn(1, 2, d))
         stage["tree_verify"].tree[:, :4].copy_(torch.tensor([[7, 3, 9, 2], [0, 1, 1, 2], [0, 0, 0, 1]]))
-        stage["tree_verify"].window.fill_(window_code(4, 4, CAUSAL, False))
+        stage["tree_verify"].window.fill_(Layout(4, 4).code)
         stage["channel"].load([[7, 3, 9]])
         rollouts = stage["rollouts"]
         rollouts.x[0, :3] = torch.tensor([7, 3, 9])
         rollouts.channel[:3] = Channel.of(torch.randint(0, 16, (3, 3)), torch.randn(3, 3), torch.randn(2)).packed
         rollouts.channel_rows.fill_(3)
-        rollouts.window.fill_(window_code(4, 3, CAUSAL, False))
+        rollouts.window.fill_(Layout(4, 3).code)
         stage["chain"].load([[7]])
         stage["chain_as_tree"].load([[7]])
         stage["stream_draft"].h0.normal_()
-        stage["stream_draft"].window.fill_(window_code(4, 1, CAUSAL, False))
+        stage["stream_draft"].window.fill_(Layout(4, 1).code)
     return [*stage.items(), ("plain stage", caches["chain"].stages.stage("full", 4))]
 
 

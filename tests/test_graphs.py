@@ -326,10 +326,10 @@ def test_stream_rows_on_their_stage_give_the_plain_logits_and_store_nothing(pair
                           atol=ATOL)
 
 
-def test_streams_riding_behind_main_rows_on_stages_give_the_single_pass_logits(pair, target, stage_runs):
+def test_streams_after_main_rows_on_stages_give_the_plain_forwards_logits(pair, target, stage_runs):
     """forward_with_streams (ss --one-forward 1, sd --streams 2): on a stage cache the main rows' stages
-    then the stream rows' stage give the plain single pass's main and stream logits, and store the
-    main rows' keys and values where the plain pass does."""
+    then the stream rows' stage give the plain forwards' main and stream logits, and store the main
+    rows' keys and values where the plain forwards do."""
     from mirror_sd.models.streams import forward_with_streams, stream_ranges
 
     streams = pair.one_forward_streams

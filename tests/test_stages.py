@@ -9,7 +9,8 @@ import torch
 
 from mirror_sd.devices import single_threaded
 from mirror_sd.errors import MirrorSDError
-from mirror_sd.models.stages import BUCKETS, MAX_WIDTH, ROUTE_MARGIN, Stage, Stages, bucket, cheapest_bucket, full_mask
+from mirror_sd.models.llama import full_mask
+from mirror_sd.models.stages import BUCKETS, MAX_WIDTH, ROUTE_MARGIN, Stage, Stages, bucket, cheapest_bucket
 
 ATOL = 1e-5
 PROMPT = torch.tensor([[1, 5, 9, 2, 7]])

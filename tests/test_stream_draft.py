@@ -8,9 +8,10 @@ import torch
 
 from mirror_sd import load_pair
 from mirror_sd.methods.ss import draft_from_streams
-from mirror_sd.models.forwards import forward, stage_cache
+from mirror_sd.models.forwards import forward, stage_cache, stream_layers
+from mirror_sd.models.llama import Unstored
 from mirror_sd.models.stream_draft import StreamDraft
-from mirror_sd.models.streams import StreamConfig, Streams, Unstored, split_forward, stream_mask, stream_ranges
+from mirror_sd.models.streams import StreamConfig, Streams, split_forward, stream_mask, stream_ranges
 
 
 def streams_for(model, next_token_rank: int) -> Streams:
@@ -82,7 +83,7 @@ def test_merged_layers_compute_the_layers_with_the_adapters_and_follow_the_strea
         bare = target.forward_layers(rows, Unstored(cache), win, a, b)
     assert not torch.allclose(adapted, bare, atol=1e-3)  # the adapters act
     with torch.enable_grad():  # training: the adapters beside the maps, and gradients reach them
-        streams.rows_through_layers(target, rows, cache, positions, mask).sum().backward()
+        stream_layers(target, streams, rows, cache, positions, mask).sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in streams.lora_a.values())
     with torch.no_grad():
         for p in streams.lora_b.values():
@@ -120,7 +121,7 @@ def test_a_sharded_model_runs_the_streams_with_their_adapters(tiny_dirs):
         streams = streams_for(target, next_token_rank=0)
         cache, rows, positions, mask = stream_rows_after_a_prompt(target, streams)
         with torch.inference_mode():
-            got.append(streams.rows_through_layers(target, rows, cache, positions, mask))
+            got.append(stream_layers(target, streams, rows, cache, positions, mask))
         assert cache.length == 4  # the stream rows stored nothing
     assert torch.allclose(got[1], got[0], atol=1e-4) and "_merged" not in streams.__dict__
 

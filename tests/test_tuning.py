@@ -302,7 +302,8 @@ COMBINATIONS = [  # a formulation per op, in FORMULATIONS' order: product, atten
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])  # qwen2: biases; qwen3: q and k norms
 @pytest.mark.parametrize("chosen", COMBINATIONS, ids=["-".join(c) for c in COMBINATIONS])
 def test_a_stage_in_any_formulation_gives_the_plain_logits(tiny_dirs, tmp_path, model_type, chosen):
-    """A stage's body (models/tuned.py's layers) in any formulation of each operation gives the plain forward's logits."""
+    """A stage's body (models/tuned.py's layers), each operation in any formulation, gives the plain
+    forward's logits."""
     needs_interpreter(*chosen)
     from conftest import make_tiny_model
 

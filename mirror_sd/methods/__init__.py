@@ -57,9 +57,9 @@ SS_TOP_K = Option("top_k", 2, 1, 16, "candidates per stream in the draft tree (1
                   "argmaxes)")
 SS_TOTAL_TOKENS = Option("total_tokens", 4, 1, 64, "draft tree nodes the target verifies in one forward "
                          "(temperature 0 only: at T > 0 the draft is a chain of gamma tokens)", greedy_only=True)
-SS_ONE_FORWARD = Option("one_forward", 0, 0, 1, "1: the streams ride in the verify forward, one target forward "
-                        "per step (the paper's form, with streams trained without the next-token input); 0: the "
-                        "streams run in a pass of their own after it, and see the step's correction")
+SS_ONE_FORWARD = Option("one_forward", 0, 0, 1, "1: the streams of every window row run in the verify step, before "
+                        "its correction is known (the paper's form, with streams trained without the next-token "
+                        "input); 0: the streams of the accepted row run after it, and see the step's correction")
 LOOKUP = Option("lookup", 8, 0, 64, "tokens copied from the context into the draft tree as one more branch "
                 "(prompt lookup; 0: off; temperature 0 only)", greedy_only=True)
 MIRROR_LOOKUP = Option("lookup", 8, 0, 64, "after a miss, copy up to this many tokens from the context as the next "

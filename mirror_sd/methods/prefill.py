@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..executors import Threads
 from ..models.forwards import FULL, forward
 from ..trace import SpanKind, Step
 
@@ -12,10 +13,10 @@ def prefill_pair(run, extra_draft_slots: int = 0, extra_target_slots: int = 0, t
     """Prefill the target and the draft, each on its lane; commit the target's first token.
     Returns the target's and the draft's caches and the committed step.
 
-    Side by side where the lanes are devices of their own (a GPU's two streams, a GPU and the CPU):
-    the draft's prefill costs the target nothing there. One after the other, each alone, where both
-    lanes are the CPU's, so that the target's prefill gets every core the lanes split (the draft's
-    is a small share of the work).
+    On the lanes' threads (executors.Threads), side by side where the lanes are devices of their own
+    (a GPU's two streams, a GPU and the CPU): the draft's prefill costs the target nothing there.
+    One after the other, each alone, where both lanes are the CPU's, so that the target's prefill
+    gets every core the lanes split (the draft's is a small share of the work).
 
     extra_draft_slots, extra_target_slots: room in the caches beyond the sequence and the usual
     window margin (rollout trees, lookahead trees, windows past gamma). target_ranges, draft_ranges:
@@ -29,14 +30,14 @@ def prefill_pair(run, extra_draft_slots: int = 0, extra_target_slots: int = 0, t
     target_ids = torch.tensor([run.prompt_ids], device=pair.target.device)  # [1, P]
     draft_ids = torch.tensor([run.prompt_ids[:-1]], device=pair.draft.device)  # last token: fed at step 1
     label = f"prefill {n} tokens"
-    together = prefills_side_by_side(pair)
-    target = run.target_lane.submit(SpanKind.PREFILL, forward, pair.target, target_ids, target_cache, label=label,
-                                    step=0, tokens=n, alone=not together)
+    together, ex = prefills_side_by_side(pair), Threads()
+    target = ex.start(run.target_lane, SpanKind.PREFILL, forward, pair.target, target_ids, target_cache, label=label,
+                      step=0, tokens=n, alone=not together)
     if not together:
         target.result()
     if n > 1:
-        run.draft_lane.submit(SpanKind.PREFILL, forward, pair.draft, draft_ids, draft_cache, label=label, step=0,
-                              tokens=n - 1, alone=not together).result()
+        ex.start(run.draft_lane, SpanKind.PREFILL, forward, pair.draft, draft_ids, draft_cache, label=label, step=0,
+                 tokens=n - 1, alone=not together).result()
     token = run.target_sampler.pick(target.result()[0, -1])
     return target_cache, draft_cache, run.commit(Step(0, [token], ["target"]))
 

@@ -3,14 +3,16 @@
 No draft model. The frozen target carries trained speculative streams (models/streams.py) on its
 top N_s layers. Each step, on the target lane alone, in one of two forms:
 
-* ``one_forward=1``, the paper's single pass: one target forward per step. The window is
-  [last committed token, draft tree] with the tree mask and depth positions; from layer L0 on,
-  streams 1..gamma of every window row ride in the same forward (``forward_with_streams``). The
-  main stream's logits walk the tree (verify.accept_tree): the accepted path and the correction (or the
-  bonus after a leaf), and ``KVCache.keep`` moves the path's entries into place. The streams of the
-  last accepted row are the next draft: stream j gives the token j places after the correction.
-  These streams are trained without the next-token input, since the correction is what the
-  forward decides (the shipped ``ss-paper-smollm2-135m``).
+* ``one_forward=1``, the paper's form: the streams of every window row run in the verify step,
+  before its correction is known. The window is [last committed token, draft tree] with the tree
+  mask and depth positions; it runs through every layer, then streams 1..gamma of every window row
+  run through the top layers, each seeing what its row sees (``forward_with_streams``; the paper
+  joins the two in one forward, which a stream row's adapters would then have to tell apart from
+  a main row's). The main stream's logits walk the tree (verify.accept_tree): the accepted path and the
+  correction (or the bonus after a leaf), and ``KVCache.keep`` moves the path's entries into place.
+  The streams of the last accepted row are the next draft: stream j gives the token j places after
+  the correction. These streams are trained without the next-token input, since the correction is
+  what the step decides (the shipped ``ss-paper-smollm2-135m``).
 * ``one_forward=0``: the verify forward runs the main rows only; then the streams of the last
   accepted position re-enter the top N_s layers in a pass of their own, g rows that see the cache
   up to that position. This pass comes after the correction is committed, so streams trained with
@@ -121,7 +123,7 @@ def prefill(run, streams, window: int, gamma: int, one_forward: bool, top_k: int
     cache = run.pair.new_cache(target, run.cache_slots + window, ranges)
     ids = torch.tensor([run.prompt_ids], device=target.device)  # [1, P]
     n = ids.shape[1]
-    if one_forward:  # the streams of the last prompt token ride in the prefill
+    if one_forward:  # the streams of the last prompt token run in the prefill
         logits, stream_logits = lane.run(SpanKind.PREFILL, forward_with_streams, target, streams, ids, cache, gamma,
                                          rows=[n - 1], label=f"prefill {n} tokens", step=0, tokens=n)
         ahead = stream_logits[0, 0]

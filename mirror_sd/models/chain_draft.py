@@ -50,7 +50,8 @@ class ChainDraftStage(Stage):
     def body(self) -> torch.Tensor:
         model, V = self.model, self.spec.vocab_size
         logits = super().body()[0]  # [W, V_draft]: the window's rows
-        _, _, T, start = self.window_numbers()
+        layout = self.layout()
+        T, start = layout.rows, layout.start  # [1] each
         live, usable, s = T > 0, self.cache.max_slots, self.slot_ids  # padding only: scratch slot 0 only
         picks = [draft_argmax(logits.index_select(0, (T - 1).clamp(min=0)), model.vocab_map, V)]  # [1]
         for k in range(1, self.spec.gamma):

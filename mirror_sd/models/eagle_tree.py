@@ -57,7 +57,8 @@ class TreeDraftStage(HeadStage):
     def body(self) -> torch.Tensor:
         head, draft, k = self.model, self.draft, self.k
         h = super().body()[0]  # [W, d]: the head's output after each pair (padding rows after them)
-        _, _, T, start = self.window_numbers()  # [1] each
+        layout = self.layout()
+        T, start = layout.rows, layout.start  # [1] each
         last = h.index_select(0, (T - 1).clamp(min=0))  # [1, d]: f^_{n-1}, the root's
         base, live = start + T, T > 0  # the committed slots (n - 1); padding only: scratch slots only
         predicted = h.new_zeros(1 + k + (draft.depth - 1) * k * k, h.shape[-1])  # row i + 1: node i's output

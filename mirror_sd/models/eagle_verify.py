@@ -29,7 +29,7 @@ import torch
 
 from ..errors import MirrorSDError
 from .llama import Transformer
-from .stages import CAUSAL, OwnStage, SlotWriter, Stage, copy_into, window_code
+from .stages import Layout, OwnStage, SlotWriter, Stage, copy_into
 from .tuned import run_layers
 
 
@@ -80,7 +80,7 @@ class TreeVerifyStage(Stage):
         return T
 
     def _replay(self, T: int):
-        self.window.fill_(window_code(self.cache.length, T, CAUSAL, False))
+        self.window.fill_(Layout(self.cache.length, T).code)
         self.replay()
         return self.out
 
@@ -93,7 +93,8 @@ class TreeVerifyStage(Stage):
 
     def body(self):
         model, W, r, s = self.model, self.width, self.rows, self.slot_ids
-        _, _, T, start = self.window_numbers()
+        layout = self.layout()
+        T, start = layout.rows, layout.start  # [1] each
         usable, live = self.cache.max_slots, T > 0
         real = (r < T) & live  # [W]
         tree = torch.where(self.from_draft, self.rows_from_draft(), self.tree)  # [3, W]

@@ -8,6 +8,11 @@ it is the ``StageCache`` of the model's :class:`~.stages.Stages` (``stage_cache`
 stage of that set instead: a captured CUDA graph on a CUDA lane, the same fixed-shape forward
 eagerly elsewhere. Which one runs is decided here, from the cache, and nowhere in the methods.
 
+A whole phase can be one stage too (an ``OwnStage``: Mirror-SD's token channel and rollouts, a
+chain draft, EAGLE's tree draft, a tree verification, the streams' draft). Its result comes in its
+own form (a tree's fields on the device, not a tree on the host), so the method that owns the
+phase asks :func:`staged_for` once and runs the stage or its own reference code.
+
 A stage set names each forward by its layer range (:func:`range_name`): "full" (every layer and
 the LM head) and the ranges a method asks for when it makes its cache (Mirror-SD's prefix, early
 exit and suffix, the streams' split and their rows, EAGLE's early-feature layers). A window a stage
@@ -21,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from .llama import KVCache, Transformer
+from .llama import KVCache, Transformer, Unstored
 from .stages import MAX_WIDTH, OwnStage, Stages
 
 SLOT_STEP = 512  # a stage set's cache grows in steps of this many slots (a new set, captured anew)
@@ -141,13 +146,15 @@ def stream_layers(model: Transformer, streams, rows: torch.Tensor, cache, positi
     """Stream rows [B, n, d] entering layer ``streams.first_layer`` through the top layers, then the
     streams' head: logits [B, n, head rows]. positions [B, n]; mask [B, n, cache.length + n] (what
     each row sees of the cache and of the rows). The rows' keys and values are stored nowhere. On
-    the stage "streams a-b" for a stage cache (at most 64 rows), else the plain forward
-    (``Streams.rows_through_layers``)."""
-    a = streams.first_layer
+    the stage "streams a-b" for a stage cache (at most 64 rows), else the plain forward through the
+    streams' copies of the layers (``Streams.layers_for``) with a cache that stores nothing."""
+    a, b = streams.first_layer, model.num_layers
     stages = staged(model, cache)
     if stages is not None and _fits(stages, rows, a, mask):
         return stages.run(name_range(stages, (a, None, streams)), rows, positions, mask)
-    return streams.logits(model, streams.rows_through_layers(model, rows, cache, positions, mask))
+    win = model.window(None, rows.shape[1], positions, mask, batch=rows.shape[0])
+    h = model.forward_layers(rows, Unstored(cache), win, a, b, stack=streams.layers_for(model, a, b))
+    return streams.logits(model, h)
 
 
 def _fits(stages: Stages, x: torch.Tensor, a: int, tree_mask) -> bool:

@@ -10,14 +10,10 @@ and speculative decoding needs all three:
   length is a pointer move, and ``keep(slots)`` compacts a non-contiguous accepted tree path.
 * Every forward accepts explicit position ids and a window attention mask (tree verification).
 
-This is the plain forward, one operation after another. Each operation's kernel is chosen where
-the operation is written: a product in ``Linear`` (models/linear.py: oneDNN or int8 on a CPU), the
-norm, rotary embedding and attention in models/tuning.py (PyTorch's own calls, or inside a CUDA
-stage's capture the formulation measured fastest). Formulations that join operations across this
-file's boundaries (rotary embedding and cache write in one kernel, a residual add with the next
-layer's norm, q/k/v or gate/up as one product) are models/tuned.py's layers, which a stage's body
-runs in place of these; stream rows run these layers with a cache that stores nothing
-(models/streams.py).
+This is the plain forward, one operation after another; each operation's kernel is chosen where it
+is written (``Linear``: models/linear.py; norm, rotary embedding, attention: models/tuning.py). A
+stage's body runs models/tuned.py's layers in place of these, stream rows run copies of them
+(models/streams.py): docs/architecture.md, "The model and its fast paths".
 
 Supported families: Llama (incl. SmolLM), Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k RMSNorm).
 Shapes: B batch, T window length, S cache slots in use, H query heads, K kv heads, D head dim.
@@ -94,6 +90,22 @@ def refuse_unsupported(config):
                             "supported: mirror-sd's forward has biases on q, k and v only (Qwen2's)")
     if getattr(config, "mlp_bias", False):
         raise MirrorSDError("a model with mlp_bias (biases on the MLP's products) is not supported")
+
+
+def full_mask(tree_mask: torch.Tensor | None, T: int, start: int, device) -> torch.Tensor:
+    """What each of T window rows may see among slots [0, start + T): [B|1, T, start + T] bool.
+
+    tree_mask as in ``Transformer.window``: None (causal, the prefix visible), [T, T] or [B, T, T] over
+    the window (the prefix visible), or [T, start + T] or [B, ...] over every slot."""
+    if tree_mask is None:
+        tree_mask = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    tree_mask = to_device(tree_mask, device, torch.bool)
+    if tree_mask.dim() == 2:
+        tree_mask = tree_mask.unsqueeze(0)
+    if tree_mask.shape[-1] == T and start > 0:
+        prefix = torch.ones(tree_mask.shape[0], T, start, dtype=torch.bool, device=device)
+        tree_mask = torch.cat([prefix, tree_mask], dim=-1)
+    return tree_mask
 
 
 class KVCache(nn.Module):
@@ -180,6 +192,19 @@ class ShardedKVCache:
     def keep(self, slots, at: int):
         for part in self.parts:
             part.keep(slots, at)
+
+
+class Unstored:
+    """A cache that a window reads and is not stored in (speculative stream rows): each layer's keys
+    and values are the cache's committed slots followed by the rows' own, which serve this forward only."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
+        """k, v [B, K, n, D] -> every committed slot's, then the rows' [B, K, cache.length + n, D]."""
+        k_all, v_all = self.cache.read(layer, self.cache.length)
+        return torch.cat([k_all, k], dim=2), torch.cat([v_all, v], dim=2)
 
 
 class RMSNorm(nn.Module):
@@ -345,15 +370,7 @@ class Transformer(nn.Module):
         mask = None
         causal = cache is None and tree_mask is None and T > 1
         if not causal and (tree_mask is not None or T > 1):
-            if tree_mask is None:
-                tree_mask = torch.ones(T, T, dtype=torch.bool, device=self.device).tril()
-            tree_mask = tree_mask.to(self.device)
-            if tree_mask.dim() == 2:
-                tree_mask = tree_mask.unsqueeze(0)
-            if tree_mask.shape[-1] == T and start > 0:  # window-only mask: the prefix is visible
-                prefix = torch.ones(tree_mask.shape[0], T, start, dtype=torch.bool, device=self.device)
-                tree_mask = torch.cat([prefix, tree_mask], dim=-1)
-            mask = tree_mask.unsqueeze(1)  # [B|1, 1, T, start + T]
+            mask = full_mask(tree_mask, T, start, self.device).unsqueeze(1)  # [B|1, 1, T, start + T]
         freqs = positions[..., None].float() * self.inv_freq  # [B, T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1) * self.rope_scale
         cos = emb.cos().to(self.dtype).unsqueeze(1)  # [B, 1, T, D]

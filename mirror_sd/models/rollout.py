@@ -35,7 +35,7 @@ from ..errors import MirrorSDError
 from .chain_draft import greedy_picks
 from .channel import Channel
 from .llama import Transformer
-from .stages import BUCKETS, CAUSAL, OwnStage, Stage, copy_into, window_code
+from .stages import BUCKETS, Layout, OwnStage, Stage, copy_into
 
 
 class RolloutStage(Stage):
@@ -71,7 +71,7 @@ class RolloutStage(Stage):
             copy_into(self.x[0, :C], chain)
             copy_into(self.channel[:T], channel.packed)
             self.channel_rows.fill_(T)
-            self.window.fill_(window_code(base, C, CAUSAL, False))
+            self.window.fill_(Layout(base, C).code)
             self.replay()
         return BranchTable(self.out)
 
@@ -80,7 +80,8 @@ class RolloutStage(Stage):
         self.channel_rows.fill_(1)
 
     def body(self) -> torch.Tensor:
-        _, _, C, base = self.window_numbers()  # [1] each: the chain's tokens, the draft's committed slots
+        layout = self.layout()
+        C, base = layout.rows, layout.start  # [1] each: the chain's tokens, the draft's committed slots
         T = self.channel_rows
         r, roots, scores, valid = self.choose(T, C)  # [B] each
         spec, W, B = self.spec, self.width, self.spec.budget

@@ -12,8 +12,8 @@ same forward made fixed-shape:
   its shape is the cache's, not the length so far;
 * ids (or hidden states), positions, the mask and the cache slots each row writes live in static
   buffers. :meth:`Stage.load` copies in only what the caller gives (the rows; positions or a mask,
-  if any) and one number that says how to lay the rest out (``window_code``: first slot, rows, kind
-  of mask); the body turns them into slots, positions and the mask (:meth:`Stage.settle`, so inside
+  if any) and one number that says how to lay the rest out (a :class:`Layout`: first slot, rows,
+  kind of mask); the body turns them into slots, positions and the mask (:meth:`Stage.settle`, so inside
   the graph). Loading a causal window costs the host three operations (a view, a copy, a fill), a
   tree about seven, and never a wait for the GPU.
 
@@ -30,22 +30,10 @@ the same buffers (how the CPU tests this path). The graphs hold the addresses of
 the buffers, so a :class:`Stages` owns its cache: every generation reuses it (``cache.rollback(0)``).
 
 The methods run on stages with ``load_pair(graphs="on")`` (or "auto" on a CUDA lane), through
-models/forwards.py: a method names the layer ranges it runs when it makes its cache, and they are
-made (captured) then, before the first step. On stages now: vanilla's forwards; sd's verify and its
-draft's forwards (token by token, at T = 0 a whole chain as one stage: models/chain_draft.py; and
-the streamed drafter's main rows and stream rows); Mirror-SD's target prefix, its early exit
-(trained head, final norm, LM-head rows, log_softmax: a stage of its own), its suffix, its fallback
-drafts and its branch rollouts (up to 64 rows; with streams, their stream rows too), and in a
-queued step its token channel and its branch choice and rollouts as one stage each
-(models/channel.py, models/rollout.py); EAGLE's target forwards (its prefill and tree verification,
-at the ranges its head's early features need) and its head's forwards (models/eagle.py:
-``HeadStages``), and at T = 0 its whole draft, head and tree, and its whole verification as one
-stage each (models/eagle_tree.py, models/eagle_verify.py); ss's main rows and its streams, in
-either form (at T = 0 its draft from them as one stage: models/stream_draft.py); every prefill, as
-64-row chunks. Stream rows (a ``streams`` stage) keep their keys and values in scratch slots, which
-is how a stage stores nothing for them. Where stream rows ride behind main rows in one plain
-forward (ss's ``one_forward=1``, the draft's ``streams=2``), the stages run the main rows first and
-the stream rows after them (models/streams.py: ``forward_with_streams``).
+models/forwards.py: a method names the layer ranges and one-stage phases it runs when it makes its
+cache, and they are made (captured) then, before the first step; a prefill runs as 64-row chunks.
+Stream rows (a ``streams`` stage) keep their keys and values in scratch slots, which is how a stage
+stores nothing for them.
 
 The cheapest bucket. A GPU's time for a forward need not grow with its width: matrix products of
 2 to 16 rows can pick slower kernels than those of 1 or 32, so a wider bucket can cost less
@@ -55,19 +43,15 @@ that holds it: :func:`cheapest_bucket`, where a wider bucket must save more than
 taken. Padding rows never change a real row, so only the time moves. Eager stages (the CPU) are
 not timed and keep the smallest bucket.
 
-Tuned kernels. For the same reason, each operation a captured stage records (its matrix
-products, attention, norms, rotary embeddings, cache writes and MLP) runs the formulation measured
-fastest on the device for its shape and row count: PyTorch's calls, or fewer, fused kernels
-(models/tuning.py lists them), tuned in each stage's warm-up (``Stages.tuned_kernels``; off:
-PyTorch's default calls).
+Tuned kernels. For the same reason, each operation a captured stage records runs the formulation
+measured fastest on the device for its shape and row count (models/tuning.py), tuned in the
+stage's warm-up (``Stages.tuned_kernels``; off: PyTorch's default calls); its body runs the layers
+of models/tuned.py, which join operations that such a formulation may fuse.
 
 Not here (these run the plain forward, on the same cache, with graphs on): the LM head over
 EAGLE's features and its head's logits (one product each: one launch, nothing for a graph to
-save), tree windows of more than 64 rows, and any sharded model. A CUDA lane's spans come from
-CUDA events around its work (devices.EventClock). A lane's thread synchronises after each piece
-of work it runs; queued phases (mirror_sd/executors.py: ``Streams``, every method's executor on a
-GPU) instead go on both streams from one thread, a Mirror-SD step's draft stream waiting for the
-token channel on a CUDA event, and synchronise once a step.
+save), tree windows of more than 64 rows, and any sharded model. How the lanes queue and time
+stages: devices.py and executors.py.
 """
 from __future__ import annotations
 
@@ -75,7 +59,8 @@ import contextlib
 import statistics
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from enum import IntEnum
 
 import torch
 
@@ -93,16 +78,36 @@ ROUTE_MARGIN = 0.05  # a wider bucket is taken only if it saves more than this f
 WARMUP_RUNS = 3  # before a capture, as in PyTorch's CUDA-graph examples
 
 
-# The kinds of window a stage lays out (``window_code``): causal; a mask over every slot so far
-# ([.., T, start + T], as ``Transformer.window`` takes it); a mask over the window's own rows
-# ([.., T, T]), the slots before it all visible.
-CAUSAL, SLOTS, WINDOW = 0, 1, 2
-KINDS = 3
+class MaskKind(IntEnum):
+    """What a window's mask covers: none given (causal); every slot so far ([.., T, start + T], as
+    ``Transformer.window`` takes it); the window's own rows ([.., T, T]), the slots before it all visible."""
+    CAUSAL = 0
+    SLOTS = 1
+    WINDOW = 2
 
 
-def window_code(start: int, T: int, kind: int, given_positions: bool) -> int:
-    """One number for a window of T rows written from slot ``start``: what ``Stage.settle`` decodes."""
-    return ((start * (MAX_WIDTH + 1) + T) * KINDS + kind) * 2 + int(given_positions)
+@dataclass(frozen=True)
+class Layout:
+    """How a stage lays its window out: T ``rows`` written from slot ``start``, the mask's kind, and
+    whether positions were given (else start, start + 1, ...). The host packs it into one number
+    (``code``) in the stage's ``window`` buffer, so loading a window costs it one fill, a kernel
+    launch with the number as its argument (no copy, no wait for the device); the body unpacks it
+    (``of``) into a Layout of tensors [1] on the device."""
+
+    start: int
+    rows: int
+    kind: MaskKind = MaskKind.CAUSAL
+    given_positions: bool = False
+
+    @property
+    def code(self) -> int:
+        return ((self.start * (MAX_WIDTH + 1) + self.rows) * len(MaskKind) + self.kind) * 2 + int(self.given_positions)
+
+    @classmethod
+    def of(cls, code: torch.Tensor) -> "Layout":
+        given_positions, code = code % 2 == 1, code // 2
+        kind, code = code % len(MaskKind), code // len(MaskKind)
+        return cls(code // (MAX_WIDTH + 1), code % (MAX_WIDTH + 1), kind, given_positions)
 
 
 def copy_into(buffer: torch.Tensor, data):
@@ -174,22 +179,6 @@ class SlotWriter:
         return tuning.rotary_store(q, k, v, cos, sin, self.cache.k[layer], self.cache.v[layer], self.slots)
 
 
-def full_mask(tree_mask: torch.Tensor | None, T: int, start: int, device) -> torch.Tensor:
-    """What each of T window rows may see among slots [0, start + T): [B|1, T, start + T] bool.
-
-    tree_mask as in ``Transformer.window``: None (causal, the prefix visible), [T, T] or [B, T, T] over
-    the window (the prefix visible), or [T, start + T] or [B, ...] over every slot."""
-    if tree_mask is None:
-        tree_mask = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-    tree_mask = to_device(tree_mask, device, torch.bool)
-    if tree_mask.dim() == 2:
-        tree_mask = tree_mask.unsqueeze(0)
-    if tree_mask.shape[-1] == T and start > 0:
-        prefix = torch.ones(tree_mask.shape[0], T, start, dtype=torch.bool, device=device)
-        tree_mask = torch.cat([prefix, tree_mask], dim=-1)
-    return tree_mask
-
-
 class Stage:
     """One fixed-shape forward of ``model``: layers [a, b) at ``width`` rows, from token ids (a == 0,
     with the embedding) or hidden states, to logits (head=True: final norm and LM head) or hidden
@@ -231,7 +220,7 @@ class Stage:
             # What the caller's mask says, written as it comes ([B, T, start + T] over the slots, or
             # [B, T, T] over the window): the body turns it into ``mask`` (``settle``).
             self.given = torch.zeros(B, W, S, dtype=torch.bool, device=device)
-            # One number says how to lay the window out (``window_code``): the body decodes it, so
+            # One number says how to lay the window out (a ``Layout``): the body decodes it, so
             # loading a window costs the host one fill for it, whatever its kind.
             self.window = torch.zeros(1, dtype=torch.long, device=device)
             self.rows, self.slot_ids = torch.arange(W, device=device), torch.arange(S, device=device)
@@ -264,7 +253,7 @@ class Stage:
         states) into the static buffers; return T.
 
         The host writes only what it was given (the rows, and positions or a mask if any) and one
-        number for the rest (``window_code``); the body lays out slots, positions and the mask from
+        number for the rest (a :class:`Layout`); the body lays out slots, positions and the mask from
         them (``settle``). Padding rows keep whatever an earlier window left in x: they write
         scratch slots only and their outputs are never read, so the host need not clear them."""
         B, T = (len(x), len(x[0])) if isinstance(x, list) else x.shape[:2]  # ids as lists: copied in one go
@@ -283,15 +272,15 @@ class Stage:
         if mask is not None and mask.shape[-1] not in (T, start + T):
             raise MirrorSDError(f"a mask over {T} rows after {start} slots is [.., {T}, {T}] or "
                                 f"[.., {T}, {start + T}], got {tuple(mask.shape)}")
-        kind = CAUSAL if mask is None else SLOTS if mask.shape[-1] == start + T else WINDOW
+        kind = MaskKind.CAUSAL if mask is None else MaskKind.SLOTS if mask.shape[-1] == start + T else MaskKind.WINDOW
         if mask is not None:
             copy_into(self.given[:, :T, :mask.shape[-1]], mask)
-        self.window.fill_(window_code(start, T, kind, positions is not None))  # one launch, no copy, no wait
+        self.window.fill_(Layout(start, T, kind, positions is not None).code)  # one launch, no copy, no wait
         return T
 
     def settle(self):
         """In the body (so in its graph): lay out the slots, positions and mask of the window that
-        ``window`` describes (``window_code``) from what ``load`` wrote.
+        ``window`` describes (a :class:`Layout`) from what ``load`` wrote.
 
         Real row r writes slot start + r (stream rows: scratch slot r, like padding rows) at
         position start + r unless positions were given. It sees, by the window's kind: slots
@@ -301,7 +290,8 @@ class Stage:
         Padding row i writes scratch slot i and sees only it."""
         if self.layers[0] == self.layers[1]:
             return
-        given_positions, kind, T, start = self.window_numbers()
+        layout = self.layout()  # [1] each
+        given_positions, kind, T, start = layout.given_positions, layout.kind, layout.rows, layout.start
         usable, W, s = self.cache.max_slots, self.width, self.slot_ids  # s: [S]
         real = self.rows < T  # [W]
         scratch = usable + self.rows  # [W]
@@ -310,8 +300,8 @@ class Stage:
             window = (s >= start) & (s < start + T)  # [S]
             column = (s - start).clamp(0, W - 1).expand_as(self.given)
             over_window = self.given.gather(-1, column)  # [B, W, S]: given[.., s - start]
-            sees = torch.where(kind == CAUSAL, s <= start + self.rows[:, None],  # [B, W, S]
-                               torch.where(kind == SLOTS, self.given & (s < start + T),
+            sees = torch.where(kind == MaskKind.CAUSAL, s <= start + self.rows[:, None],  # [B, W, S]
+                               torch.where(kind == MaskKind.SLOTS, self.given & (s < start + T),
                                            (s < start) | (window & over_window)))
         else:  # the window's own columns sit in scratch slots
             column = torch.where(s < usable, s, start + s - usable).clamp(0, s.numel() - 1)  # [S]
@@ -327,13 +317,9 @@ class Stage:
         window = self.model.window(None, R, positions=positions.view(1, R))
         return replace(window, mask=sees.view(1, 1, R, -1), causal=False)
 
-    def window_numbers(self):
-        """What ``window_code`` packed, as tensors [1] on the device (for the body): whether positions
-        were given, the window's kind, its rows T and its first slot."""
-        code = self.window
-        given_positions, code = code % 2 == 1, code // 2
-        kind, code = code % KINDS, code // KINDS
-        return given_positions, kind, code % (MAX_WIDTH + 1), code // (MAX_WIDTH + 1)
+    def layout(self) -> Layout:
+        """The window's :class:`Layout`, as the body reads it: tensors [1] on the device."""
+        return Layout.of(self.window)
 
     def replay(self):
         """Run the stage on what its buffers hold: the captured graph, or the body eagerly."""
@@ -370,7 +356,7 @@ class Stage:
             self.x.normal_(generator=torch.Generator(self.x.device).manual_seed(0))
         self.positions.zero_()
         if self.layers[0] < self.layers[1]:
-            self.window.fill_(window_code(0, 0, CAUSAL, False))  # no real row: every row is padding
+            self.window.fill_(Layout(0, 0).code)  # no real row: every row is padding
 
     def capture(self, pool=None, stream: torch.cuda.Stream | None = None, check: bool = False):
         """Capture the stage as a CUDA graph on ``stream`` (None: a side stream of PyTorch's) in memory

@@ -19,7 +19,7 @@ import torch
 from ..errors import MirrorSDError
 from ..tree_growth import stream_fields
 from .llama import Transformer
-from .stages import CAUSAL, OwnStage, Stage, bucket, window_code
+from .stages import Layout, OwnStage, Stage, bucket
 from .streams import Streams
 from .tuned import run_layers
 
@@ -47,14 +47,15 @@ class StreamDraftStage(Stage):
         with torch.inference_mode():
             self.h0.copy_(h0)
             self.next_id.fill_(next_id)
-            self.window.fill_(window_code(self.cache.length, 1, CAUSAL, False))
+            self.window.fill_(Layout(self.cache.length, 1).code)
             self.replay()
         return self.out
 
     def body(self) -> torch.Tensor:
         model, streams, spec = self.model, self.spec.streams, self.spec
         G, W, s, usable = streams.num_streams, self.width, self.slot_ids, self.cache.max_slots
-        _, _, T, start = self.window_numbers()
+        layout = self.layout()
+        T, start = layout.rows, layout.start  # [1] each
         at = (start - 1).clamp(min=0)  # [1]: the main row's slot and position
         live = T > 0  # a run over padding only (warm-up, capture): every row sees its own scratch slot only
         next_ids = self.next_id if streams.config.next_token_rank else None

@@ -9,7 +9,7 @@ streams 1..j at t, share the model's final norm and LM head, and keep no KV cach
 Low-rank adapters (LoRA) on the top layers' linear maps act on stream rows only: stream rows run
 copies of those layers whose linear maps carry the adapters (``Streams.layers_for``: the adapter
 beside each map while training, merged into it at inference), with a cache that stores nothing
-(:class:`Unstored`). They run in a pass of their own after the main rows' forward
+(``llama.Unstored``). They run in a pass of their own after the main rows' forward
 (``Streams.forward``; ``forward_with_streams`` for the paper's single pass), so no main row sees
 them and the main stream computes exactly what the model alone computes: with a frozen target,
 decoding with streams attached is the target (the lossless form of the method).
@@ -35,8 +35,7 @@ from ..devices import on_cpu_worker, to_device
 from ..errors import MirrorSDError
 from .forwards import layers, stream_layers
 from .linear import linear
-from .llama import DecoderLayer, KVCache, ModelArgs, Transformer
-from .stages import full_mask
+from .llama import DecoderLayer, KVCache, ModelArgs, Transformer, full_mask
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -49,19 +48,6 @@ class StreamConfig:
     alpha: float = 32.0  # LoRA scale = alpha / rank
     embedding_scale: float | None = None  # P_j = scale * trained vector; None: 1, or the hidden RMS when training
     next_token_rank: int = 0  # >0: streams also see the next token's embedding through a rank-r map (see below)
-
-
-class Unstored:
-    """A cache that rows read and are not stored in (speculative stream rows): each layer's keys and
-    values are the cache's committed slots followed by the rows' own, which serve this forward only."""
-
-    def __init__(self, cache):
-        self.cache = cache
-
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
-        """k, v [B, K, n, D] -> every committed slot's, then the rows' [B, K, cache.length + n, D]."""
-        k_all, v_all = self.cache.read(layer, self.cache.length)
-        return torch.cat([k_all, k], dim=2), torch.cat([v_all, v], dim=2)
 
 
 class Adapted(nn.Module):
@@ -129,41 +115,28 @@ class Streams(nn.Module):
         return self
 
     def layers_for(self, model: Transformer, a: int, b: int):
-        """The layers [a, b) that stream rows run: the model's own without adapters; with them, copies
-        whose linear maps carry the adapters: beside each map while gradients flow (training) and on a
-        sharded model (``adapted_layers``), else merged into it (``merged_layers``), so that each map
-        is one product, joined and tuned as the model's own are (models/tuned.py)."""
+        """The layers [a, b) that stream rows run: the model's own, or copies whose linear maps carry
+        the adapters, beside each map while training and on a sharded model (``adapted_layers``), else
+        merged into it (``merged_layers``: one product per map, joined and tuned as the model's own)."""
         if not self.lora_a:
             return model.model.layers[a:b]
-        own = self.adapted_layers(model) if torch.is_grad_enabled() or model.layer_devices else self.merged_layers(model)
+        beside = torch.is_grad_enabled() or model.layer_devices
+        own = self.adapted_layers(model) if beside else self.merged_layers(model)
         return own[a - self.first_layer:b - self.first_layer]
 
     def adapted_layers(self, model: Transformer) -> nn.ModuleList:
-        """Views of ``model``'s layers L0..N whose linear maps are :class:`Adapted`: the model's map
-        plus its adapter, both the same parameters as the model's and the streams' (gradients reach
-        the adapters). Made at first use and kept outside the module's state."""
-        key = id(model)
-        kept = self.__dict__.get("_adapted")
-        if kept is None or kept[0] != key:
-            layers = nn.ModuleList(self._adapted_layer(model, i) for i in range(self.first_layer, model.num_layers))
-            kept = self.__dict__["_adapted"] = (key, layers)  # a tuple: not registered as a submodule
-        return kept[1]
+        """Views of ``model``'s layers L0..N whose linear maps are :class:`Adapted`, on the model's and
+        the streams' own parameters (gradients reach the adapters). Made at first use."""
+        return self._kept("_adapted", id(model), lambda i: self._adapted_layer(model, i), model)
 
     def _adapted_layer(self, model: Transformer, i: int) -> DecoderLayer:
         """Layer i with each linear map in an :class:`Adapted`; every other module is the model's own."""
-        scale = self.config.alpha / self.config.rank
-
-        def view(module: nn.Module) -> nn.Module:
-            copy_ = copy.copy(module)
-            copy_._modules = dict(module._modules)  # a shallow copy shares the dict of submodules
-            return copy_
-        layer = view(model.model.layers[i])
+        scale, layer = self.config.alpha / self.config.rank, _view(model.model.layers[i])
         for part in ("self_attn", "mlp"):
-            own = layer._modules[part] = view(layer._modules[part])
-            for name in LINEARS:
-                if name in own._modules:
-                    key = _key(i, name)
-                    own._modules[name] = Adapted(own._modules[name], self.lora_a[key], self.lora_b[key], scale)
+            own = layer._modules[part] = _view(layer._modules[part])
+            for name in set(LINEARS) & own._modules.keys():
+                a, b = self.lora_a[_key(i, name)], self.lora_b[_key(i, name)]
+                own._modules[name] = Adapted(own._modules[name], a, b, scale)
         return layer
 
     def merged_layers(self, model: Transformer) -> nn.ModuleList:
@@ -172,11 +145,16 @@ class Streams(nn.Module):
         use and again when the streams' parameters or the model's device change; kept outside the
         module's state (``save`` writes the adapters only)."""
         changes = sum(0 if p.is_inference() else p._version for p in self.parameters())  # (inference tensors: none)
-        key = (id(model), model.device, model.dtype, changes)
-        kept = self.__dict__.get("_merged")
+        return self._kept("_merged", (id(model), model.device, model.dtype, changes),
+                          lambda i: self._merged_layer(model, i), model)
+
+    def _kept(self, name: str, key, make, model: Transformer) -> nn.ModuleList:
+        """[make(i) for layers L0..N], kept as ``name`` until ``key`` changes, outside the module's
+        state (``save`` writes the adapters only)."""
+        kept = self.__dict__.get(name)
         if kept is None or kept[0] != key:
-            layers = nn.ModuleList(self._merged_layer(model, i) for i in range(self.first_layer, model.num_layers))
-            kept = self.__dict__["_merged"] = (key, layers)  # a tuple: not registered as a submodule
+            layers = nn.ModuleList(make(i) for i in range(self.first_layer, model.num_layers))
+            kept = self.__dict__[name] = (key, layers)
         return kept[1]
 
     def _merged_layer(self, model: Transformer, i: int) -> DecoderLayer:
@@ -214,19 +192,11 @@ class Streams(nn.Module):
         """The shared final norm and LM head (its rows for ``vocab_map``): [B, n, d] -> [B, n, head rows]."""
         return linear(model.model.norm(out), self.head_weight).float()
 
-    def rows_through_layers(self, model: Transformer, rows: torch.Tensor, cache, positions, mask) -> torch.Tensor:
-        """Stream rows [B, n, d] entering layer L0 through the top layers (``layers_for``), on the plain
-        forward: at ``positions`` [B, n], seeing what ``mask`` [B, n, cache.length + n] admits of the
-        cache's slots and of the rows. Their keys and values are stored nowhere."""
-        win = model.window(None, rows.shape[1], positions, mask, batch=rows.shape[0])
-        return model.forward_layers(rows, Unstored(cache), win, self.first_layer,
-                                    stack=self.layers_for(model, self.first_layer, model.num_layers))
-
     def forward(self, model: Transformer, cache: KVCache, h: torch.Tensor, at: torch.Tensor,
                 positions: torch.Tensor | None = None, seen: torch.Tensor | None = None,
-                next_ids: torch.Tensor | None = None) -> torch.Tensor:
+                next_ids: torch.Tensor | None = None, gamma: int | None = None) -> torch.Tensor:
         """Stream logits [B, R, G, head rows] for main rows h [B, R, d] entering layer L0, in a
-        forward of their own after the main stream's.
+        forward of their own after the main stream's (streams 1..gamma only, if given).
 
         at [B, R]: cache slot of each row's main token. The cache must hold the main stream's keys
         and values there in layers L0..N. By default a row sees the slots up to its own and sits at
@@ -240,7 +210,7 @@ class Streams(nn.Module):
         then predicts x_{t+2} knowing x_{t+1}, as an EAGLE head does.
         """
         B, R, _ = h.shape
-        G = self.num_streams
+        G = gamma or self.num_streams
         rows, stream_positions = self.inputs(model, h, at if positions is None else positions, G, next_ids)
         mask = stream_mask(at, cache.length, G, seen)  # [B, R*G, cache.length + R*G]
         return stream_layers(model, self, rows, cache, stream_positions, mask).view(B, R, G, -1)
@@ -296,39 +266,30 @@ def stream_ranges(streams: Streams) -> list:
 
 
 def forward_with_streams(model, streams: Streams, ids, cache, gamma: int, rows=None, positions=None, tree_mask=None):
-    """One forward of ids [1, T] after the cache with streams 1..gamma of its rows (the paper's single
-    pass): the main logits [1, T, V], as split_forward gives them, and the streams' logits
-    [1, R, gamma, head rows] at window rows ``rows`` (default: all T). The caller advances cache.length.
-
-    The main rows run every layer (``split_forward``), storing their keys and values; then the stream
-    rows run the top layers (``stream_layers``): each sees what its main row sees (the cached prefix
-    and the window rows the tree mask allows) and streams 1..j of its own row. No main row sees a
-    stream row, so the main rows compute what the model alone computes. Only streams trained without
-    the next-token input fit here (the next token is what this forward decides)."""
+    """The main logits [1, T, V] of ids [1, T] after the cache (``split_forward``), then the logits
+    [1, R, gamma, head rows] of streams 1..gamma of window rows ``rows`` (default: all T), each seeing
+    what its main row sees and streams 1..j of its own row, no main row seeing them: the paper's form,
+    for streams trained without the next-token input (what this step decides). The caller advances
+    cache.length."""
     T, start = ids.shape[1], cache.length
     logits, h0 = split_forward(model, ids, cache, streams.first_layer, positions, tree_mask)  # [1, T, V], [1, T, d]
     if positions is None:
         positions = torch.arange(start, start + T, device=h0.device)[None]  # [1, T]
-    main_mask = full_mask(tree_mask, T, start, h0.device)  # [1, T, start + T]
-    R, stream_in, stream_positions, sees = _stream_rows(model, streams, h0, positions, main_mask, start, rows, gamma)
+    rows = torch.arange(T, device=h0.device) if rows is None else to_device(rows, h0.device)  # [R]
+    seen = full_mask(tree_mask, T, start, h0.device)[:, rows]  # [1, R, start + T]: what each main row sees
     cache.length = start + T  # the stream rows read the window's main rows, stored by split_forward
     try:
-        ahead = stream_layers(model, streams, stream_in, cache, stream_positions, sees)  # [1, R*g, head rows]
+        ahead = streams(model, cache, h0[:, rows], start + rows[None], positions[:, rows], seen, gamma=gamma)
     finally:
         cache.length = start
-    return logits, ahead.view(1, R, gamma, -1)
+    return logits, ahead  # [1, T, V], [1, R, gamma, head rows]
 
 
-def _stream_rows(model, streams: Streams, h0, positions, main_mask, start: int, rows, gamma: int):
-    """The stream rows of window rows ``rows`` (None: all T) of ``forward_with_streams``: how many
-    main rows R get streams, the rows' inputs and positions [1, R*g, .], and what they see
-    [1, R*g, start + T + R*g]: what their main row sees (``main_mask`` [1, T, start + T]), then
-    streams 1..j of their own row."""
-    T = h0.shape[1]
-    rows = torch.arange(T, device=h0.device) if rows is None else to_device(rows, h0.device)
-    stream_in, stream_positions = streams.inputs(model, h0[:, rows], positions[:, rows], gamma)
-    sees = stream_mask(start + rows[None], start + T, gamma, main_mask[:, rows])
-    return len(rows), stream_in, stream_positions, sees
+def _view(module: nn.Module) -> nn.Module:
+    """A shallow copy of ``module`` whose submodules may be replaced without touching the original's."""
+    view = copy.copy(module)
+    view._modules = dict(module._modules)  # a shallow copy would share the dict of submodules
+    return view
 
 
 def _key(layer: int, name: str) -> str:

@@ -1,22 +1,15 @@
-"""The decoder layers as a stage's body runs them: llama.py's layers, with operations joined where
-models/tuning.py may run them as one kernel.
+"""The decoder layers as a stage's body runs them: llama.py's layers, the same weights and the same
+arithmetic, with four pairs of operations joined so that models/tuning.py may run each pair as one
+kernel (the pattern of gpt-fast's ``convert_for_runtime``: a formulation swapped in where the
+forward is captured, not a branch inside the model):
 
-llama.py's layer is the plain forward, one operation after another. A stage's body (models/stages.py
-and the one-stage forwards built on it) runs the same layers, the same weights and the same
-arithmetic through :func:`run_layers` instead, the pattern of gpt-fast's ``convert_for_runtime``:
-a formulation swapped in where the forward is captured, not a branch inside the model. It joins four
-pairs of operations, each of which tuning may then run as one kernel:
+* the rotary embedding and the cache writes of k and v (``tuning.rotary_store``, through the
+  stage's ``SlotWriter``, which writes each row at its own slot);
+* a residual add and the norm after it, across layers too: a layer hands on its MLP's residual
+  input and output unadded, and the next layer adds them with its first norm (``tuning.added_norm``);
+* q, k and v as one product (``tuning.projections``); gate and up and silu(gate) * up (``tuning.gated``).
 
-* the rotary embedding of q and k and the cache writes of k and v (``tuning.rotary_store``, through
-  the stage's ``SlotWriter``, which writes each row at its own slot);
-* a residual add and the norm after it, within a layer and across layers: a layer hands on its
-  input to the MLP's residual and the MLP's output unadded, and the next layer adds them with its
-  first norm (``tuning.added_norm``);
-* q, k and v as one product over their stacked weights (``tuning.projections``);
-* the MLP's gate and up products and silu(gate) * up (``tuning.gated``).
-
-Outside ``tuning.planned`` (every stage run eagerly, as on a CPU) each runs its default formulation,
-which is llama.py's order of operations, so a stage's rows are the plain forward's.
+Outside ``tuning.planned`` each pair runs as llama.py runs it, so a stage's rows are the plain forward's.
 """
 from __future__ import annotations
 
@@ -39,10 +32,9 @@ def _layer(layer: DecoderLayer, x: torch.Tensor, delta: torch.Tensor | None, win
     """The layer on hidden states x + delta (delta None: x alone): (its MLP's residual input, the
     MLP's output), whose sum is the layer's output."""
     x, normed = tuning.added_norm(x, delta, layer.input_layernorm)
-    x, normed = tuning.added_norm(x, _attention(layer.self_attn, normed, win, writer, index),
-                                  layer.post_attention_layernorm)
-    mlp = layer.mlp
-    return x, mlp.down_proj(tuning.gated(normed, mlp.gate_proj, mlp.up_proj))
+    attended = _attention(layer.self_attn, normed, win, writer, index)
+    x, normed = tuning.added_norm(x, attended, layer.post_attention_layernorm)
+    return x, layer.mlp.down_proj(tuning.gated(normed, layer.mlp.gate_proj, layer.mlp.up_proj))
 
 
 def _attention(attn: Attention, x: torch.Tensor, win: Window, writer, index: int) -> torch.Tensor:

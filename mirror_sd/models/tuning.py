@@ -18,7 +18,7 @@ timed on the device. Matrix products (``models/linear.py``):
   each program multiplies a block of weight rows (2, or 4 for the wide one) by one row of x, its
   loop over K unrolled so that all its loads are in flight at once; fp32 products and sums.
 
-Attention (``Attention.forward``, over every slot of a stage's cache under its mask):
+Attention (over every slot of a stage's cache under its mask):
 
 * ``sdpa``: ``F.scaled_dot_product_attention`` with grouped-query heads, as outside a stage
   (PyTorch runs its plain "math" attention for it in fp32: a product, a softmax, a product);
@@ -30,15 +30,17 @@ Attention (``Attention.forward``, over every slot of a stage's cache under its m
 And the small operations, which cost a kernel launch each whatever their size, so that a
 one-token forward's time is mostly their count:
 
-* RMSNorm (``RMSNorm.forward``): ``composite`` (six PyTorch kernels, as outside a stage),
-  ``fused`` (PyTorch's own ``F.rms_norm``) or ``triton`` (models/fused.py);
-* a residual add and the RMSNorm after it (:func:`added_norm`): ``separate`` or ``triton`` (one
-  kernel writing both);
+* RMSNorm: ``composite`` (six PyTorch kernels, as outside a stage), ``fused`` (PyTorch's own
+  ``F.rms_norm``) or ``triton`` (models/fused.py);
 * the rotary embedding of q and k (:func:`rotary`): ``composite`` (five kernels each) or
   ``triton`` (one each);
-* that rotary embedding and the cache writes of k and v together (:func:`rotary_store`, a
-  stage's attention): ``separate`` (the rotary embedding, then two index copies) or ``triton``
-  (one kernel);
+
+and, joining operations that llama.py runs apart (models/tuned.py's layers, a stage's body, call them):
+
+* a residual add and the RMSNorm after it (:func:`added_norm`): ``separate`` or ``triton`` (one
+  kernel writing both);
+* the rotary embedding and the cache writes of k and v together (:func:`rotary_store`):
+  ``separate`` (the rotary embedding, then two index copies) or ``triton`` (one kernel);
 * products that share their input: q, k and v (:func:`projections`) as three products
   (``separate``) or one over their weights stacked (``joined``, the stack made once in a
   warm-up); the MLP's silu(gate(x)) * up(x) (:func:`gated`) as two products, a silu and a

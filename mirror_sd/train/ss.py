@@ -37,9 +37,9 @@ from tqdm import tqdm
 
 from ..devices import hardware_name, resolve_device
 from ..errors import MirrorSDError
-from ..models.llama import Transformer
+from ..models.llama import Transformer, Unstored
 from ..models.loading import EMBED_FROM_TARGET, embedded_model_dir, load_model, load_tokenizer, model_name, read_config
-from ..models.streams import StreamConfig, Streams, Unstored, stream_mask
+from ..models.streams import StreamConfig, Streams, stream_mask
 from .card import ModelCard, stage_history, stage_lines, trained_on
 from .data import IGNORE, build_vocab_map, data_folders, data_source, read_examples
 from .loop import fit, run_evaluation
