@@ -58,12 +58,12 @@ def _copied(step) -> str:
 
 
 def _streams(step) -> str:
-    """Speculative Streaming in one forward per step: the streams rode in the verify forward."""
+    """Speculative Streaming in the paper's form: the streams of every window row ran in the verify step."""
     rows = step.tree.stream_rows if step.tree is not None else 0
     if not rows:
         return ""
-    return (f" In that same target forward, {rows} speculative stream rows beside the verified tokens drafted the "
-            "next tree: one forward per step.")
+    return (f" In that same step, {rows} speculative stream rows, one set per verified token, drafted the next tree "
+            "before the step's correction was known (the paper's form).")
 
 
 def _draft_forwards(step) -> str:

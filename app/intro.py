@@ -150,16 +150,16 @@ def mirror_picture() -> str:
 
 
 def ss_picture() -> str:
-    """No draft model: the target's own stream rows, riding on its top layers, propose the next tree while the
-    main rows verify this one, in one forward pass."""
+    """No draft model: each step the target's main rows verify the tree, and its own stream rows, a short pass
+    through its top layers, propose the next one."""
     body = (_lane(8, "target") +
             "".join(_bar(52 + 124 * i, 8, 70, "verify tree", VERIFY) + _bar(124 + 124 * i, 8, 48, "streams", DRAFT)
                     for i in range(2)) +
             "".join(f'<rect x="{50 + 124 * i}" y="5" width="124" height="24" rx="4" fill="none" stroke="#111827" '
                     'stroke-dasharray="3 2"/>' for i in range(2)) +
-            '<text x="52" y="46" font-size="10" fill="#374151">one forward each: its stream rows draft the next tree</text>'
+            '<text x="52" y="46" font-size="10" fill="#374151">each step: verify; stream rows draft the next tree</text>'
             '<text x="52" y="62" font-size="10" fill="#374151">no draft model, no second device</text>')
-    return _svg(body, "Speculative Streaming: the target drafts the next tree in the same pass that verifies this one",
+    return _svg(body, "Speculative Streaming: the target drafts the next tree in the step that verifies this one",
                 height=70)
 
 
@@ -183,8 +183,9 @@ IDEAS = [
      "costs **max(target suffix, draft)** instead of their sum."),
     ("4. Speculative Streaming: the target drafts for itself", ss_picture,
      "No draft model at all: small trained *streams* on the target's top layers predict the tokens after the "
-     "next one. In one target pass the main rows check the tree proposed last time and the stream rows propose "
-     "the next tree. Drafting costs a little extra work in every pass instead of a second model or device."),
+     "next one. Each step the main rows check the tree proposed last time, and the stream rows, in a short pass "
+     "through the top layers, propose the next tree. Drafting costs a little extra work in every step instead of "
+     "a second model or device."),
 ]
 
 LANES_NOTE = ("Here the two devices may be stand-ins: the line below this panel says which real device each "

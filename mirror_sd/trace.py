@@ -79,7 +79,7 @@ class DraftTree(Record):
     scores: list[float | None]  # sum of draft log-probs along the path (None: copied from the context)
     path: list[int]  # the nodes the target accepted, root to leaf
     copied: list[int] = field(default_factory=list)  # nodes copied from the context (drafting/lookup.py)
-    stream_rows: int = 0  # ss in one forward: speculative-stream rows that rode in the verify forward
+    stream_rows: int = 0  # ss with one_forward: speculative-stream rows run in the verify step
 
     def columns(self) -> dict:
         tree = asdict(self)

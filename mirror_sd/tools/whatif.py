@@ -388,7 +388,7 @@ def eagle_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Ph
 
 def ss_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
     """The streams' draft of gamma levels, then one verify forward; with ``one_forward`` the
-    stream rows ride in the verify forward instead."""
+    stream rows run in the verify step instead."""
     gamma, window = options.get("gamma", 4), len(step.tree.tokens) + 1
     verify = [("target_tree", window)]
     if options.get("one_forward"):
