@@ -93,9 +93,8 @@ def checked_window(run, cache, gamma: int, carried: torch.Tensor | None = None, 
     token).
 
     Each forward feeds the tokens the draft has not seen (committed ones, or the last drafted one),
-    then a tree of lookahead from the streams of the row before (lookahead_tree); the streams ride
-    in the same forward, on the last unseen row and every node (models/streams.py:
-    forward_with_streams). The main rows walk the tree (tree.walk_tree): the accepted path and one
+    then a tree of lookahead from the streams of the row before (lookahead_tree); the streams of the
+    last unseen row and of every node run right after it (models/streams.py: forward_with_streams). The main rows walk the tree (tree.walk_tree): the accepted path and one
     more token. That row's streams give the next forward's lookahead. The cache keeps the unseen
     tokens and the path: it ends holding the sequence and tokens[:-1], as draft_window's does.
 

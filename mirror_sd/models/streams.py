@@ -10,7 +10,7 @@ Low-rank adapters (LoRA) on the top layers' linear maps act on stream rows only:
 copies of those layers whose linear maps carry the adapters (``Streams.layers_for``: the adapter
 beside each map while training, merged into it at inference), with a cache that stores nothing
 (``llama.Unstored``). They run in a pass of their own after the main rows' forward
-(``Streams.forward``; ``forward_with_streams`` for the paper's single pass), so no main row sees
+(``Streams.forward``; ``forward_with_streams``: every window row's, in the step), so no main row sees
 them and the main stream computes exactly what the model alone computes: with a frozen target,
 decoding with streams attached is the target (the lossless form of the method).
 
