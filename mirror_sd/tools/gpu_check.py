@@ -539,31 +539,32 @@ def tuning_section(rows: list[dict]) -> list[str]:
 
 def diagnosis_section(diagnosis: dict) -> list[str]:
     """Report lines: the target's top kernels by width and its times under other number formats."""
-    lines = []
-    kernels = diagnosis.get("kernels")
-    if kernels is not None:
-        lines += ["", "## The target's top kernels by width (torch.profiler, one eager forward in the kernels "
-                      "its graph records; us per forward; first, every kernel together)", ""]
-        if isinstance(kernels, str):
-            lines.append(kernels)
-        else:
-            widths = " | ".join(f"width {w}" for w in PROFILED_WIDTHS)
-            lines += [f"| kernel | calls | {widths} |", "|---|---" + "|---" * len(PROFILED_WIDTHS) + "|"]
-            for row in kernels:
-                name = row["kernel"].replace("|", "/")
-                name = f"**{name}**" if name == EVERY else f"`{name if len(name) <= 90 else name[:87] + '...'}`"
-                lines.append(f"| {name} | {row['calls']:g} | "
-                             + " | ".join(_us(row[f"us_w{w}"]) for w in PROFILED_WIDTHS) + " |")
-    formats = diagnosis.get("formats")
-    if formats is not None:
-        lines += ["", "## The target's full forward under other number formats (ms per replay; the engine runs "
-                      "fp32 without TF32)", ""]
-        if isinstance(formats, str):
-            lines.append(formats)
-        else:
-            lines += ["| width | " + " | ".join(formats) + " |", "|---" * (len(formats) + 1) + "|"]
-            lines += [f"| {w} | " + " | ".join(_ms(times[w]) for times in formats.values()) + " |" for w in BUCKETS]
-    return lines
+    def kernel_table(kernels) -> list[str]:
+        widths = " | ".join(f"width {w}" for w in PROFILED_WIDTHS)
+        lines = [f"| kernel | calls | {widths} |", "|---|---" + "|---" * len(PROFILED_WIDTHS) + "|"]
+        for row in kernels:
+            name = row["kernel"].replace("|", "/")
+            name = f"**{name}**" if name == EVERY else f"`{name if len(name) <= 90 else name[:87] + '...'}`"
+            lines.append(f"| {name} | {row['calls']:g} | "
+                         + " | ".join(_us(row[f"us_w{w}"]) for w in PROFILED_WIDTHS) + " |")
+        return lines
+
+    def format_table(formats) -> list[str]:
+        return (["| width | " + " | ".join(formats) + " |", "|---" * (len(formats) + 1) + "|"]
+                + [f"| {w} | " + " | ".join(_ms(times[w]) for times in formats.values()) + " |" for w in BUCKETS])
+
+    return (_part(diagnosis.get("kernels"), "## The target's top kernels by width (torch.profiler, one eager forward "
+                  "in the kernels its graph records; us per forward; first, every kernel together)", kernel_table)
+            + _part(diagnosis.get("formats"), "## The target's full forward under other number formats (ms per "
+                    "replay; the engine runs fp32 without TF32)", format_table))
+
+
+def _part(value, heading: str, table) -> list[str]:
+    """A report part: nothing if ``value`` is None; else its heading, then ``value`` as it is where it
+    says why it was not measured (a string), or ``table(value)``."""
+    if value is None:
+        return []
+    return ["", heading, ""] + ([value] if isinstance(value, str) else table(value))
 
 
 def _us(x) -> str:
