@@ -157,9 +157,9 @@ def rollout_stage_fits(ctx, window: list[int], spec: Rollouts | None) -> bool:
     """Whether the draft's stage for ``spec`` holds this step: the draft on stages, the window within
     the channel rows it was made for, the chain and every root within its widest forward."""
     run, cache = ctx.run, ctx.draft_cache
-    chain = len(run.sequence) - cache.length + len(window)
+    unseen = len(run.sequence) - cache.length + len(window)  # committed tokens the draft has not seen, the window
     return (spec is not None and staged_for(run.pair.draft, cache, spec) is not None
-            and len(window) < spec.rows and chain + spec.budget <= MAX_WIDTH)
+            and len(window) < spec.rows and unseen + spec.budget <= MAX_WIDTH)
 
 
 def roll_out_on_stage(ctx, window: list[int], channel: Channel, spec: Rollouts, keep: bool = False) -> BranchTable:
@@ -168,9 +168,9 @@ def roll_out_on_stage(ctx, window: list[int], channel: Channel, spec: Rollouts, 
     is the stage's output, read before the stage's next replay; ``keep``: a copy, for a step whose
     correction replays a stage (which may reuse the memory) before the host reads the table."""
     run, cache = ctx.run, ctx.draft_cache
-    chain = run.sequence[cache.length:] + list(window)  # committed tokens the draft has not seen, then the window
-    table = staged(run.pair.draft, cache).run(spec.name, [chain], rows=len(chain) + spec.budget, channel=channel)
-    cache.length += len(chain) + spec.gamma * spec.budget
+    unseen = run.sequence[cache.length:] + list(window)  # committed tokens the draft has not seen, then the window
+    table = staged(run.pair.draft, cache).run(spec.name, [unseen], rows=len(unseen) + spec.budget, channel=channel)
+    cache.length += len(unseen) + spec.gamma * spec.budget
     return BranchTable(table.table.clone() if keep else table.table)
 
 
