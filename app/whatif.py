@@ -8,6 +8,7 @@ run's acceptance and Mirror-SD hit rate for chosen ones. Below, the draft-capaci
 """
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import gradio as gr
@@ -17,7 +18,7 @@ from mirror_sd.errors import MirrorSDError
 from mirror_sd.tools import whatif
 from mirror_sd.trace import SpanKind
 
-from . import capacity, figures
+from . import capacity, figures, tuned
 from .cards import baseline
 from .inputs import ClampedSlider, show_in_range
 from .repeat import middle
@@ -38,6 +39,7 @@ step time. This small pair's acceptance and hit rate carry over to the profile's
 with a stronger draft would accept more and hit more: the controls below set both."""
 
 NOTHING = (gr.update(visible=False), "", None, None)  # the race's views, before a race
+BEST_WINDOW = "each method's best"
 
 
 def profile_choices() -> list[str]:
@@ -53,7 +55,16 @@ def whatif_tab() -> SimpleNamespace:
                                  elem_id="whatif-profile")
         ui.draft_speed = ClampedSlider(0.05, 2.0, value=whatif.load_profile(DEFAULT_PROFILE).draft_speed, step=0.05,
                                        label="Draft device speed, relative to the profile's draft figures (NPU role)")
-    ui.source = gr.Markdown()
+    with gr.Accordion("Where this profile's figures come from", open=False):
+        ui.source = gr.Markdown()
+    gr.Markdown("### When does Mirror-SD beat EAGLE on this profile?")
+    ui.verdict = gr.Markdown(elem_id="whatif-verdict")
+    ui.best = gr.Dataframe(label="Each method at its best settings for this profile: searched on a CPU, re-timed "
+                                 "on the profile (MODELLED)", interactive=False, elem_id="whatif-best", wrap=True)
+    ui.map = gr.Plot(label="Where each method leads, MODELLED", elem_id="whatif-map")
+    ui.map_text = gr.Markdown(elem_id="whatif-map-text")
+    gr.Markdown(tuned.CAPTION)
+    gr.Markdown("### This race, re-timed on the profile")
     ui.table = gr.Dataframe(label="Speedup over vanilla: measured here vs MODELLED there", interactive=False,
                             elem_id="whatif-table", wrap=True, visible=False)
     ui.why = gr.Markdown(elem_id="whatif-why")
@@ -62,9 +73,11 @@ def whatif_tab() -> SimpleNamespace:
     gr.Markdown(ASSUMES)
     with gr.Row():
         ui.own = gr.Checkbox(True, label="Use this run's acceptance and hit rate")
-        ui.alpha = ClampedSlider(0.05, 0.95, value=0.6, step=0.05, label="Acceptance per draft token (α)",
-                                 visible=False)  # shown only when the controls, not the run, set it
+        ui.alpha = ClampedSlider(0.05, 0.95, value=0.6, step=0.05, label="The draft model's acceptance per token "
+                                 "(sd, Mirror-SD)", visible=False)  # shown only when the controls, not the run, set it
         ui.hit = ClampedSlider(0.0, 1.0, value=0.5, step=0.05, label="Mirror-SD hit rate", visible=False)
+        ui.window = gr.Dropdown([BEST_WINDOW, *map(str, whatif.MAP_GAMMAS)], value=BEST_WINDOW, visible=False,
+                                label="Window: draft tokens per step (sd, Mirror-SD)", elem_id="whatif-window")
     gr.Markdown("### Draft capacity: when does Mirror-SD pay?")
     ui.curve = gr.Plot(label="Speedup as the draft grows: measured here, and MODELLED on the profile",
                        elem_id="whatif-curve")
@@ -78,8 +91,9 @@ def whatif_tab() -> SimpleNamespace:
 def wire_whatif(ui, results, drawn, tab):
     """Redraw after every race's views are drawn (``drawn``: a new race, a recorded one opened), when
     the tab opens and whenever a control moves."""
-    inputs = [results, ui.profile, ui.draft_speed, ui.own, ui.alpha, ui.hit]
-    outputs = [ui.source, ui.table, ui.why, ui.timeline, ui.utilisation, ui.curve, ui.capacity]
+    inputs = [results, ui.profile, ui.draft_speed, ui.own, ui.alpha, ui.hit, ui.window]
+    outputs = [ui.source, ui.table, ui.why, ui.timeline, ui.utilisation, ui.curve, ui.capacity, ui.verdict, ui.best,
+               ui.map, ui.map_text]
     for event in drawn:
         event.then(render, inputs, outputs, api_name=False)
     tab.select(render, inputs, outputs, api_name=False)
@@ -88,7 +102,8 @@ def wire_whatif(ui, results, drawn, tab):
     for slider in (ui.draft_speed, ui.alpha, ui.hit):  # dragged or typed; a drag redraws once, at its last value
         show_in_range(slider)
         slider.change(render, inputs, outputs, api_name=False, trigger_mode="always_last")
-    ui.own.change(lambda own: (gr.update(visible=not own),) * 2, [ui.own], [ui.alpha, ui.hit], queue=False,
+    ui.window.change(render, inputs, outputs, api_name=False, trigger_mode="always_last")
+    ui.own.change(lambda own: (gr.update(visible=not own),) * 3, [ui.own], [ui.alpha, ui.hit, ui.window], queue=False,
                   api_name=False).then(render, inputs, outputs, api_name=False)
 
 
@@ -116,25 +131,60 @@ def profile_for(name: str, current) -> whatif.Profile:
     return whatif.load_profile(name)
 
 
-def render(current, name, draft_speed, own, alpha, hit):
+def render(current, name, draft_speed, own, alpha, hit, window=None):
     """Every view of the tab for one profile and one setting of the controls."""
     trade, trade_text = capacity_view(name)
+    knobs = dict(alpha=None, hit_rate=None, window=None) if own else \
+        dict(alpha=alpha, hit_rate=hit, window=None if window in (None, BEST_WINDOW) else int(window))
+    answer = best_view(name, draft_speed, knobs)
     runs = race_runs(current)
     if not runs:
         return ("Run a race, or open a recorded one, first: the What if view re-times its steps.", *NOTHING,
-                trade, trade_text)
+                trade, trade_text, *answer)
     try:
         profile = profile_for(name, current)
     except MirrorSDError as e:
-        return f"**{e}**", *NOTHING, trade, trade_text
+        return f"**{e}**", *NOTHING, trade, trade_text, *answer
     if name != FITTED:
         profile = profile.with_draft_speed(draft_speed)
-    knobs = dict(alpha=None, hit_rate=None) if own else dict(alpha=alpha, hit_rate=hit)
     modelled = {f"{r.title} (MODELLED)": profile.retime(r.trace) for r in runs.values()}
     charts = (figures.timeline(modelled), figures.utilisation(modelled))
     why = (own_text(runs) + "\n\n" if own else "") + why_text(runs, profile, knobs)
-    return (source_text(profile), gr.update(value=speedup_table(current, runs, profile, knobs), visible=True),
-            why, *map(figures.fresh, charts), trade, trade_text)  # fresh: drawn at the tab's width
+    return (source_text(profile), gr.update(value=speedup_table(current, runs, profile, knobs, name), visible=True),
+            why, *map(figures.fresh, charts), trade, trade_text, *answer)  # fresh: drawn at the tab's width
+
+
+def tuned_profile(name: str) -> str:
+    """The tune's profile for the dropdown's choice (the race's own machine: the tune's, fitted to its spans)."""
+    return tuned.THIS_MACHINE if name == FITTED else name
+
+
+def best_view(name: str, draft_speed: float, knobs: dict):
+    """The verdict, the best-settings table, the map and its sentence for the chosen profile, from the
+    recorded tune run; the map at the controls' hit rate where they are in use, else at the measured
+    hit rate of Mirror-SD's best setting there."""
+    recorded = tuned.load()
+    profile = tuned_profile(name)
+    if recorded is None or profile not in set(recorded.best.profile):
+        return (f"No recorded tune run covers {profile} (python -m mirror_sd tune --out app/tuned records one).",
+                None, None, "")
+    hit = knobs["hit_rate"] if knobs["hit_rate"] is not None else tuned.hit_rate_of(recorded, profile)
+    verdict, table, chart, text = answer(name, None if name == FITTED else float(draft_speed), float(hit))
+    return verdict, table, figures.fresh(chart), text
+
+
+@functools.lru_cache(maxsize=64)
+def answer(name: str, draft_speed: float | None, hit: float):
+    """``best_view``'s views for one profile, draft speed and hit rate (the map takes a second to price)."""
+    recorded, profile = tuned.load(), tuned_profile(name)
+    model = tuned.profile_for(recorded, profile, draft_speed)
+    table = tuned.lead_map(recorded, profile, model, hit)
+    shipped = (tuned.draft_alpha(recorded), model.draft_ratio())
+    paper_alpha, paper_text = tuned.paper_point(recorded, profile, model, hit)
+    chart = tuned.map_figure(table, profile, shipped, tuned.exit_drafts(), paper_alpha)
+    text = tuned.map_sentence(table, profile, shipped, hit) + " " + paper_text
+    return (tuned.verdict(recorded, profile) + "\n\n" + tuned.caption(recorded, profile),
+            tuned.best_table(recorded, profile), chart, text)
 
 
 def capacity_view(name: str):
@@ -173,26 +223,58 @@ def source_text(profile: whatif.Profile) -> str:
             f"the profile's draft figures{assumed}. {profile.notes}\n\n<small>Source: {profile.source}</small>")
 
 
-def speedup_table(current, runs, profile, knobs) -> pd.DataFrame:
+def speedup_table(current, runs, profile, knobs, name) -> pd.DataFrame:
     """Per method: tokens per step, speedup measured here (when vanilla ran), and MODELLED speedup
-    there with this run's steps, and in steady state with the controls' acceptance and hit rate."""
+    there with this run's steps, and in steady state (``steady_text``)."""
     rate = baseline(current)
     rows = []
     for method, r in runs.items():
         row = whatif.summary(r.trace, profile)
-        steady = whatif.steady_state(r.trace, profile, knobs["alpha"], knobs["hit_rate"])
         rows.append({"method": r.title,
                      "τ this run": round(r.metrics.get("mean_accepted", 0.0), 3),
                      "measured here": (f"{middle(r, 'tokens_per_s') / rate:.2f}×" if rate and r.metrics else "—"),
                      f"MODELLED on {profile.name}": f"{row['vanilla_seconds'] / row['seconds']:.2f}×",
                      "MODELLED step ms": round(1000 * row["step_seconds"] / row["steps"], 2),
-                     "MODELLED, controls (steady state)": f"{steady['speedup']:.2f}× at τ {steady['tokens_per_step']:.2f}"})
+                     "MODELLED, controls (steady state)": steady_text(r.trace, profile, knobs, name)})
     return pd.DataFrame(rows)
 
 
+def steady_text(trace, profile, knobs, name) -> str:
+    """A run's steady state: its own steps and acceptance; or, under the controls, sd and Mirror-SD as
+    the map prices them (a typical step at the controls' acceptance, hit rate and window, or the best
+    window, with the tune's best settings for the profile), EAGLE and ss at their own acceptance."""
+    recorded = tuned.load()
+    method, profile_name = trace.method, tuned_profile(name)
+    if knobs["alpha"] is not None and method in ("sd", "mirror") and recorded is not None \
+            and profile_name in set(recorded.best.profile):
+        s = tuned.controls_speedup(recorded, profile_name, profile, method, knobs["alpha"], knobs["hit_rate"],
+                                   knobs["window"])
+        form = ", streams" if s["streams"] else ""
+        return f"{s['speedup']:.2f}× at τ {s['tokens_per_step']:.2f} (window {s['gamma']}{form})"
+    s = whatif.steady_state(trace, profile)
+    return f"{s['speedup']:.2f}× at τ {s['tokens_per_step']:.2f}"
+
+
+PART_WORDS = {"host": "the host's turns", SpanKind.TARGET_PREFIX: "target prefix", "token channel": "token channel",
+              f"{SpanKind.TARGET_SUFFIX} | {SpanKind.DRAFT_ROLLOUT}":
+                  "the larger of the target suffix and the draft's rollouts",
+              "verify + match branch": "rendezvous", SpanKind.FALLBACK_DRAFT: "fresh drafts after misses",
+              SpanKind.CORRECTION_ROLLOUT: "what correction rollouts outlast", SpanKind.DRAFT: "draft",
+              SpanKind.VERIFY: "verify", SpanKind.DECODE: "one target forward"}
+
+
+def parts_text(trace, profile) -> str:
+    """Every part of a run's modelled step time, the host's turns included, and their sum: the
+    table's step time (``whatif.step_parts``)."""
+    parts = whatif.step_parts(trace, profile)
+    named = " + ".join(f"{PART_WORDS.get(name, name)} {ms:.2f} ms" for name, ms in parts.items())
+    return f"{named} = **{sum(parts.values()):.2f} ms**"
+
+
 def why_text(runs, profile, knobs) -> str:
-    """Where Mirror-SD's modelled step time goes on this profile, and the hit rate at which it would
-    lead EAGLE: the two questions the view is for, answered with this run's numbers."""
+    """Where Mirror-SD's and EAGLE's modelled step time goes on this profile, part by part (the parts
+    sum to the table's step time), and the hit rate at which Mirror-SD would lead EAGLE with this
+    run's settings."""
     if "mirror" not in runs:
         return ""
     trace = runs["mirror"].trace
@@ -205,19 +287,17 @@ def why_text(runs, profile, knobs) -> str:
     miss = ("the draft's correction rollout, begun at the last step's picks, holds the next window, and what of "
             "it outlasts the host's turn between the steps is on the critical path" if whatif.corrects(trace) else
             "the next step first drafts afresh on the critical path")
-    text = (f"**Mirror-SD's step here (MODELLED, mean over this run's steps):** target prefix "
-            f"{ms.get('target-prefix', 0):.2f} ms + token channel {ms.get('token channel', 0):.2f} ms + the larger of "
-            f"the target suffix ({suffix:.2f} ms) and the draft's rollouts ({rollouts:.2f} ms), which run on two devices "
-            f"at once: {hides}; then the rendezvous, {ms.get('verify + match branch', 0):.2f} ms. A miss leaves no "
-            f"branch to continue from, so {miss}: {whatif.fallback_ms(trace, profile):.2f} ms (this run missed "
-            f"{misses:.0%} of its steps).")
+    text = (f"**Mirror-SD's step here (MODELLED, mean over this run's steps):** {parts_text(trace, profile)}, the "
+            f"table's step time. The target suffix ({suffix:.2f} ms) and the draft's rollouts ({rollouts:.2f} ms) run "
+            f"on two devices at once: {hides}. A miss leaves no branch to continue from, so {miss}: "
+            f"{whatif.fallback_ms(trace, profile):.2f} ms (this run missed {misses:.0%} of its steps).")
     if "eagle" in runs:
         eagle = runs["eagle"].trace
-        e = whatif.mean_work_ms(eagle, profile)
         lead = whatif.hit_rate_to_lead(trace, eagle, profile, knobs["alpha"])
         acceptance = "this run's acceptance" if knobs["alpha"] is None else f"acceptance α = {knobs['alpha']:.2f}"
-        text += (f"\n\n**EAGLE's step:** head {e.get('draft', 0):.2f} ms + verify {e.get('verify', 0):.2f} ms, on the "
-                 "target's device alone. " + (f"With {acceptance}, Mirror-SD leads EAGLE on this profile from a hit "
-                 f"rate of {lead:.2f}." if lead is not None else f"With {acceptance}, Mirror-SD does not lead EAGLE "
-                 "on this profile at any hit rate: its step commits too few tokens for what it costs."))
+        text += (f"\n\n**EAGLE's step:** {parts_text(eagle, profile)}, on the target's device alone. With this "
+                 f"run's Mirror-SD settings (window {trace.meta.get('options', {}).get('gamma', 2)}) and {acceptance}, "
+                 + (f"Mirror-SD leads EAGLE on this profile from a hit rate of {lead:.2f}." if lead is not None else
+                    "Mirror-SD does not lead EAGLE on this profile at any hit rate: its step commits too few tokens "
+                    "for what it costs. Each method at its best settings: above."))
     return text

@@ -1,4 +1,4 @@
-"""Command line: ``python -m mirror_sd {generate,bench,sweep,tradeoff,methods,whatif,gpu-check} ...``.
+"""Command line: ``python -m mirror_sd {generate,bench,sweep,tradeoff,tune,methods,whatif,gpu-check} ...``.
 
 Method options (--gamma, ...) come from the method registry, so a new method's options appear
 here without changes to this file. Bad input prints one line, ``error: ...``, and exits with 2.
@@ -133,6 +133,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_args(trd)
     _add_model_args(trd)
     trd.set_defaults(max_new_tokens=48)
+
+    tun = sub.add_parser("tune", help="each method's best settings for each hardware profile: every setting "
+                         "measured once here, re-timed on every profile (MODELLED)")
+    tun.add_argument("--methods", default="sd,eagle,ss,mirror", help="methods to search (default: %(default)s)")
+    tun.add_argument("--profiles", default=None,
+                     help="comma-separated what-if profiles; this-machine is fitted from the search's runs "
+                          "(default: every shipped profile and this-machine)")
+    tun.add_argument("--rounds", type=int, default=1,
+                     help="rounds after the coarse grid, each running the neighbours of every profile's best "
+                          "(default: %(default)s)")
+    tun.add_argument("--prompts", default=None, help="JSONL file (default: the bundled Spec-Bench-style set)")
+    tun.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    tun.add_argument("--per-category", type=int, default=1, help="the first N prompts of each category (default 1)")
+    tun.add_argument("--out", default="tune-out", help="output folder")
+    _add_decoding_args(tun)
+    _add_model_args(tun)
+    tun.set_defaults(max_new_tokens=48)
 
     sub.add_parser("methods", help="list the decoding methods and their options")
 
@@ -328,6 +345,43 @@ def cmd_tradeoff(args) -> int:
     return _failed_runs({f"run {index}": why for index, why in table.attrs["failed"].items()}, args.out)
 
 
+def cmd_tune(args) -> int:
+    from .tools.bench import check_writable
+    from .tools.tune import PROFILES, SEARCH, THIS_MACHINE, tune
+    from .tools.whatif import load_profile
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip() and m.strip() != "vanilla"]
+    if not methods:
+        raise MirrorSDError(f"--methods names nothing to search: give some of {', '.join(SEARCH)}")
+    for m in methods:
+        if m not in SEARCH:
+            raise MirrorSDError(f"--methods: tune searches {', '.join(SEARCH)}, not {m!r}")
+    profiles = PROFILES if args.profiles is None else [p.strip() for p in args.profiles.split(",") if p.strip()]
+    if not profiles:
+        raise MirrorSDError("--profiles names no profile: give shipped profiles or this-machine")
+    for name in profiles:
+        if name != THIS_MACHINE:
+            load_profile(name)  # an unknown name fails here, before any decoding
+    if args.rounds < 0:
+        raise MirrorSDError("--rounds must be 0 or more")
+    if _method_options(args):
+        raise MirrorSDError("tune searches the methods' options itself: leave out --gamma and the other method options")
+    if args.temperature != 0:
+        raise MirrorSDError("tune runs at temperature 0, where a setting's steps do not depend on the hardware")
+    check_writable(args.out, "--out", folder=True)
+    prompts = _prompts(args)
+    pair = _load(args)
+    best = tune(pair, prompts, methods, profiles, rounds=args.rounds, out_dir=args.out,
+                command="python -m mirror_sd " + shlex.join(args.argv), **_settings(args))
+    print(best[["profile", "method", "setting", "tau", "hit_rate", "speedup", "step_ms"]]
+          .to_markdown(index=False, floatfmt=".3f"))
+    print(f"\nwrote {args.out}/tuned.csv, searched.csv, tuned.md")
+    if best.attrs["unequal"]:
+        print(f"error: {', '.join(best.attrs['unequal'])} committed other tokens than vanilla", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_whatif(args) -> int:
     from .tools.whatif import load_profile, table
 
@@ -406,7 +460,8 @@ def main(argv=None) -> int:
     args.argv = argv  # as given, for the report's command line
     try:
         commands = {"generate": cmd_generate, "bench": cmd_bench, "sweep": cmd_sweep, "methods": cmd_methods,
-                    "whatif": cmd_whatif, "gpu-check": cmd_gpu_check, "tradeoff": cmd_tradeoff}
+                    "whatif": cmd_whatif, "gpu-check": cmd_gpu_check, "tradeoff": cmd_tradeoff,
+                    "tune": cmd_tune}
         return commands[args.command](args)
     except MirrorSDError as e:
         print(f"error: {e}", file=sys.stderr)

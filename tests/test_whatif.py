@@ -437,7 +437,7 @@ def test_the_what_if_tab_agrees_with_itself_on_a_recorded_race():
     _, _, current = load_race(path)
     measured, modelled, _ = capacity.load()
     for name, profile in (("paper-14b", "paper-14b"), (view.FITTED, capacity.THIS_MACHINE)):
-        source, shown, why, _, _, curve, text = view.render(current, name, 2.0, True, 0.6, 0.2)
+        source, shown, why, _, _, curve, text, *_ = view.render(current, name, 2.0, True, 0.6, 0.2)
         lines = {t.name: t for t in curve.data}
 
         def points(name):  # the family's line and the shipped draft's star: (cost, speedup), by cost
@@ -497,7 +497,7 @@ def test_the_app_view_draws_every_method_modelled_under_the_banner():
                                                                 mean_accepted=1.5), finished="length")
     assert "MODELLED from this run's steps, not measured" in view.BANNER
     for name in ("paper-14b", view.FITTED):
-        source, shown, why, timeline, utilisation, curve, capacity = view.render(current, name, 0.5, True, 0.6, 0.2)
+        source, shown, why, timeline, utilisation, curve, capacity, *_ = view.render(current, name, 0.5, True, 0.6, 0.2)
         table = shown["value"]
         assert shown["visible"]
         assert "the larger of the target suffix" in why

@@ -111,18 +111,11 @@ def measured_table(runs: list[tuple], stats: pd.DataFrame, costs: pd.DataFrame) 
 
 
 def steady_speedup(traces: list[Trace], profile) -> float:
-    """The runs' steady-state speedup over vanilla on ``profile`` (whatif.steady_state), pooled over
-    every trace's steps: tokens over step time, against one target forward per token."""
-    from .whatif import steady_state
+    """The runs' steady-state speedup over vanilla on ``profile``, pooled over every trace's steps
+    (whatif.pooled_steady_state)."""
+    from .whatif import pooled_steady_state
 
-    tokens = ms = 0.0
-    vanilla_ms = profile.cost("target", 1) + profile.step_ms + profile.phase_ms
-    for trace in traces:
-        if len(trace.steps) < 2:
-            continue
-        s, steps = steady_state(trace, profile), len(trace.steps) - 1
-        tokens, ms = tokens + s["tokens_per_step"] * steps, ms + s["step_ms"] * steps
-    return tokens * vanilla_ms / ms if ms else float("nan")
+    return pooled_steady_state(traces, profile)["speedup"]
 
 
 def rollout_vs_suffix(traces: list[Trace], profile) -> tuple[float, float]:

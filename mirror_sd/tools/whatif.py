@@ -47,7 +47,7 @@ import numpy as np
 
 from ..errors import MirrorSDError
 from ..models.stages import BUCKETS, MAX_WIDTH, cheapest_bucket
-from ..trace import Span, SpanKind, Step, Trace
+from ..trace import DraftWork, Rendezvous, Span, SpanKind, Step, Trace
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 STAGES = {  # stage -> what one call of it is; its cost is priced per call, by the call's width in tokens
@@ -365,6 +365,14 @@ def tree_draft_calls(options: dict) -> list[tuple[str, int]]:
     return [("draft", 1)] + [("draft", options.get("branching", 4))] * (options.get("gamma", 2) - 1)
 
 
+def fresh_draft_calls(options: dict, trees: bool) -> list[tuple[str, int]]:
+    """Mirror-SD's fresh draft of a window after a miss: a tree's levels (``tree_draft_calls``), one
+    forward with the draft's streams, or gamma forwards token by token."""
+    if trees:
+        return tree_draft_calls(options)
+    return [("draft", 1)] * (1 if options.get("streams") else options.get("gamma", 2))
+
+
 def sd_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
     window = len(step.proposed) + 1
     calls, verify = (draft_calls(step.draft), "target") if step.tree is None else (tree_draft_calls(options),
@@ -411,7 +419,7 @@ def mirror_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[P
     branches, trees = len(rv.branches), step.tree is not None  # trees: mirror's tree windows
     plan = []
     if rv.fallback or rv.corrected:
-        fresh = tree_draft_calls(options) if trees else [("draft", 1)] * gamma
+        fresh = fresh_draft_calls(options, trees)
         kind = SpanKind.FALLBACK_DRAFT if rv.fallback else SpanKind.CORRECTION_ROLLOUT
         plan.append((Work("draft", kind, f"{kind.replace('-', ' ')} {gamma} tokens", fresh, tokens=gamma),))
     depth = exit_depth(meta)
@@ -784,8 +792,7 @@ def fallback_ms(trace: Trace, profile: Profile) -> float:
     host's turn between the steps."""
     options = trace.meta.get("options", {})
     trees = options.get("tree") and trace.meta.get("temperature", 0.0) == 0
-    calls = tree_draft_calls(options) if trees else [("draft", 1)] * options.get("gamma", 2)
-    draft = sum(profile.cost(stage, width) for stage, width in calls)
+    draft = sum(profile.cost(stage, width) for stage, width in fresh_draft_calls(options, trees))
     return max(0.0, draft - profile.step_ms) if corrects(trace) else profile.phase_ms + draft
 
 
@@ -814,6 +821,23 @@ def steady_state(trace: Trace, profile: Profile, alpha: float | None = None, hit
     vanilla_ms = profile.cost("target", 1) + profile.step_ms + profile.phase_ms
     ms += profile.step_ms
     return dict(method=trace.method, tokens_per_step=tau, step_ms=ms, speedup=tau * vanilla_ms / ms)
+
+
+def pooled_steady_state(traces: list[Trace], profile: Profile) -> dict:
+    """Several runs' steady state on ``profile`` (``steady_state``), pooled over every decoding step
+    of every trace: tokens per step, ms per step, and speedup (tokens over step time, against one
+    target forward per token). Runs without a decoding step are left out."""
+    tokens = ms = steps = 0.0
+    for trace in traces:
+        n = len(trace.steps) - 1
+        if n < 1:
+            continue
+        s = steady_state(trace, profile)
+        tokens, ms, steps = tokens + s["tokens_per_step"] * n, ms + s["step_ms"] * n, steps + n
+    vanilla_ms = profile.cost("target", 1) + profile.step_ms + profile.phase_ms
+    if not ms:
+        return dict(tokens_per_step=float("nan"), step_ms=float("nan"), speedup=float("nan"))
+    return dict(tokens_per_step=tokens / steps, step_ms=ms / steps, speedup=tokens * vanilla_ms / ms)
 
 
 def tradeoff(traces: list[Trace], profile: Profile, ratios, alpha=None, hit_rate=None) -> dict[str, list[float]]:
@@ -845,3 +869,108 @@ def hit_rate_to_lead(mirror: Trace, other: Trace, profile: Profile, alpha: float
         if steady_state(mirror, profile, alpha, percent / 100)["speedup"] >= target:
             return percent / 100
     return None
+
+
+def step_parts(trace: Trace, profile: Profile) -> dict[str, float]:
+    """Where a run's modelled step time goes on ``profile``: mean ms per decoding step of each part of
+    its critical path, in schedule order, the host's turns included (``host``: its work per step and
+    its launch of each phase). Works that run side by side count once, as the longer of them
+    (``both`` names them). The parts sum to the modelled step time (``summary``'s step seconds over
+    its steps)."""
+    plans = step_plans(trace, together=not profile.one_cpu)[1:]
+    parts: dict[str, float] = {"host": profile.step_ms * len(plans)}
+    for plan in plans:
+        for phase in plan:
+            longest = max(phase_ms(phase, profile), default=0.0)
+            if in_host_turn(phase):
+                critical = max(0.0, longest - profile.step_ms)
+            else:
+                parts["host"] += profile.phase_ms
+                critical = longest
+            name = " | ".join(_part_name(w) for w in phase)
+            parts[name] = parts.get(name, 0.0) + critical
+    return {name: ms / max(len(plans), 1) for name, ms in parts.items()}
+
+
+def _part_name(work: Work) -> str:
+    return work.label if work.kind == SpanKind.RENDEZVOUS else str(work.kind)
+
+
+# -- a typical step from settings: the map's and the controls' model ------------------------------
+MAP_GAMMAS = tuple(range(1, 9))  # windows the map and the controls try for sd and Mirror-SD
+
+
+def typical_trace(method: str, options: dict, meta: dict | None = None) -> Trace:
+    """One decoding step of sd or Mirror-SD at ``options`` as the model prices it, nothing measured in
+    it: a chain window of gamma draft tokens (tree options dropped), drafted token by token or, with
+    ``streams`` 1, in one forward with the draft's streams; for Mirror-SD the branches its rollouts carry (``min(branch_budget, (gamma + 1) kappa)``, as
+    ``branches.rank_branches`` keeps them) and a hit (``steady_state`` prices the misses at the hit
+    rate it is given). ``meta``: the run's target layers (an exit's depth) and lanes' threads."""
+    gamma, streams = int(options.get("gamma", 2)), int(options.get("streams", 0))
+    trace = Trace(method, {**(meta or {}), "options": dict(options, tree=0), "temperature": 0.0, "prompt_tokens": 1})
+    step = Step(1, [0], ["target"], proposed=[0] * gamma)
+    if method == "sd":
+        step.draft = DraftWork(forwards=1 if streams == 1 else gamma)
+    elif method == "mirror":
+        branches = min(int(options.get("branch_budget", 16)), (gamma + 1) * int(options.get("kappa", 4)))
+        step.rendezvous = Rendezvous(exit_candidates=[], branches=[(0, 0, [])] * branches, branch_used=0,
+                                     fallback=False, copied=False)
+    else:
+        raise MirrorSDError(f"the typical-step model covers sd and mirror, not {method!r}")
+    trace.steps = [Step(0, [], []), step]
+    return trace
+
+
+def best_window(method: str, options: dict, profile: Profile, alpha: float, hit_rate: float | None = None,
+                meta: dict | None = None, gammas=MAP_GAMMAS) -> dict:
+    """sd's or Mirror-SD's steady state (``steady_state`` of a ``typical_trace``) at the draft's
+    acceptance ``alpha`` (and Mirror-SD's ``hit_rate``) at the best of ``gammas``: gamma,
+    tokens_per_step, step_ms, speedup."""
+    best = None
+    for gamma in gammas:
+        s = steady_state(typical_trace(method, dict(options, gamma=gamma), meta), profile, alpha,
+                         hit_rate if method == "mirror" else None)
+        if best is None or s["speedup"] > best["speedup"]:
+            best = dict(s, gamma=gamma)
+    return best
+
+
+def lead_map(profile: Profile, alphas, ratios, forms: dict[str, list[tuple[dict, tuple]]], levels: dict[str, float],
+             hit_rate: float, meta: dict | None = None):
+    """Which method leads over the draft's acceptance per token (``alphas``) and its cost per forward
+    against a one-token target forward (``ratios``), on ``profile``: sd and Mirror-SD at their best
+    drafting form and window (``forms``: per method, (options, windows) pairs, each scored by
+    ``best_window``), the methods without a draft model (EAGLE, ss) at their fixed ``levels``. One row
+    per point: alpha, ratio, each method's speedup, sd's and Mirror-SD's gamma and streams, the leader."""
+    import pandas as pd
+
+    rows = []
+    for ratio in ratios:
+        sized = profile.with_draft_ratio(ratio)
+        for alpha in alphas:
+            row = dict(alpha=alpha, ratio=ratio, **levels)
+            for method, choices in forms.items():
+                best = max(((best_window(method, options, sized, alpha, hit_rate, meta, gammas), options)
+                            for options, gammas in choices), key=lambda b: b[0]["speedup"])
+                row[method], row[f"{method}_gamma"] = best[0]["speedup"], best[0]["gamma"]
+                row[f"{method}_streams"] = int(best[1].get("streams", 0))
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    table["leader"] = table[[*forms, *levels]].idxmax(axis=1)
+    return table
+
+
+def alpha_for_speedup(speedup: float, options: dict, profile: Profile, hit_rate: float, meta: dict | None = None,
+                      gammas=MAP_GAMMAS) -> float | None:
+    """The draft acceptance per token at which Mirror-SD's best-window speedup on ``profile`` reaches
+    ``speedup`` (bisection; the speedup rises with the acceptance), or None where even 0.999 does not."""
+    def reach(alpha):
+        return best_window("mirror", options, profile, alpha, hit_rate, meta, gammas)["speedup"]
+
+    lo, hi = 0.0, 0.999
+    if reach(hi) < speedup:
+        return None
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if reach(mid) < speedup else (lo, mid)
+    return hi
