@@ -69,6 +69,22 @@ GLOSSARY = {
                    "the target always checks in fp32, so the text does not change.",
     "CUDA graphs": "a GPU's recorded sequence of kernels, replayed with one launch instead of hundreds.",
     "NVML": "NVIDIA's library for reading how busy a GPU is.",
+    "acceptance per token (α)": "the chance the target accepts a draft token, given it accepted the ones before: "
+                                "a window of γ tokens then commits 1 + α + α² + ... + α^γ tokens a step on average.",
+    "window of γ draft tokens (gamma)": "how many tokens the draft proposes per step (sd, Mirror-SD).",
+    "early-exit candidates per position (κ, kappa)": "how many of the early exit's top tokens per window row go "
+                                                    "through the token channel (Mirror-SD).",
+    "branches (branch budget)": "how many branches the draft rolls out per step (Mirror-SD).",
+    "early exit after layer N": "where Mirror-SD reads the target's early guess (l_e).",
+    "drafts in one forward with its streams": "the draft proposes the whole window in one forward pass, its "
+                                              "speculative streams guessing the tokens after the next one.",
+    "draft tree": "a window of alternatives: several candidates per position, verified together in one forward.",
+    "tree depth, candidates per node, nodes verified": "EAGLE-2's tree: how many levels, how many children each "
+                                                       "node may have, and how many nodes the target checks.",
+    "stream levels": "Speculative Streaming: how many tokens ahead the target's own streams guess.",
+    "draft cost": "one draft forward's time over one target forward's, on the chosen hardware.",
+    "profile": "a hardware description the What if tab re-times runs on: the time of each piece of work there.",
+    "best settings": "the setting of a method's options that the tune found fastest on a profile (MODELLED).",
     "MODELLED / REPORTED": "MODELLED: re-timed by a model of hardware this page does not have; REPORTED: "
                            "quoted from a paper, not run here. Everything else is measured.",
 }

@@ -36,7 +36,9 @@ channel, then **the larger of** the target's remaining layers and the draft's br
 devices at once), then the rendezvous. On a miss no branch holds the next window, so a fresh draft runs first,
 on the critical path: the more often it misses, the more those fallbacks, not the overlap, decide Mirror-SD's
 step time. This small pair's acceptance and hit rate carry over to the profile's bigger models; a bigger pair
-with a stronger draft would accept more and hit more: the controls below set both."""
+with a stronger draft would accept more and hit more. Untick the box below to set the draft model's acceptance per
+token, Mirror-SD's hit rate and the window: sd and Mirror-SD are then priced as the map prices them (a typical step,
+with the tune's best settings for the profile), EAGLE and Speculative Streaming at their own acceptance."""
 
 NOTHING = (gr.update(visible=False), "", None, None)  # the race's views, before a race
 BEST_WINDOW = "each method's best"

@@ -184,8 +184,8 @@ def test_a_bucketed_profile_prices_a_call_at_the_bucket_the_engine_routes_it_to(
     assert bucketed.cost("target", 9) == bucketed.cost("target", 16) == bucketed.cost("target", 32) == 5.9
     assert bucketed.cost("target", 5) == 5.9  # 8 holds it, 32 saves more than 5%
     assert bucketed.cost("target", 2) == 5.2  # 4 would save under 5% (5.0 against 5.2)
-    assert lined.cost("target", 9) == pytest.approx(8.2 + 0.4 / 8) and bucketed.cost("target", 128) == lined.cost(
-        "target", 128)  # past the widest stage: prefill chunks, the line
+    assert lined.cost("target", 9) == pytest.approx(8.2 + 0.4 / 8) and bucketed.cost("target", 128) == pytest.approx(
+        2 * 6.6)  # past the widest stage: a prefill runs as 64-row chunks
     assert W.Profile.from_json(bucketed.to_json()).buckets and "buckets" not in lined.to_json()
     with pytest.raises(MirrorSDError, match="buckets"):
         W.Profile.from_json(dict(data, buckets="yes"))
@@ -575,3 +575,84 @@ def test_without_a_thread_count_a_keyed_stage_uses_its_most_threads():
     profile = W.Profile("keyed", "test", {}, {"target@1": W.Cost.line(9, 0), "target@2": W.Cost.line(4, 0)})
     assert profile.cost("target", 1) == 4 and profile.cost("target", 1, threads=1) == 9
     assert profile.cost("target", 1, threads=3) == 4
+
+
+# -- what the replays leave out: a prefill's chunks, the context, EAGLE's eager pairs ---------------
+H200_TARGET = {"1": 3.4, "2": 5.2, "4": 5.0, "8": 8.2, "16": 8.6, "32": 5.9, "64": 6.6}  # replays per bucket
+
+
+def test_a_prefill_past_the_widest_stage_is_priced_as_its_64_row_chunks():
+    """The engine runs a prompt of more than 64 tokens as 64-row chunks and a last one of the rest
+    (models/forwards.py), each at the bucket it is routed to."""
+    bucketed = W.Profile.from_json(dict(name="b", source="hand-made", buckets=True,
+                                        stages={"target": {"ms_by_width": H200_TARGET}}))
+    assert bucketed.cost("prefill", 64) == 6.6 and bucketed.cost("prefill", 65) == pytest.approx(6.6 + 3.4)
+    assert bucketed.cost("prefill", 150) == pytest.approx(2 * 6.6 + 5.9)  # 22 rows left: the 32 bucket, cheaper
+    trace = trace_of("vanilla", [Step(1, [5], ["target"])], prompt_tokens=150)
+    assert W.step_ms(W.step_plans(trace)[0], bucketed, host=False) == pytest.approx(2 * 6.6 + 5.9)
+    no_widest = W.Profile.from_json(dict(name="b", source="hand-made", buckets=True,
+                                         stages={"target": {"ms_by_width": {"1": 1.0, "32": 2.0}}}))
+    assert no_widest.cost("prefill", 150) == pytest.approx(1 + 149 / 31)  # no 64 replay: the line
+
+
+def test_context_adds_its_cost_per_call_and_vanilla_s_steady_state_pays_it_at_the_same_context():
+    """A replay prices a call at an empty cache; each call adds ``context_ms`` per 100 slots it attends
+    before its window: the prompt and the tokens committed before its step, but the window's first."""
+    context = replace(PROFILE, context_ms={"target": 2.0, "draft": 1.0})
+    trace = sd_trace([(2, 1), (2, 2)], 100)  # step 1 commits 2 tokens
+    assert W.step_contexts(trace) == [0, 100, 102]
+    for index, slots in ((1, 100), (2, 102)):  # two draft forwards and one verify, each at the step's context
+        added = step_time(trace, index, context) - step_time(trace, index)
+        assert added == pytest.approx((2 * 1.0 + 2.0) * slots / 100)
+    assert step_time(trace_of("vanilla", [Step(1, [5], ["target"])], prompt_tokens=100), profile=context) == \
+        pytest.approx(11 + 2.0)
+    assert context.with_draft_speed(2.0).cost("draft", 1, context=100) == pytest.approx((2.1 + 1.0) / 2)
+
+    steady, bare = W.steady_state(trace, context), W.steady_state(trace, PROFILE)
+    assert bare["vanilla_ms"] == pytest.approx(11)
+    assert steady["vanilla_ms"] == pytest.approx(11 + 2.0 * 101 / 100)  # the mean context of the run's steps
+    assert steady["speedup"] == pytest.approx(steady["tokens_per_step"] * steady["vanilla_ms"] / steady["step_ms"])
+    assert W.pooled_steady_state([trace], context)["speedup"] == pytest.approx(steady["speedup"])
+
+    vanilla = trace_of("vanilla", [Step(i, [5], ["target"]) for i in range(1, 4)], prompt_tokens=20)
+    assert W.modelled_seconds(vanilla, context) == pytest.approx(W.vanilla_seconds(20, 4, context))
+    assert W.vanilla_seconds(20, 4, context) - W.vanilla_seconds(20, 4, PROFILE) == pytest.approx(
+        2.0 * (20 + 21 + 22) / 100 / 1000)
+    no_prompt = sd_trace([(2, 1), (2, 2)], None)  # the prompt's length not recorded: only the answer's tokens
+    assert W.step_contexts(no_prompt) == [0, 0, 2]
+
+
+def test_eagle_s_first_draft_on_stages_runs_the_pairs_past_64_through_the_head_eagerly():
+    tree = DraftTree(tokens=[1, 2], parents=[-1, 0], depths=[1, 2], scores=[0.0] * 2, path=[0, 1])
+    trace = trace_of("eagle", [Step(1, [1, 2, 3], ["accepted", "accepted", "bonus"], proposed=[1, 2], accepted=2,
+                                    tree=tree)], dict(depth=3, top_k=4), prompt_tokens=100)
+    eager = replace(PROFILE, stages={**PROFILE.stages, "eagle_head_eager": W.Cost.line(5, 0.1)})
+    levels, verify = 2 * (1 + 2), 10 + 3
+
+    def draft_ms(profile):
+        return W.step_plans(trace)[1][0][0].ms(profile)
+
+    assert draft_ms(eager) == pytest.approx((1 + 50) + levels)  # no graphs: the head over all 100 pairs
+    trace.meta["graphs"] = "on"
+    assert W.step_plans(trace)[1][0][0].calls[:2] == [("eagle_head_eager", 36), ("eagle_head", 64)]
+    assert draft_ms(eager) == pytest.approx((5 + 3.6) + (1 + 32) + levels)
+    assert step_time(trace, 1, eager) == pytest.approx((5 + 3.6) + (1 + 32) + levels + verify)
+    assert draft_ms(PROFILE) == pytest.approx((1 + 18) + (1 + 32) + levels)  # no eager cost: the head's stand-in
+    trace.meta["temperature"] = 0.7  # a sampled draft runs eagerly, off the stage: the head over every pair
+    assert draft_ms(eager) == pytest.approx((1 + 50) + 2 * (1 + 0.5))
+    bucketed = W.Profile.from_json(dict(name="b", source="hand-made", buckets=True, stages={
+        "target": {"ms_by_width": H200_TARGET}, "eagle_head_eager": {"ms_by_width": {"2": 0.5, "78": 2.1}}}))
+    assert bucketed.cost("eagle_head_eager", 40) == pytest.approx(0.5 + 38 * 1.6 / 76)  # eager: its line, no bucket
+
+
+@pytest.mark.parametrize("context_ms", [[0.2], {"gpu": 0.2}, {"target": -0.1}, {"target": "slow"},
+                                        {"target@4": 0.2}, {"target": True}])
+def test_a_malformed_context_cost_is_refused(tmp_path, context_ms):
+    data = {**W.load_profile("h200-embedded").to_json(), "context_ms": context_ms}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(MirrorSDError, match="context_ms") as error:
+        W.load_profile(path)
+    assert "bad.json" in str(error.value)
+    good = W.load_profile("h200-embedded")
+    assert good.context_ms["target"] > 0 and W.Profile.from_json(good.to_json()).to_json() == good.to_json()

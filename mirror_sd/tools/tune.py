@@ -178,12 +178,12 @@ def modelled(rows: list[dict], traces: dict[str, list[Trace]], profiles: dict) -
 
 def best_per_profile(table: pd.DataFrame, profiles) -> pd.DataFrame:
     """tuned.csv: per (profile, method) the searched setting with the highest MODELLED speedup there
-    (vanilla, and the paper's configuration as ``PAPER``, as they ran)."""
+    (vanilla as it ran), and the paper's configuration again as the method ``PAPER``."""
     rows = []
     for name in profiles:
         for method, group in table.groupby("method", sort=False):
-            searched = group[group.label != "paper"]
-            for label, part in (("best", searched), ("paper", group[group.label == "paper"])):
+            searched = group
+            for label, part in (("best", searched), ("paper", group[group.paper])):
                 if part.empty:
                     continue
                 r = part.loc[part[f"speedup@{name}"].idxmax()]
@@ -211,8 +211,10 @@ def tune(pair, prompts: list[dict], methods=("sd", "eagle", "ss", "mirror"), pro
     started = time.perf_counter()
     shipped = {n: load_profile(n) for n in profiles if n != THIS_MACHINE}
     settings = [("coarse", m, o) for m in methods for o in search[m].coarse]
-    if "mirror" in methods:
-        settings.append(("paper", "mirror", paper_settings(pair)))
+    paper = None
+    if "mirror" in methods:  # run in round 0 with the coarse grid, and marked (it may be one of the grid's)
+        settings.append(("coarse", "mirror", paper_settings(pair)))
+        paper = key("mirror", paper_settings(pair))
     rows, traces, fitted = [], {}, None
     for round_ in range(rounds + 1):
         seen = {r["setting"] for r in rows}
@@ -225,7 +227,7 @@ def tune(pair, prompts: list[dict], methods=("sd", "eagle", "ss", "mirror"), pro
         if not fresh:
             break
         new_rows, new_traces = measure(pair, prompts, fresh, round_, max_new_tokens, **decoding)
-        rows += [r for r in new_rows if not (r["method"] == "vanilla" and round_ > 0)]
+        rows += [dict(r, paper=r["setting"] == paper) for r in new_rows if not (r["method"] == "vanilla" and round_ > 0)]
         traces.update(new_traces)
         if fitted is None and THIS_MACHINE in profiles:  # fitted once, on round 0's spans
             fitted = fit_profile([t for ts in traces.values() for t in ts], name=THIS_MACHINE,
@@ -260,7 +262,8 @@ def report(best: pd.DataFrame, table: pd.DataFrame, meta: dict) -> str:
              ""]
     shown = best[["profile", "method", "setting", "tau", "hit_rate", "speedup", "step_ms", "measured_speedup_here"]]
     lines += [shown.to_markdown(index=False, floatfmt=".3f"), "", "## Every setting searched", "",
-              "Rounds: 0 the coarse grid and the paper's configuration; then the neighbours of each profile's best.",
+              "Rounds: 0 the coarse grid and the paper's configuration (`paper`); then the neighbours of each profile's "
+              "best.",
               "", table.drop(columns=["options", "label"]).to_markdown(index=False, floatfmt=".3f"), ""]
     unequal = table.setting[~table.equal_to_vanilla].tolist()
     if unequal:

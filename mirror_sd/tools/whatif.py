@@ -19,20 +19,26 @@ a function of width) and lays it out with each method's schedule:
 (T_level: a level of EAGLE's tree draft after the first; T_stream_draft: the streams' whole draft.
 A profile without their own costs prices them as T_head and T_streams: the forwards alone, as the
 host runs them between its own operations. On CUDA graphs each draft is one stage, with the tree's
-top-k and bookkeeping inside it, and gpu-check gives them costs of their own.)
+top-k and bookkeeping inside it, and gpu-check gives them costs of their own. That stage holds 64
+pending pairs at most: a long prompt's others go through the head eagerly first, T_head_eager.)
 
 (T_prefix and T_suffix are the profile's at the exit depth it was measured at, ``split``; a run
 that exits at another depth, as a share of its layers, moves layers from one to the other.)
 
 (``max`` where the devices overlap fully; ``overlap`` in 0..1 hides that share of the shorter
-work.) The host adds ``step_ms`` per step and ``phase_ms`` per phase (each line of work above,
-which it launches and waits for): on a GPU that runs CUDA graphs the host's turns are what the
-spans leave idle, and a method of more phases per step waits on it more often. The result is a
+work.) A stage's cost is its price at an empty cache; a call that attends a context (the prompt and
+the tokens committed before its step) adds the profile's ``context_ms`` for its stage per 100
+slots, so vanilla, whose many steps attend the same growing context, pays it too. The host adds
+``step_ms`` per step and ``phase_ms`` per phase (each line of work above, which it launches and
+waits for): on a GPU that runs CUDA graphs the host's turns are what the spans leave idle, and a
+method of more phases per step waits on it more often. The result is a
 :class:`~mirror_sd.trace.Trace` of the same shape: the same steps and tokens, only the spans
 moved, marked ``meta["modelled"] = True``. It is a model, not a measurement: every figure drawn
 from it must say so.
 
-Profiles are small JSON files (``mirror_sd/tools/profiles/*.json``), each with its ``source``;
+Profiles are small JSON files (``mirror_sd/tools/profiles/*.json``), each with its ``source``:
+per-stage costs by width (``stages``), the context's cost per call (``context_ms``), the devices'
+overlap and the host's time;
 :func:`fit_profile` fits one for this machine from measured spans, and :func:`held_out_check`
 tests it on prompts it was not fitted on.
 """
@@ -59,6 +65,8 @@ STAGES = {  # stage -> what one call of it is; its cost is priced per call, by t
     "draft": "one draft forward over `width` tokens (a window token, or a batch of branches)",
     "draft_prefill": "the draft's forward over the prompt",
     "eagle_head": "one EAGLE head step over `width` tokens (tree frontier)",
+    "eagle_head_eager": "EAGLE on stages: the head over the `width` pending pairs past the stage's widest window "
+                        "(a long prompt's), run eagerly before it",
     "eagle_level": "EAGLE: a level of its tree draft after the first (the head over the `width`-node frontier, "
                    "then the next frontier's top-k)",
     "streams": "Speculative Streaming: a pass of `width` stream rows through the top layers",
@@ -66,11 +74,14 @@ STAGES = {  # stage -> what one call of it is; its cost is priced per call, by t
                     "tree's pick)",
 }
 DRAFT_STAGES = ("draft", "draft_prefill")  # run on the draft device: scaled by its speed
+EAGER_STAGES = ("eagle_head_eager",)  # run outside the captured stages: priced on their line, never bucketed
 # A profile without a stage's own cost prices it as another: a tree under a mask as a window as wide
 # (on a GPU the attention mask costs next to nothing; on a CPU it takes another kernel, so fitted
 # profiles have their own); a draft's level or whole draft as its forwards alone (on CUDA graphs the
-# draft is one stage with its picks inside, which gpu-check times: ``bench_stages``).
-STAND_INS = {"target_tree": "target", "eagle_level": "eagle_head", "stream_draft": "streams"}
+# draft is one stage with its picks inside, which gpu-check times: ``bench_stages``); the head's eager
+# pairs as the head's own stage.
+STAND_INS = {"target_tree": "target", "eagle_level": "eagle_head", "stream_draft": "streams",
+             "eagle_head_eager": "eagle_head"}
 
 
 # -- costs and profiles ------------------------------------------------------------------------
@@ -127,9 +138,13 @@ class Cost:
 def bucketed_ms(cost: Cost, width: float) -> float:
     """The cost of a call of ``width`` tokens on fixed-width stages whose replays ``cost`` measured at
     each bucket: the engine runs it at the cheapest measured bucket that holds it (models/stages.py:
-    ``cheapest_bucket``). Wider than the widest stage (a prefill, run in 64-token chunks) or at a
-    bucket not measured: the line through the points."""
+    ``cheapest_bucket``). Wider than the widest stage (a prefill), it runs as chunks of that width
+    and a last chunk of the rest (models/forwards.py), each priced so. At a bucket not measured
+    (or, wider, where the widest was not): the line through the points."""
     replay = {int(w): ms for w, ms in cost.points if float(w).is_integer() and int(w) in BUCKETS}
+    if width > MAX_WIDTH and MAX_WIDTH in replay:
+        full, rest = divmod(math.ceil(width), MAX_WIDTH)
+        return full * replay[MAX_WIDTH] + (bucketed_ms(cost, rest) if rest else 0.0)
     if not 0 < width <= MAX_WIDTH:
         return cost(width)
     return replay.get(cheapest_bucket(math.ceil(width), replay), cost(width))
@@ -165,6 +180,10 @@ class Profile:
     # exits at another depth moves layers between them (``cost``'s ``depth``). None: the profile's
     # split stands whatever the run's (the paper profiles: the paper's exit on a model of its own).
     split: tuple[int, int] | None = None
+    # stage -> ms a call of it adds per 100 slots it attends before its window (``Work.context``): the
+    # stages' costs are their price at an empty cache, as a CUDA-graph replay measures them (its rows
+    # attend only their own scratch slots). A stage not named adds nothing.
+    context_ms: dict = field(default_factory=dict)
 
     def retime(self, trace: Trace) -> Trace:
         """``trace`` re-timed on this profile (``retime``)."""
@@ -175,17 +194,29 @@ class Profile:
         """Whether both lanes are cores of one CPU (the engine then prefills the models in turn)."""
         return all(str(self.devices.get(role, "")).startswith("cpu") for role in ("target", "draft"))
 
-    def cost(self, stage: str, width: float, threads: int | None = None, depth: float | None = None) -> float:
+    def cost(self, stage: str, width: float, threads: int | None = None, depth: float | None = None,
+             context: float = 0) -> float:
         """Milliseconds of one call of ``stage`` over ``width`` tokens on this profile; on a lane
         with ``threads`` CPU threads, the stage's cost for that many (``"draft@1"``) where it has one,
         and where it has only such costs and no count is given, the one with the most threads (a
         lane with the machine to itself, as vanilla's). ``depth``: the run's exit layer over its
-        target's layers, for Mirror-SD's prefix and suffix (``moved_layers_ms``)."""
+        target's layers, for Mirror-SD's prefix and suffix (``moved_layers_ms``). ``context``: the
+        slots the call attends before its window (``context_cost``)."""
         ms = self._stage_ms(stage, width, threads)
         if stage in ("target_prefix", "target_suffix") and depth is not None and self.split:
             moved = self.moved_layers_ms(width, threads, depth)
             ms = max(0.0, ms + moved if stage == "target_prefix" else ms - moved)
-        return ms
+        return ms + self.context_cost(stage, context)
+
+    def context_cost(self, stage: str, context: float) -> float:
+        """What a call of ``stage`` adds for the ``context`` slots it attends before its window:
+        ``context_ms`` per 100 slots, the stage's own or, where the profile prices the stage as its
+        stand-in (``STAND_INS``), the stand-in's; on the draft device at its speed."""
+        stage = stage.split("@")[0]
+        if stage in STAND_INS and not any(k.split("@")[0] == stage for k in self.stages):
+            stage = STAND_INS[stage]
+        ms = self.context_ms.get(stage, 0.0) * context / 100
+        return ms / self.draft_speed if stage in DRAFT_STAGES else ms
 
     def moved_layers_ms(self, width: float, threads: int | None, depth: float) -> float:
         """What the layers between the profile's exit and one at ``depth`` (a share of the layers)
@@ -205,7 +236,8 @@ class Profile:
             keyed = f"{stage}@{counts[-1]}"
         if keyed not in self.stages:
             raise MirrorSDError(f"profile {self.name!r} has no cost for stage {stage!r}")
-        ms = bucketed_ms(self.stages[keyed], width) if self.buckets else self.stages[keyed](width)
+        bucketed = self.buckets and stage not in EAGER_STAGES
+        ms = bucketed_ms(self.stages[keyed], width) if bucketed else self.stages[keyed](width)
         return ms / self.draft_speed if stage in DRAFT_STAGES else ms
 
     def with_draft_speed(self, speed: float) -> "Profile":
@@ -220,16 +252,20 @@ class Profile:
 
     def with_draft_ratio(self, ratio: float) -> "Profile":
         """The draft (and the EAGLE head) made ``ratio`` times a one-token target forward, width for width
-        in proportion: the x axis of the tradeoff curve. The draft's prefill and an EAGLE level keep
-        their proportion to the draft and to the head."""
+        in proportion: the x axis of the tradeoff curve. The draft's prefill, an EAGLE level and the
+        head's eager pairs keep their proportion to the draft and to the head, and so does what the
+        context adds to each (``context_ms``)."""
         target = self.cost("target", 1)
-        stages = dict(self.stages)
+        stages, context = dict(self.stages), dict(self.context_ms)
         for stage, like in (("draft", "draft"), ("draft_prefill", "draft"), ("eagle_head", "eagle_head"),
-                            ("eagle_level", "eagle_head")):
+                            ("eagle_level", "eagle_head"), ("eagle_head_eager", "eagle_head")):
             now = self.cost(like, 1) if any(k.split("@")[0] == like for k in stages) else 0.0
+            scale = ratio * target / now if now > 0 else 0.0
             for key in [k for k in stages if k.split("@")[0] == stage]:  # a fitted CPU's per-thread costs too
-                stages[key] = stages[key].scaled(ratio * target / now if now > 0 else 0.0)
-        return replace(self, stages=stages)
+                stages[key] = stages[key].scaled(scale)
+            if stage in context:
+                context[stage] *= scale
+        return replace(self, stages=stages, context_ms=context)
 
     def to_json(self) -> dict:
         return dict(name=self.name, source=self.source, devices=self.devices, notes=self.notes,
@@ -237,6 +273,7 @@ class Profile:
                     draft_speed=self.draft_speed, step_ms=self.step_ms, phase_ms=self.phase_ms,
                     **(dict(buckets=True) if self.buckets else {}),
                     **(dict(split=dict(exit_layer=self.split[0], layers=self.split[1])) if self.split else {}),
+                    **(dict(context_ms=dict(self.context_ms)) if self.context_ms else {}),
                     stages={s: c.to_json() for s, c in self.stages.items()})
 
     @classmethod
@@ -275,7 +312,8 @@ class Profile:
             raise MirrorSDError(f"{where}: \"buckets\" is true or false, got {json.dumps(data['buckets'])}")
         return cls(name=data["name"], source=data["source"], devices=dict(devices), stages=costs,
                    notes=str(data.get("notes", "")), buckets=data.get("buckets", False),
-                   split=_split_from_json(data.get("split"), where), **numbers)
+                   split=_split_from_json(data.get("split"), where),
+                   context_ms=_context_from_json(data.get("context_ms"), where), **numbers)
 
 
 def _split_from_json(value, where: str) -> tuple[int, int] | None:
@@ -288,6 +326,17 @@ def _split_from_json(value, where: str) -> tuple[int, int] | None:
         return value["exit_layer"], value["layers"]
     raise MirrorSDError(f"{where}: \"split\" is {{\"exit_layer\": e, \"layers\": n}} with 0 < e < n, "
                         f"got {json.dumps(value)[:80]}")
+
+
+def _context_from_json(value, where: str) -> dict:
+    """``{"target": 0.22, ...}`` (stage -> ms per call per 100 slots, each at least 0) -> the same
+    dict of floats; absent -> {}."""
+    if value is None:
+        return {}
+    if isinstance(value, dict) and all(s in STAGES and _is_number(ms) and ms >= 0 for s, ms in value.items()):
+        return {s: float(ms) for s, ms in value.items()}
+    raise MirrorSDError(f"{where}: \"context_ms\" maps a stage ({', '.join(STAGES)}) to ms per call per 100 "
+                        f"slots of context (a number >= 0), got {json.dumps(value)[:80]}")
 
 
 def profile_names() -> list[str]:
@@ -325,11 +374,12 @@ class Work:
     tokens: int = 0
     threads: int | None = None  # CPU threads of the lane that ran it (trace.meta["threads"]), where recorded
     depth: float | None = None  # Mirror-SD's prefix and suffix: the run's exit layer over its target's layers
+    context: int = 0  # slots its forwards attend before their window (``step_contexts``)
 
     def ms(self, profile: Profile) -> float:
         if self.fixed:
             return getattr(profile, self.fixed)
-        return sum(profile.cost(stage, width, self.threads, self.depth) for stage, width in self.calls)
+        return sum(profile.cost(stage, width, self.threads, self.depth, self.context) for stage, width in self.calls)
 
 
 Phase = tuple  # Work items that run at the same time, one per lane
@@ -384,14 +434,26 @@ def sd_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase
 def eagle_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
     """The head reads the pending (feature, token) pairs (the whole prompt's at step 1, then the
     last step's tokens), then expands ``depth - 1`` levels of ``top_k`` frontier nodes (a sampled
-    chain at T > 0: one node per level); one verify forward."""
+    chain at T > 0: one node per level); one verify forward. A greedy draft on stages is one stage
+    of at most MAX_WIDTH pairs: the pairs before them (a long prompt's) go through the head eagerly
+    first (methods/eagle.py: ``draft_on_stage``), ``eagle_head_eager``."""
     depth, top_k = options.get("depth", 3), options.get("top_k", 4)
-    frontier = top_k if meta.get("temperature", 0.0) == 0 else 1
+    greedy = meta.get("temperature", 0.0) == 0
+    frontier = top_k if greedy else 1
     pending = int(meta.get("prompt_tokens", 1)) if previous.index == 0 else len(previous.committed)
     window = len(step.tree.tokens) + 1
-    head = [("eagle_head", pending)] + [("eagle_level", frontier)] * (depth - 1)
+    eager = pending - MAX_WIDTH if greedy and on_stages(meta) and pending > MAX_WIDTH else 0
+    head = [("eagle_head_eager", eager)] if eager else []
+    head += [("eagle_head", pending - eager)] + [("eagle_level", frontier)] * (depth - 1)
     return [(Work("target", SpanKind.DRAFT, f"draft tree, depth {depth}", head, tokens=pending),),
             (Work("target", SpanKind.VERIFY, f"verify {window} tokens", [("target_tree", window)], tokens=window),)]
+
+
+def on_stages(meta: dict) -> bool:
+    """Whether a run's methods ran on fixed-shape stages (models/stages.py): graphs "on", or "auto"
+    on a CUDA target lane."""
+    graphs = meta.get("graphs")
+    return graphs == "on" or (graphs == "auto" and "cuda" in str(meta.get("target_lane", "")))
 
 
 def ss_plan(step: Step, previous: Step, options: dict, meta: dict) -> list[Phase]:
@@ -472,9 +534,20 @@ def corrects(trace: Trace) -> bool:
 PLANS = {"vanilla": vanilla_plan, "sd": sd_plan, "eagle": eagle_plan, "ss": ss_plan, "mirror": mirror_plan}
 
 
+def step_contexts(trace: Trace) -> list[int]:
+    """Each step's context: the slots its forwards attend before their window, which are the prompt
+    and every token committed before the step but the last (the window's first); 0 for the prefill.
+    A trace that does not say how long its prompt was (no ``prompt_tokens``) counts the prompt as 0."""
+    prompt, before, contexts = int(trace.meta.get("prompt_tokens") or 0), 0, []
+    for index, step in enumerate(trace.steps):
+        contexts.append(max(0, prompt + before - 1) if index else 0)
+        before += len(step.committed)
+    return contexts
+
+
 def step_plans(trace: Trace, together: bool = False) -> list[list[Phase]]:
     """Each step's work, prefill first (``prefill_plan``'s ``together``), in the order the method's
-    schedule runs it."""
+    schedule runs it, each work at its step's context (``step_contexts``)."""
     if trace.method not in PLANS:
         raise MirrorSDError(f"no latency model for method {trace.method!r} (models: {', '.join(PLANS)})")
     plan, options = PLANS[trace.method], trace.meta.get("options", {})
@@ -482,8 +555,9 @@ def step_plans(trace: Trace, together: bool = False) -> list[list[Phase]]:
     for previous, step in zip(trace.steps, trace.steps[1:]):
         plans.append(plan(step, previous, options, trace.meta))
     threads = trace.meta.get("threads", {})
-    for work in (w for plan in plans for phase in plan for w in phase):
-        work.threads = threads.get(work.lane)
+    for plan, context in zip(plans, step_contexts(trace)):
+        for work in (w for phase in plan for w in phase):
+            work.threads, work.context = threads.get(work.lane), context
     return plans
 
 
@@ -556,10 +630,18 @@ def modelled_seconds(trace: Trace, profile: Profile) -> float:
             + profile.step_ms * len(steps)) / 1000
 
 
+def vanilla_step_ms(profile: Profile, context: float = 0) -> float:
+    """A vanilla decoding step on ``profile``: one target forward over one token that attends
+    ``context`` slots before it, and the host's turns (a step and a phase)."""
+    return profile.cost("target", 1, context=context) + profile.step_ms + profile.phase_ms
+
+
 def vanilla_seconds(prompt_tokens: int, new_tokens: int, profile: Profile) -> float:
-    """Vanilla's run with the same prompt and answer length on ``profile``: one target forward per token."""
-    decode = profile.cost("target", 1) + profile.step_ms + profile.phase_ms
-    return (profile.cost("prefill", prompt_tokens) + max(new_tokens - 1, 0) * decode) / 1000
+    """Vanilla's run with the same prompt and answer length on ``profile``: one target forward per
+    token after the prefill's, each attending the prompt and the tokens before it (``step_contexts``)."""
+    steps = max(new_tokens - 1, 0)
+    decode = sum(vanilla_step_ms(profile, prompt_tokens + i) for i in range(steps))
+    return (profile.cost("prefill", prompt_tokens) + decode) / 1000
 
 
 def summary(trace: Trace, profile: Profile) -> dict:
@@ -800,7 +882,8 @@ def steady_state(trace: Trace, profile: Profile, alpha: float | None = None, hit
     """A run's decoding steps on ``profile`` in the long run, prefill left out: tokens per step
     (this run's, or from the acceptance ``alpha``), ms per step (this run's steps priced on the
     profile; for Mirror-SD with its misses' fresh drafts at this run's rate, or at ``1 - hit_rate``),
-    and speedup over vanilla's one target forward per token on the same profile."""
+    and speedup over vanilla's one target forward per token on the same profile at the mean context
+    of the run's steps (``vanilla_ms``: vanilla's step, ``vanilla_step_ms``)."""
     steps = trace.steps[1:]
     if not steps:
         raise MirrorSDError(f"the {trace.method} run has no decoding steps to model")
@@ -818,26 +901,29 @@ def steady_state(trace: Trace, profile: Profile, alpha: float | None = None, hit
     tau = sum(len(s.committed) for s in steps) / len(steps)
     if alpha is not None and trace.method in WINDOW_OPTION:
         tau = tokens_per_step(alpha, trace.meta.get("options", {}).get(WINDOW_OPTION[trace.method], 1))
-    vanilla_ms = profile.cost("target", 1) + profile.step_ms + profile.phase_ms
+    contexts = step_contexts(trace)[1:]
+    vanilla_ms = vanilla_step_ms(profile, sum(contexts) / len(contexts))
     ms += profile.step_ms
-    return dict(method=trace.method, tokens_per_step=tau, step_ms=ms, speedup=tau * vanilla_ms / ms)
+    return dict(method=trace.method, tokens_per_step=tau, step_ms=ms, speedup=tau * vanilla_ms / ms,
+                vanilla_ms=vanilla_ms)
 
 
 def pooled_steady_state(traces: list[Trace], profile: Profile) -> dict:
     """Several runs' steady state on ``profile`` (``steady_state``), pooled over every decoding step
     of every trace: tokens per step, ms per step, and speedup (tokens over step time, against one
-    target forward per token). Runs without a decoding step are left out."""
-    tokens = ms = steps = 0.0
+    target forward per token, each run's at its own steps' context). Runs without a decoding step are
+    left out."""
+    tokens = ms = steps = vanilla = 0.0
     for trace in traces:
         n = len(trace.steps) - 1
         if n < 1:
             continue
         s = steady_state(trace, profile)
         tokens, ms, steps = tokens + s["tokens_per_step"] * n, ms + s["step_ms"] * n, steps + n
-    vanilla_ms = profile.cost("target", 1) + profile.step_ms + profile.phase_ms
+        vanilla += s["tokens_per_step"] * n * s["vanilla_ms"]  # vanilla's time for the run's tokens
     if not ms:
         return dict(tokens_per_step=float("nan"), step_ms=float("nan"), speedup=float("nan"))
-    return dict(tokens_per_step=tokens / steps, step_ms=ms / steps, speedup=tokens * vanilla_ms / ms)
+    return dict(tokens_per_step=tokens / steps, step_ms=ms / steps, speedup=vanilla / ms)
 
 
 def tradeoff(traces: list[Trace], profile: Profile, ratios, alpha=None, hit_rate=None) -> dict[str, list[float]]:
