@@ -30,7 +30,7 @@ REPORTED_SPEEDUP = 3.82  # the paper's mean Mirror-SD speedup on Qwen3-14B (Tabl
 TITLES = {"vanilla": "Vanilla", "sd": "Speculative decoding", "eagle": "EAGLE-2", "ss": "Speculative Streaming",
           "mirror": "Mirror-SD", PAPER: "Mirror-SD, the paper's configuration"}
 COLOURS = {"mirror": "#059669", "eagle": "#dc2626", "sd": "#2563eb", "ss": "#9333ea"}
-ALPHAS = tuple(np.round(np.arange(0.30, 0.951, 0.025), 3))  # the map's x: the draft's acceptance per token
+ALPHAS = tuple(np.round(np.arange(0.10, 0.951, 0.025), 3))  # the map's x: the draft's acceptance per token
 RATIOS = tuple(np.round(np.geomspace(0.02, 1.0, 18), 4))  # the map's y: a draft forward / a target forward
 
 
@@ -297,7 +297,9 @@ def map_figure(table: pd.DataFrame, profile: str, shipped: tuple[float, float], 
                                  marker=dict(symbol="x", size=14, color="#b45309", line=dict(width=2))))
     fig.update_layout(title=f"Who leads on {profile}, MODELLED: each method at its best window",
                       xaxis_title="the draft's acceptance per token (α)",
-                      yaxis=dict(title="draft cost: one draft forward / one target forward", type="log"),
+                      yaxis=dict(title="draft cost: one draft forward / one target forward", type="log",
+                                 tickvals=[0.02, 0.05, 0.1, 0.2, 0.5, 1.0], ticktext=["0.02", "0.05", "0.1", "0.2",
+                                                                                      "0.5", "1"]),
                       height=520, margin=dict(l=10, r=10, t=50, b=40), legend=dict(orientation="h", y=-0.22),
                       font=dict(size=14))
     return fig

@@ -18,7 +18,7 @@ from mirror_sd.errors import MirrorSDError
 from mirror_sd.tools import whatif
 from mirror_sd.trace import SpanKind
 
-from . import capacity, figures, tuned
+from . import capacity, figures, held_out, tuned
 from .cards import baseline
 from .inputs import ClampedSlider, show_in_range
 from .repeat import middle
@@ -42,6 +42,7 @@ with the tune's best settings for the profile), EAGLE and Speculative Streaming 
 
 NOTHING = (gr.update(visible=False), "", None, None)  # the race's views, before a race
 BEST_WINDOW = "each method's best"
+TITLE = tuned.TITLES
 
 
 def profile_choices() -> list[str]:
@@ -62,7 +63,8 @@ def whatif_tab() -> SimpleNamespace:
     gr.Markdown("### When does Mirror-SD beat EAGLE on this profile?")
     ui.verdict = gr.Markdown(elem_id="whatif-verdict")
     ui.best = gr.Dataframe(label="Each method at its best settings for this profile: searched on a CPU, re-timed "
-                                 "on the profile (MODELLED)", interactive=False, elem_id="whatif-best", wrap=True)
+                                 "on the profile (MODELLED)", interactive=False, elem_id="whatif-best", wrap=True,
+                           column_widths=["13%", "37%", "9%", "9%", "16%", "16%"])
     ui.map = gr.Plot(label="Where each method leads, MODELLED", elem_id="whatif-map")
     ui.map_text = gr.Markdown(elem_id="whatif-map-text")
     gr.Markdown(tuned.CAPTION)
@@ -185,8 +187,28 @@ def answer(name: str, draft_speed: float | None, hit: float):
     paper_alpha, paper_text = tuned.paper_point(recorded, profile, model, hit)
     chart = tuned.map_figure(table, profile, shipped, tuned.exit_drafts(), paper_alpha)
     text = tuned.map_sentence(table, profile, shipped, hit) + " " + paper_text
-    return (tuned.verdict(recorded, profile) + "\n\n" + tuned.caption(recorded, profile),
+    return (tuned.verdict(recorded, profile) + "\n\n" + trust_text(name) + "\n\n" + tuned.caption(recorded, profile),
             tuned.best_table(recorded, profile), chart, text)
+
+
+def trust_text(name: str) -> str:
+    """How far the profile's model has been checked against measured runs it was not fitted on."""
+    if name == held_out.PROFILE:
+        pooled = held_out.pooled()
+        checks = "; ".join(f"{TITLE[m]} {r.measured_speedup:.2f}× measured, {r.modelled_speedup:.2f}× MODELLED "
+                           f"({r.error:+.0%})" for m, r in pooled.iterrows() if m != "vanilla")
+        text = (f"**How far to trust this profile:** checked on the six races recorded on an H200, which it was not "
+                f"fitted on (each method's speedup, pooled over the six): {checks}.")
+        for r in held_out.worst().itertuples():
+            kind, measured, modelled = held_out.largest_gap(r.race, r.method)
+            text += (f" Off by more than 15%: {TITLE[r.method]} on {r.race} ({r.error:+.0%}), where one {kind} took "
+                     f"{measured:.2f} ms against {modelled:.2f} MODELLED, a cost the profile does not price.")
+        return text
+    if name == FITTED:
+        return ("**How far to trust this profile:** it is fitted to the spans of the tune's own runs on the processor "
+                "named below, so it gives back roughly what was measured there (in sample).")
+    return ("**How far to trust this profile:** no run on this hardware checks it: its figures are forward times "
+            "measured on other models or GPUs (the drawer above says which), so read its numbers as a model's.")
 
 
 def capacity_view(name: str):

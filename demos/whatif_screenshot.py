@@ -1,4 +1,5 @@
-"""Retake docs/whatif.png (the app's What if tab after a real race, on the paper-scale profile) and
+"""Retake docs/whatif.png (the app's What if tab after a real race, on the paper-scale profile),
+docs/whatif-map.png (its answer: each method at its best settings and the map of who leads) and
 docs/whatif-capacity.png (its draft-capacity view and the paper's Table 1).
 
     python demos/whatif_screenshot.py ["prompt"] [max new tokens]
@@ -35,17 +36,24 @@ def main():
         page.get_by_role("tab", name="What if").click()
         expect(page.locator("#whatif-timeline .js-plotly-plot")).to_be_visible(timeout=60_000)
         expect(page.locator("#whatif-curve .js-plotly-plot")).to_be_visible(timeout=60_000)
+        expect(page.locator("#whatif-map .js-plotly-plot")).to_be_visible(timeout=60_000)
         page.wait_for_timeout(1500)
         top = page.locator("#whatif-banner").bounding_box()["y"] - 12  # the tab, from its banner down
         height = page.evaluate("document.documentElement.scrollHeight") - top
         page.screenshot(path=DOCS / "whatif.png", full_page=True, clip=dict(x=0, y=top, width=1280, height=height))
+        page.locator("#whatif-verdict").scroll_into_view_if_needed()
+        first = page.locator("#whatif-verdict").bounding_box()["y"] + page.evaluate("window.scrollY") - 12
+        last = page.locator("#whatif-map-text").bounding_box()
+        bottom = last["y"] + last["height"] + page.evaluate("window.scrollY") + 12
+        page.screenshot(path=DOCS / "whatif-map.png", full_page=True,
+                        clip=dict(x=0, y=first, width=1280, height=bottom - first))
         page.locator("#whatif-curve").scroll_into_view_if_needed()
         first = page.locator("#whatif-curve").bounding_box()["y"] + page.evaluate("window.scrollY") - 12
         last = page.locator("#whatif-reported").bounding_box()
         bottom = last["y"] + last["height"] + page.evaluate("window.scrollY") + 12
         page.screenshot(path=DOCS / "whatif-capacity.png", full_page=True,
                         clip=dict(x=0, y=first, width=1280, height=bottom - first))
-    print(f"wrote {DOCS / 'whatif.png'} and {DOCS / 'whatif-capacity.png'}")
+    print(f"wrote {DOCS / 'whatif.png'}, {DOCS / 'whatif-map.png'} and {DOCS / 'whatif-capacity.png'}")
 
 
 if __name__ == "__main__":

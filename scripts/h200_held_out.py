@@ -22,48 +22,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import pandas as pd
-
-from app.replay import RECORDED, load_race
+from app.held_out import held_out_table, runs
 from mirror_sd.tools import whatif
 
-RACES = RECORDED / "nvidia-h200"
 CSV = Path(__file__).resolve().parents[1] / "docs" / "whatif-h200-held-out.csv"
-
-
-def runs(folder: Path = RACES, profile: str = "h200-embedded") -> pd.DataFrame:
-    """One row per (race, method): tokens, measured wall seconds, modelled seconds and modelled vanilla
-    seconds, with vanilla's measured seconds in the same race."""
-    prof, rows = whatif.load_profile(profile), []
-    for path in sorted(folder.glob("*.json")):
-        _, _, results = load_race(path)
-        vanilla = results["vanilla"].metrics
-        for method in (m for m in whatif.PLANS if m in results):
-            r = results[method]
-            s = whatif.summary(r.trace, prof)
-            rows.append(dict(race=path.stem, method=method, tokens=r.metrics["new_tokens"], wall_s=r.metrics["wall_s"],
-                             vanilla_tokens=vanilla["new_tokens"], vanilla_wall_s=vanilla["wall_s"],
-                             modelled_s=s["seconds"], modelled_vanilla_s=s["vanilla_seconds"], trace=r.trace))
-    return pd.DataFrame(rows)
-
-
-def speedups(df: pd.DataFrame) -> pd.DataFrame:
-    """Measured and modelled speedup of summed rows (one run, or a method's runs pooled)."""
-    measured = (df.tokens / df.wall_s) / (df.vanilla_tokens / df.vanilla_wall_s)
-    modelled = (df.tokens / df.modelled_s) / (df.tokens / df.modelled_vanilla_s)
-    return pd.DataFrame({"measured_speedup": measured, "modelled_speedup": modelled,
-                         "error": modelled / measured - 1})
-
-
-def held_out_table(folder: Path = RACES, profile: str = "h200-embedded") -> pd.DataFrame:
-    """Per race and method, then per method pooled over the races (race "pooled"): race, method,
-    measured_speedup, modelled_speedup, error (modelled / measured - 1)."""
-    df = runs(folder, profile).drop(columns="trace")
-    per_race = pd.concat([df[["race", "method"]], speedups(df)], axis=1)
-    pooled = df.groupby("method", sort=False).sum(numeric_only=True)
-    pooled = speedups(pooled).reset_index().assign(race="pooled")
-    return pd.concat([per_race, pooled], ignore_index=True)[
-        ["race", "method", "measured_speedup", "modelled_speedup", "error"]]
 
 
 def main(argv=None):
