@@ -86,7 +86,9 @@ def figure(measured: pd.DataFrame, modelled: pd.DataFrame, profile: str, meta: d
                                      hovertext=line.hover, hoverinfo="text+y",
                                      line=dict(color=colour[method], width=3, dash=dash)))
             fig.add_trace(go.Scatter(x=point.cost, y=point[f"{method}_speedup"], name=f"{title}, {where}: the shipped "
-                                     "distilled draft", mode="markers", hovertext=point.hover, hoverinfo="text+y",
+                                     "distilled draft", mode="markers+text" if named else "markers",
+                                     text=[f"{d} (the shipped distilled draft)" for d in point.draft] if named else None,
+                                     textposition="bottom center", hovertext=point.hover, hoverinfo="text+y",
                                      marker=dict(symbol="star" if dash is None else "star-open", size=14,
                                                  color=colour[method])))
     x = [measured.cost.min(), measured.cost.max()]

@@ -57,7 +57,7 @@ def whatif_tab() -> SimpleNamespace:
         ui.profile = gr.Dropdown(profile_choices(), value=DEFAULT_PROFILE, label="Hardware profile",
                                  elem_id="whatif-profile")
         ui.draft_speed = ClampedSlider(0.05, 2.0, value=whatif.load_profile(DEFAULT_PROFILE).draft_speed, step=0.05,
-                                       label="Draft device speed, relative to the profile's draft figures (NPU role)")
+                                       label="Speed of the draft's device, relative to the profile's figures for it")
     with gr.Accordion("Where this profile's figures come from", open=False):
         ui.source = gr.Markdown()
     gr.Markdown("### When does Mirror-SD beat EAGLE on this profile?")
@@ -69,7 +69,7 @@ def whatif_tab() -> SimpleNamespace:
     ui.map_text = gr.Markdown(elem_id="whatif-map-text")
     gr.Markdown(tuned.CAPTION)
     gr.Markdown("### This race, re-timed on the profile")
-    ui.table = gr.Dataframe(label="Speedup over vanilla: measured here vs MODELLED there", interactive=False,
+    ui.table = gr.Dataframe(label="Speedup over vanilla: measured in the race vs MODELLED on the profile", interactive=False,
                             elem_id="whatif-table", wrap=True, visible=False)
     ui.why = gr.Markdown(elem_id="whatif-why")
     ui.timeline = gr.Plot(label="MODELLED timeline: this run's steps on the profile's devices", elem_id="whatif-timeline")
@@ -236,7 +236,8 @@ def own_text(runs) -> str:
         parts.append(f"{r.title} α {whatif.acceptance_of(tau, window):.2f} (τ {tau:.2f}, window {window})")
         if method == "mirror":
             parts.append(f"Mirror-SD hit rate {sum(bool(s.rendezvous.hit) for s in steps) / len(steps):.2f}")
-    return "**This run's own acceptance and hit rate** (the steady-state column uses them): " + "; ".join(parts) + "."
+    return ("**This run's own acceptance and hit rate** (the long-run column uses them: the decoding steps alone, "
+            "the prompt's reading left out): " + "; ".join(parts) + ".")
 
 
 def source_text(profile: whatif.Profile) -> str:
@@ -256,10 +257,10 @@ def speedup_table(current, runs, profile, knobs, name) -> pd.DataFrame:
         row = whatif.summary(r.trace, profile)
         rows.append({"method": r.title,
                      "τ this run": round(r.metrics.get("mean_accepted", 0.0), 3),
-                     "measured here": (f"{middle(r, 'tokens_per_s') / rate:.2f}×" if rate and r.metrics else "—"),
+                     "measured in the race": (f"{middle(r, 'tokens_per_s') / rate:.2f}×" if rate and r.metrics else "—"),
                      f"MODELLED on {profile.name}": f"{row['vanilla_seconds'] / row['seconds']:.2f}×",
                      "MODELLED step ms": round(1000 * row["step_seconds"] / row["steps"], 2),
-                     "MODELLED, controls (steady state)": steady_text(r.trace, profile, knobs, name)})
+                     "MODELLED in the long run (controls)": steady_text(r.trace, profile, knobs, name)})
     return pd.DataFrame(rows)
 
 

@@ -54,7 +54,7 @@ def test_the_sentence_names_who_leads_where_and_why():
     assert text.startswith("There: sd peaks at 1.20x with small, Mirror-SD at 1.40x with big, EAGLE is at 1.30x")
     assert "Mirror-SD leads with big" in text and "from big on its rollouts outgrow the suffix" in text
     behind = verdict(rows.assign(mirror_speedup=[1.0, 1.1], mirror_tau=[2.0, 2.2]), "Here")
-    assert "Mirror-SD leads at no draft, since even its best τ (2.20) is below EAGLE's (2.50)" in behind
+    assert "Mirror-SD leads with none of these drafts, since even its best τ (2.20) is below EAGLE's (2.50)" in behind
 
 
 def test_bad_settings_get_one_line(capsys, tmp_path):

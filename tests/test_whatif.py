@@ -459,7 +459,7 @@ def test_the_what_if_tab_agrees_with_itself_on_a_recorded_race():
             assert "runs at 2× the speed" in source and "half the GPU" not in source
         assert "This run's own acceptance and hit rate" in why
         table = shown["value"]
-        steady = table.set_index("method")["MODELLED, controls (steady state)"]
+        steady = table.set_index("method")["MODELLED in the long run (controls)"]
         for r in view.race_runs(current).values():  # the column is the run's own steady state
             p = view.profile_for(name, current)
             p = p.with_draft_speed(2.0) if name != view.FITTED else p
@@ -505,7 +505,7 @@ def test_the_app_view_draws_every_method_modelled_under_the_banner():
         assert {t.name for t in timeline.data} and all("(MODELLED)" in a.text for a in timeline.layout.annotations)
         assert {"Speculative decoding, measured here", "Mirror-SD, measured here"} <= {t.name for t in curve.data}
         assert "Measured on this CPU" in capacity and "MODELLED on" in capacity
-    assert "—" not in set(table["measured here"])
+    assert "—" not in set(table["measured in the race"])
     empty = view.render({}, "paper-14b", 0.5, True, 0.6, 0.2)
     assert "Run a race, or open a recorded one, first" in empty[0] and empty[1]["visible"] is False
     assert empty[5] is not None  # the trade-off run's chart needs no race

@@ -156,7 +156,7 @@ def verdict(rows: pd.DataFrame, where: str) -> str:
             f"{best_mirror.mirror_speedup:.2f}x with {best_mirror.draft}, "
             + (f"EAGLE is at {eagle:.2f}x; " if eagle == eagle else "EAGLE did not run; "))
     if leads.empty:
-        text += "Mirror-SD leads at no draft"
+        text += "Mirror-SD leads with none of these drafts"
         if "mirror_tau" in rows and "eagle_tau" in rows and rows.mirror_tau.max() < rows.eagle_tau.iloc[0]:
             text += (f", since even its best τ ({rows.mirror_tau.max():.2f}) is below EAGLE's "
                      f"({rows.eagle_tau.iloc[0]:.2f})")
