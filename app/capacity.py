@@ -3,9 +3,9 @@
 A bigger draft accepts more tokens per step. sd pays for it on the critical path; Mirror-SD hides
 its draft under the target's suffix until the draft outgrows it. This view draws the recorded run
 of ``python -m mirror_sd tradeoff`` (``app/tradeoff/``): per draft, its measured cost, τ,
-Mirror-SD's hit rate and each method's speedup measured on this CPU, and the same runs re-timed on
+Mirror-SD's hit rate and each method's speedup measured on the run's CPU, and the same runs re-timed on
 the chosen profile (MODELLED). Beside it, the paper's own Table 1, REPORTED. Three kinds of number,
-each labelled: measured here, modelled, reported.
+each labelled: measured (on the trade-off run's CPU, named in the caption), modelled, reported.
 """
 from __future__ import annotations
 
@@ -48,11 +48,11 @@ def modelled_on(modelled: pd.DataFrame, profile: str) -> pd.DataFrame:
     return modelled[modelled.profile == profile].reset_index(drop=True)
 
 
-def sentences(measured: pd.DataFrame, modelled: pd.DataFrame, profile: str) -> str:
-    """What the numbers say, measured here and MODELLED on ``profile``: which method leads at which
+def sentences(measured: pd.DataFrame, modelled: pd.DataFrame, profile: str, machine: str = "its CPU") -> str:
+    """What the numbers say, measured on ``machine`` and MODELLED on ``profile``: which method leads at which
     draft, and why (tradeoff.verdict)."""
-    text = [verdict(measured.assign(outgrows_suffix=False), "**Measured on this CPU**") +
-            " Here both lanes are cores of one CPU, so Mirror-SD's draft is never free."]
+    text = [verdict(measured.assign(outgrows_suffix=False), f"**Measured on {machine}**") +
+            " There both lanes were cores of one CPU, so Mirror-SD's draft was never free."]
     rows = modelled_on(modelled, profile)
     if rows.empty:
         text.append(f"The trade-off run was not re-timed on {profile}.")
@@ -63,7 +63,7 @@ def sentences(measured: pd.DataFrame, modelled: pd.DataFrame, profile: str) -> s
 
 def figure(measured: pd.DataFrame, modelled: pd.DataFrame, profile: str, meta: dict) -> go.Figure:
     """Speedup over vanilla against the draft's cost: sd and Mirror-SD per draft, EAGLE (no draft) as a
-    level; solid measured here, dashed MODELLED on ``profile``; a line where Mirror-SD's rollouts
+    level; solid measured, dashed MODELLED on ``profile``; a line where Mirror-SD's rollouts
     outgrow the target's suffix there. Hover: each draft's τ and Mirror-SD's hit rate."""
     fig = go.Figure()
     kinds = (("sd", SpanKind.DRAFT), ("mirror", SpanKind.DRAFT_ROLLOUT), ("eagle", SpanKind.VERIFY))
@@ -74,7 +74,7 @@ def figure(measured: pd.DataFrame, modelled: pd.DataFrame, profile: str, meta: d
                                     measured.mirror_tau, measured.mirror_hit_rate)])
     rows = modelled_on(modelled, profile).merge(measured[["draft", "hover"]], on="draft")
     for method, title in (("sd", "Speculative decoding"), ("mirror", "Mirror-SD")):
-        for table, where, dash in ((measured, "measured here", None), (rows, f"MODELLED on {profile}", "dash")):
+        for table, where, dash in ((measured, "measured", None), (rows, f"MODELLED on {profile}", "dash")):
             if table.empty:
                 continue
             exits = table.draft.str.startswith("exit:")  # the family is a curve; a distilled draft, a point apart
@@ -92,7 +92,7 @@ def figure(measured: pd.DataFrame, modelled: pd.DataFrame, profile: str, meta: d
                                      marker=dict(symbol="star" if dash is None else "star-open", size=14,
                                                  color=colour[method])))
     x = [measured.cost.min(), measured.cost.max()]
-    fig.add_trace(go.Scatter(x=x, y=[measured.eagle_speedup.iloc[0]] * 2, name="EAGLE (no draft), measured here",
+    fig.add_trace(go.Scatter(x=x, y=[measured.eagle_speedup.iloc[0]] * 2, name="EAGLE (no draft), measured",
                              mode="lines", line=dict(color=colour["eagle"], width=2)))
     if not rows.empty:
         fig.add_trace(go.Scatter(x=x, y=[rows.eagle_speedup.iloc[0]] * 2, name=f"EAGLE, MODELLED on {profile}",
@@ -105,7 +105,7 @@ def figure(measured: pd.DataFrame, modelled: pd.DataFrame, profile: str, meta: d
     fig.add_hline(y=1.0, line=dict(color="#9ca3af", width=1))
     fig.update_layout(title="Draft capacity: speedup over vanilla as the draft grows "
                             f"({meta.get('prompts', '?')} prompts, {meta.get('max_new_tokens', '?')} tokens)",
-                      xaxis_title="draft cost: one draft forward / one target forward (measured here)",
+                      xaxis_title="draft cost: one draft forward / one target forward (measured on the trade-off run's CPU)",
                       yaxis_title="speedup over vanilla", height=460, margin=dict(l=10, r=10, t=50, b=40),
                       legend=dict(orientation="h", y=-0.25))
     return fig

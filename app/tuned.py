@@ -114,7 +114,7 @@ def profile_rows(tuned: Tuned, profile: str) -> pd.DataFrame:
 
 def best_table(tuned: Tuned, profile: str) -> pd.DataFrame:
     """The page's table: each method's best setting on ``profile`` in plain words, with its τ and hit
-    rate (measured here) and its speedup and step time there (MODELLED)."""
+    rate (measured by the tune) and its speedup and step time there (MODELLED)."""
     rows = profile_rows(tuned, profile)
     return pd.DataFrame([{
         "method": TITLES.get(m, m), "best settings (searched)": in_words(m, r.options, tuned.meta["target_layers"]),

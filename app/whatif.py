@@ -2,7 +2,7 @@
 
 Everything drawn here is MODELLED: the steps (windows, trees, branches, hits) are this run's, the
 time each piece of work takes comes from a hardware profile. The banner says so on every view.
-The table puts the speedup measured here beside the one modelled there; the controls swap this
+The table puts the speedup measured in the race beside the one modelled there; the controls swap this
 run's acceptance and Mirror-SD hit rate for chosen ones. Below, the draft-capacity view
 (app/capacity.py): the recorded trade-off run, measured and modelled, beside the paper's Table 1.
 """
@@ -83,7 +83,7 @@ def whatif_tab() -> SimpleNamespace:
         ui.window = gr.Dropdown([BEST_WINDOW, *map(str, whatif.MAP_GAMMAS)], value=BEST_WINDOW, visible=False,
                                 label="Window: draft tokens per step (sd, Mirror-SD)", elem_id="whatif-window")
     gr.Markdown("### Draft capacity: when does Mirror-SD pay?")
-    ui.curve = gr.Plot(label="Speedup as the draft grows: measured here, and MODELLED on the profile",
+    ui.curve = gr.Plot(label="Speedup as the draft grows: measured on a CPU, and MODELLED on the profile",
                        elem_id="whatif-curve")
     ui.capacity = gr.Markdown(elem_id="whatif-capacity")
     gr.Markdown(capacity.REPORTED_CAPTION)
@@ -220,7 +220,8 @@ def capacity_view(name: str):
     measured, modelled, meta = recorded
     profile = capacity.THIS_MACHINE if name == FITTED else name
     chart = figures.fresh(capacity.figure(measured, modelled, profile, meta))
-    return chart, capacity.sentences(measured, modelled, profile) + "\n\n" + capacity.caption(meta)
+    return chart, capacity.sentences(measured, modelled, profile, meta.get("machine", "its CPU")) + "\n\n" + \
+        capacity.caption(meta)
 
 
 def own_text(runs) -> str:
@@ -249,7 +250,7 @@ def source_text(profile: whatif.Profile) -> str:
 
 
 def speedup_table(current, runs, profile, knobs, name) -> pd.DataFrame:
-    """Per method: tokens per step, speedup measured here (when vanilla ran), and MODELLED speedup
+    """Per method: tokens per step, speedup measured in the race (when vanilla ran), and MODELLED speedup
     there with this run's steps, and in steady state (``steady_text``)."""
     rate = baseline(current)
     rows = []

@@ -448,10 +448,10 @@ def test_the_what_if_tab_agrees_with_itself_on_a_recorded_race():
             return sorted((round(x, 6), round(y, 6)) for x, y in zip(table.cost, table[column]))
 
         rows = capacity.modelled_on(modelled, profile)
-        assert points("Mirror-SD, measured here") == expected(measured, "mirror_speedup")
-        assert points("Speculative decoding, measured here") == expected(measured, "sd_speedup")
+        assert points("Mirror-SD, measured") == expected(measured, "mirror_speedup")
+        assert points("Speculative decoding, measured") == expected(measured, "sd_speedup")
         assert points(f"Mirror-SD, MODELLED on {profile}") == expected(rows, "mirror_speedup")
-        assert list(lines["Mirror-SD, measured here"].x) == sorted(lines["Mirror-SD, measured here"].x)  # a curve
+        assert list(lines["Mirror-SD, measured"].x) == sorted(lines["Mirror-SD, measured"].x)  # a curve
         assert lines[f"EAGLE, MODELLED on {profile}"].y[0] == pytest.approx(rows.eagle_speedup.iloc[0])
         best = rows.loc[rows.mirror_speedup.idxmax()]
         assert f"Mirror-SD at {best.mirror_speedup:.2f}x with {best.draft}" in text
@@ -503,8 +503,8 @@ def test_the_app_view_draws_every_method_modelled_under_the_banner():
         assert "the larger of the target suffix" in why
         assert len(table) == 3 and table.columns.str.contains("MODELLED").any()
         assert {t.name for t in timeline.data} and all("(MODELLED)" in a.text for a in timeline.layout.annotations)
-        assert {"Speculative decoding, measured here", "Mirror-SD, measured here"} <= {t.name for t in curve.data}
-        assert "Measured on this CPU" in capacity and "MODELLED on" in capacity
+        assert {"Speculative decoding, measured", "Mirror-SD, measured"} <= {t.name for t in curve.data}
+        assert "Measured on " in capacity and "MODELLED on" in capacity
     assert "—" not in set(table["measured in the race"])
     empty = view.render({}, "paper-14b", 0.5, True, 0.6, 0.2)
     assert "Run a race, or open a recorded one, first" in empty[0] and empty[1]["visible"] is False
@@ -542,7 +542,7 @@ def test_browser_opens_the_what_if_view_with_the_banner_and_a_modelled_timeline_
             expect(page.locator("#whatif-table")).to_contain_text("MODELLED on paper-14b")
             expect(page.locator("#whatif-curve .js-plotly-plot")).to_be_visible()
             expect(page.locator("#whatif-curve")).to_contain_text("Draft capacity")
-            expect(page.locator("#whatif-capacity")).to_contain_text("Measured on this CPU")
+            expect(page.locator("#whatif-capacity")).to_contain_text("Measured on ")
             expect(page.locator("#whatif-reported")).to_contain_text("Mirror-SD")
             expect(page.get_by_text("REPORTED by the paper").first).to_be_visible()
             browser.close()
