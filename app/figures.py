@@ -172,6 +172,55 @@ def typical_steps(trace: Trace) -> list[tuple[str, int]]:
     return [("a typical step", k)] if k is not None else []
 
 
+def queued_on_gpu(trace: Trace) -> bool:
+    """Whether a Mirror-SD trace's steps ran queued on CUDA streams (mirror_sd/executors.py: ``Streams``,
+    chosen by executors.executor_for at T = 0 without the draft's streams, with ``queued`` 1, or -1 on two
+    CUDA lanes). Its ``rendezvous`` span is then only the target's picks (argmax) on the target stream,
+    right after the suffix: the host reads them with the rollouts' table once both lanes are done, and
+    verifies and matches the branch itself, in no span (docs/methods/mirror.md, Queued steps on a GPU)."""
+    options, clocks = trace.meta.get("options", {}), trace.meta.get("span_clocks", {})
+    return (trace.method == "mirror" and not trace.meta.get("temperature") and not options.get("streams")
+            and options.get("queued", -1) in (1, -1) and len(clocks) == 2
+            and set(clocks.values()) == {"CUDA events"})
+
+
+HOST_COLOUR = "#d1d5db"
+HOST_LEGEND = "host, after both lanes (no span): verify + match the branch, queue the next step"
+HOST_TEXT = "verify + match"
+QUEUED_LEGEND = "rendezvous on a GPU: the target's picks, verified on the host after both lanes"
+QUEUED_NOTE = "target's picks only"  # by the rendezvous tick of a queued GPU step
+
+
+def _host_rendezvous(fig, trace: Trace, k: int, t0: float, row: int, shown: set) -> float:
+    """On a queued GPU step's row (``queued_on_gpu``): where the host's one wait returns (the end of the
+    step's work on both lanes, the correction rollout aside: nothing waits for it), a dotted line; from
+    there to the next step's first span, a grey bar on the target lane, the host's verify + match; a note
+    on the rendezvous tick. Returns the end of what it drew (s, from the step's start)."""
+    spans = step_spans(trace, k)
+    waited = max(s.end for s in spans if s.kind != SpanKind.CORRECTION_ROLLOUT) - t0
+    after = [s.start for s in trace.spans if s.step == k + 1]
+    rendezvous = next((s for s in spans if s.kind == SpanKind.RENDEZVOUS), None)
+    if rendezvous is None:
+        return waited
+    target, upto = rendezvous.lane, max(waited, min(after) - t0) if after else waited
+    if upto > waited:
+        fig.add_trace(go.Bar(base=[1000 * waited], x=[1000 * (upto - waited)], y=[target], orientation="h",
+                             name=HOST_LEGEND, legendgroup="host", showlegend="host" not in shown,
+                             text=[HOST_TEXT], textposition="inside", insidetextanchor="middle",
+                             textfont=dict(size=10, color="#111827"),
+                             marker=dict(color=HOST_COLOUR, pattern=dict(shape="/", fgcolor="#6b7280")),
+                             hovertemplate="the host, once both lanes are done: reads the picks and the "
+                                           "rollouts' table, verifies, matches the branch, queues the next "
+                                           "step (no span: untimed host work, up to the next step's first "
+                                           "GPU work)<br>%{x:.2f} ms<extra></extra>"), row=row, col=1)
+        shown.add("host")
+    fig.add_vline(x=1000 * waited, line=dict(color="#111827", width=1, dash="dot"), row=row, col=1)
+    fig.add_annotation(x=1000 * (rendezvous.end - t0), y=target, row=row, col=1, ax=22, ay=0, showarrow=True,
+                       arrowhead=2, arrowsize=0.7, arrowwidth=1, xanchor="left", font=dict(size=10),
+                       bgcolor="rgba(255,255,255,0.85)", text=QUEUED_NOTE)
+    return upto
+
+
 def zoomed_steps(traces: dict[str, Trace]) -> go.Figure:
     """One typical step of each method (``typical_steps``) on one millisecond axis from the step's start:
     why one step costs less than another, at a glance (Mirror-SD's rollouts under its suffix, its
@@ -191,14 +240,23 @@ def zoomed_steps(traces: dict[str, Trace]) -> go.Figure:
         spans = step_spans(trace, k)
         t0 = min(s.start for s in spans)
         longest = max(longest, max(s.end for s in spans) - t0)
+        queued = queued_on_gpu(trace)
         for s in spans:
             colour, legend = kind_style(s.kind)
+            if queued and s.kind == SpanKind.RENDEZVOUS:  # what the span times on a queued GPU step
+                legend = QUEUED_LEGEND
+                label = (f"{s.label}: on the GPU only the target's picks (argmax), right after the suffix; the host "
+                         f"verifies and matches the branch only once the rollouts are done too")
+            else:
+                label = s.label
             fig.add_trace(go.Bar(base=[1000 * (s.start - t0)], x=[max(1000 * s.duration, 0.05)], y=[s.lane],
                                  orientation="h", name=legend, legendgroup=s.kind, showlegend=s.kind not in shown,
                                  marker=dict(color=colour, line=dict(width=0.5, color="white")),
-                                 hovertemplate=f"{html_escape(s.label)}<br>%{{x:.2f}} ms<extra>%{{y}}</extra>"),
+                                 hovertemplate=f"{html_escape(label)}<br>%{{x:.2f}} ms<extra>%{{y}}</extra>"),
                           row=row, col=1)
             shown.add(s.kind)
+        if queued:  # the verdict is read on the host after both lanes: drawn, and said
+            longest = max(longest, _host_rendezvous(fig, trace, k, t0, row, shown))
         lanes = list(reversed(lanes_of(trace)))
         fig.update_yaxes(categoryorder="array", categoryarray=lanes, tickmode="array", tickvals=lanes,
                          ticktext=[lane_text(lane, lanes) for lane in lanes], row=row, col=1)

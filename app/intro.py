@@ -196,7 +196,9 @@ IDEAS = [
      "Mirror-SD runs the draft on a second device: partway through the target's pass an *early exit* guesses the "
      "next token, and the draft writes the next window for each guess while the target runs its last layers "
      "(its *suffix*). When the real token is among the guesses (a *hit*) the next window is ready, so a step "
-     "costs **max(target suffix, draft)** instead of their sum."),
+     "costs **max(target suffix, draft)** instead of their sum. On a GPU the target's picks come right after its "
+     "suffix, but the host reads them and matches the branch only once the draft is done too, so the step still "
+     "ends after both (the zoomed step draws that host work in grey)."),
     ("4. Speculative Streaming: the target drafts for itself", ss_picture,
      "No draft model at all: small trained *streams* on the target's top layers predict the tokens after the "
      "next one. Each step the main rows check the tree proposed last time, and the stream rows, in a short pass "
