@@ -38,6 +38,19 @@ def acceptance_histogram(result: Result) -> str:
     return "This run's steps by tokens committed: " + ", ".join(f"{n}: {100 * s:.0f}%" for n, s in shares.items())
 
 
+def ms_per_step(result: Result) -> float:
+    """The card's ms/step: the run's wall time over its decoding steps, so a mean that includes reading
+    the prompt (over repeated runs, the medians' ratio). The reveal quotes this same figure."""
+    return 1000 * middle(result, "wall_s") / max(middle(result, "steps") or 1, 1)
+
+
+def measured_where(result: Result) -> str:
+    """A recorded race's machine and date for the tooltips of its timed numbers ('' for a live race,
+    timed on this server)."""
+    where = result.trace.meta.get("recording")
+    return f"Recorded on {where['hardware']}, {where['date']}, not on this server." if where else ""
+
+
 def metrics_line(result: Result, baseline_tps: float | None) -> str:
     """tokens, tokens/s, tau, acceptance, speedup over vanilla, Mirror-SD's hit rate and overlap, and the
     draft tokens per draft forward of sd drafting with streams. Over the result's repeated runs every
@@ -48,10 +61,11 @@ def metrics_line(result: Result, baseline_tps: float | None) -> str:
     m, runs = {k: middle(result, k) for k in result.metrics}, result.runs
     parallel = result.method in METHODS and METHODS[result.method].parallel_lanes
     parts = [metric("tokens", f"{m['new_tokens']:g} token{'' if m['new_tokens'] == 1 else 's'}"),
-             metric("tok/s", _ranged(runs, "tokens_per_s", "{:.1f}", m["tokens_per_s"]) + " tok/s"),
+             metric("tok/s", _ranged(runs, "tokens_per_s", "{:.1f}", m["tokens_per_s"]) + " tok/s",
+                    measured_where(result)),
              metric("τ", f"τ {m['mean_accepted']:.2f}", acceptance_histogram(result))]
     if m.get("steps"):
-        parts.append(metric("ms/step", f"{1000 * m['wall_s'] / m['steps']:.0f} ms/step"))
+        parts.append(metric("ms/step", f"{ms_per_step(result):.0f} ms/step", measured_where(result)))
     if m.get("acceptance_rate") is not None:
         parts.append(metric("accepted", f"accepted {100 * m['acceptance_rate']:.0f}% of drafts"))
     if result.method != "vanilla" and result.finished in ("eos", "length") and not result.timed:
@@ -66,7 +80,7 @@ def metrics_line(result: Result, baseline_tps: float | None) -> str:
         parts.append(metric("overlap", f"overlap {100 * m['overlap']:.0f}%"))
     if m.get("draft_tokens_per_forward", 1.0) != 1.0:  # sd drafting with its streams
         parts.append(metric("draft forwards", f"{m['draft_tokens_per_forward']:.2f} draft tokens per draft forward"))
-    parts.append(metric("time", f"{m['wall_s']:.2f} s"))
+    parts.append(metric("time", f"{m['wall_s']:.2f} s", measured_where(result)))
     if runs and len(runs) > 1:
         parts.append(metric("runs", f"median of {len(runs)} runs"))
     return " · ".join(parts)

@@ -17,7 +17,7 @@ def explain(trace: Trace, index: int, pieces: dict) -> str:
     step = next((s for s in trace.steps if s.index == index), None)
     if step is None:
         return f"Step {index} was not recorded."
-    took = f" ({step_ms(trace, index):.1f} ms)"
+    took = f" ({step_ms(trace, index):.1f} ms, this step alone)"
     words = [repr(piece(pieces, t)) for t in step.committed]
     if index == 0:
         n = trace.meta.get("prompt_tokens")
@@ -25,7 +25,8 @@ def explain(trace: Trace, index: int, pieces: dict) -> str:
         return f"Step 0{took}: the target read {prompt} and produced its first token {', '.join(words)}."
     if not step.proposed:
         return f"Step {index}{took}: the target produced {', '.join(words) or 'nothing'} on its own, one forward pass."
-    return f"Step {index}{took}: " + _verdict(step, pieces) + _copied(step) + _streams(step) + _draft_forwards(step) + _mirror(step, pieces)
+    return f"Step {index}{took}: " + _verdict(step, pieces) + _copied(step) + _streams(step) + _draft_forwards(step) + \
+        _mirror(step, pieces, last=index == trace.steps[-1].index)
 
 
 def _verdict(step, pieces: dict) -> str:
@@ -84,23 +85,43 @@ def _draft_forwards(step) -> str:
             f"its streams had proposed in the one before and kept what its main stream agreed with{counts}.")
 
 
-def _mirror(step, pieces: dict) -> str:
-    """Mirror-SD detail: did the rendezvous find the outcome among the rolled-out branches?"""
+def _mirror(step, pieces: dict, last: bool = False) -> str:
+    """Mirror-SD detail, in two parts that name their steps, so "hit" never reads as this step's window:
+    where this step's window came from (what step k-1's outcome left), then this step's outcome (a hit
+    or a miss), which decides how step k+1's window is made (``last``: there is no step k+1)."""
     record = step.rendezvous
     if record is None:
         return ""
-    opening = " This window came from a fallback draft." if record.fallback else \
-        " This window was copied from the context (no draft work)." if record.copied else \
-        " This window came from the correction rollout: when the last step missed, the draft had already " \
-        "rolled out from the target's own token, while the host read the verdict." if record.corrected else \
-        " This window was a branch drafted during the previous step."
-    if record.hit:
-        return opening + (" The outcome was among the early-exit candidates and its branch was rolled out, "
-                          "so the next window was already drafted (hit).")
-    candidates = record.exit_candidates
+    return _window_source(record, step.index) + _outcome(step, pieces, last)
+
+
+def _window_source(record, k: int) -> str:
+    """Where step k's window came from, and the outcome of step k-1 that it follows."""
+    before = f"step {k - 1} was a miss" if k > 1 else "step 0 only read the prompt, so no branch was ready"
+    if record.fallback:
+        return f" Its window was drafted afresh at the start of this step (a fallback draft): {before}."
+    if record.copied:
+        return f" Its window was copied from the context (no draft work): {before}."
+    if record.corrected:
+        return (f" Its window came from the correction rollout: {before}, and the draft rolled out from the "
+                "target's own token while the host read the verdict.")
+    return f" Its window was a branch drafted during step {k - 1}: step {k - 1} was a hit."
+
+
+def _outcome(step, pieces: dict, last: bool) -> str:
+    """Step k's outcome: a hit when the target's own token was an early-exit guess whose branch the draft
+    rolled out during step k, so step k+1 starts with its window drafted; else a miss."""
+    record, k = step.rendezvous, step.index
     token = step.committed[-1] if step.committed else None
+    said = repr(piece(pieces, token))
+    if record.hit:
+        then = "the run ended here" if last else f"so step {k + 1}'s window is already drafted"
+        return (f" This step was a hit: the target's own token {said} was among the early-exit guesses and its "
+                f"branch was rolled out during this step, {then}.")
     row = verdict_row(step)
-    at = candidates[row] if row < len(candidates) else []
-    why = "was among the early-exit candidates but its branch was not rolled out" if token in at else \
-        f"{piece(pieces, token)!r} was not among the early-exit candidates"
-    return opening + f" The outcome {why}, so the next window is copied from the context or drafted afresh (miss)."
+    at = record.exit_candidates[row] if row < len(record.exit_candidates) else []
+    why = "was among the early-exit guesses but its branch was not rolled out" if token in at else \
+        "was not among the early-exit guesses"
+    then = "the run ended here" if last else \
+        f"so step {k + 1} starts with no window drafted: it copies one from the context or drafts one afresh"
+    return f" This step was a miss: the target's own token {said} {why}, {then}."

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -15,15 +16,17 @@ def export_files(traces: dict[str, Trace], folder: str | Path | None = None, pie
                  stamp: str | None = None) -> list[str]:
     """Write the files into ``folder`` (a new temporary folder when None) and return their paths.
 
-    Each name starts with the race's ``stamp`` (default: when it is written, e.g. ``race-20261126-163005``),
-    so the downloads of two races do not overwrite each other. ``<stamp>-<method>.json`` loads back
-    with ``Trace.from_json``; ``<stamp>-<method>.chrome.json`` opens in Perfetto (ui.perfetto.dev)
-    or chrome://tracing. With ``pieces`` ({method: {token id: text}}) the steps' CSV has each step's
-    committed text beside its token ids. Times are in seconds, to the microsecond.
+    Each name starts with the race's ``stamp`` (default: for a recorded race, when and where it was
+    recorded, e.g. ``recorded-20261127-qa-nvidia-h200``; for a live race, when it is written, e.g.
+    ``race-20261126-163005``), so the downloads of two races do not overwrite each other.
+    ``<stamp>-<method>.json`` loads back with ``Trace.from_json``; ``<stamp>-<method>.chrome.json``
+    opens in Perfetto (ui.perfetto.dev) or chrome://tracing. With ``pieces`` ({method: {token id:
+    text}}) the steps' CSV has each step's committed text beside its token ids. Times are in seconds,
+    to the microsecond.
     """
     out = Path(folder or tempfile.mkdtemp(prefix="mirror-sd-"))
     out.mkdir(parents=True, exist_ok=True)
-    stamp = stamp or time.strftime("race-%Y%m%d-%H%M%S")
+    stamp = stamp or recorded_stamp(traces) or time.strftime("race-%Y%m%d-%H%M%S")
     paths = []
     for name, trace in traces.items():
         steps = trace.steps_frame()
@@ -39,3 +42,14 @@ def export_files(traces: dict[str, Trace], folder: str | Path | None = None, pie
             (out / filename).write_text(text)
             paths.append(str(out / filename))
     return paths
+
+
+def recorded_stamp(traces: dict[str, Trace]) -> str | None:
+    """The files' stamp for a recorded race (``app.replay.load_race`` puts its recording in each trace's
+    meta): its date, category and machine, not today's time; None for a live race."""
+    found = next((t.meta["recording"] for t in traces.values() if t.meta.get("recording")), None)
+    if not found:
+        return None
+    words = [(found.get(key) or "").replace("-", "" if key == "date" else "-") for key in ("date", "category", "hardware")]
+    slugs = [re.sub(r"[^a-z0-9]+", "-", word.lower()).strip("-") for word in words]
+    return "recorded-" + "-".join(slug for slug in slugs if slug)

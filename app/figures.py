@@ -13,9 +13,11 @@ from html import escape as html_escape
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from mirror_sd.nvml import PERIOD_S as NVML_PERIOD_S
 from mirror_sd.trace import SpanKind, Trace
 
 from .tokens import piece, visible
+from .trees import layout as tree_layout
 from .trees import step_tree
 
 SPAN_KINDS = {  # kind -> (colour, legend text): every SpanKind
@@ -306,13 +308,16 @@ def utilisation(traces: dict[str, Trace]) -> go.Figure:
                                      hovertemplate=f"{lane}<br>%{{x:.0f}} ms: busy %{{y:.0f}}%<extra></extra>"),
                           row=row, col=2)
             shown.add(role)
-        for device, (times, shares) in nvml_over_time(trace).items():
-            fig.add_trace(go.Scatter(x=times, y=shares, mode="lines", line=dict(color="#f59e0b", dash="dot"),
+        for device, (times, shares) in nvml_over_time(trace).items():  # markers: one reading is a dot
+            fig.add_trace(go.Scatter(x=times, y=shares, mode="lines+markers", line=dict(color="#f59e0b", dash="dot"),
                                      name=f"{device} (NVML)", legendgroup=device, showlegend=device not in shown,
                                      hovertemplate=f"{device}, NVML<br>%{{x:.0f}} ms: GPU busy %{{y:.0f}}%"
                                                    "<extra></extra>"),
                           row=row, col=2)
             shown.add(device)
+        if note := nvml_note(trace):
+            fig.add_annotation(text=note, row=row, col=2, xref="x domain", yref="y domain", x=0, y=1,
+                               xanchor="left", yanchor="bottom", showarrow=False, font=dict(size=11, color="#92400e"))
         top_first = list(reversed(lanes))  # plotly stacks categories from the bottom up
         fig.update_yaxes(categoryorder="array", categoryarray=top_first, tickmode="array", tickvals=top_first,
                          ticktext=[lane_text(lane, lanes) for lane in top_first], row=row, col=1)
@@ -321,9 +326,22 @@ def utilisation(traces: dict[str, Trace]) -> go.Figure:
         fig.update_xaxes(range=[0, x_max or 1], row=row, col=2)
     fig.update_xaxes(title_text="% of its run busy", row=len(names), col=1)
     fig.update_xaxes(title_text="busy over time: ms since the run began", row=len(names), col=2)
-    fig.update_layout(height=130 + 170 * len(names), margin=dict(l=10, r=10, t=40, b=40),
-                      legend=dict(orientation="h", y=1.0, yanchor="bottom", x=1.0, xanchor="right"))
-    return fig
+    fig.update_layout(height=200 + 170 * len(names), margin=dict(l=10, r=10, t=60, b=90),
+                      legend=dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0, xanchor="left"))
+    return fig  # the legend at the foot, clear of the toolbar (top right) and of the method titles
+
+
+def nvml_note(trace: Trace) -> str:
+    """What the chart says where a run on a GPU has fewer than two NVML readings, so no line: the sampler
+    reads every ``NVML_PERIOD_S`` (mirror_sd/nvml.py) and the H200 recordings' runs last 30 to 130 ms. '' where the run
+    used no GPU or two readings or more were taken."""
+    if not any("cuda" in lane for lane in trace.lanes):
+        return ""
+    n, ms = len(trace.gpu_samples), 1000 * max((s.end for s in trace.spans), default=0.0)
+    if n >= 2:
+        return ""
+    taken = "no NVML reading was taken" if n == 0 else "one NVML reading only (the dot)"
+    return f"{taken}: this run lasted {ms:.0f} ms, and the GPU is read every {1000 * NVML_PERIOD_S:.0f} ms"
 
 
 def nvml_over_time(trace: Trace) -> dict[str, tuple[list, list]]:
@@ -365,7 +383,8 @@ NODE_STYLES = {  # tree node kind -> (colour, size)
 
 
 def tree(step, pieces: dict, title: str = "") -> go.Figure:
-    """A step's hypothesis tree (see trees.py): depth left to right, leaves spread top to bottom."""
+    """A step's hypothesis tree (see trees.py): depth left to right, one row per line of the tree, each
+    depth's column as wide as its longest label (``trees.layout``), so no two labels overlap."""
     nodes = step_tree(step)
     fig = go.Figure()
     if not nodes:
@@ -373,7 +392,9 @@ def tree(step, pieces: dict, title: str = "") -> go.Figure:
                            xref="paper", yref="paper")
         fig.update_layout(height=200, xaxis_visible=False, yaxis_visible=False)
         return fig
-    xs, ys = _layout(nodes)
+    labels = ["" if n.kind == "candidate" else "text so far" if n.token is None else visible(piece(pieces, n.token))
+              for n in nodes]  # candidates: a small dot, no label (hover says the token)
+    xs, ys, columns = tree_layout(nodes, labels)
     edge_x, edge_y = [], []
     for i, n in enumerate(nodes):
         if n.parent is not None:
@@ -385,44 +406,18 @@ def tree(step, pieces: dict, title: str = "") -> go.Figure:
         idx = [i for i, n in enumerate(nodes) if n.kind == kind]
         if not idx:
             continue
-        labels = ["text so far" if nodes[i].token is None else visible(piece(pieces, nodes[i].token)) for i in idx]
+        said = [visible(piece(pieces, nodes[i].token)) if nodes[i].token is not None else labels[i] for i in idx]
         fig.add_trace(go.Scatter(
             x=[xs[i] for i in idx], y=[ys[i] for i in idx], mode="markers" if kind == "candidate" else "markers+text",
             marker=dict(color=colour, size=size, line=dict(width=1, color="white")), name=kind,
-            text=labels, textposition="middle right", textfont=dict(size=11),
-            customdata=[[labels[j], nodes[i].note] for j, i in enumerate(idx)],
+            text=[labels[i] for i in idx], textposition="middle right", textfont=dict(size=11),
+            customdata=[[said[j], nodes[i].note] for j, i in enumerate(idx)],
             hovertemplate="%{customdata[0]}<br>%{customdata[1]}<extra>" + kind + "</extra>"))
-    fig.update_layout(title=title, height=max(300, 20 * sum(1 for n in nodes if _is_leaf(nodes, n))),
-                      xaxis=dict(title="depth (tokens after the committed text)", dtick=1, zeroline=False),
-                      yaxis=dict(visible=False), margin=dict(l=10, r=10, t=40, b=40),
-                      legend=dict(title="node"))
+    rows = 1 - min(ys)
+    fig.update_layout(title=title, height=150 + 22 * rows,
+                      xaxis=dict(title="depth (tokens after the committed text)", tickvals=columns[:-1],
+                                 ticktext=[str(d) for d in range(len(columns) - 1)], range=[-1.5, columns[-1]],
+                                 zeroline=False),
+                      yaxis=dict(visible=False, range=[min(ys) - 0.7, 0.7]), margin=dict(l=10, r=10, t=40, b=90),
+                      legend=dict(title="node", orientation="h", yref="container", y=0, yanchor="bottom"))
     return fig
-
-
-def _is_leaf(nodes, node) -> bool:
-    return not any(n.parent is not None and nodes[n.parent] is node for n in nodes)
-
-
-def _layout(nodes) -> tuple[list[float], list[float]]:
-    """x = depth; y = leaf order (depth-first), a parent at the mean of its children."""
-    children: dict[int, list[int]] = {}
-    for i, n in enumerate(nodes):
-        if n.parent is not None:
-            children.setdefault(n.parent, []).append(i)
-    xs, ys = [0.0] * len(nodes), [0.0] * len(nodes)
-    next_leaf = [0]
-
-    def place(i: int, depth: int):
-        xs[i] = depth
-        kids = children.get(i, [])
-        for k in kids:
-            place(k, depth + 1)
-        if kids:
-            ys[i] = sum(ys[k] for k in kids) / len(kids)
-        else:
-            ys[i] = -next_leaf[0]
-            next_leaf[0] += 1
-
-    for root in (i for i, n in enumerate(nodes) if n.parent is None):
-        place(root, 0)
-    return xs, ys

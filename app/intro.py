@@ -14,7 +14,8 @@ TARGET, DRAFT, VERIFY, PREFIX, SUFFIX, ROLLOUT = "#2563eb", "#f59e0b", "#6366f1"
 
 METRIC_HELP = {
     "tokens": "New tokens this method wrote. Every method writes the same text at temperature 0.",
-    "tok/s": "Tokens per second of wall time on this machine: this is the speed.",
+    "tok/s": "Tokens per second of wall time, on the machine that ran the race (a live race: this server; a "
+             "recorded race: the machine its name gives): this is the speed.",
     "τ": "τ (tau): tokens committed per step, on average. Vanilla commits 1 per step; a higher τ means fewer "
          "slow target passes, but it becomes speed only when drafting is cheap.",
     "accepted": "Acceptance: the share of drafted tokens the target kept. It is not speed: EAGLE-2 drafts a whole "
@@ -30,8 +31,10 @@ METRIC_HELP = {
     "overlap": "Mirror-SD: the share of the draft lane's work done while the target was working too. 100% means "
                "drafting was hidden behind the target's last layers.",
     "draft forwards": "Draft tokens per forward pass of the draft model (drafting with its speculative streams).",
-    "ms/step": "Milliseconds per step: what one step costs. Speed is τ divided by this: EAGLE-2's steps commit "
-               "the most tokens but cost a tree draft and a tree check each, so a higher τ need not mean faster.",
+    "ms/step": "Milliseconds per step, the mean: the run's wall time, reading the prompt included, divided by "
+               "its steps. Speed is τ divided by this: EAGLE-2's steps commit the most tokens but cost a tree "
+               "draft and a tree check each, so a higher τ need not mean faster. (The zoomed step under the "
+               "timeline is one real step of median length, not this mean.)",
     "time": "Wall time of this method's run, from the first forward pass to the last token.",
     "runs": "Median over the repeated runs; the range in brackets is the lowest to the highest run.",
 }
@@ -45,6 +48,9 @@ GLOSSARY = {
     "window": "the draft tokens the target checks in one step (a chain, or a tree of alternatives).",
     "τ (tau)": "tokens committed per step. Speed is τ divided by what a step costs (ms/step on the cards), so "
                "a method with a high τ and dear steps can still be slow.",
+    "copied from the context": "draft tokens no model drafted: the tokens that followed an earlier place in the "
+                               "text where its last few tokens appeared (Mirror-SD's window after a miss, a "
+                               "branch of EAGLE-2's or Speculative Streaming's tree).",
     "bonus token": "the target's own token after a window it accepted whole.",
     "correction": "the target's own token where it rejected a draft token.",
     "lossless": "at temperature 0 every method writes exactly vanilla's tokens; above 0 every method draws each "
@@ -206,6 +212,13 @@ IDEAS = [
      "a second model or device."),
 ]
 
+COPIED_NOTE = ("**Copied from the context**: some windows are not drafted by any model. When the last few tokens "
+               "appeared earlier in the prompt or the answer, the tokens that followed them there are a free guess, "
+               "copied. After a miss, Mirror-SD copies its next window this way when it can, instead of drafting "
+               "one; EAGLE-2 and Speculative Streaming may add a copied branch to their tree. The target checks "
+               "copied tokens like drafted ones, so the text does not change. The step-through marks them "
+               "*copied from the context*.")
+
 LANES_NOTE = ("Here the two devices may be stand-ins: the line below this panel says which real device each "
               "lane runs on. "
               "When both lanes are parts of one processor they share it, and the draft's work is not free.")
@@ -216,7 +229,8 @@ def how_it_works_html() -> str:
     cells = "".join(
         f'<div class="idea" style="flex:1 1 300px;min-width:260px"><h3 style="margin:4px 0">{html.escape(title)}</h3>'
         f'{picture()}<p style="margin:4px 0">{_markdown(text)}</p></div>' for title, picture, text in IDEAS)
-    return (f'<div id="how-it-works" style="display:flex;flex-wrap:wrap;gap:16px">{cells}</div>'
+    return (f'<div id="how-it-works" style="display:flex;flex-wrap:wrap;gap:16px">{cells}'
+            f'<p id="copied-note" style="flex:1 1 100%;margin:4px 0">{_markdown(COPIED_NOTE)}</p></div>'
             f'<p style="color:#4b5563;margin-top:8px">{html.escape(LANES_NOTE)}</p>')
 
 

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 from statistics import median
 
+from .cards import ms_per_step
 from .explain import explain
 from .figures import same_processor
+from .repeat import middle
 
 SKIP = "skip"
 HIT, MISS = "hit", "miss"
 HIT_CHOICES = [("Yes, a hit", HIT), ("No, a miss", MISS)]
+HIT_QUESTION = ("Predict, before you press Next: will the next step be a hit? A step is a hit when the target's own "
+                "token at its end was among the early-exit guesses and the draft rolled out that guess's branch "
+                "during the step, so the step after it starts with its window already drafted.")
+PER_STEP = " (ms a step as on the cards: each run's wall time over its steps, reading the prompt included)"
 
 
 def guess_choices(methods: dict[str, str]) -> list[tuple[str, str]]:
@@ -25,11 +31,6 @@ def _speed(r) -> float:
     return median(runs) if len(runs) > 1 else r.metrics["tokens_per_s"]
 
 
-def _ms_per_step(r) -> float:
-    m = r.metrics
-    return 1000 * m["wall_s"] / max(m["steps"], 1)
-
-
 def fastest(current: dict):
     """The Result with the most tokens per second among the methods that ran to the end, or None."""
     finished = [r for r in (current or {}).values() if r.finished in ("eos", "length") and r.metrics]
@@ -37,21 +38,26 @@ def fastest(current: dict):
 
 
 def why(winner, current: dict) -> str:
-    """One sentence: tokens per step against the time a step took, beside vanilla's."""
-    m = winner.metrics
+    """One sentence: tokens per step against the time a step took, beside vanilla's: τ and ms/step as
+    the cards show them (``cards.ms_per_step``, a mean), so the reveal and the cards agree."""
     vanilla = current.get("vanilla")
     if winner.method == "vanilla" or vanilla is None or not vanilla.metrics:
         rival = max((r for r in current.values() if r is not winner and r.metrics), key=_speed, default=None)
         if winner.method != "vanilla" or rival is None:
-            return (f"{winner.title} was fastest at {_speed(winner):.1f} tokens/s, committing {m['mean_accepted']:.2f} "
-                    f"tokens per step in {_ms_per_step(winner):.0f} ms a step.")
+            return (f"{winner.title} was fastest at {_speed(winner):.1f} tokens/s, committing {_tau(winner):.2f} "
+                    f"tokens per step in {ms_per_step(winner):.0f} ms a step{PER_STEP}.")
         return (f"Vanilla was fastest ({_speed(winner):.1f} tokens/s): here drafting cost more than it saved; "
-                f"{rival.title} committed {rival.metrics['mean_accepted']:.2f} tokens per step but each step took "
-                f"{_ms_per_step(rival):.0f} ms against vanilla's {_ms_per_step(winner):.0f} ms for one token.")
+                f"{rival.title} committed {_tau(rival):.2f} tokens per step but each step took "
+                f"{ms_per_step(rival):.0f} ms against vanilla's {ms_per_step(winner):.0f} ms for one token{PER_STEP}.")
     ratio = _speed(winner) / _speed(vanilla)
     return (f"{winner.title} was fastest ({_speed(winner):.1f} tokens/s, {ratio:.2f}× vanilla): "
-            f"it committed {m['mean_accepted']:.2f} tokens per step in {_ms_per_step(winner):.0f} ms a step, while "
-            f"vanilla made 1 token per step in {_ms_per_step(vanilla):.0f} ms.")
+            f"it committed {_tau(winner):.2f} tokens per step in {ms_per_step(winner):.0f} ms a step, while "
+            f"vanilla made 1 token per step in {ms_per_step(vanilla):.0f} ms{PER_STEP}.")
+
+
+def _tau(r) -> float:
+    """τ as its card shows it: the median over repeated runs when there were several."""
+    return middle(r, "mean_accepted")
 
 
 def noted(guess: str | None, titles: dict[str, str]) -> str:
@@ -99,7 +105,7 @@ def mirror_behind_sd(current: dict) -> str:
     if hits.empty or sd_costs.empty or _speed(mirror) >= _speed(sd):
         return ""
     hit_ms, sd_ms = hits.ms.mean(), sd_costs.ms.mean()
-    text = (f"Why not Mirror-SD: its steps on a window a hit had drafted took {hit_ms:.0f} ms for "
+    text = (f"Why not Mirror-SD: its steps on a window a hit had drafted took {hit_ms:.0f} ms on average for "
             f"{hits.tokens.mean():.2f} tokens, against {sd_ms:.0f} ms for {sd_costs.tokens.mean():.2f} in speculative "
             "decoding's steps")
     fallbacks = costs[costs.kind.str.startswith("fallback")]
@@ -111,7 +117,7 @@ def mirror_behind_sd(current: dict) -> str:
     else:
         text += "."
     if same_processor(list(mirror.trace.lanes)):
-        text += (" On this machine its draft lane is part of the same processor as the target, so the branch "
+        text += (" In this race its draft lane was part of the same processor as the target, so the branch "
                  "rollouts slow the target's last layers instead of running beside them for free.")
     return text
 
@@ -123,11 +129,12 @@ def next_step(trace, index: int):
 
 
 def reveal_hit(result, index: int, answer: str | None) -> str:
-    """Whether step index+1 was a hit, in the words of its own sentence; '' before an answer."""
+    """Whether step index+1 was a hit, named by its number, in the words of its own sentence; '' before
+    an answer."""
     step = next_step(result.trace, index) if result is not None else None
     if not answer or step is None:
         return ""
     hit = step.rendezvous.hit
     verdict = "**Right!**" if (answer == HIT) == hit else "**Not this time.**"
     sentence = explain(result.trace, step.index, result.pieces)
-    return f"{verdict} The next step was a {'hit' if hit else 'miss'}. {sentence}"
+    return f"{verdict} The next step, step {step.index}, was a {'hit' if hit else 'miss'}. {sentence}"

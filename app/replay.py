@@ -75,7 +75,26 @@ def load_race(path: str | Path) -> tuple[str, dict, dict[str, Result]]:
                for name, m in data["methods"].items()}
     for r in results.values():
         r.seen_steps, r.busy = len(r.trace.steps), busy_then(data["meta"])
+        r.trace.meta["recording"] = recording(data["meta"])  # the cards' tooltips and the exports' names say it
     return data["prompt"], data["meta"], results
+
+
+def recording(meta: dict) -> dict:
+    """What a recorded race's traces carry of its recording: the machine, the day, the prompt's category."""
+    return {key: meta.get(key) for key in ("hardware", "date", "category")}
+
+
+def machine_and_date(meta: dict) -> str:
+    """Where and when a recorded race ran, as its name and its cards say it: "AMD EPYC, 2 CPU cores,
+    2026-11-27". Not this server: the recordings were measured on other machines."""
+    return f"{meta.get('hardware', 'unknown hardware')}, {meta.get('date', 'an unknown date')}"
+
+
+def recorded_machines(folder: str | Path = RECORDED) -> list[str]:
+    """The machines the recorded races ran on, each once, in the dropdown's order."""
+    machines = [json.loads(path.read_text())["meta"].get("hardware", "unknown hardware")
+                for path in sorted(Path(folder).glob("*.json")) + sorted(Path(folder).glob("*/*.json"))]
+    return list(dict.fromkeys(machines))
 
 
 def busy_then(meta: dict) -> str:
@@ -87,22 +106,18 @@ def busy_then(meta: dict) -> str:
 
 
 def recorded_races(folder: str | Path = RECORDED) -> list[tuple[str, str]]:
-    """(label, path) of every recorded race in ``folder``, for a dropdown: "qa: Why is the sky blue?";
-    races in a subfolder after them, their label naming another machine ("(on NVIDIA H200)", for
-    ``nvidia-h200/``) and settings other than the defaults ("(at best settings: mirror exit layer 14,
-    branch budget 4)", for ``cpu-best/``)."""
+    """(label, path) of every recorded race in ``folder``, for a dropdown, each naming the machine and
+    the day it ran on (none ran on this server): "qa: Why is the sky blue? (on AMD EPYC, 2 CPU cores,
+    2026-11-27)"; races in a subfolder after them, with their settings where they are not the defaults
+    ("..., at best settings: mirror exit layer 14, branch budget 4)", for ``cpu-best/``)."""
     folder, races = Path(folder), []
-    here = {json.loads(path.read_text())["meta"].get("hardware") for path in folder.glob("*.json")}
     for path in sorted(folder.glob("*.json")) + sorted(folder.glob("*/*.json")):
         data = json.loads(path.read_text())
         meta = data["meta"]
         prompt = " ".join(data["prompt"].split())
         short = prompt if len(prompt) <= 60 else prompt[:57] + "…"
-        notes = [f"on {meta.get('hardware', path.parent.name)}"] if path.parent != folder and (
-            meta.get("hardware") not in here) else []
-        notes += [meta["settings"]] if meta.get("settings") else []
-        where = f" ({', '.join(notes)})" if notes else ""
-        races.append((f"{category_label(meta.get('category', path.stem))}: {short}{where}", str(path)))
+        notes = [f"on {machine_and_date(meta)}"] + ([meta["settings"]] if meta.get("settings") else [])
+        races.append((f"{category_label(meta.get('category', path.stem))}: {short} ({', '.join(notes)})", str(path)))
     return races
 
 

@@ -92,3 +92,43 @@ def draft_tree(tree) -> list[Node]:
         kind = ACCEPTED if i in path else COPIED if i in copied else NODE
         nodes.append(Node(int(token), 0 if parent is None or parent < 0 else int(parent) + 1, kind, note))
     return nodes
+
+
+GAP = 3  # characters from a column's widest label to the next column: the next marker and a space
+
+
+def layout(nodes: list[Node], labels: list[str]) -> tuple[list[float], list[float], list[float]]:
+    """Where figures.tree draws each node, so that no label (drawn right of its node) runs into another.
+
+    y: a node sits on the row of its first child (accepted or used children first, so the path the
+    target kept reads left to right like a line of text); a leaf takes the next free row. Nodes of one
+    depth lie in different subtrees, so they never share a row.
+    x: each depth a column as wide as its longest label, in characters, plus ``GAP``: a label ends
+    before the next column's node. Returns (xs, ys, columns): columns[d] is depth d's x, and the last
+    entry the right edge of the widest last label.
+    """
+    children: dict[int, list[int]] = {}
+    for i, n in enumerate(nodes):
+        if n.parent is not None:
+            children.setdefault(n.parent, []).append(i)
+    depth, row, rows = [0] * len(nodes), [0] * len(nodes), [0]
+
+    def place(i: int, d: int):
+        depth[i] = d
+        kids = sorted(children.get(i, []), key=lambda k: nodes[k].kind not in (ACCEPTED, USED))
+        for k in kids:
+            place(k, d + 1)
+        if kids:
+            row[i] = row[kids[0]]
+        else:
+            row[i], rows[0] = rows[0], rows[0] + 1
+
+    for root in (i for i, n in enumerate(nodes) if n.parent is None):
+        place(root, 0)
+    widths = [0] * (max(depth) + 1)
+    for d, label in zip(depth, labels):
+        widths[d] = max(widths[d], len(label))
+    columns = [0.0]
+    for width in widths:
+        columns.append(columns[-1] + width + GAP)
+    return [columns[d] for d in depth], [-float(r) for r in row], columns

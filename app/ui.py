@@ -21,15 +21,18 @@ from .handlers import AUTO
 from .inputs import LIMITS, ClampedSlider, show_in_range
 from .intro import glossary_markdown, how_it_works_html
 from .loading import Loader
-from .predict import HIT_CHOICES, guess_choices, guess_made, noted, reveal
+from .predict import HIT_CHOICES, HIT_QUESTION, guess_choices, guess_made, noted, reveal
 from .prompt_kinds import typical_prompt
 from .tokens import legend_html
 from .waiting import Line
 
 QUEUE_SIZE = 16  # runs waiting beyond this are refused with a "queue full" message
 INTRO = ("# mirror-sd: a race of decoding methods\n"
-         "The same prompt and the same models, decoded by each method the engine has. Every number, "
-         "timeline and tree below comes from a real run on the machine serving this page.")
+         "The same prompt and the same models, decoded by each method the engine has. Every number, timeline "
+         "and tree below comes from a real run: a live race (**Run**) runs on the machine serving this page; a "
+         "recorded race ran on the machine and the day its name gives ({machines}), not here. Only the **What "
+         "if** tab shows figures that are not runs, each marked: MODELLED (re-timed for hardware this page does "
+         "not have) and REPORTED (quoted from a paper).")
 AFTER_A_RACE = "Run a race, or open a recorded one: {}"
 RACING = "Racing: this race's timeline is drawn when it ends."
 SERIAL_NOTE = ("Methods run **one after another**, not at the same time: on this machine's {cores} CPU cores, "
@@ -92,8 +95,9 @@ def race_tab(names: list[str]) -> SimpleNamespace:
     ui.prompt_info = gr.Markdown(elem_id="prompt-info")  # its tokens, expected prefill and race time here
     gr.Examples(example_prompts(), [ui.prompt], label="Examples: one per Spec-Bench category", cache_examples=False)
     ui.recorded = gr.Dropdown(replay.recorded_races(), value=None, elem_id="recorded",
-                              label="Or open a recorded race of an example, on this CPU or on a GPU: instant, "
-                                    "no model runs")
+                              label="Or open a recorded race of an example: instant, no model runs. Each was "
+                                    f"measured on another machine ({' or '.join(replay.recorded_machines())}), "
+                                    "named with its day in the list")
     with gr.Row():
         ui.methods = gr.CheckboxGroup([(METHODS[n].title, n) for n in names], value=names, label="Methods", scale=3,
                                       min_width=260)
@@ -135,8 +139,9 @@ def race_tab(names: list[str]) -> SimpleNamespace:
     ui.timeline = gr.Plot(figures.placeholder(AFTER_A_RACE.format("each method's lanes appear here, span by span.")),
                           label="Timeline: one row per lane, real spans (shared time axis)", elem_id="timeline")
     ui.zoom = gr.Plot(figures.placeholder(AFTER_A_RACE.format("one typical step of each method, side by side.")),
-                      label="One typical step of each method, zoomed: why one step costs less than another "
-                            "(one millisecond axis)", elem_id="zoomed-step")
+                      label="One typical step of each method, zoomed: a real step of median length (the cards' "
+                            "ms/step is each run's mean, reading the prompt included); why one step costs less "
+                            "than another (one millisecond axis)", elem_id="zoomed-step")
     return ui
 
 
@@ -152,13 +157,12 @@ def steps_tab() -> SimpleNamespace:
                               elem_id="sentence")
     with gr.Row():
         ui.hit_guess = gr.Radio(HIT_CHOICES, value=None, visible=False, elem_id="hit-guess", min_width=260,
-                                label="Predict: will the next step be a hit (the target's token among the early-exit "
-                                      "guesses, so the window after it is already drafted)?")
+                                label=HIT_QUESTION)
         ui.hit_reveal = gr.Markdown(elem_id="hit-reveal")
     ui.text = gr.HTML()
     ui.timeline = gr.Plot(label="This step and its neighbours on the timeline (other steps faded; "
                                 "double-click the chart for the whole run)")
-    ui.tree = gr.Plot(label="Branches: the step's hypothesis tree")
+    ui.tree = gr.Plot(label="Branches: the step's hypothesis tree", elem_id="tree")
     return ui
 
 
@@ -169,7 +173,7 @@ def build_demo(pair_factory=None) -> gr.Blocks:
     with gr.Blocks(title="mirror-sd: a race of decoding methods") as demo:
         results = gr.State({})
         seen = gr.BrowserState(False, storage_key="mirror-sd-seen-intro", secret="mirror-sd")
-        gr.Markdown(INTRO)
+        gr.Markdown(INTRO.format(machines=" or ".join(replay.recorded_machines())), elem_id="intro")
         with gr.Accordion("How it works: speculative decoding, EAGLE-2, Mirror-SD and Speculative Streaming in four "
                           "pictures", open=True,
                           elem_id="how") as how:
@@ -182,7 +186,10 @@ def build_demo(pair_factory=None) -> gr.Blocks:
         with gr.Tab("Utilisation") as utilisation_tab:
             gr.Markdown("Per lane: the share of the run it spent working, and how that share moved over time. "
                         "Computed from the spans of each run; on NVIDIA GPUs a dotted line adds the GPU's own "
-                        "busy readings (NVML), sampled while the run went on.")
+                        "busy readings (NVML), read every 50 ms while the run went on. Each reading is the GPU's "
+                        "busy share over the driver's last 1/6 s to 1 s, so on the H200 recordings' short runs "
+                        "(30 to 130 ms) there are one to three, mostly about the time before the run; where a "
+                        "run has one or none, its chart says so.")
             utilisation = gr.Plot(figures.placeholder(AFTER_A_RACE.format("each lane's busy share appears here.")),
                                   label="Utilisation", elem_id="utilisation")
         with gr.Tab("Step-through"):
@@ -190,7 +197,7 @@ def build_demo(pair_factory=None) -> gr.Blocks:
         with gr.Tab("Export"):
             gr.Markdown("Each method's trace: spans and steps as CSV, the trace as JSON (`Trace.from_json` "
                         "reads it back), and Chrome-trace JSON for [Perfetto](https://ui.perfetto.dev).")
-            files = gr.File(label="Downloads", file_count="multiple")
+            files = gr.File(label="Downloads", file_count="multiple", elem_id="export")
         with gr.Tab("What if") as what_if_tab:
             what_if = whatif.whatif_tab()
         drawn = wire_race(demo, race, results, get_pair, names,

@@ -239,10 +239,15 @@ def test_sentences_follow_the_trace(race):
     for step in sd.trace.steps[1:]:
         assert f"accepted {step.accepted} of {len(step.proposed)} draft tokens" in explain(sd.trace, step.index, sd.pieces)
     mirror = race["mirror"]
-    words = [("(hit)" if s.rendezvous.hit else "(miss)") for s in mirror.trace.steps[1:]]
-    assert {"(hit)", "(miss)"} == set(words)
-    for step, word in zip(mirror.trace.steps[1:], words):
-        assert word in explain(mirror.trace, step.index, mirror.pieces)
+    steps = mirror.trace.steps[1:]
+    assert {s.rendezvous.hit for s in steps} == {True, False}
+    for before, step in zip([None, *steps], steps):  # each step's outcome and its window's source, by number
+        sentence = explain(mirror.trace, step.index, mirror.pieces)
+        k, outcome = step.index, "hit" if step.rendezvous.hit else "miss"
+        assert f"This step was a {outcome}" in sentence
+        assert (f"so step {k + 1}" in sentence) == (step is not steps[-1])  # the last: "the run ended here"
+        if before is not None:
+            assert f"step {k - 1} was a {'hit' if before.rendezvous.hit else 'miss'}" in sentence
     assert "one forward pass" in explain(race["vanilla"].trace, 3, race["vanilla"].pieces)
 
 
@@ -596,7 +601,7 @@ def test_a_mirror_guess_behind_sd_hears_why_from_both_runs():
                  tokens_per_s=10.0)
     race = {"sd": sd, "mirror": mirror}
     why = mirror_behind_sd(race)
-    assert "took 160 ms for 2.00 tokens, against 140 ms for 2.00" in why  # hit's-window steps vs sd steps
+    assert "took 160 ms on average for 2.00 tokens, against 140 ms for 2.00" in why  # hit's-window steps vs sd
     assert "splitting the target" in why and "same processor" in why
     assert why in reveal(race, "mirror") and why not in reveal(race, "sd")
     faster = dict(race, mirror=_run_of("mirror", one_cpu, mirror.trace.steps, 160.0, tokens_per_s=11.0))
@@ -674,3 +679,106 @@ def test_every_span_kind_has_its_own_colour_and_legend():
 
     styles = [figures.kind_style(kind) for kind in SpanKind]
     assert len({colour for colour, _ in styles}) == len(SpanKind) and all(legend for _, legend in styles)
+
+
+def test_the_reveal_quotes_the_cards_ms_per_step_and_says_it_is_a_mean(race):
+    """The card's ms/step (a mean over the run, prompt included) is the figure the reveal's why quotes,
+    also over repeated runs (the medians), and each says which statistic it is (issue 69)."""
+    import re
+
+    from app.predict import fastest, reveal
+
+    runs = {n: [dict(r.metrics), dict(r.metrics, wall_s=2 * r.metrics["wall_s"]),
+                dict(r.metrics, wall_s=3 * r.metrics["wall_s"])] for n, r in race.items() if r.metrics}
+    for current in (race, {n: replace(r, runs=runs.get(n, [])) for n, r in race.items()}):
+        winner, rate = fastest(current), baseline(current)
+        said = reveal(current, winner.method)
+        for method in {winner.method, "vanilla"}:
+            card = card_html(current[method], rate)
+            ms = re.search(r"(\d+) ms/step", card).group(1)
+            assert f"{ms} ms" in said
+            title = dict(inspect_metrics(card))["ms/step"]
+            assert "the mean" in title and "median" in title  # the zoomed step is the median one
+        assert "each run's wall time over its steps, reading the prompt included" in said
+
+
+def recorded_deepest_tree():
+    """(dropdown label, result, step) of the recorded races' deepest draft tree."""
+    from app.replay import load_race, recorded_races
+
+    def depth(nodes):
+        levels = [0] * len(nodes)
+        for i, n in enumerate(nodes):
+            levels[i] = 0 if n.parent is None else levels[n.parent] + 1
+        return max(levels)
+
+    found = []
+    for label, path in recorded_races():
+        for r in load_race(path)[2].values():
+            found += [(depth(nodes), len(nodes), label, r, s) for s in r.trace.steps if (nodes := step_tree(s))]
+    return max(found, key=lambda f: f[:2])[2:]
+
+
+def label_boxes(fig, width_px: float, char_px: float = 7.5, line_px: float = 15) -> list[tuple]:
+    """(text, x0, y0, x1, y1) in pixels of every node label of a tree figure drawn ``width_px`` wide (its
+    own height): each label starts right of its node (the marker's radius and a gap) and is
+    ``char_px`` a character wide, more than an 11-px font's average."""
+    layout = fig.layout
+    plot_w = width_px - layout.margin.l - layout.margin.r
+    plot_h = layout.height - layout.margin.t - layout.margin.b
+    (x_lo, x_hi), (y_lo, y_hi) = layout.xaxis.range, layout.yaxis.range
+    boxes = []
+    for d in fig.data:
+        if d.mode != "markers+text":
+            continue
+        for x, y, text in zip(d.x, d.y, d.text):
+            px, py = (x - x_lo) / (x_hi - x_lo) * plot_w + 8, (y_hi - y) / (y_hi - y_lo) * plot_h
+            boxes.append((text, px, py - line_px / 2, px + char_px * len(text), py + line_px / 2))
+    return boxes
+
+
+def overlapping(boxes) -> list[tuple[str, str]]:
+    return [(a[0], b[0]) for i, a in enumerate(boxes) for b in boxes[i + 1:]
+            if a[1] < b[3] and b[1] < a[3] and a[2] < b[4] and b[2] < a[4]]
+
+
+def test_no_two_labels_of_the_deepest_recorded_tree_overlap():
+    """The tree's labels at every depth stay clear of each other (issue 69: they overlapped at depths 2-3),
+    computed from the figure's text positions, at the width of a 1280 px page and of an 800 px one."""
+    _, result, step = recorded_deepest_tree()
+    fig = figures.tree(step, result.pieces)
+    assert len([t for d in fig.data if d.mode == "markers+text" for t in d.text]) > 40
+    for width in (1200, 740):
+        assert overlapping(label_boxes(fig, width)) == [], width
+
+
+def test_a_recorded_races_exports_are_named_with_its_recording_not_today():
+    """Downloads of a recorded race carry the day it was recorded, its prompt's category and its machine."""
+    import tempfile
+
+    from app.replay import RECORDED, load_race
+
+    _, meta, results = load_race(RECORDED / "nvidia-h200" / "qa.json")
+    paths = export_files({n: r.trace for n, r in results.items()}, tempfile.mkdtemp())
+    assert meta["date"] == "2026-11-27"
+    assert all(Path(p).name.startswith("recorded-20261127-qa-nvidia-h200-") for p in paths)
+    assert json.loads(Path(paths[2]).read_text())["meta"]["recording"]["hardware"] == "NVIDIA H200"
+
+
+def test_the_utilisation_chart_says_where_a_gpu_run_has_too_few_nvml_readings():
+    """In the H200 summarization recording Speculative Streaming's and Mirror-SD's runs (37 and 48 ms) got one
+    NVML reading each, the sampler reading every 50 ms: drawn as a dot, and the chart says why there is
+    no line. The legend sits at the foot, clear of the toolbar at the top right (issue 69)."""
+    from app.replay import RECORDED, load_race
+
+    _, _, results = load_race(RECORDED / "nvidia-h200" / "summarization.json")
+    assert {n: len(r.trace.gpu_samples) for n, r in results.items()} == dict(vanilla=2, sd=2, ss=1, mirror=1, eagle=2)
+    fig = figures.utilisation({r.title: r.trace for r in results.values()})
+    notes = [a.text for a in fig.layout.annotations if "NVML" in a.text]
+    assert notes == ["one NVML reading only (the dot): this run lasted 37 ms, and the GPU is read every 50 ms",
+                     "one NVML reading only (the dot): this run lasted 48 ms, and the GPU is read every 50 ms"]
+    dots = [d for d in fig.data if d.name == "cuda:0 (NVML)"]
+    assert len(dots) == 5 and all("markers" in d.mode for d in dots)
+    assert fig.layout.legend.yref == "container" and fig.layout.legend.y == 0
+    on_cpu = load_race(RECORDED / "summarization.json")[2]
+    assert not any(figures.nvml_note(r.trace) for r in on_cpu.values())  # no GPU: nothing to say

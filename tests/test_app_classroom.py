@@ -90,7 +90,7 @@ def test_browser_teaches_predicts_reveals_and_fits_800px(class_url):
         expect(page.locator("#sentence")).to_contain_text("Step 0", timeout=30_000)
         expect(page.get_by_label("Method")).to_have_value("Mirror-SD")
         page.locator("#hit-guess").get_by_text("Yes, a hit").click()
-        expect(page.locator("#hit-reveal")).to_contain_text("The next step was a", timeout=30_000)
+        expect(page.locator("#hit-reveal")).to_contain_text("The next step, step 1, was a", timeout=30_000)
         expect(page.locator("#hit-reveal")).to_contain_text("Step 1")
 
         page.reload()  # a second visit: the panel starts closed
@@ -307,7 +307,7 @@ def test_browser_replays_a_recorded_race_smoothly_with_no_overlay_and_no_early_d
         replaying = [t for t, states, _ in seen if "replaying" in states]
         assert len(replaying) >= 15 and replaying[-1] - replaying[0] > 1500  # smooth: many frames a second
 
-        open_recorded(page, "qa: Why is the sky blue? (on NVIDIA H200)")
+        open_recorded(page, "qa: Why is the sky blue? (on NVIDIA H200")
         page.get_by_role("button", name="Replay the race").click()
         expect(page.locator("#card-mirror .card-state")).to_contain_text("slower than measured", timeout=30_000)
         expect(page.locator("#card-mirror .card")).to_have_attribute("data-state", "length", timeout=30_000)
@@ -323,7 +323,7 @@ def test_browser_names_a_recordings_devices_then_the_live_ones(class_url):
         browser, page = open_app(p, class_url)
         notice = page.locator("#notice")
         expect(notice).to_contain_text("Target lane: cpu:0", timeout=30_000)  # this server's, on page open
-        open_recorded(page, "qa: Why is the sky blue? (on NVIDIA H200)")
+        open_recorded(page, "qa: Why is the sky blue? (on NVIDIA H200")
         expect(notice).to_contain_text("Recorded on NVIDIA H200", timeout=30_000)
         expect(notice).to_contain_text("Target lane: cuda:0, playing the GPU; draft lane: cuda:0, 2nd stream")
         expect(notice).not_to_contain_text("cpu:")
@@ -429,10 +429,104 @@ def test_browser_opens_a_race_recorded_at_each_methods_best_settings(class_url):
 
     with sync_playwright() as p:
         browser, page = open_app(p, class_url)
-        open_recorded(page, "qa: Why is the sky blue? (at best settings")
+        open_recorded(page, "qa: Why is the sky blue? (on AMD EPYC, 2 CPU cores, 2026-11-29, at best settings")
         expect(page.locator("#recorded input")).to_have_value(
-            "qa: Why is the sky blue? (at best settings: sd gamma 3; mirror exit layer 14, branch budget 4)")
+            "qa: Why is the sky blue? (on AMD EPYC, 2 CPU cores, 2026-11-29, at best settings: sd gamma 3; "
+            "mirror exit layer 14, branch budget 4)")
         expect(page.locator("#status")).to_contain_text(
             "at best settings: sd gamma 3; mirror exit layer 14, branch budget 4 (every other option at its default)")
         expect(page.locator("#card-mirror")).to_contain_text("tok/s")
+        browser.close()
+
+
+LABEL_BOXES = """() => [...document.querySelectorAll('#tree .textpoint text')].map(t => {
+    const r = t.getBoundingClientRect(); return [t.textContent, r.left, r.top, r.right, r.bottom]; })"""
+
+
+def test_browser_steps_through_the_deepest_tree_with_clear_labels_and_a_plain_hit_question(class_url):
+    """Issue 69, in Chromium: the page header says where each kind of number was measured, How it works
+    explains windows copied from the context, a recording is named by its machine and day; on the
+    recordings' deepest tree no two labels overlap, the step's sentence names the steps its window
+    and its outcome belong to, and the hit question and its answer name the step they mean."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from app.trees import step_tree
+    from test_app import overlapping, recorded_deepest_tree
+
+    label, result, step = recorded_deepest_tree()
+    where = result.trace.meta["recording"]
+    with sync_playwright() as p:
+        browser, page = open_app(p, class_url)
+        intro = page.locator("#intro")
+        expect(intro).to_contain_text("a live race (Run) runs on the machine serving this page")
+        expect(intro).to_contain_text("AMD EPYC, 2 CPU cores or NVIDIA H200")
+        expect(intro).to_contain_text("MODELLED")
+        expect(page.locator("#copied-note")).to_contain_text("Copied from the context")
+        expect(page.locator("#copied-note")).to_contain_text("After a miss, Mirror-SD copies its next window")
+        open_recorded(page, label)
+        expect(page.locator("#recorded input")).to_have_value(label)
+        assert f"(on {where['hardware']}, {where['date']}" in label
+        page.get_by_role("tab", name="Step-through").click()
+        page.get_by_label("Method").click()
+        page.get_by_role("option", name=result.title, exact=True).click()
+        box = page.locator("#step input[type=number]")
+        box.fill(str(step.index))
+        box.press("Enter")
+        sentence = page.locator("#sentence")
+        expect(sentence).to_contain_text(f"Step {step.index} (", timeout=30_000)
+        expect(sentence).to_contain_text(f"step {step.index - 1} was a")
+        page.wait_for_function(f"() => document.querySelectorAll('#tree .textpoint text').length >= "
+                               f"{len([n for n in step_tree(step) if n.kind != 'candidate'])}", timeout=30_000)
+        page.wait_for_timeout(500)
+        boxes = [(b[0], *b[1:]) for b in page.evaluate(LABEL_BOXES)]
+        assert len(boxes) > 40 and overlapping(boxes) == []
+        page.locator("#prev").click()  # the question asks of the next step: the step before the tree's
+        expect(sentence).to_contain_text(f"so step {step.index}", timeout=30_000)
+        question = page.locator("#hit-guess")
+        expect(question).to_contain_text("will the next step be a hit? A step is a hit when", timeout=30_000)
+        question.get_by_text("Yes, a hit").click()
+        expect(page.locator("#hit-reveal")).to_contain_text(f"The next step, step {step.index}, was a",
+                                                            timeout=30_000)
+        browser.close()
+
+
+def test_browser_names_a_recordings_machine_and_day_its_nvml_gaps_and_its_files(class_url):
+    """Issue 69, in Chromium, on the H200 summarization recording: the cards' timed numbers say where and
+    when they were measured, the reveal quotes the card's ms/step, the utilisation legend keeps clear of
+    the chart's toolbar and the chart says which runs had one NVML reading, and the Export tab's files
+    carry the recording's day, not today's."""
+    import re
+
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as p:
+        browser, page = open_app(p, class_url)
+        open_recorded(page, "summarization: Summarize in one sentence: The public library in the town… "
+                            "(on NVIDIA H200")
+        speed = page.locator('#card-mirror .metric[data-metric="tok/s"]')
+        expect(speed).to_have_attribute("title", re.compile("Recorded on NVIDIA H200, 2026-11-27, not on this server"))
+        page.locator("#guess").get_by_text("Vanilla", exact=True).click()
+        expect(page.locator("#reveal")).to_contain_text("fastest", timeout=30_000)
+        said = page.locator("#reveal").inner_text()
+        winner = next(m for m in ("vanilla", "sd", "ss", "mirror", "eagle")
+                      if page.locator(f"#card-{m} .card-head b").inner_text() in said.split(" was fastest")[0])
+        ms = re.search(r"(\d+) ms/step", page.locator(f"#card-{winner} .card-metrics").inner_text()).group(1)
+        assert f"{ms} ms" in said and "reading the prompt included" in said
+
+        page.get_by_role("tab", name="Utilisation").click()
+        chart = page.locator("#utilisation .js-plotly-plot")
+        expect(chart).to_contain_text("one NVML reading only", timeout=30_000)
+        assert chart.locator("text", has_text="one NVML reading only").count() == 2  # ss and mirror
+        chart.hover()
+        legend = chart.locator(".legend").bounding_box()
+        toolbar = chart.locator(".modebar").bounding_box()
+        assert legend and toolbar
+        apart = (legend["x"] + legend["width"] <= toolbar["x"] or toolbar["x"] + toolbar["width"] <= legend["x"]
+                 or legend["y"] + legend["height"] <= toolbar["y"] or toolbar["y"] + toolbar["height"] <= legend["y"])
+        assert apart, (legend, toolbar)
+
+        page.get_by_role("tab", name="Export").click()
+        files = page.locator("#export")
+        expect(files).to_contain_text("recorded-20261127-summarization-nvidia-h200-mirror-spans", timeout=30_000)
+        expect(files).not_to_contain_text("race-2")
         browser.close()

@@ -32,9 +32,10 @@ BEST_ON_CPU = {"sd": {"gamma": 3}, "mirror": {"exit_layer": 14, "branch_budget":
 def test_every_example_prompt_has_a_small_recorded_race_on_the_cpu_at_defaults_and_best_settings_and_on_a_gpu():
     races = recorded_races()
     examples = {item["turns"][0] for item in first_per_category(read_prompts(DEFAULT_PROMPTS), 1)}
-    on_gpu = [path for label, path in races if label.endswith("(on NVIDIA H200)")]
+    on_gpu = [path for label, path in races if label.endswith("(on NVIDIA H200, 2026-11-27)")]
     best = [path for label, path in races
-            if label.endswith("(at best settings: sd gamma 3; mirror exit layer 14, branch budget 4)")]
+            if label.endswith("(on AMD EPYC, 2 CPU cores, 2026-11-29, at best settings: sd gamma 3; mirror exit layer "
+                              "14, branch budget 4)")]
     on_cpu = [path for label, path in races if path not in on_gpu + best]
     assert len(on_cpu) == len(best) == len(on_gpu) == len(examples)
     assert ({load_race(path)[0] for path in on_cpu} == {load_race(path)[0] for path in on_gpu}
@@ -45,9 +46,9 @@ def test_every_example_prompt_has_a_small_recorded_race_on_the_cpu_at_defaults_a
         for method, chosen in BEST_ON_CPU.items():
             assert {k: results[method].trace.meta["options"][k] for k in chosen} == chosen
     assert sum(p.stat().st_size for p in RECORDED.glob("**/*.json")) < 2_000_000  # the repo stays small
-    for label, path in races:
+    for label, path in races:  # each names the machine and the day it ran on, none "this CPU"
         prompt, meta, results = load_race(path)
-        assert meta["hardware"] and meta["date"]
+        assert meta["hardware"] and meta["date"] and f"(on {meta['hardware']}, {meta['date']}" in label
         # the app races a prompt's first turn: a multi-turn prompt's race says so
         assert label.startswith(("multi-turn, first turn" if meta["category"] == "multi-turn" else meta["category"])
                                 + ": ")
@@ -61,7 +62,7 @@ def test_the_gpu_races_show_the_draft_on_a_second_stream_under_the_target_suffix
     """Recorded from gpu-check's bench on an H200: spans from CUDA events, the draft lane a second stream
     of the target's GPU, and Mirror-SD's rollouts running while the target suffix runs."""
     for label, path in recorded_races():
-        if "(on " not in label:
+        if "(on NVIDIA H200" not in label:
             continue
         prompt, meta, results = load_race(path)
         assert meta["graphs"] == "on" and "NVIDIA H200" in meta["hardware"] and meta["note"]
@@ -99,4 +100,4 @@ def test_a_race_saved_and_loaded_draws_the_same_cards(tiny_pair, tmp_path):
         assert loaded[name].trace.to_dict()["steps"] == json.loads(json.dumps(r.trace.to_dict()["steps"]))
         assert loaded[name].pieces == r.pieces
         assert loaded[name].metrics == r.metrics
-    assert recorded_races(tmp_path) == [("tiny: t1 t2 t3", str(path))]
+    assert recorded_races(tmp_path) == [("tiny: t1 t2 t3 (on here, today)", str(path))]
