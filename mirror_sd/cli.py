@@ -376,6 +376,8 @@ def cmd_tune(args) -> int:
     print(best[["profile", "method", "setting", "tau", "hit_rate", "speedup", "step_ms"]]
           .to_markdown(index=False, floatfmt=".3f"))
     print(f"\nwrote {args.out}/tuned.csv, searched.csv, tuned.md")
+    for setting, why in best.attrs["failed"].items():
+        print(f"note: {setting} failed and is left out of the search ({why})", file=sys.stderr)
     if best.attrs["unequal"]:
         print(f"error: {', '.join(best.attrs['unequal'])} committed other tokens than vanilla", file=sys.stderr)
         return 1

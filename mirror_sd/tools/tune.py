@@ -142,10 +142,11 @@ def run_stats(rows: pd.DataFrame, vanilla_tps: float, traces: list[Trace]) -> di
                 measured_speedup=tps / vanilla_tps, equal_to_vanilla=bool(rows.equal_to_vanilla.all()))
 
 
-def measure(pair, prompts, settings: list[tuple[str, str, dict]], round_: int, max_new_tokens: int,
+def measure(pair, prompts, settings: list[tuple[str, str, dict]], round_: int, max_new_tokens: int, failed: dict,
             **decoding) -> tuple[list[dict], dict[str, list[Trace]]]:
     """Run vanilla and every (label, method, options) of ``settings`` on the prompts, interleaved:
-    one row each (``run_stats``), and each setting's traces by its key."""
+    one row each (``run_stats``), and each setting's traces by its key; a setting that fails is left
+    out and named in ``failed`` with why."""
     runs = [("vanilla", {})] + [(method, options) for _, method, options in settings]
     traced: list[dict] = []
     results = run_interleaved(pair, prompts, runs, max_new_tokens, desc=f"tune round {round_}", traces=traced,
@@ -153,6 +154,7 @@ def measure(pair, prompts, settings: list[tuple[str, str, dict]], round_: int, m
     by_run: dict[int, list[Trace]] = {}
     for t in traced:
         by_run.setdefault(t["run"], []).extend(t["traces"])
+    failed.update({key(*runs[i]): why for i, why in results.attrs.get("failed", {}).items()})
     vanilla = results[results.run == 0]
     vanilla_tps = vanilla.new_tokens.sum() / vanilla.wall_s.sum()
     rows, traces = [], {}
@@ -215,9 +217,9 @@ def tune(pair, prompts: list[dict], methods=("sd", "eagle", "ss", "mirror"), pro
     if "mirror" in methods:  # run in round 0 with the coarse grid, and marked (it may be one of the grid's)
         settings.append(("coarse", "mirror", paper_settings(pair)))
         paper = key("mirror", paper_settings(pair))
-    rows, traces, fitted = [], {}, None
+    rows, traces, fitted, failed = [], {}, None, {}
     for round_ in range(rounds + 1):
-        seen = {r["setting"] for r in rows}
+        seen = {r["setting"] for r in rows} | set(failed)
         fresh, keys = [], set()
         for label, method, options in settings:
             k = key(method, options) if valid(pair, method, options) else None
@@ -226,7 +228,7 @@ def tune(pair, prompts: list[dict], methods=("sd", "eagle", "ss", "mirror"), pro
                 keys.add(k)
         if not fresh:
             break
-        new_rows, new_traces = measure(pair, prompts, fresh, round_, max_new_tokens, **decoding)
+        new_rows, new_traces = measure(pair, prompts, fresh, round_, max_new_tokens, failed, **decoding)
         rows += [dict(r, paper=r["setting"] == paper) for r in new_rows if not (r["method"] == "vanilla" and round_ > 0)]
         traces.update(new_traces)
         if fitted is None and THIS_MACHINE in profiles:  # fitted once, on round 0's spans
@@ -248,12 +250,12 @@ def tune(pair, prompts: list[dict], methods=("sd", "eagle", "ss", "mirror"), pro
                 target_layers=pair.target.num_layers, draft=pair.draft_name, int8_drafting=pair.int8_drafting,
                 threads=threads, stream_window=stream_window(pair))
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
-    (out / "tuned.md").write_text(report(best, table, meta))
-    best.attrs["unequal"] = sorted(table.setting[~table.equal_to_vanilla])
+    (out / "tuned.md").write_text(report(best, table, meta, failed))
+    best.attrs.update(unequal=sorted(table.setting[~table.equal_to_vanilla]), failed=failed)
     return best
 
 
-def report(best: pd.DataFrame, table: pd.DataFrame, meta: dict) -> str:
+def report(best: pd.DataFrame, table: pd.DataFrame, meta: dict, failed: dict) -> str:
     lines = ["# Each method at its best settings per profile", "",
              f"`{meta['command']}` on {meta['machine']}, {meta['date']}: {meta['settings_run']} settings in "
              f"{meta['rounds']} rounds, {meta['prompts']} prompts of {meta['max_new_tokens']} new tokens, T = 0, "
@@ -265,6 +267,7 @@ def report(best: pd.DataFrame, table: pd.DataFrame, meta: dict) -> str:
               "Rounds: 0 the coarse grid and the paper's configuration (`paper`); then the neighbours of each profile's "
               "best.",
               "", table.drop(columns=["options", "label"]).to_markdown(index=False, floatfmt=".3f"), ""]
+    lines += [f"Left out, it failed: {setting} ({why})" for setting, why in failed.items()]
     unequal = table.setting[~table.equal_to_vanilla].tolist()
     if unequal:
         lines.append(f"WARNING: {', '.join(unequal)} committed other tokens than vanilla.")
