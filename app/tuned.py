@@ -39,8 +39,10 @@ CAPTION = ("**How the best settings and the map are found.** `python -m mirror_s
            "does to a step (tokens committed, Mirror-SD's hits) does not depend on the hardware, so each run was "
            "re-timed on every profile and each method kept its fastest setting there (MODELLED). The map prices a "
            "typical step of sd and Mirror-SD at every acceptance and draft cost, each at its best window and drafting "
-           "form; EAGLE and Speculative Streaming draft without a draft model, so their level is their best setting's, "
-           "at their own measured acceptance. Settings, symbols and profiles: the glossary in How it works.")
+           "form (chains; Mirror-SD with the other options and the measured hit rate of its fastest chain setting, "
+           "unless the controls below set the hit rate); EAGLE and Speculative Streaming draft without a draft model, "
+           "so their level is their best setting's, at their own measured acceptance. Settings, symbols and "
+           "profiles: the glossary.")
 
 
 @dataclass
@@ -164,11 +166,20 @@ def profile_for(tuned: Tuned, profile: str, draft_speed: float | None = None) ->
     return loaded if draft_speed is None else loaded.with_draft_speed(draft_speed)
 
 
+def chain_setting(tuned: Tuned, profile: str) -> pd.Series:
+    """Mirror-SD's fastest searched setting on ``profile`` with chain windows (the map prices chains):
+    the map's other Mirror-SD options and its measured hit rate come from it."""
+    mirror = tuned.searched[tuned.searched.method == "mirror"]
+    chains = mirror[[not json.loads(o).get("tree") for o in mirror.options]]
+    return chains.loc[chains[f"speedup@{profile}"].idxmax()]
+
+
 def forms(tuned: Tuned, profile: str) -> dict:
     """What the map tries for sd and Mirror-SD: each drafting form (token by token; one forward with
-    the draft's streams) at every window it allows, Mirror-SD with its best setting's other options."""
+    the draft's streams) at every window it allows, Mirror-SD with the other options of its fastest
+    chain setting (``chain_setting``)."""
     window = tuned.meta.get("stream_window", 0)
-    mirror = json.loads(profile_rows(tuned, profile).loc["mirror"].options)
+    mirror = json.loads(chain_setting(tuned, profile).options)
     mirror = {k: v for k, v in mirror.items() if k not in ("gamma", "tree", "branching", "streams")}
     out = {"sd": [({}, whatif.MAP_GAMMAS)], "mirror": [(mirror, whatif.MAP_GAMMAS)]}
     if window > 1:
@@ -188,8 +199,8 @@ def typical_meta(tuned: Tuned) -> dict:
 
 
 def hit_rate_of(tuned: Tuned, profile: str) -> float:
-    """The measured hit rate of Mirror-SD's best setting on ``profile``: the map's default."""
-    return float(profile_rows(tuned, profile).loc["mirror"].hit_rate)
+    """The measured hit rate of Mirror-SD's fastest chain setting on ``profile``: the map's default."""
+    return float(chain_setting(tuned, profile).hit_rate)
 
 
 def lead_map(tuned: Tuned, profile: str, model: whatif.Profile, hit_rate: float) -> pd.DataFrame:
@@ -211,18 +222,23 @@ def controls_speedup(tuned: Tuned, profile: str, model: whatif.Profile, method: 
     return best
 
 
-def lead_threshold(table: pd.DataFrame, ratio: float) -> float | None:
-    """The lowest acceptance on the map's grid from which Mirror-SD leads at the grid cost nearest
-    ``ratio``; None where it leads nowhere on that row."""
-    row = table[table.ratio == table.ratio.iloc[(table.ratio - ratio).abs().argmin()]]
+FINE = 200  # points of the exact scans behind the map's sentence
+
+
+def lead_threshold(tuned: Tuned, profile: str, model: whatif.Profile, hit_rate: float, ratio: float) -> float | None:
+    """The lowest acceptance from which Mirror-SD leads at exactly the draft cost ``ratio`` (a fine
+    scan of the map's model), or None where it leads at no acceptance up to 0.99."""
+    row = whatif.lead_map(model, np.linspace(ALPHAS[0], 0.99, FINE), [ratio], forms(tuned, profile),
+                          levels(tuned, profile), hit_rate, typical_meta(tuned))
     leads = row[row.leader == "mirror"].alpha
     return float(leads.min()) if not leads.empty else None
 
 
-def cost_threshold(table: pd.DataFrame, alpha: float) -> float | None:
-    """The highest draft cost on the map's grid below which Mirror-SD leads at the grid acceptance
-    nearest ``alpha``; None where it leads at no cost."""
-    col = table[table.alpha == table.alpha.iloc[(table.alpha - alpha).abs().argmin()]]
+def cost_threshold(tuned: Tuned, profile: str, model: whatif.Profile, hit_rate: float, alpha: float) -> float | None:
+    """The highest draft cost up to which Mirror-SD leads at exactly the acceptance ``alpha`` (a fine
+    scan over the map's costs), or None where it leads at no cost on the map."""
+    col = whatif.lead_map(model, [alpha], np.geomspace(RATIOS[0], RATIOS[-1], FINE // 2), forms(tuned, profile),
+                          levels(tuned, profile), hit_rate, typical_meta(tuned))
     leads = col[col.leader == "mirror"].ratio
     return float(leads.max()) if not leads.empty else None
 
@@ -305,17 +321,20 @@ def map_figure(table: pd.DataFrame, profile: str, shipped: tuple[float, float], 
     return fig
 
 
-def map_sentence(table: pd.DataFrame, profile: str, shipped: tuple[float, float], hit_rate: float) -> str:
-    """The answer read off the map."""
+def map_sentence(tuned: Tuned, profile: str, model: whatif.Profile, shipped: tuple[float, float],
+                 hit_rate: float) -> str:
+    """The answer read off the map's model at the profile's own draft cost and the shipped draft's
+    acceptance."""
     alpha, cost = shipped
-    at_cost = lead_threshold(table, cost)
-    below = cost_threshold(table, alpha)
+    at_cost = lead_threshold(tuned, profile, model, hit_rate, cost)
+    below = cost_threshold(tuned, profile, model, hit_rate, alpha)
     text = f"**Read off the map (MODELLED, Mirror-SD's hit rate {hit_rate:.2f}):** on {profile}, "
     if at_cost is None:
-        text += f"at the profile's draft cost ({cost:.2f} of a target forward) Mirror-SD leads at no acceptance on the map"
+        text += (f"at the profile's draft cost ({cost:.2f} of a target forward) Mirror-SD leads at no acceptance up "
+                 "to 0.99")
     else:
         text += (f"at the profile's draft cost ({cost:.2f} of a target forward) Mirror-SD leads once the draft accepts "
-                 f"{at_cost:.3f} or more per token")
+                 f"{at_cost:.2f} or more per token")
     text += f"; the shipped draft accepts {alpha:.2f}"
     if below is not None:
         text += f", and at that acceptance Mirror-SD leads wherever a draft forward costs up to {below:.3f} of a target's."

@@ -186,7 +186,7 @@ def answer(name: str, draft_speed: float | None, hit: float):
     shipped = (tuned.draft_alpha(recorded), model.draft_ratio())
     paper_alpha, paper_text = tuned.paper_point(recorded, profile, model, hit)
     chart = tuned.map_figure(table, profile, shipped, tuned.exit_drafts(), paper_alpha)
-    text = tuned.map_sentence(table, profile, shipped, hit) + " " + paper_text
+    text = tuned.map_sentence(recorded, profile, model, shipped, hit) + " " + paper_text
     return (tuned.verdict(recorded, profile) + "\n\n" + trust_text(name) + "\n\n" + tuned.caption(recorded, profile),
             tuned.best_table(recorded, profile), chart, text)
 

@@ -56,7 +56,10 @@ def test_the_table_verdict_map_and_controls_agree_with_tuned_csv(name):
     assert grid.eagle.iloc[0] == pytest.approx(rows.loc["eagle"].speedup)
     assert grid.ss.iloc[0] == pytest.approx(rows.loc["ss"].speedup)
     shipped = (tuned.draft_alpha(RECORDED), model.draft_ratio())
-    assert text.startswith(tuned.map_sentence(grid, profile, shipped, hit))
+    assert text.startswith(tuned.map_sentence(RECORDED, profile, model, shipped, hit))
+    at_cost = tuned.lead_threshold(RECORDED, profile, model, hit, shipped[1])
+    if at_cost is not None:  # the drawn grid agrees: at the nearest grid cost, Mirror-SD leads past about there
+        assert f"accepts {at_cost:.2f} or more" in text
     assert {t.name for t in chart.data} >= {"Mirror-SD leads", "EAGLE-2 leads"}
     # the controls at the best window give the map's value at the same point
     for alpha in (0.5, 0.8):
