@@ -41,19 +41,18 @@ def main():
         top = page.locator("#whatif-banner").bounding_box()["y"] - 12  # the tab, from its banner down
         height = page.evaluate("document.documentElement.scrollHeight") - top
         page.screenshot(path=DOCS / "whatif.png", full_page=True, clip=dict(x=0, y=top, width=1280, height=height))
-        page.locator("#whatif-verdict").scroll_into_view_if_needed()
-        first = page.locator("#whatif-verdict").bounding_box()["y"] + page.evaluate("window.scrollY") - 12
-        last = page.locator("#whatif-map-text").bounding_box()
-        bottom = last["y"] + last["height"] + page.evaluate("window.scrollY") + 12
-        page.screenshot(path=DOCS / "whatif-map.png", full_page=True,
-                        clip=dict(x=0, y=first, width=1280, height=bottom - first))
-        page.locator("#whatif-curve").scroll_into_view_if_needed()
-        first = page.locator("#whatif-curve").bounding_box()["y"] + page.evaluate("window.scrollY") - 12
-        last = page.locator("#whatif-reported").bounding_box()
-        bottom = last["y"] + last["height"] + page.evaluate("window.scrollY") + 12
-        page.screenshot(path=DOCS / "whatif-capacity.png", full_page=True,
-                        clip=dict(x=0, y=first, width=1280, height=bottom - first))
+        between(page, "#whatif-verdict", "#whatif-map-text", DOCS / "whatif-map.png")
+        between(page, "#whatif-curve", "#whatif-reported", DOCS / "whatif-capacity.png")
     print(f"wrote {DOCS / 'whatif.png'}, {DOCS / 'whatif-map.png'} and {DOCS / 'whatif-capacity.png'}")
+
+
+def between(page, first: str, last: str, path):
+    """Capture the page from element ``first``'s top to element ``last``'s bottom, full width."""
+    page.locator(first).scroll_into_view_if_needed()
+    top = page.locator(first).bounding_box()["y"] + page.evaluate("window.scrollY") - 12
+    box = page.locator(last).bounding_box()
+    bottom = box["y"] + box["height"] + page.evaluate("window.scrollY") + 12
+    page.screenshot(path=path, full_page=True, clip=dict(x=0, y=top, width=1280, height=bottom - top))
 
 
 if __name__ == "__main__":

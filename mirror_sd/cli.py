@@ -73,6 +73,18 @@ def _add_decoding_args(p: argparse.ArgumentParser):
         g.add_argument(f"--{name.replace('_', '-')}", type=users[0][1].kind, default=None, help=_option_help(users))
 
 
+def _add_search_args(p: argparse.ArgumentParser, out: str):
+    """What tradeoff and tune share: one prompt per category, 48 new tokens, an output folder, the
+    decoding and model arguments."""
+    p.add_argument("--prompts", default=None, help="JSONL file (default: the bundled Spec-Bench-style set)")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--per-category", type=int, default=1, help="the first N prompts of each category (default 1)")
+    p.add_argument("--out", default=out, help="output folder")
+    _add_decoding_args(p)
+    _add_model_args(p)
+    p.set_defaults(max_new_tokens=48)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Bad arguments get the one line every other bad input gets, ``error: ...``, and exit status 2."""
 
@@ -126,13 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="sd's windows; its best for each draft is kept (default: %(default)s)")
     trd.add_argument("--profiles", default=",".join(PROFILES),
                      help="what-if profiles to re-time on; this-machine is fitted from the run (default: %(default)s)")
-    trd.add_argument("--prompts", default=None, help="JSONL file (default: the bundled Spec-Bench-style set)")
-    trd.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
-    trd.add_argument("--per-category", type=int, default=1, help="the first N prompts of each category (default 1)")
-    trd.add_argument("--out", default="tradeoff-out", help="output folder")
-    _add_decoding_args(trd)
-    _add_model_args(trd)
-    trd.set_defaults(max_new_tokens=48)
+    _add_search_args(trd, "tradeoff-out")
 
     tun = sub.add_parser("tune", help="each method's best settings for each hardware profile: every setting "
                          "measured once here, re-timed on every profile (MODELLED)")
@@ -143,13 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--rounds", type=int, default=1,
                      help="rounds after the coarse grid, each running the neighbours of every profile's best "
                           "(default: %(default)s)")
-    tun.add_argument("--prompts", default=None, help="JSONL file (default: the bundled Spec-Bench-style set)")
-    tun.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
-    tun.add_argument("--per-category", type=int, default=1, help="the first N prompts of each category (default 1)")
-    tun.add_argument("--out", default="tune-out", help="output folder")
-    _add_decoding_args(tun)
-    _add_model_args(tun)
-    tun.set_defaults(max_new_tokens=48)
+    _add_search_args(tun, "tune-out")
 
     sub.add_parser("methods", help="list the decoding methods and their options")
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from test_app_live import CHROMIUM, app_url, open_app  # noqa: F401  (a fixture)
+
 from app import tuned
 from app import whatif as view
 from app.replay import load_race, recorded_races
@@ -100,34 +102,20 @@ def test_every_step_sentence_names_parts_that_sum_to_the_table_s_step_time(folde
         assert "the host's turns" in why
 
 
-CHROMIUM = "/usr/bin/chromium"
-
-
 @pytest.mark.skipif(not os.path.exists(CHROMIUM) and not shutil.which("chromium"),
                     reason="Chromium is not installed here (CI installs Debian's chromium: see .ci/run)")
-def test_browser_shows_the_best_settings_table_and_the_map(tiny_pair):
+def test_browser_shows_the_best_settings_table_and_the_map(app_url):
     from playwright.sync_api import expect, sync_playwright
 
-    from app.ui import build_demo
-
-    demo = build_demo(pair_factory=lambda **devices: tiny_pair)
-    _, url, _ = demo.queue(max_size=8).launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True,
-                                              quiet=True)
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(headless=True, args=["--no-sandbox", "--disable-gpu"],
-                                        executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"))
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(url)
-            page.get_by_role("tab", name="What if").click()
-            expect(page.locator("#whatif-verdict")).to_contain_text("On paper-14b, Mirror-SD", timeout=60_000)
-            rows = RECORDED.best[RECORDED.best.profile == "paper-14b"].set_index("method")
-            best = page.locator("#whatif-best")
-            expect(best).to_contain_text(tuned.in_words("mirror", rows.loc["mirror"].options, 30))
-            expect(best).to_contain_text(f"{rows.loc['eagle'].speedup:.2f}×")
-            expect(page.locator("#whatif-map .js-plotly-plot")).to_be_visible(timeout=30_000)
-            expect(page.locator("#whatif-map")).to_contain_text("Mirror-SD leads")
-            expect(page.locator("#whatif-map-text")).to_contain_text("the shipped draft accepts")
-            browser.close()
-    finally:
-        demo.close()
+    with sync_playwright() as p:
+        browser, page = open_app(p, app_url)
+        page.get_by_role("tab", name="What if").click()
+        expect(page.locator("#whatif-verdict")).to_contain_text("On paper-14b, Mirror-SD", timeout=60_000)
+        rows = RECORDED.best[RECORDED.best.profile == "paper-14b"].set_index("method")
+        best = page.locator("#whatif-best")
+        expect(best).to_contain_text(tuned.in_words("mirror", rows.loc["mirror"].options, 30))
+        expect(best).to_contain_text(f"{rows.loc['eagle'].speedup:.2f}×")
+        expect(page.locator("#whatif-map .js-plotly-plot")).to_be_visible(timeout=30_000)
+        expect(page.locator("#whatif-map")).to_contain_text("Mirror-SD leads")
+        expect(page.locator("#whatif-map-text")).to_contain_text("the shipped draft accepts")
+        browser.close()
