@@ -256,7 +256,9 @@ def speedup_table(current, runs, profile, knobs, name) -> pd.DataFrame:
     rows = []
     for method, r in runs.items():
         row = whatif.summary(r.trace, profile)
+        layers = r.trace.meta.get("target_layers") or 30
         rows.append({"method": r.title,
+                     "settings in this race": tuned.in_words(method, r.trace.meta.get("options", {}), layers),
                      "τ this run": round(r.metrics.get("mean_accepted", 0.0), 3),
                      "measured in the race": (f"{middle(r, 'tokens_per_s') / rate:.2f}×" if rate and r.metrics else "—"),
                      f"MODELLED on {profile.name}": f"{row['vanilla_seconds'] / row['seconds']:.2f}×",
