@@ -29,7 +29,7 @@ PAPER = "mirror (paper)"
 REPORTED_SPEEDUP = 3.82  # the paper's mean Mirror-SD speedup on Qwen3-14B (Table 1), REPORTED
 TITLES = {"vanilla": "Vanilla", "sd": "Speculative decoding", "eagle": "EAGLE-2", "ss": "Speculative Streaming",
           "mirror": "Mirror-SD", PAPER: "Mirror-SD, the paper's configuration"}
-COLOURS = {"mirror": "#059669", "eagle": "#dc2626", "sd": "#2563eb", "ss": "#9333ea"}
+COLOURS = {"mirror": "#059669", "eagle": "#dc2626", "sd": "#2563eb", "ss": "#9333ea", "tie": "#d1d5db"}
 ALPHAS = tuple(np.round(np.arange(0.10, 0.951, 0.025), 3))  # the map's x: the draft's acceptance per token
 RATIOS = tuple(np.round(np.geomspace(0.02, 1.0, 18), 4))  # the map's y: a draft forward / a target forward
 
@@ -203,9 +203,21 @@ def hit_rate_of(tuned: Tuned, profile: str) -> float:
     return float(chain_setting(tuned, profile).hit_rate)
 
 
+MARGIN = 0.05  # a lead smaller than this is a tie: the model misses measured runs by a few percent
+
+
+def clear_leader(table: pd.DataFrame) -> pd.Series:
+    """Per point, the method that leads by at least ``MARGIN`` over the next, else "tie"."""
+    speedups = table[[m for m in ("sd", "mirror", "eagle", "ss") if m in table]]
+    top = speedups.apply(lambda row: sorted(row, reverse=True)[:2], axis=1)
+    clear = [a >= (1 + MARGIN) * b for a, b in top]
+    return table.leader.where(clear, "tie")
+
+
 def lead_map(tuned: Tuned, profile: str, model: whatif.Profile, hit_rate: float) -> pd.DataFrame:
-    return whatif.lead_map(model, ALPHAS, RATIOS, forms(tuned, profile), levels(tuned, profile), hit_rate,
-                           typical_meta(tuned))
+    table = whatif.lead_map(model, ALPHAS, RATIOS, forms(tuned, profile), levels(tuned, profile), hit_rate,
+                            typical_meta(tuned))
+    return table.assign(clear=clear_leader(table))
 
 
 def controls_speedup(tuned: Tuned, profile: str, model: whatif.Profile, method: str, alpha: float, hit_rate: float,
@@ -225,21 +237,24 @@ def controls_speedup(tuned: Tuned, profile: str, model: whatif.Profile, method: 
 FINE = 200  # points of the exact scans behind the map's sentence
 
 
-def lead_threshold(tuned: Tuned, profile: str, model: whatif.Profile, hit_rate: float, ratio: float) -> float | None:
-    """The lowest acceptance from which Mirror-SD leads at exactly the draft cost ``ratio`` (a fine
-    scan of the map's model), or None where it leads at no acceptance up to 0.99."""
+def lead_threshold(tuned: Tuned, profile: str, model: whatif.Profile, hit_rate: float, ratio: float,
+                   against: str | None = None) -> float | None:
+    """The lowest acceptance at which Mirror-SD leads by ``MARGIN`` at exactly the draft cost ``ratio``
+    (a fine scan of the map's model): every other method, or only ``against``; None where it does at
+    no acceptance up to 0.99."""
     row = whatif.lead_map(model, np.linspace(ALPHAS[0], 0.99, FINE), [ratio], forms(tuned, profile),
                           levels(tuned, profile), hit_rate, typical_meta(tuned))
-    leads = row[row.leader == "mirror"].alpha
+    ahead = clear_leader(row) == "mirror" if against is None else row.mirror >= (1 + MARGIN) * row[against]
+    leads = row[ahead].alpha
     return float(leads.min()) if not leads.empty else None
 
 
 def cost_threshold(tuned: Tuned, profile: str, model: whatif.Profile, hit_rate: float, alpha: float) -> float | None:
-    """The highest draft cost up to which Mirror-SD leads at exactly the acceptance ``alpha`` (a fine
-    scan over the map's costs), or None where it leads at no cost on the map."""
+    """The highest draft cost at which Mirror-SD leads by ``MARGIN`` at exactly the acceptance ``alpha``
+    (a fine scan over the map's costs), or None where it does at no cost on the map."""
     col = whatif.lead_map(model, [alpha], np.geomspace(RATIOS[0], RATIOS[-1], FINE // 2), forms(tuned, profile),
                           levels(tuned, profile), hit_rate, typical_meta(tuned))
-    leads = col[col.leader == "mirror"].ratio
+    leads = col[clear_leader(col) == "mirror"].ratio
     return float(leads.max()) if not leads.empty else None
 
 
@@ -281,9 +296,9 @@ def map_figure(table: pd.DataFrame, profile: str, shipped: tuple[float, float], 
     shipped draft, the exit drafts and the paper's REPORTED result placed on it. Hover: every method's
     speedup and sd's and Mirror-SD's best window."""
     methods = [m for m in ("mirror", "eagle", "sd", "ss") if m in table]
-    index = {m: i for i, m in enumerate(methods)}
+    index = {m: i for i, m in enumerate([*methods, "tie"])}
     alphas, ratios = sorted(table.alpha.unique()), sorted(table.ratio.unique())
-    grid = table.pivot(index="ratio", columns="alpha", values="leader").loc[ratios, alphas]
+    grid = table.pivot(index="ratio", columns="alpha", values="clear").loc[ratios, alphas]
     z = grid.apply(lambda col: col.map(index)).to_numpy(dtype=float)
     hover = table.set_index(["ratio", "alpha"])
     text = [[" ".join([f"acceptance {a:.3f}, draft cost {r:.3f}<br>"] +
@@ -291,14 +306,15 @@ def map_figure(table: pd.DataFrame, profile: str, shipped: tuple[float, float], 
                        + (f" (window {hover.loc[(r, a), m + '_gamma']:g}"
                           f"{', streams' if hover.loc[(r, a), m + '_streams'] else ''})" if m in ("sd", "mirror")
                           else "") + "<br>" for m in methods]) for a in alphas] for r in ratios]
-    n = len(methods)
+    n = len(index)
     scale = []
     for m, i in index.items():
         scale += [(i / n, COLOURS[m]), ((i + 1) / n, COLOURS[m])]
     fig = go.Figure(go.Heatmap(x=alphas, y=ratios, z=z, zmin=-0.5, zmax=n - 0.5, colorscale=scale, showscale=False,
                                text=text, hoverinfo="text", opacity=0.55))
-    for m in methods:  # the legend: which colour is which method's lead
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"{TITLES[m]} leads",
+    for m in index:  # the legend: which colour is which method's lead
+        name = f"within {MARGIN:.0%}: too close to call" if m == "tie" else f"{TITLES[m]} leads by {MARGIN:.0%} or more"
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
                                  marker=dict(symbol="square", size=14, color=COLOURS[m], opacity=0.55)))
     fig.add_trace(go.Scatter(x=[shipped[0]], y=[shipped[1]], mode="markers+text", name="the shipped draft (measured "
                              "acceptance; the profile's draft cost)", text=["shipped draft"], textposition="top right",
@@ -324,20 +340,21 @@ def map_figure(table: pd.DataFrame, profile: str, shipped: tuple[float, float], 
 def map_sentence(tuned: Tuned, profile: str, model: whatif.Profile, shipped: tuple[float, float],
                  hit_rate: float) -> str:
     """The answer read off the map's model at the profile's own draft cost and the shipped draft's
-    acceptance."""
+    acceptance: where Mirror-SD passes EAGLE-2, where it leads every method."""
     alpha, cost = shipped
+    passes = lead_threshold(tuned, profile, model, hit_rate, cost, against="eagle")
     at_cost = lead_threshold(tuned, profile, model, hit_rate, cost)
     below = cost_threshold(tuned, profile, model, hit_rate, alpha)
-    text = f"**Read off the map (MODELLED, Mirror-SD's hit rate {hit_rate:.2f}):** on {profile}, "
-    if at_cost is None:
-        text += (f"at the profile's draft cost ({cost:.2f} of a target forward) Mirror-SD leads at no acceptance up "
-                 "to 0.99")
-    else:
-        text += (f"at the profile's draft cost ({cost:.2f} of a target forward) Mirror-SD leads once the draft accepts "
-                 f"{at_cost:.2f} or more per token")
+    text = (f"**Read off the map (MODELLED, Mirror-SD's hit rate {hit_rate:.2f}):** on {profile}, at the profile's "
+            f"draft cost ({cost:.2f} of a target forward), ")
+    text += ("Mirror-SD passes EAGLE-2 by 5% at no acceptance up to 0.99" if passes is None else
+             f"Mirror-SD passes EAGLE-2 by {MARGIN:.0%} once the draft accepts {passes:.2f} per token")
+    text += (" and is never clearly ahead of every method" if at_cost is None else
+             f" and leads every method by {MARGIN:.0%} from {at_cost:.2f}")
     text += f"; the shipped draft accepts {alpha:.2f}"
     if below is not None:
-        text += f", and at that acceptance Mirror-SD leads wherever a draft forward costs up to {below:.3f} of a target's."
+        text += (f", and at that acceptance Mirror-SD leads every method wherever a draft forward costs up to "
+                 f"{below:.3f} of a target's.")
     else:
         text += ", and at that acceptance Mirror-SD leads at no draft cost on the map."
     return text
