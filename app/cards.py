@@ -16,7 +16,8 @@ from .repeat import middle, spread
 from .tokens import text_html
 
 CARD_STYLE = "border:1px solid #d1d5db;border-radius:8px;padding:8px 10px;"
-STATES = {"waiting": "waiting", "running": "decoding…", "skipped": "not run (race stopped)", "eos": "done (end of text)",
+STATES = {"waiting": "waiting", "warming": "warming up (untimed)…", "running": "decoding…",
+          "skipped": "not run (race stopped)", "refused": "not run (race refused)", "eos": "done (end of text)",
           "length": "done (max tokens)", "stopped": "stopped: text so far kept", "error": "error"}
 
 

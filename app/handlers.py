@@ -15,6 +15,7 @@ import gradio as gr
 
 from mirror_sd import MirrorSDError
 from mirror_sd.devices import cpu_cores
+from mirror_sd.trace import Trace
 
 from . import figures
 from .cards import baseline, card_html
@@ -22,10 +23,10 @@ from .explain import explain
 from .export import export_files
 from .inputs import settle_all
 from .loading import in_background, loading_message
-from .predict import next_step, reveal_hit
+from .predict import SKIP, fastest, next_step, reveal, reveal_hit, why
 from .prompt_kinds import acceptance_note
-from .prompt_cost import prompt_line, speeds_of, too_long
-from .race import is_warm, run_race, warm_up
+from .prompt_cost import prompt_line, short_refusal, speeds_of, too_long
+from .race import TIMED_TOKENS, WARM_TOKENS, Refused, Result, is_warm, race_order, run_race, warm_up
 from .repeat import busy_note, record
 from .replay import frame_times, last_step_at
 from .tokens import text_html
@@ -137,52 +138,71 @@ def make_race(get_pair, stops: Stops, specs, names: list[str], line: Line):
         session = request.session_hash if request else ""
         if stops.gone(session):  # the visitor left while their race waited in the queue
             return
+        stop = stops.fresh(session)  # from here on, Stop ends this race: the loading and warm-up included
         idle = (gr.update(),) * len(names)
         used, messages = settle_all(**{k: given[k] for k in ("max_new", "temperature", "top_p", "seed", "runs")})
         settled = ("**Settings changed:** " + " ".join(messages) + " ") if messages else ""
         line.join(session)
         try:
-            pair = yield from _load(get_pair, given, names)
+            pair = yield from _load(get_pair, given, names, stop)
             if pair is None:
                 return
             line.start(session)
             cold, began = not is_warm(pair), time.perf_counter()
-            for _ in in_background(lambda: warm_up(pair)):  # once per pair; measures this machine's speeds
+            for _ in in_background(lambda: warm_up(pair), tick_s=0.25):  # once per pair; measures the speeds
+                if stop.is_set():  # the one-off warm-up goes on for the server; this race ends now
+                    yield not_run(given, names, "skipped", STOPPED_BEFORE)
+                    return
                 yield (settled + race_status({}, cold=cold, waited_s=time.perf_counter() - began), gr.update(),
                        *idle, gr.update())
             problem = length_problem(pair, given["prompt_text"], given["methods"], used["max_new"], used["runs"])
             if problem:
-                yield (f"**Cannot run:** {problem}", gr.update(), *idle, gr.update())  # the last race stays
+                yield not_run(given, names, "refused", f"**Cannot run:** {problem}")
                 return
             settings = dict(max_new_tokens=used["max_new"], temperature=used["temperature"], top_p=used["top_p"],
                             seed=used["seed"], options=gather_options(specs, values[len(RACE_INPUTS):]))
-            stopped = yield from _runs(pair, given, settings, used["runs"], settled, stops.fresh(session),
-                                       lambda: line.behind(session) > 0, names)
-            line.leave(session, finished=not stopped)
+            finished = yield from _runs(pair, given, settings, used["runs"], settled, stop,
+                                        lambda: line.behind(session) > 0, names, used)
+            line.leave(session, finished=finished)
         finally:
             line.leave(session)
 
     return named(race, RACE_INPUTS + [option_name(m, opt) for m, opt, _ in specs])
 
 
-def _load(get_pair, given: dict, names: list[str]):
+STOPPED_BEFORE = "**Stopped before any method ran:** nothing was timed and no text was written."
+
+
+def not_run(given: dict, names: list[str], state: str, status: str) -> tuple:
+    """The page for a race that ends before any method ran (refused: ``state`` "refused"; stopped:
+    "skipped"): ``status``, and every chosen method's card emptied and marked not run, so no card of
+    the last race passes for this one's. The message stays in the status line, no toast: a toast sits
+    over the Run and Stop buttons."""
+    current = {m: Result(m, Trace(m), finished=state) for m in race_order(list(given.get("methods") or []))}
+    return (status, gr.update(interactive=False), *cards(current, names), current)
+
+
+def _load(get_pair, given: dict, names: list[str], stop):
     """Check the prompt and load the pair, yielding a loading message each second; the pair, or None
-    after a 'Cannot run' message."""
+    after a 'Cannot run' message (or a stop)."""
     idle = (gr.update(),) * len(names)
     devices = {lane: None if given[lane] == AUTO else given[lane] for lane in ("target_device", "draft_device")}
     try:
         problem = check_prompt(given["prompt_text"], given["methods"])
         if problem:
             raise MirrorSDError(problem)
-        loads = in_background(lambda: get_pair(**devices))
+        loads = in_background(lambda: get_pair(**devices), tick_s=0.25)
         while True:
             try:
-                yield (loading_message(next(loads)), gr.update(), *idle, {})
+                waited = next(loads)
             except StopIteration as done:
                 return done.value
+            if stop.is_set():  # the models go on loading for the server; this race ends now
+                yield not_run(given, names, "skipped", STOPPED_BEFORE)
+                return None
+            yield (loading_message(waited), gr.update(), *idle, {})
     except Exception as e:  # noqa: BLE001  one message in the page, the traceback in the server's log
-        gr.Warning(load_problem(e))
-        yield (f"**Cannot run:** {load_problem(e)}", gr.update(), *idle, gr.update())  # the last race stays
+        yield not_run(given, names, "refused", f"**Cannot run:** {load_problem(e)}")
         return None
 
 
@@ -224,25 +244,29 @@ class LivePage:
         return out
 
 
-def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded_now, names: list[str]):
+def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded_now, names: list[str],
+          used: dict):
     """Run the race ``n`` times (fewer if stopped), yielding at a bounded rate (``LivePage``) while it runs;
     at the end each result carries every run's numbers, and the status says when the machine was busy.
-    Returns whether the race was stopped."""
+    The first run warms every method up, then checks the limit again on this machine's speed now
+    (``run_race``'s ``check``); a race refused there ends with 'Cannot run' and every card marked.
+    Returns whether the race ran to its end (not stopped, not refused): the line learns from its time."""
     show = bool(given["show_rejected"])
     warned, current, runs, crowded = set(), {}, {}, False
     page = LivePage(names, show)
+
+    def check() -> str:
+        return length_problem(pair, given["prompt_text"], given["methods"], used["max_new"], used["runs"])
+
     for k in range(n):
         cold, began = not is_warm(pair), time.perf_counter()
-        for current in run_race(pair, given["prompt_text"], given["methods"], stop, **settings):
-            crowded = crowded or crowded_now()
-            for r in current.values():
-                if r.error and r.method not in warned:
-                    warned.add(r.method)
-                    gr.Warning(f"{r.title}: {r.error}")
-            if not page.due(current):
-                continue
-            status = settled + race_status(current, run=k, runs=n, cold=cold, waited_s=time.perf_counter() - began)
-            yield (status, gr.update(interactive=False), *page.cards(current), current)
+        race = run_race(pair, given["prompt_text"], given["methods"], stop, warm=k == 0, check=check, **settings)
+        try:
+            current, busy = yield from _live(race, k, n, settled, cold, began, page, warned, crowded_now)
+        except Refused as e:
+            yield not_run(given, names, "refused", f"**Cannot run:** {e}")
+            return False
+        crowded = crowded or busy
         record(runs, current)
         if stop.is_set():
             break
@@ -251,7 +275,24 @@ def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded
         r.runs, r.busy = runs.get(name, []), note
     status = settled + race_status(current, done=True) + (f"\n\n{note}" if note else "")
     yield (status, gr.update(interactive=bool(race_traces(current))), *cards(current, names, show), current)
-    return stop.is_set()
+    return not stop.is_set()
+
+
+def _live(race, k: int, n: int, settled: str, cold: bool, began: float, page: LivePage, warned: set, crowded_now):
+    """Run ``k`` of ``n`` on the page: its updates at a bounded rate, a toast for each method's error.
+    Returns the last results and whether others waited in line meanwhile."""
+    current, crowded = {}, False
+    for current in race:
+        crowded = crowded or crowded_now()
+        for r in current.values():
+            if r.error and r.method not in warned:
+                warned.add(r.method)
+                gr.Warning(f"{r.title}: {r.error}")
+        if not page.due(current):
+            continue
+        status = settled + race_status(current, run=k, runs=n, cold=cold, waited_s=time.perf_counter() - began)
+        yield (status, gr.update(interactive=False), *page.cards(current), current)
+    return current, crowded
 
 
 def machine_load() -> tuple[float, int] | None:
@@ -302,17 +343,23 @@ def make_prompt_info(get_pair):
 
 
 def make_check_length(get_pair):
-    """Run's first step: a prompt too long for a live race (speeds already measured) is refused with one
-    message before anything on the page changes, so the last race's cards, timeline and views stay."""
+    """Run's first step: a prompt too long for a live race (speeds already measured) is refused before
+    anything on the page changes, so the last race's cards, timeline and views stay. Its error stops
+    Run's chain; Gradio shows no toast for this unqueued step, so nothing covers the Run and Stop buttons:
+    the line right under them (``prompt_line``) gives the whole reason, and an API caller gets the
+    error's one sentence (``short_refusal``)."""
 
     def check_length(prompt_text, methods, max_new, runs, target_device, draft_device):
         devices = {"target_device": None if target_device == AUTO else target_device,
                    "draft_device": None if draft_device == AUTO else draft_device}
         if not get_pair.loaded(**devices):
             return
-        problem = length_problem(get_pair(**devices), prompt_text, methods, max_new, runs)
-        if problem:
-            raise gr.Error(problem.replace("**", ""), title="Prompt too long")
+        pair = get_pair(**devices)
+        if length_problem(pair, prompt_text, methods, max_new, runs):
+            used, _ = settle_all(max_new=max_new, runs=runs)
+            short = short_refusal(len(pair.encode(prompt_text)), speeds_of(pair), len(methods or []) or 1,
+                                  used["max_new"], used["runs"])
+            raise gr.Error(short, title="Too long for a live race", print_exception=False)
 
     return check_length
 
@@ -325,29 +372,57 @@ def cards(current: dict, names: list[str], rejected: bool = False) -> list:
 
 def race_status(current: dict, done: bool = False, run: int = 0, runs: int = 1, cold: bool = False,
                 waited_s: float = 0.0) -> str:
-    """One line on the race: warming up (for ``waited_s`` so far), which method runs (and which run of how
-    many), or how it ended. "Done." is said only once every run of every method is over."""
+    """One line on the race: warming up (which method, for how long so far), which method runs (and which
+    run of how many), or how it ended. "Done." is said only once every run of every method is over."""
     results = list(current.values())
     of_runs = f" (run {run + 1} of {runs})" if runs > 1 else ""
     if not done:
+        warming = [i for i, r in enumerate(results) if r.finished == "warming"]
+        if warming:
+            return warming_status(results, warming[0], of_runs)
         if all(r.finished == "waiting" for r in results):
             if cold:
                 return (f"**Warming up… {waited_s:.0f} s.** A short discarded run of each method, once per server, "
                         "so that one-off start-up costs do not slow the first method down.")
-            return (f"Starting the race{of_runs}: first a short untimed run of each method on this prompt, so that "
-                    "none pays a cold start the others skip…")
+            return f"Starting the race{of_runs}…"
         running = [i for i, r in enumerate(results) if r.finished == "running"]
         nxt = running[0] if running else next((i for i, r in enumerate(results) if r.finished == "waiting"), None)
         if nxt is None:
             return f"Finishing{of_runs}…"
         return (f"Running **{results[nxt].title}** ({nxt + 1} of {len(results)}){of_runs}; methods run one after "
                 "another.")
+    ran = any(r.trace.steps for r in results)
+    if not ran and any(r.finished in ("stopped", "skipped") for r in results):
+        return STOPPED_BEFORE
     stopped = any(r.finished in ("stopped", "skipped") for r in results)
     errors = [f"{r.title}: {r.error}" for r in results if r.error]
     head = "Stopped: the text so far is kept." if stopped else "Done."
     tail = " Errors: " + "; ".join(errors) if errors else ""
+    timed = any(r.timed for r in results if r.finished in ("eos", "length"))
+    drafts = acceptance_note(current) if timed else too_short_note(results)
     return (f"{head} Replay the race below; step through it in **Step-through**.{tail}{loop_note(results)}"
-            f"{sampled_note(results)}{acceptance_note(current)}")
+            f"{sampled_note(results)}{drafts}")
+
+
+def warming_status(results: list, i: int, of_runs: str) -> str:
+    """The status line while method ``i`` warms up: which one, on how much of the prompt, for how long."""
+    r = results[i]
+    part = f"this prompt's first {r.warm_tokens:,} tokens" if r.warm_tokens else "this prompt"
+    return (f"**Warming up {r.title}** ({i + 1} of {len(results)}){of_runs}: an untimed run of "
+            f"{WARM_TOKENS} steps on {part}, {time.perf_counter() - r.warm_since:.0f} s so far. Every method warms "
+            "up before any is timed, so none pays a cold start the others skip; **Stop** ends it at once.")
+
+
+def too_short_note(results) -> str:
+    """Where every finished run wrote too few tokens to time (``Result.timed``): say so, in place of the
+    drafts' τ, which over so few tokens means nothing."""
+    finished = [r for r in results if r.finished in ("eos", "length") and r.metrics]
+    if not finished:
+        return ""
+    tokens = max(r.metrics["new_tokens"] for r in finished)
+    return (f" **Too short to time:** this race wrote {tokens:g} token{'' if tokens == 1 else 's'} per method, "
+            f"under {TIMED_TOKENS}: its time is mostly reading the prompt, the same work for every method, so no "
+            "speedup, τ or winner is claimed. Raise Max new tokens and race again.")
 
 
 def sampled_note(results) -> str:
@@ -425,18 +500,27 @@ def race_traces(current: dict) -> dict:
     return {r.title: r.trace for r in (current or {}).values() if r.trace.spans}
 
 
+NOTHING_RAN = "No method ran in this race: nothing to draw."
+TOO_SHORT = ("This race was too short to time: each method wrote under {} tokens, mostly reading the prompt. "
+             "Raise Max new tokens for a typical step.")
+
+
 def views(current):
     """After a race: the timeline, utilisation, export files, the step-through method choice and one
-    typical step of each method, zoomed."""
+    typical step of each method, zoomed. A race in which no method ran says so on each chart; one too
+    short to time says so in place of the zoomed step, which would be empty axes."""
     traces = race_traces(current)
     if not traces:
-        return None, None, None, gr.update(choices=[], value=None), None
+        empty = figures.placeholder(NOTHING_RAN)
+        return empty, empty, None, gr.update(choices=[], value=None), empty
     choices = [(r.title, r.method) for r in current.values() if r.trace.steps]
     ran = [r for r in current.values() if r.trace.spans]
     files = export_files({r.method: r.trace for r in ran}, pieces={r.method: r.pieces for r in ran})
     first = "mirror" if "mirror" in dict((m, t) for t, m in choices) else choices[-1][1]  # the idea the page is about
+    timed = any(r.timed for r in current.values())  # a stopped run of enough tokens is drawn too
+    zoom = figures.zoomed_steps(traces) if timed else figures.placeholder(TOO_SHORT.format(TIMED_TOKENS))
     return (figures.timeline(traces), figures.utilisation(traces), files, gr.update(choices=choices, value=first),
-            figures.zoomed_steps(traces))
+            zoom)
 
 
 def redraw_utilisation(current):
@@ -541,6 +625,25 @@ def hit_question(current, method, index):
 def answer_hit(current, method, index, answer):
     """The reveal for the visitor's hit guess at this step."""
     return reveal_hit((current or {}).get(method), int(index), answer)
+
+
+def race_answer(current, guess) -> str:
+    """The reveal once a race is over: the answer to the visitor's guess (``predict.reveal``), or with no
+    guess which method was fastest and why (``predict.fastest``, ``predict.why``), so every finished race
+    names its winner; '' while it runs, and for a race stopped or refused before every method finished."""
+    if guess and guess != SKIP:
+        return reveal(current, guess)
+    results = list((current or {}).values())
+    if not results or not all(r.finished in ("eos", "length", "error") for r in results):
+        return ""
+    winner = fastest(current)
+    if winner is None:
+        return ""
+    if not winner.timed:
+        return (f"**No winner this time:** each method wrote {winner.metrics['new_tokens']:g} tokens, too few to "
+                "time (the time is mostly reading the prompt, the same work for every method).")
+    rough = " The machine was busy while this race ran, so read these speeds as rough." if winner.busy else ""
+    return f"**Fastest: {winner.title}.** {why(winner, current)}{rough}"
 
 
 def move(current, method, index, delta: int) -> int:

@@ -2,15 +2,18 @@
 
 Methods run in turn, never at the same time, so that they do not share (and distort) the
 machine's cores. After every committed step the race yields the results so far, so the page can
-redraw live; a stop request ends the race after the current step and keeps every token committed.
+redraw live; a stop request ends the race within about a second (the engine stops a long prefill
+between two layers) and keeps every token committed.
 """
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 from mirror_sd import METHODS, MirrorSDError, generate, stream
+from mirror_sd.engine import MAX_NEW_TOKENS_LIMIT
 from mirror_sd.trace import Trace
 
 from . import prompt_cost
@@ -24,12 +27,15 @@ class Result:
     method: str
     trace: Trace
     metrics: dict = field(default_factory=dict)
-    finished: str = "waiting"  # "waiting", "running", "skipped", or the engine's: eos, length, stopped, error
+    finished: str = "waiting"  # "waiting", "warming", "running", "skipped", "refused", or the engine's:
+    # eos, length, stopped, error
     error: str | None = None
     pieces: dict = field(default_factory=dict)
     seen_steps: int = 0  # steps whose tokens are already in ``pieces``
     runs: list = field(default_factory=list)  # numbers of each finished run when the race was repeated (app.repeat)
     busy: str = ""  # why this race's speeds are rough (the machine was busy; app.repeat.busy_note), or ''
+    warm_since: float = 0.0  # perf_counter when this method's untimed warm-up began (while "warming")
+    warm_tokens: int = 0  # how many of the prompt's first tokens that warm-up reads (0: all of them)
 
     @property
     def title(self) -> str:
@@ -37,7 +43,7 @@ class Result:
 
     @property
     def done(self) -> bool:
-        return self.finished not in ("waiting", "running")
+        return self.finished not in ("waiting", "warming", "running")
 
     @property
     def timed(self) -> bool:
@@ -54,6 +60,11 @@ def race_order(methods: list[str]) -> list[str]:
     """Vanilla first (speedups are measured against it in the same race), then registry order."""
     chosen = [m for m in METHODS if m in methods]
     return sorted(chosen, key=lambda m: m != "vanilla")
+
+
+class Refused(Exception):
+    """The race cannot go on: its prompt is too long for the limit on this machine as it is now (read from
+    the race's own warm-up). Nothing was timed; the message says why."""
 
 
 _warm: set[int] = set()
@@ -84,42 +95,85 @@ def warm_up(pair):
         _warm.add(id(pair))
 
 
-WARM_TOKENS = 2  # a prompt warm-up's new tokens: its prefill and its first decoding step
+WARM_TOKENS = 2  # a prompt warm-up's steps: its prefill and its first decoding step
 
 
-def warm_up_prompt(pair, prompt: str, order: list[str], stop: threading.Event, temperature: float = 0.0,
-                   options: dict[str, dict] | None = None, **settings):
-    """Before a race is timed, a short discarded run of each of its methods on this prompt, with the
-    race's own options: every model the race uses (target, draft, EAGLE head, streams) has then run
-    forwards of this prompt's length and of its decoding steps, so the method that runs first pays no
-    cold start (a new shape's first forward) that the ones after it skip."""
-    for name in order:
+def warm_prefix(pair, prompt: str, max_new_tokens: int) -> tuple[str, int, int]:
+    """(text, its tokens, max new tokens) of a method's warm-up on ``prompt``: the whole prompt when it is
+    short, else its first characters, as many tokens as ``Speeds.warm_tokens`` allows, so a long prompt is
+    read once per method (timed), not twice. The max new tokens give the warm-up's caches the race's own
+    size, so a GPU's stage set for this race is made (captured) in the warm-up, not in the first method."""
+    tokens = len(pair.encode(prompt))
+    speeds = prompt_cost.speeds_of(pair)
+    keep = speeds.warm_tokens(tokens) if speeds is not None else tokens
+    if keep >= tokens:
+        return prompt, tokens, max_new_tokens
+    text = prompt[:max(1, len(prompt) * keep // tokens)]
+    read = len(pair.encode(text))
+    return text, read, min(MAX_NEW_TOKENS_LIMIT, max_new_tokens + tokens - read)
+
+
+def warm_up_prompt(pair, prompt: str, results: dict[str, "Result"], stop: threading.Event, max_new_tokens: int = 48,
+                   temperature: float = 0.0, options: dict[str, dict] | None = None, **settings) -> list[Trace]:
+    """Before a race is timed, a short discarded run (``WARM_TOKENS`` steps) of each of its methods on
+    this prompt (its first tokens, if long: ``warm_prefix``), with the race's own options: every model
+    the race uses (target, draft, EAGLE head, streams) has then run forwards of this prompt's shapes and
+    of its decoding steps, so the method that runs first pays no cold start (a new shape's first
+    forward) that the ones after it skip. Each method's result says "warming" meanwhile. Returns the
+    warm-ups' traces (their prefills tell how fast the machine is now)."""
+    text, read, max_new = warm_prefix(pair, prompt, max_new_tokens)
+    traces = []
+    for name, result in results.items():
         if stop.is_set():
-            return
+            break
+        result.finished, result.warm_since = "warming", time.perf_counter()
+        result.warm_tokens = read if text != prompt else 0  # 0: the whole prompt
         try:
-            generate(pair, prompt, method=name, max_new_tokens=WARM_TOKENS, temperature=temperature, **settings,
-                     **(options or {}).get(name, {}))
+            steps = stream(pair, text, method=name, max_new_tokens=max_new, temperature=temperature, stop=stop,
+                           **settings, **(options or {}).get(name, {}))
+            for i, out in enumerate(steps):
+                if i + 1 >= WARM_TOKENS:
+                    steps.close()
+                    break
+            traces.append(out.trace)
         except MirrorSDError:  # the race itself reports what the engine refuses
             pass
+        finally:
+            result.finished = "waiting"
+    return traces
 
 
 def run_race(pair, prompt: str, methods: list[str], stop: threading.Event, max_new_tokens: int = 48,
-             temperature: float = 0.0, options: dict[str, dict] | None = None, **settings) -> Iterator[dict]:
+             temperature: float = 0.0, options: dict[str, dict] | None = None, warm: bool = True,
+             check: Callable[[], str] | None = None, **settings) -> Iterator[dict]:
     """Yield {method: Result} at the start, as each method starts, and after each committed step.
 
     Methods run in race order. The first race on a pair starts with a discarded warm-up (``warm_up``),
-    and every race with a discarded warm-up of its methods on its prompt (``warm_up_prompt``).
-    ``options`` maps a method to its own options; ``settings`` (top_p, seed, raw) go to every
-    method. A method the engine refuses (bad options, a prompt too long) gets a Result with
-    ``error`` and the race goes on with the next one.
+    and every race (``warm``: its first run) with a discarded warm-up of its methods on its prompt
+    (``warm_up_prompt``). Those warm-ups' prefills tell how fast this machine is now
+    (``prompt_cost.observe``); then ``check()`` says whether the race still fits its limit ('' when it
+    does), else ``Refused`` is raised before any method is timed. ``options`` maps a method to its own
+    options; ``settings`` (top_p, seed, raw) go to every method. A method the engine refuses (bad
+    options, a prompt too long) gets a Result with ``error`` and the race goes on with the next one.
+    ``stop`` ends the race within about a second, the warm-ups included.
     """
     order = race_order(methods)
     results = {name: Result(name, Trace(name)) for name in order}
     yield results  # every method waiting (the page can say so during the warm-up)
-    for _ in in_background(lambda: warm_up(pair)):  # every second of it, so the page can count it
+    for _ in in_background(lambda: warm_up(pair), tick_s=0.25):  # every tick of it, so the page can count it
+        if stop.is_set():  # the one-off warm-up goes on for the server; this race ends now
+            break
         yield results
-    for _ in in_background(lambda: warm_up_prompt(pair, prompt, order, stop, temperature, options, **settings)):
-        yield results
+    if warm and not stop.is_set():
+        warmed = yield from _warm_in_background(pair, prompt, results, stop, max_new_tokens, temperature, options,
+                                                settings)
+        if not stop.is_set():  # a stopped warm-up's prefill is cut short: it says nothing of the speed
+            prompt_cost.observe(pair, warmed)
+        problem = check() if check is not None and not stop.is_set() else ""
+        if problem:
+            for result in results.values():
+                result.finished = "refused"
+            raise Refused(problem)
     for name in order:
         if stop.is_set():
             break
@@ -130,12 +184,26 @@ def run_race(pair, prompt: str, methods: list[str], stop: threading.Event, max_n
     for result in results.values():
         if result.finished == "waiting":  # the race was stopped before this method's turn
             result.finished = "skipped"
+    prompt_cost.observe(pair, [r.trace for r in results.values() if r.finished in ("eos", "length")])
     yield results
+
+
+def _warm_in_background(pair, prompt, results, stop, max_new_tokens, temperature, options, settings):
+    """``warm_up_prompt`` in a background thread, yielding the results every quarter second (the page
+    shows which method warms and for how long); returns the warm-ups' traces."""
+    work = in_background(lambda: warm_up_prompt(pair, prompt, results, stop, max_new_tokens, temperature, options,
+                                                **settings), tick_s=0.25)
+    while True:
+        try:
+            next(work)
+        except StopIteration as done:
+            return done.value
+        yield results
 
 
 def _run_one(pair, prompt, result: Result, stop, max_new_tokens, temperature, options, settings, results):
     steps = stream(pair, prompt, method=result.method, max_new_tokens=max_new_tokens, temperature=temperature,
-                   **settings, **options)
+                   stop=stop, **settings, **options)
     try:
         for out in steps:
             _update(result, out, pair)

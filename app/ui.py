@@ -21,7 +21,7 @@ from .handlers import AUTO
 from .inputs import LIMITS, ClampedSlider, show_in_range
 from .intro import glossary_markdown, how_it_works_html
 from .loading import Loader
-from .predict import HIT_CHOICES, HIT_QUESTION, guess_choices, guess_made, noted, reveal
+from .predict import HIT_CHOICES, HIT_QUESTION, guess_choices, guess_made, noted
 from .prompt_kinds import typical_prompt
 from .tokens import legend_html
 from .waiting import Line
@@ -216,6 +216,7 @@ def build_demo(pair_factory=None) -> gr.Blocks:
         loaded.then(info, info_inputs, race.prompt_info, api_name=False, show_progress="hidden")
         gr.on([box.change for box in info_inputs], info, info_inputs, race.prompt_info, api_name=False,
               show_progress="hidden", trigger_mode="always_last")  # one event: the last change's line wins
+        drawn[0].then(info, info_inputs, race.prompt_info, api_name=False, show_progress="hidden")  # the speed now
         demo.load(lambda was_seen: (gr.update(open=not was_seen), True), [seen], [how, seen], api_name=False)
     return demo
 
@@ -258,8 +259,9 @@ def wire_race(demo, race, results, get_pair, names, view_outputs, notice):
     run.then(lambda: gr.update(interactive=False), None, race.stop, queue=False, api_name=False)  # nothing to stop
     shown = run.then(handlers.views, [results], view_outputs, api_name="views")
     def answer(current, guess):
-        """The race's answer to the guess (or '' to clear an older race's), and the choice cleared for the next."""
-        return reveal(current, guess), None
+        """The race's answer to the guess, or with none which method won and why (``handlers.race_answer``),
+        and the choice cleared for the next."""
+        return handlers.race_answer(current, guess), None
 
     shown.then(answer, [results, race.guess], [race.reveal, race.guess], api_name=False)
     waiting.tick(tick, None, [race.wait, waiting], queue=False, api_name=False)

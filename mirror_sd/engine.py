@@ -6,21 +6,25 @@ Errors during decoding (a device that fails mid-run, say) end the run with ``fin
 a message, keeping every token already committed. A draft lane that fails is not the end: the run
 goes on with the target alone (vanilla decoding, ``methods/vanilla.py``) from what was committed, so
 the text stays whole and, at temperature 0, equal to vanilla's; ``Output.note`` and the trace's
-``meta["note"]`` say so. ``wall_s`` (and so tokens/s) counts the time
-spent decoding, not the consumer's time between two steps: an app that redraws after every step
-does not slow the method it shows.
+``meta["note"]`` say so. A ``stop`` event, once set, ends the run "stopped" at the next layer of a
+forward (or chunk of a prefill) or between steps, keeping what was committed: a prefill of
+thousands of tokens, one forward, would otherwise hold a stop for as long as it runs. ``wall_s``
+(and so tokens/s) counts the time spent decoding, not the consumer's time between two steps: an
+app that redraws after every step does not slow the method it shows.
 """
 from __future__ import annotations
 
 import math
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
 from .devices import LaneError, allot_cpu_threads, single_threaded
-from .errors import MirrorSDError
+from .errors import MirrorSDError, Stopped
 from .methods import get_method, vanilla
 from .models.pair import ModelPair
 from .nvml import GpuSampler
@@ -140,13 +144,16 @@ def encode_prompt(pair: ModelPair, prompt, raw: bool, max_new_tokens: int) -> li
 
 
 def stream(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 128, temperature: float = 0.0,
-           top_p: float = 1.0, seed: int = 0, raw: bool = False, **options) -> Iterator[Output]:
-    """Decode ``prompt`` with ``method``, yielding an Output after every committed step."""
-    yield from _decode(pair, prompt, method, max_new_tokens, temperature, top_p, seed, raw, True, options)
+           top_p: float = 1.0, seed: int = 0, raw: bool = False, stop: threading.Event | None = None,
+           **options) -> Iterator[Output]:
+    """Decode ``prompt`` with ``method``, yielding an Output after every committed step; ``stop``, once
+    set, ends the run within a layer's time (module docstring)."""
+    yield from _decode(pair, prompt, method, max_new_tokens, temperature, top_p, seed, raw, True, options, stop)
 
 
 def _decode(pair: ModelPair, prompt, method: str, max_new_tokens: int, temperature: float, top_p: float,
-            seed: int, raw: bool, every_step: bool, options: dict) -> Iterator[Output]:
+            seed: int, raw: bool, every_step: bool, options: dict,
+            stop: threading.Event | None = None) -> Iterator[Output]:
     """The decode loop: an Output after every committed step (``every_step``), and one at the end.
     Without ``every_step`` nothing is built between steps: an Output decodes the whole text and
     derives every metric from the whole trace, host work a GPU would wait for at each step."""
@@ -164,7 +171,7 @@ def _decode(pair: ModelPair, prompt, method: str, max_new_tokens: int, temperatu
     lanes = [pair.target_lane, pair.draft_lane] if spec.needs_draft else [pair.target_lane]
     meta = dict(pair.describe(), method=method, options=opts, max_new_tokens=max_new_tokens,
                 temperature=temperature, top_p=top_p, seed=seed, prompt_tokens=len(prompt_ids))
-    with pair.lock:  # one generation at a time per pair: lanes and caches are not shared
+    with pair.lock, stoppable(pair, lanes, stop):  # one generation at a time per pair: lanes, caches not shared
         allot_cpu_threads(lanes, parallel=spec.parallel_lanes)
         meta["threads"] = {lane.name: lane.threads for lane in lanes}
         meta["span_clocks"] = {lane.name: lane.span_clock for lane in lanes}  # host readings or CUDA events
@@ -176,12 +183,14 @@ def _decode(pair: ModelPair, prompt, method: str, max_new_tokens: int, temperatu
         try:
             steps = spec.decode(run, **opts)
             while not run.done:
+                if stop is not None and stop.is_set():
+                    raise Stopped
                 start = time.perf_counter()
                 try:
                     with single_threaded():  # the decode loop's own work here; the lanes' work on their workers
                         step = next(steps, None)
                 except LaneError as e:
-                    if e.lane != "draft" or "note" in trace.meta:
+                    if e.lane != "draft" or "note" in trace.meta or isinstance(e.error, Stopped):
                         raise  # a target lane's error ends the run, as any error does
                     steps = on_draft_failure(run, e, lanes)
                     continue
@@ -194,12 +203,33 @@ def _decode(pair: ModelPair, prompt, method: str, max_new_tokens: int, temperatu
         except GeneratorExit:  # the consumer stopped listening: a user's stop
             finished = "stopped"
             raise
-        except Exception as e:  # a device or kernel failure mid-run: keep what was committed
-            error = failure_message(run, e)
+        except Exception as e:  # a device or kernel failure mid-run, or a stop: keep what was committed
+            if isinstance(e, Stopped) or isinstance(getattr(e, "error", None), Stopped):
+                finished = "stopped"
+            else:
+                error = failure_message(run, e)
         finally:
             gpu_sampler.close()
             run.finished = finished or ("error" if error else run.finished)
         yield _output(run, spec.name, decoding_s, error)
+
+
+@contextmanager
+def stoppable(pair: ModelPair, lanes, stop: threading.Event | None):
+    """While a run decodes, its models check ``stop`` before each layer (``Transformer.check_stop``). On
+    the way out every lane finishes the work it was given (a phase still running when another lane's
+    raised ``Stopped``), so the next run finds the lanes and caches free."""
+    models = [m for m in (pair.target, pair.draft) if m is not None and hasattr(m, "check_stop")]
+    for model in models:
+        model.stop = stop
+    try:
+        yield
+    finally:
+        if stop is not None and stop.is_set():
+            for lane in lanes:
+                lane.worker.submit(lambda: None).result()
+        for model in models:
+            model.stop = None
 
 
 def on_draft_failure(run: Decoding, e: LaneError, lanes) -> Iterator[Step]:
@@ -222,10 +252,12 @@ def failure_message(run: Decoding, e: Exception) -> str:
 
 
 def generate(pair: ModelPair, prompt, method: str = "sd", max_new_tokens: int = 128, temperature: float = 0.0,
-             top_p: float = 1.0, seed: int = 0, raw: bool = False, **options) -> Output:
-    """Decode ``prompt`` with ``method`` and return the finished Output (text, ids, trace, metrics)."""
+             top_p: float = 1.0, seed: int = 0, raw: bool = False, stop: threading.Event | None = None,
+             **options) -> Output:
+    """Decode ``prompt`` with ``method`` and return the finished Output (text, ids, trace, metrics);
+    ``stop`` as for ``stream``."""
     out = None
-    for out in _decode(pair, prompt, method, max_new_tokens, temperature, top_p, seed, raw, False, options):
+    for out in _decode(pair, prompt, method, max_new_tokens, temperature, top_p, seed, raw, False, options, stop):
         pass
     return out
 

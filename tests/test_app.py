@@ -424,7 +424,8 @@ def test_status_explains_a_text_that_ends_in_a_loop(embedded_pair):
     def finished(tokens, temperature=0.0):
         steps = [types.SimpleNamespace(committed=[t]) for t in tokens]
         trace = types.SimpleNamespace(steps=steps, meta=dict(temperature=temperature))
-        return {"vanilla": types.SimpleNamespace(finished="length", title="Vanilla", error=None, trace=trace)}
+        return {"vanilla": types.SimpleNamespace(finished="length", title="Vanilla", error=None, trace=trace,
+                                                 timed=True)}
     stuck = [3, 9, 4] + [7, 8] * (LOOP_TOKENS // 2)
     assert "temperature above 0 gives varied text" in race_status(finished(stuck), done=True)
     sampled = race_status(finished(stuck, 0.7), done=True)
@@ -614,22 +615,18 @@ def test_a_mirror_guess_behind_sd_hears_why_from_both_runs():
 
 def test_every_method_of_a_race_warms_up_on_its_prompt_before_any_is_timed(tiny_pair, monkeypatch):
     """No method pays a cold start the others skip (issue 63): before the first timed run, every method
-    of the race ran discarded on this very prompt, with the race's options, and each model (target,
-    draft) had already run a forward of the prompt's length, the first timed forward's shape."""
+    of the race ran discarded on this very prompt, with the race's options and caches of the race's
+    size, and each model (target, draft) had already run a forward of the prompt's length, the first
+    timed forward's shape."""
     import app.race as race_module
 
     events, forwards = [], []
-    real_generate, real_stream = race_module.generate, race_module.stream
-
-    def generate(pair, prompt, method, **kw):
-        events.append(("warm", method, prompt, kw.get("gamma")))
-        return real_generate(pair, prompt, method=method, **kw)
+    real_stream = race_module.stream
 
     def stream(pair, prompt, method, **kw):
-        events.append(("timed", method, prompt, kw.get("gamma")))
+        events.append((method, prompt, kw.get("gamma"), kw["max_new_tokens"]))
         return real_stream(pair, prompt, method=method, **kw)
 
-    monkeypatch.setattr(race_module, "generate", generate)
     monkeypatch.setattr(race_module, "stream", stream)
     hooks = [model.model.embed_tokens.register_forward_hook(
         lambda module, args, out, who=who: forwards.append((len(events), who, args[0].shape[-1])))
@@ -642,13 +639,40 @@ def test_every_method_of_a_race_warms_up_on_its_prompt_before_any_is_timed(tiny_
     finally:
         for hook in hooks:
             hook.remove()
-    first_timed = next(i for i, e in enumerate(events) if e[0] == "timed")
-    assert [e[0] for e in events[first_timed:]] == ["timed"] * len(TINY_METHODS)  # the timed runs come last
-    warmed = {(method, gamma) for kind, method, p, gamma in events[:first_timed] if kind == "warm" and p == prompt}
-    assert warmed == {("vanilla", None), ("sd", 3), ("mirror", None)}  # each method, with the race's options
+    first_timed = len(TINY_METHODS)  # the warm-ups, then the timed runs
+    warmed, timed = events[:first_timed], events[first_timed:]
+    assert [e[0] for e in timed] == list(TINY_METHODS) and len(warmed) == len(TINY_METHODS)
+    assert {(m, gamma) for m, p, gamma, _ in warmed if p == prompt} == {("vanilla", None), ("sd", 3), ("mirror", None)}
+    assert all(new == 12 for *_, new in events)  # the warm-ups' caches are the race's size
     for who in ("target", "draft"):
         timed = [n for at, w, n in forwards if w == who and at > first_timed]
         assert timed and timed[0] in {n for at, w, n in forwards if w == who and at <= first_timed}
+
+
+def test_a_long_prompt_is_warmed_up_on_its_first_tokens_with_the_races_cache_size(tiny_pair, monkeypatch):
+    """A prompt whose prefill would take longer than the warm-up's budget is not read once more per method
+    (issue 69): each warm-up reads its first tokens (as many as ``WARM_PREFILL_S`` of prefill), with max
+    new tokens that give its caches the race's own size, so a GPU's stage set is still made untimed."""
+    import app.race as race_module
+    from app import prompt_cost
+
+    slow = prompt_cost.Speeds(a=0.004, b=0.0, step_s=0.01, c=0.0, rate=250.0, rate_at=64)  # 0.5 s: 125 tokens
+    monkeypatch.setitem(prompt_cost._speeds, id(tiny_pair), slow)
+    events, real_stream = [], race_module.stream
+
+    def stream(pair, prompt, method, **kw):
+        events.append((len(pair.encode(prompt)), kw["max_new_tokens"]))
+        return real_stream(pair, prompt, method=method, **kw)
+
+    monkeypatch.setattr(race_module, "stream", stream)
+    prompt = " ".join(f"t{i % 16}" for i in range(170))
+    tokens = len(tiny_pair.encode(prompt))
+    *_, results = run_race(tiny_pair, prompt, ["vanilla", "sd"], threading.Event(), max_new_tokens=8)
+    assert all(r.finished == "length" for r in results.values())
+    (w1, n1), (w2, n2), *timed = events
+    assert timed == [(tokens, 8), (tokens, 8)]
+    assert w1 == w2 == slow.warm_tokens(tokens) < tokens and slow.read_s(w1) <= prompt_cost.WARM_PREFILL_S
+    assert w1 + n1 == tokens + 8 == w2 + n2
 
 
 def test_a_prompts_cost_comes_from_measured_speeds_and_only_a_long_prompt_is_refused(tiny_pair):

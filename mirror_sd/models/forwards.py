@@ -171,6 +171,7 @@ def _run_stage(stages: Stages, name: str, x: torch.Tensor, cache, positions=None
         return stages.run(name, x, positions, tree_mask)
     start, outs = cache.length, []
     for i in range(0, T, MAX_WIDTH):
+        stages.model.check_stop()  # a long prefill stops between two chunks
         chunk = slice(i, i + MAX_WIDTH)
         outs.append(stages.run(name, x[:, chunk], None if positions is None else positions[:, chunk]))
         cache.length += outs[-1].shape[1]  # the next chunk attends to this one

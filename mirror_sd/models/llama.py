@@ -20,6 +20,7 @@ Shapes: B batch, T window length, S cache slots in use, H query heads, K kv head
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
 from itertools import groupby
 
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..devices import to_device
-from ..errors import MirrorSDError
+from ..errors import MirrorSDError, Stopped
 from . import tuning
 from .linear import Linear
 
@@ -328,6 +329,8 @@ class Transformer(nn.Module):
         self.vocab_map: torch.Tensor | None = None
         # Sharded over devices (see models/sharding.py): the device of each layer; None: one device.
         self.layer_devices: list[torch.device] | None = None
+        # Set by the engine while a run that may be stopped uses this model (``check_stop``).
+        self.stop: threading.Event | None = None
         self.init_rope(rope_config)
 
     def init_rope(self, rope_config=None, device=None):
@@ -387,11 +390,20 @@ class Transformer(nn.Module):
         models/streams.py)."""
         end_layer = self.num_layers if end_layer is None else end_layer
         for i in range(start_layer, end_layer):
+            self.check_stop()
             if self.layer_devices:  # sharded: hidden states and window follow the layers' devices
                 h, win = h.to(self.layer_devices[i]), win.to(self.layer_devices[i])
             layer = self.model.layers[i] if stack is None else stack[i - start_layer]
             h = layer(h, win, cache, i)
         return h
+
+    def check_stop(self):
+        """Raise ``Stopped`` when the run using this model was asked to stop (``self.stop`` set): called
+        before each layer, so a long prefill stops within one layer's time. Never while a CUDA graph is
+        being captured, which an exception would leave broken."""
+        if self.stop is not None and self.stop.is_set() and not (
+                self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            raise Stopped
 
     def to_target_ids(self, rows: torch.Tensor) -> torch.Tensor:
         """Head rows -> target token ids (the same for a full-vocabulary head)."""
