@@ -26,7 +26,10 @@ from mirror_sd import MirrorSDError, generate
 from mirror_sd.trace import SpanKind
 
 RACE_LIMIT_S = 120.0  # a prompt expected to add more than this to its race is refused: others wait behind it
-MEASURE_TOKENS = 1024  # the longer measured prefill (at most a quarter of the target's context)
+MEASURE_TOKENS = 2048  # the longer measured prefill (at most a quarter of the target's context), and the shorter
+# a quarter of it: attention's share of a prefill shows only past about 1,000 tokens (on the 2-core CPU a token
+# of prefill cost 1.7 ms at 128 to 1,024 tokens, then 2.4 ms at 2,048, 3.6 at 4,096, 4.7 at 6,000), so a fit
+# through 128 and 1,024 tokens read a prompt of 3,653 about 1.5 times too fast
 WARM_PREFILL_S = 0.5  # a method's warm-up reads the prompt's first tokens, at most this much prefill, and at
 WARM_MIN_TOKENS = 64  # least this many (a GPU's prefill chunk): enough for every shape but the prompt's length
 WORD = " sky"  # the measured prompts: this word repeated, as many times as makes the wanted tokens
@@ -123,7 +126,7 @@ def measure_speeds(pair) -> Speeds:
     the draft's share."""
     long = max(16, min(MEASURE_TOKENS, pair.context_length // 4))
     points, share = [], 0.0
-    for tokens in (long // 8, long):
+    for tokens in (long // 4, long):
         second = "sd" if pair.draft is not None else "vanilla"
         runs = [_prefill(pair, tokens, "vanilla"), _prefill(pair, tokens, second)]
         steps = sorted(d for *_, ds in runs for d in ds)
@@ -153,14 +156,14 @@ def fit_prefill(t1: int, s1: float, t2: int, s2: float) -> tuple[float, float, f
 def observe(pair, traces) -> float | None:
     """How many times slower than measured the target's prefills in ``traces`` (runs on ``pair``) were;
     the pair's speeds then scale every estimate by it (at least 1: a machine as fast as measured, or
-    faster, keeps the measured speeds). Only prefills at least as long as the shorter measured one
-    count: a prompt of a few tokens costs mostly fixed overheads the fit leaves out. None before the
-    speeds are measured, or with no such prefill."""
+    faster, keeps the measured speeds). Only prefills of at least ``WARM_MIN_TOKENS`` count: a prompt of
+    a few tokens costs mostly fixed overheads the fit leaves out. None before the speeds are measured,
+    or with no such prefill."""
     speeds = speeds_of(pair)
     if speeds is None:
         return None
     seen = [(prefill_spans(t)[0], int(t.meta.get("prompt_tokens") or 0)) for t in traces]
-    seen = [(s, n) for s, n in seen if s > 0 and n >= max(1, speeds.rate_at // 8)]
+    seen = [(s, n) for s, n in seen if s > 0 and n >= WARM_MIN_TOKENS]
     if not seen:
         return None
     ratio = sum(s for s, _ in seen) / sum(speeds.fitted_s(n) for _, n in seen)
