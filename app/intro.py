@@ -88,6 +88,9 @@ GLOSSARY = {
     "tree depth, candidates per node, nodes verified": "EAGLE-2's tree: how many levels, how many children each "
                                                        "node may have, and how many nodes the target checks.",
     "stream levels": "Speculative Streaming: how many tokens ahead the target's own streams guess.",
+    "one pass / a separate streams pass": "Speculative Streaming: the stream rows run inside the verify forward "
+                                          "(the paper's one pass), or in a short pass of their own after it.",
+    "long run": "a run's decoding steps alone, the prompt's reading left out: what a long answer approaches.",
     "draft cost": "one draft forward's time over one target forward's, on the chosen hardware.",
     "profile": "a hardware description the What if tab re-times runs on: the time of each piece of work there.",
     "best settings": "the setting of a method's options that the tune found fastest on a profile (MODELLED).",

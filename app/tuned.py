@@ -72,7 +72,7 @@ def caption(tuned: Tuned, profile: str) -> str:
     return (f"<small>From `{m['command']}` on {m['machine']}, {m['date']}: {m['settings_run']} settings in "
             f"{m['rounds']} rounds (searched per method: {searched}), {m['prompts']} prompts of "
             f"{m['max_new_tokens']} new tokens each. τ and hit rates are measured there; speedups and step times are "
-            "MODELLED on the profile, in steady state (the prompt's reading left out).</small>")
+            "MODELLED on the profile, in the long run (the prompt's reading left out).</small>")
 
 
 # -- settings in plain words -----------------------------------------------------------------------
@@ -90,6 +90,12 @@ WORDS = {  # option -> how the page says its value
     "one_forward": lambda v, m: "streams in the verify forward (the paper's one pass)" if v else
                                 "a separate streams pass",
 }
+GLOSSED = {  # option -> the glossary's term for what the page calls it
+    "gamma": "window of γ draft tokens (gamma)", "kappa": "early-exit candidates per position (κ, kappa)",
+    "branch_budget": "branches (branch budget)", "exit_layer": "early exit after layer N",
+    "streams": "drafts in one forward with its streams", "tree": "draft tree",
+    "depth": "tree depth, candidates per node, nodes verified", "top_k": "tree depth, candidates per node, nodes verified",
+    "total_tokens": "tree depth, candidates per node, nodes verified", "one_forward": "one pass / a separate streams pass"}
 SEARCHED = {"sd": ("gamma", "streams", "tree"), "eagle": ("depth", "top_k", "total_tokens"),
             "ss": ("gamma", "top_k", "total_tokens", "one_forward"),
             "mirror": ("gamma", "kappa", "branch_budget", "exit_layer", "streams", "tree")}

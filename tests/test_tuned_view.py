@@ -122,3 +122,13 @@ def test_browser_shows_the_best_settings_table_and_the_map(app_url):
         expect(page.locator("#whatif-map")).to_contain_text("Mirror-SD leads by 5% or more")
         expect(page.locator("#whatif-map-text")).to_contain_text("the shipped draft accepts")
         browser.close()
+
+
+def test_every_setting_the_table_names_has_a_glossary_entry():
+    from app.intro import GLOSSARY
+
+    assert set(tuned.WORDS) == set(tuned.GLOSSED)
+    for option, term in tuned.GLOSSED.items():
+        assert term in GLOSSARY, option
+    for term in ("acceptance per token (α)", "draft cost", "profile", "best settings", "long run"):
+        assert term in GLOSSARY
