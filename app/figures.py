@@ -28,7 +28,7 @@ SPAN_KINDS = {  # kind -> (colour, legend text): every SpanKind
     SpanKind.TARGET_PREFIX: ("#1e3a8a", "target prefix: layers up to the early exit"),
     SpanKind.TARGET_SUFFIX: ("#38bdf8", "target suffix: remaining layers"),
     SpanKind.DRAFT_ROLLOUT: ("#10b981", "draft rollout: branches drafted in parallel"),
-    SpanKind.RENDEZVOUS: ("#a855f7", "rendezvous: verify + pick branch"),
+    SpanKind.RENDEZVOUS: ("#a855f7", "rendezvous: verify + pick branch (on a GPU: the target's picks)"),
     SpanKind.FALLBACK_DRAFT: ("#ef4444", "fallback draft: no branch hit, draft again"),
     SpanKind.CORRECTION_ROLLOUT: ("#f97316", "correction rollout: the next window if no branch hits"),
 }

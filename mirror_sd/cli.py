@@ -62,25 +62,25 @@ def _add_model_args(p: argparse.ArgumentParser):
                         "default calls (default)")
 
 
-def _add_decoding_args(p: argparse.ArgumentParser):
+def _add_decoding_args(p: argparse.ArgumentParser, method_options: bool = True):
     g = p.add_argument_group("decoding")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
-    for name, users in _all_options().items():
+    for name, users in (_all_options() if method_options else {}).items():
         g.add_argument(f"--{name.replace('_', '-')}", type=users[0][1].kind, default=None, help=_option_help(users))
 
 
-def _add_search_args(p: argparse.ArgumentParser, out: str):
+def _add_search_args(p: argparse.ArgumentParser, out: str, method_options: bool = True):
     """What tradeoff and tune share: one prompt per category, 48 new tokens, an output folder, the
-    decoding and model arguments."""
+    decoding arguments (``method_options``: with the methods' options) and the model arguments."""
     p.add_argument("--prompts", default=None, help="JSONL file (default: the bundled Spec-Bench-style set)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     p.add_argument("--per-category", type=int, default=1, help="the first N prompts of each category (default 1)")
     p.add_argument("--out", default=out, help="output folder")
-    _add_decoding_args(p)
+    _add_decoding_args(p, method_options)
     _add_model_args(p)
     p.set_defaults(max_new_tokens=48)
 
@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--rounds", type=int, default=1,
                      help="rounds after the coarse grid, each running the neighbours of every profile's best "
                           "(default: %(default)s)")
-    _add_search_args(tun, "tune-out")
+    _add_search_args(tun, "tune-out", method_options=False)  # tune searches them itself
 
     sub.add_parser("methods", help="list the decoding methods and their options")
 
@@ -364,8 +364,6 @@ def cmd_tune(args) -> int:
             load_profile(name)  # an unknown name fails here, before any decoding
     if args.rounds < 0:
         raise MirrorSDError("--rounds must be 0 or more")
-    if _method_options(args):
-        raise MirrorSDError("tune searches the methods' options itself: leave out --gamma and the other method options")
     if args.temperature != 0:
         raise MirrorSDError("tune runs at temperature 0, where a setting's steps do not depend on the hardware")
     check_writable(args.out, "--out", folder=True)

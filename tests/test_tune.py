@@ -39,7 +39,7 @@ def test_every_coarse_setting_is_one_the_method_takes():
     (["--methods", ""], "--methods names nothing to search"),
     (["--methods", "sd,medusa"], "not 'medusa'"),
     (["--rounds", "-1"], "--rounds must be 0 or more"),
-    (["--gamma", "3"], "tune searches the methods' options itself"),
+    (["--gamma", "3"], "unrecognized arguments: --gamma"),
     (["--temperature", "0.7"], "tune runs at temperature 0"),
 ])
 def test_bad_tune_input_is_one_error_line_and_status_2(args, message, capsys, tmp_path):
