@@ -230,14 +230,9 @@ def controls_speedup(tuned: Tuned, profile: str, model: whatif.Profile, method: 
                      window: int | None = None) -> dict:
     """sd's or Mirror-SD's steady state at the controls' acceptance and hit rate, on the profile's own
     draft: at ``window``, or (None) at the best window and form, as the map prices every point."""
-    best = None
-    for options, gammas in forms(tuned, profile)[method]:
-        allowed = gammas if window is None else [g for g in gammas if g == window]
-        if allowed:
-            s = whatif.best_window(method, options, model, alpha, hit_rate, typical_meta(tuned), allowed)
-            if best is None or s["speedup"] > best["speedup"]:
-                best = dict(s, streams=int(options.get("streams", 0)))
-    return best
+    choices = [(options, [g for g in gammas if window in (None, g)])
+               for options, gammas in forms(tuned, profile)[method]]
+    return whatif.best_window(method, choices, model, alpha, hit_rate, typical_meta(tuned))
 
 
 FINE = 200  # points of the exact scans behind the map's sentence
@@ -279,17 +274,14 @@ def exit_drafts(folder: Path = Path(__file__).parent / "tradeoff") -> pd.DataFra
 def paper_point(tuned: Tuned, profile: str, model: whatif.Profile, hit_rate: float) -> tuple[float | None, str]:
     """The acceptance per token at which the map's Mirror-SD reaches the paper's REPORTED mean speedup
     at the profile's own draft cost, and a sentence saying so, or why it cannot."""
-    best = None
-    for options, gammas in forms(tuned, profile)["mirror"]:
-        a = whatif.alpha_for_speedup(REPORTED_SPEEDUP, options, model, hit_rate, typical_meta(tuned), gammas)
-        if a is not None and (best is None or a < best):
-            best = a
+    choices = forms(tuned, profile)["mirror"]
+    best = whatif.alpha_for_speedup(REPORTED_SPEEDUP, choices, model, hit_rate, typical_meta(tuned))
     if best is not None:
         return best, (f"The paper's REPORTED mean of {REPORTED_SPEEDUP}× on Qwen3-14B needs, in this model at this "
                       f"draft cost and hit rate, an acceptance of {best:.2f} per token (REPORTED + MODELLED).")
     top = controls_speedup(tuned, profile, model, "mirror", 0.999, hit_rate)
-    ms = whatif.mean_work_ms(whatif.typical_trace("mirror", {**forms(tuned, profile)["mirror"][0][0],
-                                                              "gamma": top["gamma"]}, typical_meta(tuned)), model)
+    options = dict(choices[0][0], gamma=top["gamma"], streams=top["streams"])  # the form that reached it
+    ms = whatif.mean_work_ms(whatif.typical_trace("mirror", options, typical_meta(tuned)), model)
     return None, (f"In this model the paper's REPORTED {REPORTED_SPEEDUP}× is out of reach at this draft cost and hit "
                   f"rate: even a draft accepting every token reaches {top['speedup']:.2f}×, since its rollouts "
                   f"({ms.get(SpanKind.DRAFT_ROLLOUT, 0):.2f} ms) against the target's suffix "

@@ -184,8 +184,7 @@ def best_per_profile(table: pd.DataFrame, profiles) -> pd.DataFrame:
     rows = []
     for name in profiles:
         for method, group in table.groupby("method", sort=False):
-            searched = group
-            for label, part in (("best", searched), ("paper", group[group.paper])):
+            for label, part in (("best", group), ("paper", group[group.paper])):
                 if part.empty:
                     continue
                 r = part.loc[part[f"speedup@{name}"].idxmax()]
@@ -193,7 +192,7 @@ def best_per_profile(table: pd.DataFrame, profiles) -> pd.DataFrame:
                                  options=r.options, setting=r.setting, tau=r.tau, hit_rate=r.hit_rate,
                                  speedup=r[f"speedup@{name}"], step_ms=r[f"step_ms@{name}"],
                                  measured_speedup_here=r.measured_speedup, equal_to_vanilla=r.equal_to_vanilla,
-                                 searched=len(searched) if label == "best" else 1))
+                                 searched=len(group) if label == "best" else 1))
     return pd.DataFrame(rows)
 
 
@@ -216,10 +215,10 @@ def tune(pair, prompts: list[dict], methods=("sd", "eagle", "ss", "mirror"), pro
     paper = None
     if "mirror" in methods:  # run in round 0 with the coarse grid, and marked (it may be one of the grid's)
         settings.append(("coarse", "mirror", paper_settings(pair)))
-        paper = key("mirror", paper_settings(pair))
-    rows, traces, fitted, failed = [], {}, None, {}
+        paper = key(*settings[-1][1:])
+    traces, fitted, failed, table = {}, None, {}, None
     for round_ in range(rounds + 1):
-        seen = {r["setting"] for r in rows} | set(failed)
+        seen = (set(table.setting) if table is not None else set()) | set(failed)
         fresh, keys = [], set()
         for label, method, options in settings:
             k = key(method, options) if valid(pair, method, options) else None
@@ -229,12 +228,15 @@ def tune(pair, prompts: list[dict], methods=("sd", "eagle", "ss", "mirror"), pro
         if not fresh:
             break
         new_rows, new_traces = measure(pair, prompts, fresh, round_, max_new_tokens, failed, **decoding)
-        rows += [dict(r, paper=r["setting"] == paper) for r in new_rows if not (r["method"] == "vanilla" and round_ > 0)]
+        new_rows = [dict(r, paper=r["setting"] == paper) for r in new_rows
+                    if not (r["method"] == "vanilla" and round_ > 0)]
         traces.update(new_traces)
         if fitted is None and THIS_MACHINE in profiles:  # fitted once, on round 0's spans
             fitted = fit_profile([t for ts in traces.values() for t in ts], name=THIS_MACHINE,
                                  source=f"fitted on the measured spans of the tune's first round on {cpu_model()}")
-        table = modelled(rows, traces, {**shipped, **({THIS_MACHINE: fitted} if fitted else {})})
+        if new_rows:  # each setting re-timed once, when it has run
+            new = modelled(new_rows, traces, {**shipped, **({THIS_MACHINE: fitted} if fitted else {})})
+            table = new if table is None else pd.concat([table, new], ignore_index=True)
         best = best_per_profile(table, profiles)
         settings = [("refined", m, n) for _, r in best[best.method.isin(methods)].iterrows()
                     for m in [r.method] for n in neighbours(m, json.loads(r.options), search)]

@@ -212,9 +212,7 @@ class Profile:
         """What a call of ``stage`` adds for the ``context`` slots it attends before its window:
         ``context_ms`` per 100 slots, the stage's own or, where the profile prices the stage as its
         stand-in (``STAND_INS``), the stand-in's; on the draft device at its speed."""
-        stage = stage.split("@")[0]
-        if stage in STAND_INS and not any(k.split("@")[0] == stage for k in self.stages):
-            stage = STAND_INS[stage]
+        stage = self.priced_as(stage.split("@")[0])
         ms = self.context_ms.get(stage, 0.0) * context / 100
         return ms / self.draft_speed if stage in DRAFT_STAGES else ms
 
@@ -227,9 +225,15 @@ class Profile:
                         - self._stage_ms("target_suffix", width, threads)) / exit_layer
         return (depth * layers - exit_layer) * per_layer
 
-    def _stage_ms(self, stage: str, width: float, threads: int | None = None) -> float:
+    def priced_as(self, stage: str) -> str:
+        """The stage whose figures price ``stage`` here: its own, or its stand-in (``STAND_INS``) where
+        the profile has none of its own."""
         if stage in STAND_INS and not any(k.split("@")[0] == stage for k in self.stages):
-            stage = STAND_INS[stage]
+            return STAND_INS[stage]
+        return stage
+
+    def _stage_ms(self, stage: str, width: float, threads: int | None = None) -> float:
+        stage = self.priced_as(stage)
         counts = sorted(int(k.split("@")[1]) for k in self.stages if k.startswith(f"{stage}@"))
         keyed = f"{stage}@{threads}" if threads in counts else stage
         if keyed not in self.stages and counts:
@@ -582,12 +586,20 @@ def step_ms(plan: list[Phase], profile: Profile, host: bool = True) -> float:
     not for the prefill, ``host=False``, which measured runs start with) and then as long as its
     longest work; a correction rollout (``in_host_turn``) only for what of it outlasts the host's
     turn between the steps (``profile.step_ms``, which the callers add)."""
+    return sum(launch + own for _, launch, own in critical_path(plan, profile, host))
+
+
+def critical_path(plan: list[Phase], profile: Profile, host: bool = True):
+    """Each phase of a step as ``step_ms`` counts it: (phase, the host's turn to launch it, its own
+    time: its longest work, or for a correction rollout what of it outlasts the host's turn between
+    the steps)."""
     turn = profile.phase_ms if host else 0.0
-    total = 0.0
     for phase in plan:
         longest = max(phase_ms(phase, profile), default=0.0)
-        total += max(0.0, longest - profile.step_ms) if in_host_turn(phase) else turn + longest
-    return total
+        if in_host_turn(phase):
+            yield phase, 0.0, max(0.0, longest - profile.step_ms)
+        else:
+            yield phase, turn, longest
 
 
 def retime(trace: Trace, profile: Profile | str) -> Trace:
@@ -960,21 +972,16 @@ def hit_rate_to_lead(mirror: Trace, other: Trace, profile: Profile, alpha: float
 def step_parts(trace: Trace, profile: Profile) -> dict[str, float]:
     """Where a run's modelled step time goes on ``profile``: mean ms per decoding step of each part of
     its critical path, in schedule order, the host's turns included (``host``: its work per step and
-    its launch of each phase). Works that run side by side count once, as the longer of them
-    (``both`` names them). The parts sum to the modelled step time (``summary``'s step seconds over
-    its steps)."""
+    its launch of each phase: ``critical_path``). Works that run side by side count once, as the
+    longer of them, under their names joined by " | ". The parts sum to the modelled step time
+    (``summary``'s step seconds over its steps)."""
     plans = step_plans(trace, together=not profile.one_cpu)[1:]
     parts: dict[str, float] = {"host": profile.step_ms * len(plans)}
     for plan in plans:
-        for phase in plan:
-            longest = max(phase_ms(phase, profile), default=0.0)
-            if in_host_turn(phase):
-                critical = max(0.0, longest - profile.step_ms)
-            else:
-                parts["host"] += profile.phase_ms
-                critical = longest
+        for phase, launch, own in critical_path(plan, profile):
+            parts["host"] += launch
             name = " | ".join(_part_name(w) for w in phase)
-            parts[name] = parts.get(name, 0.0) + critical
+            parts[name] = parts.get(name, 0.0) + own
     return {name: ms / max(len(plans), 1) for name, ms in parts.items()}
 
 
@@ -1007,17 +1014,19 @@ def typical_trace(method: str, options: dict, meta: dict | None = None) -> Trace
     return trace
 
 
-def best_window(method: str, options: dict, profile: Profile, alpha: float, hit_rate: float | None = None,
-                meta: dict | None = None, gammas=MAP_GAMMAS) -> dict:
+def best_window(method: str, choices: list[tuple[dict, tuple]], profile: Profile, alpha: float,
+                hit_rate: float | None = None, meta: dict | None = None) -> dict:
     """sd's or Mirror-SD's steady state (``steady_state`` of a ``typical_trace``) at the draft's
-    acceptance ``alpha`` (and Mirror-SD's ``hit_rate``) at the best of ``gammas``: gamma,
+    acceptance ``alpha`` (and Mirror-SD's ``hit_rate``) at its best drafting form and window:
+    ``choices`` are (options, windows) pairs, the first best kept. Returns gamma, streams,
     tokens_per_step, step_ms, speedup."""
     best = None
-    for gamma in gammas:
-        s = steady_state(typical_trace(method, dict(options, gamma=gamma), meta), profile, alpha,
-                         hit_rate if method == "mirror" else None)
-        if best is None or s["speedup"] > best["speedup"]:
-            best = dict(s, gamma=gamma)
+    for options, gammas in choices:
+        for gamma in gammas:
+            s = steady_state(typical_trace(method, dict(options, gamma=gamma), meta), profile, alpha,
+                             hit_rate if method == "mirror" else None)
+            if best is None or s["speedup"] > best["speedup"]:
+                best = dict(s, gamma=gamma, streams=int(options.get("streams", 0)))
     return best
 
 
@@ -1025,8 +1034,8 @@ def lead_map(profile: Profile, alphas, ratios, forms: dict[str, list[tuple[dict,
              hit_rate: float, meta: dict | None = None):
     """Which method leads over the draft's acceptance per token (``alphas``) and its cost per forward
     against a one-token target forward (``ratios``), on ``profile``: sd and Mirror-SD at their best
-    drafting form and window (``forms``: per method, (options, windows) pairs, each scored by
-    ``best_window``), the methods without a draft model (EAGLE, ss) at their fixed ``levels``. One row
+    drafting form and window (``forms``: per method, the (options, windows) pairs ``best_window``
+    tries), the methods without a draft model (EAGLE, ss) at their fixed ``levels``. One row
     per point: alpha, ratio, each method's speedup, sd's and Mirror-SD's gamma and streams, the leader."""
     import pandas as pd
 
@@ -1036,22 +1045,22 @@ def lead_map(profile: Profile, alphas, ratios, forms: dict[str, list[tuple[dict,
         for alpha in alphas:
             row = dict(alpha=alpha, ratio=ratio, **levels)
             for method, choices in forms.items():
-                best = max(((best_window(method, options, sized, alpha, hit_rate, meta, gammas), options)
-                            for options, gammas in choices), key=lambda b: b[0]["speedup"])
-                row[method], row[f"{method}_gamma"] = best[0]["speedup"], best[0]["gamma"]
-                row[f"{method}_streams"] = int(best[1].get("streams", 0))
+                best = best_window(method, choices, sized, alpha, hit_rate, meta)
+                row[method], row[f"{method}_gamma"], row[f"{method}_streams"] = (best["speedup"], best["gamma"],
+                                                                                 best["streams"])
             rows.append(row)
     table = pd.DataFrame(rows)
     table["leader"] = table[[*forms, *levels]].idxmax(axis=1)
     return table
 
 
-def alpha_for_speedup(speedup: float, options: dict, profile: Profile, hit_rate: float, meta: dict | None = None,
-                      gammas=MAP_GAMMAS) -> float | None:
-    """The draft acceptance per token at which Mirror-SD's best-window speedup on ``profile`` reaches
-    ``speedup`` (bisection; the speedup rises with the acceptance), or None where even 0.999 does not."""
+def alpha_for_speedup(speedup: float, choices: list[tuple[dict, tuple]], profile: Profile, hit_rate: float,
+                      meta: dict | None = None) -> float | None:
+    """The draft acceptance per token at which Mirror-SD's best form and window (``best_window`` over
+    ``choices``) on ``profile`` reaches ``speedup`` (bisection; the speedup rises with the
+    acceptance), or None where even 0.999 does not."""
     def reach(alpha):
-        return best_window("mirror", options, profile, alpha, hit_rate, meta, gammas)["speedup"]
+        return best_window("mirror", choices, profile, alpha, hit_rate, meta)["speedup"]
 
     lo, hi = 0.0, 0.999
     if reach(hi) < speedup:
