@@ -16,7 +16,7 @@ from mirror_sd import METHODS, load_pair
 from mirror_sd.devices import cpu_cores
 from mirror_sd.tools.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 
-from . import figures, handlers, replay, whatif
+from . import figures, handlers, models_note, replay, whatif
 from .handlers import AUTO
 from .inputs import LIMITS, ClampedSlider, show_in_range
 from .intro import glossary_markdown, how_it_works_html
@@ -28,11 +28,12 @@ from .waiting import Line
 
 QUEUE_SIZE = 16  # runs waiting beyond this are refused with a "queue full" message
 INTRO = ("# mirror-sd: a race of decoding methods\n"
-         "The same prompt and the same models, decoded by each method the engine has. Every number, timeline "
-         "and tree below comes from a real run: a live race (**Run**) runs on the machine serving this page; a "
-         "recorded race ran on the machine and the day its name gives ({machines}), not here. Only the **What "
-         "if** tab shows figures that are not runs, each marked: MODELLED (re-timed for hardware this page does "
-         "not have) and REPORTED (quoted from a paper).")
+         "The same prompt and the same models, decoded by each method the engine has: {pair}.\n\n"
+         "Where each number comes from, as its label says: **LIVE**, a race you run (**Run**), timed on the "
+         "server showing this page ({here}); **RECORDED**, a race that ran on the machine and the day its name "
+         "gives ({machines}), not here; **MODELLED**, re-timed on a hardware profile this page does not have "
+         "(What if tab); **REPORTED**, quoted from a paper, not run here (What if tab).\n\n"
+         "{note}")
 AFTER_A_RACE = "Run a race, or open a recorded one: {}"
 RACING = "Racing: this race's timeline is drawn when it ends."
 SERIAL_NOTE = ("Methods run **one after another**, not at the same time: on this machine's {cores} CPU cores, "
@@ -173,7 +174,9 @@ def build_demo(pair_factory=None) -> gr.Blocks:
     with gr.Blocks(title="mirror-sd: a race of decoding methods") as demo:
         results = gr.State({})
         seen = gr.BrowserState(False, storage_key="mirror-sd-seen-intro", secret="mirror-sd")
-        gr.Markdown(INTRO.format(machines=" or ".join(replay.recorded_machines())), elem_id="intro")
+        gr.Markdown(INTRO.format(machines=" or ".join(replay.recorded_machines()), pair=models_note.pair_words(),
+                                 here=models_note.processor_name(), note=models_note.small_target_note()),
+                    elem_id="intro")
         with gr.Accordion("How it works: speculative decoding, EAGLE-2, Mirror-SD and Speculative Streaming in four "
                           "pictures", open=True,
                           elem_id="how") as how:
