@@ -7,7 +7,18 @@ colours, not measurements; the measured timelines are the race's own, below them
 from __future__ import annotations
 
 import html
+import json
 import re
+from pathlib import Path
+
+import pandas as pd
+
+from mirror_sd import METHODS
+from mirror_sd.methods.mirror import default_exit_layer
+
+RECORDED = Path(__file__).parent / "recorded"  # the recorded races (app/replay.py)
+TUNED = Path(__file__).parent / "tuned"  # the recorded tune (app/tuned.py)
+SS_STREAMS = Path(__file__).parents[1] / "mirror_sd" / "assets" / "ss-smollm2-135m"  # ss's default streams
 
 # Colours of the span kinds the pictures show (the same as app.figures.SPAN_KINDS).
 TARGET, DRAFT, VERIFY, PREFIX, SUFFIX, ROLLOUT = "#2563eb", "#f59e0b", "#6366f1", "#1e3a8a", "#38bdf8", "#10b981"
@@ -94,8 +105,13 @@ GLOSSARY = {
     "draft cost": "one draft forward's time over one target forward's, on the chosen hardware.",
     "profile": "a hardware description the What if tab re-times runs on: the time of each piece of work there.",
     "best settings": "the setting of a method's options that the tune found fastest on a profile (MODELLED).",
-    "MODELLED / REPORTED": "MODELLED: re-timed by a model of hardware this page does not have; REPORTED: "
-                           "quoted from a paper, not run here. Everything else is measured.",
+    "LIVE / RECORDED / MODELLED / REPORTED": "where a number comes from. LIVE: a race run from this page, timed "
+                                             "on the server showing it; RECORDED: measured on the machine and the "
+                                             "day a recording names, not here; MODELLED: re-timed by a model of "
+                                             "hardware this page does not have; REPORTED: quoted from a paper, not "
+                                             "run here.",
+    "residual": "in speculative sampling, where the target rejects a draft token it draws its own from "
+                "norm(max(0, p − q)): its distribution p less what the draft q already covered, renormalised.",
 }
 
 
@@ -127,93 +143,178 @@ def _svg(body: str, caption: str, height: int = 96) -> str:
             f'aria-label="{html.escape(caption)}"><title>{html.escape(caption)}</title>{body}</svg>')
 
 
+def _text(x: float, y: float, words: str, colour: str = "#374151", size: int = 10, bold: bool = False) -> str:
+    weight = ' font-weight="bold"' if bold else ""
+    return f'<text x="{x}" y="{y}" font-size="{size}"{weight} fill="{colour}">{html.escape(words)}</text>'
+
+
 def sd_picture() -> str:
-    """Draft proposes three tokens one by one; the target checks all three in one forward."""
-    body = (_lane(8, "draft") + _lane(36, "target") +
-            "".join(_bar(52 + 34 * i, 8, 30, f"d{i + 1}", DRAFT) for i in range(3)) +
-            _bar(156, 36, 100, "verify d1 d2 d3", VERIFY) +
-            '<text x="156" y="76" font-size="10" fill="#15803d">✓ d1  ✓ d2</text>'
-            '<text x="216" y="76" font-size="10" fill="#b91c1c">✗ d3 → target’s own token</text>'
-            '<text x="52" y="92" font-size="10" fill="#374151">'
-            'one step: 3 cheap guesses, 1 target pass, 3 tokens</text>')
-    return _svg(body, "Speculative decoding: the draft proposes, the target verifies many tokens in one forward")
+    """The draft samples three tokens from q, one by one; the target computes p at every position in one
+    forward and applies the rule: accept with min(1, p/q), resample a rejection from the residual."""
+    body = (_lane(8, "draft q") + _lane(36, "target p") +
+            "".join(_bar(52 + 34 * i, 8, 30, f"d{i + 1}~q", DRAFT) for i in range(3)) +
+            _bar(156, 36, 120, "p at d1 d2 d3 (+1)", VERIFY) +
+            _text(156, 72, "✓ d1  ✓ d2", "#15803d") + _text(216, 72, "✗ d3 → residual", "#b91c1c") +
+            _text(0, 92, "accept dᵢ with probability min(1, p(dᵢ) / q(dᵢ))") +
+            _text(0, 106, "first rejection: draw from norm(max(0, p − q))") +
+            _text(0, 120, "all accepted: one bonus token from p") +
+            _text(0, 136, "tokens per step: (1 − α^(γ+1)) / (1 − α)", bold=True))
+    return _svg(body, "Speculative decoding: the draft proposes from q, the target verifies with p in one forward: "
+                "accept with min(1, p/q), on a rejection resample from norm(max(0, p − q))", height=142)
 
 
 def eagle_picture() -> str:
-    """The target's features feed a small head that drafts a tree; the target checks the tree at once."""
-    body = (_lane(8, "target") + _lane(52, "head") +
+    """The target's features at position i, with the embedding of token i+1 (the shifted token), feed a
+    one-layer head that drafts a tree; the target checks the tree at once."""
+    body = (_lane(8, "target") + _lane(62, "head") +
             _bar(52, 8, 70, "forward", TARGET) +
-            '<path d="M 100 27 L 130 52" stroke="#6b7280" marker-end="url(#arrow)"/>'
-            '<text x="110" y="44" font-size="9" fill="#6b7280">features</text>' +
-            _bar(130, 52, 40, "tree", DRAFT) +
-            "".join(f'<line x1="170" y1="61" x2="195" y2="{48 + 13 * i}" stroke="#f59e0b"/>'
-                    f'<circle cx="198" cy="{48 + 13 * i}" r="4" fill="{DRAFT}"/>' for i in range(3)) +
+            '<path d="M 100 27 L 128 62" stroke="#6b7280" marker-end="url(#arrow)"/>' +
+            _text(104, 42, "features fᵢ", "#6b7280", 9) + _text(104, 54, "+ embed(tokenᵢ₊₁)", "#6b7280", 9) +
+            _bar(130, 62, 40, "tree", DRAFT) +
+            "".join(f'<line x1="170" y1="71" x2="195" y2="{58 + 13 * i}" stroke="#f59e0b"/>'
+                    f'<circle cx="198" cy="{58 + 13 * i}" r="4" fill="{DRAFT}"/>' for i in range(3)) +
             _bar(215, 8, 80, "verify tree", VERIFY) +
-            '<text x="52" y="92" font-size="10" fill="#374151">drafted from the target’s own features</text>'
+            _text(0, 106, "the head reads each feature with the next token’s embedding") +
             '<defs><marker id="arrow" markerWidth="6" markerHeight="6" refX="5" refY="3" orient="auto">'
             '<path d="M0,0 L6,3 L0,6 z" fill="#6b7280"/></marker></defs>')
-    return _svg(body, "EAGLE-2: a small head drafts a tree from the target's own features")
+    return _svg(body, "EAGLE-2: a small head drafts a tree from the target's features and the shifted token "
+                "embedding", height=112)
 
 
 def mirror_picture() -> str:
-    """Plain SD's step is draft + verify in turn; Mirror-SD's is the target with the draft running beside
-    its last layers, so the step costs max(suffix, draft) instead of their sum."""
-    body = ('<text x="0" y="10" font-size="10" font-weight="bold" fill="#374151">taking turns: draft + target</text>' +
-            _lane(16, "one lane") + _bar(62, 16, 70, "draft", DRAFT) + _bar(134, 16, 60, "prefix", PREFIX) +
-            _bar(196, 16, 70, "suffix", SUFFIX) +
-            '<text x="0" y="54" font-size="10" font-weight="bold" fill="#374151">Mirror-SD: max(suffix, draft)</text>' +
+    """sd's step is the draft, then the whole target, in turn; Mirror-SD's is the target's prefix, the token
+    channel, then the suffix beside the draft's rollouts on a second device, then the rendezvous."""
+    body = (_text(0, 10, "sd: draft + whole target", bold=True) +
+            _lane(16, "one lane") + _bar(62, 16, 60, "draft", DRAFT) + _bar(124, 16, 130, "whole target", TARGET) +
+            _text(0, 54, "Mirror-SD: prefix + channel + max(suffix, rollouts) + rendezvous", bold=True) +
             _lane(60, "target") + _lane(84, "draft dev.") +
-            _bar(62, 60, 60, "prefix", PREFIX) + _bar(124, 60, 70, "suffix", SUFFIX) +
-            '<path d="M 122 70 L 124 84" stroke="#6b7280"/>'
-            '<text x="62" y="114" font-size="9" fill="#6b7280">'
-            'the prefix’s early exit guesses; the draft starts at once</text>' +
-            _bar(124, 84, 70, "draft next", ROLLOUT) +
-            '<line x1="194" y1="56" x2="194" y2="104" stroke="#111827" stroke-dasharray="3 2"/>'
-            '<text x="200" y="92" font-size="10" fill="#15803d">step ends here</text>')
-    return _svg(body, "Mirror-SD: the draft works on a second device while the target runs its last layers",
-                height=118)
+            _bar(62, 60, 70, "prefix", PREFIX) + _bar(134, 60, 14, "κ", "#9ca3af") +
+            _bar(150, 60, 60, "suffix", SUFFIX) + _bar(150, 84, 74, "rollouts", ROLLOUT) +
+            _bar(226, 60, 16, "rv", "#9ca3af") +
+            '<line x1="244" y1="56" x2="244" y2="104" stroke="#111827" stroke-dasharray="3 2"/>' +
+            _text(250, 76, "step ends", "#15803d") +
+            _text(0, 118, "κ: the early exit’s top-κ tokens per window row cross to the draft", "#6b7280", 9) +
+            _text(0, 130, "rv: hit if (accepted length, correction) is a rolled-out branch", "#6b7280", 9))
+    return _svg(body, "Mirror-SD: prefix, token channel, then the suffix beside the draft's rollouts, then the "
+                "rendezvous", height=136)
 
 
 def ss_picture() -> str:
-    """No draft model: each step the target's main rows verify the tree, and its own stream rows, a short pass
-    through its top layers, propose the next one."""
-    body = (_lane(8, "target") +
-            "".join(_bar(52 + 124 * i, 8, 70, "verify tree", VERIFY) + _bar(124 + 124 * i, 8, 48, "streams", DRAFT)
+    """The paper's single pass: one forward of the fine-tuned target verifies with its main rows and drafts
+    with its stream rows. This project's default: the verify forward, then a short streams pass."""
+    body = (_text(0, 10, "the paper: one forward a step", bold=True) + _lane(16, "target") +
+            "".join(_bar(52 + 124 * i, 16, 118, "verify + streams draft", VERIFY) for i in range(2)) +
+            _text(0, 54, "here by default (one_forward 0): two passes", bold=True) + _lane(60, "target") +
+            "".join(_bar(52 + 124 * i, 60, 72, "verify", VERIFY) + _bar(126 + 124 * i, 60, 44, "streams", DRAFT)
                     for i in range(2)) +
-            "".join(f'<rect x="{50 + 124 * i}" y="5" width="124" height="24" rx="4" fill="none" stroke="#111827" '
-                    'stroke-dasharray="3 2"/>' for i in range(2)) +
-            '<text x="52" y="46" font-size="10" fill="#374151">each step: verify; stream rows draft the next tree</text>'
-            '<text x="52" y="62" font-size="10" fill="#374151">no draft model, no second device</text>')
-    return _svg(body, "Speculative Streaming: the target drafts the next tree in the step that verifies this one",
-                height=70)
+            _text(0, 100, "no draft model, no second device"))
+    return _svg(body, "Speculative Streaming: in the paper one forward verifies and drafts; here by default a "
+                "streams pass follows the verify", height=106)
 
 
-IDEAS = [
-    ("1. Speculative decoding: guess cheaply, check in one pass", sd_picture,
-     "A large *target* model writes one token per forward pass, and a pass costs about the same whether it "
-     "checks one token or several. A small *draft* model guesses the next few tokens cheaply, and the target "
-     "checks all of them in **one** forward pass, keeping the guesses it agrees with plus one token of its own. "
-     "The text does not change (at temperature 0 every method writes exactly vanilla's tokens): only the number "
-     "of slow target passes goes down."),
-    ("2. EAGLE-2: draft from the target's own thoughts", eagle_picture,
-     "EAGLE-2 has no separate draft model: a one-layer head reads the target's last hidden features and guesses "
-     "the next tokens from them. It proposes a small *tree* of alternatives, and the target checks the whole "
-     "tree in one pass. Most branches are rejected by design, so its acceptance looks low even when it is the "
-     "fastest: acceptance and speed are different things."),
-    ("3. Mirror-SD: draft while the target finishes", mirror_picture,
-     "In plain speculative decoding the draft and the target take turns, so a step costs draft **plus** target. "
-     "Mirror-SD runs the draft on a second device: partway through the target's pass an *early exit* guesses the "
-     "next token, and the draft writes the next window for each guess while the target runs its last layers "
-     "(its *suffix*). When the real token is among the guesses (a *hit*) the next window is ready, so a step "
-     "costs **max(target suffix, draft)** instead of their sum. On a GPU the target's picks come right after its "
-     "suffix, but the host reads them and matches the branch only once the draft is done too, so the step still "
-     "ends after both (the zoomed step draws that host work in grey)."),
-    ("4. Speculative Streaming: the target drafts for itself", ss_picture,
-     "No draft model at all: small trained *streams* on the target's top layers predict the tokens after the "
-     "next one. Each step the main rows check the tree proposed last time, and the stream rows, in a short pass "
-     "through the top layers, propose the next tree. Drafting costs a little extra work in every step instead of "
-     "a second model or device."),
-]
+def option_default(method: str, name: str):
+    """An option's default in the method registry (mirror_sd.METHODS), the engine's truth."""
+    return next(o.default for o in METHODS[method].options if o.name == name)
+
+
+def target_layers() -> int | None:
+    """The embedded target's layer count, as the recordings' meta gives it."""
+    for path in sorted(RECORDED.glob("**/*.json")):
+        for run in json.loads(path.read_text())["methods"].values():
+            if "target_layers" in run["trace"]["meta"]:
+                return run["trace"]["meta"]["target_layers"]
+    return None
+
+
+def mirror_text() -> str:
+    """Mirror-SD's step, its cost, the hit rule and what the project runs by default (read from the registry)."""
+    layers = target_layers()
+    exit_words = (f"layer {default_exit_layer(layers)} of {layers}, three quarters up" if layers else
+                  "three quarters of the layers")
+    streams = option_default("mirror", "streams")
+    return ("In sd the draft and the target take turns: a step costs the draft's forwards **plus** the whole "
+            "target's. Mirror-SD splits the target at an *early exit*: its *prefix* layers run, and the target's "
+            "own final norm and LM head read the exit's **top-κ candidates at every window row** (the *token "
+            f"channel*; κ = {option_default('mirror', 'kappa')} here by default, read through a small trained exit "
+            "head where one ships for the exit layer, where the paper reads the layer directly). A *branch* is a guess of where "
+            "verification stops (the accepted length) and which candidate the target emits there (the "
+            "correction). While the target runs its *suffix* layers, the draft on a second device rolls out a "
+            "next window for each branch. At the *rendezvous* a **hit needs both the accepted length and the "
+            "correction to match a branch**; its rollout is then the next window. So a step costs **prefix + "
+            "channel + max(suffix, rollouts) + rendezvous**; a miss adds a fresh draft on the critical path. The "
+            "paper's *dual strategy* also has the draft propose several tokens per forward with its own "
+            "speculative streams; this page's Mirror-SD runs " +
+            ("them by default (streams 1)" if streams else "without them by default (streams 0: the draft drafts "
+             "token by token; option streams 1 turns them on)") +
+            f", with the exit at {exit_words} (the paper: half). On a GPU the target's picks come right after its "
+            "suffix, but the host reads them and matches the branch only once the draft is done too, so the step "
+            "still ends after both (the zoomed step draws that host work in grey).")
+
+
+def tune_single_pass() -> str:
+    """What the recorded tune measured of SS's single pass against the pass of its own: each setting's pair
+    that differs only in one_forward, τ and the speedup measured on the tune's CPU. '' where none ships."""
+    if not (TUNED / "searched.csv").exists():
+        return ""
+    rows = pd.read_csv(TUNED / "searched.csv")
+    rows = rows[rows.method == "ss"].assign(options=lambda t: t.options.map(json.loads))
+    key = lambda o: json.dumps({k: v for k, v in o.items() if k != "one_forward"}, sort_keys=True)  # noqa: E731
+    rows = rows.assign(key=rows.options.map(key), one=rows.options.map(lambda o: o.get("one_forward", 0)))
+    pairs = rows[rows.one == 1].merge(rows[rows.one == 0], on="key", suffixes=("_1", "_0"))
+    if pairs.empty:
+        return ""
+    meta = json.loads((TUNED / "meta.json").read_text())
+    return (f" In the recorded tune (RECORDED on {meta['machine']}, {meta['date']}), the {len(pairs)} single-pass "
+            f"settings committed τ {pairs.tau_1.min():.2f}–{pairs.tau_1.max():.2f} tokens a step against "
+            f"{pairs.tau_0.min():.2f}–{pairs.tau_0.max():.2f} for the same settings with the pass of their own, and "
+            f"measured {pairs.measured_speedup_1.min():.2f}–{pairs.measured_speedup_1.max():.2f}× against "
+            f"{pairs.measured_speedup_0.min():.2f}–{pairs.measured_speedup_0.max():.2f}× there.")
+
+
+def ss_text() -> str:
+    """SS as the paper has it (a fine-tuned target, one forward a step) and as this project runs it."""
+    config = json.loads((SS_STREAMS / "streams.json").read_text())["config"] if (SS_STREAMS / "streams.json").exists() \
+        else {}
+    trained = (f"{config['num_streams']} stream embeddings and LoRA adapters on its top {config['stream_layers']} "
+               "layers, applied to stream rows only" if config else "stream embeddings and adapters on its top layers")
+    one = option_default("ss", "one_forward")
+    return ("No draft model at all. In the paper the target itself is **fine-tuned** with speculative streams: in "
+            "its top layers each position also carries γ stream rows that predict the tokens 2, 3, … places ahead, "
+            "so **one forward** both verifies the last tree (main rows) and drafts the next one (the stream rows of "
+            "the last accepted row). This project keeps the target frozen, so its text cannot change, and trains "
+            f"only {trained}. " +
+            ("By default it runs the paper's single pass (one_forward 1)." if one else
+             "By default (one_forward 0) the stream rows run in a short pass of their own after the verify, so "
+             "they see the step's correction; one_forward 1 is the paper's single pass, with streams trained "
+             "blind to the correction.") + tune_single_pass() +
+            " Drafting costs a little extra work in every step instead of a second model or device.")
+
+
+def ideas() -> list[tuple]:
+    """The panel's four ideas: (title, picture, text), the texts read from the engine's defaults and files."""
+    return [
+        ("1. Speculative decoding: guess cheaply, check in one pass", sd_picture,
+         "A large *target* model writes one token per forward pass, and a pass costs about the same whether it "
+         "checks one token or several. A small *draft* model proposes γ tokens, sampled from its distribution "
+         "*q*; the target computes its own distribution *p* at every one of them in **one** forward. The rule "
+         "(Leviathan et al.; Chen et al.): accept each draft token with probability **min(1, p/q)**; at the first "
+         "rejection draw the token from the residual **norm(max(0, p − q))**; if all pass, add a bonus token "
+         "from *p*. Every committed token is then distributed exactly as the target's (at temperature 0: the "
+         "longest prefix that matches the target's choice, then its own token). With acceptance α per token a "
+         "step commits **(1 − α^(γ+1)) / (1 − α)** tokens on average, for γ draft forwards and one target "
+         "forward."),
+        ("2. EAGLE-2: draft from the target's own features", eagle_picture,
+         "EAGLE-2 has no separate draft model: a one-layer head reads the target's last hidden features "
+         "together with the **embedding of the next token** (the shifted token: the feature at position i "
+         "paired with token i+1, so the head knows which token was sampled) and predicts the next feature, "
+         "which the target's own LM head turns into tokens. It grows a *tree* of alternatives from the most "
+         "confident nodes, and the target checks the whole tree in one pass. Most branches are rejected by "
+         "design, so its acceptance looks low even when it is the fastest: acceptance and speed are different "
+         "things."),
+        ("3. Mirror-SD: draft while the target finishes", mirror_picture, mirror_text()),
+        ("4. Speculative Streaming: the target drafts for itself", ss_picture, ss_text()),
+    ]
+
 
 COPIED_NOTE = ("**Copied from the context**: some windows are not drafted by any model. When the last few tokens "
                "appeared earlier in the prompt or the answer, the tokens that followed them there are a free guess, "
@@ -231,7 +332,7 @@ def how_it_works_html() -> str:
     """The panel's body: one picture and a few sentences per idea, side by side where there is room."""
     cells = "".join(
         f'<div class="idea" style="flex:1 1 300px;min-width:260px"><h3 style="margin:4px 0">{html.escape(title)}</h3>'
-        f'{picture()}<p style="margin:4px 0">{_markdown(text)}</p></div>' for title, picture, text in IDEAS)
+        f'{picture()}<p style="margin:4px 0">{_markdown(text)}</p></div>' for title, picture, text in ideas())
     return (f'<div id="how-it-works" style="display:flex;flex-wrap:wrap;gap:16px">{cells}'
             f'<p id="copied-note" style="flex:1 1 100%;margin:4px 0">{_markdown(COPIED_NOTE)}</p></div>'
             f'<p style="color:#4b5563;margin-top:8px">{html.escape(LANES_NOTE)}</p>')

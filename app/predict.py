@@ -8,7 +8,7 @@ from statistics import median
 
 from .cards import ms_per_step
 from .explain import explain
-from .figures import same_processor
+from .figures import ms_text, same_processor
 from .repeat import middle
 
 SKIP = "skip"
@@ -45,14 +45,14 @@ def why(winner, current: dict) -> str:
         rival = max((r for r in current.values() if r is not winner and r.metrics), key=_speed, default=None)
         if winner.method != "vanilla" or rival is None:
             return (f"{winner.title} was fastest at {_speed(winner):.1f} tokens/s, committing {_tau(winner):.2f} "
-                    f"tokens per step in {ms_per_step(winner):.0f} ms a step{PER_STEP}.")
+                    f"tokens per step in {ms_text(ms_per_step(winner))} a step{PER_STEP}.")
         return (f"Vanilla was fastest ({_speed(winner):.1f} tokens/s): here drafting cost more than it saved; "
                 f"{rival.title} committed {_tau(rival):.2f} tokens per step but each step took "
-                f"{ms_per_step(rival):.0f} ms against vanilla's {ms_per_step(winner):.0f} ms for one token{PER_STEP}.")
+                f"{ms_text(ms_per_step(rival))} against vanilla's {ms_text(ms_per_step(winner))} for one token{PER_STEP}.")
     ratio = _speed(winner) / _speed(vanilla)
     return (f"{winner.title} was fastest ({_speed(winner):.1f} tokens/s, {ratio:.2f}× vanilla): "
-            f"it committed {_tau(winner):.2f} tokens per step in {ms_per_step(winner):.0f} ms a step, while "
-            f"vanilla made 1 token per step in {ms_per_step(vanilla):.0f} ms{PER_STEP}.")
+            f"it committed {_tau(winner):.2f} tokens per step in {ms_text(ms_per_step(winner))} a step, while "
+            f"vanilla made 1 token per step in {ms_text(ms_per_step(vanilla))}{PER_STEP}.")
 
 
 def _tau(r) -> float:
@@ -105,15 +105,15 @@ def mirror_behind_sd(current: dict) -> str:
     if hits.empty or sd_costs.empty or _speed(mirror) >= _speed(sd):
         return ""
     hit_ms, sd_ms = hits.ms.mean(), sd_costs.ms.mean()
-    text = (f"Why not Mirror-SD: its steps on a window a hit had drafted took {hit_ms:.0f} ms on average for "
-            f"{hits.tokens.mean():.2f} tokens, against {sd_ms:.0f} ms for {sd_costs.tokens.mean():.2f} in speculative "
+    text = (f"Why not Mirror-SD: its steps on a window a hit had drafted took {ms_text(hit_ms)} on average for "
+            f"{hits.tokens.mean():.2f} tokens, against {ms_text(sd_ms)} for {sd_costs.tokens.mean():.2f} in speculative "
             "decoding's steps")
     fallbacks = costs[costs.kind.str.startswith("fallback")]
     if hit_ms > sd_ms:
         text += ": a hit saves the draft, but here splitting the target around the rollouts cost more than that."
     elif not fallbacks.empty:
         text += (f"; but {len(fallbacks) / len(costs):.0%} of its steps came after a miss and drafted afresh first, "
-                 f"{fallbacks.ms.mean():.0f} ms each.")
+                 f"{ms_text(fallbacks.ms.mean())} each.")
     else:
         text += "."
     if same_processor(list(mirror.trace.lanes)):

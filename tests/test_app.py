@@ -181,7 +181,7 @@ def test_the_glossary_names_every_term_of_the_page_once_and_cards_say_what_a_ste
 
     for term in ("window", "early exit", "rendezvous", "token channel", "rollout", "fallback draft", "bonus token",
                  "int8 / fp32", "NPU role", "CUDA graphs", "NVML", "l_e", "T_rv", "prefix layers", "τ (tau)",
-                 "lossless", "MODELLED / REPORTED"):
+                 "lossless", "LIVE / RECORDED / MODELLED / REPORTED", "residual"):
         assert term in GLOSSARY and f"**{term}**" in glossary_markdown()
     assert "committed text" in GLOSSARY["prefix layers"]
     for method in ("sd", "mirror"):  # (the tiny pair has no EAGLE head)

@@ -48,7 +48,7 @@ def test_browser_teaches_predicts_reveals_and_fits_800px(class_url):
         expect(panel).to_be_visible()
         assert panel.locator("svg").count() == 4
         expect(panel).to_contain_text("Speculative Streaming: the target drafts for itself")
-        expect(panel).to_contain_text("max(target suffix, draft)")
+        expect(panel).to_contain_text("prefix + channel + max(suffix, rollouts) + rendezvous")
         expect(panel).to_contain_text("acceptance and speed are different things")
 
         pick_methods(page)
@@ -458,7 +458,7 @@ def test_browser_steps_through_the_deepest_tree_with_clear_labels_and_a_plain_hi
     with sync_playwright() as p:
         browser, page = open_app(p, class_url)
         intro = page.locator("#intro")
-        expect(intro).to_contain_text("a live race (Run) runs on the machine serving this page")
+        expect(intro).to_contain_text("LIVE, a race you run (Run), timed on the server showing this page")
         expect(intro).to_contain_text("AMD EPYC, 2 CPU cores or NVIDIA H200")
         expect(intro).to_contain_text("MODELLED")
         expect(page.locator("#copied-note")).to_contain_text("Copied from the context")
