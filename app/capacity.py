@@ -19,6 +19,7 @@ from mirror_sd.tools.tradeoff import verdict
 from mirror_sd.trace import SpanKind
 
 from . import figures
+from .tuned import recorded
 
 FOLDER = Path(__file__).parent / "tradeoff"  # python -m mirror_sd tradeoff --out app/tradeoff
 THIS_MACHINE = "this-machine"  # the trade-off run's own profile, fitted to its spans
@@ -48,10 +49,10 @@ def modelled_on(modelled: pd.DataFrame, profile: str) -> pd.DataFrame:
     return modelled[modelled.profile == profile].reset_index(drop=True)
 
 
-def sentences(measured: pd.DataFrame, modelled: pd.DataFrame, profile: str, machine: str = "its CPU") -> str:
-    """What the numbers say, measured on ``machine`` and MODELLED on ``profile``: which method leads at which
-    draft, and why (tradeoff.verdict)."""
-    text = [verdict(measured.assign(outgrows_suffix=False), f"**Measured on {machine}**") +
+def sentences(measured: pd.DataFrame, modelled: pd.DataFrame, profile: str, where: str = "RECORDED on its CPU") -> str:
+    """What the numbers say, measured where the run's meta says (``where``: 'RECORDED on AMD EPYC, 2026-12-05')
+    and MODELLED on ``profile``: which method leads at which draft, and why (tradeoff.verdict)."""
+    text = [verdict(measured.assign(outgrows_suffix=False), f"**Measured: {where}**") +
             " There both lanes were cores of one CPU, so Mirror-SD's draft was never free."]
     rows = modelled_on(modelled, profile)
     if rows.empty:
@@ -105,15 +106,15 @@ def figure(measured: pd.DataFrame, modelled: pd.DataFrame, profile: str, meta: d
     fig.add_hline(y=1.0, line=dict(color="#9ca3af", width=1))
     fig.update_layout(title="Draft capacity: speedup over vanilla as the draft grows "
                             f"({meta.get('prompts', '?')} prompts, {meta.get('max_new_tokens', '?')} tokens)",
-                      xaxis_title="draft cost: one draft forward / one target forward (measured on the trade-off run's CPU)",
+                      xaxis_title=f"draft cost: one draft forward / one target forward ({recorded(meta)})",
                       yaxis_title="speedup over vanilla", height=460, margin=dict(l=10, r=10, t=50, b=40),
                       legend=dict(orientation="h", y=-0.25))
     return fig
 
 
 def caption(meta: dict) -> str:
-    return (f"From the recorded trade-off run: `{meta.get('command', 'python -m mirror_sd tradeoff')}` on "
-            f"{meta.get('machine', 'this CPU')}. Drafts `exit:N` are the target's first N layers read by a trained "
-            "exit head; the shipped 4-layer draft is distilled. Solid lines are measured; dashed lines are the same "
+    return (f"From the recorded trade-off run: `{meta.get('command', 'python -m mirror_sd tradeoff')}`, "
+            f"{recorded(meta)}. Drafts `exit:N` are the target's first N layers read by a trained "
+            "exit head; the shipped 4-layer draft is distilled. Solid lines are measured there (RECORDED); dashed lines are the same "
             "runs re-timed on the profile, each draft costing there what it costs here against the target: "
             "**MODELLED**. This chart is the trade-off run's, not this race's.")

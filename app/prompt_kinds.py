@@ -1,5 +1,5 @@
 """How much speculation pays depends on the kind of text: the recorded races of the example prompts
-(one per Spec-Bench category, on this CPU) give each kind's acceptance, so the page can start on a
+(one per Spec-Bench category, on the CPU their meta names) give each kind's acceptance, so the page can start on a
 typical prompt and say after a race how its prompt compares.
 
 Acceptance here is τ (tokens committed per step) averaged over the speculative methods of a race:
@@ -22,9 +22,9 @@ def race_tau(results: dict) -> float | None:
 
 @functools.cache
 def recorded_taus() -> tuple[tuple[str, str, float], ...]:
-    """(category, prompt, mean τ) of each recorded race on this CPU, easiest last."""
+    """(category, prompt, mean τ) of each top-level recorded race (the CPU its meta names), easiest last."""
     rows = []
-    for path in sorted(RECORDED.glob("*.json")):  # this CPU's: the subfolders ran elsewhere
+    for path in sorted(RECORDED.glob("*.json")):  # the top level only: the subfolders ran on other machines
         prompt, meta, results = load_race(path)
         tau = race_tau(results)
         if tau is not None:

@@ -33,15 +33,28 @@ ALPHAS = tuple(np.round(np.arange(0.10, 0.951, 0.025), 3))  # the map's x: the d
 RATIOS = tuple(np.round(np.geomspace(0.02, 1.0, 18), 4))  # the map's y: a draft forward / a target forward
 
 
+def recorded(meta: dict) -> str:
+    """Where and when a recorded run ran, as a provenance label: 'RECORDED on AMD EPYC, 2026-12-05'."""
+    where = meta.get("machine") or meta.get("hardware") or "a machine its files do not name"
+    return f"RECORDED on {where}" + (f", {meta['date']}" if meta.get("date") else "")
+
+
+def _meta(folder: Path) -> dict:
+    return json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").exists() else {}
+
+
+TUNE_WHERE = recorded(_meta(FOLDER))  # the tune's settings, τ and hits
+TRADEOFF_WHERE = recorded(_meta(Path(__file__).parent / "tradeoff"))  # the exit drafts' acceptance and cost
+
 CAPTION = ("**How the best settings and the map are found.** `python -m mirror_sd tune` ran every setting it "
-           "searched once on a CPU and checked each against vanilla token for token. At temperature 0 what a setting "
-           "does to a step (tokens committed, Mirror-SD's hits) does not depend on the hardware, so each run was "
-           "re-timed on every profile and each method kept its fastest setting there (MODELLED). The map prices a "
-           "typical step of sd and Mirror-SD at every acceptance and draft cost, each at its best window and drafting "
-           "form (chains; Mirror-SD with the other options and the measured hit rate of its fastest chain setting, "
-           "unless the controls below set the hit rate); EAGLE and Speculative Streaming draft without a draft model, "
-           "so their level is their best setting's, at their own measured acceptance. Settings, symbols and "
-           "profiles: the glossary.")
+           f"searched once ({TUNE_WHERE}) and checked each against vanilla token for token. At temperature 0 what "
+           "a setting does to a step (tokens committed, Mirror-SD's hits) does not depend on the hardware, so each "
+           "run was re-timed on every profile and each method kept its fastest setting there (MODELLED on the "
+           "profile). The map prices a typical step of sd and Mirror-SD at every acceptance and draft cost, each at "
+           "its best window and drafting form (chains; Mirror-SD with the other options and the measured hit rate "
+           "of its fastest chain setting, unless the controls below set the hit rate); EAGLE and Speculative "
+           "Streaming draft without a draft model, so their level is their best setting's, at their own measured "
+           "acceptance. Settings, symbols and profiles: the glossary.")
 
 
 @dataclass
@@ -68,10 +81,10 @@ def caption(tuned: Tuned, profile: str) -> str:
     m = tuned.meta
     searched = ", ".join(f"{TITLES[k]} {v}" for k, v in profile_rows(tuned, profile).searched.items()
                          if k in SEARCHED)
-    return (f"<small>From `{m['command']}` on {m['machine']}, {m['date']}: {m['settings_run']} settings in "
+    return (f"<small>From `{m['command']}`, {recorded(m)}: {m['settings_run']} settings in "
             f"{m['rounds']} rounds (searched per method: {searched}), {m['prompts']} prompts of "
-            f"{m['max_new_tokens']} new tokens each. τ and hit rates are measured there; speedups and step times are "
-            "MODELLED on the profile, in the long run (the prompt's reading left out).</small>")
+            f"{m['max_new_tokens']} new tokens each. τ and hit rates are RECORDED there; speedups and step times are "
+            f"MODELLED on {profile}, in the long run (the prompt's reading left out).</small>")
 
 
 # -- settings in plain words -----------------------------------------------------------------------
@@ -316,8 +329,7 @@ def map_figure(table: pd.DataFrame, profile: str, shipped: tuple[float, float], 
                              marker=dict(symbol="star", size=16, color="black")))
     if not drafts.empty:
         fig.add_trace(go.Scatter(x=drafts.alpha, y=drafts.cost, mode="markers+text", text=drafts.draft,
-                                 textposition="bottom right", name="exit:N drafts (measured acceptance and cost on "
-                                 "this CPU)", marker=dict(symbol="diamond", size=10, color="#374151")))
+                                 textposition="bottom right", name=f"exit:N drafts (acceptance and cost {TRADEOFF_WHERE})", marker=dict(symbol="diamond", size=10, color="#374151")))
     if paper_alpha is not None:
         fig.add_trace(go.Scatter(x=[paper_alpha], y=[shipped[1]], mode="markers+text", text=["paper (REPORTED)"],
                                  textposition="top left", name=f"the paper's {REPORTED_SPEEDUP}×: REPORTED + MODELLED",

@@ -62,14 +62,15 @@ def whatif_tab() -> SimpleNamespace:
         ui.source = gr.Markdown()
     gr.Markdown("### When does Mirror-SD beat EAGLE on this profile?")
     ui.verdict = gr.Markdown(elem_id="whatif-verdict")
-    ui.best = gr.Dataframe(label="Each method at its best settings for this profile: searched on a CPU, re-timed "
-                                 "on the profile (MODELLED)", interactive=False, elem_id="whatif-best", wrap=True,
+    ui.best = gr.Dataframe(label=f"Each method at its best settings for this profile: settings, τ and hits "
+                                 f"{tuned.TUNE_WHERE}; speedups and step times MODELLED on the profile", interactive=False, elem_id="whatif-best", wrap=True,
                            column_widths=["13%", "37%", "9%", "9%", "16%", "16%"])
     ui.map = gr.Plot(label="Where each method leads, MODELLED", elem_id="whatif-map")
     ui.map_text = gr.Markdown(elem_id="whatif-map-text")
     gr.Markdown(tuned.CAPTION)
     gr.Markdown("### This race, re-timed on the profile")
-    ui.table = gr.Dataframe(label="Speedup over vanilla: measured in the race vs MODELLED on the profile", interactive=False,
+    ui.table = gr.Dataframe(label="Speedup over vanilla: measured in the race (LIVE, or RECORDED where the race's "
+                                  "name gives a machine and day) vs MODELLED on the profile", interactive=False,
                             elem_id="whatif-table", wrap=True, visible=False)
     ui.why = gr.Markdown(elem_id="whatif-why")
     ui.timeline = gr.Plot(label="MODELLED timeline: this run's steps on the profile's devices", elem_id="whatif-timeline")
@@ -83,11 +84,12 @@ def whatif_tab() -> SimpleNamespace:
         ui.window = gr.Dropdown([BEST_WINDOW, *map(str, whatif.MAP_GAMMAS)], value=BEST_WINDOW, visible=False,
                                 label="Window: draft tokens per step (sd, Mirror-SD)", elem_id="whatif-window")
     gr.Markdown("### Draft capacity: when does Mirror-SD pay?")
-    ui.curve = gr.Plot(label="Speedup as the draft grows: measured on a CPU, and MODELLED on the profile",
+    ui.curve = gr.Plot(label=f"Speedup as the draft grows: {tuned.TRADEOFF_WHERE} (solid), MODELLED on the "
+                             "profile (dashed)",
                        elem_id="whatif-curve")
     ui.capacity = gr.Markdown(elem_id="whatif-capacity")
     gr.Markdown(capacity.REPORTED_CAPTION)
-    gr.Dataframe(capacity.REPORTED, label="REPORTED by the paper (Table 1): speedup over autoregressive",
+    gr.Dataframe(capacity.REPORTED, label="REPORTED (Bhendawade et al., 2025, Table 1): speedup over autoregressive",
                  interactive=False, elem_id="whatif-reported")
     return ui
 
@@ -220,7 +222,7 @@ def capacity_view(name: str):
     measured, modelled, meta = recorded
     profile = capacity.THIS_MACHINE if name == FITTED else name
     chart = figures.fresh(capacity.figure(measured, modelled, profile, meta))
-    return chart, capacity.sentences(measured, modelled, profile, meta.get("machine", "its CPU")) + "\n\n" + \
+    return chart, capacity.sentences(measured, modelled, profile, tuned.recorded(meta)) + "\n\n" + \
         capacity.caption(meta)
 
 

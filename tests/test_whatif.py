@@ -504,7 +504,7 @@ def test_the_app_view_draws_every_method_modelled_under_the_banner():
         assert len(table) == 3 and table.columns.str.contains("MODELLED").any()
         assert {t.name for t in timeline.data} and all("(MODELLED)" in a.text for a in timeline.layout.annotations)
         assert {"Speculative decoding, measured", "Mirror-SD, measured"} <= {t.name for t in curve.data}
-        assert "Measured on " in capacity and "MODELLED on" in capacity
+        assert "Measured: RECORDED on " in capacity and "MODELLED on" in capacity
     assert "—" not in set(table["measured in the race"])
     empty = view.render({}, "paper-14b", 0.5, True, 0.6, 0.2)
     assert "Run a race, or open a recorded one, first" in empty[0] and empty[1]["visible"] is False
@@ -542,7 +542,7 @@ def test_browser_opens_the_what_if_view_with_the_banner_and_a_modelled_timeline_
             expect(page.locator("#whatif-table")).to_contain_text("MODELLED on paper-14b")
             expect(page.locator("#whatif-curve .js-plotly-plot")).to_be_visible()
             expect(page.locator("#whatif-curve")).to_contain_text("Draft capacity")
-            expect(page.locator("#whatif-capacity")).to_contain_text("Measured on ")
+            expect(page.locator("#whatif-capacity")).to_contain_text("Measured: RECORDED on ")
             expect(page.locator("#whatif-reported")).to_contain_text("Mirror-SD")
             expect(page.get_by_text("REPORTED by the paper").first).to_be_visible()
             browser.close()
