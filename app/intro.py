@@ -169,7 +169,7 @@ def eagle_picture() -> str:
     body = (_lane(8, "target") + _lane(62, "head") +
             _bar(52, 8, 70, "forward", TARGET) +
             '<path d="M 100 27 L 128 62" stroke="#6b7280" marker-end="url(#arrow)"/>' +
-            _text(104, 42, "features fᵢ", "#6b7280", 9) + _text(104, 54, "+ embed(tokenᵢ₊₁)", "#6b7280", 9) +
+            _text(108, 40, "feature at i", "#6b7280", 9) + _text(108, 51, "+ embed(token i+1)", "#6b7280", 9) +
             _bar(130, 62, 40, "tree", DRAFT) +
             "".join(f'<line x1="170" y1="71" x2="195" y2="{58 + 13 * i}" stroke="#f59e0b"/>'
                     f'<circle cx="198" cy="{58 + 13 * i}" r="4" fill="{DRAFT}"/>' for i in range(3)) +
@@ -186,17 +186,18 @@ def mirror_picture() -> str:
     channel, then the suffix beside the draft's rollouts on a second device, then the rendezvous."""
     body = (_text(0, 10, "sd: draft + whole target", bold=True) +
             _lane(16, "one lane") + _bar(62, 16, 60, "draft", DRAFT) + _bar(124, 16, 130, "whole target", TARGET) +
-            _text(0, 54, "Mirror-SD: prefix + channel + max(suffix, rollouts) + rendezvous", bold=True) +
-            _lane(60, "target") + _lane(84, "draft dev.") +
-            _bar(62, 60, 70, "prefix", PREFIX) + _bar(134, 60, 14, "κ", "#9ca3af") +
-            _bar(150, 60, 60, "suffix", SUFFIX) + _bar(150, 84, 74, "rollouts", ROLLOUT) +
-            _bar(226, 60, 16, "rv", "#9ca3af") +
-            '<line x1="244" y1="56" x2="244" y2="104" stroke="#111827" stroke-dasharray="3 2"/>' +
-            _text(250, 76, "step ends", "#15803d") +
-            _text(0, 118, "κ: the early exit’s top-κ tokens per window row cross to the draft", "#6b7280", 9) +
-            _text(0, 130, "rv: hit if (accepted length, correction) is a rolled-out branch", "#6b7280", 9))
+            _text(0, 52, "Mirror-SD: prefix + channel", bold=True) +
+            _text(0, 64, "  + max(suffix, rollouts) + rendezvous", bold=True) +
+            _lane(70, "target") + _lane(94, "draft dev.") +
+            _bar(62, 70, 70, "prefix", PREFIX) + _bar(134, 70, 14, "κ", "#9ca3af") +
+            _bar(150, 70, 60, "suffix", SUFFIX) + _bar(150, 94, 74, "rollouts", ROLLOUT) +
+            _bar(226, 70, 16, "rv", "#9ca3af") +
+            '<line x1="244" y1="66" x2="244" y2="114" stroke="#111827" stroke-dasharray="3 2"/>' +
+            _text(250, 86, "step ends", "#15803d") +
+            _text(0, 128, "κ: the early exit’s top-κ tokens per window row cross to the draft", "#6b7280", 9) +
+            _text(0, 140, "rv: hit if (accepted length, correction) is a rolled-out branch", "#6b7280", 9))
     return _svg(body, "Mirror-SD: prefix, token channel, then the suffix beside the draft's rollouts, then the "
-                "rendezvous", height=136)
+                "rendezvous", height=146)
 
 
 def ss_picture() -> str:
@@ -235,8 +236,8 @@ def mirror_text() -> str:
     return ("In sd the draft and the target take turns: a step costs the draft's forwards **plus** the whole "
             "target's. Mirror-SD splits the target at an *early exit*: its *prefix* layers run, and the target's "
             "own final norm and LM head read the exit's **top-κ candidates at every window row** (the *token "
-            f"channel*; κ = {option_default('mirror', 'kappa')} here by default, read through a small trained exit "
-            "head where one ships for the exit layer, where the paper reads the layer directly). A *branch* is a guess of where "
+            f"channel*; κ = {option_default('mirror', 'kappa')} here by default, through a small trained exit head "
+            "where one ships). A *branch* is a guess of where "
             "verification stops (the accepted length) and which candidate the target emits there (the "
             "correction). While the target runs its *suffix* layers, the draft on a second device rolls out a "
             "next window for each branch. At the *rendezvous* a **hit needs both the accepted length and the "

@@ -89,6 +89,8 @@ def test_browser_reads_the_models_the_small_target_note_and_the_corrected_explan
             assert panel.locator("svg").count() == 4
             if os.environ.get("HOW_IT_WORKS_PNG"):  # a picture to look at: HOW_IT_WORKS_PNG=path.png
                 page.set_viewport_size({"width": 1600, "height": 900})
+                page.evaluate("window.scrollTo(0, 0)")
+                page.screenshot(path=os.environ["HOW_IT_WORKS_PNG"].replace(".png", "-top.png"))  # the header
                 page.locator("#how").screenshot(path=os.environ["HOW_IT_WORKS_PNG"])
             browser.close()
     finally:
