@@ -114,7 +114,7 @@ def figure(measured: pd.DataFrame, modelled: pd.DataFrame, profile: str, meta: d
 
 def caption(meta: dict) -> str:
     return (f"From the recorded trade-off run: `{meta.get('command', 'python -m mirror_sd tradeoff')}`, "
-            f"{recorded(meta)}. Drafts `exit:N` are the target's first N layers read by a trained "
-            "exit head; the shipped 4-layer draft is distilled. Solid lines are measured there (RECORDED); dashed lines are the same "
-            "runs re-timed on the profile, each draft costing there what it costs here against the target: "
-            "**MODELLED**. This chart is the trade-off run's, not this race's.")
+            f"{recorded(meta)}. Drafts `exit:N` are the target's first N layers read by a trained exit head; the "
+            "shipped 4-layer draft is distilled. Solid lines are measured there (RECORDED); dashed lines are the "
+            "same runs re-timed on the profile, each draft costing there, against the target, what it cost in that "
+            "run: **MODELLED**. This chart is the trade-off run's, not this race's.")

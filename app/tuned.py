@@ -273,7 +273,7 @@ def cost_threshold(tuned: Tuned, profile: str, model: whatif.Profile, hit_rate: 
 
 def exit_drafts(folder: Path = Path(__file__).parent / "tradeoff") -> pd.DataFrame:
     """The trade-off run's drafts (``exit:N``: the target's first N layers and their exit head) at their
-    measured acceptance per token (from sd's τ at its best window) and cost here."""
+    measured acceptance per token (from sd's τ at its best window) and cost in that run."""
     path = folder / "tradeoff.csv"
     if not path.exists():
         return pd.DataFrame(columns=["draft", "alpha", "cost"])
