@@ -138,7 +138,7 @@ def best_table(tuned: Tuned, profile: str) -> pd.DataFrame:
     rows = profile_rows(tuned, profile)
     return pd.DataFrame([{
         "method": TITLES.get(m, m), "best settings (searched)": in_words(m, r.options, tuned.meta["target_layers"]),
-        "τ (measured)": round(r.tau, 2), "hit rate (measured)": "" if pd.isna(r.hit_rate) else round(r.hit_rate, 2),
+        "τ (RECORDED)": round(r.tau, 2), "hit rate (RECORDED)": "" if pd.isna(r.hit_rate) else round(r.hit_rate, 2),
         f"speedup on {profile} (MODELLED)": f"{r.speedup:.2f}×", "ms per step (MODELLED)": round(r.step_ms, 2)}
         for m, r in rows.iterrows()])
 
