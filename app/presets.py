@@ -36,8 +36,8 @@ NOTE = ("**Paper form** sets Speculative Streaming to its single pass (`one_forw
         "project's 2-core CPU, where the papers' settings decoded slower: in the recorded tune run "
         "(docs/tune.md, app/tuned/, a busy machine, so rough) Speculative Streaming's single pass measured "
         "0.90x vanilla against 1.25x for its two passes, EAGLE-2's 60-node tree 0.73x, and Mirror-SD's paper "
-        "configuration 1.09x against 1.53x for its best setting there. The papers ran on GPUs and NPUs, with "
-        "bigger models.")
+        "configuration 1.09x against 1.53x for the setting tune picked for this machine. The papers ran on GPUs "
+        "and NPUs, with bigger models.")
 HOT_NOTE = (" At temperature {t:g} the options that act at temperature 0 only (`lookup`, tree sizes) stay at "
             "their defaults: they do nothing when sampling.")
 

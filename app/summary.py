@@ -24,7 +24,8 @@ from .race import Result
 from .repeat import middle
 
 # Where a recording's models live on disk when its traces predate their sizes in ``meta``.
-MODEL_FILES = {EMBEDDED_NAME: lambda: cache_root() / "SmolLM2-135M-Instruct", EMBEDDED_DRAFT.name: lambda: EMBEDDED_DRAFT}
+MODEL_FILES = {EMBEDDED_NAME: lambda: cache_root() / "SmolLM2-135M-Instruct",
+               EMBEDDED_DRAFT.name: lambda: EMBEDDED_DRAFT}
 
 
 def summary(results: dict[str, Result], prompt: str | None = None) -> pd.DataFrame:
