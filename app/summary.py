@@ -99,7 +99,8 @@ def this_machine(meta: dict) -> str:
     """The GPUs a live run's lanes used (their labels end in the device), else this CPU and its cores."""
     devices = {label.split(", ")[2] for label in (meta.get("target_lane"), meta.get("draft_lane"))
                if label and len(label.split(", ")) > 2}
-    gpus = sorted({torch.cuda.get_device_name(torch.device(d)) for d in devices if d.startswith("cuda")})
+    cuda = [d for group in devices for d in group.split(",") if d.startswith("cuda")]  # a sharded lane lists several
+    gpus = sorted({torch.cuda.get_device_name(torch.device(d)) for d in cuda})
     return ", ".join(gpus) if gpus else f"{cpu_model()}, {cpu_cores()} CPU cores"
 
 

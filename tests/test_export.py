@@ -1,6 +1,7 @@
 """The downloads a student hands in (a summary CSV, one zip, files named by race and method) and the
 "paper form" settings (each method as its paper configures it, labelled on the cards)."""
 import re
+import shutil
 import threading
 import zipfile
 from pathlib import Path
@@ -157,3 +158,36 @@ def test_a_paper_form_race_on_the_tiny_pair_is_labelled_and_commits_vanillas_tok
     table, _, _ = read_back(export_race(results, tmp_path, stamp="race-2"))
     assert table.form["Mirror-SD"] == "paper form" and table.form["Vanilla"] == "defaults"
     assert table.equal_to_vanilla["Mirror-SD"] == "yes"
+
+
+def test_browser_paper_form_labels_the_cards_and_the_export_tab_offers_the_summary_and_zip(tiny_pair):
+    """In Chromium: one click on "paper form" sets the option boxes (the race runs with them: Mirror-SD's card
+    says "paper form", speculative decoding's, which has no paper form, does not), and the Export tab lists
+    the zip and the summary named by the race, and each method's files named by race and method."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from test_app_classroom import CHROMIUM, launch, open_app, pick_methods
+
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.skip("Chromium is not installed here (CI installs Debian's chromium: see .ci/run)")
+    demo, url = launch(lambda **devices: tiny_pair)
+    try:
+        with sync_playwright() as p:
+            browser, page = open_app(p, url)
+            pick_methods(page)
+            page.locator("#max-tokens input").fill("12")
+            page.locator("#form").get_by_text("paper form", exact=True).click()
+            expect(page.locator("#form-note")).to_contain_text("single pass")
+            page.locator("#run").click()
+            expect(page.locator("#status")).to_contain_text("Done.", timeout=90_000)
+            expect(page.locator("#card-mirror .card-form")).to_have_text("paper form", timeout=30_000)
+            assert page.locator("#card-sd .card-form").count() == 0
+            page.get_by_role("tab", name="Export").click()
+            files = page.locator("#export")
+            expect(files).to_contain_text("-summary.csv", timeout=30_000)
+            text = files.inner_text()
+            stamp = re.search(r"(race-\d{8}-\d{6})\.zip", text).group(1)
+            assert f"{stamp}-summary.csv" in text and f"{stamp}-mirror-steps.csv" in text
+            browser.close()
+    finally:
+        demo.close()
