@@ -177,17 +177,22 @@ def test_browser_paper_form_labels_the_cards_and_the_export_tab_offers_the_summa
             pick_methods(page)
             page.locator("#max-tokens input").fill("12")
             page.locator("#form").get_by_text("paper form", exact=True).click()
-            expect(page.locator("#form-note")).to_contain_text("single pass")
+            page.get_by_role("button", name="Advanced").click()
+            page.get_by_role("tab", name="Mirror-SD", exact=True).click()
+            expect(page.get_by_label("lookup", exact=True)).to_have_value("0", timeout=30_000)  # was 8
+            expect(page.get_by_label("gamma", exact=True)).to_have_value("7")  # was 2
+            expect(page.get_by_label("streams", exact=True)).to_have_value("0")  # the tiny draft has no streams
             page.locator("#run").click()
             expect(page.locator("#status")).to_contain_text("Done.", timeout=90_000)
             expect(page.locator("#card-mirror .card-form")).to_have_text("paper form", timeout=30_000)
             assert page.locator("#card-sd .card-form").count() == 0
             page.get_by_role("tab", name="Export").click()
-            files = page.locator("#export")
-            expect(files).to_contain_text("-summary.csv", timeout=30_000)
-            text = files.inner_text()
-            stamp = re.search(r"(race-\d{8}-\d{6})\.zip", text).group(1)
-            assert f"{stamp}-summary.csv" in text and f"{stamp}-mirror-steps.csv" in text
+            links = page.locator("#export a")
+            expect(links.first).to_have_attribute("href", re.compile(r"race-\d{8}-\d{6}\.zip$"), timeout=30_000)
+            names = [Path(link.get_attribute("href")).name for link in links.all()]
+            stamp = names[0].removesuffix(".zip")
+            assert names[1] == f"{stamp}-summary.csv" and len(names) == 2 + 4 * 3
+            assert {f"{stamp}-{m}-steps.csv" for m in TINY_METHODS} <= set(names)
             browser.close()
     finally:
         demo.close()
