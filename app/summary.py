@@ -44,7 +44,7 @@ def row(r: Result, rate: float | None, vanilla: Result | None, prompt: str | Non
         method=r.title, prompt=prompt if prompt is not None else meta.get("prompt", ""),
         target=meta.get("target"), target_parameters=parameters(meta, "target"),
         draft=meta.get("draft") if drafts else None, draft_parameters=parameters(meta, "draft") if drafts else None,
-        form=meta.get("form") or "defaults", options=options_text(meta.get("options")),
+        form=form(r), options=options_text(meta.get("options")),
         temperature=meta.get("temperature"), top_p=meta.get("top_p"), seed=meta.get("seed"),
         max_new_tokens=meta.get("max_new_tokens"), provenance=provenance(meta), finished=r.finished,
         new_tokens=number("new_tokens"), tokens_per_s=tps, tau=number("mean_accepted"),
@@ -81,6 +81,18 @@ def equal_to_vanilla(r: Result, vanilla: Result | None) -> str:
     if mine[:n] != theirs[:n]:
         return "no"
     return "yes" if len(mine) == len(theirs) else f"yes (the first {n} tokens)"
+
+
+def form(r: Result) -> str:
+    """'paper form' (``app.presets``), 'defaults' where every option is the method's default, else
+    'own settings' (a visitor's, or a recording's best settings)."""
+    options = r.trace.meta.get("options")
+    if r.trace.meta.get("form"):
+        return r.trace.meta["form"]
+    defaults = METHODS[r.method].resolve_options({}) if r.method in METHODS else {}
+    if all(defaults.get(k, v) == v for k, v in (options or {}).items()):  # an older run lacks newer options
+        return "defaults"
+    return "own settings"
 
 
 def options_text(options: dict | None) -> str:

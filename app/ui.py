@@ -49,8 +49,8 @@ EXPORT_HELP = (
     "(LIVE on this server and its processor, or RECORDED with the machine and the day), and the card's numbers: "
     "tokens/s, τ, acceptance, hit rate, ms/step, speedup over vanilla, and whether it committed vanilla's "
     "tokens (at temperature 0; sampling gives the same distribution, not the same text).\n"
-    "- `<stamp>-<method>-steps.csv`: one row per step: the tokens it committed (and their text), accepted, "
-    "drafted.\n"
+    "- `<stamp>-<method>-steps.csv`: one row per step: the token ids it committed, their origins and text, "
+    "the draft tokens the target checked and how many it accepted.\n"
     "- `<stamp>-<method>-spans.csv`: one row per span of work on a lane, start and end in seconds.\n"
     "- `<stamp>-<method>.json`: the whole trace with its settings (`Trace.from_json` reads it back).\n"
     "- `<stamp>-<method>.chrome.json`: the spans for [Perfetto](https://ui.perfetto.dev) or chrome://tracing.")

@@ -102,6 +102,11 @@ def test_a_recorded_races_summary_names_its_machine_day_models_and_numbers(tmp_p
             assert f"{row.speedup_over_vanilla:.2f}" == card_speedup(r, rate) and row.equal_to_vanilla == "yes"
     assert table.hit_rate["Mirror-SD"] == pytest.approx(results["mirror"].metrics["hit_rate"])
     assert stored_parameters(EMBEDDED_DRAFT) == 18_879_552
+    assert set(table.form) == {"defaults"}
+    _, _, best = load_race(RECORDED / "cpu-best" / "qa.json")  # sd and Mirror-SD at this CPU's best settings
+    forms = read_back(export_race(best, tmp_path / "best"))[0].form
+    assert forms.to_dict() == {"Vanilla": "defaults", "Speculative decoding": "own settings",
+                               "Speculative Streaming": "defaults", "Mirror-SD": "own settings", "EAGLE-2": "defaults"}
 
 
 def test_equal_to_vanilla_says_no_for_other_tokens_and_not_comparable_when_sampling(tiny_pair):
