@@ -7,6 +7,8 @@ run in paper form says so on its card and in the exports (``trace.meta["form"]``
 """
 from __future__ import annotations
 
+import gradio as gr
+
 from mirror_sd import METHODS
 
 DEFAULTS, PAPER = "this machine's defaults", "paper form"
@@ -103,3 +105,17 @@ def make_set_form(get_pair, specs):
         return (*control_values(specs, form, pair, t), note)
 
     return set_form
+
+
+def make_follow_temperature(get_pair, specs):
+    """On a new temperature, the paper form's boxes again (its options that act at temperature 0 only go
+    back to their defaults when sampling, which the engine would refuse otherwise); nothing changes in
+    the defaults form, so a visitor's own settings stay."""
+    set_form = make_set_form(get_pair, specs)
+
+    def follow(form, temperature, target_device, draft_device):
+        if form != PAPER:
+            return (gr.update(),) * (len(specs) + 1)
+        return set_form(form, temperature, target_device, draft_device)
+
+    return follow

@@ -148,6 +148,9 @@ def test_the_settings_radio_sets_every_option_box(tiny_pair):
     assert "temperature 0.7" in note
     *back, _ = set_form(presets.DEFAULTS, 0, "auto", "auto")
     assert back == [opt.default for _, opt, _ in specs]
+    follow = presets.make_follow_temperature(lambda **devices: tiny_pair, specs)
+    assert follow(presets.PAPER, 0.7, "auto", "auto") == set_form(presets.PAPER, 0.7, "auto", "auto")
+    assert all(u == {"__type__": "update"} for u in follow(presets.DEFAULTS, 0.7, "auto", "auto"))  # own settings stay
 
 
 def test_a_paper_form_race_on_the_tiny_pair_is_labelled_and_commits_vanillas_tokens(tiny_pair, tmp_path):
