@@ -15,7 +15,7 @@ from app.export import export_race
 from app.race import Result, run_race
 from app.replay import RECORDED, load_race
 from app.summary import equal_to_vanilla, stored_parameters
-from mirror_sd import METHODS
+from mirror_sd import METHODS, generate
 from mirror_sd.devices import cpu_cores
 from mirror_sd.models.loading import cache_root
 from mirror_sd.models.pair import EMBEDDED_DRAFT, own_parameters
@@ -120,8 +120,9 @@ def test_equal_to_vanilla_says_no_for_other_tokens_and_not_comparable_when_sampl
 
 
 def test_the_paper_form_is_valid_on_the_embedded_pair(embedded_pair):
-    """Every paper setting is within its option's range, and the engine's own checks accept it on the pair
-    the app serves: SS's single pass has its trained streams, Mirror-SD's window fits the draft's streams."""
+    """Every paper setting is within its option's range, the engine's own checks accept it on the pair the
+    app serves (SS's single pass has its trained streams, Mirror-SD's window fits the draft's streams), and
+    each method in paper form commits vanilla's tokens there."""
     paper = presets.paper_options(embedded_pair)
     assert paper["ss"] == {"one_forward": 1, "lookup": 0}
     assert paper["mirror"] == dict(lookup=0, gamma=5, kappa=8, exit_layer=14, streams=1)  # 30 layers; 4 streams
@@ -131,6 +132,10 @@ def test_the_paper_form_is_valid_on_the_embedded_pair(embedded_pair):
         for name, value in values.items():
             assert options[name].low <= value <= options[name].high, (method, name)
         METHODS[method].check(embedded_pair, METHODS[method].resolve_options(values))
+    prompt = "Summarize: The library opens at nine and closes at five, except on Sundays."
+    vanilla = generate(embedded_pair, prompt, method="vanilla", max_new_tokens=16).token_ids
+    for method, values in paper.items():  # and each commits vanilla's tokens in paper form
+        assert generate(embedded_pair, prompt, method=method, max_new_tokens=16, **values).token_ids == vanilla, method
 
 
 def test_the_settings_radio_sets_every_option_box(tiny_pair):
