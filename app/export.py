@@ -70,7 +70,7 @@ def export_race(results: dict[str, Result], folder: str | Path | None = None, pr
     files = export_files({n: r.trace for n, r in ran.items()}, out, pieces={n: r.pieces for n, r in ran.items()},
                          stamp=stamp)
     table = out / f"{stamp}-summary.csv"
-    summary(ran, prompt).to_csv(table, index=False)
+    summary(ran, prompt).to_csv(table, index=False, float_format="%.6g")
     bundle = out / f"{stamp}.zip"
     with zipfile.ZipFile(bundle, "w", zipfile.ZIP_DEFLATED) as z:
         for path in [table, *map(Path, files)]:

@@ -32,7 +32,8 @@ def summary(results: dict[str, Result], prompt: str | None = None) -> pd.DataFra
     """One row per method of a finished race (``{method: Result}``, as the cards hold it)."""
     rate = baseline(results)
     vanilla = results.get("vanilla")
-    return pd.DataFrame([row(r, rate, vanilla, prompt) for r in results.values()])
+    table = pd.DataFrame([row(r, rate, vanilla, prompt) for r in results.values()])
+    return table.astype({"target_parameters": "Int64", "draft_parameters": "Int64"})  # whole numbers, or empty
 
 
 def row(r: Result, rate: float | None, vanilla: Result | None, prompt: str | None) -> dict:
