@@ -1,7 +1,7 @@
 """Two settings forms for the race: this machine's defaults, and each method's paper form.
 
-The registry's defaults (``mirror_sd.METHODS``) are the settings measured fastest on this project's
-2-core CPU (docs/tune.md); the papers ran on GPUs and NPUs, with bigger models. "Paper form" sets each
+The registry's defaults (``mirror_sd.METHODS``) were chosen on this project's 2-core CPU, where the
+papers' settings decoded slower (docs/tune.md); the papers ran on GPUs and NPUs, with bigger models. "Paper form" sets each
 method to its paper's own configuration, so a student can race both and see what the choice does. A
 run in paper form says so on its card and in the exports (``trace.meta["form"]``).
 """

@@ -123,7 +123,7 @@ def race_tab(names: list[str]) -> SimpleNamespace:
                                   min_width=140, elem_id="max-tokens")
         ui.runs = gr.Number(1, label="Runs", info="repeat the race; cards show the median", precision=0, scale=1,
                             min_width=140, elem_id="runs")
-    with gr.Row():  # each method's paper configuration, or the settings measured fastest here (app/presets.py)
+    with gr.Row():  # each method's paper configuration, or the defaults chosen on this CPU (app/presets.py)
         ui.form = gr.Radio(presets.FORMS, value=presets.DEFAULTS, label="Settings", elem_id="form", scale=1,
                            min_width=200, info="sets the options in Advanced")
         ui.form_note = gr.Markdown(presets.NOTE, elem_id="form-note")
