@@ -90,28 +90,25 @@ def label(result) -> str:
     return PAPER if result.trace.meta.get("form") == PAPER else ""
 
 
-def make_set_form(get_pair, specs):
-    """The Settings radio's handler: the Advanced drawer's boxes set to the chosen form (the paper form on
-    the pair the race will use, loaded if it is not yet), and the note under it."""
-    from .handlers import AUTO
+def make_set_form(pair_for, specs):
+    """The Settings radio's handler: the Advanced drawer's boxes set to the chosen form, and the note under
+    it. ``pair_for(target_device, draft_device)`` gives the pair the race will use (the paper form reads
+    its layers and its draft's streams), loading it if it is not yet."""
 
     def set_form(form, temperature, target_device, draft_device):
         t = float(temperature or 0)
-        pair = None
-        if form == PAPER:
-            pair = get_pair(target_device=None if target_device == AUTO else target_device,
-                            draft_device=None if draft_device == AUTO else draft_device)
+        pair = pair_for(target_device, draft_device) if form == PAPER else None
         note = NOTE + (HOT_NOTE.format(t=t) if form == PAPER and t > 0 else "")
         return (*control_values(specs, form, pair, t), note)
 
     return set_form
 
 
-def make_follow_temperature(get_pair, specs):
+def make_follow_temperature(pair_for, specs):
     """On a new temperature, the paper form's boxes again (its options that act at temperature 0 only go
     back to their defaults when sampling, which the engine would refuse otherwise); nothing changes in
     the defaults form, so a visitor's own settings stay."""
-    set_form = make_set_form(get_pair, specs)
+    set_form = make_set_form(pair_for, specs)
 
     def follow(form, temperature, target_device, draft_device):
         if form != PAPER:

@@ -298,10 +298,14 @@ def wire_race(demo, race, results, get_pair, names, view_outputs, notice):
         line.leave(request.session_hash)
 
     race.stop.click(stop, None, None, api_name="stop", queue=False)
+    def pair_for(target_device, draft_device):
+        return get_pair(target_device=None if target_device == AUTO else target_device,
+                        draft_device=None if draft_device == AUTO else draft_device)
+
     form_in = [race.form, race.temperature, race.target_device, race.draft_device]
     form_out = [*[box for _, _, box in race.specs], race.form_note]
-    race.form.input(presets.make_set_form(get_pair, race.specs), form_in, form_out, api_name=False)
-    race.temperature.change(presets.make_follow_temperature(get_pair, race.specs), form_in, form_out, api_name=False)
+    race.form.input(presets.make_set_form(pair_for, race.specs), form_in, form_out, api_name=False)
+    race.temperature.change(presets.make_follow_temperature(pair_for, race.specs), form_in, form_out, api_name=False)
     recorded = race.recorded.input(replay.make_open_recorded(names), [race.recorded, race.show_rejected],
                                    [race.prompt, race.status, race.replay, *race.cards, results], api_name=False)
     recorded.then(replay.open_recorded_devices, [race.recorded], notice, api_name=False, show_progress="hidden")

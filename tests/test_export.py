@@ -140,7 +140,7 @@ def test_the_paper_form_is_valid_on_the_embedded_pair(embedded_pair):
 
 def test_the_settings_radio_sets_every_option_box(tiny_pair):
     specs = [(m, opt, None) for m, spec in METHODS.items() for opt in spec.options]
-    set_form = presets.make_set_form(lambda **devices: tiny_pair, specs)
+    set_form = presets.make_set_form(lambda *devices: tiny_pair, specs)
     *paper, note = set_form(presets.PAPER, 0, "auto", "auto")
     values = {(m, opt.name): v for (m, opt, _), v in zip(specs, paper)}
     assert values[("ss", "one_forward")] == 1 and values[("mirror", "streams")] == 0  # the tiny draft has no streams
@@ -153,7 +153,7 @@ def test_the_settings_radio_sets_every_option_box(tiny_pair):
     assert "temperature 0.7" in note
     *back, _ = set_form(presets.DEFAULTS, 0, "auto", "auto")
     assert back == [opt.default for _, opt, _ in specs]
-    follow = presets.make_follow_temperature(lambda **devices: tiny_pair, specs)
+    follow = presets.make_follow_temperature(lambda *devices: tiny_pair, specs)
     assert follow(presets.PAPER, 0.7, "auto", "auto") == set_form(presets.PAPER, 0.7, "auto", "auto")
     assert all(u == {"__type__": "update"} for u in follow(presets.DEFAULTS, 0.7, "auto", "auto"))  # own settings stay
 
