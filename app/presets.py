@@ -1,9 +1,9 @@
-"""Two settings forms for the race: this machine's defaults, and each method's paper form.
+"""Two settings forms for the race: the registry's defaults, and each method's paper form.
 
-The registry's defaults (``mirror_sd.METHODS``) were chosen on this project's 2-core CPU, where the
-papers' settings decoded slower (docs/tune.md); the papers ran on GPUs and NPUs, with bigger models. "Paper form" sets each
-method to its paper's own configuration, so a student can race both and see what the choice does. A
-run in paper form says so on its card and in the exports (``trace.meta["form"]``).
+The defaults (``mirror_sd.METHODS``) were chosen on this project's 2-core CPU, where the papers'
+settings decoded slower (docs/tune.md); the papers ran on GPUs and NPUs, with bigger models. "Paper
+form" sets each method to its paper's own configuration, so a student can race both and see what the
+choice does. A run in paper form says so on its card and in the exports (``trace.meta["form"]``).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import gradio as gr
 
 from mirror_sd import METHODS
 
-DEFAULTS, PAPER = "this machine's defaults", "paper form"
+DEFAULTS, PAPER = "defaults (chosen on a 2-core CPU)", "paper form"
 FORMS = [DEFAULTS, PAPER]
 
 # Per method: its paper's options where they differ from the defaults, and where they come from.
@@ -34,11 +34,11 @@ NOTE = ("**Paper form** sets Speculative Streaming to its single pass (`one_forw
         "gamma 7 and kappa 8, as far as the draft's streams reach), EAGLE-2 to its reference tree (6 levels, "
         "top-k 10, 60 nodes), and turns copying from the context off (`lookup` 0; prompt lookup is this "
         "project's addition, in no paper) for all three. Vanilla and speculative decoding have no "
-        "paper-specific settings. **This machine's defaults** differ because they were chosen on this "
+        "paper-specific settings. **The defaults** differ because they were chosen on this "
         "project's 2-core CPU, where the papers' settings decoded slower: in the recorded tune run "
         "(docs/tune.md, app/tuned/, a busy machine, so rough) Speculative Streaming's single pass measured "
         "0.90x vanilla against 1.25x for its two passes, EAGLE-2's 60-node tree 0.73x, and Mirror-SD's paper "
-        "configuration 1.09x against 1.53x for the setting tune picked for this machine. The papers ran on GPUs "
+        "configuration 1.09x against 1.53x for the setting tune picked for that CPU. The papers ran on GPUs "
         "and NPUs, with bigger models.")
 HOT_NOTE = (" At temperature {t:g} the options that act at temperature 0 only (`lookup`, tree sizes) stay at "
             "their defaults: they do nothing when sampling.")
