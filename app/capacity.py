@@ -33,7 +33,9 @@ REPORTED = pd.DataFrame({
     "Mirror-SD": [4.13, 3.07, 3.18, 5.32, 3.49, 3.70]})
 REPORTED_CAPTION = ("**REPORTED by the paper** (Bhendawade et al., 2025, Table 1), not run here: Qwen3-14B on "
                     "Spec-Bench, T = 0, speedup over autoregressive decoding, with a 0.6B draft on 8 NPUs beside "
-                    "8 GPUs. Its draft is as big as it is because Mirror-SD hides it.")
+                    "8 GPUs. Its draft is as big as it is because Mirror-SD hides it. Its EAGLE column is EAGLE3, the "
+                    "paper's strongest baseline; the app runs EAGLE-2, to which the same table gives a lower "
+                    "speedup than EAGLE3 on every task.")
 
 
 def load(folder: Path = FOLDER):

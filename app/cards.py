@@ -10,6 +10,7 @@ import html
 
 from mirror_sd import METHODS
 
+from . import presets
 from .intro import metric
 from .race import Result
 from .repeat import middle, spread
@@ -103,7 +104,14 @@ def card_html(result: Result, baseline_tps: float | None = None, upto: int | Non
     return (f'<div class="card" style="{CARD_STYLE}" data-method="{html.escape(result.method)}" '
             f'data-state="{html.escape(data_state)}">'
             f'<div class="card-head"><b>{html.escape(result.title)}</b> <span class="card-state">{state}</span></div>'
+            f'{form_label(result)}'
             f'<div class="card-metrics" style="font-size:13px;color:#374151;margin:4px 0">{metrics}</div>{error}{body}</div>')
+
+
+def form_label(result: Result) -> str:
+    """A line under the card's head when the method ran in its paper's configuration (``app.presets``)."""
+    label = presets.label(result)
+    return f'<div class="card-form" style="font-size:12px;color:#1d4ed8">{label}</div>' if label else ""
 
 
 def baseline(results: dict[str, Result]) -> float | None:

@@ -1,14 +1,18 @@
-"""Downloads of a race: per method, spans and steps as CSV, the trace as JSON, and Chrome-trace JSON."""
+"""Downloads of a race: a summary table, per method its spans and steps as CSV, its trace as JSON and as
+Chrome-trace JSON, and one zip of them all, every name starting with the race's stamp."""
 from __future__ import annotations
 
 import json
 import re
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 from mirror_sd.trace import Trace
 
+from .race import Result
+from .summary import summary
 from .tokens import piece
 
 
@@ -53,3 +57,22 @@ def recorded_stamp(traces: dict[str, Trace]) -> str | None:
     words = [(found.get(key) or "").replace("-", "" if key == "date" else "-") for key in ("date", "category", "hardware")]
     slugs = [re.sub(r"[^a-z0-9]+", "-", word.lower()).strip("-") for word in words]
     return "recorded-" + "-".join(slug for slug in slugs if slug)
+
+
+def export_race(results: dict[str, Result], folder: str | Path | None = None, prompt: str | None = None,
+                stamp: str | None = None) -> list[str]:
+    """Every download of a race (``{method: Result}``; the methods that did any work): the zip of
+    everything (``<stamp>.zip``), the summary (``<stamp>-summary.csv``, one row per method:
+    ``app.summary``), then each method's files (``export_files``). Returns their paths, in that order."""
+    out = Path(folder or tempfile.mkdtemp(prefix="mirror-sd-"))
+    ran = {name: r for name, r in results.items() if r.trace.spans}
+    stamp = stamp or recorded_stamp({n: r.trace for n, r in ran.items()}) or time.strftime("race-%Y%m%d-%H%M%S")
+    files = export_files({n: r.trace for n, r in ran.items()}, out, pieces={n: r.pieces for n, r in ran.items()},
+                         stamp=stamp)
+    table = out / f"{stamp}-summary.csv"
+    summary(ran, prompt).to_csv(table, index=False, float_format="%.6g")
+    bundle = out / f"{stamp}.zip"
+    with zipfile.ZipFile(bundle, "w", zipfile.ZIP_DEFLATED) as z:
+        for path in [table, *map(Path, files)]:
+            z.write(path, path.name)
+    return [str(bundle), str(table), *files]

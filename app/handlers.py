@@ -17,10 +17,10 @@ from mirror_sd import MirrorSDError
 from mirror_sd.devices import cpu_cores
 from mirror_sd.trace import Trace
 
-from . import figures
+from . import figures, presets
 from .cards import baseline, card_html
 from .explain import explain
-from .export import export_files
+from .export import export_race
 from .inputs import settle_all
 from .loading import in_background, loading_message
 from .predict import SKIP, fastest, next_step, reveal, reveal_hit, why
@@ -267,6 +267,7 @@ def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded
             yield not_run(given, names, "refused", f"**Cannot run:** {e}")
             return False
         crowded = crowded or busy
+        presets.mark(current, pair, used["temperature"])  # the card says "paper form" where it ran in it
         record(runs, current)
         if stop.is_set():
             break
@@ -514,8 +515,7 @@ def views(current):
         empty = figures.placeholder(NOTHING_RAN)
         return empty, empty, None, gr.update(choices=[], value=None), empty
     choices = [(r.title, r.method) for r in current.values() if r.trace.steps]
-    ran = [r for r in current.values() if r.trace.spans]
-    files = export_files({r.method: r.trace for r in ran}, pieces={r.method: r.pieces for r in ran})
+    files = export_race(current)
     first = "mirror" if "mirror" in dict((m, t) for t, m in choices) else choices[-1][1]  # the idea the page is about
     timed = any(r.timed for r in current.values())  # a stopped run of enough tokens is drawn too
     zoom = figures.zoomed_steps(traces) if timed else figures.placeholder(TOO_SHORT.format(TIMED_TOKENS))

@@ -206,7 +206,7 @@ def _run_one(pair, prompt, result: Result, stop, max_new_tokens, temperature, op
                    stop=stop, **settings, **options)
     try:
         for out in steps:
-            _update(result, out, pair)
+            _update(result, out, pair, prompt)
             yield results
             if stop.is_set() and out.finished == "running":
                 steps.close()  # the engine stops here, keeping what was committed
@@ -218,7 +218,8 @@ def _run_one(pair, prompt, result: Result, stop, max_new_tokens, temperature, op
         yield results
 
 
-def _update(result: Result, out, pair):
+def _update(result: Result, out, pair, prompt: str):
     result.trace, result.metrics, result.finished, result.error = out.trace, out.metrics, out.finished, out.error
+    result.trace.meta["prompt"] = prompt  # the exports name it (the engine's meta counts its tokens only)
     collect_pieces(out.trace, pair.decode, result.pieces, from_step=result.seen_steps)
     result.seen_steps = len(out.trace.steps)

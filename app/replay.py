@@ -76,6 +76,7 @@ def load_race(path: str | Path) -> tuple[str, dict, dict[str, Result]]:
     for r in results.values():
         r.seen_steps, r.busy = len(r.trace.steps), busy_then(data["meta"])
         r.trace.meta["recording"] = recording(data["meta"])  # the cards' tooltips and the exports' names say it
+        r.trace.meta["prompt"] = data["prompt"]  # as a live race's traces carry it (the exports name it)
     return data["prompt"], data["meta"], results
 
 

@@ -16,7 +16,7 @@ from mirror_sd import METHODS, load_pair
 from mirror_sd.devices import cpu_cores
 from mirror_sd.tools.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 
-from . import figures, handlers, models_note, replay, whatif
+from . import figures, handlers, models_note, presets, replay, whatif
 from .handlers import AUTO
 from .inputs import LIMITS, ClampedSlider, show_in_range
 from .intro import glossary_markdown, how_it_works_html
@@ -39,6 +39,22 @@ RACING = "Racing: this race's timeline is drawn when it ends."
 SERIAL_NOTE = ("Methods run **one after another**, not at the same time: on this machine's {cores} CPU cores, "
                "running them together would distort each other's timings. When all are done, **Replay** "
                "shows the race side by side at the speed each method was measured to decode.")
+
+
+EXPORT_HELP = (
+    "Every file's name starts with the race's stamp: its time for a live race (`race-20261205-203000`), its day, "
+    "prompt category and machine for a recorded one (`recorded-20261127-qa-nvidia-h200`).\n"
+    "- `<stamp>.zip`: every file below in one download, to hand in.\n"
+    "- `<stamp>-summary.csv`: one row per method: the prompt, the target and draft models and their parameters, "
+    "the method's options (defaults or paper form), temperature, top-p, seed and max new tokens, where it ran "
+    "(LIVE on this server and its processor, or RECORDED with the machine and the day), and the card's numbers: "
+    "tokens/s, τ, acceptance, hit rate, ms/step, speedup over vanilla, and whether it committed vanilla's "
+    "tokens (at temperature 0; sampling gives the same distribution, not the same text).\n"
+    "- `<stamp>-<method>-steps.csv`: one row per step: the token ids it committed, their origins and text, "
+    "the draft tokens the target checked and how many it accepted.\n"
+    "- `<stamp>-<method>-spans.csv`: one row per span of work on a lane, start and end in seconds.\n"
+    "- `<stamp>-<method>.json`: the whole trace with its settings (`Trace.from_json` reads it back).\n"
+    "- `<stamp>-<method>.chrome.json`: the spans for [Perfetto](https://ui.perfetto.dev) or chrome://tracing.")
 
 
 def default_pair(target_device: str | None = None, draft_device: str | None = None):
@@ -108,6 +124,10 @@ def race_tab(names: list[str]) -> SimpleNamespace:
                                   min_width=140, elem_id="max-tokens")
         ui.runs = gr.Number(1, label="Runs", info="repeat the race; cards show the median", precision=0, scale=1,
                             min_width=140, elem_id="runs")
+    with gr.Row():  # each method's paper configuration, or the defaults chosen on this CPU (app/presets.py)
+        ui.form = gr.Radio(presets.FORMS, value=presets.DEFAULTS, label="Settings", elem_id="form", scale=1,
+                           min_width=200, info="sets the options in Advanced")
+        ui.form_note = gr.Markdown(presets.NOTE, elem_id="form-note")
     with gr.Accordion("Advanced", open=False):
         with gr.Tab("Sampling and devices"):
             with gr.Row():
@@ -198,8 +218,7 @@ def build_demo(pair_factory=None) -> gr.Blocks:
         with gr.Tab("Step-through"):
             steps = steps_tab()
         with gr.Tab("Export"):
-            gr.Markdown("Each method's trace: spans and steps as CSV, the trace as JSON (`Trace.from_json` "
-                        "reads it back), and Chrome-trace JSON for [Perfetto](https://ui.perfetto.dev).")
+            gr.Markdown(EXPORT_HELP)
             files = gr.File(label="Downloads", file_count="multiple", elem_id="export")
         with gr.Tab("What if") as what_if_tab:
             what_if = whatif.whatif_tab()
@@ -282,6 +301,14 @@ def wire_race(demo, race, results, get_pair, names, view_outputs, notice):
         line.leave(request.session_hash)
 
     race.stop.click(stop, None, None, api_name="stop", queue=False)
+    def pair_for(target_device, draft_device):
+        return get_pair(target_device=None if target_device == AUTO else target_device,
+                        draft_device=None if draft_device == AUTO else draft_device)
+
+    form_in = [race.form, race.temperature, race.target_device, race.draft_device]
+    form_out = [*[box for _, _, box in race.specs], race.form_note]
+    race.form.input(presets.make_set_form(pair_for, race.specs), form_in, form_out, api_name=False)
+    race.temperature.change(presets.make_follow_temperature(pair_for, race.specs), form_in, form_out, api_name=False)
     recorded = race.recorded.input(replay.make_open_recorded(names), [race.recorded, race.show_rejected],
                                    [race.prompt, race.status, race.replay, *race.cards, results], api_name=False)
     recorded.then(replay.open_recorded_devices, [race.recorded], notice, api_name=False, show_progress="hidden")

@@ -169,7 +169,16 @@ class ModelPair:
                     graphs=self.graphs, buckets=self.buckets, kernels=self.kernels,
                     target_lane=self.target_lane.label, draft_lane=self.draft_lane.label,
                     target_layers=self.target.num_layers, add_ons=list(self.add_ons),
-                    draft_layers=self.draft.num_layers if self.draft is not None else None)
+                    draft_layers=self.draft.num_layers if self.draft is not None else None,
+                    target_parameters=own_parameters(self.target),
+                    draft_parameters=own_parameters(self.draft, self.target) if self.draft is not None else None)
+
+
+def own_parameters(model: Transformer, shared_with: Transformer | None = None) -> int:
+    """How many parameters ``model`` holds, less those it shares with ``shared_with`` (a draft that reads
+    the target's embedding does not count it again): the size a model card gives."""
+    shared = {id(p) for p in shared_with.parameters()} if shared_with is not None else set()
+    return sum(p.numel() for p in model.parameters() if id(p) not in shared)
 
 
 def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_device: str | None = None,
