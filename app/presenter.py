@@ -2,7 +2,8 @@
 
 The presenter view (the "Presenter view" box, or ``?present=1``) sets ``presenter`` on the page's body:
 every text at 20 px or more, the charts' labels enlarged through their own layouts (Plotly's
-``relayout``, since CSS cannot move a chart's axes to fit larger labels), the tabs kept at the top while
+``relayout``, since CSS cannot move a chart's axes to fit larger labels; each chart grows taller by the
+same factor, so rows of labels keep apart), the tabs kept at the top while
 scrolling, the explainer collapsed and the results as one compact table (app.results_table) with each
 column's meaning written out. Homework mode (``?homework=1``) sets ``homework``, which shows the table
 with its load marks.
@@ -67,9 +68,11 @@ window.mirrorView.chartFonts = function () {{  // presenter: every chart's label
     if (!el.layout) continue;
     if (on && (el.layout.font || {{}}).size === {CHART_FONT}) continue;  // enlarged since its last drawing
     if (!on && !el.dataset.presented) continue;  // never enlarged
+    if (on) el.dataset.height = el.layout.height || '';
     el.dataset.presented = on ? '1' : '';
     const size = (s) => on ? Math.max(s || 0, {NOTE_FONT}) : null;
-    const update = {{'font.size': on ? {CHART_FONT} : null}};
+    const height = Number(el.dataset.height) || null;  // taller by the fonts' factor: rows of labels keep apart
+    const update = {{'font.size': on ? {CHART_FONT} : null, height: height && on ? height * {CHART_FONT} / 12 : height}};
     (el.layout.annotations || []).forEach((a, i) => {{
       update[`annotations[${{i}}].font.size`] = size((a.font || {{}}).size);
     }});
