@@ -49,6 +49,7 @@ body.presenter #step-text .tokens { font-size: 20px !important; }
 body.presenter #how-it-works svg text { font-size: 13px; }
 body.presenter #intro .md > :not(h1), body.presenter #view-note { display: none; }
 body.presenter #intro h1 { margin: 0; }
+body.presenter .gradio-container { overflow: clip; }  /* clip, not hidden: no scroll box, so the tabs can stick */
 body.presenter #tabs > .tab-wrapper { position: sticky; top: 0; z-index: 20;
                                       background: var(--background-fill-primary); }
 body.presenter #cards > div { min-width: 400px !important; }
