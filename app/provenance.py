@@ -58,7 +58,7 @@ def badge_html(meta: dict) -> str:
              "Measured when the race was recorded, on that machine, not on this server.")
     return (f'<span class="badge" data-badge="{kind}" title="{title}" style="background:{back};color:{ink};'
             f'border-radius:4px;padding:0 6px;font-size:12px;white-space:nowrap">'
-            f'<b>{kind}</b> · {html.escape(where)}</span>')
+            f'<strong>{kind}</strong> · {html.escape(where)}</span>')
 
 
 def _model(name: str | None, layers: int | None) -> str:
