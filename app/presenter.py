@@ -47,7 +47,7 @@ body.presenter .card-head, body.presenter .card-models, body.presenter .card-met
 body.presenter .card .tokens, body.presenter .legend, body.presenter .badge,
 body.presenter #step-text .tokens { font-size: 20px !important; }
 body.presenter #how-it-works svg text { font-size: 13px; }
-body.presenter #intro .md > :not(h1), body.presenter #view-note { display: none; }
+body.presenter #intro .md > :not(h1), body.presenter #view-note, body.presenter #hover-note { display: none; }
 body.presenter #intro h1 { margin: 0; }
 body.presenter .gradio-container { overflow: clip; }  /* clip, not hidden: no scroll box, so the tabs can stick */
 body.presenter #tabs > .tab-wrapper { position: sticky; top: 0; z-index: 20;

@@ -130,7 +130,7 @@ def race_tab(names: list[str]) -> SimpleNamespace:
         gr.HTML(legend_html())
         ui.show_rejected = gr.Checkbox(False, label="Show rejected draft tokens in the text (struck through)",
                                        elem_id="show-rejected", min_width=200)
-    gr.Markdown("Hover any number on a card (dotted underline) for what it means.")
+    gr.Markdown("Hover any number on a card (dotted underline) for what it means.", elem_id="hover-note")
     with gr.Row(equal_height=False, elem_id="cards"):
         ui.cards = []
         for n in names:
@@ -161,7 +161,7 @@ def steps_tab() -> SimpleNamespace:
         ui.hit_guess = gr.Radio(HIT_CHOICES, value=None, visible=False, elem_id="hit-guess", min_width=260,
                                 label=HIT_QUESTION)
         ui.hit_reveal = gr.Markdown(elem_id="hit-reveal")
-    ui.text = gr.HTML()
+    ui.text = gr.HTML(elem_id="step-text")
     ui.timeline = gr.Plot(label="This step and its neighbours on the timeline (other steps faded; "
                                 "double-click the chart for the whole run)")
     ui.tree = gr.Plot(label="Branches: the step's hypothesis tree", elem_id="tree")

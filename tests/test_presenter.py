@@ -62,6 +62,23 @@ def test_a_live_run_is_badged_with_this_servers_processor():
     assert models(meta, "mirror") == "target t (2 layers) + draft d (1 layers)"
 
 
+def test_a_live_race_is_badged_with_this_servers_processor_and_its_models(tiny_pair):
+    import threading
+
+    from app.provenance import cpu_name
+    from app.race import run_race
+
+    *_, results = run_race(tiny_pair, "t1 t2 t3", ["vanilla", "sd"], threading.Event(), max_new_tokens=8)
+    rate = baseline(results)
+    for name, r in results.items():
+        assert r.trace.meta["live"]["hardware"] == cpu_name()  # the tiny pair runs on this CPU
+        card = card_html(r, rate)
+        assert 'data-badge="LIVE"' in card and f"this server, {cpu_name()}" in card
+        assert f"target {r.trace.meta['target']} (2 layers)" in card
+        assert "Measured live on this server" in card and "not on this server" not in card
+    assert table_html(results).count('data-badge="LIVE"') == 2
+
+
 def test_a_link_names_only_the_recorded_races_and_restores_their_view():
     for label, path in links.replay.recorded_races():
         assert links.race_path(links.race_key(path)) == path
