@@ -80,6 +80,12 @@ window.mirrorView = {
     this.set('race', path ? path.split('/recorded/').pop().replace(/\\.json$/, '') : null);
     if (!path) { this.set('method', null); this.set('step', null); }
   },
+  tab(id) {  // a tab shown: in the link, and its charts at the tab's width (drawn while it was hidden,
+            // as when a link opened another tab, a chart takes a default width)
+    this.set('tab', id);
+    setTimeout(() => document.querySelectorAll('.js-plotly-plot').forEach(
+      (el) => el.offsetParent && window.Plotly && window.Plotly.Plots.resize(el)), 100);
+  },
   async copy() {
     const link = window.location.href;
     try { await navigator.clipboard.writeText(link); } catch (e) { /* not a secure page: the box shows it */ }

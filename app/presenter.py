@@ -66,17 +66,31 @@ window.mirrorView.chartFonts = function () {{  // presenter: every chart's label
   if (!window.Plotly) return;
   const on = document.body.classList.contains('presenter');
   for (const el of document.querySelectorAll('.js-plotly-plot')) {{
-    if (!el.layout) continue;
+    if (!el.layout || !el.offsetParent) continue;  // a hidden tab's chart: enlarged once shown, at its width
     if (on && (el.layout.font || {{}}).size === {CHART_FONT}) continue;  // enlarged since its last drawing
     if (!on && !el.dataset.presented) continue;  // never enlarged
-    if (on) el.dataset.height = el.layout.height || '';
+    if (on) el.dataset.height = el.layout.height || el._fullLayout.height || '';
     el.dataset.presented = on ? '1' : '';
     const size = (s) => on ? Math.max(s || 0, {NOTE_FONT}) : null;
-    const height = Number(el.dataset.height) || null;  // taller by the fonts' factor: rows of labels keep apart
-    const update = {{'font.size': on ? {CHART_FONT} : null, height: height && on ? height * {CHART_FONT} / 12 : height}};
+    const height = Number(el.dataset.height) || null;
+    const grown = (n) => n && on ? n * {CHART_FONT} / 12 : n;  // taller by the fonts' factor: rows of labels keep apart
+    const update = {{'font.size': on ? {CHART_FONT} : null}};
+    if (height) update.height = grown(height);
+    if (!on) update['margin.b'] = Number(el.dataset.bottom) || null;
+    if (on) el.dataset.bottom = (el.layout.margin || {{}}).b ?? '';
     (el.layout.annotations || []).forEach((a, i) => {{
       update[`annotations[${{i}}].font.size`] = size((a.font || {{}}).size);
     }});
+    if (on && height && (el.layout.legend || {{}}).orientation === 'h') {{
+      // a legend under the chart goes to the chart's foot, in rows of about two entries, with room made
+      // for it: its place was a share of the plot's height, which the enlarged axis labels reached
+      const rows = Math.ceil(el.data.filter((t) => t.showlegend !== false).length / 2);
+      const legend = rows * {CHART_FONT} * 2 + {CHART_FONT};
+      Object.assign(update, {{'legend.yref': 'container', 'legend.y': 0, 'legend.yanchor': 'bottom',
+                             height: grown(height) + legend, 'margin.b': legend + {CHART_FONT} * 4}});
+    }} else if (!on) {{
+      Object.assign(update, {{'legend.yref': null, 'legend.y': null, 'legend.yanchor': null}});
+    }}
     window.Plotly.relayout(el, update);
     if (on) window.Plotly.restyle(el, {{'textfont.size': {NOTE_FONT}}});
   }}

@@ -199,7 +199,7 @@ def wire_view(demo, view, race, steps, tabs, how, results, drawn, tab_events):
     steps.method.change(None, [steps.method], None, js="(method) => mirrorView.set('method', method)")
     steps.slider.change(None, [steps.slider], None, js="(step) => mirrorView.set('step', step)")
     for tab_id, event in tab_events.items():
-        event(None, None, None, js=f"() => mirrorView.set('tab', '{tab_id}')")
+        event(None, None, None, js=f"() => mirrorView.tab('{tab_id}')")
     restored = demo.load(links.restore, None, [race.recorded, tabs, steps.method, steps.slider, view.present,
                                                view.homework, view.linked], api_name=False)
     restored.then(None, None, None, js="() => { mirrorView.ready = true; }")  # the URL follows the view from now

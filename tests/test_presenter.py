@@ -206,6 +206,8 @@ def test_browser_presenter_view_names_models_and_badges_and_a_copied_link_reopen
         page.get_by_role("option", name="Mirror-SD", exact=True).click()  # another method: the same step
         expect(page.locator("#sentence")).to_contain_text("Step 30 (", timeout=30_000)
         expect(page.locator("#sentence")).to_contain_text("early-exit guesses", timeout=30_000)  # Mirror-SD's
+        page.wait_for_function("() => { const el = document.querySelector('#tree .js-plotly-plot');"  # its labels
+                               " return el && el._fullLayout.font.size === 18; }", timeout=30_000)  # enlarged
         tabs = page.locator("#tabs > .tab-wrapper")
         page.mouse.wheel(0, 900)  # the tabs stay at the top while the step's charts scroll by
         page.wait_for_timeout(500)
