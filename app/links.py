@@ -29,8 +29,10 @@ def race_key(path: str | Path) -> str:
 def race_path(key: str | None) -> str | None:
     """The dropdown's value for a link's race name, or None for a name that is no recorded race (only
     the dropdown's own races open: a link cannot name another file)."""
+    if not key:
+        return None
     paths = {race_key(path): path for _, path in replay.recorded_races()}
-    return paths.get(key or "")
+    return paths.get(key)
 
 
 def flag(params, name: str) -> bool:

@@ -46,7 +46,9 @@ body.presenter .prose h1 { font-size: 28px; }
 body.presenter .card-head, body.presenter .card-models, body.presenter .card-metrics,
 body.presenter .card .tokens, body.presenter .legend, body.presenter .badge,
 body.presenter #step-text .tokens { font-size: 20px !important; }
-body.presenter #how-it-works svg text { font-size: 13px; }
+body.presenter #how-it-works .idea { flex-basis: 45% !important; }  /* two pictures a row, each drawn larger */
+body.presenter #how-it-works svg { max-width: 100% !important; }
+body.presenter #how-it-works svg text { font-size: 11.5px; }  /* user units: about 20 px at that width */
 body.presenter #intro .md > :not(h1), body.presenter #view-note, body.presenter #hover-note { display: none; }
 body.presenter #intro h1 { margin: 0; }
 body.presenter .gradio-container { overflow: clip; }  /* clip, not hidden: no scroll box, so the tabs can stick */

@@ -201,7 +201,8 @@ def wire_view(demo, view, race, steps, tabs, how, results, drawn, tab_events):
     for tab_id, event in tab_events.items():
         event(None, None, None, js=f"() => mirrorView.tab('{tab_id}')")
     restored = demo.load(links.restore, None, [race.recorded, tabs, steps.method, steps.slider, view.present,
-                                               view.homework, view.linked], api_name=False)
+                                               view.homework, view.linked], api_name=False,
+                         concurrency_limit=None)  # every visitor at once: a class opening one link
     restored.then(None, None, None, js="() => { mirrorView.ready = true; }")  # the URL follows the view from now
 
 
