@@ -61,7 +61,7 @@ def restore(request: gr.Request):
             step = params.get("step", "0")
             slider = gr.update(maximum=max(last[params["method"]], 1),
                                value=min(int(step), last[params["method"]]) if step.isdigit() else 0)
-    return (gr.update(value=path) if path else gr.update(), gr.Tabs(selected=tab) if tab else gr.Tabs(), method,
+    return (gr.update(value=path) if path else gr.update(), gr.Tabs(selected=tab) if tab else gr.update(), method,
             slider, flag(params, "present"), flag(params, "homework"), path or "")
 
 
