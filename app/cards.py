@@ -2,7 +2,9 @@
 
 Every number carries a tooltip in plain words (app.intro.METRIC_HELP); numbers that mean nothing for
 a method are left out (overlap, for methods whose lanes never work at once). After repeated runs the
-numbers are medians, with the range of the runs beside them.
+numbers are medians, with the range of the runs beside them. The head carries the numbers' origin (a
+LIVE or RECORDED badge) and the models the method ran (app.provenance). ``numbers`` computes a card's
+figures once, for the card and for the results table (app.results_table).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from mirror_sd import METHODS
 
 from . import presets
 from .intro import metric
+from .provenance import badge, badge_html, models
 from .race import Result
 from .repeat import middle, spread
 from .tokens import text_html
@@ -47,10 +50,25 @@ def ms_per_step(result: Result) -> float:
 
 
 def measured_where(result: Result) -> str:
-    """A recorded race's machine and date for the tooltips of its timed numbers ('' for a live race,
-    timed on this server)."""
-    where = result.trace.meta.get("recording")
-    return f"Recorded on {where['hardware']}, {where['date']}, not on this server." if where else ""
+    """Where the timed numbers were measured, for their tooltips: a recorded race's machine and date
+    ("Recorded on NVIDIA H200, 2026-11-27, not on this server."), or this server's processor."""
+    kind, where = badge(result.trace.meta)
+    return f"Recorded on {where}, not on this server." if kind == "RECORDED" else f"Measured live on {where}."
+
+
+def numbers(result: Result, baseline_tps: float | None) -> dict:
+    """The card's figures, computed once (medians over repeated runs): tokens, tokens/s, τ, acceptance,
+    hit rate, ms/step, overlap, draft tokens per forward, wall time, and the speedup over vanilla's
+    ``baseline_tps`` (None for vanilla, an unfinished run, a run too short to time or no baseline yet)."""
+    m = {k: middle(result, k) for k in result.metrics}
+    finished = result.finished in ("eos", "length")
+    speedup = (m["tokens_per_s"] / baseline_tps if baseline_tps and result.method != "vanilla" and finished
+               and result.timed else None)
+    return dict(tokens=m.get("new_tokens"), tokens_per_s=m.get("tokens_per_s"), tau=m.get("mean_accepted"),
+                acceptance=m.get("acceptance_rate"), hit_rate=m.get("hit_rate"), overlap=m.get("overlap"),
+                ms_per_step=ms_per_step(result) if m.get("steps") else None, wall_s=m.get("wall_s"),
+                draft_tokens_per_forward=m.get("draft_tokens_per_forward", 1.0), speedup=speedup,
+                untimed=result.method != "vanilla" and finished and not result.timed)
 
 
 def metrics_line(result: Result, baseline_tps: float | None) -> str:
@@ -60,29 +78,29 @@ def metrics_line(result: Result, baseline_tps: float | None) -> str:
     When the machine was busy (``result.busy``) the speedup says so instead of being set in bold."""
     if not result.metrics:
         return ""
-    m, runs = {k: middle(result, k) for k in result.metrics}, result.runs
+    n, runs = numbers(result, baseline_tps), result.runs
     parallel = result.method in METHODS and METHODS[result.method].parallel_lanes
-    parts = [metric("tokens", f"{m['new_tokens']:g} token{'' if m['new_tokens'] == 1 else 's'}"),
-             metric("tok/s", _ranged(runs, "tokens_per_s", "{:.1f}", m["tokens_per_s"]) + " tok/s",
+    parts = [metric("tokens", f"{n['tokens']:g} token{'' if n['tokens'] == 1 else 's'}"),
+             metric("tok/s", _ranged(runs, "tokens_per_s", "{:.1f}", n["tokens_per_s"]) + " tok/s",
                     measured_where(result)),
-             metric("τ", f"τ {m['mean_accepted']:.2f}", acceptance_histogram(result))]
-    if m.get("steps"):
-        parts.append(metric("ms/step", f"{ms_per_step(result):.0f} ms/step", measured_where(result)))
-    if m.get("acceptance_rate") is not None:
-        parts.append(metric("accepted", f"accepted {100 * m['acceptance_rate']:.0f}% of drafts"))
-    if result.method != "vanilla" and result.finished in ("eos", "length") and not result.timed:
+             metric("τ", f"τ {n['tau']:.2f}", acceptance_histogram(result))]
+    if n["ms_per_step"] is not None:
+        parts.append(metric("ms/step", f"{n['ms_per_step']:.0f} ms/step", measured_where(result)))
+    if n["acceptance"] is not None:
+        parts.append(metric("accepted", f"accepted {100 * n['acceptance']:.0f}% of drafts"))
+    if n["untimed"]:
         parts.append(metric("untimed", "too short to time"))
-    elif baseline_tps and result.method != "vanilla" and result.finished in ("eos", "length"):
-        speedup = f"{m['tokens_per_s'] / baseline_tps:.2f}× vanilla"
+    elif n["speedup"] is not None:
+        speedup = f"{n['speedup']:.2f}× vanilla"
         shown = f"{speedup} {metric('busy', '(machine busy)')}" if result.busy else f"<b>{speedup}</b>"
         parts.append(metric("speedup", shown))
-    if m.get("hit_rate") is not None:
-        parts.append(metric("hits", f"hits {100 * m['hit_rate']:.0f}%"))
-    if parallel and m.get("overlap") is not None:
-        parts.append(metric("overlap", f"overlap {100 * m['overlap']:.0f}%"))
-    if m.get("draft_tokens_per_forward", 1.0) != 1.0:  # sd drafting with its streams
-        parts.append(metric("draft forwards", f"{m['draft_tokens_per_forward']:.2f} draft tokens per draft forward"))
-    parts.append(metric("time", f"{m['wall_s']:.2f} s", measured_where(result)))
+    if n["hit_rate"] is not None:
+        parts.append(metric("hits", f"hits {100 * n['hit_rate']:.0f}%"))
+    if parallel and n["overlap"] is not None:
+        parts.append(metric("overlap", f"overlap {100 * n['overlap']:.0f}%"))
+    if n["draft_tokens_per_forward"] != 1.0:  # sd drafting with its streams
+        parts.append(metric("draft forwards", f"{n['draft_tokens_per_forward']:.2f} draft tokens per draft forward"))
+    parts.append(metric("time", f"{n['wall_s']:.2f} s", measured_where(result)))
     if runs and len(runs) > 1:
         parts.append(metric("runs", f"median of {len(runs)} runs"))
     return " · ".join(parts)
@@ -103,7 +121,10 @@ def card_html(result: Result, baseline_tps: float | None = None, upto: int | Non
     data_state = "replaying" if replaying else result.finished
     return (f'<div class="card" style="{CARD_STYLE}" data-method="{html.escape(result.method)}" '
             f'data-state="{html.escape(data_state)}">'
-            f'<div class="card-head"><b>{html.escape(result.title)}</b> <span class="card-state">{state}</span></div>'
+            f'<div class="card-head"><b>{html.escape(result.title)}</b> <span class="card-state">{state}</span> '
+            f'{badge_html(result.trace.meta)}</div>'
+            f'<div class="card-models" style="font-size:12px;color:#4b5563">'
+            f'{html.escape(models(result.trace.meta, result.method))}</div>'
             f'{form_label(result)}'
             f'<div class="card-metrics" style="font-size:13px;color:#374151;margin:4px 0">{metrics}</div>{error}{body}</div>')
 

@@ -506,17 +506,19 @@ TOO_SHORT = ("This race was too short to time: each method wrote under {} tokens
              "Raise Max new tokens for a typical step.")
 
 
-def views(current):
+def views(current, method=None):
     """After a race: the timeline, utilisation, export files, the step-through method choice and one
-    typical step of each method, zoomed. A race in which no method ran says so on each chart; one too
-    short to time says so in place of the zoomed step, which would be empty axes."""
+    typical step of each method, zoomed. The step-through keeps ``method`` (the one chosen before) where
+    it ran in this race, else opens on Mirror-SD. A race in which no method ran says so on each chart;
+    one too short to time says so in place of the zoomed step, which would be empty axes."""
     traces = race_traces(current)
     if not traces:
         empty = figures.placeholder(NOTHING_RAN)
         return empty, empty, None, gr.update(choices=[], value=None), empty
     choices = [(r.title, r.method) for r in current.values() if r.trace.steps]
     files = export_race(current)
-    first = "mirror" if "mirror" in dict((m, t) for t, m in choices) else choices[-1][1]  # the idea the page is about
+    stepped = [m for _, m in choices]
+    first = method if method in stepped else "mirror" if "mirror" in stepped else stepped[-1]  # the page's idea
     timed = any(r.timed for r in current.values())  # a stopped run of enough tokens is drawn too
     zoom = figures.zoomed_steps(traces) if timed else figures.placeholder(TOO_SHORT.format(TIMED_TOKENS))
     return (figures.timeline(traces), figures.utilisation(traces), files, gr.update(choices=choices, value=first),
@@ -596,10 +598,12 @@ def _steps(current, method) -> list:
     return current[method].trace.steps if method in (current or {}) else []
 
 
-def pick_method(current, method):
-    """The step slider's range for the chosen method."""
+def pick_method(current, method, index=0):
+    """The step slider's range for the chosen method, at the step it was on where the method has that step
+    (else its last): switching methods keeps the moment in view."""
     steps = _steps(current, method)
-    return gr.update(maximum=max(steps[-1].index, 1) if steps else 1, value=0)
+    last = steps[-1].index if steps else 0
+    return gr.update(maximum=max(last, 1), value=min(max(int(index or 0), 0), last))
 
 
 def show_step(current, method, index):

@@ -17,6 +17,7 @@ from mirror_sd.engine import MAX_NEW_TOKENS_LIMIT
 from mirror_sd.trace import Trace
 
 from . import prompt_cost
+from .provenance import mark_live
 from .loading import in_background
 from .tokens import collect_pieces
 
@@ -221,5 +222,6 @@ def _run_one(pair, prompt, result: Result, stop, max_new_tokens, temperature, op
 def _update(result: Result, out, pair, prompt: str):
     result.trace, result.metrics, result.finished, result.error = out.trace, out.metrics, out.finished, out.error
     result.trace.meta["prompt"] = prompt  # the exports name it (the engine's meta counts its tokens only)
+    mark_live(result.trace.meta, pair)  # the card's badge names this server's processor; exports carry it
     collect_pieces(out.trace, pair.decode, result.pieces, from_step=result.seen_steps)
     result.seen_steps = len(out.trace.steps)

@@ -16,7 +16,7 @@ from mirror_sd import METHODS, load_pair
 from mirror_sd.devices import cpu_cores
 from mirror_sd.tools.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 
-from . import figures, handlers, models_note, presets, replay, whatif
+from . import figures, handlers, links, models_note, presenter, presets, replay, results_table, whatif
 from .handlers import AUTO
 from .inputs import LIMITS, ClampedSlider, show_in_range
 from .intro import glossary_markdown, how_it_works_html
@@ -32,8 +32,7 @@ INTRO = ("# mirror-sd: a race of decoding methods\n"
          "Where each number comes from, as its label says: **LIVE**, a race you run (**Run**), timed on the "
          "server showing this page ({here}); **RECORDED**, a race that ran on the machine and the day its name "
          "gives ({machines}), not here; **MODELLED**, re-timed on a hardware profile this page does not have "
-         "(What if tab); **REPORTED**, quoted from a paper, not run here (What if tab).\n\n"
-         "{note}")
+         "(What if tab); **REPORTED**, quoted from a paper, not run here (What if tab).")
 AFTER_A_RACE = "Run a race, or open a recorded one: {}"
 RACING = "Racing: this race's timeline is drawn when it ends."
 SERIAL_NOTE = ("Methods run **one after another**, not at the same time: on this machine's {cores} CPU cores, "
@@ -103,6 +102,9 @@ def _limit_info(name: str) -> str:
 
 def race_tab(names: list[str]) -> SimpleNamespace:
     ui = SimpleNamespace()
+    # the results as one table: shown in the presenter view and in homework mode (app.presenter's CSS)
+    ui.table = gr.HTML(results_table.table_html({}), elem_id="results-table")
+    gr.Markdown(models_note.small_target_note(), elem_id="small-target-race")  # the presenter view's copy
     with gr.Row():
         ui.prompt = gr.Textbox(label="Prompt", value=typical_prompt(example_prompts()[0][0]), lines=3, scale=5,
                                min_width=260)  # the example whose drafts accept the middle amount
@@ -149,7 +151,7 @@ def race_tab(names: list[str]) -> SimpleNamespace:
         gr.HTML(legend_html())
         ui.show_rejected = gr.Checkbox(False, label="Show rejected draft tokens in the text (struck through)",
                                        elem_id="show-rejected", min_width=200)
-    gr.Markdown("Hover any number on a card (dotted underline) for what it means.")
+    gr.Markdown("Hover any number on a card (dotted underline) for what it means.", elem_id="hover-note")
     with gr.Row(equal_height=False, elem_id="cards"):
         ui.cards = []
         for n in names:
@@ -180,11 +182,54 @@ def steps_tab() -> SimpleNamespace:
         ui.hit_guess = gr.Radio(HIT_CHOICES, value=None, visible=False, elem_id="hit-guess", min_width=260,
                                 label=HIT_QUESTION)
         ui.hit_reveal = gr.Markdown(elem_id="hit-reveal")
-    ui.text = gr.HTML()
+    ui.text = gr.HTML(elem_id="step-text")
     ui.timeline = gr.Plot(label="This step and its neighbours on the timeline (other steps faded; "
                                 "double-click the chart for the whole run)")
     ui.tree = gr.Plot(label="Branches: the step's hypothesis tree", elem_id="tree")
     return ui
+
+
+def view_bar() -> SimpleNamespace:
+    """The view's controls: presenter view, homework mode, and a link to this view with its copy button."""
+    ui = SimpleNamespace()
+    with gr.Row(elem_id="view-bar", equal_height=True):
+        ui.present = gr.Checkbox(False, label="Presenter view", elem_id="present", min_width=160,
+                                 info="large text, the results as one table")
+        ui.homework = gr.Checkbox(False, label="Homework mode", elem_id="homework", min_width=160,
+                                  info="marks which numbers depend on the server's load")
+        ui.copy = gr.Button("Copy link to this view", elem_id="copy-link", min_width=160, scale=0)
+        ui.link = gr.Textbox(label="Link to this view", elem_id="view-link", interactive=False, scale=2,
+                             min_width=200, buttons=["copy"])
+    gr.Markdown(links.LIVE_NOTE, elem_id="view-note")
+    ui.linked = gr.Textbox("", visible="hidden", elem_id="linked-race")  # a link's race, set when the page opens
+    return ui
+
+
+def wire_view(demo, view, race, steps, tabs, how, results, drawn, tab_events):
+    """The view in the URL (race, tab, method, step, modes: app.links), the modes' looks, the results table
+    after every race's views, and the view a link names restored when the page opens."""
+    for event in drawn:
+        event.then(results_table.table_html, [results, view.homework], race.table, api_name=False)
+    view.homework.change(results_table.table_html, [results, view.homework], race.table, api_name=False)
+    view.homework.change(None, [view.homework], None, js="(on) => mirrorView.mode('homework', on)")
+    view.present.change(None, [view.present], None, js="(on) => mirrorView.mode('presenter', on)")
+    view.present.change(lambda on: gr.update(open=False) if on else gr.update(), [view.present], how,
+                        api_name=False, queue=False)  # the results in sight, not the explainer
+    view.copy.click(None, None, view.link, js="() => mirrorView.copy()")
+    race.recorded.change(None, [race.recorded], None, js="(path) => mirrorView.race(path)")
+    steps.method.change(None, [steps.method], None, js="(method) => mirrorView.set('method', method)")
+    steps.slider.change(None, [steps.slider], None, js="(step) => mirrorView.set('step', step)")
+    for tab_id, event in tab_events.items():
+        event(None, None, None, js=f"() => mirrorView.tab('{tab_id}')")
+    restored = demo.load(links.restore, None, [race.recorded, tabs, steps.method, steps.slider, view.present,
+                                               view.homework, view.linked], api_name=False,
+                         concurrency_limit=None)  # every visitor at once: a class opening one link
+    restored.then(None, None, None, js="() => { mirrorView.ready = true; }")  # the URL follows the view from now
+
+
+def page_style() -> dict:
+    """The page's theme, style sheet and head scripts, for ``launch`` (Gradio 6 takes them there)."""
+    return dict(theme=presenter.THEME, css=presenter.CSS, head=links.JS + presenter.JS)
 
 
 def build_demo(pair_factory=None) -> gr.Blocks:
@@ -195,36 +240,42 @@ def build_demo(pair_factory=None) -> gr.Blocks:
         results = gr.State({})
         seen = gr.BrowserState(False, storage_key="mirror-sd-seen-intro", secret="mirror-sd")
         gr.Markdown(INTRO.format(machines=" or ".join(replay.recorded_machines()), pair=models_note.pair_words(),
-                                 here=models_note.processor_name(), note=models_note.small_target_note()),
+                                 here=models_note.processor_name()),
                     elem_id="intro")
+        gr.Markdown(models_note.small_target_note(), elem_id="small-target")  # in the presenter view: under the table
         with gr.Accordion("How it works: speculative decoding, EAGLE-2, Mirror-SD and Speculative Streaming in four "
                           "pictures", open=True,
                           elem_id="how") as how:
             gr.HTML(how_it_works_html())
         with gr.Accordion("Glossary: every term on this page, one meaning each", open=False, elem_id="glossary"):
             gr.Markdown(glossary_markdown())
+        view = view_bar()
         notice = gr.Markdown(elem_id="notice")
-        with gr.Tab("Race"):
-            race = race_tab(names)
-        with gr.Tab("Utilisation") as utilisation_tab:
-            gr.Markdown("Per lane: the share of the run it spent working, and how that share moved over time. "
-                        "Computed from the spans of each run; on NVIDIA GPUs a dotted line adds the GPU's own "
-                        "busy readings (NVML), read every 50 ms while the run went on. Each reading is the GPU's "
-                        "busy share over the driver's last 1/6 s to 1 s, so on the H200 recordings' short runs "
-                        "(30 to 130 ms) there are one to three, mostly about the time before the run; where a "
-                        "run has one or none, its chart says so.")
-            utilisation = gr.Plot(figures.placeholder(AFTER_A_RACE.format("each lane's busy share appears here.")),
-                                  label="Utilisation", elem_id="utilisation")
-        with gr.Tab("Step-through"):
-            steps = steps_tab()
-        with gr.Tab("Export"):
-            gr.Markdown(EXPORT_HELP)
-            files = gr.File(label="Downloads", file_count="multiple", elem_id="export")
-        with gr.Tab("What if") as what_if_tab:
-            what_if = whatif.whatif_tab()
+        with gr.Tabs(elem_id="tabs") as tabs:
+            with gr.Tab("Race", id="race") as race_tab_:
+                race = race_tab(names)
+            with gr.Tab("Utilisation", id="utilisation") as utilisation_tab:
+                gr.Markdown("Per lane: the share of the run it spent working, and how that share moved over time. "
+                            "Computed from the spans of each run; on NVIDIA GPUs a dotted line adds the GPU's own "
+                            "busy readings (NVML), read every 50 ms while the run went on. Each reading is the GPU's "
+                            "busy share over the driver's last 1/6 s to 1 s, so on the H200 recordings' short runs "
+                            "(30 to 130 ms) there are one to three, mostly about the time before the run; where a "
+                            "run has one or none, its chart says so.")
+                utilisation = gr.Plot(figures.placeholder(AFTER_A_RACE.format("each lane's busy share appears here.")),
+                                      label="Utilisation", elem_id="utilisation")
+            with gr.Tab("Step-through", id="steps") as steps_tab_:
+                steps = steps_tab()
+            with gr.Tab("Export", id="export") as export_tab:
+                gr.Markdown(EXPORT_HELP)
+                files = gr.File(label="Downloads", file_count="multiple", elem_id="export")
+            with gr.Tab("What if", id="whatif") as what_if_tab:
+                what_if = whatif.whatif_tab()
         drawn = wire_race(demo, race, results, get_pair, names,
-                          [race.timeline, utilisation, files, steps.method, race.zoom], notice)
+                          [race.timeline, utilisation, files, steps.method, race.zoom], notice, view.linked)
         wire_steps(steps, results, drawn)
+        wire_view(demo, view, race, steps, tabs, how, results, drawn,
+                  {"race": race_tab_.select, "utilisation": utilisation_tab.select, "steps": steps_tab_.select,
+                   "export": export_tab.select, "whatif": what_if_tab.select})
         whatif.wire_whatif(what_if, results, drawn, what_if_tab)
         # drawn while its tab was hidden, the chart took a default width; drawn again when shown, the page's
         utilisation_tab.select(handlers.redraw_utilisation, [results], utilisation, api_name=False)
@@ -239,15 +290,21 @@ def build_demo(pair_factory=None) -> gr.Blocks:
         gr.on([box.change for box in info_inputs], info, info_inputs, race.prompt_info, api_name=False,
               show_progress="hidden", trigger_mode="always_last")  # one event: the last change's line wins
         drawn[0].then(info, info_inputs, race.prompt_info, api_name=False, show_progress="hidden")  # the speed now
-        demo.load(lambda was_seen: (gr.update(open=not was_seen), True), [seen], [how, seen], api_name=False)
+        def explainer(was_seen, request: gr.Request):
+            """Open on a first visit, closed after, and closed in the presenter view (results in sight)."""
+            present = links.flag(request.query_params if request else {}, "present")
+            return gr.update(open=not was_seen and not present), True
+
+        demo.load(explainer, [seen], [how, seen], api_name=False)
     return demo
 
 
-def wire_race(demo, race, results, get_pair, names, view_outputs, notice):
+def wire_race(demo, race, results, get_pair, names, view_outputs, notice, linked):
     """Run (settings checked first, then the race, then its views and the reveal), Stop, Replay, the
     visitor's place in line while waiting, and the end of a visitor's race when their tab closes. The
     device line (``notice``) names a recorded race's devices while it is open, the live lanes for a race.
-    Returns the events that draw a race's views: after a new race, after a recorded one opens."""
+    A recorded race opens from the dropdown or from a link (``linked``, set when the page opens). Returns
+    the events that draw a race's views: after a new race, after a recorded one opens."""
     stops, line = handlers.Stops(), Line()
     run_fn = _on_gpu(handlers.make_race(get_pair, stops, race.specs, names, line))
     settings = [race.max_tokens, race.temperature, race.top_p, race.seed, race.runs]
@@ -279,7 +336,8 @@ def wire_race(demo, race, results, get_pair, names, view_outputs, notice):
     run = checked.then(run_fn, inputs, [race.status, race.replay, *race.cards, results], api_name="run",
                        concurrency_limit=1, show_progress="minimal")
     run.then(lambda: gr.update(interactive=False), None, race.stop, queue=False, api_name=False)  # nothing to stop
-    shown = run.then(handlers.views, [results], view_outputs, api_name="views")
+    method = view_outputs[3]  # the step-through's: a new race keeps it where that method ran
+    shown = run.then(handlers.views, [results, method], view_outputs, api_name="views")
     def answer(current, guess):
         """The race's answer to the guess, or with none which method won and why (``handlers.race_answer``),
         and the choice cleared for the next."""
@@ -309,10 +367,11 @@ def wire_race(demo, race, results, get_pair, names, view_outputs, notice):
     form_out = [*[box for _, _, box in race.specs], race.form_note]
     race.form.input(presets.make_set_form(pair_for, race.specs), form_in, form_out, api_name=False)
     race.temperature.change(presets.make_follow_temperature(pair_for, race.specs), form_in, form_out, api_name=False)
-    recorded = race.recorded.input(replay.make_open_recorded(names), [race.recorded, race.show_rejected],
-                                   [race.prompt, race.status, race.replay, *race.cards, results], api_name=False)
+    recorded = gr.on([race.recorded.input, linked.change], replay.make_open_recorded(names),
+                     [race.recorded, race.show_rejected], [race.prompt, race.status, race.replay, *race.cards, results],
+                     api_name=False)
     recorded.then(replay.open_recorded_devices, [race.recorded], notice, api_name=False, show_progress="hidden")
-    opened = recorded.then(handlers.views, [results], view_outputs, api_name=False)
+    opened = recorded.then(handlers.views, [results, method], view_outputs, api_name=False)
     opened.then(answer, [results, race.guess], [race.reveal, race.guess], api_name=False)  # a recorded race is over
     demo.unload(gone)
     race.replay.click(handlers.make_replay(names), [results, race.show_rejected], [*race.cards, race.clock],
@@ -327,15 +386,15 @@ def wire_race(demo, race, results, get_pair, names, view_outputs, notice):
 
 def wire_steps(steps, results, drawn):
     """Step-through events; each of ``drawn`` (a race's views drawn: a new race, a recorded one opened)
-    starts it again at step 0."""
+    draws it again, at the same method and step where the race has them (a link's, when it opened one)."""
     here = [results, steps.method, steps.slider]
     views = [steps.sentence, steps.text, steps.timeline, steps.tree]
     for event in drawn:
-        event.then(handlers.pick_method, [results, steps.method], [steps.slider], api_name=False).then(
+        event.then(handlers.pick_method, here, [steps.slider], api_name=False).then(
             handlers.show_step, here, views, api_name=False).then(
             handlers.hit_question, here, [steps.hit_guess, steps.hit_reveal], api_name=False)
     # .input, not .change: a race's views set the method too, and the chains above already follow that
-    picked = steps.method.input(handlers.pick_method, [results, steps.method], [steps.slider], api_name=False)
+    picked = steps.method.input(handlers.pick_method, here, [steps.slider], api_name=False)
     picked.then(handlers.show_step, here, views, api_name=False).then(
         handlers.hit_question, here, [steps.hit_guess, steps.hit_reveal], api_name=False)
     show_in_range(steps.slider)
@@ -364,4 +423,4 @@ def _on_gpu(fn):
 def serve(host: str | None = None, port: int | None = None, pair_factory=None):
     """Build and serve the app (host/port None: Gradio's defaults or GRADIO_SERVER_NAME/PORT) on the
     models ``pair_factory`` loads (None: the embedded pair)."""
-    build_demo(pair_factory).queue(max_size=QUEUE_SIZE).launch(server_name=host, server_port=port)
+    build_demo(pair_factory).queue(max_size=QUEUE_SIZE).launch(server_name=host, server_port=port, **page_style())

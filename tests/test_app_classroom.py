@@ -16,11 +16,12 @@ RACED = ("Vanilla", "Speculative decoding", "Mirror-SD")  # what a tiny pair can
 
 
 def launch(factory):
-    from app.ui import build_demo
+    """The app as served (its theme, style sheet and scripts) on the pair ``factory`` loads: (demo, url)."""
+    from app.ui import build_demo, page_style
 
     demo = build_demo(pair_factory=factory)
     _, url, _ = demo.queue(max_size=8).launch(server_name="127.0.0.1", server_port=None, prevent_thread_lock=True,
-                                              quiet=True)
+                                              quiet=True, **page_style())
     return demo, url
 
 
