@@ -198,6 +198,7 @@ def test_browser_presenter_view_names_models_and_badges_and_a_copied_link_reopen
         assert page.evaluate("document.documentElement.scrollWidth") <= 1280
 
         page.get_by_role("tab", name="Step-through").click()
+        expect(page.locator("#sentence")).to_contain_text("Step 0 (", timeout=60_000)  # the race's views drawn first
         page.get_by_label("Method").click()
         page.get_by_role("option", name="EAGLE-2", exact=True).click()
         box = page.locator("#step input[type=number]")
