@@ -78,7 +78,7 @@ MIRROR_BRANCHING = Option("branching", 4, 1, 16, "with tree: children per expand
 BRANCH_BUDGET = Option("branch_budget", 16, 1, 256, "branches the draft rolls out per step")
 EXIT_HEAD = Option("exit_head", -1, -1, 1, "what reads the exit layer's hidden states: 1 a head trained for this target "
                    "and exit layer, before the target's own final norm and LM head (the embedded target ships heads for "
-                   "layers 14, 18 and 22); 0 that norm and head alone (a logit lens); -1 the trained head where there is one, "
+                   "layers 3, 6, 10, 14, 18 and 22); 0 that norm and head alone (a logit lens); -1 the trained head where there is one, "
                    "else the logit lens")
 
 QUEUED = Option("queued", -1, -1, 1, "how a step's phases run (mirror_sd/executors.py): 1 queued on the lanes' "
