@@ -208,17 +208,19 @@ def slower_note(speeds: Speeds) -> str:
 
 
 def prompt_line(tokens: int | None, chars: int, speeds: Speeds | None, methods: int, max_new: int,
-                runs: int = 1) -> str:
+                runs: int = 1, expected=None) -> str:
     """One line under the prompt: its length in tokens, its expected prefill per method and the race's
-    expected time on this machine, or what is missing for them."""
+    expected time on this machine (``expected``: an ``app.estimate.Estimate``, calibrated on the races run
+    here; None: the warm-up probe's guess), or what is missing for them."""
     if tokens is None:
         return f"Prompt: {chars:,} characters; its length in tokens shows once the models have loaded."
     if speeds is None:
         return f"Prompt: {tokens:,} tokens; its expected prefill time shows once the warm-up has measured this machine."
-    race = speeds.race_s(tokens, methods, max_new, runs)
+    race = expected.seconds if expected is not None else speeds.race_s(tokens, methods, max_new, runs)
+    source = expected.source() if expected is not None else "from the warm-up's probe"
     line = (f"Prompt: **{tokens:,} tokens**; reading it (prefill) takes about {_duration(speeds.read_s(tokens))} "
             f"per method here (measured: {speeds.rate:,.0f} tokens/s at {speeds.rate_at:,} tokens"
-            f"{slower_note(speeds)}); this race, about {_duration(race)}.")
+            f"{slower_note(speeds)}); this race, about {_duration(race)} ({source}).")
     problem = too_long(tokens, chars, speeds, methods, max_new, runs)
     return f"{line} {problem}" if problem else line
 
