@@ -209,7 +209,7 @@ def make_enter(get_pair, line: Line, specs):
 
 
 ALREADY_IN_LINE = ("Your race is already in the line: one race per visitor at a time. It runs in its turn; "
-                   "press Stop to leave the line, then Run again.")
+                   "Run again once it has ended.")
 
 
 def expected_fair_s(get_pair, given: dict) -> float | None:

@@ -15,7 +15,9 @@ The speeds are measured once, but a machine gets slower when other work shares i
 prefills are compared with what the speeds predict (``observe``), and the estimates scale by how many
 times slower the last race found the machine (``Speeds.slower``, at least 1). A race checks the limit
 again with its own warm-up's reading before any method is timed, so the limit holds on a machine
-slower than the one that measured it (``app.race.run_race``).
+slower than the one that measured it (``app.race.run_race``). The race's expected time shown is this
+probe's only until a race has run to its end here: from then on it is learnt from the races run
+(``app.estimate``), which the probe's short runs can miss several times over.
 """
 from __future__ import annotations
 
