@@ -238,7 +238,7 @@ def wire_race(demo, race, results, get_pair, names, view_outputs, notice):
         """Run clicked: a place in line, its message ticking each second, the last race's reveal replaced
         by this race's guess, if any, and Stop live; the last race's timeline and the recorded race's
         name cleared, so nothing on the page speaks for a race no longer shown."""
-        line.join(request.session_hash)
+        line.click(request.session_hash)
         return (line.message(request.session_hash), gr.Timer(active=True), noted(guess, titles),
                 gr.update(interactive=True), figures.placeholder(RACING), figures.placeholder(RACING),
                 gr.update(value=None))

@@ -24,6 +24,8 @@ class Line:
         self._expect: dict[str, float] = {}  # session -> its race's expected seconds, where known
         self._durations: list[float] = []  # seconds of the last races that ran to the end
         self._since: dict[str, float] = {}  # session -> perf_counter when its race began to run
+        self._clicked: set[str] = set()  # sessions whose Run click put them in line (the page's own join)
+        self._again: set[str] = set()  # sessions that pressed Run again while their race was in line
         self._remember = remember
 
     def join(self, session: str) -> int:
@@ -33,11 +35,21 @@ class Line:
                 self._order.append(session)
             return self._order.index(session)
 
+    def click(self, session: str) -> int:
+        """A page's Run click (before Gradio queues the race): ``join``, and note a second click while
+        this session is still in line, which queues no second race (the page says so)."""
+        with self._lock:
+            if session in self._clicked:
+                self._again.add(session)
+            self._clicked.add(session)
+        return self.join(session)
+
     def enter(self, session: str, expected_s: float | None = None) -> bool:
         """A session's race is queued, expected to take ``expected_s`` (None: unknown). False, and nothing
         changed, when this session already has a race in the line."""
         with self._lock:
             if session in self._queued:
+                self._again.add(session)
                 return False
             self._queued.add(session)
             if session not in self._order:
@@ -87,6 +99,8 @@ class Line:
         if session in self._order:
             self._order.remove(session)
         self._queued.discard(session)
+        self._again.discard(session)
+        self._clicked.discard(session)
         self._expect.pop(session, None)
         self._since.pop(session, None)
 
@@ -115,7 +129,9 @@ class Line:
         wait = self.estimate_s(session)
         est = (" no estimate yet: no race has finished on this server, and the warm-up has not yet measured it"
                if wait is None else " any moment now" if wait < 1 else
-               f" about {wait:.0f} s, from the expected time of each race ahead, calibrated on this server's races")
+               f" about {wait:.0f} s, the sum of the races ahead as this server estimates them")
         races = "race is" if ahead == 1 else "races are"
+        again = (" You pressed Run again: one race per visitor in line at a time, so yours stays where it was."
+                 if session in self._again else "")
         return (f"**Waiting your turn:** {ahead} {races} ahead of yours;{est}. Races run one at a time so their "
-                "timings stay fair; while others wait, each race is cut to a fair share.")
+                f"timings stay fair; while others wait, each race is cut to a fair share.{again}")

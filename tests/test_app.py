@@ -536,6 +536,11 @@ def test_the_wait_sums_each_queued_races_own_estimate_and_one_race_each():
     line = Line()
     assert line.enter("a", 12.0) and line.enter("b", 5.0) and line.enter("c", None) and line.enter("d", 7.0)
     assert not line.enter("b", 99.0) and line.ahead("b") == 1  # a second click: refused, nothing changed
+    assert "You pressed Run again" in line.message("b") and "pressed Run again" not in line.message("c")
+    line.click("d")
+    assert "pressed Run again" not in line.message("d")
+    line.click("d")  # the page's second click while d waits: the page says so
+    assert "You pressed Run again" in line.message("d")
     line.start("a")
     line._since["a"] = time.perf_counter() - 2  # a has run 2 s of its 12
     assert line.estimate_s("b") == pytest.approx(10, abs=0.5) and line.estimate_s("c") == pytest.approx(15, abs=0.5)
