@@ -2,9 +2,8 @@
 
 Races run one at a time, so a class shares one line, and each visitor's wait is the sum of the races ahead.
 One visitor's 5 runs of 512 tokens would hold everyone for many minutes; so a race that starts with others
-waiting behind it runs once, with at most ``FAIR_MAX_NEW`` new tokens (the page's default race, which the
-estimate puts at well under half a minute on the machine the app is served from), and fewer where this
-server's calibrated estimate (``app.estimate``) says that race would still take longer than
+waiting behind it runs once, with at most ``FAIR_MAX_NEW`` new tokens (the page's default race), and
+fewer where this server's calibrated estimate (``app.estimate``) says that race would still take longer than
 ``FAIR_RACE_S``, down to ``FAIR_MIN_NEW``, enough tokens for a speed to mean something. A visitor alone
 in line races what they asked for; a later run of theirs is skipped once someone waits behind it.
 """
@@ -13,7 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 FAIR_RUNS = 1
-FAIR_MAX_NEW = 48  # the page's default: a race of every method the lecturer's server ran in 18 to 24 s
+FAIR_MAX_NEW = 48  # the page's default race (docs/app.md: what it takes on a class's server)
 FAIR_RACE_S = 30.0  # a capped race is cut further where the estimate puts it over this
 FAIR_MIN_NEW = 16  # but never below this: twice the tokens a race needs to be timed at all
 
