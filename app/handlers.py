@@ -17,10 +17,11 @@ from mirror_sd import MirrorSDError
 from mirror_sd.devices import cpu_cores
 from mirror_sd.trace import Trace
 
-from . import figures, presets
+from . import estimate, figures, presets
 from .cards import baseline, card_html
 from .explain import explain
 from .export import export_race
+from .fair import fair_share, skipped_runs
 from .inputs import settle_all
 from .loading import in_background, loading_message
 from .predict import SKIP, fastest, next_step, reveal, reveal_hit, why
@@ -131,12 +132,15 @@ def settle_boxes(max_new, temperature, top_p, seed, runs):
 
 def make_race(get_pair, stops: Stops, specs, names: list[str], line: Line):
     """The Run handler: yields (status, replay button, *cards, results) while the models load, and after
-    every committed step of every run; the visitor holds a place in ``line`` until their race ends."""
+    every committed step of every run; the visitor holds a place in ``line`` until their race ends. A race
+    that starts with others waiting behind it is cut to a fair share (``app.fair``); every race run to its
+    end calibrates the estimate of the next (``app.estimate``)."""
 
     def race(request: gr.Request, *values):
         given = dict(zip(RACE_INPUTS, values))
         session = request.session_hash if request else ""
         if stops.gone(session):  # the visitor left while their race waited in the queue
+            line.leave(session)
             return
         stop = stops.fresh(session)  # from here on, Stop ends this race: the loading and warm-up included
         idle = (gr.update(),) * len(names)
@@ -149,25 +153,80 @@ def make_race(get_pair, stops: Stops, specs, names: list[str], line: Line):
                 return
             line.start(session)
             cold, began = not is_warm(pair), time.perf_counter()
+            started = began  # the race's own time, after the one-off warm-up: what the estimate learns
             for _ in in_background(lambda: warm_up(pair), tick_s=0.25):  # once per pair; measures the speeds
                 if stop.is_set():  # the one-off warm-up goes on for the server; this race ends now
                     yield not_run(given, names, "skipped", STOPPED_BEFORE)
                     return
                 yield (settled + race_status({}, cold=cold, waited_s=time.perf_counter() - began), gr.update(),
                        *idle, gr.update())
+                started = time.perf_counter()
+            settled += share(pair, given, used, line, session)
             problem = length_problem(pair, given["prompt_text"], given["methods"], used["max_new"], used["runs"])
             if problem:
                 yield not_run(given, names, "refused", f"**Cannot run:** {problem}")
                 return
             settings = dict(max_new_tokens=used["max_new"], temperature=used["temperature"], top_p=used["top_p"],
                             seed=used["seed"], options=gather_options(specs, values[len(RACE_INPUTS):]))
-            finished = yield from _runs(pair, given, settings, used["runs"], settled, stop,
-                                        lambda: line.behind(session) > 0, names, used)
+            finished, current, ran = yield from _runs(pair, given, settings, used["runs"], settled, stop,
+                                                      lambda: line.behind(session), names, used)
+            if finished:
+                estimate.learn(pair, current, ran, time.perf_counter() - started)
             line.leave(session, finished=finished)
         finally:
             line.leave(session)
 
     return named(race, RACE_INPUTS + [option_name(m, opt) for m, opt, _ in specs])
+
+
+def share(pair, given: dict, used: dict, line: Line, session: str) -> str:
+    """Cut this race to a fair share when others wait behind it (``used`` changed in place), tell the line
+    its expected time, and return the message saying what was cut ('' when nothing was)."""
+    methods, tokens = list(given["methods"] or []), len(pair.encode(given["prompt_text"] or ""))
+
+    def expected(max_new: int, runs: int = 1) -> float | None:
+        guess = estimate.race_s(pair, methods, tokens, max_new, runs)
+        return guess.seconds if guess is not None else None
+
+    used["max_new"], used["runs"], note = fair_share(used["max_new"], used["runs"], line.behind(session), expected)
+    line.expect(session, expected(used["max_new"], used["runs"]))
+    return f"{note} " if note else ""
+
+
+def make_enter(get_pair, line: Line, specs):
+    """The Run event's validator, run as Gradio queues a race (a browser's or an API caller's): the race
+    enters ``line`` with its expected time as a fair share (the visitors behind it, who read that time,
+    will have it cut), or, where this visitor already has a race in line, is refused with one message."""
+
+    def enter(request: gr.Request, *values):
+        given = dict(zip(RACE_INPUTS, values))
+        session = request.session_hash if request else ""
+        if not line.enter(session, expected_fair_s(get_pair, given)):
+            return (gr.validate(False, ALREADY_IN_LINE), *(gr.validate(True, "") for _ in values[1:]))
+        return tuple(gr.validate(True, "") for _ in values)
+
+    return named(enter, RACE_INPUTS + [option_name(m, opt) for m, opt, _ in specs])
+
+
+ALREADY_IN_LINE = ("Your race is already in the line: one race per visitor at a time. It runs in its turn; "
+                   "Run again once it has ended.")
+
+
+def expected_fair_s(get_pair, given: dict) -> float | None:
+    """A queued race's expected seconds, cut to a fair share, or None (models not loaded, no estimate yet)."""
+    devices = {lane: None if given.get(lane) in (None, AUTO) else given[lane] for lane in ("target_device",
+                                                                                         "draft_device")}
+    try:
+        if not get_pair.loaded(**devices) or not (given.get("prompt_text") or "").strip():
+            return None
+        pair = get_pair(**devices)
+        used, _ = settle_all(max_new=given.get("max_new"), runs=given.get("runs"))
+        methods, tokens = list(given.get("methods") or []), len(pair.encode(given["prompt_text"]))
+        max_new, runs, _ = fair_share(used["max_new"], used["runs"], 1)
+        guess = estimate.race_s(pair, methods, tokens, max_new, runs)
+        return guess.seconds if guess is not None else None
+    except Exception:  # noqa: BLE001  an estimate is never worth refusing a race over: the race says what is wrong
+        return None
 
 
 STOPPED_BEFORE = "**Stopped before any method ran:** nothing was timed and no text was written."
@@ -246,27 +305,34 @@ class LivePage:
 
 def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded_now, names: list[str],
           used: dict):
-    """Run the race ``n`` times (fewer if stopped), yielding at a bounded rate (``LivePage``) while it runs;
-    at the end each result carries every run's numbers, and the status says when the machine was busy.
-    The first run warms every method up, then checks the limit again on this machine's speed now
-    (``run_race``'s ``check``); a race refused there ends with 'Cannot run' and every card marked.
-    Returns whether the race ran to its end (not stopped, not refused): the line learns from its time."""
+    """Run the race ``n`` times (fewer if stopped, or once others wait in line: ``crowded_now()`` says how
+    many), yielding at a bounded rate (``LivePage``) while it runs; at the end each result carries every
+    run's numbers, and the status says when the machine was busy. The first run warms every method up,
+    then checks the limit again on this machine's speed now (``run_race``'s ``check``); a race refused
+    there ends with 'Cannot run' and every card marked. Returns (whether the race ran to its end, not
+    stopped nor refused: the line and the estimate learn from its time; the last run's results; the runs
+    made)."""
     show = bool(given["show_rejected"])
-    warned, current, runs, crowded = set(), {}, {}, False
+    warned, current, runs, crowded, cut = set(), {}, {}, False, ""
     page = LivePage(names, show)
 
     def check() -> str:
         return length_problem(pair, given["prompt_text"], given["methods"], used["max_new"], used["runs"])
 
+    made = 0
     for k in range(n):
+        waiting = crowded_now()
+        if k and waiting:
+            cut = skipped_runs(k, n, waiting)
+            break
         cold, began = not is_warm(pair), time.perf_counter()
         race = run_race(pair, given["prompt_text"], given["methods"], stop, warm=k == 0, check=check, **settings)
         try:
             current, busy = yield from _live(race, k, n, settled, cold, began, page, warned, crowded_now)
         except Refused as e:
             yield not_run(given, names, "refused", f"**Cannot run:** {e}")
-            return False
-        crowded = crowded or busy
+            return False, current, made
+        crowded, made = crowded or busy, made + 1
         presets.mark(current, pair, used["temperature"])  # the card says "paper form" where it ran in it
         record(runs, current)
         if stop.is_set():
@@ -274,9 +340,9 @@ def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded
     note = busy_note(runs, crowded, {r.method: r.title for r in current.values()}, machine_load())
     for name, r in current.items():
         r.runs, r.busy = runs.get(name, []), note
-    status = settled + race_status(current, done=True) + (f"\n\n{note}" if note else "")
+    status = settled + race_status(current, done=True) + "".join(f"\n\n{m}" for m in (cut, note) if m)
     yield (status, gr.update(interactive=bool(race_traces(current))), *cards(current, names, show), current)
-    return not stop.is_set()
+    return not stop.is_set(), current, made
 
 
 def _live(race, k: int, n: int, settled: str, cold: bool, began: float, page: LivePage, warned: set, crowded_now):
@@ -284,7 +350,7 @@ def _live(race, k: int, n: int, settled: str, cold: bool, began: float, page: Li
     Returns the last results and whether others waited in line meanwhile."""
     current, crowded = {}, False
     for current in race:
-        crowded = crowded or crowded_now()
+        crowded = crowded or bool(crowded_now())
         for r in current.values():
             if r.error and r.method not in warned:
                 warned.add(r.method)
@@ -326,10 +392,12 @@ def length_problem(pair, prompt_text: str, methods: list[str], max_new, runs) ->
 
 
 def make_prompt_info(get_pair):
-    """The line under the prompt: its length in tokens, its expected prefill and race time here, and
-    whether it is too long for a live race (``app.prompt_cost``), for the settings on the page."""
+    """The line under the prompt: its length in tokens, its expected prefill and race time here (calibrated
+    on the races run here: ``app.estimate``), and whether it is too long for a live race
+    (``app.prompt_cost``), for the settings on the page. While a recorded race is open (``recorded``), no
+    estimate: the page shows a race that ran elsewhere, and nothing here is about to run."""
 
-    def prompt_info(prompt_text, methods, max_new, runs):
+    def prompt_info(prompt_text, methods, max_new, runs, recorded=None):
         text = prompt_text or ""
         if not text.strip():
             return ""
@@ -337,8 +405,14 @@ def make_prompt_info(get_pair):
         pair = get_pair(target_device=None, draft_device=None) if get_pair.loaded(
             target_device=None, draft_device=None) else None
         tokens = len(pair.encode(text)) if pair is not None else None
+        if recorded:
+            size = f"{tokens:,} tokens" if tokens is not None else f"{len(text):,} characters"
+            return (f"Prompt: {size}. A recorded race is open: its times are the recording's, so no estimate "
+                    "is given here; **Run** races this prompt live on this server, with an estimate first.")
+        chosen = list(methods or [])
+        expected = estimate.race_s(pair, chosen, tokens, used["max_new"], used["runs"]) if pair is not None else None
         return prompt_line(tokens, len(text), speeds_of(pair) if pair is not None else None,
-                           len(methods or []) or 1, used["max_new"], used["runs"])
+                           len(chosen) or 1, used["max_new"], used["runs"], expected=expected)
 
     return prompt_info
 

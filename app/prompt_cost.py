@@ -15,7 +15,9 @@ The speeds are measured once, but a machine gets slower when other work shares i
 prefills are compared with what the speeds predict (``observe``), and the estimates scale by how many
 times slower the last race found the machine (``Speeds.slower``, at least 1). A race checks the limit
 again with its own warm-up's reading before any method is timed, so the limit holds on a machine
-slower than the one that measured it (``app.race.run_race``).
+slower than the one that measured it (``app.race.run_race``). The race's expected time shown is this
+probe's only until a race has run to its end here: from then on it is learnt from the races run
+(``app.estimate``), which the probe's short runs can miss several times over.
 """
 from __future__ import annotations
 
@@ -208,17 +210,19 @@ def slower_note(speeds: Speeds) -> str:
 
 
 def prompt_line(tokens: int | None, chars: int, speeds: Speeds | None, methods: int, max_new: int,
-                runs: int = 1) -> str:
+                runs: int = 1, expected=None) -> str:
     """One line under the prompt: its length in tokens, its expected prefill per method and the race's
-    expected time on this machine, or what is missing for them."""
+    expected time on this machine (``expected``: an ``app.estimate.Estimate``, calibrated on the races run
+    here; None: the warm-up probe's guess), or what is missing for them."""
     if tokens is None:
         return f"Prompt: {chars:,} characters; its length in tokens shows once the models have loaded."
     if speeds is None:
         return f"Prompt: {tokens:,} tokens; its expected prefill time shows once the warm-up has measured this machine."
-    race = speeds.race_s(tokens, methods, max_new, runs)
+    race = expected.seconds if expected is not None else speeds.race_s(tokens, methods, max_new, runs)
+    source = expected.source() if expected is not None else "from the warm-up's probe"
     line = (f"Prompt: **{tokens:,} tokens**; reading it (prefill) takes about {_duration(speeds.read_s(tokens))} "
             f"per method here (measured: {speeds.rate:,.0f} tokens/s at {speeds.rate_at:,} tokens"
-            f"{slower_note(speeds)}); this race, about {_duration(race)}.")
+            f"{slower_note(speeds)}); this race, about {_duration(race)} ({source}).")
     problem = too_long(tokens, chars, speeds, methods, max_new, runs)
     return f"{line} {problem}" if problem else line
 

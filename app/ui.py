@@ -285,7 +285,7 @@ def build_demo(pair_factory=None) -> gr.Blocks:
 
         loaded = demo.load(opened, None, notice, api_name=False, concurrency_limit=None)  # every visitor at once
         info = handlers.make_prompt_info(get_pair)
-        info_inputs = [race.prompt, race.methods, race.max_tokens, race.runs]
+        info_inputs = [race.prompt, race.methods, race.max_tokens, race.runs, race.recorded]  # no estimate on a recording
         loaded.then(info, info_inputs, race.prompt_info, api_name=False, show_progress="hidden")
         gr.on([box.change for box in info_inputs], info, info_inputs, race.prompt_info, api_name=False,
               show_progress="hidden", trigger_mode="always_last")  # one event: the last change's line wins
@@ -317,7 +317,7 @@ def wire_race(demo, race, results, get_pair, names, view_outputs, notice, linked
         """Run clicked: a place in line, its message ticking each second, the last race's reveal replaced
         by this race's guess, if any, and Stop live; the last race's timeline and the recorded race's
         name cleared, so nothing on the page speaks for a race no longer shown."""
-        line.join(request.session_hash)
+        line.click(request.session_hash)
         return (line.message(request.session_hash), gr.Timer(active=True), noted(guess, titles),
                 gr.update(interactive=True), figures.placeholder(RACING), figures.placeholder(RACING),
                 gr.update(value=None))
@@ -334,7 +334,8 @@ def wire_race(demo, race, results, get_pair, names, view_outputs, notice, linked
     checked.then(handlers.make_live_devices(get_pair), [race.target_device, race.draft_device], notice,
                  api_name=False, show_progress="hidden")
     run = checked.then(run_fn, inputs, [race.status, race.replay, *race.cards, results], api_name="run",
-                       concurrency_limit=1, show_progress="minimal")
+                       concurrency_limit=1, show_progress="minimal",
+                       validator=handlers.make_enter(get_pair, line, race.specs))  # queued: in line, one each
     run.then(lambda: gr.update(interactive=False), None, race.stop, queue=False, api_name=False)  # nothing to stop
     method = view_outputs[3]  # the step-through's: a new race keeps it where that method ran
     shown = run.then(handlers.views, [results, method], view_outputs, api_name="views")

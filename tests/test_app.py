@@ -516,14 +516,54 @@ def test_the_line_says_where_a_visitor_stands():
     line._since["a"] = time.perf_counter() - 30  # a race of 30 s that ran to the end
     line.leave("a", finished=True)
     assert line.ahead("c") == 1 and "1 race is ahead of yours" in line.message("c")
-    assert line.estimate_s(1) == pytest.approx(30, abs=1)  # b has not begun: a whole race
+    assert line.estimate_s("c") == pytest.approx(30, abs=1)  # b has not begun: a whole race (the median here)
     line._since["b"] = time.perf_counter() - 20  # b has run 20 s of its 30
-    assert line.estimate_s(1) == pytest.approx(10, abs=1) and line.estimate_s(2) == pytest.approx(40, abs=1)
+    assert line.estimate_s("c") == pytest.approx(10, abs=1)
     line._since["b"] = time.perf_counter() - 45  # b overruns: c is next, any moment
     assert "any moment now" in line.message("c")
     assert line.behind("b") == 1
     line.leave("b")
     assert line.message("c") == ""
+
+
+def test_the_wait_sums_each_queued_races_own_estimate_and_one_race_each():
+    """A queued race brings its own expected time (the calibrated estimate), so the wait is the sum of the
+    races ahead, the running one less what it has run; a race with none counts as the median race here,
+    and with neither the line says it has no estimate. A visitor already in line gets no second race,
+    and a race that begins drops those ahead of it that never began (they left Gradio's queue)."""
+    from app.waiting import Line
+
+    line = Line()
+    assert line.enter("a", 12.0) and line.enter("b", 5.0) and line.enter("c", None) and line.enter("d", 7.0)
+    assert not line.enter("b", 99.0) and line.ahead("b") == 1  # a second click: refused, nothing changed
+    assert "You pressed Run again" in line.message("b") and "pressed Run again" not in line.message("c")
+    line.click("d")
+    assert "pressed Run again" not in line.message("d")
+    line.click("d")  # the page's second click while d waits: the page says so
+    assert "You pressed Run again" in line.message("d")
+    line.start("a")
+    line._since["a"] = time.perf_counter() - 2  # a has run 2 s of its 12
+    assert line.estimate_s("b") == pytest.approx(10, abs=0.5) and line.estimate_s("c") == pytest.approx(15, abs=0.5)
+    assert line.estimate_s("d") is None and "no estimate yet" in line.message("d")  # c has none, nor a median
+    line.leave("a", finished=True)  # 2 s: now the median race here, for c
+    assert line.estimate_s("d") == pytest.approx(5 + 2, abs=0.5) and "about 7 s" in line.message("d")
+    assert line.enter("a", 3.0) and line.ahead("a") == 3  # a may race again, at the back
+    line.start("c")  # b never began before c did: b left the queue
+    assert line.ahead("b") is None and line.ahead("d") == 1 and line.behind("c") == 2
+
+
+def test_a_race_with_others_waiting_is_cut_to_a_fair_share_and_a_lone_one_is_not():
+    from app.fair import FAIR_MAX_NEW, FAIR_MIN_NEW, FAIR_RACE_S, fair_share
+
+    assert fair_share(512, 5, 0) == (512, 5, "")  # alone in line: as asked
+    max_new, runs, note = fair_share(512, 5, 3)
+    assert (max_new, runs) == (FAIR_MAX_NEW, 1)
+    assert "3 other visitors are waiting" in note and f"1 run of {FAIR_MAX_NEW} new tokens" in note
+    assert "5 runs of 512 new tokens" in note
+    assert fair_share(24, 1, 3) == (24, 1, "")  # within the share: nothing said
+    slow = fair_share(512, 1, 1, expected_s=lambda n: 2.0 * n)  # 2 s a token: the estimate cuts further
+    assert FAIR_MIN_NEW <= slow[0] < FAIR_MAX_NEW and (2.0 * slow[0] <= FAIR_RACE_S or slow[0] == FAIR_MIN_NEW)
+    assert fair_share(512, 1, 1, expected_s=lambda n: None)[0] == FAIR_MAX_NEW  # no estimate: the fixed share
 
 
 def test_reveals_say_why_from_the_run(race):
