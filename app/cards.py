@@ -13,6 +13,7 @@ import html
 from mirror_sd import METHODS
 
 from . import presets
+from .figures import ms_text
 from .intro import metric
 from .provenance import badge, badge_html, models
 from .race import Result
@@ -85,7 +86,7 @@ def metrics_line(result: Result, baseline_tps: float | None) -> str:
                     measured_where(result)),
              metric("τ", f"τ {n['tau']:.2f}", acceptance_histogram(result))]
     if n["ms_per_step"] is not None:
-        parts.append(metric("ms/step", f"{n['ms_per_step']:.0f} ms/step", measured_where(result)))
+        parts.append(metric("ms/step", f"{ms_text(n['ms_per_step'])}/step", measured_where(result)))
     if n["acceptance"] is not None:
         parts.append(metric("accepted", f"accepted {100 * n['acceptance']:.0f}% of drafts"))
     if n["untimed"]:

@@ -186,7 +186,7 @@ def test_the_glossary_names_every_term_of_the_page_once_and_cards_say_what_a_ste
     assert "committed text" in GLOSSARY["prefix layers"]
     for method in ("sd", "mirror"):  # (the tiny pair has no EAGLE head)
         m = race[method].metrics
-        assert f"{1000 * m['wall_s'] / m['steps']:.0f} ms/step" in card_html(race[method], baseline(race))
+        assert f"{figures.ms_text(1000 * m['wall_s'] / m['steps'])}/step" in card_html(race[method], baseline(race))
     sd_steps = [len(s.committed) for s in race["sd"].trace.steps[1:]]
     tau = next(m for m in inspect_metrics(card_html(race["sd"], baseline(race))) if m[0] == "τ")[1]
     ones = f"1: {100 * sd_steps.count(1) / len(sd_steps):.0f}%"
@@ -759,7 +759,7 @@ def test_the_reveal_quotes_the_cards_ms_per_step_and_says_it_is_a_mean(race):
         said = reveal(current, winner.method)
         for method in {winner.method, "vanilla"}:
             card = card_html(current[method], rate)
-            ms = re.search(r"(\d+) ms/step", card).group(1)
+            ms = re.search(r"([\d.]+) ms/step", card).group(1)
             assert f"{ms} ms" in said
             title = dict(inspect_metrics(card))["ms/step"]
             assert "the mean" in title and "median" in title  # the zoomed step is the median one
