@@ -41,7 +41,7 @@ from torch import nn
 
 # int8_products is also imported from here (tests, scripts): the switch lives with the lanes that set it
 from ..devices import int8_products, int8_products_on  # noqa: F401
-from . import tuning
+from . import exact, tuning
 
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 # Weights with fewer elements take F.linear in fp32: for them oneDNN's call costs more than the
@@ -158,11 +158,17 @@ def _kept_on(weight: torch.Tensor, name: str, make):
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same state dict) whose inference runs through :func:`linear`.
 
-    int8=False keeps the layer in fp32 inside ``int8_products`` (module docstring)."""
+    int8=False keeps the layer in fp32 inside ``int8_products`` (module docstring). exact=True (set
+    by ``exact.convert`` for a bf16 model on CPU) multiplies as ``exact.product``, rows independent
+    of how many there are."""
+
+    exact = False
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, int8: bool = True):
         super().__init__(in_features, out_features, bias=bias)
         self.int8 = int8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.exact:
+            return exact.product(x, self.weight, self.bias)
         return linear(x, self.weight, self.bias, self.int8)
