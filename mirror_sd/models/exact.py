@@ -5,7 +5,7 @@ row is vanilla's over its one-row forward, so the two rows must be bit for bit t
 PyTorch's CPU kernels keep them so; in bf16 two kernels do not (docs/devices.md, "Exact bf16 on CPU"):
 
 * products: oneDNN rounds a one-row bf16 product differently from a product of two or more rows
-  (which agree with each other). :func:`product` runs a one-row product as two rows.
+  (which agree with each other). ``linear.exact_product`` runs a one-row product as two rows.
 * attention: ``scaled_dot_product_attention`` blocks its sums by the window's query and key counts,
   and in a tree window a row's keys sit at scattered slots between masked siblings, so its sums
   associate differently from vanilla's over contiguous keys. :func:`attention` computes scores,
@@ -21,7 +21,6 @@ Speculative streams run the target's own modules (models/streams.py), so they fo
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 WIDE = torch.float64  # attention's arithmetic, and the KV cache's dtype, in an exact model
 
@@ -32,15 +31,6 @@ def convert(model: torch.nn.Module) -> torch.nn.Module:
         if hasattr(module, "exact"):  # Linear, Attention, Transformer
             module.exact = True
     return model
-
-
-def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` (x [..., K], weight [N, K] -> [..., N]) rounded as a product of
-    two or more rows always is: a single row runs twice and one copy is kept."""
-    if x.numel() != x.shape[-1]:
-        return F.linear(x, weight, bias)
-    twice = x.reshape(1, -1).repeat(2, 1)  # [2, K]
-    return F.linear(twice, weight, bias)[:1].view(*x.shape[:-1], weight.shape[0])
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -41,12 +41,13 @@ from torch import nn
 
 # int8_products is also imported from here (tests, scripts): the switch lives with the lanes that set it
 from ..devices import int8_products, int8_products_on  # noqa: F401
-from . import exact, tuning
+from . import tuning
 
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 # Weights with fewer elements take F.linear in fp32: for them oneDNN's call costs more than the
 # product, and tiny weights stream from cache anyway (docs/experiments/cpu.md#tiny-weights-take-flinear).
 PREPACK_MIN_WEIGHT = 1 << 16
+ONEDNN_BF16 = ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()  # oneDNN's bf16 products run here
 
 
 def _int8_kernels_work() -> bool:
@@ -115,6 +116,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), prepacked_weight(weight), bias, "none", [], "")
 
 
+def exact_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` (x [..., K], weight [N, K] -> [..., N]) rounded as a product of
+    two or more rows always is: a single row runs twice and one copy is kept (models/exact.py). Through
+    oneDNN's prepacked weight, whose rows are ``F.linear``'s bit for bit, at about half its time in bf16."""
+    x2d = x.reshape(-1, x.shape[-1])  # [M, K]
+    if x2d.shape[0] == 1:
+        x2d = x2d.repeat(2, 1)
+    prepacked = ONEDNN_BF16 and weight.dtype == torch.bfloat16 and x.device.type == "cpu"
+    if not prepacked or torch.is_grad_enabled() and weight.requires_grad:
+        y = F.linear(x2d, weight, bias)
+    else:
+        y = torch.ops.mkldnn._linear_pointwise(x2d.contiguous(), prepacked_weight(weight), bias, "none", [], "")
+    return y[:x.numel() // x.shape[-1]].view(*x.shape[:-1], weight.shape[0])
+
+
 def int8_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The weight in int8 (symmetric, one scale per output row) packed with its bias for
     ``linear_dynamic``; kept on the tensor and remade when it changes (``_kept_on``)."""
@@ -159,8 +175,8 @@ class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same state dict) whose inference runs through :func:`linear`.
 
     int8=False keeps the layer in fp32 inside ``int8_products`` (module docstring). exact=True (set
-    by ``exact.convert`` for a bf16 model on CPU) multiplies as ``exact.product``, rows independent
-    of how many there are."""
+    by ``exact.convert`` for a bf16 model on CPU) multiplies as :func:`exact_product`, rows
+    independent of how many there are."""
 
     exact = False
 
@@ -170,5 +186,5 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.exact:
-            return exact.product(x, self.weight, self.bias)
+            return exact_product(x, self.weight, self.bias)
         return linear(x, self.weight, self.bias, self.int8)

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import torch
 
-from ..devices import DEFAULT_DTYPE, Lane, make_lanes, on_cpu_worker, shard_lane
+from ..devices import Lane, make_lanes, on_cpu_worker, shard_lane
 from ..errors import MirrorSDError
-from . import exact
+from . import auto_dtype, exact
 from .add_ons import attach_add_on
 from .exit_draft import PREFIX as EXIT_DRAFT, exit_layer_of, load_exit_draft
 from .linear import INT8
 from .forwards import FULL, stage_cache
 from .llama import Transformer
 from .stages import Stages
-from .loading import EMBEDDED_NAME, is_embedded, load_model, load_tokenizer, resolve_model_dir
+from .loading import EMBEDDED_NAME, is_embedded, load_model, load_tokenizer, read_config, resolve_model_dir
 from .sharding import needs_sharding, shard_over
 
 # The default draft of the embedded target: the project's own, trained by `python -m mirror_sd.train
@@ -59,6 +59,7 @@ class ModelPair:
     draft_name: str | None
     eos_ids: frozenset[int]
     draft_dir: Path | None = None  # the draft's folder (where its trained streams live, if any)
+    dtype: auto_dtype.Choice | None = None  # the dtype the pair runs in and why (dtype="auto": models/auto_dtype.py)
     lock: PairLock = field(default_factory=PairLock, repr=False)
     # Add-ons, loaded or built on first use:
     streams: object = field(default=None, repr=False)  # the target's speculative streams (ss; models/streams.py)
@@ -166,7 +167,8 @@ class ModelPair:
 
     def describe(self) -> dict:
         """Models and lanes, for traces and reports."""
-        return dict(target=self.target_name, draft=self.draft_name, int8_drafting=self.int8_drafting,
+        return dict(target=self.target_name, draft=self.draft_name, dtype=str(self.dtype or self.target.dtype),
+                    int8_drafting=self.int8_drafting,
                     graphs=self.graphs, buckets=self.buckets, kernels=self.kernels,
                     target_lane=self.target_lane.label, draft_lane=self.draft_lane.label,
                     target_layers=self.target.num_layers, add_ons=list(self.add_ons),
@@ -250,8 +252,14 @@ def _capture_bar(lane: Lane):
 def _load_pair(target, draft, target_device, draft_device, dtype) -> ModelPair:
     target_lane, draft_lane = make_lanes(target_device, draft_device)
     target_dir = resolve_model_dir(target)
-    target_model, target_config = _load_target(target_dir, target_lane, dtype, may_shard=target_device is None)
     tokenizer = load_tokenizer(target_dir)
+    load = lambda dtype: _load_target(target_dir, target_lane, dtype, may_shard=target_device is None)  # noqa: E731
+    if dtype in (None, AUTO):
+        choice, target_model = auto_dtype.choose(load, tokenizer, [target_lane.device, draft_lane.device])
+    else:
+        choice = auto_dtype.Choice(_dtype(dtype), "asked for")
+        target_model = load(choice.dtype)
+    dtype, target_config = choice.dtype, read_config(target_dir)
     draft_model, draft_name, draft_dir = None, None, None
     embedded = is_embedded(target)
     if draft == DEFAULT:
@@ -262,25 +270,27 @@ def _load_pair(target, draft, target_device, draft_device, dtype) -> ModelPair:
     eos = {tokenizer.eos_token_id} | set(_as_list(getattr(target_config, "eos_token_id", None)))
     return ModelPair(target_model, draft_model, tokenizer, target_lane, draft_lane,
                      target_name=EMBEDDED_NAME if embedded else target, draft_name=draft_name,
-                     eos_ids=frozenset(i for i in eos if i is not None), draft_dir=draft_dir)
+                     eos_ids=frozenset(i for i in eos if i is not None), draft_dir=draft_dir, dtype=choice)
 
 
-def _load_target(target_dir: Path, lane: Lane, dtype, may_shard: bool):
+AUTO = "auto"  # dtype: models/auto_dtype.py
+
+
+def _load_target(target_dir: Path, lane: Lane, dtype: torch.dtype, may_shard: bool) -> Transformer:
     """The target on its lane; sharded over the lane's GPUs when it has several, or (may_shard) over
-    every GPU when it is too big for its own."""
-    dtype = _dtype(dtype)
+    every GPU when it is too big for its own. In bf16 on a CPU, with exact rows (models/exact.py)."""
     gpus = torch.cuda.device_count() if lane.device.type == "cuda" else 0
     if len(lane.devices) == 1 and not (may_shard and gpus > 1):
-        model, config = load_model(target_dir, lane.device, dtype)
+        model, _ = load_model(target_dir, lane.device, dtype)
         if dtype == torch.bfloat16 and lane.device.type == "cpu":  # rows that verify as vanilla's
             exact.convert(model)
-        return model, config
-    model, config = load_model(target_dir, torch.device("cpu"), dtype)  # placed once its size is known
+        return model
+    model, _ = load_model(target_dir, torch.device("cpu"), dtype)  # placed once its size is known
     if len(lane.devices) == 1:
         if not needs_sharding(model, lane.device):
-            return model.to(lane.device), config
+            return model.to(lane.device)
         shard_lane(lane, [torch.device("cuda", i) for i in range(gpus)])
-    return shard_over(model, lane.devices), config
+    return shard_over(model, lane.devices)
 
 
 def _load_draft(draft: str, target_dir: Path, tokenizer, lane: Lane, dtype, target_embedding):
@@ -331,8 +341,6 @@ def check_same_vocabulary(target_tokenizer, draft_tokenizer, draft_name: str):
 
 
 def _dtype(dtype) -> torch.dtype:
-    if dtype is None:
-        return DEFAULT_DTYPE
     if isinstance(dtype, torch.dtype):
         return dtype
     names = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
