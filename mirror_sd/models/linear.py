@@ -122,7 +122,7 @@ def exact_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     oneDNN's prepacked weight, whose rows are ``F.linear``'s bit for bit, at about half its time in bf16."""
     x2d = x.reshape(-1, x.shape[-1])  # [M, K]
     if x2d.shape[0] == 1:
-        x2d = x2d.repeat(2, 1)
+        x2d = torch.cat((x2d, x2d))
     prepacked = ONEDNN_BF16 and weight.dtype == torch.bfloat16 and x.device.type == "cpu"
     if not prepacked or torch.is_grad_enabled() and weight.requires_grad:
         y = F.linear(x2d, weight, bias)
