@@ -48,6 +48,7 @@ ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_li
 # product, and tiny weights stream from cache anyway (docs/experiments/cpu.md#tiny-weights-take-flinear).
 PREPACK_MIN_WEIGHT = 1 << 16
 ONEDNN_BF16 = ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()  # oneDNN's bf16 products run here
+PREPACKED_DTYPES = (torch.float32, torch.bfloat16) if ONEDNN_BF16 else (torch.float32,)
 
 
 def _int8_kernels_work() -> bool:
@@ -109,8 +110,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return tuning.product(x, weight, bias)
     if not uses_prepacked(x, weight, bias):
         return F.linear(x, weight, bias)
-    if int8 and INT8 and int8_products_on():
-        return torch.ops.quantized.linear_dynamic(x.contiguous(), int8_weight(weight, bias), REDUCE_RANGE)
+    if int8 and INT8 and int8_products_on():  # the kernel takes and gives fp32
+        y = torch.ops.quantized.linear_dynamic(x.float().contiguous(), int8_weight(weight, bias), REDUCE_RANGE)
+        return y.to(x.dtype)
     if weight.numel() < PREPACK_MIN_WEIGHT:  # fits in cache: oneDNN's per-call cost would dominate
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), prepacked_weight(weight), bias, "none", [], "")
@@ -150,8 +152,8 @@ def uses_prepacked(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     """Whether :func:`linear` takes a kernel of its own for these operands (module docstring): the
     int8 copy when drafting, else oneDNN's prepacked weight if it has PREPACK_MIN_WEIGHT elements."""
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    return (ONEDNN and not needs_grad and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
-            and x.numel() > 0)
+    return (ONEDNN and not needs_grad and x.device.type == "cpu" and x.dtype == weight.dtype
+            and x.dtype in PREPACKED_DTYPES and x.numel() > 0)
 
 
 def prepacked_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -185,6 +187,6 @@ class Linear(nn.Linear):
         self.int8 = int8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.exact:
+        if self.exact and not int8_products_on():  # drafting work keeps its int8 copies (module docstring)
             return exact_product(x, self.weight, self.bias)
         return linear(x, self.weight, self.bias, self.int8)
