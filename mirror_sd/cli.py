@@ -47,7 +47,10 @@ def _add_model_args(p: argparse.ArgumentParser):
     g.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, npu, or GPUs to shard the target "
                                                              "over: cuda:0,cuda:1 (default: this machine's best)")
     g.add_argument("--draft-device", default=None, help="device of the draft lane (default: see README)")
-    g.add_argument("--dtype", default=None, help="fp32, fp16 or bf16 (default fp32 on every device: bf16 and fp16 can break token-for-token equality with vanilla at temperature 0)")
+    g.add_argument("--dtype", default="auto", help="auto, fp32, fp16 or bf16. auto (default): bf16 on a CPU that computes it "
+                        "natively (amx_bf16 or avx512_bf16) where a check at load finds its rows exact and faster "
+                        "than fp32; fp32 everywhere else. bf16 on a CPU keeps every method equal to vanilla at "
+                        "temperature 0; fp16, and bf16 on a GPU, may not")
     g.add_argument("--fp32-drafting", action="store_true", help="draft with fp32 weights on the CPU too (default: int8 "
                                                                      "copies of the drafting weights; lossless either way)")
     g.add_argument("--graphs", choices=("auto", "on", "off"), default="auto",
@@ -176,9 +179,11 @@ def _method_options(args) -> dict:
 def _load(args):
     from .models.pair import DEFAULT, load_pair
 
-    return load_pair(target=args.target, draft=args.draft or DEFAULT, target_device=args.target_device,
+    pair = load_pair(target=args.target, draft=args.draft or DEFAULT, target_device=args.target_device,
                      draft_device=args.draft_device, dtype=args.dtype, int8_drafting=not args.fp32_drafting,
                      graphs=args.graphs, buckets=args.buckets, kernels=args.kernels, add_ons=args.add_on)
+    print(f"dtype {pair.dtype}", file=sys.stderr)
+    return pair
 
 
 def _settings(args) -> dict:
