@@ -179,11 +179,9 @@ def _method_options(args) -> dict:
 def _load(args):
     from .models.pair import DEFAULT, load_pair
 
-    pair = load_pair(target=args.target, draft=args.draft or DEFAULT, target_device=args.target_device,
+    return load_pair(target=args.target, draft=args.draft or DEFAULT, target_device=args.target_device,
                      draft_device=args.draft_device, dtype=args.dtype, int8_drafting=not args.fp32_drafting,
                      graphs=args.graphs, buckets=args.buckets, kernels=args.kernels, add_ons=args.add_on)
-    print(f"dtype {pair.dtype}", file=sys.stderr)
-    return pair
 
 
 def _settings(args) -> dict:
@@ -204,14 +202,14 @@ def cmd_generate(args) -> int:
     out = generate(pair, args.prompt, method=args.method, **_settings(args), **_method_options(args))
     if args.json:
         print(json.dumps(dict(method=out.method, text=out.text, token_ids=out.token_ids, metrics=out.metrics,
-                              finished=out.finished, error=out.error, note=out.note)))
+                              finished=out.finished, error=out.error, note=out.note, dtype=str(pair.dtype))))
     else:
         print(out.text)
         m = out.metrics
         rate = "" if m["acceptance_rate"] is None else f", acceptance {m['acceptance_rate']:.2f}"
         print(f"\n[{out.method}] {m['new_tokens']} tokens in {m['wall_s']:.2f} s ({m['tokens_per_s']:.1f} tok/s), "
-              f"{m['steps']} steps, mean accepted {m['mean_accepted']:.2f}{rate}, finished: {out.finished}",
-              file=sys.stderr)
+              f"{m['steps']} steps, mean accepted {m['mean_accepted']:.2f}{rate}, finished: {out.finished}; "
+              f"dtype {pair.dtype}", file=sys.stderr)
     if out.note:  # the draft lane failed and the run finished target-only
         print(f"note: {out.note}", file=sys.stderr)
     if args.trace and not _write_trace(out.trace, Path(args.trace)):
@@ -267,7 +265,8 @@ def cmd_bench(args) -> int:
                     **_settings(args))
     print(summary.to_markdown(index=False, floatfmt=".3f"))
     print(summary.attrs.get("whatif", ""), end="")
-    print(f"\nwrote {', '.join(sorted(f.name for f in Path(args.out).iterdir() if f.is_file()))} into {args.out}")
+    print(f"\ndtype {pair.dtype}")
+    print(f"wrote {', '.join(sorted(f.name for f in Path(args.out).iterdir() if f.is_file()))} into {args.out}")
     if args.report:
         command = "python -m mirror_sd " + shlex.join(args.argv)
         write_report(args.report, summary, command, pair, len(prompts), args.max_new_tokens)
