@@ -8,7 +8,9 @@ a CPU its speed is how fast the weights stream from memory. PyTorch's default fp
 ``F.linear`` (MKL) streams them slowly for more than one row, and for 2-3 rows reads them once per
 row; oneDNN with the weight reordered once into its blocked layout streams them at about the same
 speed for any row count, and faster for one row too, so every product at inference goes through
-the prepacked weight (docs/experiments/cpu.md#linear-kernels-by-row-count).
+the prepacked weight (docs/experiments/cpu.md#linear-kernels-by-row-count). In bf16 too, where
+oneDNN runs bf16 (``ONEDNN_BF16``): its prepacked bf16 product took about half ``F.linear``'s time
+(docs/experiments/devices.md#exact-bf16-on-an-amd-epyc-with-avx512_bf16-issue-73-2026-12-05).
 
 The prepacked copy is made on first use and remade if the weight changes in place (an optimiser
 step bumps the tensor's version), so training, which needs gradients, and state dicts see a plain
@@ -18,10 +20,12 @@ with ``F.linear``; every method, vanilla included, runs through the same layers.
 Int8 drafting. Inside :func:`mirror_sd.devices.int8_products` (a per-thread switch that the lanes
 turn on for drafting work: ``Lane.int8_drafting``) products take an int8 copy of the weight
 instead, one scale per output row, made on first use, with the input quantised on the fly
-(PyTorch's dynamic quantisation kernel, ``torch.ops.quantized.linear_dynamic``). A quarter of the
+(PyTorch's dynamic quantisation kernel, ``torch.ops.quantized.linear_dynamic``, which takes and
+gives fp32: a bf16 model's rows go in as fp32 and come back as bf16). A quarter of the
 bytes to stream, so a draft step costs about half as much
 (docs/experiments/draft.md#int8-drafting).
-Drafts only propose, and the target verifies them in fp32, so every method stays lossless; what
+Drafts only propose, and the target verifies them in its own dtype (fp32, or bf16 made exact:
+models/exact.py), so every method stays lossless; what
 may change is which tokens a draft proposes, and so tau. The kernel quantises each input with one
 scale, which crushes an input with outlier channels, so two kinds of layer stay fp32
 (``Linear(..., int8=False)``): those fed raw residual-stream features (the EAGLE head's input maps:

@@ -185,7 +185,7 @@ def own_parameters(model: Transformer, shared_with: Transformer | None = None) -
 
 
 def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_device: str | None = None,
-              draft_device: str | None = None, dtype: str | torch.dtype | None = None,
+              draft_device: str | None = None, dtype: str | torch.dtype | None = "auto",
               int8_drafting: bool = True, graphs: str = "auto", buckets: str = "cheapest",
               kernels: str = "tuned", add_ons: list[str | Path] = ()) -> ModelPair:
     """Load a target and a draft on their lanes. With no arguments: the embedded default pair.
@@ -197,8 +197,12 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     devices: "cpu", "cuda[:N]", "mps", "npu"; None picks this machine's defaults (see devices.py).
     target_device may list several GPUs ("cuda:0,cuda:1") to shard a target too big for one
     (models/sharding.py); with None, a target too big for the first GPU is sharded over all of them.
+    dtype: "auto" (or None): bf16 on a CPU that computes it natively, where the exact bf16 target
+    checks out at load and runs faster than fp32; fp32 everywhere else (models/auto_dtype.py). Or
+    "fp32", "bf16", "fp16" (or a torch dtype). A bf16 target on a CPU runs exact (models/exact.py):
+    every method commits vanilla's tokens at temperature 0. ``pair.dtype`` says which ran and why.
     int8_drafting: drafting work on CPU lanes (the draft model, the EAGLE head, the speculative
-    streams) multiplies by int8 weight copies; the target verifies in fp32, so this is lossless
+    streams) multiplies by int8 weight copies; the target verifies in its own dtype: lossless
     (models/linear.py). ``pair.int8_drafting`` changes it later.
     graphs: "auto" (on for CUDA lanes, off elsewhere), "on" or "off": whether methods run their
     forwards as fixed-shape stages (models/stages.py), captured as CUDA graphs on a CUDA lane and
