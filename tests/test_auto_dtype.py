@@ -62,6 +62,16 @@ def test_a_failing_self_check_falls_back_to_fp32(tiny_dirs, monkeypatch):
     assert pair.target.dtype == pair.draft.dtype == torch.float32 and not pair.target.exact
 
 
+def test_a_self_check_that_raises_falls_back_to_fp32(tiny_dirs, monkeypatch):
+    def broken(model, ids):
+        raise RuntimeError("no bf16 kernel here\nmore")
+    monkeypatch.setattr(auto_dtype, "native_bf16", lambda: "avx512_bf16")
+    monkeypatch.setattr(auto_dtype, "rows_agree", broken)
+    pair = tiny(tiny_dirs)
+    assert str(pair.dtype) == "fp32: bf16 self-check failed (RuntimeError: no bf16 kernel here)"
+    assert pair.target.dtype == torch.float32
+
+
 def test_slower_bf16_falls_back_to_fp32(tiny_dirs, monkeypatch):
     monkeypatch.setattr(auto_dtype, "native_bf16", lambda: "avx512_bf16")
     monkeypatch.setattr(auto_dtype, "rows_agree", lambda model, ids: None)

@@ -42,7 +42,7 @@ class Choice:
 
     @property
     def name(self) -> str:
-        return str(self.dtype).removeprefix("torch.").replace("bfloat16", "bf16").replace("float32", "fp32")
+        return str(self.dtype).removeprefix("torch.").replace("bfloat16", "bf16").replace("float", "fp")
 
     def __str__(self) -> str:
         return f"{self.name}: {self.reason}"
@@ -61,15 +61,18 @@ def choose(load, tokenizer, devices) -> tuple[Choice, object]:
     """(the choice, the target loaded in its dtype). ``load(dtype)`` loads the target model in
     ``dtype`` (exact in bf16 on CPU); ``devices``: the lanes' devices. Where bf16 is a candidate the
     target is loaded in both dtypes and one is kept."""
-    flag = native_bf16()
     if any(device.type != "cpu" for device in devices):
         return Choice(DEFAULT_DTYPE, "not a CPU lane"), load(DEFAULT_DTYPE)
+    flag = native_bf16()
     if flag is None:
         return Choice(DEFAULT_DTYPE, "no native bf16"), load(DEFAULT_DTYPE)
     bf16 = load(torch.bfloat16)
     ids = torch.tensor([tokenizer(CHECK_TEXT)["input_ids"]], device=bf16.device)
     with torch.no_grad():
-        differs = rows_agree(bf16, ids)
+        try:
+            differs = rows_agree(bf16, ids)
+        except RuntimeError as e:  # a bf16 kernel this build or CPU lacks after all
+            differs = f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
         if differs:
             return Choice(DEFAULT_DTYPE, f"bf16 self-check failed ({differs})"), load(DEFAULT_DTYPE)
         fp32 = load(DEFAULT_DTYPE)
