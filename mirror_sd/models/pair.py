@@ -350,7 +350,7 @@ def _dtype(dtype) -> torch.dtype:
     names = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
              "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
     if dtype not in names:
-        raise MirrorSDError(f"unknown dtype {dtype!r}: use one of {', '.join(names)}")
+        raise MirrorSDError(f"unknown dtype {dtype!r}: use one of {AUTO}, {', '.join(names)}")
     return names[dtype]
 
 

@@ -33,9 +33,9 @@ from torch import nn
 
 from ..devices import on_cpu_worker, to_device
 from ..errors import MirrorSDError
+from . import exact
 from .forwards import layers, stream_layers
 from .linear import linear
-from . import exact
 from .llama import DecoderLayer, KVCache, ModelArgs, Transformer, full_mask
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
