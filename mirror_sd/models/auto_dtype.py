@@ -59,15 +59,15 @@ def native_bf16(cpuinfo: str = "/proc/cpuinfo") -> str | None:
 
 def choose(load, tokenizer, devices) -> tuple[Choice, object]:
     """(the choice, the target loaded in its dtype). ``load(dtype)`` loads the target model in
-    ``dtype`` (exact in bf16 on CPU); ``devices``: the lanes' devices. Where bf16 is a candidate the
-    target is loaded in both dtypes and one is kept."""
+    ``dtype`` (exact in bf16 on CPU), ``tokenizer()`` its tokenizer; ``devices``: the lanes'
+    devices. Where bf16 is a candidate the target is loaded in both dtypes and one is kept."""
     if any(device.type != "cpu" for device in devices):
         return Choice(DEFAULT_DTYPE, "not a CPU lane"), load(DEFAULT_DTYPE)
     flag = native_bf16()
     if flag is None:
         return Choice(DEFAULT_DTYPE, "no native bf16"), load(DEFAULT_DTYPE)
     bf16 = load(torch.bfloat16)
-    ids = torch.tensor([tokenizer(CHECK_TEXT)["input_ids"]], device=bf16.device)
+    ids = torch.tensor([tokenizer()(CHECK_TEXT)["input_ids"]], device=bf16.device)
     with torch.no_grad():
         try:
             differs = rows_agree(bf16, ids)

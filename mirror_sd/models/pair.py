@@ -1,6 +1,7 @@
 """A target and a draft model, their shared tokenizer and the lanes they run on."""
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,14 +257,14 @@ def _capture_bar(lane: Lane):
 def _load_pair(target, draft, target_device, draft_device, dtype) -> ModelPair:
     target_lane, draft_lane = make_lanes(target_device, draft_device)
     target_dir = resolve_model_dir(target)
-    tokenizer = load_tokenizer(target_dir)
     load = lambda dtype: _load_target(target_dir, target_lane, dtype, may_shard=target_device is None)  # noqa: E731
+    tokenizer = functools.cache(lambda: load_tokenizer(target_dir))  # after the target, which names its own faults
     if dtype in (None, AUTO):
         choice, target_model = auto_dtype.choose(load, tokenizer, [target_lane.device, draft_lane.device])
     else:
         choice = auto_dtype.Choice(_dtype(dtype), "asked for")
         target_model = load(choice.dtype)
-    dtype, target_config = choice.dtype, read_config(target_dir)
+    dtype, target_config, tokenizer = choice.dtype, read_config(target_dir), tokenizer()
     draft_model, draft_name, draft_dir = None, None, None
     embedded = is_embedded(target)
     if draft == DEFAULT:
