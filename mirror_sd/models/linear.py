@@ -130,7 +130,7 @@ def exact_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if x2d.shape[0] == 1:
         x2d = torch.cat((x2d, x2d))
     prepacked = ONEDNN_BF16 and weight.dtype == torch.bfloat16 and x.device.type == "cpu"
-    if not prepacked or torch.is_grad_enabled() and weight.requires_grad:
+    if not prepacked or x2d.shape[0] == 0 or torch.is_grad_enabled() and weight.requires_grad:
         y = F.linear(x2d, weight, bias)
     else:
         y = torch.ops.mkldnn._linear_pointwise(x2d.contiguous(), prepacked_weight(weight), bias, "none", [], "")
@@ -180,7 +180,7 @@ def _kept_on(weight: torch.Tensor, name: str, make):
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same state dict) whose inference runs through :func:`linear`.
 
-    int8=False keeps the layer in fp32 inside ``int8_products`` (module docstring). exact=True (set
+    int8=False keeps the layer in its own dtype inside ``int8_products`` (module docstring). exact=True (set
     by ``exact.convert`` for a bf16 model on CPU) multiplies as :func:`exact_product`, rows
     independent of how many there are."""
 
