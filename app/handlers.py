@@ -67,18 +67,21 @@ class Stops:
 
 
 INT8_NOTE = (" On the CPU, drafting (the draft model, the EAGLE head, the speculative streams) multiplies by int8 "
-             "copies of its weights, which is faster here; the target verifies in fp32, so every method still "
-             "commits what vanilla decoding would.")
+             "copies of its weights, which is faster here; the target verifies in its own dtype, so every method "
+             "still commits what vanilla decoding would.")
 
 
 def hardware_notice(pair) -> str:
-    """The models where they are not the embedded pair, the lanes in use, whether drafting runs in
-    int8, and a plain warning when both lanes are the same kind of hardware."""
+    """The models where they are not the embedded pair, the lanes in use, the dtype and why
+    (models/auto_dtype.py), whether drafting runs in int8, and a plain warning when both lanes are
+    the same kind of hardware."""
     target, draft = pair.target_lane, pair.draft_lane
     models = "" if getattr(pair, "embedded_target", True) else (
         f"Models: target **{pair.target_name}**, draft **{pair.draft_name or 'none'}**. ")
     lanes = models + (f"Target lane: **{target.display_device}**, playing the {target.role.removesuffix(' role')}; "
              f"draft lane: **{draft.display_device}**, playing the {draft.role.removesuffix(' role')}.")
+    if getattr(pair, "dtype", None) is not None:
+        lanes += f" Weights: **{pair.dtype}**."
     if getattr(pair, "int8_drafting", False):
         lanes += INT8_NOTE
     if target.device.type != draft.device.type:

@@ -47,7 +47,10 @@ def _add_model_args(p: argparse.ArgumentParser):
     g.add_argument("--target-device", default=None, help="cpu, cuda[:N], mps, npu, or GPUs to shard the target "
                                                              "over: cuda:0,cuda:1 (default: this machine's best)")
     g.add_argument("--draft-device", default=None, help="device of the draft lane (default: see README)")
-    g.add_argument("--dtype", default=None, help="fp32, fp16 or bf16 (default fp32 on every device: bf16 and fp16 can break token-for-token equality with vanilla at temperature 0)")
+    g.add_argument("--dtype", default="auto", help="auto, fp32, fp16 or bf16. auto (default): bf16 on a CPU that computes it "
+                        "natively (amx_bf16 or avx512_bf16) where a check at load finds its rows exact and faster "
+                        "than fp32; fp32 everywhere else. bf16 on a CPU keeps every method equal to vanilla at "
+                        "temperature 0; fp16, and bf16 on a GPU, may not")
     g.add_argument("--fp32-drafting", action="store_true", help="draft with fp32 weights on the CPU too (default: int8 "
                                                                      "copies of the drafting weights; lossless either way)")
     g.add_argument("--graphs", choices=("auto", "on", "off"), default="auto",
@@ -199,14 +202,14 @@ def cmd_generate(args) -> int:
     out = generate(pair, args.prompt, method=args.method, **_settings(args), **_method_options(args))
     if args.json:
         print(json.dumps(dict(method=out.method, text=out.text, token_ids=out.token_ids, metrics=out.metrics,
-                              finished=out.finished, error=out.error, note=out.note)))
+                              finished=out.finished, error=out.error, note=out.note, dtype=str(pair.dtype))))
     else:
         print(out.text)
         m = out.metrics
         rate = "" if m["acceptance_rate"] is None else f", acceptance {m['acceptance_rate']:.2f}"
         print(f"\n[{out.method}] {m['new_tokens']} tokens in {m['wall_s']:.2f} s ({m['tokens_per_s']:.1f} tok/s), "
-              f"{m['steps']} steps, mean accepted {m['mean_accepted']:.2f}{rate}, finished: {out.finished}",
-              file=sys.stderr)
+              f"{m['steps']} steps, mean accepted {m['mean_accepted']:.2f}{rate}, finished: {out.finished}; "
+              f"dtype {pair.dtype}", file=sys.stderr)
     if out.note:  # the draft lane failed and the run finished target-only
         print(f"note: {out.note}", file=sys.stderr)
     if args.trace and not _write_trace(out.trace, Path(args.trace)):
@@ -262,7 +265,8 @@ def cmd_bench(args) -> int:
                     **_settings(args))
     print(summary.to_markdown(index=False, floatfmt=".3f"))
     print(summary.attrs.get("whatif", ""), end="")
-    print(f"\nwrote {', '.join(sorted(f.name for f in Path(args.out).iterdir() if f.is_file()))} into {args.out}")
+    print(f"\ndtype {pair.dtype}")
+    print(f"wrote {', '.join(sorted(f.name for f in Path(args.out).iterdir() if f.is_file()))} into {args.out}")
     if args.report:
         command = "python -m mirror_sd " + shlex.join(args.argv)
         write_report(args.report, summary, command, pair, len(prompts), args.max_new_tokens)

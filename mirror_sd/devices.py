@@ -191,11 +191,12 @@ def int8_products_on() -> bool:
     return getattr(_int8, "on", False)
 
 
-# fp32 on every device. On many CPUs bf16 matmuls are slow or crash. On a GPU, bf16 breaks the
-# promise of temperature 0: its rounding depends on how many tokens one forward holds, so a window's
-# verify and vanilla's one-token step can pick different argmaxes where two logits nearly tie
-# (docs/experiments/devices.md#on-a-gpu-what-the-h100-session-found). Ask for bf16 or
-# fp16 (``dtype=``, ``--dtype``) to halve a big model's memory.
+# fp32 on GPUs and on CPUs without native bf16 (dtype="auto", models/auto_dtype.py, picks bf16 only
+# on a CPU that computes it natively, after a check at load). On many CPUs bf16 matmuls are slow or
+# crash. On a GPU, bf16 breaks the promise of temperature 0: its rounding depends on how many tokens
+# one forward holds, so a window's verify and vanilla's one-token step can pick different argmaxes
+# where two logits nearly tie (docs/experiments/devices.md#on-a-gpu-what-the-h100-session-found).
+# Ask for bf16 or fp16 (``dtype=``, ``--dtype``) to halve a big model's memory.
 DEFAULT_DTYPE = torch.float32
 
 

@@ -14,9 +14,23 @@ if not torch.cuda.is_available():  # Triton's interpreter runs models/fused.py's
     os.environ.setdefault("TRITON_INTERPRET", "1")  # (read when Triton is first imported)
 
 from mirror_sd import load_pair  # noqa: E402
+from mirror_sd.models import auto_dtype  # noqa: E402
 from mirror_sd.tools.bench import DEFAULT_PROMPTS, read_prompts  # noqa: E402
 
 TINY_VOCAB = 16
+read_native_bf16 = auto_dtype.native_bf16  # the real reader, before the suite hides the flag
+NATIVE_BF16 = read_native_bf16()  # this CPU's native bf16 flag (amx_bf16, avx512_bf16) or None
+needs_native_bf16 = pytest.mark.skipif(NATIVE_BF16 is None, reason="this CPU has no native bf16 (no amx_bf16 or "
+                                       "avx512_bf16 flag): exact bf16 is checked where dtype='auto' can pick it")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fp32_unless_asked():
+    """dtype="auto" (the default) picks fp32 in the suite, as on a CPU without native bf16, so the
+    tests run as they always have on every machine; the bf16 tests ask for bf16 by name."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(auto_dtype, "native_bf16", lambda cpuinfo=None: None)
+        yield
 
 
 def pytest_addoption(parser):
@@ -132,6 +146,14 @@ def tiny_pair(tiny_dirs):
 def embedded_pair():
     """The embedded default pair: the target and the project's shipped draft."""
     return load_pair()
+
+
+@pytest.fixture(scope="session")
+def bf16_pair():
+    """The embedded pair in exact bf16 (models/exact.py), where this CPU computes bf16 natively."""
+    if NATIVE_BF16 is None:
+        pytest.skip("this CPU has no native bf16")
+    return load_pair(dtype="bf16")
 
 
 @pytest.fixture(scope="session")

@@ -355,6 +355,7 @@ def test_page_says_when_both_lanes_are_one_kind_of_hardware(tiny_pair):
     assert "Target lane: **cpu:0**, playing the GPU; draft lane: **cpu:1**, playing the NPU." in notice
     assert "stand in for the two separate devices" in notice
     assert ("int8" in notice) == tiny_pair.int8_drafting  # the app says when drafting runs in int8
+    assert "Weights: **fp32: no native bf16**." in notice  # and which dtype runs, and why
     assert check_prompt("", ["sd"]).startswith("the prompt is empty") and check_prompt("hi", []) is not None
     one_gpu = types.SimpleNamespace(target_lane=Lane("target", torch.device("cuda", 0)),
                                     draft_lane=Lane("draft", torch.device("cuda", 0)))  # as make_lanes, one GPU

@@ -24,6 +24,7 @@ def test_generate_json_and_trace(tiny_dirs, tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert {"method", "text", "token_ids", "metrics"} <= set(data)
     assert data["method"] == "sd" and len(data["token_ids"]) == 6
+    assert data["dtype"] == "fp32: no native bf16"  # dtype auto, as the suite runs it (conftest.py)
     assert {"new_tokens", "steps", "mean_accepted", "wall_s", "tokens_per_s"} <= set(data["metrics"])
     events = json.loads(trace_file.read_text())["traceEvents"]
     assert any(e["ph"] == "X" and e["cat"] == "verify" for e in events)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from conftest import needs_native_bf16
 from mirror_sd import generate, load_pair
 from mirror_sd.sampling import Sampler
 
@@ -60,18 +61,19 @@ def sample_counts(pair, method, temperature, top_p, first: int = 1, outputs=None
     return counts
 
 
-@pytest.mark.parametrize("draft,temperature,top_p", [
-    ("draft", 1.0, 1.0),
-    pytest.param("draft", 0.7, 0.9, marks=pytest.mark.slow),
-    pytest.param("reduced_draft", 1.0, 1.0, marks=pytest.mark.slow)])
-def test_sd_samples_the_target_distribution(tiny_dirs, draft, temperature, top_p):
-    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs[draft]))
+@pytest.mark.parametrize("draft,temperature,top_p,dtype", [
+    ("draft", 1.0, 1.0, "fp32"),
+    pytest.param("draft", 1.0, 1.0, "bf16", marks=needs_native_bf16),  # the exact bf16 target (models/exact.py)
+    pytest.param("draft", 0.7, 0.9, "fp32", marks=pytest.mark.slow),
+    pytest.param("reduced_draft", 1.0, 1.0, "fp32", marks=pytest.mark.slow)])
+def test_sd_samples_the_target_distribution(tiny_dirs, draft, temperature, top_p, dtype):
+    pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs[draft]), dtype=dtype)
     prompt_ids = pair.encode(PROMPT, raw=True)
     law = exact_law_of_tokens_2_and_3(pair.target, prompt_ids, temperature, top_p)
     counts = sample_counts(pair, "sd", temperature, top_p, gamma=2)
     assert chi_square_p(counts, law) > 1e-3
     # negative control: the same test rejects a law the draft pulls towards (its own, unverified)
-    full_draft = load_pair(target=str(tiny_dirs["draft"]), draft=None).target
+    full_draft = load_pair(target=str(tiny_dirs["draft"]), draft=None, dtype=dtype).target
     draft_law = exact_law_of_tokens_2_and_3(full_draft, prompt_ids, temperature, top_p)
     assert 0.5 * (law - draft_law).abs().sum() > 0.2  # the draft really differs from the target
     assert chi_square_p(counts, draft_law) < 1e-6

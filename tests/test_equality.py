@@ -1,7 +1,7 @@
 """Temperature 0: every method commits exactly the tokens vanilla decoding commits."""
 import pytest
 
-from conftest import EQUALITY_TOKENS
+from conftest import EQUALITY_TOKENS, needs_native_bf16
 from mirror_sd import generate
 
 
@@ -86,3 +86,16 @@ def test_a_swapped_draft_is_the_one_that_drafts_and_swapping_back_reuses_the_fir
     pair.use_draft(first_name)
     assert pair.draft is first and pair.early_exit_rows is None  # a full head: no rows of its own
     assert generate(pair, "t1 t2 t3", method="mirror", max_new_tokens=24, raw=True, lookup=0).token_ids == expected
+
+
+@needs_native_bf16
+def test_every_method_equals_vanilla_in_exact_bf16(bf16_pair, equality_prompts):
+    """Where the CPU computes bf16 natively (where dtype="auto" may pick it): the exact bf16 target
+    (models/exact.py) keeps the promise for chains (sd, mirror) and trees (eagle, ss) alike, on one
+    prompt of each Spec-Bench category."""
+    for prompt in equality_prompts[::2]:
+        expected = generate(bf16_pair, prompt, method="vanilla", max_new_tokens=EQUALITY_TOKENS).token_ids
+        for method in ("sd", "eagle", "ss", "mirror"):
+            out = generate(bf16_pair, prompt, method=method, max_new_tokens=EQUALITY_TOKENS)
+            assert out.error is None
+            assert out.token_ids == expected, f"{method} differs from vanilla in bf16 on {prompt[:60]!r}"

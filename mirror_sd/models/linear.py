@@ -8,7 +8,9 @@ a CPU its speed is how fast the weights stream from memory. PyTorch's default fp
 ``F.linear`` (MKL) streams them slowly for more than one row, and for 2-3 rows reads them once per
 row; oneDNN with the weight reordered once into its blocked layout streams them at about the same
 speed for any row count, and faster for one row too, so every product at inference goes through
-the prepacked weight (docs/experiments/cpu.md#linear-kernels-by-row-count).
+the prepacked weight (docs/experiments/cpu.md#linear-kernels-by-row-count). In bf16 too, where
+oneDNN runs bf16 (``ONEDNN_BF16``): its prepacked bf16 product took about half ``F.linear``'s time
+(docs/experiments/devices.md#exact-bf16-on-an-amd-epyc-with-avx512_bf16-issue-73-2026-12-05).
 
 The prepacked copy is made on first use and remade if the weight changes in place (an optimiser
 step bumps the tensor's version), so training, which needs gradients, and state dicts see a plain
@@ -18,10 +20,12 @@ with ``F.linear``; every method, vanilla included, runs through the same layers.
 Int8 drafting. Inside :func:`mirror_sd.devices.int8_products` (a per-thread switch that the lanes
 turn on for drafting work: ``Lane.int8_drafting``) products take an int8 copy of the weight
 instead, one scale per output row, made on first use, with the input quantised on the fly
-(PyTorch's dynamic quantisation kernel, ``torch.ops.quantized.linear_dynamic``). A quarter of the
+(PyTorch's dynamic quantisation kernel, ``torch.ops.quantized.linear_dynamic``, which takes and
+gives fp32: a bf16 model's rows go in as fp32 and come back as bf16). A quarter of the
 bytes to stream, so a draft step costs about half as much
 (docs/experiments/draft.md#int8-drafting).
-Drafts only propose, and the target verifies them in fp32, so every method stays lossless; what
+Drafts only propose, and the target verifies them in its own dtype (fp32, or bf16 made exact:
+models/exact.py), so every method stays lossless; what
 may change is which tokens a draft proposes, and so tau. The kernel quantises each input with one
 scale, which crushes an input with outlier channels, so two kinds of layer stay fp32
 (``Linear(..., int8=False)``): those fed raw residual-stream features (the EAGLE head's input maps:
@@ -47,6 +51,8 @@ ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_li
 # Weights with fewer elements take F.linear in fp32: for them oneDNN's call costs more than the
 # product, and tiny weights stream from cache anyway (docs/experiments/cpu.md#tiny-weights-take-flinear).
 PREPACK_MIN_WEIGHT = 1 << 16
+ONEDNN_BF16 = ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()  # oneDNN's bf16 products run here
+PREPACKED_DTYPES = (torch.float32, torch.bfloat16) if ONEDNN_BF16 else (torch.float32,)
 
 
 def _int8_kernels_work() -> bool:
@@ -108,11 +114,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return tuning.product(x, weight, bias)
     if not uses_prepacked(x, weight, bias):
         return F.linear(x, weight, bias)
-    if int8 and INT8 and int8_products_on():
-        return torch.ops.quantized.linear_dynamic(x.contiguous(), int8_weight(weight, bias), REDUCE_RANGE)
+    if int8 and INT8 and int8_products_on():  # the kernel takes and gives fp32
+        y = torch.ops.quantized.linear_dynamic(x.float().contiguous(), int8_weight(weight, bias), REDUCE_RANGE)
+        return y.to(x.dtype)
     if weight.numel() < PREPACK_MIN_WEIGHT:  # fits in cache: oneDNN's per-call cost would dominate
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), prepacked_weight(weight), bias, "none", [], "")
+
+
+def exact_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` (x [..., K], weight [N, K] -> [..., N]) rounded as a product of
+    two or more rows always is: a single row runs twice and one copy is kept (models/exact.py). Through
+    oneDNN's prepacked weight, whose rows are ``F.linear``'s bit for bit, at about half its time in bf16."""
+    x2d = x.reshape(-1, x.shape[-1])  # [M, K]
+    if x2d.shape[0] == 1:
+        x2d = torch.cat((x2d, x2d))
+    prepacked = ONEDNN_BF16 and weight.dtype == torch.bfloat16 and x.device.type == "cpu"
+    if not prepacked or x2d.shape[0] == 0 or torch.is_grad_enabled() and weight.requires_grad:
+        y = F.linear(x2d, weight, bias)
+    else:
+        y = torch.ops.mkldnn._linear_pointwise(x2d.contiguous(), prepacked_weight(weight), bias, "none", [], "")
+    return y[:x.numel() // x.shape[-1]].view(*x.shape[:-1], weight.shape[0])
 
 
 def int8_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -134,8 +156,8 @@ def uses_prepacked(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     """Whether :func:`linear` takes a kernel of its own for these operands (module docstring): the
     int8 copy when drafting, else oneDNN's prepacked weight if it has PREPACK_MIN_WEIGHT elements."""
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    return (ONEDNN and not needs_grad and x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
-            and x.numel() > 0)
+    return (ONEDNN and not needs_grad and x.device.type == "cpu" and x.dtype == weight.dtype
+            and x.dtype in PREPACKED_DTYPES and x.numel() > 0)
 
 
 def prepacked_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -158,11 +180,17 @@ def _kept_on(weight: torch.Tensor, name: str, make):
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same state dict) whose inference runs through :func:`linear`.
 
-    int8=False keeps the layer in fp32 inside ``int8_products`` (module docstring)."""
+    int8=False keeps the layer in its own dtype inside ``int8_products`` (module docstring). exact=True (set
+    by ``exact.convert`` for a bf16 model on CPU) multiplies as :func:`exact_product`, rows
+    independent of how many there are."""
+
+    exact = False
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, int8: bool = True):
         super().__init__(in_features, out_features, bias=bias)
         self.int8 = int8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.exact and not int8_products_on():  # drafting work keeps its int8 copies (module docstring)
+            return exact_product(x, self.weight, self.bias)
         return linear(x, self.weight, self.bias, self.int8)

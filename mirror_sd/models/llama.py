@@ -30,7 +30,7 @@ from torch import nn
 
 from ..devices import to_device
 from ..errors import MirrorSDError, Stopped
-from . import tuning
+from . import exact, tuning
 from .linear import Linear
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -219,6 +219,8 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    exact = False  # exact.convert: attention as exact.attention (bf16 on CPU)
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         h, d = args.hidden_size, args.head_dim
@@ -239,7 +241,13 @@ class Attention(nn.Module):
         q, k = tuning.rotary(q, k, win.cos, win.sin)
         if cache is not None:
             k, v = cache.write(layer, win.start, k, v)  # [B, K, S, D]: every slot up to the window's end
-        return self.out(tuning.attention(q, k, v, win.mask, win.causal))
+        return self.out(self.attend(q, k, v, win))
+
+    def attend(self, q, k, v, win: "Window") -> torch.Tensor:
+        """q [B, H, T, D] over k, v [B, K, S, D] under the window's mask: [B, H, T, D]."""
+        if self.exact:
+            return exact.attention(q, k, v, win.mask, win.causal)
+        return tuning.attention(q, k, v, win.mask, win.causal)
 
     def heads(self, q, k, v):
         """The projections [B, T, heads * D] split into heads [B, heads, T, D], q and k normed where
@@ -317,6 +325,8 @@ class Window:
 
 
 class Transformer(nn.Module):
+    exact = False  # exact.convert: row-invariant bf16 forwards, the KV cache in exact.WIDE
+
     def __init__(self, args: ModelArgs, rope_config=None, head_size: int | None = None):
         super().__init__()
         self.args = args
@@ -351,10 +361,15 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The KV cache's dtype: the model's, or exact.WIDE for an exact model."""
+        return exact.WIDE if self.exact else self.dtype
+
     def new_cache(self, max_slots: int, batch: int = 1) -> KVCache | ShardedKVCache:
         if self.layer_devices:
-            return ShardedKVCache(self.args, max_slots, batch, self.dtype, self.layer_devices)
-        return KVCache(self.args, max_slots, batch, self.dtype, self.device)
+            return ShardedKVCache(self.args, max_slots, batch, self.cache_dtype, self.layer_devices)
+        return KVCache(self.args, max_slots, batch, self.cache_dtype, self.device)
 
     # -- the forward pass, in pieces ---------------------------------------------------------
     def window(self, cache: KVCache | None, T: int, positions=None, tree_mask=None, batch: int = 1) -> Window:

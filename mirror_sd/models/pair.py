@@ -1,21 +1,23 @@
 """A target and a draft model, their shared tokenizer and the lanes they run on."""
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..devices import DEFAULT_DTYPE, Lane, make_lanes, on_cpu_worker, shard_lane
+from ..devices import Lane, make_lanes, on_cpu_worker, shard_lane
 from ..errors import MirrorSDError
+from . import auto_dtype, exact
 from .add_ons import attach_add_on
 from .exit_draft import PREFIX as EXIT_DRAFT, exit_layer_of, load_exit_draft
 from .linear import INT8
 from .forwards import FULL, stage_cache
 from .llama import Transformer
 from .stages import Stages
-from .loading import EMBEDDED_NAME, is_embedded, load_model, load_tokenizer, resolve_model_dir
+from .loading import EMBEDDED_NAME, is_embedded, load_model, load_tokenizer, read_config, resolve_model_dir
 from .sharding import needs_sharding, shard_over
 
 # The default draft of the embedded target: the project's own, trained by `python -m mirror_sd.train
@@ -58,6 +60,7 @@ class ModelPair:
     draft_name: str | None
     eos_ids: frozenset[int]
     draft_dir: Path | None = None  # the draft's folder (where its trained streams live, if any)
+    dtype: auto_dtype.Choice | None = None  # the dtype the pair runs in and why (dtype="auto": models/auto_dtype.py)
     lock: PairLock = field(default_factory=PairLock, repr=False)
     # Add-ons, loaded or built on first use:
     streams: object = field(default=None, repr=False)  # the target's speculative streams (ss; models/streams.py)
@@ -165,7 +168,8 @@ class ModelPair:
 
     def describe(self) -> dict:
         """Models and lanes, for traces and reports."""
-        return dict(target=self.target_name, draft=self.draft_name, int8_drafting=self.int8_drafting,
+        return dict(target=self.target_name, draft=self.draft_name, dtype=str(self.dtype or self.target.dtype),
+                    int8_drafting=self.int8_drafting,
                     graphs=self.graphs, buckets=self.buckets, kernels=self.kernels,
                     target_lane=self.target_lane.label, draft_lane=self.draft_lane.label,
                     target_layers=self.target.num_layers, add_ons=list(self.add_ons),
@@ -182,7 +186,7 @@ def own_parameters(model: Transformer, shared_with: Transformer | None = None) -
 
 
 def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_device: str | None = None,
-              draft_device: str | None = None, dtype: str | torch.dtype | None = None,
+              draft_device: str | None = None, dtype: str | torch.dtype | None = "auto",
               int8_drafting: bool = True, graphs: str = "auto", buckets: str = "cheapest",
               kernels: str = "tuned", add_ons: list[str | Path] = ()) -> ModelPair:
     """Load a target and a draft on their lanes. With no arguments: the embedded default pair.
@@ -194,8 +198,12 @@ def load_pair(target: str | None = None, draft: str | None = DEFAULT, target_dev
     devices: "cpu", "cuda[:N]", "mps", "npu"; None picks this machine's defaults (see devices.py).
     target_device may list several GPUs ("cuda:0,cuda:1") to shard a target too big for one
     (models/sharding.py); with None, a target too big for the first GPU is sharded over all of them.
+    dtype: "auto" (or None): bf16 on a CPU that computes it natively, where the exact bf16 target
+    checks out at load and runs faster than fp32; fp32 everywhere else (models/auto_dtype.py). Or
+    "fp32", "bf16", "fp16" (or a torch dtype). A bf16 target on a CPU runs exact (models/exact.py):
+    every method commits vanilla's tokens at temperature 0. ``pair.dtype`` says which ran and why.
     int8_drafting: drafting work on CPU lanes (the draft model, the EAGLE head, the speculative
-    streams) multiplies by int8 weight copies; the target verifies in fp32, so this is lossless
+    streams) multiplies by int8 weight copies; the target verifies in its own dtype: lossless
     (models/linear.py). ``pair.int8_drafting`` changes it later.
     graphs: "auto" (on for CUDA lanes, off elsewhere), "on" or "off": whether methods run their
     forwards as fixed-shape stages (models/stages.py), captured as CUDA graphs on a CUDA lane and
@@ -249,8 +257,14 @@ def _capture_bar(lane: Lane):
 def _load_pair(target, draft, target_device, draft_device, dtype) -> ModelPair:
     target_lane, draft_lane = make_lanes(target_device, draft_device)
     target_dir = resolve_model_dir(target)
-    target_model, target_config = _load_target(target_dir, target_lane, dtype, may_shard=target_device is None)
-    tokenizer = load_tokenizer(target_dir)
+    load = lambda dtype: _load_target(target_dir, target_lane, dtype, may_shard=target_device is None)  # noqa: E731
+    tokenizer = functools.cache(lambda: load_tokenizer(target_dir))  # after the target, which names its own faults
+    if dtype in (None, AUTO):
+        choice, target_model = auto_dtype.choose(load, tokenizer, [target_lane.device, draft_lane.device])
+    else:
+        choice = auto_dtype.Choice(_dtype(dtype), "asked for")
+        target_model = load(choice.dtype)
+    dtype, target_config, tokenizer = choice.dtype, read_config(target_dir), tokenizer()
     draft_model, draft_name, draft_dir = None, None, None
     embedded = is_embedded(target)
     if draft == DEFAULT:
@@ -261,22 +275,27 @@ def _load_pair(target, draft, target_device, draft_device, dtype) -> ModelPair:
     eos = {tokenizer.eos_token_id} | set(_as_list(getattr(target_config, "eos_token_id", None)))
     return ModelPair(target_model, draft_model, tokenizer, target_lane, draft_lane,
                      target_name=EMBEDDED_NAME if embedded else target, draft_name=draft_name,
-                     eos_ids=frozenset(i for i in eos if i is not None), draft_dir=draft_dir)
+                     eos_ids=frozenset(i for i in eos if i is not None), draft_dir=draft_dir, dtype=choice)
 
 
-def _load_target(target_dir: Path, lane: Lane, dtype, may_shard: bool):
+AUTO = "auto"  # dtype: models/auto_dtype.py
+
+
+def _load_target(target_dir: Path, lane: Lane, dtype: torch.dtype, may_shard: bool) -> Transformer:
     """The target on its lane; sharded over the lane's GPUs when it has several, or (may_shard) over
-    every GPU when it is too big for its own."""
-    dtype = _dtype(dtype)
+    every GPU when it is too big for its own. In bf16 on a CPU, with exact rows (models/exact.py)."""
     gpus = torch.cuda.device_count() if lane.device.type == "cuda" else 0
     if len(lane.devices) == 1 and not (may_shard and gpus > 1):
-        return load_model(target_dir, lane.device, dtype)
-    model, config = load_model(target_dir, torch.device("cpu"), dtype)  # placed once its size is known
+        model, _ = load_model(target_dir, lane.device, dtype)
+        if dtype == torch.bfloat16 and lane.device.type == "cpu":  # rows that verify as vanilla's
+            exact.convert(model)
+        return model
+    model, _ = load_model(target_dir, torch.device("cpu"), dtype)  # placed once its size is known
     if len(lane.devices) == 1:
         if not needs_sharding(model, lane.device):
-            return model.to(lane.device), config
+            return model.to(lane.device)
         shard_lane(lane, [torch.device("cuda", i) for i in range(gpus)])
-    return shard_over(model, lane.devices), config
+    return shard_over(model, lane.devices)
 
 
 def _load_draft(draft: str, target_dir: Path, tokenizer, lane: Lane, dtype, target_embedding):
@@ -327,14 +346,12 @@ def check_same_vocabulary(target_tokenizer, draft_tokenizer, draft_name: str):
 
 
 def _dtype(dtype) -> torch.dtype:
-    if dtype is None:
-        return DEFAULT_DTYPE
     if isinstance(dtype, torch.dtype):
         return dtype
     names = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16,
              "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
     if dtype not in names:
-        raise MirrorSDError(f"unknown dtype {dtype!r}: use one of {', '.join(names)}")
+        raise MirrorSDError(f"unknown dtype {dtype!r}: use one of {AUTO}, {', '.join(names)}")
     return names[dtype]
 
 

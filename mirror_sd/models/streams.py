@@ -33,6 +33,7 @@ from torch import nn
 
 from ..devices import on_cpu_worker, to_device
 from ..errors import MirrorSDError
+from . import exact
 from .forwards import layers, stream_layers
 from .linear import linear
 from .llama import DecoderLayer, KVCache, ModelArgs, Transformer, full_mask
@@ -172,7 +173,7 @@ class Streams(nn.Module):
                     delta = self.lora_b[_key(i, name)].float() @ self.lora_a[_key(i, name)].float() * scale  # [out, in]
                     merged.weight.add_(delta.to(merged.weight.dtype))
                     merged.int8 = own.get_submodule(path).int8
-        return layer
+        return exact.convert(layer) if model.exact else layer  # the model's formulations, and its cache's dtype
 
     def inputs(self, model: Transformer, h: torch.Tensor, positions: torch.Tensor, gamma: int,
                next_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

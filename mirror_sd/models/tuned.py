@@ -41,4 +41,4 @@ def _attention(attn: Attention, x: torch.Tensor, win: Window, writer, index: int
     """``Attention.forward`` with q, k, v as one product and the rotary embedding and cache writes as one."""
     q, k, v = attn.heads(*tuning.projections(x, (attn.q_proj, attn.k_proj, attn.v_proj)))  # [B, heads, W, D]
     q, k, v = writer.store(index, q, k, v, win.cos, win.sin)  # k, v: [B, K, S, D], every slot of the stage's cache
-    return attn.out(tuning.attention(q, k, v, win.mask, win.causal))
+    return attn.out(attn.attend(q, k, v, win))

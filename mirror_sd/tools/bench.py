@@ -339,8 +339,8 @@ def equality_warning(summary: pd.DataFrame, temperature: float) -> str | None:
     which = ", ".join(f"{row.method} on {round((1 - row.equal_to_vanilla) * row.prompts)} of {row.prompts} prompts"
                       for row in off.itertuples())
     return (f"warning: at temperature 0 these methods committed other tokens than vanilla: {which}. "
-            "In fp32 that is a fault; in bf16 or fp16 (--dtype), rounding that depends on how many "
-            "tokens a forward holds can flip near-ties, so use fp32 to compare methods.")
+            "In fp32, or bf16 on a CPU (exact: models/exact.py), that is a fault; in fp16, or bf16 on a GPU, "
+            "rounding that depends on how many tokens a forward holds can flip near-ties, so use fp32 there.")
 
 
 def check_writable(path: str | Path, what: str, folder: bool = False):
@@ -406,6 +406,7 @@ def write_report(path: str | Path, summary: pd.DataFrame, command: str, pair, pr
         f"Machine: {cpu_model()}, {cpu_cores()} CPU cores" + "".join(f", {h}" for h in hardware)
         + f"; torch {torch.__version__}; lanes: {lanes['target_lane']}"
         + (f"; {lanes['draft_lane']}" if pair.draft is not None else ""), "",
+        f"Dtype: {lanes['dtype']}.", "",
         f"Models: target {lanes['target']}, " + (f"draft {lanes['draft']}" if lanes["draft"] else "no draft")
         + "".join(f"; {add_on}" for add_on in lanes["add_ons"]) + ".", "",
         f"{prompts} prompts, at most {max_new_tokens} new tokens per answer. τ: mean tokens committed per "
