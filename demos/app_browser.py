@@ -21,10 +21,10 @@ def app_page(width: int, height: int):
     """A page of the freshly served app in a width x height window; browser and server close after."""
     from playwright.sync_api import sync_playwright
 
-    from app.ui import build_demo
+    from app.ui import build_demo, page_style
 
     demo = build_demo()
-    _, url, _ = demo.queue().launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
+    _, url, _ = demo.queue().launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True, **page_style())
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])

@@ -76,10 +76,10 @@ def main():
 
     from playwright.sync_api import sync_playwright
 
-    from app.ui import build_demo
+    from app.ui import build_demo, page_style
 
     demo = build_demo()
-    _, url, _ = demo.queue().launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
+    _, url, _ = demo.queue().launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True, **page_style())
     races: dict[str, list] = {"page": [], "api": []}
     try:
         began = time.perf_counter()

@@ -63,14 +63,14 @@ def main():
 
     from playwright.sync_api import expect, sync_playwright
 
-    from app.ui import build_demo
+    from app.ui import build_demo, page_style
     from mirror_sd import MirrorSDError
 
     def no_model(**devices):
         raise MirrorSDError("no model for this measurement: recorded races open without one")
 
     demo = build_demo(no_model)
-    _, url, _ = demo.queue().launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
+    _, url, _ = demo.queue().launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True, **page_style())
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
