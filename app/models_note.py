@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import statistics
 from pathlib import Path
 
 from mirror_sd.models.loading import cache_root
 from mirror_sd.models.pair import EMBEDDED_DRAFT
+from mirror_sd.tools.bench import cpu_model
 
 from .replay import RECORDED
 
@@ -25,20 +27,16 @@ def _json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def safetensors_parameters(path: Path) -> int | None:
-    """The number of parameters a .safetensors file holds, read from its header alone (no weights loaded)."""
-    if not path.exists():
-        return None
-    with path.open("rb") as f:
-        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-    return sum(_product(v["shape"]) for k, v in header.items() if k != "__metadata__")
-
-
-def _product(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+def stored_parameters(folder: Path) -> int | None:
+    """The floating-point numbers in a model folder's .safetensors files, read from their headers alone (no
+    weights loaded; a draft's integer vocab map is not a weight); None where the folder holds none."""
+    total = 0
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with file.open("rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        total += sum(math.prod(v["shape"]) for k, v in header.items()
+                     if k != "__metadata__" and v["dtype"].startswith(("F", "BF")))
+    return total or None
 
 
 def _millions(n: int) -> str:
@@ -56,7 +54,7 @@ def pair_words(draft: Path = EMBEDDED_DRAFT) -> str:
     card, config = _json(draft / "training.json"), _json(draft / "config.json")
     meta = next((r["methods"]["sd"]["trace"]["meta"] for r in recordings() if "sd" in r["methods"]), {})
     target = card.get("target", meta.get("target", "the embedded target"))
-    params = safetensors_parameters(cache_root() / TARGET_FOLDER / "model.safetensors")
+    params = stored_parameters(cache_root() / TARGET_FOLDER)
     sizes = ", ".join(filter(None, [f"{meta['target_layers']} layers" if "target_layers" in meta else "",
                                     f"{_millions(params)} parameters" if params else ""]))
     layers = config.get("num_hidden_layers", meta.get("draft_layers"))
@@ -150,11 +148,5 @@ def small_target_note() -> str:
 
 
 def processor_name() -> str:
-    """This server's processor as /proc/cpuinfo names it (e.g. 'AMD EPYC 7B13'), or 'its CPU'."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return " ".join(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return "its CPU"
+    """This server's processor as /proc/cpuinfo names it (e.g. 'AMD EPYC 7B13')."""
+    return " ".join(cpu_model().split())

@@ -46,8 +46,12 @@ def badge(meta: dict) -> tuple[str, str]:
     if recording:
         hardware, day = recording.get("hardware") or "unknown hardware", recording.get("date") or "unknown day"
         return "RECORDED", f"{hardware}, {day}"
-    live = meta.get("live") or {}
-    return "LIVE", f"this server, {live.get('hardware') or cpu_name()}"
+    return "LIVE", f"this server, {live_where(meta)}"
+
+
+def live_where(meta: dict) -> str:
+    """The hardware a live trace ran on (``mark_live``), or this server's CPU for one made before it."""
+    return (meta.get("live") or {}).get("hardware") or cpu_name()
 
 
 def badge_html(meta: dict) -> str:

@@ -16,6 +16,7 @@ from .cards import baseline, numbers
 from .intro import METRIC_HELP
 from .provenance import badge_html, race_models
 from .race import Result
+from .summary import committed
 
 EMPTY = "Run a race, or open a recorded one: its results appear here, one row per method."
 LOAD = "depends on the server's load"
@@ -25,11 +26,6 @@ COLUMNS = [("tok/s", "tok/s", True), ("τ", "τ", False), ("acceptance", "accept
            ("hit rate", "hits", False), ("speedup", "speedup", True)]
 SAME_TOKENS = ("Whether the method committed exactly vanilla's tokens. At temperature 0 every method must: "
                "the target checks each token, so the text never depends on the method or on the load.")
-
-
-def committed(result: Result) -> list[int]:
-    """Every token the run committed, in order."""
-    return [t for s in result.trace.steps for t in s.committed]
 
 
 def same_as_vanilla(result: Result, vanilla: Result | None) -> str:
