@@ -123,18 +123,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def exact_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` (x [..., K], weight [N, K] -> [..., N]) rounded as a product of
-    two or more rows always is: a single row runs twice and one copy is kept (models/exact.py). Through
-    oneDNN's prepacked weight, whose rows are ``F.linear``'s bit for bit, at about half its time in bf16."""
+    """:func:`linear` (x [..., K], weight [N, K] -> [..., N], never int8) rounded as a product of two or
+    more rows always is: a single row runs twice and one copy is kept (models/exact.py)."""
     x2d = x.reshape(-1, x.shape[-1])  # [M, K]
-    if x2d.shape[0] == 1:
-        x2d = torch.cat((x2d, x2d))
-    prepacked = ONEDNN_BF16 and weight.dtype == torch.bfloat16 and x.device.type == "cpu"
-    if not prepacked or x2d.shape[0] == 0 or torch.is_grad_enabled() and weight.requires_grad:
-        y = F.linear(x2d, weight, bias)
-    else:
-        y = torch.ops.mkldnn._linear_pointwise(x2d.contiguous(), prepacked_weight(weight), bias, "none", [], "")
-    return y[:x.numel() // x.shape[-1]].view(*x.shape[:-1], weight.shape[0])
+    rows = x2d.shape[0]
+    y = linear(torch.cat((x2d, x2d)) if rows == 1 else x2d, weight, bias, int8=False)
+    return y[:rows].view(*x.shape[:-1], weight.shape[0])
 
 
 def int8_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
