@@ -136,9 +136,10 @@ def recorded_on(meta: dict) -> str:
     settings = (f"{meta['settings']} (every other option at its default)" if meta.get("settings")
                 else "each method's default options")
     note = f" {meta['note']}" if meta.get("note") else ""
+    dtype = f", the target in {meta['dtype']}" if meta.get("dtype") else ""
     return (f"Recorded on {meta.get('hardware', 'unknown hardware')}, {meta.get('date', 'an unknown date')}: "
             f"at most {meta.get('max_new_tokens')} new tokens, temperature {meta.get('temperature', 0.0)}, "
-            f"{settings}{graphs}.{note}{busy} Nothing runs now: step through it in **Step-through**, "
+            f"{settings}{graphs}{dtype}.{note}{busy} Nothing runs now: step through it in **Step-through**, "
             f"or **Replay** it.")
 
 

@@ -150,7 +150,8 @@ def main():
         if failed:
             raise SystemExit(f"error: {item['id']} not recorded, a method did not finish: {'; '.join(failed)}")
         meta = dict(category=item["category"], prompt_id=item["id"], hardware=hardware(pair), date=date,
-                    torch=torch.__version__, max_new_tokens=args.max_new_tokens, temperature=0.0,
+                    torch=torch.__version__, dtype=str(pair.dtype), max_new_tokens=args.max_new_tokens,
+                    temperature=0.0,
                     race_s=round(race_s, 2), cores=cpu_cores(),
                     load_average=round(os.getloadavg()[0], 2),
                     command="python -m scripts.record_races"
