@@ -37,10 +37,8 @@ Default placement (:func:`default_devices`):
 A lane works in a forked child too (Hugging Face ZeroGPU runs each GPU call in one): its worker
 thread did not survive the fork, so the lane starts a new one there.
 
-Int8 drafting is a per-thread switch (:func:`int8_products`) that a lane turns on around the
-drafting work it runs (``Lane.int8_drafting``); the linear layers (models/linear.py) read it with
-:func:`int8_products_on`. It lives here, with the lanes that set it, so that models depend on
-devices and not the reverse.
+Which kernels work runs (int8 drafting, tuned formulations) is no business of the lanes: the
+modules carry it, set when they are loaded or a stage captures them (models/linear.py, models/tuning.py).
 """
 from __future__ import annotations
 
@@ -171,26 +169,6 @@ def default_devices() -> tuple[str, str]:
     return "cpu", "cpu"
 
 
-_int8 = threading.local()  # _int8.on: this thread is inside int8_products()
-
-
-@contextmanager
-def int8_products(enabled: bool = True):
-    """While inside (enabled), this thread's CPU inference products use int8 copies of their weights
-    (models/linear.py, int8 drafting); the setting before comes back on leaving."""
-    before = getattr(_int8, "on", False)
-    _int8.on = enabled
-    try:
-        yield
-    finally:
-        _int8.on = before
-
-
-def int8_products_on() -> bool:
-    """Whether this thread is inside :func:`int8_products` (enabled)."""
-    return getattr(_int8, "on", False)
-
-
 # fp32 on GPUs and on CPUs without native bf16 (dtype="auto", models/auto_dtype.py, picks bf16 only
 # on a CPU that computes it natively, after a check at load). On many CPUs bf16 matmuls are slow or
 # crash. On a GPU, bf16 breaks the promise of temperature 0: its rounding depends on how many tokens
@@ -260,10 +238,6 @@ class Lane:
         self.threads: int | None = None  # CPU threads while working; set by allot_cpu_threads
         self.alone_threads: int | None = None  # CPU threads for work no other lane runs beside (``alone``)
         self.cpu_slot = 0  # which shared CPU worker runs a CPU lane's work; set by allot_cpu_threads
-        # Drafting work here multiplies by int8 weight copies (models/linear.py, int8 drafting): all of
-        # the draft lane's work, which only ever runs the draft model, and target-lane work submitted
-        # with drafting=True (the EAGLE head, the speculative streams). Set by load_pair, CPU lanes only.
-        self.int8_drafting = False
         self.stream = None
         self.clock = EventClock(device) if device.type == "cuda" else None  # None: spans from host readings
         self._worker: ThreadPoolExecutor | None = None  # a non-CPU lane's own thread, started on first use
@@ -280,37 +254,33 @@ class Lane:
         return f"{self.name}, {self.role}, {self.display_device}"
 
     def submit(self, kind: str, fn, *args, trace=None, label: str = "", step: int | None = None,
-               tokens: int = 0, alone: bool = False, drafting: bool = False, **kwargs) -> Future:
+               tokens: int = 0, alone: bool = False, **kwargs) -> Future:
         """Run fn(*args, **kwargs) on this lane; the future gives its result (or its error, as a
         :class:`LaneError`).
 
         trace: the Trace that records the work as a span (none if None).
         alone: the caller promises that no other lane works meanwhile, so a CPU lane may use the
-        cores it otherwise shares (``alone_threads``).
-        drafting: fn only proposes tokens (``int8_drafting``); the draft lane's work always does."""
-        int8 = self.int8_drafting and (drafting or self.name == "draft")
-        return self.worker.submit(self._run, trace, kind, label, step, tokens, alone, int8, fn, args, kwargs)
+        cores it otherwise shares (``alone_threads``)."""
+        return self.worker.submit(self._run, trace, kind, label, step, tokens, alone, fn, args, kwargs)
 
     def queue(self, kind: str, fn, *args, trace=None, label: str = "", step: int | None = None, tokens: int = 0,
-              after: "torch.cuda.Event | None" = None, drafting: bool = False, **kwargs) -> tuple[object, "Queued"]:
+              after: "torch.cuda.Event | None" = None, **kwargs) -> tuple[object, "Queued"]:
         """Run fn(*args, **kwargs) on the calling thread with this lane's stream current, without waiting
         for the GPU: on a CUDA lane its kernels are queued and the call returns as soon as they are
         launched. ``after``: an event (``Queued.done`` of work on another lane) this lane's stream
         waits for before the work, on the GPU, so the host need not. Returns (fn's result, a
         :class:`Queued`); ``Queued.record()`` waits for the work and puts its span in ``trace``.
         On a CPU lane fn simply runs to its end, on the lane's worker (with its threads), and its span
-        is the host's readings around it. ``drafting``: as for ``submit``."""
+        is the host's readings around it."""
         if self.device.type == "cpu":
             start = time.perf_counter()
-            result = self.submit(kind, fn, *args, label=label, step=step, tokens=tokens, drafting=drafting,
-                                 **kwargs).result()
+            result = self.submit(kind, fn, *args, label=label, step=step, tokens=tokens, **kwargs).result()
             return result, Queued(self, trace, kind, label, step, tokens, None, start, time.perf_counter(), None)
-        int8 = self.int8_drafting and (drafting or self.name == "draft")
         stream = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
         events, done = None, None
         start = time.perf_counter()
         try:
-            with torch.inference_mode(), stream, int8_products(int8):
+            with torch.inference_mode(), stream:
                 if self.device.type == "cuda":
                     if after is not None:
                         self.work_stream.wait_event(after)
@@ -354,7 +324,7 @@ class Lane:
                 and torch.get_num_threads() < self.alone_threads):
             torch.set_num_threads(self.alone_threads)
 
-    def _run(self, trace, kind, label, step, tokens, alone, int8, fn, args, kwargs):
+    def _run(self, trace, kind, label, step, tokens, alone, fn, args, kwargs):
         threads = self.alone_threads if alone else self.threads
         if self.device.type == "cpu" and threads:
             torch.set_num_threads(threads)  # per worker thread
@@ -362,7 +332,7 @@ class Lane:
         events = None
         start = time.perf_counter()
         try:
-            with torch.inference_mode(), stream, int8_products(int8):
+            with torch.inference_mode(), stream:
                 if self.clock is not None and trace is not None:
                     events = self.clock.begin(self.work_stream, trace.t0)
                 result = fn(*args, **kwargs)

@@ -10,7 +10,6 @@ products and with the int8 weight copies that drafting uses on the CPU by defaul
 bound is 0.1.
 """
 from mirror_sd import load_pair
-from mirror_sd.devices import int8_products
 from mirror_sd.tools.tradeoff import forward_ms
 from research.comparison import swap_draft
 
@@ -30,8 +29,8 @@ def main():
         if draft != "default":
             swap_draft(pair, draft)
         for int8 in (False, True):
-            with int8_products(int8):
-                ms = forward_ms(pair.draft, args.context, args.repeats)
+            pair.int8_drafting = int8  # the draft converted to int8 products, or back to fp32
+            ms = forward_ms(pair.draft, args.context, args.repeats)
             print(f"{pair.draft_name}, {'int8' if int8 else 'fp32'}: {ms:.2f} ms, {ms / target_ms:.3f}x the target")
 
 

@@ -85,8 +85,7 @@ def count_ops(pair, method: str, max_new_tokens: int, prompt: str = PROMPT, raw:
     return dict(method=method, steps=steps, ops_per_step=round(sum(counts.values()) / steps, 1), most=top)
 
 
-def queue_on_this_thread(self, kind, fn, *args, trace=None, label="", step=None, tokens=0, after=None,
-                         drafting=False, **kwargs):
+def queue_on_this_thread(self, kind, fn, *args, trace=None, label="", step=None, tokens=0, after=None, **kwargs):
     """``Lane.queue`` as a CUDA lane runs it, on the calling thread (a CPU lane's goes to its worker)."""
     start = time.perf_counter()
     with torch.inference_mode(), devices.single_threaded():  # no OpenMP pool of its own beside the lanes'

@@ -171,6 +171,19 @@ def test_a_step_on_stages_reads_the_host_once_unless_it_copies_from_the_context(
         assert one_read and two_reads
 
 
+def every_module(pair) -> list:
+    """Every module the methods run on ``pair``: both models, the EAGLE head, the exit heads, and the
+    streams with each form of their layers (merged, and the int8 views that drafting runs)."""
+    from mirror_sd.models.eagle import head_for
+    from mirror_sd.models.streams import draft_streams, target_streams
+
+    modules = [pair.target, pair.draft, head_for(pair), *pair.exit_heads.values(), *pair.early_exits.values()]
+    for streams, model in ((target_streams(pair), pair.target), (draft_streams(pair), pair.draft)):
+        layers = streams.layers_for(model, streams.first_layer, model.num_layers)
+        modules += [streams, *streams.merged_layers(model), *layers]
+    return modules
+
+
 @pytest.mark.parametrize("method,options,stages", METHODS[1:], ids=[f"{m}-{o}" for m, o, _ in METHODS[1:]])
 def test_every_method_commits_vanillas_tokens_with_the_other_tuned_kernels(pair, monkeypatch, method, options, stages):
     """Every product and attention the methods run, in every thread, in the formulation a GPU may
@@ -179,8 +192,6 @@ def test_every_method_commits_vanillas_tokens_with_the_other_tuned_kernels(pair,
     each; vanilla (the reference) in the default
     ones. The Triton kernels are checked per forward in tests/test_tuning.py (Triton's interpreter
     is too slow for whole runs)."""
-    from types import SimpleNamespace
-
     from mirror_sd.models import tuning
 
     other = {"swapped": 1.0, "expanded": 1.0, "fused": 1.0, "joined": 1.0,
@@ -191,16 +202,15 @@ def test_every_method_commits_vanillas_tokens_with_the_other_tuned_kernels(pair,
             raise RuntimeError("left out")
         return other[fn.__defaults__[0]]
 
-    planning_everywhere = SimpleNamespace(timer=timer)
     expected = {prompt: vanilla_tokens(pair, prompt) for prompt in PROMPTS}
     monkeypatch.setattr(tuning, "PLAN", {})
     monkeypatch.setattr(tuning, "TIMES", {})
-    monkeypatch.setattr(tuning, "_planning", planning_everywhere)  # the lanes' threads too
     monkeypatch.setattr(tuning, "graph_us", timer)  # on CUDA, what a stage's capture tunes with
     monkeypatch.setattr(pair, "stage_sets", {})  # stages made afresh, so that CUDA captures them under this plan
-    for prompt in PROMPTS:
-        out = generate(pair, prompt, method=method, max_new_tokens=TOKENS, raw=True, **options)
-        assert out.error is None and out.token_ids == expected[prompt], f"{method} {options} on {prompt!r}"
+    with tuning.converted(on_cpu_worker(every_module, pair), tuning.Plan(timer)):  # whichever thread runs them
+        for prompt in PROMPTS:
+            out = generate(pair, prompt, method=method, max_new_tokens=TOKENS, raw=True, **options)
+            assert out.error is None and out.token_ids == expected[prompt], f"{method} {options} on {prompt!r}"
     assert {op: name for (op, *_), name in tuning.PLAN.items()} == dict(
         product="swapped", attention="expanded", norm="fused", added_norm="separate", rotary="composite",
         rotary_store="separate", projections="joined", gated="joined")

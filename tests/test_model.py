@@ -5,8 +5,7 @@ import transformers
 
 from conftest import make_tiny_model
 from mirror_sd import load_pair
-from mirror_sd.devices import int8_products
-from mirror_sd.models.linear import INT8, Linear, uses_prepacked
+from mirror_sd.models.linear import INT8, Linear, convert_to_int8, int8_view, uses_prepacked
 from mirror_sd.models.loading import embedded_model_dir
 
 
@@ -125,27 +124,29 @@ def test_prepacked_linear_trains_like_nn_linear():
 
 
 @pytest.mark.skipif(not INT8, reason="this PyTorch build has no int8 CPU kernels")
-def test_int8_products_run_only_inside_the_switch_and_stay_close():
-    """Inside int8_products a layer multiplies by an int8 copy of its weight: close to fp32, not equal;
-    outside it, and for layers marked int8=False, and with gradients, the fp32 product is unchanged."""
+def test_int8_products_run_only_in_converted_layers_and_stay_close():
+    """A layer converted to int8 products (what only drafts, at load) multiplies by an int8 copy of its
+    weight: close to fp32, not equal; converted back, and for layers marked int8=False, and with
+    gradients, the fp32 product is unchanged. An int8 view converts a copy, the layer itself stays."""
     torch.manual_seed(0)
     layer, kept = Linear(576, 1536, bias=True), Linear(576, 1536, bias=True, int8=False)
     kept.load_state_dict(layer.state_dict())
     x = torch.randn(1, 3, 576)
     with torch.no_grad():
         exact = torch.nn.functional.linear(x, layer.weight, layer.bias)
-        with int8_products():
-            approx, fp32_kept = layer(x), kept(x)
-            with int8_products(False):  # a nested switch-off, restored on leaving
-                assert torch.allclose(layer(x), exact, atol=1e-5)
-            assert torch.equal(layer(x), approx)
+        view = int8_view(torch.nn.Sequential(layer))[0]
+        assert view is not layer and view.weight is layer.weight and not layer.int8_products
+        assert torch.allclose(layer(x), exact, atol=1e-5)  # the layer itself: fp32
+        convert_to_int8(layer), convert_to_int8(kept)
+        approx, fp32_kept = layer(x), kept(x)
+        assert torch.equal(view(x), approx)
         assert not torch.allclose(approx, exact, atol=1e-5)  # really int8: not the fp32 product
         assert (approx - exact).abs().max() < 0.02 * exact.abs().max()
         assert torch.allclose(fp32_kept, exact, atol=1e-5)
-        assert torch.allclose(layer(x), exact, atol=1e-5)  # outside the switch: fp32 again
         layer.weight.mul_(2)  # an in-place change remakes the int8 copy too
-        with int8_products():
-            assert (layer(x) - 2 * exact + layer.bias).abs().max() < 0.04 * exact.abs().max()
-    with int8_products():
-        y = layer(x)  # gradients needed (training): the plain fp32 product
+        assert (layer(x) - 2 * exact + layer.bias).abs().max() < 0.04 * exact.abs().max()
+        convert_to_int8(layer, False)
+        assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-5)
+    convert_to_int8(layer)
+    y = layer(x)  # gradients needed (training): the plain fp32 product
     assert torch.allclose(y, torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-5)

@@ -15,7 +15,7 @@ from mirror_sd.errors import MirrorSDError
 from mirror_sd.models import tuning
 from mirror_sd.models.linear import Linear, linear
 from mirror_sd.models.loading import load_model
-from mirror_sd.models.tuning import FORMULATIONS, MARGIN, planned
+from mirror_sd.models.tuning import FORMULATIONS, MARGIN, Plan
 from mirror_sd.tools.gpu_check import tuning_section
 
 pytest.importorskip("triton")
@@ -220,8 +220,7 @@ def test_attention_is_tuned_on_random_inputs_that_use_every_block_of_slots(monke
             return real(name, q, k, v, mask, causal)
         return v[:, :, :1].repeat_interleave(2, dim=1).expand(-1, -1, q.shape[2], -1)
     monkeypatch.setattr(tuning, "run_attention", first_slot_only)
-    with planned(True, timer=timer_for({"sdpa": 5.0, "expanded": 1.0})):
-        tuning.attention(q, k, v, mask, False)
+    tuning.attention(q, k, v, mask, False, Plan(timer_for({"sdpa": 5.0, "expanded": 1.0})))
     [(key, chosen)] = tuning.PLAN.items()
     assert chosen == "sdpa" and tuning.TIMES[key]["expanded"].startswith("wrong")
 
@@ -230,8 +229,7 @@ def test_the_tuner_keeps_the_fastest_and_records_every_time():
     needs_interpreter("skinny")  # it wins, and runs
     x, w = torch.randn(4, 32), torch.randn(48, 32)
     times = {"cublas": 9.0, "swapped": 7.0, "skinny": 2.0, "skinny-wide": 3.0, "matvec": 4.0, "matvec-wide": 5.0}
-    with planned(True, timer=timer_for(times)):
-        linear(x, w)
+    linear(x, w, plan=Plan(timer_for(times)))
     [(key, chosen)] = tuning.PLAN.items()
     assert key[:4] == ("product", "cpu", "48 x 32", 4) and chosen == "skinny" and tuning.TIMES[key] == times
     [row] = tuning.plan_table()
@@ -240,15 +238,13 @@ def test_the_tuner_keeps_the_fastest_and_records_every_time():
 
 def test_the_tuner_keeps_the_default_unless_another_saves_more_than_the_margin():
     x, w = torch.randn(2, 32), torch.randn(48, 32)
-    with planned(True, timer=timer_for({"cublas": 10.0, "swapped": 10.0 * (1 - MARGIN / 2), "skinny": 11.0})):
-        linear(x, w)
+    linear(x, w, plan=Plan(timer_for({"cublas": 10.0, "swapped": 10.0 * (1 - MARGIN / 2), "skinny": 11.0})))
     assert list(tuning.PLAN.values()) == ["cublas"]
 
 
 def test_a_formulation_that_cannot_run_is_recorded_and_left_out():
     x, w = torch.randn(8, 32), torch.randn(48, 32)
-    with planned(True, timer=timer_for({"cublas": 10.0, "swapped": 4.0})):
-        linear(x, w)
+    linear(x, w, plan=Plan(timer_for({"cublas": 10.0, "swapped": 4.0})))
     [(key, chosen)] = tuning.PLAN.items()
     assert chosen == "swapped" and tuning.TIMES[key]["skinny"] == "RuntimeError: skinny cannot run here"
     section = "\n".join(tuning_section(tuning.plan_table()))
@@ -261,8 +257,7 @@ def test_a_fast_formulation_with_a_wrong_result_is_left_out(monkeypatch):
     run = tuning.run_product
     monkeypatch.setattr(tuning, "run_product", lambda name, *a: run(name, *a) * (1.01 if name == "swapped" else 1))
     x, w = torch.randn(8, 32), torch.randn(48, 32)
-    with planned(True, timer=timer_for({"cublas": 10.0, "swapped": 1.0, "skinny": 5.0, "skinny-wide": 6.0})):
-        y = linear(x, w)
+    y = linear(x, w, plan=Plan(timer_for({"cublas": 10.0, "swapped": 1.0, "skinny": 5.0, "skinny-wide": 6.0})))
     [(key, chosen)] = tuning.PLAN.items()
     assert chosen == "skinny" and tuning.TIMES[key]["swapped"] == "wrong: off by 1.0e-02 of the largest value"
     torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
@@ -276,18 +271,22 @@ def test_differs_allows_rounding_only():
     assert tuning.differs(expected[:2], expected).startswith("wrong: shape (2,)")
 
 
-def test_kernels_take_their_plan_only_inside_planned():
-    x, w = torch.randn(1, 5, 32), torch.randn(48, 32)
-    linear(x, w)
-    assert tuning.PLAN == {}  # outside planned(): the default calls (the CPU's own paths), nothing tuned
-    with planned(True, timer=fastest("swapped")):
-        y = linear(x, w)
-        linear(x, w)  # the same kind again: planned already
+def test_modules_take_a_plan_only_while_converted():
+    """A module's kernel is its ``plan``: None (the default calls, nothing tuned) but inside
+    ``tuning.converted``, as a stage's capture sets it, and as it was again after."""
+    layer, x = Linear(32, 48, bias=False), torch.randn(1, 5, 32)
+    with torch.no_grad():
+        layer(x)
+        assert tuning.PLAN == {} and layer.plan is None  # no plan: the default calls (the CPU's own paths)
+        plan = Plan(fastest("swapped"))
+        with tuning.converted([torch.nn.Sequential(layer)], plan):
+            assert layer.plan is plan
+            y = layer(x)
+            layer(x)  # the same kind again: planned already
+        assert layer.plan is None
     assert list(tuning.PLAN.values()) == ["swapped"] and len(tuning.TIMES) == 1
     assert y.shape == (1, 5, 48)
-    torch.testing.assert_close(y, F.linear(x, w), rtol=1e-5, atol=1e-5)
-    with planned(False):
-        assert not tuning.planning()
+    torch.testing.assert_close(y, F.linear(x, layer.weight), rtol=1e-5, atol=1e-5)
 
 
 COMBINATIONS = [  # a formulation per op, in FORMULATIONS' order: product, attention, norm, added_norm, rotary,
@@ -315,7 +314,7 @@ def test_a_stage_in_any_formulation_gives_the_plain_logits(tiny_dirs, tmp_path, 
     with torch.inference_mode():
         plain = model.forward(ids, model.new_cache(16))
     stage = Stage(model, 8, StageCache(model, 16))
-    with planned(True, timer=fastest(*chosen)):
+    with stage.planned(fastest(*chosen)):  # as its capture converts the modules its body runs
         tuned = stage.run(ids)
     assert {op: name for (op, *_), name in tuning.PLAN.items()} == dict(zip(FORMULATIONS, chosen))
     torch.testing.assert_close(tuned, plain, rtol=1e-5, atol=1e-5)

@@ -215,11 +215,11 @@ def decode(run, depth: int, top_k: int, total_tokens: int, lookup: int):
             draft_work = (draft_fields, run, head, on_device[0], head_cache, pending, tree_draft)
             tree, path, token, feats, early, _ = draft_and_verify_on_stages(
                 run, ex, lane, draft_work, total_tokens, on_device[1], cache, verify_ranges[0],
-                label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]), drafting=True)
+                label=f"draft tree of {size}, depth {depth}", step=step, tokens=len(pending[1]))
         else:  # each read to the host (the tree, to graft a copy on it; the verdict)
             drafted = ex.start(lane, SpanKind.DRAFT, draft, run, head, head_cache, pending, depth, top_k, total_tokens,
                                copied, label=f"draft tree of {size}, depth {depth}", step=step,
-                               tokens=len(pending[1]), drafting=True)
+                               tokens=len(pending[1]))
             tree = drafted.result()
             path, token, feats, early = ex.start(lane, SpanKind.VERIFY, verify_tree, run, cache, tree, early_layers,
                                                  label=f"verify {len(tree.tokens) + 1} tokens", step=step,

@@ -17,7 +17,7 @@ top N_s layers. Each step, on the target lane alone, in one of two forms:
   accepted position re-enter the top N_s layers in a pass of their own, g rows that see the cache
   up to that position. This pass comes after the correction is committed, so streams trained with
   ``next_token_rank`` see it (the shipped ``ss-smollm2-135m``; its accuracy: docs/experiments/ss.md), and
-  on a CPU, where every row costs time, only the g rows that are used run, in int8 (devices.Lane, drafting=True).
+  on a CPU, where every row costs time, only the g rows that are used run, in int8 (streams.target_streams).
 
 The draft tree (temperature 0): the top_k tokens of stream 1 are children of the root; the top_k
 tokens of stream j + 1 are children of each of the top_k best nodes of level j, scored by the sum
@@ -153,8 +153,7 @@ def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int, one_forw
         if stages is not None:  # drafted and verified on the target's stages, read once
             tree, path, token, _, _, hidden = draft_and_verify_on_stages(
                 run, ex, lane, (stream_fields_on_stage, run, stages, streams, ahead, draft_spec), total_tokens, stages,
-                cache, verify_spec, label=f"streams: draft {gamma} levels{copy_label}", step=step, tokens=gamma,
-                drafting=True)
+                cache, verify_spec, label=f"streams: draft {gamma} levels{copy_label}", step=step, tokens=gamma)
             window, stream_rows = len(tree.tokens) + 1, 0
             ahead = hidden[None, -1:]  # the last accepted row's [1, 1, d]
         else:  # each read to the host (the tree; the verdict)
@@ -164,7 +163,7 @@ def decode(run, gamma: int, top_k: int, total_tokens: int, lookup: int, one_forw
             else:
                 drafted = ex.start(lane, SpanKind.DRAFT, draft_from_streams, run, streams, cache, ahead, gamma, top_k,
                                    total_tokens, copied, label=f"streams: draft {gamma} levels{copy_label}",
-                                   step=step, tokens=gamma, drafting=True)
+                                   step=step, tokens=gamma)
             tree = drafted.result()
             window = len(tree.tokens) + 1
             stream_rows = window * gamma if one_forward else 0

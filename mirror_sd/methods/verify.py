@@ -125,7 +125,7 @@ def drafted_verify_stages(run, cache, spec, total_tokens: int, copied: list[int]
 def draft_and_verify_on_stages(run, ex, draft_lane, draft, nodes: int, stages, cache, spec, **draft_span):
     """One greedy step's draft and verification on stages, read once: ``draft`` (fn, *args) gives a
     tree's fields [1, 4, nodes] on the draft's device (``grow_fields``' layout), run on ``draft_lane``
-    as span "draft" (``draft_span``: its label, step, tokens, drafting); the target lane then
+    as span "draft" (``draft_span``: its label, step, tokens); the target lane then
     verifies it on the stage ``spec`` names in ``stages`` (``queue_drafted_verify``: the stage lays
     the tree's rows out and returns them with the verdict). Queued (``ex``: executors.Streams), the
     target's stream waits for the draft on a CUDA event, not the host, and the host waits for the

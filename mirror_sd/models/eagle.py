@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import MirrorSDError
+from . import tuning
 from .forwards import layers, staged
 from .linear import Linear, linear
 from .llama import DecoderLayer, KVCache, ModelArgs, Transformer
@@ -112,9 +113,10 @@ def check_early_layers(target: Transformer, early_layers) -> tuple[int, ...]:
     return early_layers
 
 
-class EagleHead(nn.Module):
+class EagleHead(tuning.Planned, nn.Module):
     layer_devices = None  # never sharded (models/stages.py asks)
     num_layers = 1
+    int8_products = False  # the head only drafts: int8 on a CPU lane with int8 drafting (linear.convert_to_int8)
 
     def __init__(self, args: ModelArgs, vocab_map: torch.Tensor, embed_weight: torch.Tensor,
                  head_rows: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, early_layers=()):
@@ -194,7 +196,7 @@ class EagleHead(nn.Module):
 
     def logits(self, feats: torch.Tensor) -> torch.Tensor:
         """Predicted features [..., d] -> logits over the head's rows [..., rows] (fp32)."""
-        return linear(feats, self.head_rows).float()
+        return linear(feats, self.head_rows, self.int8_products, self.plan).float()
 
 
 class HeadStage(Stage):
@@ -291,17 +293,18 @@ HEADS: "WeakKeyDictionary" = WeakKeyDictionary()  # target Transformer -> its Ea
 
 
 def head_for(pair) -> EagleHead:
-    """The pair's EAGLE head: attached with ``attach_head``, or the shipped one for the embedded target."""
+    """The pair's EAGLE head: attached with ``attach_head``, or the shipped one for the embedded target.
+    It only drafts, on the target's lane: in int8 where the pair drafts so there (``ModelPair.drafting``)."""
     head = HEADS.get(pair.target)
     if head is not None:
-        return head
+        return pair.drafting(head, pair.target_lane)
     if pair.target_name not in (EMBEDDED_NAME, "default"):
         raise MirrorSDError(f"method 'eagle' needs an EAGLE head trained for target {pair.target_name!r}; only the "
                             f"embedded target ({EMBEDDED_NAME}) ships one (train one with python -m mirror_sd.train "
                             f"eagle --target ... --out HEAD, then pass --add-on HEAD, or load_pair(add_ons=[HEAD]))")
     head = load_head(EMBEDDED_HEAD, pair.target)
     HEADS[pair.target] = head
-    return head
+    return pair.drafting(head, pair.target_lane)
 
 
 def attach_head(pair, head: EagleHead):

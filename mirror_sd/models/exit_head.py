@@ -35,6 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import MirrorSDError
+from . import tuning
 from .linear import Linear, linear
 from .llama import Transformer
 
@@ -134,7 +135,7 @@ def new_exit_head(target: Transformer, exit_layer: int, rank: int = 64, mlp: int
     return head.to(target.device, target.dtype)
 
 
-class EarlyExit(nn.Module):
+class EarlyExit(tuning.Planned, nn.Module):
     """What Mirror-SD's token channel reads the exit layer's hidden states with: the trained head
     (if given), then the target's final norm and LM-head ``rows`` (the draft's vocabulary, or the
     whole head), then log_softmax: [B, T, d] -> log-probs [B, T, rows] (fp32); ``vocab_map``: the
@@ -153,7 +154,7 @@ class EarlyExit(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if self.head is not None:
             h = self.head(h)
-        return torch.log_softmax(linear(self.norm(h), self.rows).float(), dim=-1)
+        return torch.log_softmax(linear(self.norm(h), self.rows, plan=self.plan).float(), dim=-1)
 
 
 def signature(target: Transformer, exit_layer: int) -> list[float]:

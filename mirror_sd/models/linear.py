@@ -17,13 +17,15 @@ step bumps the tensor's version), so training, which needs gradients, and state 
 ``nn.Linear``. Rows of a product may differ in the last bits with the number of rows, exactly as
 with ``F.linear``; every method, vanilla included, runs through the same layers.
 
-Int8 drafting. Inside :func:`mirror_sd.devices.int8_products` (a per-thread switch that the lanes
-turn on for drafting work: ``Lane.int8_drafting``) products take an int8 copy of the weight
-instead, one scale per output row, made on first use, with the input quantised on the fly
-(PyTorch's dynamic quantisation kernel, ``torch.ops.quantized.linear_dynamic``, which takes and
-gives fp32: a bf16 model's rows go in as fp32 and come back as bf16). A quarter of the
-bytes to stream, so a draft step costs about half as much
-(docs/experiments/draft.md#int8-drafting).
+Int8 drafting. A model converted with :func:`convert_to_int8` (what only ever drafts, on a CPU
+lane with int8 drafting: the draft, the EAGLE head, the speculative streams' layers; set by
+``ModelPair.int8_drafting`` when they are loaded) multiplies by an int8 copy of each weight instead,
+one scale per output row, made on first use, with the input quantised on the fly (PyTorch's dynamic
+quantisation kernel, ``torch.ops.quantized.linear_dynamic``, which takes and gives fp32: a bf16
+model's rows go in as fp32 and come back as bf16). A quarter of the bytes to stream, so a draft
+step costs about half as much (docs/experiments/draft.md#int8-drafting). Where drafting shares a
+module with the target (speculative streams on the target's own layers), it runs an
+:func:`int8_view` of it, so the target's own products never change.
 Drafts only propose, and the target verifies them in its own dtype (fp32, or bf16 made exact:
 models/exact.py), so every method stays lossless; what
 may change is which tokens a draft proposes, and so tau. The kernel quantises each input with one
@@ -37,14 +39,13 @@ stay int8.
 """
 from __future__ import annotations
 
+import copy
 import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-# int8_products is also imported from here (tests, scripts): the switch lives with the lanes that set it
-from ..devices import int8_products, int8_products_on  # noqa: F401
 from . import tuning
 
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -106,15 +107,16 @@ def _full_range_saturates() -> bool:
 REDUCE_RANGE = _full_range_saturates()  # 7-bit activations where 8 bits would saturate
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, int8: bool = True) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, int8: bool = False,
+           plan: "tuning.Plan | None" = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: x [..., in], weight [out, in] -> [..., out]; prepacked on CPU,
-    or through the weight's int8 copy inside ``devices.int8_products`` (unless int8=False); in the
-    formulation measured fastest inside ``tuning.planned`` (a CUDA stage's capture)."""
-    if tuning.planning():
-        return tuning.product(x, weight, bias)
+    or through the weight's int8 copy with int8=True (a model converted for int8 drafting); with a
+    ``plan`` (a CUDA stage's capture: models/tuning.py), in the formulation measured fastest."""
+    if plan is not None:
+        return tuning.product(x, weight, bias, plan)
     if not uses_prepacked(x, weight, bias):
         return F.linear(x, weight, bias)
-    if int8 and INT8 and int8_products_on():  # the kernel takes and gives fp32
+    if int8 and INT8:  # the kernel takes and gives fp32
         y = torch.ops.quantized.linear_dynamic(x.float().contiguous(), int8_weight(weight, bias), REDUCE_RANGE)
         return y.to(x.dtype)
     if weight.numel() < PREPACK_MIN_WEIGHT:  # fits in cache: oneDNN's per-call cost would dominate
@@ -127,7 +129,7 @@ def exact_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     more rows always is: a single row runs twice and one copy is kept (models/exact.py)."""
     x2d = x.reshape(-1, x.shape[-1])  # [M, K]
     rows = x2d.shape[0]
-    y = linear(torch.cat((x2d, x2d)) if rows == 1 else x2d, weight, bias, int8=False)
+    y = linear(torch.cat((x2d, x2d)) if rows == 1 else x2d, weight, bias)
     return y[:rows].view(*x.shape[:-1], weight.shape[0])
 
 
@@ -148,7 +150,7 @@ def int8_weight(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor
 
 def uses_prepacked(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether :func:`linear` takes a kernel of its own for these operands (module docstring): the
-    int8 copy when drafting, else oneDNN's prepacked weight if it has PREPACK_MIN_WEIGHT elements."""
+    int8 copy when drafting in int8, else oneDNN's prepacked weight if it has PREPACK_MIN_WEIGHT elements."""
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     return (ONEDNN and not needs_grad and x.device.type == "cpu" and x.dtype == weight.dtype
             and x.dtype in PREPACKED_DTYPES and x.numel() > 0)
@@ -171,20 +173,47 @@ def _kept_on(weight: torch.Tensor, name: str, make):
     return kept[1]
 
 
-class Linear(nn.Linear):
+class Linear(tuning.Planned, nn.Linear):
     """``nn.Linear`` (same parameters, same state dict) whose inference runs through :func:`linear`.
 
-    int8=False keeps the layer in its own dtype inside ``int8_products`` (module docstring). exact=True (set
-    by ``exact.convert`` for a bf16 model on CPU) multiplies as :func:`exact_product`, rows
-    independent of how many there are."""
+    Its kernel is chosen by attributes set when its model is loaded or its stage captured, never
+    during the forward: ``int8_products`` (:func:`convert_to_int8`: it drafts, by an int8 copy of
+    its weight unless it was made with int8=False, module docstring); ``exact`` (``exact.convert``,
+    a bf16 model on CPU: a product as :func:`exact_product`, rows independent of how many there
+    are; drafting keeps its int8 copies instead); ``plan`` (``tuning.converted``, while a CUDA stage
+    captures it: the formulation measured fastest)."""
 
     exact = False
+    int8_products = False
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, int8: bool = True):
         super().__init__(in_features, out_features, bias=bias)
-        self.int8 = int8
+        self.int8 = int8  # False: stays in its own dtype when its model drafts in int8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.exact and not int8_products_on():  # drafting work keeps its int8 copies (module docstring)
+        if self.exact and not self.int8_products:
             return exact_product(x, self.weight, self.bias)
-        return linear(x, self.weight, self.bias, self.int8)
+        return linear(x, self.weight, self.bias, self.int8_products and self.int8, self.plan)
+
+
+def convert_to_int8(module: nn.Module, on: bool = True) -> nn.Module:
+    """Set every :class:`Linear` in ``module`` (and the heads with ``int8_products``, whose logits
+    multiply by rows of an LM head) to draft in int8 (on=False: back to its own dtype), in place:
+    what a model that only ever drafts gets at load (``ModelPair.int8_drafting``)."""
+    for part in module.modules():
+        if hasattr(part, "int8_products"):  # Linear, and the heads that multiply by LM-head rows
+            part.int8_products = on
+    return module
+
+
+def int8_view(module: nn.Module) -> nn.Module:
+    """A view of ``module`` converted to int8 products: the same parameters and buffers, copies of
+    its submodules. For drafting work that runs modules the target runs too (speculative streams on
+    the target's own layers), so that the target's products never change. A view starts with no
+    tuning plan of its own (``tuning.converted`` gives one while a stage captures it)."""
+    view = copy.copy(module)
+    view._modules = {name: None if child is None else int8_view(child) for name, child in module._modules.items()}
+    view.__dict__.pop("plan", None)
+    if isinstance(view, Linear):
+        view.int8_products = True
+    return view

@@ -10,8 +10,9 @@ and speculative decoding needs all three:
   length is a pointer move, and ``keep(slots)`` compacts a non-contiguous accepted tree path.
 * Every forward accepts explicit position ids and a window attention mask (tree verification).
 
-This is the plain forward, one operation after another; each operation's kernel is chosen where it
-is written (``Linear``: models/linear.py; norm, rotary embedding, attention: models/tuning.py). A
+This is the plain forward, one operation after another; each operation's kernel is an attribute of
+its module, set when the model is loaded or a stage captures it, never read from elsewhere in the
+forward (``Linear``: models/linear.py; norm, rotary embedding, attention: models/tuning.py). A
 stage's body runs models/tuned.py's layers in place of these, stream rows run copies of them
 (models/streams.py): docs/architecture.md, "The model and its fast paths".
 
@@ -208,17 +209,17 @@ class Unstored:
         return torch.cat([k_all, k], dim=2), torch.cat([v_all, v], dim=2)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(tuning.Planned, nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x):
-        return tuning.norm(x, self.weight, self.eps)  # weight * normalised x (in fp32, then x's dtype)
+        return tuning.norm(x, self.weight, self.eps, self.plan)  # weight * normalised x (in fp32, then x's dtype)
 
 
-class Attention(nn.Module):
+class Attention(tuning.Planned, nn.Module):
     exact = False  # exact.convert: attention as exact.attention (bf16 on CPU)
 
     def __init__(self, args: ModelArgs):
@@ -238,7 +239,7 @@ class Attention(nn.Module):
         """x [B, T, hidden] -> [B, T, hidden]: the window's rows attend to the cache's slots (their own
         keys and values stored there first) under the window's mask."""
         q, k, v = self.heads(self.q_proj(x), self.k_proj(x), self.v_proj(x))
-        q, k = tuning.rotary(q, k, win.cos, win.sin)
+        q, k = tuning.rotary(q, k, win.cos, win.sin, self.plan)
         if cache is not None:
             k, v = cache.write(layer, win.start, k, v)  # [B, K, S, D]: every slot up to the window's end
         return self.out(self.attend(q, k, v, win))
@@ -247,7 +248,7 @@ class Attention(nn.Module):
         """q [B, H, T, D] over k, v [B, K, S, D] under the window's mask: [B, H, T, D]."""
         if self.exact:
             return exact.attention(q, k, v, win.mask, win.causal)
-        return tuning.attention(q, k, v, win.mask, win.causal)
+        return tuning.attention(q, k, v, win.mask, win.causal, self.plan)
 
     def heads(self, q, k, v):
         """The projections [B, T, heads * D] split into heads [B, heads, T, D], q and k normed where

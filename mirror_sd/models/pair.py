@@ -13,7 +13,7 @@ from ..errors import MirrorSDError
 from . import auto_dtype, exact
 from .add_ons import attach_add_on
 from .exit_draft import PREFIX as EXIT_DRAFT, exit_layer_of, load_exit_draft
-from .linear import INT8
+from .linear import INT8, convert_to_int8
 from .forwards import FULL, stage_cache
 from .llama import Transformer
 from .stages import Stages
@@ -75,6 +75,7 @@ class ModelPair:
     graphs: str = "auto"  # fixed-shape stages: "on", "off", or "auto" (on for CUDA lanes); see new_cache
     buckets: str = "cheapest"  # a stage's window: at the "cheapest" bucket timed at capture, or the "smallest"
     kernels: str = "tuned"  # a stage's operations: "tuned" (the fastest, at capture; models/tuning.py) or "default"
+    int8_asked: bool = False  # drafting on CPU lanes in int8, as asked (``int8_drafting``: where it runs)
     stage_sets: dict = field(default_factory=dict, repr=False)  # model -> its Stages (models/forwards.py)
 
     @property
@@ -114,6 +115,8 @@ class ModelPair:
                 loaded[draft] = on_cpu_worker(_load_draft, draft, target_dir, self.tokenizer, self.draft_lane,
                                               self.target.dtype, self.target.model.embed_tokens.weight)
         self.draft, self.draft_name, self.draft_dir = loaded[draft]
+        if self.draft is not None:
+            self.drafting(self.draft, self.draft_lane)
         self.draft_streams = self.early_exit_rows = None
         self.early_exits = {}
 
@@ -131,12 +134,29 @@ class ModelPair:
     @property
     def int8_drafting(self) -> bool:
         """Whether drafting work on CPU lanes multiplies by int8 weight copies (models/linear.py)."""
-        return self.target_lane.int8_drafting or self.draft_lane.int8_drafting
+        return self.int8_on(self.target_lane) or self.int8_on(self.draft_lane)
 
     @int8_drafting.setter
     def int8_drafting(self, on: bool):
-        for lane in (self.target_lane, self.draft_lane):
-            lane.int8_drafting = bool(on) and lane.device.type == "cpu" and INT8
+        """Ask for int8 drafting (or not): the drafts loaded are converted now, add-ons that draft
+        when a run takes them (``drafting``)."""
+        self.int8_asked = bool(on)
+        for model, _, _ in [(self.draft, None, None), *self.loaded_drafts.values()]:
+            if model is not None:
+                self.drafting(model, self.draft_lane)
+
+    def int8_on(self, lane: Lane | None) -> bool:
+        """Whether drafting work on ``lane`` multiplies in int8: asked for, on a CPU lane, where this
+        PyTorch has the kernel."""
+        return self.int8_asked and lane is not None and lane.device.type == "cpu" and INT8
+
+    def drafting(self, module: torch.nn.Module, lane: Lane | None):
+        """``module``, which only ever drafts on ``lane`` (a draft on the draft lane, the EAGLE head or
+        speculative streams run in a pass of their own on the target's; None: it does not draft),
+        converted to int8 products where drafting there runs in int8, else to its own dtype
+        (models/linear.py): its kernels are chosen here, when it is loaded or a run takes it.
+        Returns it."""
+        return convert_to_int8(module, self.int8_on(lane))
 
     def lane_of(self, model: Transformer) -> Lane:
         """The lane a model runs on: the target's, or the draft lane for any draft."""

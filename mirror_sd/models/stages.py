@@ -63,6 +63,7 @@ from dataclasses import dataclass, replace
 from enum import IntEnum
 
 import torch
+from torch import nn
 
 from ..devices import to_device
 from ..errors import MirrorSDError
@@ -173,10 +174,11 @@ class SlotWriter:
     def __init__(self, cache: StageCache, slots: torch.Tensor):
         self.cache, self.slots = cache, slots  # slots [W]
 
-    def store(self, layer: int, q, k, v, cos, sin):
+    def store(self, layer: int, q, k, v, cos, sin, plan: tuning.Plan | None = None):
         """q and k [B, heads, W, D] turned by the rotary embedding, k and v stored at the rows' slots:
-        (q turned, every slot's k, v [B, K, S, D]), as one tuned operation (models/tuning.py)."""
-        return tuning.rotary_store(q, k, v, cos, sin, self.cache.k[layer], self.cache.v[layer], self.slots)
+        (q turned, every slot's k, v [B, K, S, D]), as one operation in the formulation ``plan``
+        holds for it (models/tuning.py; the layer's attention's plan)."""
+        return tuning.rotary_store(q, k, v, cos, sin, self.cache.k[layer], self.cache.v[layer], self.slots, plan)
 
 
 class Stage:
@@ -202,7 +204,7 @@ class Stage:
             raise MirrorSDError("stream rows enter a layer above the first and run at least one")
         self.model, self.width, self.cache, self.layers, self.head = model, width, cache, (a, b), head
         self.streams = streams
-        self.tuned_kernels = True  # capture inside tuning.planned (models/tuning.py; Stages sets it)
+        self.tuned_kernels = True  # capture in the tuned formulations (``planned``; Stages sets it)
         self.embed = a == 0 and b > 0
         B, W, device = cache.k.shape[1] if cache is not None else 1, width, model.device
         # Static buffers: run() copies into them, the body (and a captured graph) reads them.
@@ -375,7 +377,7 @@ class Stage:
         raises ``CaptureUnsafe``): a failed capture can leave PyTorch's memory pool and random-number
         state unusable for the rest of the process, a refused warm-up cannot."""
         device = self.x.device
-        with torch.inference_mode(), torch.cuda.device(device), tuning.planned(self.tuned_kernels):
+        with torch.inference_mode(), torch.cuda.device(device), self.planned():
             self.load_padding()
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
@@ -388,6 +390,24 @@ class Stage:
             with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="relaxed"):
                 self.out = self.body()
         self.graph = graph
+
+    def planned(self, timer=None):
+        """While inside, the modules the body runs take the formulations measured fastest on this
+        device (a ``tuning.Plan`` with ``timer``; models/tuning.py), or PyTorch's default calls
+        without ``tuned_kernels``: how a capture chooses its kernels, then leaves the modules as
+        they were for the plain forwards."""
+        plan = tuning.Plan(timer) if self.tuned_kernels else None
+        return tuning.converted(self.modules_run(), plan)
+
+    def modules_run(self) -> list[nn.Module]:
+        """The modules the body runs: the model, a module read in place of its head, the modules a
+        one-stage forward's settings name (an exit reader, streams) and the layers stream rows run."""
+        spec = getattr(self, "spec", None)
+        named = [self.head, self.streams, *(vars(spec).values() if spec is not None else ())]
+        modules = [self.model, *(m for m in named if isinstance(m, nn.Module))]
+        for streams in {id(m): m for m in named if hasattr(m, "layers_for")}.values():
+            modules.extend(streams.layers_for(self.model, *self.layers))  # stream rows: the streams' copies
+        return modules
 
     def time_replays(self, repeats: int = TIMED_REPLAYS) -> float:
         """Median GPU milliseconds of one replay of the captured stage, on the current stream (CUDA

@@ -33,9 +33,9 @@ from torch import nn
 
 from ..devices import on_cpu_worker, to_device
 from ..errors import MirrorSDError
-from . import exact
+from . import exact, tuning
 from .forwards import layers, stream_layers
-from .linear import linear
+from .linear import int8_view, linear
 from .llama import DecoderLayer, KVCache, ModelArgs, Transformer, full_mask
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -69,11 +69,14 @@ def _linear_shapes(args: ModelArgs) -> dict[str, tuple[int, int]]:
                 gate_proj=(d, ff), up_proj=(d, ff), down_proj=(ff, d))
 
 
-class Streams(nn.Module):
+class Streams(tuning.Planned, nn.Module):
     """The trainable part: stream embeddings P [G, d] and LoRA pairs on the top N_s layers."""
 
     stream_rows = True  # a stage range with Streams in place of the head runs its rows (models/forwards.py)
     stage_name = "streams"
+    # Streams run in a pass of their own only draft: int8 on a CPU lane with int8 drafting
+    # (``ModelPair.drafting``), through int8 views of their layers (``layers_for``)
+    int8_products = False
 
     def __init__(self, args: ModelArgs, config: StreamConfig, vocab_map: torch.Tensor | None = None):
         super().__init__()
@@ -118,12 +121,22 @@ class Streams(nn.Module):
     def layers_for(self, model: Transformer, a: int, b: int):
         """The layers [a, b) that stream rows run: the model's own, or copies whose linear maps carry
         the adapters, beside each map while training and on a sharded model (``adapted_layers``), else
-        merged into it (``merged_layers``: one product per map, joined and tuned as the model's own)."""
+        merged into it (``merged_layers``: one product per map, joined and tuned as the model's own).
+        Streams that draft in int8 run int8 views of them (``int8_layers``)."""
         if not self.lora_a:
-            return model.model.layers[a:b]
-        beside = torch.is_grad_enabled() or model.layer_devices
-        own = self.adapted_layers(model) if beside else self.merged_layers(model)
+            own = model.model.layers[self.first_layer:]
+        elif torch.is_grad_enabled() or model.layer_devices:
+            own = self.adapted_layers(model)
+        else:
+            own = self.merged_layers(model)
+        if self.int8_products:
+            own = self.int8_layers(own, model)
         return own[a - self.first_layer:b - self.first_layer]
+
+    def int8_layers(self, layers: nn.ModuleList, model: Transformer) -> nn.ModuleList:
+        """Views of ``layers`` (L0..N) whose products take int8 weights (``linear.int8_view``): the
+        model's own modules, or the merged copies, stay as they are. Kept until the layers change."""
+        return self._kept("_int8", tuple(map(id, layers)), lambda i: int8_view(layers[i - self.first_layer]), model)
 
     def adapted_layers(self, model: Transformer) -> nn.ModuleList:
         """Views of ``model``'s layers L0..N whose linear maps are :class:`Adapted`, on the model's and
@@ -191,7 +204,7 @@ class Streams(nn.Module):
 
     def logits(self, model: Transformer, out: torch.Tensor) -> torch.Tensor:
         """The shared final norm and LM head (its rows for ``vocab_map``): [B, n, d] -> [B, n, head rows]."""
-        return linear(model.model.norm(out), self.head_weight).float()
+        return linear(model.model.norm(out), self.head_weight, self.int8_products, self.plan).float()
 
     def forward(self, model: Transformer, cache: KVCache, h: torch.Tensor, at: torch.Tensor,
                 positions: torch.Tensor | None = None, seen: torch.Tensor | None = None,
@@ -321,8 +334,9 @@ EMBEDDED_ONE_FORWARD_STREAMS = ASSETS / "ss-paper-smollm2-135m"  # `... train ss
 def target_streams(pair, one_forward: bool = False) -> Streams:
     """The trained streams of the pair's target, loaded once: for ``ss`` with one_forward, streams that
     ride in the verify forward (trained without the next-token input), else streams run in a pass of
-    their own. For the embedded target both ship; streams attached with use_streams serve either
-    form they fit."""
+    their own, which only draft (in int8 where the pair drafts so: ``ModelPair.drafting``, set here,
+    when a run takes them). For the embedded target both ship; streams attached with use_streams
+    serve either form they fit."""
     attr = "one_forward_streams" if one_forward else "streams"
     streams = getattr(pair, attr)
     if streams is None and not pair.attached_streams:
@@ -338,7 +352,7 @@ def target_streams(pair, one_forward: bool = False) -> Streams:
         raise MirrorSDError("one_forward=1 needs streams trained without the next-token input (they ride in the "
                             "verify forward, which decides the next token); the attached streams see it: train "
                             "others with `python -m mirror_sd.train ss --next-token-rank 0`, or use one_forward=0")
-    return streams
+    return pair.drafting(streams, None if one_forward else pair.target_lane)  # one_forward: they verify, not draft
 
 
 def draft_streams(pair) -> Streams:
@@ -351,7 +365,7 @@ def draft_streams(pair) -> Streams:
                                 f"{pair.draft_name!r} has none (train them with "
                                 "`python -m mirror_sd.train ss --model DRAFT_FOLDER --out DRAFT_FOLDER/streams`)")
         pair.draft_streams = Streams.load(folder, pair.draft.args).attach(pair.draft)
-    return pair.draft_streams
+    return pair.drafting(pair.draft_streams, pair.draft_lane)
 
 
 def use_streams(pair, folder: Path | str) -> Streams:

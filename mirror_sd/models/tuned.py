@@ -9,7 +9,8 @@ forward is captured, not a branch inside the model):
   input and output unadded, and the next layer adds them with its first norm (``tuning.added_norm``);
 * q, k and v as one product (``tuning.projections``); gate and up and silu(gate) * up (``tuning.gated``).
 
-Outside ``tuning.planned`` each pair runs as llama.py runs it, so a stage's rows are the plain forward's.
+With no plan on the layers' modules (``tuning.converted``: a CUDA stage's capture sets one) each pair
+runs as llama.py runs it, so a stage's rows are the plain forward's.
 """
 from __future__ import annotations
 
@@ -40,5 +41,5 @@ def _layer(layer: DecoderLayer, x: torch.Tensor, delta: torch.Tensor | None, win
 def _attention(attn: Attention, x: torch.Tensor, win: Window, writer, index: int) -> torch.Tensor:
     """``Attention.forward`` with q, k, v as one product and the rotary embedding and cache writes as one."""
     q, k, v = attn.heads(*tuning.projections(x, (attn.q_proj, attn.k_proj, attn.v_proj)))  # [B, heads, W, D]
-    q, k, v = writer.store(index, q, k, v, win.cos, win.sin)  # k, v: [B, K, S, D], every slot of the stage's cache
+    q, k, v = writer.store(index, q, k, v, win.cos, win.sin, attn.plan)  # k, v: [B, K, S, D], every slot of the stage's cache
     return attn.out(attn.attend(q, k, v, win))

@@ -51,8 +51,14 @@ The formulations of an operation differ only in rounding (the order of floating-
 multiply-adds), as cuBLAS's own kernels for two widths do, so every method stays lossless (the
 tests hold each formulation to the default one and the methods to vanilla).
 
-Measured, not assumed: inside :func:`planned` (a stage's warm-up and capture on a CUDA lane), the
-first operation of a new kind (its op, device, shapes, dtype, TF32 on or off) is tuned: :func:`tune`
+Chosen when a stage is captured, not during the forward: the modules whose operations are tuned
+(:class:`Planned`: llama.py's Linear, RMSNorm and Attention, and the heads that multiply by rows
+of an LM head) carry a ``plan``, None by default (PyTorch's default calls, as every forward outside
+a stage runs). A CUDA stage converts the modules its body runs to a :class:`Plan` for its warm-up
+and capture (:func:`converted`; models/stages.py), and the graph keeps what it recorded.
+
+Measured, not assumed: with a plan, the first operation of a new kind (its op, device, shapes,
+dtype, TF32 on or off) is tuned: :func:`tune`
 times each formulation (:func:`graph_us`: REPEATS runs captured as one CUDA graph, its replays
 timed with CUDA events), checks its result against the default one's on the same inputs, and
 keeps the fastest, unless it saves less than MARGIN against the default. A formulation that
@@ -65,8 +71,8 @@ from __future__ import annotations
 
 import functools
 import statistics
-import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -95,47 +101,61 @@ MATVEC = {"matvec": (2, 512, 2), "matvec-wide": (4, 256, 2)}
 MAX_STEPS = 16  # the matrix-vector kernel unrolls K / BLOCK_K steps: at most this many
 CHUNK, BLOCK_S = 256, 64  # split attention: slots per program, slots per loop step
 
-PLAN: dict[tuple, str] = {}  # kind of operation -> the formulation it runs inside planned()
+PLAN: dict[tuple, str] = {}  # kind of operation -> the formulation a plan runs for it
 TIMES: dict[tuple, dict[str, float | str]] = {}  # kind -> formulation -> GPU us per run, or why it cannot run
-_planning = threading.local()  # .timer: how this thread tunes a new kind (None: no planning)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a CUDA stage's capture runs: each operation of a kind tuned before in the formulation
+    ``PLAN`` holds for it, a new kind tuned first with ``timer(fn) -> us per call`` (None:
+    :func:`graph_us`, CUDA only)."""
+
+    timer: object = None
+
+
+class Planned:
+    """A module whose operations are tuned: ``plan`` is None (PyTorch's default calls) but while a
+    CUDA stage captures it (:func:`converted`)."""
+
+    plan: Plan | None = None
 
 
 @contextmanager
-def planned(on: bool = True, timer=None):
-    """While inside, this thread's tuned operations run their planned formulation, a new kind tuned
-    first with ``timer(fn) -> us per call`` (default :func:`graph_us`, CUDA only).
-    on=False: the default formulations inside too."""
-    before = getattr(_planning, "timer", None)
-    _planning.timer = (timer or graph_us) if on else None
+def converted(modules, plan: Plan | None):
+    """The :class:`Planned` modules among ``modules`` and their submodules run ``plan`` while
+    inside, and what they ran before on leaving: how a stage converts the modules its body runs
+    for its warm-up and capture (models/stages.py)."""
+    found = list({id(m): m for root in modules for m in root.modules() if isinstance(m, Planned)}.values())
+    before = [m.plan for m in found]
+    for m in found:
+        m.plan = plan
     try:
         yield
     finally:
-        _planning.timer = before
+        for m, was in zip(found, before):
+            m.plan = was
 
 
-def planning() -> bool:
-    """Whether this thread is inside ``planned(True)``."""
-    return getattr(_planning, "timer", None) is not None
-
-
-def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+            plan: Plan | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: x [..., K], weight [N, K] -> [..., N], in the formulation
-    planned for its kind (outside :func:`planned`: ``F.linear``)."""
+    ``plan`` holds for its kind (no plan: ``F.linear``)."""
     x2d = x.reshape(-1, x.shape[-1])  # [M, K]
     shape = f"{weight.shape[0]} x {weight.shape[1]}" + (" + bias" if bias is not None else "")
-    name = choice("product", shape, x2d.shape[0], x, lambda name: run_product(name, x2d, weight, bias))
+    name = choice("product", shape, x2d.shape[0], x, lambda name: run_product(name, x2d, weight, bias), plan)
     if name == "cublas":
         return F.linear(x, weight, bias)
     return run_product(name, x2d, weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-              causal: bool) -> torch.Tensor:
+              causal: bool, plan: Plan | None = None) -> torch.Tensor:
     """Scaled dot-product attention of q [B, H, T, D] over k, v [B, KV, S, D] (KV divides H) under
     ``mask`` [B|1, 1, T, S] (True: may attend) or ``causal``: [B, H, T, D], in the formulation
-    planned for its kind (outside :func:`planned`: ``sdpa``). Tuned on random inputs of the same
-    shapes (:func:`trial_attention_inputs`)."""
-    if not planning():
+    ``plan`` holds for its kind (no plan: ``sdpa``). Tuned on random inputs of the same shapes
+    (:func:`trial_attention_inputs`)."""
+    if plan is None:
         return run_attention("sdpa", q, k, v, mask, causal)
     B, H, T, D = q.shape
     inputs = []  # made on the first trial, before any capture (tune runs the default once first)
@@ -145,7 +165,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
             inputs.extend(trial_attention_inputs(q, k, v, mask))
         return run_attention(name, *inputs, causal)
     shape = f"{H} heads of {D} over {k.shape[2]} slots, {k.shape[1]} key heads" + (", causal" if causal else "")
-    name = choice("attention", shape, B * T, q, trial)
+    name = choice("attention", shape, B * T, q, trial, plan)
     return run_attention(name, q, k, v, mask, causal)
 
 
@@ -164,51 +184,51 @@ def trial_attention_inputs(q, k, v, mask):
     return [*like, seen]
 
 
-def norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def norm(x: torch.Tensor, weight: torch.Tensor, eps: float, plan: Plan | None = None) -> torch.Tensor:
     """RMSNorm of x [..., D] with ``weight`` [D], as Hugging Face's Llama computes it, in the
-    formulation planned for its kind (outside :func:`planned`: ``composite``)."""
-    if not planning():
+    formulation ``plan`` holds for its kind (no plan: ``composite``)."""
+    if plan is None:
         return run_norm("composite", x, weight, eps)
     rows = x.numel() // x.shape[-1]
-    name = choice("norm", f"{x.shape[-1]} wide", rows, x, lambda name: run_norm(name, x, weight, eps))
+    name = choice("norm", f"{x.shape[-1]} wide", rows, x, lambda name: run_norm(name, x, weight, eps), plan)
     return run_norm(name, x, weight, eps)
 
 
 def added_norm(x: torch.Tensor, delta: torch.Tensor | None, rms: torch.nn.Module):
     """(x + delta, rms(x + delta)): a residual add and the RMSNorm after it (x, delta [..., D];
-    delta None: no add, (x, rms(x))), in the formulation planned for their kind (outside
-    :func:`planned`: ``separate``, the add, then ``rms``)."""
+    delta None: no add, (x, rms(x))), in the formulation the norm's plan holds for their kind (no
+    plan: ``separate``, the add, then ``rms``)."""
     if delta is None:
         return x, rms(x)
-    if not planning():
+    if rms.plan is None:
         return run_added_norm("separate", x, delta, rms)
     rows = x.numel() // x.shape[-1]
-    name = choice("added_norm", f"{x.shape[-1]} wide", rows, x, lambda name: run_added_norm(name, x, delta, rms))
+    name = choice("added_norm", f"{x.shape[-1]} wide", rows, x, lambda name: run_added_norm(name, x, delta, rms),
+                  rms.plan)
     return run_added_norm(name, x, delta, rms)
 
 
-def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: Plan | None = None):
     """(q, k) [B, heads, T, D] turned by the rotary embedding: x * cos + rotate_half(x) * sin, cos and
-    sin [B or 1, 1, T, D]; in the formulation planned for their kind (outside :func:`planned`:
-    ``composite``)."""
-    if not planning():
+    sin [B or 1, 1, T, D]; in the formulation ``plan`` holds for their kind (no plan: ``composite``)."""
+    if plan is None:
         return run_rotary("composite", q, cos, sin), run_rotary("composite", k, cos, sin)
     turned = []
     for x in (q, k):
         B, H, T, D = x.shape
-        name = choice("rotary", f"{H} heads of {D}", B * T, x, lambda name, x=x: run_rotary(name, x, cos, sin))
+        name = choice("rotary", f"{H} heads of {D}", B * T, x, lambda name, x=x: run_rotary(name, x, cos, sin), plan)
         turned.append(run_rotary(name, x, cos, sin))
     return tuple(turned)
 
 
-def rotary_store(q, k, v, cos, sin, k_cache, v_cache, slots):
+def rotary_store(q, k, v, cos, sin, k_cache, v_cache, slots, plan: Plan | None = None):
     """q turned by the rotary embedding, and k turned and v as it is stored in the caches at
     ``slots``: q, k, v [B, heads, T, D], cos, sin [B|1, 1, T, D], k_cache, v_cache [B, KV, S, D],
     slots [T] (window row t goes to slot slots[t]). Returns (q turned, k_cache, v_cache), in the
-    formulation planned for their kind (outside :func:`planned`: ``separate``, :func:`rotary` and
-    two index copies). Tuned on zeroed copies of the caches, one per formulation, so that the
-    check sees what each formulation itself stored."""
-    if not planning():
+    formulation ``plan`` holds for their kind (no plan: ``separate``, :func:`rotary` and two index
+    copies). Tuned on zeroed copies of the caches, one per formulation, so that the check sees what
+    each formulation itself stored."""
+    if plan is None:
         return run_rotary_store("separate", q, k, v, cos, sin, k_cache, v_cache, slots)
     B, H, T, D = q.shape
     copies = {}
@@ -217,43 +237,45 @@ def rotary_store(q, k, v, cos, sin, k_cache, v_cache, slots):
         if name not in copies:  # made before any capture: tune runs each formulation once first
             copies[name] = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
         return run_rotary_store(name, q, k, v, cos, sin, *copies[name], slots)
-    name = choice("rotary_store", f"{H} + {k.shape[1]} heads of {D} into {k_cache.shape[2]} slots", B * T, q, trial)
+    name = choice("rotary_store", f"{H} + {k.shape[1]} heads of {D} into {k_cache.shape[2]} slots", B * T, q, trial,
+                  plan)
     return run_rotary_store(name, q, k, v, cos, sin, k_cache, v_cache, slots)
 
 
 def projections(x: torch.Tensor, linears) -> list[torch.Tensor]:
     """[linear(x) for each of ``linears``] (x [..., K], each linear [N_i, K]), in the formulation
-    planned for their kind (outside :func:`planned`: ``separate``)."""
-    if not planning():
+    their plan (the first one's) holds for their kind (no plan: ``separate``)."""
+    plan = linears[0].plan
+    if plan is None:
         return [linear(x) for linear in linears]
     shape = " + ".join(str(linear.out_features) for linear in linears) + f" x {x.shape[-1]}"
-    name = choice("projections", shape, x.numel() // x.shape[-1], x, lambda name: run_projections(name, x, linears))
+    name = choice("projections", shape, x.numel() // x.shape[-1], x, lambda name: run_projections(name, x, linears),
+                  plan)
     return run_projections(name, x, linears)
 
 
 def gated(x: torch.Tensor, gate, up) -> torch.Tensor:
     """silu(gate(x)) * up(x) (x [..., K]; gate, up [I, K]): a gated MLP's first half, in the
-    formulation planned for its kind (outside :func:`planned`: ``separate``)."""
-    if not planning():
+    formulation the gate's plan holds for its kind (no plan: ``separate``)."""
+    if gate.plan is None:
         return F.silu(gate(x)) * up(x)
     shape = f"2 x {gate.out_features} x {x.shape[-1]}"
-    name = choice("gated", shape, x.numel() // x.shape[-1], x, lambda name: run_gated(name, x, gate, up))
+    name = choice("gated", shape, x.numel() // x.shape[-1], x, lambda name: run_gated(name, x, gate, up), gate.plan)
     return run_gated(name, x, gate, up)
 
 
-def choice(op: str, shape: str, rows: int, x: torch.Tensor, call) -> str:
-    """The formulation of this kind of ``op``: the default outside :func:`planned`; else the planned
-    one, tuned now with ``call(name)`` if new (not while a graph is being captured, which then
-    records the default)."""
+def choice(op: str, shape: str, rows: int, x: torch.Tensor, call, plan: Plan | None) -> str:
+    """The formulation of this kind of ``op``: the default with no plan; else the planned one,
+    tuned now with ``call(name)`` and the plan's timer if new (not while a graph is being captured,
+    which then records the default)."""
     default = FORMULATIONS[op][0]
-    timer = getattr(_planning, "timer", None)
-    if timer is None:
+    if plan is None:
         return default
     key = (op, str(x.device), shape, rows, str(x.dtype).removeprefix("torch."), torch.backends.cuda.matmul.allow_tf32)
     if key not in PLAN:
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return default
-        tune(key, call, timer)
+        tune(key, call, plan.timer)
     return PLAN[key]
 
 
@@ -413,7 +435,7 @@ def run_projections(name: str, x: torch.Tensor, linears) -> list[torch.Tensor]:
         return [linear(x) for linear in linears]
     if name == "joined":  # one product, its output split into views [..., N_i]
         weight, bias = joined(linears)
-        return list(product(x, weight, bias).split([linear.out_features for linear in linears], dim=-1))
+        return list(product(x, weight, bias, linears[0].plan).split([linear.out_features for linear in linears], dim=-1))
     raise ValueError(f"no projections formulation {name!r} (formulations: {', '.join(FORMULATIONS['projections'])})")
 
 
@@ -424,7 +446,7 @@ def run_gated(name: str, x: torch.Tensor, gate, up) -> torch.Tensor:
     if name not in FORMULATIONS["gated"]:
         raise ValueError(f"no gated formulation {name!r} (formulations: {', '.join(FORMULATIONS['gated'])})")
     weight, bias = joined((gate, up))
-    both = product(x, weight, bias)  # [..., 2I]: gate(x), then up(x)
+    both = product(x, weight, bias, gate.plan)  # [..., 2I]: gate(x), then up(x)
     if name == "joined":
         g, u = both.chunk(2, dim=-1)
         return F.silu(g) * u

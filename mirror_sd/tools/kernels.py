@@ -14,11 +14,10 @@ than the decoding steps it saves. Two measurements say why, and what would chang
 from __future__ import annotations
 
 import copy
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
-from ..models import tuning
 from ..models.stages import BUCKETS, Stages
 
 PROFILED_WIDTHS = (1, 8, 32)
@@ -33,7 +32,7 @@ def top_kernels(stage, repeats: int = 3, top: int = TOP) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     cuda = stage.x.device.type == "cuda"
-    with torch.inference_mode(), tuning.planned(cuda and stage.tuned_kernels):  # the kernels its graph records
+    with torch.inference_mode(), stage.planned() if cuda else nullcontext():  # the kernels its graph records
         stage.load_padding()
         stage.body()  # warm: kernels chosen, memory allocated
         with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:

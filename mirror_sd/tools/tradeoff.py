@@ -28,7 +28,6 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..devices import int8_products
 from ..errors import MirrorSDError
 from ..trace import SpanKind, Trace
 from .bench import cpu_model, make_folder, run_interleaved
@@ -69,8 +68,7 @@ def draft_costs(pair, drafts: list[str], rounds: int = ROUNDS) -> pd.DataFrame:
         for draft in drafts:
             pair.use_draft(draft)
             before = forward_ms(pair.target)
-            with int8_products(pair.int8_drafting):
-                ms = forward_ms(pair.draft)
+            ms = forward_ms(pair.draft)  # in int8 where the pair drafts so (ModelPair.drafting)
             target_ms = (before + forward_ms(pair.target)) / 2
             rows.append(dict(draft=draft, layers=pair.draft.num_layers, draft_ms=ms, target_ms=target_ms,
                              cost=ms / target_ms))
