@@ -13,7 +13,7 @@ from mirror_sd.devices import on_cpu_worker, single_threaded
 from mirror_sd.errors import MirrorSDError
 from mirror_sd.models.eagle import EagleHead, attach_head
 from mirror_sd.models.exit_head import attach_exit_head, new_exit_head
-from mirror_sd.models.forwards import FULL, forward, layers, stage_cache, staged
+from mirror_sd.models.forwards import FULL, LayerRange, forward, layers, stage_cache, staged
 from mirror_sd.models.llama import KVCache
 from mirror_sd.models.stages import MAX_WIDTH, StageCache, Stages, bucket
 from mirror_sd.models.streams import StreamConfig, Streams
@@ -284,17 +284,17 @@ def caches(model, slots=200, ranges=(FULL,)):
 
 
 def test_forward_and_layers_on_stages_give_the_plain_logits(target):
-    plain, stage = caches(target, ranges=[FULL, (0, 1, False), (1, None, True)])
+    plain, stage = caches(target, ranges=[FULL, LayerRange(0, 1), LayerRange(1, lm_head=True)])
     at = dict(device=target.device)
     window, positions = torch.tensor([[4, 8, 2, 6]], **at), torch.tensor([[5, 6, 6, 7]], **at)
     tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool, **at)
     for kwargs in (dict(), dict(positions=positions, tree_mask=tree)):
         expected = forward(target, window, plain, commit=False, **kwargs)
         assert torch.allclose(forward(target, window, stage, commit=False, **kwargs), expected, atol=ATOL)
-        h = layers(target, window, stage, 0, 1, **kwargs)
-        assert torch.allclose(layers(target, h, stage, 1, None, head=True, **kwargs), expected, atol=ATOL)
+        h = layers(target, window, stage, LayerRange(0, 1), **kwargs)
+        assert torch.allclose(layers(target, h, stage, LayerRange(1, lm_head=True), **kwargs), expected, atol=ATOL)
     over_every_slot = torch.ones(4, 9, dtype=torch.bool, **at).tril(5)  # [T, start + T]: causal
-    last = layers(target, window, stage, 0, None, tree_mask=over_every_slot, head=True, last=2)
+    last = layers(target, window, stage, FULL, tree_mask=over_every_slot, last=2)
     assert torch.allclose(last, forward(target, window, plain, commit=False)[:, -2:], atol=ATOL)
     assert stage.length == 5 and plain.length == 5
 
@@ -320,7 +320,7 @@ def test_a_stage_set_grows_when_a_run_needs_more_slots(target):
 
 def test_stream_rows_on_their_stage_give_the_plain_logits_and_store_nothing(pair, target, stage_runs):
     streams = pair.streams  # three streams on the target's top layer
-    plain, stage = caches(target, ranges=[FULL, (streams.first_layer, None, streams)])
+    plain, stage = caches(target, ranges=[FULL, LayerRange(streams.first_layer, streams=streams)])
     torch.manual_seed(3)
     h = torch.randn(1, 2, target.args.hidden_size, device=target.device)  # two main rows entering layer L0
     at = torch.tensor([[3, 4]], device=target.device)  # their main tokens' slots
@@ -359,7 +359,7 @@ def test_streams_after_main_rows_on_stages_give_the_plain_forwards_logits(pair, 
 
 def test_other_streams_on_the_same_model_get_stages_of_their_own(pair, target):
     other = on_cpu_worker(random_streams, target, 5)
-    plain, stage = caches(target, ranges=[(pair.streams.first_layer, None, pair.streams)])
+    plain, stage = caches(target, ranges=[LayerRange(pair.streams.first_layer, streams=pair.streams)])
     h = torch.ones(1, 1, target.args.hidden_size, device=target.device)
     at = torch.tensor([[4]], device=target.device)
     pair.streams(target, stage, h, at)

@@ -13,7 +13,7 @@ import torch
 import mirror_sd.tools.bench as bench
 from mirror_sd import generate, load_pair
 from mirror_sd.devices import on_cpu_worker, single_threaded
-from mirror_sd.models.stages import Stages, bucket
+from mirror_sd.models.stages import LayerRange, Stages, bucket
 from test_graphs import random_streams
 
 
@@ -51,15 +51,15 @@ def test_a_name_given_back_to_a_forward_takes_back_its_stages_and_timings(tiny_d
     first, second = (random_streams(target, seed) for seed in (1, 2))
     with torch.inference_mode(), single_threaded():
         stages = Stages(target, 160)
-        stages.add("streams", (1, 2), True, first)
+        stages.add("streams", LayerRange(1, 2, streams=first))
         stages.capture_all(["streams"])
         made_first = {w: stages.stage("streams", w) for w in (1, 8)}
         stages.replay_ms["streams"] = {1: 1.0}  # as if timed on a GPU
-        stages.add("streams", (1, 2), True, second)  # another forward under the name: none of its stages yet
+        stages.add("streams", LayerRange(1, 2, streams=second))  # another forward under the name: none of its stages yet
         assert stages.missing(["streams"]) and "streams" not in stages.replay_ms
         stages.capture_all(["streams"])
         assert stages.stage("streams", 1).streams is second
-        stages.add("streams", (1, 2), True, first)  # back: the first forward's stages and timings return
+        stages.add("streams", LayerRange(1, 2, streams=first))  # back: the first forward's stages and timings return
         assert stages.missing(["streams"]) == [] and stages.replay_ms["streams"] == {1: 1.0}
         assert all(stages.stage("streams", w) is stage for w, stage in made_first.items())
 

@@ -10,7 +10,8 @@ import torch
 from mirror_sd.devices import single_threaded
 from mirror_sd.errors import MirrorSDError
 from mirror_sd.models.llama import full_mask
-from mirror_sd.models.stages import BUCKETS, MAX_WIDTH, ROUTE_MARGIN, Stage, Stages, bucket, cheapest_bucket
+from mirror_sd.models.stages import (BUCKETS, MAX_WIDTH, ROUTE_MARGIN, LayerRange, Stage, Stages, bucket,
+                                     cheapest_bucket)
 
 ATOL = 1e-5
 PROMPT = torch.tensor([[1, 5, 9, 2, 7]])
@@ -76,7 +77,7 @@ def test_a_window_runs_at_the_cheaper_wider_bucket_with_the_same_logits(target):
     assert torch.allclose(stages.run("full", torch.tensor([[3]])), target.forward(torch.tensor([[3]]), plain),
                           atol=ATOL)
     assert ran == [32, 1]
-    stages.add("full", (0, target.num_layers), head=False)  # another forward under the name: timings go
+    stages.add("full", LayerRange(0, target.num_layers))  # another forward under the name: timings go
     assert "full" not in stages.replay_ms
 
 
@@ -181,8 +182,8 @@ def test_greedy_decode_past_the_first_buckets_gives_the_plain_tokens(target):
 def test_prefix_then_suffix_stages_equal_the_full_forward(target):
     expected, _ = plain_prefill(target, PROMPT)
     stages = Stages(target, 160)
-    stages.add("prefix", (0, 1), head=False)
-    stages.add("suffix", (1, target.num_layers), head=True)
+    stages.add("prefix", LayerRange(0, 1))
+    stages.add("suffix", LayerRange(1, lm_head=True))
     hidden = stages.run("prefix", PROMPT)
     assert hidden.shape == (1, 5, target.args.hidden_size)
     assert torch.allclose(stages.run("suffix", hidden), expected, atol=ATOL)

@@ -58,7 +58,7 @@ from ..drafting.tree import Tree, graft, keep_path, tree_window
 from ..executors import executor_for
 from ..models.channel import Channel, TokenChannel, channel_of
 from ..models.exit_head import EarlyExit, available_exit_head, exit_head_for
-from ..models.forwards import FULL, layers, staged_for
+from ..models.forwards import FULL, LayerRange, layers, read, staged_for
 from ..models.rollout import Rollouts
 from ..models.stages import MAX_WIDTH
 from ..models.streams import split_ranges
@@ -173,12 +173,12 @@ def token_channel(ctx: Context, window: list[int], tree: Tree | None = None) -> 
         hidden, channel = stages.run(ctx.channel_stage.name, [ids])
         return hidden, channel.to(pair.draft.device)
     positions, mask = tree_window(tree, run.sequence, target.device)[1:] if tree is not None else (None, None)
-    hidden = layers(target, to_device([ids], target.device), cache, 0, s.exit_layer, positions, mask)  # [1, T, d]
+    hidden = layers(target, to_device([ids], target.device), cache, LayerRange(0, s.exit_layer), positions, mask)  # [1, T, d]
     if target.layer_devices:  # sharded: the plain forwards, the whole LM head
         exit_logp = full_head_exit(pair, hidden if ctx.head is None else ctx.head(hidden))  # [T, V]
     else:  # one stage of its own on a stage cache
         reader = exit_reader(pair, ctx.head)
-        exit_logp = layers(target, hidden, cache, s.exit_layer, s.exit_layer, head=reader)[0]
+        exit_logp = read(target, hidden, cache, s.exit_layer, reader)[0]
         exit_logp = to_target_vocab(exit_logp, reader.vocab_map, target.args.vocab_size)  # [T, V]
     rows = to_device([p + 1 for p in tree.parents], exit_logp.device, torch.long) if tree is not None else None
     channel = channel_of(exit_logp, to_device(window, exit_logp.device, torch.long), s.kappa, rows)
@@ -192,7 +192,7 @@ def target_suffix(ctx: Context, prefix: tuple[torch.Tensor, Channel], tree: Tree
     threads there once the rollouts are done)."""
     run, cache, hidden = ctx.run, ctx.target_cache, prefix[0]
     positions, mask = tree_window(tree, run.sequence, run.pair.target.device)[1:] if tree is not None else (None, None)
-    logits = layers(run.pair.target, hidden, cache, ctx.s.exit_layer, None, positions, mask, head=True,
+    logits = layers(run.pair.target, hidden, cache, LayerRange(ctx.s.exit_layer, lm_head=True), positions, mask,
                     each_layer=each_layer)  # [1, T, V]
     cache.length += hidden.shape[1]
     return logits[0]
@@ -283,7 +283,7 @@ def tree_step(ctx: Context, window: Tree, step: int) -> Outcome:
 def target_ranges(pair, exit_layer: int, head=None) -> list:
     """The target's layer ranges: the prefill's full forward, the prefix, the early exit (through the
     trained ``head``, if any; on one device's target) and the suffix (with the LM head)."""
-    exit_range = [] if pair.target.layer_devices else [(exit_layer, exit_layer, exit_reader(pair, head))]
+    exit_range = [] if pair.target.layer_devices else [LayerRange.read_at(exit_layer, exit_reader(pair, head))]
     return [FULL, *split_ranges(exit_layer), *exit_range]
 
 

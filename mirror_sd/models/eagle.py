@@ -29,7 +29,7 @@ from torch import nn
 
 from ..errors import MirrorSDError
 from . import tuning
-from .forwards import layers, staged
+from .forwards import LayerRange, layers, staged
 from .linear import Linear, linear
 from .llama import DecoderLayer, KVCache, ModelArgs, Transformer
 from .loading import EMBEDDED_NAME
@@ -49,8 +49,8 @@ def target_features(target: Transformer, ids: torch.Tensor, cache, early_layers=
     h, early, on_stages = ids, [], staged(target, cache) is not None
     for a, b in feature_ranges(target, early_layers):
         last = b == target.num_layers
-        norm = final_norm(target) if on_stages and last else False  # on stages, the final norm in the last one's
-        h = layers(target, h, cache, a, b, positions, tree_mask, head=norm)
+        norm = final_norm(target) if on_stages and last else None  # on stages, the final norm in the last one's
+        h = layers(target, h, cache, LayerRange(a, b, reader=norm), positions, tree_mask)
         if not last:
             early.append(early_feature(target, h, b))
     return (h if on_stages else final_feature(target, h)), (torch.cat(early, dim=-1) if early else None)
@@ -62,11 +62,11 @@ def feature_ranges(target: Transformer, early_layers=()) -> list[tuple[int, int]
     return list(zip(bounds, bounds[1:]))
 
 
-def stage_ranges(target: Transformer, early_layers=()) -> list[tuple]:
+def stage_ranges(target: Transformer, early_layers=()) -> list[LayerRange]:
     """``feature_ranges`` as models/forwards.py's ranges, for ``ModelPair.new_cache``: the last one
     ends in the final norm (``FinalNorm``), so the features come out of its stage."""
     ranges = feature_ranges(target, early_layers)
-    return [(a, b, False) for a, b in ranges[:-1]] + [(*ranges[-1], final_norm(target))]
+    return [LayerRange(a, b) for a, b in ranges[:-1]] + [LayerRange(*ranges[-1], reader=final_norm(target))]
 
 
 class FinalNorm(nn.Module):

@@ -13,9 +13,11 @@ chain draft, EAGLE's tree draft, a tree verification, the streams' draft). Its r
 own form (a tree's fields on the device, not a tree on the host), so the method that owns the
 phase asks :func:`staged_for` once and runs the stage or its own reference code.
 
-A stage set names each forward by its layer range (:func:`range_name`): "full" (every layer and
-the LM head) and the ranges a method asks for when it makes its cache (Mirror-SD's prefix, early
-exit and suffix, the streams' split and their rows, EAGLE's early-feature layers). A window a stage
+What a forward runs is a :class:`~.stages.LayerRange`: layers [start, end) and what reads them (the
+LM head, a reader module in its place, or nothing), or the rows of speculative streams. A stage set
+names each forward by it (:func:`range_name`): "full" (every layer and the LM head) and the ranges
+a method asks for when it makes its cache (Mirror-SD's prefix, early exit and suffix, the streams'
+split and their rows, EAGLE's early-feature layers). A window a stage
 cannot hold runs the plain forward on the same cache (a ``StageCache`` is a ``KVCache``): more than
 64 rows under a tree mask, or a batch other than the set's. A causal window of more than 64 rows (a
 prefill) runs as 64-row chunks, each attending to the chunks before it.
@@ -27,29 +29,25 @@ from typing import Callable
 import torch
 
 from .llama import KVCache, Transformer, Unstored
-from .stages import MAX_WIDTH, OwnStage, Stages
+from .stages import MAX_WIDTH, LayerRange, OwnStage, Stages  # noqa: F401  (LayerRange: for the methods)
 
 SLOT_STEP = 512  # a stage set's cache grows in steps of this many slots (a new set, captured anew)
-# Layers [a, b) (b None: to the last), then the LM head if True. In place of the flag: a module that
-# reads the hidden states instead of the LM head (Mirror-SD's EarlyExit), or a Streams object: those
-# layers over its stream rows, then its head (``stream_layers``). Such a module names its stages
-# (``stage_name``).
-Range = tuple[int, int | None, object]
-FULL: Range = (0, None, True)
+FULL = LayerRange(0, None, lm_head=True)  # every layer, then the LM head: ``forward``
 
 
-def range_name(model: Transformer, a: int, b: int | None, head) -> str:
-    """The stage name of layers [a, b) (then the head): "full" for the whole forward; with a module
-    in place of the head, its ``stage_name`` ("streams 26-30", "early exit at 22")."""
-    b = model.num_layers if b is None else b
-    if not isinstance(head, bool):
-        return f"{head.stage_name} {a}-{b}" if a < b else f"{head.stage_name} at {a}"
-    if (a, b, head) == (0, model.num_layers, True):
+def range_name(model: Transformer, part: LayerRange) -> str:
+    """The stage name of ``part``: "full" for the whole forward; with a reader or streams, their
+    ``stage_name`` ("streams 26-30", "early exit at 22"); else "layers a-b" (+ " + head")."""
+    a, b = part.start, part.of(model).end
+    named = part.reader if part.reader is not None else part.streams
+    if named is not None:
+        return f"{named.stage_name} {a}-{b}" if a < b else f"{named.stage_name} at {a}"
+    if (a, b, part.lm_head) == (0, model.num_layers, True):
         return "full"
-    return f"layers {a}-{b}" + (" + head" if head else "")
+    return f"layers {a}-{b}" + (" + head" if part.lm_head else "")
 
 
-def stage_cache(sets: dict, model: Transformer, slots: int, ranges: list[Range] = (FULL,), stream=None,
+def stage_cache(sets: dict, model: Transformer, slots: int, ranges: list = (FULL,), stream=None,
                 progress: Callable[[int], object] | None = None, stage_set: type = Stages,
                 tuned_kernels: bool = True) -> KVCache:
     """The cache of ``model``'s stage set in ``sets`` (model -> Stages), emptied, with at least
@@ -65,8 +63,7 @@ def stage_cache(sets: dict, model: Transformer, slots: int, ranges: list[Range] 
     if stages is None or stages.cache.max_slots < slots:
         stages = sets[model] = stage_set(model, -(-slots // SLOT_STEP) * SLOT_STEP, stream=stream)
     stages.tuned_kernels = tuned_kernels
-    # (a, a, False) does no work: no stage for it
-    names = [stage_name(stages, r) for r in ranges if not isinstance(r, tuple) or r[0] != r[1] or r[2]]
+    names = [stage_name(stages, r) for r in ranges if not (isinstance(r, LayerRange) and r.runs_nothing)]
     missing = stages.missing(names)
     stages.capture_all(names, progress=progress(len(missing)) if progress and missing else None)
     stages.cache.rollback(0)
@@ -74,21 +71,18 @@ def stage_cache(sets: dict, model: Transformer, slots: int, ranges: list[Range] 
 
 
 def stage_name(stages: Stages, r) -> str:
-    """The name of a forward in a stage set, added if new: a layer range (``name_range``), a stage's
+    """The name of a forward in a stage set, added if new: a ``LayerRange`` (``name_range``), a stage's
     name as it is, or a one-stage forward (``OwnStage``), which names itself."""
     if isinstance(r, str):
         return r
     return r.stage_name_in(stages) if isinstance(r, OwnStage) else name_range(stages, r)
 
 
-def name_range(stages: Stages, r: Range) -> str:
-    """Add layer range ``r`` to a stage set (if new) and return its name."""
-    a, b, head = r
-    name = range_name(stages.model, a, b, head)
-    streams = head if getattr(head, "stream_rows", False) else None
-    kind = ((a, stages.model.num_layers if b is None else b), head if streams is None else True, streams)
-    if stages.kinds.get(name) != kind:
-        stages.add(name, *kind)
+def name_range(stages: Stages, part: LayerRange) -> str:
+    """Add the forward ``part`` runs to a stage set (if new) and return its name."""
+    name = range_name(stages.model, part)
+    if stages.kinds.get(name) != part.of(stages.model):
+        stages.add(name, part)
     return name
 
 
@@ -112,34 +106,39 @@ def forward(model: Transformer, ids: torch.Tensor, cache, positions=None, tree_m
     stages = staged(model, cache)
     if stages is None:
         return model(ids, cache, positions, tree_mask, commit)  # through __call__: forward hooks still run
-    logits = layers(model, ids, cache, 0, None, positions, tree_mask, head=True)
+    logits = layers(model, ids, cache, FULL, positions, tree_mask)
     if commit:
         cache.length += ids.shape[1]
     return logits
 
 
-def layers(model: Transformer, x: torch.Tensor, cache, a: int, b: int | None = None, positions=None,
-           tree_mask=None, head: bool = False, last: int | None = None,
-           each_layer: Callable[[], object] | None = None) -> torch.Tensor:
-    """Layers [a, b) over a window written after the cache's committed slots: x is ids [B, T]
-    (integers; a == 0) or hidden states [B, T, d]; then the final norm and LM head if ``head`` (of the last
-    ``last`` rows only, if given). Returns hidden states [B, T, d] or logits [B, T or last, V]. The
-    cache's length does not move: the caller commits.
+def layers(model: Transformer, x: torch.Tensor, cache, part: LayerRange, positions=None, tree_mask=None,
+           last: int | None = None, each_layer: Callable[[], object] | None = None) -> torch.Tensor:
+    """The forward ``part`` names (its layers, then its LM head or reader) over a window written after
+    the cache's committed slots: x is ids [B, T] (integers; part.start == 0) or hidden states
+    [B, T, d]; a head reads the last ``last`` rows only, if given. Returns hidden states [B, T, d],
+    logits [B, T or last, V], or what the reader gives. The cache's length does not move: the
+    caller commits.
 
-    positions and tree_mask as in ``Transformer.window``. head may also be a module that reads the
-    hidden states instead of the LM head (a ``Range``'s). each_layer(): called before each layer
+    positions and tree_mask as in ``Transformer.window``. each_layer(): called before each layer
     and before the head on the plain path, once before a stage (Mirror-SD widens its CPU threads
     there)."""
-    b = model.num_layers if b is None else b
-    if a == b and not head:  # no layers: the embeddings of ids, or the hidden states as they are
+    part = part.of(model)
+    if part.runs_nothing:
         return x if x.is_floating_point() else model.embed(x)
     stages = staged(model, cache)
-    if stages is None or not _fits(stages, x, a, tree_mask):
-        return _plain_layers(model, x, cache, a, b, positions, tree_mask, head, last, each_layer)
+    if stages is None or not _fits(stages, x, part.start, tree_mask):
+        return _plain_layers(model, x, cache, part, positions, tree_mask, last, each_layer)
     if each_layer is not None:
         each_layer()
-    out = _run_stage(stages, name_range(stages, (a, b, head)), x, cache, positions, tree_mask)
-    return out[:, -last:] if head and last is not None else out
+    out = _run_stage(stages, name_range(stages, part), x, cache, positions, tree_mask)
+    return out[:, -last:] if part.head is not False and last is not None else out
+
+
+def read(model: Transformer, h: torch.Tensor, cache, layer: int, reader: torch.nn.Module) -> torch.Tensor:
+    """``reader`` (a module in the LM head's place: Mirror-SD's EarlyExit) over hidden states h
+    [B, T, d] after ``layer``: on the stage "<reader> at <layer>" for a stage cache, else reader(h)."""
+    return layers(model, h, cache, LayerRange.read_at(layer, reader))
 
 
 def stream_layers(model: Transformer, streams, rows: torch.Tensor, cache, positions, mask) -> torch.Tensor:
@@ -151,7 +150,7 @@ def stream_layers(model: Transformer, streams, rows: torch.Tensor, cache, positi
     a, b = streams.first_layer, model.num_layers
     stages = staged(model, cache)
     if stages is not None and _fits(stages, rows, a, mask):
-        return stages.run(name_range(stages, (a, None, streams)), rows, positions, mask)
+        return stages.run(name_range(stages, LayerRange(a, streams=streams)), rows, positions, mask)
     win = model.window(None, rows.shape[1], positions, mask, batch=rows.shape[0])
     h = model.forward_layers(rows, Unstored(cache), win, a, b, stack=streams.layers_for(model, a, b))
     return streams.logits(model, h)
@@ -179,8 +178,9 @@ def _run_stage(stages: Stages, name: str, x: torch.Tensor, cache, positions=None
     return torch.cat(outs, dim=1)
 
 
-def _plain_layers(model, x, cache, a, b, positions, tree_mask, head, last, each_layer):
-    """The model's own forward of layers [a, b) (and the head), as the methods ran it before stages."""
+def _plain_layers(model, x, cache, part: LayerRange, positions, tree_mask, last, each_layer):
+    """The model's own forward of ``part``'s layers (and its head), as the methods ran it before stages."""
+    a, b, head = part.start, part.end, part.head
     h = x if x.is_floating_point() else model.embed(x)
     win = model.window(cache, x.shape[1], positions, tree_mask, batch=x.shape[0]) if a < b else None
     if each_layer is None:
@@ -200,6 +200,6 @@ def forward_rows(model, cache, ids: torch.Tensor, positions: torch.Tensor, mask:
                  rows: int) -> torch.Tensor:
     """Write ids [T] at positions [T] (on the model's device) at the cache's next slots under ``mask``;
     logits of the last ``rows`` tokens only."""
-    logits = layers(model, ids[None], cache, 0, None, positions[None], mask, head=True, last=rows)  # [1, rows, V]
+    logits = layers(model, ids[None], cache, FULL, positions[None], mask, last=rows)  # [1, rows, V]
     cache.length += len(ids)
     return logits[0]

@@ -174,7 +174,7 @@ class ModelPair:
         """A KV cache of at least ``slots`` slots for a run of ``model`` (the target or the draft;
         another model, such as an EAGLE head, names its ``lane`` and its ``stage_set`` class), for
         the forwards of models/forwards.py. With stages on (``stages_on``) it is the cache of the
-        model's stage set, whose stages for the layer ``ranges`` the run uses ((a, b, head);
+        model's stage set, whose stages for the layer ``ranges`` the run uses (``LayerRange``s;
         default: the full forward) are made now, before any step: on a CUDA lane that is when they
         are captured as CUDA graphs, with a progress bar. Otherwise a plain cache."""
         lane = lane or self.lane_of(model)

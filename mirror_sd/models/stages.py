@@ -111,6 +111,45 @@ class Layout:
         return cls(code // (MAX_WIDTH + 1), code % (MAX_WIDTH + 1), kind, given_positions)
 
 
+@dataclass(frozen=True)
+class LayerRange:
+    """What one forward of a model runs: layers [start, end) (end None: to the last), then what reads
+    their hidden states. ``lm_head``: the final norm and the LM head (logits come out); ``reader``: a
+    module in the LM head's place (Mirror-SD's EarlyExit, EAGLE's FinalNorm; it names its stages:
+    ``stage_name``); neither: the hidden states come out. ``streams``: the rows are speculative stream
+    rows of this Streams object, which run its copies of the layers and its own head
+    (models/streams.py). A stage set names its forwards by them (models/forwards.py)."""
+
+    start: int = 0
+    end: int | None = None
+    lm_head: bool = False
+    reader: nn.Module | None = None
+    streams: nn.Module | None = None
+
+    def __post_init__(self):
+        if self.lm_head + (self.reader is not None) + (self.streams is not None) > 1:
+            raise MirrorSDError("a layer range ends in one head: the LM head, a reader or its streams' own")
+
+    @classmethod
+    def read_at(cls, layer: int, reader: nn.Module) -> "LayerRange":
+        """No layers: ``reader`` over the hidden states after ``layer`` (Mirror-SD's early exit)."""
+        return cls(layer, layer, reader=reader)
+
+    def of(self, model: Transformer) -> "LayerRange":
+        """This range with its end resolved for ``model`` (None: its last layer)."""
+        return self if self.end is not None else replace(self, end=model.num_layers)
+
+    @property
+    def head(self):
+        """What :class:`Stage` takes for the head: True (the LM head), the reader, or False (none)."""
+        return True if self.lm_head else self.reader if self.reader is not None else False
+
+    @property
+    def runs_nothing(self) -> bool:
+        """No layers and no head: the embeddings of ids, or the hidden states as they are."""
+        return self.start == self.end and self.head is False and self.streams is None
+
+
 def copy_into(buffer: torch.Tensor, data):
     """Copy ``data`` (a tensor, or numbers in nested lists) into a stage's buffer (broadcast): one
     copy from the buffer's device, else through ``to_device`` (a GPU never waits for the host)."""
@@ -212,11 +251,12 @@ class Stage:
                   else torch.zeros(B, W, model.args.hidden_size, dtype=model.dtype, device=device))
         self.positions = torch.zeros(B, W, dtype=torch.long, device=device)
         if a < b:
-            S, usable = cache.all_slots, cache.max_slots
-            self.slots = torch.arange(usable, usable + W, device=device)  # [W] cache slot of each row
+            S = cache.all_slots
+            # row i of the window is i; slot j of the cache (scratch ones included) is j
+            self.rows, self.slot_ids = torch.arange(W, device=device), torch.arange(S, device=device)
+            self.slots = self.scratch(self.rows)  # [W] cache slot each row writes (``settle`` sets the real ones)
             self.mask = torch.zeros(B, 1, W, S, dtype=torch.bool, device=device)  # True: may attend
-            self.padding = torch.zeros(W, S, dtype=torch.bool, device=device)  # padding row i sees scratch i
-            self.padding[torch.arange(W), usable + torch.arange(W)] = True
+            self.padding = self.sees_own_scratch(self.rows)  # [W, S]: padding row i sees scratch slot i only
             self.mask[:, 0] = self.padding
             self.writer = SlotWriter(cache, self.slots)
             # What the caller's mask says, written as it comes ([B, T, start + T] over the slots, or
@@ -225,7 +265,6 @@ class Stage:
             # One number says how to lay the window out (a ``Layout``): the body decodes it, so
             # loading a window costs the host one fill for it, whatever its kind.
             self.window = torch.zeros(1, dtype=torch.long, device=device)
-            self.rows, self.slot_ids = torch.arange(W, device=device), torch.arange(S, device=device)
         self.out: torch.Tensor | None = None  # the last output [B, W, vocab or hidden]
         self.graph = None  # a torch.cuda.CUDAGraph once captured
         self.launch_ms: float | None = None  # once captured: the host's ms to launch a replay (``time_launch``)
@@ -234,6 +273,17 @@ class Stage:
     @property
     def batch(self) -> int:
         return self.x.shape[0]
+
+    def scratch(self, rows: torch.Tensor) -> torch.Tensor:
+        """The scratch slot of each row index in ``rows`` (< MAX_WIDTH; any shape, same shape out):
+        after the cache's usable slots, where a padding row (or a stream row) writes and no real row
+        looks."""
+        return self.cache.max_slots + rows
+
+    def sees_own_scratch(self, rows: torch.Tensor) -> torch.Tensor:
+        """[R, S]: each of ``rows`` [R] sees its own scratch slot only (what a padding row attends to:
+        one slot, so that its softmax is never over nothing)."""
+        return torch.arange(self.cache.all_slots, device=rows.device) == self.scratch(rows)[:, None]
 
     def run(self, x: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None):
         """Output for x's rows: x [B, T] ids (or [B, T, hidden]) -> [B, T, vocab] logits (or hidden).
@@ -294,23 +344,25 @@ class Stage:
             return
         layout = self.layout()  # [1] each
         given_positions, kind, T, start = layout.given_positions, layout.kind, layout.rows, layout.start
-        usable, W, s = self.cache.max_slots, self.width, self.slot_ids  # s: [S]
-        real = self.rows < T  # [W]
-        scratch = usable + self.rows  # [W]
+        usable, W, s, r = self.cache.max_slots, self.width, self.slot_ids, self.rows  # s [S] slot ids, r [W] row ids
+        real = r < T  # [W]: the window's rows; the rest are padding
+        own_slot = start + r  # [W]: where real row r writes (and its position, unless given)
         if self.streams is None:
-            self.slots.copy_(torch.where(real, start + self.rows, scratch))
-            window = (s >= start) & (s < start + T)  # [S]
-            column = (s - start).clamp(0, W - 1).expand_as(self.given)
-            over_window = self.given.gather(-1, column)  # [B, W, S]: given[.., s - start]
-            sees = torch.where(kind == MaskKind.CAUSAL, s <= start + self.rows[:, None],  # [B, W, S]
+            self.slots.copy_(torch.where(real, own_slot, self.scratch(r)))
+            in_window = (s >= start) & (s < start + T)  # [S]: the window's own slots
+            # given[.., s - start]: what a [.., T, T] mask (WINDOW) says of slot s, for s in the window
+            over_window = self.given.gather(-1, (s - start).clamp(0, W - 1).expand_as(self.given))  # [B, W, S]
+            sees = torch.where(kind == MaskKind.CAUSAL, s <= own_slot[:, None],  # [B, W, S]
                                torch.where(kind == MaskKind.SLOTS, self.given & (s < start + T),
-                                           (s < start) | (window & over_window)))
-        else:  # the window's own columns sit in scratch slots
-            column = torch.where(s < usable, s, start + s - usable).clamp(0, s.numel() - 1)  # [S]
+                                           (s < start) | (in_window & over_window)))
+        else:  # stream rows: the window's own columns sit in scratch slots [usable, usable + T)
+            in_scratch = s >= usable  # [S]
+            # the column of ``given`` (a [.., T, start + T] mask) that speaks of slot s
+            column = torch.where(in_scratch, start + s - usable, s).clamp(0, s.numel() - 1)  # [S]
             seen = self.given.gather(-1, column.expand_as(self.given))  # [B, W, S]
-            sees = seen & torch.where(s < usable, s < start, s - usable < T)
+            sees = seen & torch.where(in_scratch, s - usable < T, s < start)
         self.mask.copy_(torch.where(real[:, None], sees, self.padding)[:, None])  # [B, 1, W, S]
-        self.positions.copy_(torch.where(given_positions, self.positions, torch.where(real, start + self.rows, 0)))
+        self.positions.copy_(torch.where(given_positions, self.positions, torch.where(real, own_slot, 0)))
 
     def rows_window(self, positions: torch.Tensor, sees: torch.Tensor):
         """The window of R rows a body lays out itself (beside its buffers', or in place of them): at
@@ -486,30 +538,37 @@ class Stages:
         self.cache = StageCache(model, max_slots, batch)
         self.cache.stages = self  # how models/forwards.py knows a cache's forwards run here
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
-        self.kinds = {"full": ((0, model.num_layers), True, None), "head": ((model.num_layers,) * 2, True, None)}
-        self._stages: dict[tuple[str, int], Stage] = {}
-        # (name, forward) -> its stages and timings while another forward holds the name (``add``)
+        N = model.num_layers
+        # name -> the forward it names: a LayerRange, or a one-stage forward (``OwnStage``)
+        self.kinds = {"full": LayerRange(0, N, lm_head=True), "head": LayerRange(N, N, lm_head=True)}
+        self._stages: dict[tuple[str, int], Stage] = {}  # (name, bucket) -> its stage, once made
+        # (name, forward) -> the stages made for it and their timings, while the name names another
+        # forward (``add``): (its _stages entries, its replay_ms entry or None)
         self._shelf: dict[tuple[str, object], tuple[dict, dict | None]] = {}
         self.replay_ms: dict[str, dict[int, float]] = {}  # name -> bucket -> GPU ms (captured stages)
         self.refused: dict[str, str] = {}  # one-stage forwards whose capture failed -> why (``capture``)
         self.cheapest = True  # route windows by replay_ms (False: always the smallest bucket)
         self.tuned_kernels = True  # capture each operation in its fastest formulation (models/tuning.py)
 
-    def add(self, name: str, layers: tuple[int, int], head: bool, streams=None):
-        """Name the forward of layers [a, b) (then the LM head, if ``head``); with ``streams``, of their
-        stream rows (see :class:`Stage`). A name given again for another forward (other streams
-        attached, say: ss's two kinds of streams are both "streams a-b") shelves the stages made for
-        the old one and takes back those made before for the new one, if any. So a pair that
-        alternates them (a sweep over ss's one_forward) makes each forward's stages once, and a
-        timed run never pays for a capture made only because another setting ran in between."""
-        kind = (tuple(layers), head, streams)
-        if name in self.kinds and self.kinds[name] != kind:
-            self._shelf[(name, self.kinds[name])] = self._take(name)
-            stages, replay_ms = self._shelf.pop((name, kind), ({}, None))
-            self._stages.update(stages)
-            if replay_ms is not None:
-                self.replay_ms[name] = replay_ms
-        self.kinds[name] = kind
+    def add(self, name: str, part: LayerRange):
+        """Name the forward ``part`` runs (its end resolved; see :class:`Stage`). A name given again for
+        another forward (other streams attached, say: ss's two kinds of streams are both "streams
+        a-b") shelves the stages made for the old one and takes back those made before for the new
+        one, if any. So a pair that alternates them (a sweep over ss's one_forward) makes each
+        forward's stages once, and a timed run never pays for a capture made only because another
+        setting ran in between."""
+        forward = part.of(self.model)
+        if self.kinds.get(name, forward) != forward:
+            self._shelf[(name, self.kinds[name])] = self._take(name)  # the old forward's, put aside
+            self._put_back(name, forward)  # the new one's, if it had any
+        self.kinds[name] = forward
+
+    def _put_back(self, name: str, forward):
+        """Take the stages and timings made for ``forward`` under ``name`` off the shelf, if any."""
+        stages, replay_ms = self._shelf.pop((name, forward), ({}, None))
+        self._stages.update(stages)
+        if replay_ms is not None:
+            self.replay_ms[name] = replay_ms
 
     def name_kind(self, name: str, kind) -> str:
         """Name a forward that makes its own stages (``OwnStage``) and return the name; stages made
@@ -573,8 +632,7 @@ class Stages:
         kind = self.kinds[name]
         if isinstance(kind, OwnStage):  # a forward that makes its own kind of stage
             return kind.make_stage(self.model, width, self.cache)
-        layers, head, streams = kind
-        return Stage(self.model, width, self.cache, layers, head, streams)
+        return Stage(self.model, width, self.cache, (kind.start, kind.end), kind.head, kind.streams)
 
     def run(self, name: str, x, positions=None, mask=None, rows: int | None = None, **inputs):
         """Stage ``name`` over x's T rows (a tensor, or lists of ids) at the cheapest bucket that holds

@@ -53,7 +53,7 @@ class StreamDraftStage(Stage):
 
     def body(self) -> torch.Tensor:
         model, streams, spec = self.model, self.spec.streams, self.spec
-        G, W, s, usable = streams.num_streams, self.width, self.slot_ids, self.cache.max_slots
+        G, W, s = streams.num_streams, self.width, self.slot_ids  # s [S]: every slot's id
         layout = self.layout()
         T, start = layout.rows, layout.start  # [1] each
         at = (start - 1).clamp(min=0)  # [1]: the main row's slot and position
@@ -64,7 +64,8 @@ class StreamDraftStage(Stage):
             rows = torch.cat([rows, rows.new_zeros(1, W - G, rows.shape[-1])], dim=1)
             positions = torch.cat([positions, positions.new_zeros(1, W - G)], dim=1)
         r = self.rows[:, None]  # [W, 1]: stream r + 1's row; its keys and values sit in scratch slot r
-        sees = (s <= at) | ((s >= usable) & (s - usable <= r))  # [W, S]: the committed slots, streams 1..r+1
+        streams_so_far = (s >= self.scratch(0)) & (s <= self.scratch(r))  # [W, S]: streams 1..r+1's scratch slots
+        sees = (s <= at) | streams_so_far  # [W, S]: the committed slots up to the main row's, and those
         mask = torch.where((r < G) & live, sees, self.padding)
         win = self.rows_window(positions, mask)
         h = run_layers(streams.layers_for(model, *self.layers), rows, self.writer, win, self.layers[0])  # [1, W, d]

@@ -34,7 +34,7 @@ from torch import nn
 from ..devices import on_cpu_worker, to_device
 from ..errors import MirrorSDError
 from . import exact, tuning
-from .forwards import layers, stream_layers
+from .forwards import LayerRange, layers, stream_layers
 from .linear import int8_view, linear
 from .llama import DecoderLayer, KVCache, ModelArgs, Transformer, full_mask
 
@@ -262,21 +262,23 @@ class Streams(tuning.Planned, nn.Module):
 def split_forward(model, ids, cache, first_layer: int, positions=None, tree_mask=None):
     """Logits [1, T, V] for ids [1, T] after the cache, and the hidden states entering layer
     first_layer [1, T, d] (where streams start). The caller advances cache.length. On stages for a
-    stage cache (models/forwards.py: ranges (0, first_layer, False) and (first_layer, None, True))."""
-    h0 = layers(model, ids, cache, 0, first_layer, positions, tree_mask)
-    logits = layers(model, h0, cache, first_layer, None, positions, tree_mask, head=True)
+    stage cache (models/forwards.py, at the ranges ``split_ranges`` gives)."""
+    below, above = split_ranges(first_layer)
+    h0 = layers(model, ids, cache, below, positions, tree_mask)
+    logits = layers(model, h0, cache, above, positions, tree_mask)
     return logits, h0
 
 
-def split_ranges(first_layer: int) -> list:
-    """The layer ranges ``split_forward`` runs (for ``ModelPair.new_cache``)."""
-    return [(0, first_layer, False), (first_layer, None, True)]
+def split_ranges(first_layer: int) -> list[LayerRange]:
+    """The layer ranges ``split_forward`` runs (for ``ModelPair.new_cache``): the layers below
+    ``first_layer`` (hidden states out), then the rest and the LM head."""
+    return [LayerRange(0, first_layer), LayerRange(first_layer, lm_head=True)]
 
 
 def stream_ranges(streams: Streams) -> list:
     """The ranges of ``split_forward`` at the streams' first layer, then the pass of their rows
     (``Streams.forward``), for ``ModelPair.new_cache``."""
-    return [*split_ranges(streams.first_layer), (streams.first_layer, None, streams)]
+    return [*split_ranges(streams.first_layer), LayerRange(streams.first_layer, streams=streams)]
 
 
 def forward_with_streams(model, streams: Streams, ids, cache, gamma: int, rows=None, positions=None, tree_mask=None):

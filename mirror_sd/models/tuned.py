@@ -41,5 +41,6 @@ def _layer(layer: DecoderLayer, x: torch.Tensor, delta: torch.Tensor | None, win
 def _attention(attn: Attention, x: torch.Tensor, win: Window, writer, index: int) -> torch.Tensor:
     """``Attention.forward`` with q, k, v as one product and the rotary embedding and cache writes as one."""
     q, k, v = attn.heads(*tuning.projections(x, (attn.q_proj, attn.k_proj, attn.v_proj)))  # [B, heads, W, D]
-    q, k, v = writer.store(index, q, k, v, win.cos, win.sin, attn.plan)  # k, v: [B, K, S, D], every slot of the stage's cache
+    # k, v: [B, K, S, D], every slot of the stage's cache
+    q, k, v = writer.store(index, q, k, v, win.cos, win.sin, attn.plan)
     return attn.out(attn.attend(q, k, v, win))

@@ -298,15 +298,15 @@ def stage_profile(pair=None, timer=None) -> tuple[dict, list[dict], dict]:
     tests' rehearsal, with a host timer) the stages run eagerly."""
     from .. import load_pair
     from ..methods.mirror import default_exit_layer
-    from ..models.stages import Stages
+    from ..models.stages import LayerRange, Stages
 
     pair, timer = pair or load_pair(), timer or replay_ms
     target, draft = pair.target, pair.draft
     exit_layer = default_exit_layer(target.num_layers)
     with torch.inference_mode():
         t = Stages(target, CACHE_SLOTS)
-        t.add("prefix", (0, exit_layer), head=False)
-        t.add("suffix", (exit_layer, target.num_layers), head=True)
+        t.add("prefix", LayerRange(0, exit_layer))
+        t.add("suffix", LayerRange(exit_layer, lm_head=True))
         d = Stages(draft, CACHE_SLOTS, stream=pair.draft_lane.stream)
         ms = {}
         for stage, (stages, name) in {"target": (t, "full"), "target_prefix": (t, "prefix"),
@@ -370,11 +370,11 @@ def _method_stages(pair, t, exit_layer: int) -> dict:
     ``t``, and the EAGLE head's forward over pairs, on a set of its own."""
     from ..methods.mirror import choose_exit_head, exit_reader
     from ..models.eagle import HeadStages, head_for
-    from ..models.forwards import name_range
+    from ..models.forwards import LayerRange, name_range
     from ..models.streams import target_streams
 
     reader = exit_reader(pair, choose_exit_head(pair, exit_layer, -1))
-    stages = {"early_exit": (t, name_range(t, (exit_layer, exit_layer, reader)))}
+    stages = {"early_exit": (t, name_range(t, LayerRange.read_at(exit_layer, reader)))}
     try:
         streams = target_streams(pair)
         stages["streams"] = (t, name_range(t, (streams.first_layer, None, streams)))
