@@ -136,7 +136,7 @@ class Streams(tuning.Planned, nn.Module):
     def int8_layers(self, layers: nn.ModuleList, model: Transformer) -> nn.ModuleList:
         """Views of ``layers`` (L0..N) whose products take int8 weights (``linear.int8_view``): the
         model's own modules, or the merged copies, stay as they are. Kept until the layers change."""
-        return self._kept("_int8", tuple(map(id, layers)), lambda i: int8_view(layers[i - self.first_layer]), model)
+        return self._kept("_int8", tuple(layers), lambda i: int8_view(layers[i - self.first_layer]), model)
 
     def adapted_layers(self, model: Transformer) -> nn.ModuleList:
         """Views of ``model``'s layers L0..N whose linear maps are :class:`Adapted`, on the model's and
