@@ -377,7 +377,7 @@ def _method_stages(pair, t, exit_layer: int) -> dict:
     stages = {"early_exit": (t, name_range(t, LayerRange.read_at(exit_layer, reader)))}
     try:
         streams = target_streams(pair)
-        stages["streams"] = (t, name_range(t, (streams.first_layer, None, streams)))
+        stages["streams"] = (t, name_range(t, LayerRange(streams.first_layer, streams=streams)))
     except MirrorSDError:  # no streams for this target
         pass
     try:
