@@ -196,7 +196,7 @@ class EagleHead(tuning.Planned, nn.Module):
 
     def logits(self, feats: torch.Tensor) -> torch.Tensor:
         """Predicted features [..., d] -> logits over the head's rows [..., rows] (fp32)."""
-        return linear(feats, self.head_rows, self.int8_products, self.plan).float()
+        return linear(feats, self.head_rows, int8=self.int8_products, plan=self.plan).float()
 
 
 class HeadStage(Stage):

@@ -204,7 +204,7 @@ class Streams(tuning.Planned, nn.Module):
 
     def logits(self, model: Transformer, out: torch.Tensor) -> torch.Tensor:
         """The shared final norm and LM head (its rows for ``vocab_map``): [B, n, d] -> [B, n, head rows]."""
-        return linear(model.model.norm(out), self.head_weight, self.int8_products, self.plan).float()
+        return linear(model.model.norm(out), self.head_weight, int8=self.int8_products, plan=self.plan).float()
 
     def forward(self, model: Transformer, cache: KVCache, h: torch.Tensor, at: torch.Tensor,
                 positions: torch.Tensor | None = None, seen: torch.Tensor | None = None,

@@ -236,10 +236,10 @@ def rotary_store(q, k, v, cos, sin, k_cache, v_cache, slots, plan: Plan | None =
     def trial(name):
         if name not in copies:  # made before any capture: tune runs each formulation once first
             copies[name] = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
-        return run_rotary_store(name, q, k, v, cos, sin, *copies[name], slots)
+        return run_rotary_store(name, q, k, v, cos, sin, *copies[name], slots, plan)
     name = choice("rotary_store", f"{H} + {k.shape[1]} heads of {D} into {k_cache.shape[2]} slots", B * T, q, trial,
                   plan)
-    return run_rotary_store(name, q, k, v, cos, sin, k_cache, v_cache, slots)
+    return run_rotary_store(name, q, k, v, cos, sin, k_cache, v_cache, slots, plan)
 
 
 def projections(x: torch.Tensor, linears) -> list[torch.Tensor]:
@@ -407,10 +407,11 @@ def run_rotary(name: str, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
     raise ValueError(f"no rotary formulation {name!r} (formulations: {', '.join(FORMULATIONS['rotary'])})")
 
 
-def run_rotary_store(name: str, q, k, v, cos, sin, k_cache, v_cache, slots):
-    """:func:`rotary_store` in formulation ``name``."""
+def run_rotary_store(name: str, q, k, v, cos, sin, k_cache, v_cache, slots, plan: Plan | None = None):
+    """:func:`rotary_store` in formulation ``name`` (``separate``: the rotary embedding in the
+    formulation ``plan`` holds for it)."""
     if name == "separate":
-        q, k = rotary(q, k, cos, sin)
+        q, k = rotary(q, k, cos, sin, plan)
         k_cache.index_copy_(2, slots, k)
         v_cache.index_copy_(2, slots, v)
         return q, k_cache, v_cache
