@@ -175,6 +175,15 @@ def test_the_architecture_page_lists_the_same_layers():
         assert name in page, f"docs/architecture.md does not name the layer {name!r}"
 
 
+def test_no_thread_state_chooses_a_kernel_in_the_models():
+    """A module's kernel is an attribute set when it is loaded or a stage captures it (docs/architecture.md,
+    "The model and its fast paths"), never a thread's state read during the forward: no ``threading.local``
+    in models/, nor in devices.py, the lanes the models once read it from."""
+    files = [*(ROOT / "mirror_sd" / "models").glob("*.py"), ROOT / "mirror_sd" / "devices.py"]
+    found = [f.relative_to(ROOT) for f in files if "threading.local" in f.read_text()]
+    assert not found, f"thread-local state in {found}"
+
+
 # -- the checks themselves ----------------------------------------------------------------------------
 def test_a_circle_and_an_upward_import_are_found_in_a_small_graph():
     graph = {"low.a": {"low.b": 1}, "low.b": {"high.c": 2}, "high.c": {"low.a": 3}, "low.d": {"low.a": 4}}
