@@ -124,7 +124,9 @@ def test_unrolled_training_passes_are_what_drafting_computes(tiny_eagle):
     from mirror_sd.methods.eagle import head_step
     from mirror_sd.train.eagle import unrolled_predictions
 
-    head = head_for(tiny_eagle)
+    from mirror_sd.models.linear import convert_to_int8
+
+    head = convert_to_int8(head_for(tiny_eagle), False)  # as training multiplies: fp32, not drafting's int8
     torch.manual_seed(1)
     T, anchor = 9, 4
     feats = torch.randn(1, T, head.args.hidden_size)
