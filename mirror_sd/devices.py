@@ -306,23 +306,8 @@ class Lane:
                                  **kwargs).result()
             return result, Queued(self, trace, kind, label, step, tokens, None, start, time.perf_counter(), None)
         int8 = self.int8_drafting and (drafting or self.name == "draft")
-        stream = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
-        events, done = None, None
         start = time.perf_counter()
-        try:
-            with torch.inference_mode(), stream, int8_products(int8):
-                if self.device.type == "cuda":
-                    if after is not None:
-                        self.work_stream.wait_event(after)
-                    if self.clock is not None and trace is not None:
-                        events = self.clock.begin(self.work_stream, trace.t0)
-                result = fn(*args, **kwargs)
-                if self.device.type == "cuda":
-                    done = torch.cuda.Event(enable_timing=events is not None)
-                    done.record(self.work_stream)
-                    events = (events[0], done) if events is not None else None
-        except Exception as e:
-            raise LaneError(self.name, step, e) from e
+        result, events, done = self._launch(trace, step, int8, fn, args, kwargs, after=after, wait=False)
         return result, Queued(self, trace, kind, label, step, tokens, events, start, time.perf_counter(), done)
 
     def recording(self, trace) -> "Recording":
@@ -358,26 +343,42 @@ class Lane:
         threads = self.alone_threads if alone else self.threads
         if self.device.type == "cpu" and threads:
             torch.set_num_threads(threads)  # per worker thread
-        stream = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
         events = None
         start = time.perf_counter()
         try:
-            with torch.inference_mode(), stream, int8_products(int8):
-                if self.clock is not None and trace is not None:
-                    events = self.clock.begin(self.work_stream, trace.t0)
-                result = fn(*args, **kwargs)
-                if events is not None:
-                    events[1].record(self.work_stream)
-                self.synchronize()  # a device error may surface only here
-        except Exception as e:
-            events = None  # the end event may never have been recorded: the host's readings
-            raise LaneError(self.name, step, e) from e
-        finally:
+            result, events, _ = self._launch(trace, step, int8, fn, args, kwargs)
+        finally:  # after an error, events is None: the span is the host's readings
             end = time.perf_counter()
             if trace is not None:
                 start, end = self.clock.span(events, start, end) if events is not None else (start, end)
                 trace.add_span(self, kind, label, start, end, step, tokens)
         return result
+
+    def _launch(self, trace, step, int8, fn, args, kwargs, after=None, wait: bool = True):
+        """fn(*args, **kwargs) as a lane runs work (``_run`` on its worker, ``queue`` on the caller's
+        thread): in inference mode, with the lane's stream current and its int8 setting; on a CUDA
+        lane after ``after`` (an event of another lane's work, waited for on the GPU) and between CUDA
+        events where the lane times on the GPU. ``wait``: wait for the device before returning (a
+        device error may surface only there); else the work may still be queued, and a CUDA lane
+        records an end event for it. Returns (fn's result, (start, end) events or None, the end
+        event or None); any error is raised as a :class:`LaneError`."""
+        stream = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
+        events, done = None, None
+        try:
+            with torch.inference_mode(), stream, int8_products(int8):
+                if after is not None and self.device.type == "cuda":
+                    self.work_stream.wait_event(after)
+                if self.clock is not None and trace is not None:
+                    events = self.clock.begin(self.work_stream, trace.t0)
+                result = fn(*args, **kwargs)
+                if self.device.type == "cuda" and (events is not None or not wait):
+                    done = events[1] if events is not None else torch.cuda.Event(enable_timing=False)
+                    done.record(self.work_stream)
+                if wait:
+                    self.synchronize()
+        except Exception as e:
+            raise LaneError(self.name, step, e) from e
+        return result, events, done
 
     @property
     def work_stream(self):
