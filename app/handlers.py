@@ -23,6 +23,7 @@ from .explain import explain
 from .export import export_race
 from .fair import fair_share, skipped_runs
 from .inputs import settle_all
+from .lanes import lanes_line, one_processor
 from .loading import in_background, loading_message
 from .predict import SKIP, fastest, next_step, reveal, reveal_hit, why
 from .prompt_kinds import acceptance_note
@@ -78,19 +79,18 @@ def hardware_notice(pair) -> str:
     target, draft = pair.target_lane, pair.draft_lane
     models = "" if getattr(pair, "embedded_target", True) else (
         f"Models: target **{pair.target_name}**, draft **{pair.draft_name or 'none'}**. ")
-    lanes = models + (f"Target lane: **{target.display_device}**, playing the {target.role.removesuffix(' role')}; "
-             f"draft lane: **{draft.display_device}**, playing the {draft.role.removesuffix(' role')}.")
+    lanes = models + lanes_line([target.label, draft.label])
     if getattr(pair, "dtype", None) is not None:
         lanes += f" Weights: **{pair.dtype}**."
     if getattr(pair, "int8_drafting", False):
         lanes += INT8_NOTE
     if target.device.type != draft.device.type:
         return lanes
-    where = ""
-    if target.device.type == "cpu":
+    shared, where = one_processor([target.label, draft.label]), ""
+    if shared == "cpu":
         where = " They are two groups of one CPU's cores."
-    elif target.device == draft.device:
-        where = (f" They are two CUDA streams of one GPU ({target.device}): the draft's kernels run beside the "
+    elif shared:
+        where = (f" They are two CUDA streams of one GPU ({shared}): the draft's kernels run beside the "
                  "target's on the same chip, sharing its compute units and memory bandwidth.")
     return (f"{lanes} Both lanes are on the same kind of hardware ({target.device.type}): here they stand in for "
             f"the two separate devices Mirror-SD is designed for (a GPU and an NPU).{where}")

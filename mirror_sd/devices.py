@@ -49,12 +49,48 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import torch
 
 from .errors import MirrorSDError
 
 ROLES = {"target": "GPU role", "draft": "NPU role"}
+
+
+@dataclass(frozen=True)
+class LaneLabel:
+    """A lane as every trace, report and page names it: 'target, GPU role, cpu:0', or 'draft, NPU role,
+    cuda:0, 2nd stream' (the draft's own stream on the target's GPU). ``Lane.label`` writes it, traces
+    keep it, and the app, the bench and the what-if model read a label back here (:meth:`read`)."""
+
+    name: str  # "target" or "draft"
+    role: str  # the device it stands in for: "GPU role", "NPU role"
+    display: str  # the real device and where on it: "cpu:1", "cuda:0, 2nd stream", "cuda:0+cuda:1" (sharded)
+
+    def __str__(self) -> str:
+        return f"{self.name}, {self.role}, {self.display}"
+
+    @property
+    def device(self) -> str:
+        """The real device alone: "cpu:1", "cuda:0", "cuda:0+cuda:1"."""
+        return self.display.split(", ")[0]
+
+    @property
+    def kind(self) -> str:
+        """The device's type: "cpu", "cuda", "mps", "npu"."""
+        return self.device.split(":")[0]
+
+    @property
+    def plays(self) -> str:
+        """The role without its suffix: "GPU", "NPU"."""
+        return self.role.removesuffix(" role")
+
+    @classmethod
+    def read(cls, label: str) -> "LaneLabel | None":
+        """The label read back; None for a label of another form (a lane named by hand, say)."""
+        parts = label.split(", ")
+        return cls(parts[0], parts[1], ", ".join(parts[2:])) if len(parts) >= 3 else None
 
 
 _cpu_workers: dict[int, ThreadPoolExecutor] = {}  # slot -> worker thread, shared by CPU lanes
@@ -276,8 +312,8 @@ class Lane:
 
     @property
     def label(self) -> str:
-        """E.g. 'target, GPU role, cpu:0': role and real device, as the app shows lanes."""
-        return f"{self.name}, {self.role}, {self.display_device}"
+        """E.g. 'target, GPU role, cpu:0': role and real device, as the app shows lanes (:class:`LaneLabel`)."""
+        return str(LaneLabel(self.name, self.role, self.display_device))
 
     def submit(self, kind: str, fn, *args, trace=None, label: str = "", step: int | None = None,
                tokens: int = 0, alone: bool = False, drafting: bool = False, **kwargs) -> Future:
