@@ -20,6 +20,7 @@ from mirror_sd.trace import Trace
 
 from .cards import baseline, card_html
 from .lanes import lanes_line, one_processor
+from .page import Page
 from .race import Result
 
 RECORDED = Path(__file__).parent / "recorded"
@@ -165,21 +166,19 @@ def recorded_devices(meta: dict, results: dict[str, Result]) -> str:
             "server's own lanes.")
 
 
-def make_open_recorded(names: list[str]):
-    """The handler that opens a recorded race: (prompt, status, replay button, *cards, results), the
-    same outputs as the Run handler, with no model loaded and nothing decoded."""
+def open_recorded(path, rejected=False) -> Page:
+    """Open the recorded race at ``path``: its prompt, status, replay button, cards and results, the Run
+    handler's outputs and the prompt's, with no model loaded and nothing decoded (nothing changes when
+    none is picked)."""
+    import gradio as gr
 
-    def open_recorded(path, rejected=False):
-        import gradio as gr
-
-        if not path:
-            return (gr.update(), gr.update(), gr.update(), *(gr.update(),) * len(names), gr.update())
-        prompt, meta, results = load_race(path)
-        rate = baseline(results)
-        cards = [card_html(results[n], rate, rejected=bool(rejected)) if n in results else gr.update() for n in names]
-        return (prompt, recorded_on(meta), gr.update(interactive=True), *cards, results)
-
-    return open_recorded
+    if not path:
+        return Page()
+    prompt, meta, results = load_race(path)
+    rate = baseline(results)
+    cards = {n: card_html(r, rate, rejected=bool(rejected)) for n, r in results.items()}
+    return Page(prompt=prompt, status=recorded_on(meta), replay=gr.update(interactive=True), cards=cards,
+                results=results)
 
 
 def open_recorded_devices(path):
