@@ -26,7 +26,7 @@ def no_model(monkeypatch):
     monkeypatch.setattr("mirror_sd.models.pair.load_pair", refuse)
 
 
-BEST_ON_CPU = {"sd": {"gamma": 3}, "mirror": {"exit_layer": 14, "branch_budget": 4}}  # docs/app.md: from which sweeps
+BEST_ON_CPU = {"sd": {"gamma": 3}, "mirror": {"exit_layer": 14, "branch_budget": 4}}  # docs/app/race.md: from which sweeps
 
 
 def test_every_example_prompt_has_a_small_recorded_race_on_the_cpu_at_defaults_and_best_settings_and_on_a_gpu():
