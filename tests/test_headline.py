@@ -1,9 +1,9 @@
-"""The headline table (mirror_sd/tools/headline.py): read from a bench's folder and report, and a
+"""The headline table (scripts/headline.py): read from a bench's folder and report, and a
 gpu-check's report, written between the pages' markers; the README and docs/results.md hold what the
 committed runs say."""
 import pytest
 
-from mirror_sd.tools.headline import END, START, Run, header, main, table, read_run, write
+from scripts.headline import END, START, Run, header, main, table, read_run, write
 
 SUMMARY = "method,prompts,mean_accepted,tokens_per_s,speedup\nvanilla,2,1.0,20.0,1.0\nmirror,2,2.1234,25.5,1.275\n"
 REPORT = ("# Benchmark\n\nCommand: `python -m mirror_sd bench --out b --report b.md`\n\nDate: 2026-12-06 00:10 UTC\n\n"
@@ -58,6 +58,6 @@ def test_a_page_without_markers_or_a_report_without_its_lines_is_refused(clone):
 
 
 def test_the_readme_and_the_results_page_quote_the_committed_runs():
-    """After a new bench run, ``python -m mirror_sd.tools.headline`` writes its numbers into the docs."""
+    """After a new bench run, ``python -m scripts.headline`` writes its numbers into the docs."""
     assert main(["--check"]) == 0
     assert "(1)" in table([read_run(run) for run in (Run("docs/bench", "docs/benchmarks.md"),)], "README.md")
