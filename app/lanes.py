@@ -34,7 +34,8 @@ def row_label(label: str, labels: list[str]) -> str:
     lane = LaneLabel.read(label)
     if lane is None:
         return label
-    shared = f" (same {PROCESSOR.get(lane.kind, lane.kind.upper())} as the other lane)" if same_processor(labels) else ""
+    processor = PROCESSOR.get(lane.kind, lane.kind.upper())
+    shared = f" (same {processor} as the other lane)" if same_processor(labels) else ""
     return f"{lane.name} on {lane.display}<br>plays the {lane.plays}{shared}"
 
 
