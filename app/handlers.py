@@ -42,6 +42,13 @@ MAX_PROMPT_CHARS = 20_000  # far beyond any context here; the engine checks the 
 AUTO = "auto"  # device choice: this machine's default lanes
 
 
+def lane_devices(target_device: str | None, draft_device: str | None) -> dict[str, str | None]:
+    """The Advanced drawer's device choices as ``load_pair``'s arguments: "auto" (or none) is None, this
+    machine's default for that lane."""
+    return {"target_device": None if target_device in (None, AUTO) else target_device,
+            "draft_device": None if draft_device in (None, AUTO) else draft_device}
+
+
 class Stops:
     """One stop flag per browser session: the Stop button sets it, the running race polls it. A session
     whose tab closed stays stopped: a race it had queued never starts."""
@@ -217,8 +224,7 @@ ALREADY_IN_LINE = ("Your race is already in the line: one race per visitor at a 
 
 def expected_fair_s(get_pair, given: dict) -> float | None:
     """A queued race's expected seconds, cut to a fair share, or None (models not loaded, no estimate yet)."""
-    devices = {lane: None if given.get(lane) in (None, AUTO) else given[lane] for lane in ("target_device",
-                                                                                         "draft_device")}
+    devices = lane_devices(given.get("target_device"), given.get("draft_device"))
     try:
         if not get_pair.loaded(**devices) or not (given.get("prompt_text") or "").strip():
             return None
@@ -247,7 +253,7 @@ def not_run(given: dict, state: str, status: str) -> Page:
 def _load(get_pair, given: dict, stop):
     """Check the prompt and load the pair, yielding a loading message each second; the pair, or None
     after a 'Cannot run' message (or a stop)."""
-    devices = {lane: None if given[lane] == AUTO else given[lane] for lane in ("target_device", "draft_device")}
+    devices = lane_devices(given["target_device"], given["draft_device"])
     try:
         problem = check_prompt(given["prompt_text"], given["methods"])
         if problem:
@@ -427,8 +433,7 @@ def make_check_length(get_pair):
     error's one sentence (``short_refusal``)."""
 
     def check_length(prompt_text, methods, max_new, runs, target_device, draft_device):
-        devices = {"target_device": None if target_device == AUTO else target_device,
-                   "draft_device": None if draft_device == AUTO else draft_device}
+        devices = lane_devices(target_device, draft_device)
         if not get_pair.loaded(**devices):
             return
         pair = get_pair(**devices)
@@ -558,10 +563,8 @@ def make_live_devices(get_pair):
     pair loads once; a pair that cannot load leaves the line to the race's own message)."""
 
     def live_devices(target_device, draft_device):
-        devices = {"target_device": None if target_device == AUTO else target_device,
-                   "draft_device": None if draft_device == AUTO else draft_device}
         try:
-            return hardware_notice(get_pair(**devices))
+            return hardware_notice(get_pair(**lane_devices(target_device, draft_device)))
         except Exception:  # noqa: BLE001  the race itself says why it cannot run
             return gr.update()
 

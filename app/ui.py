@@ -371,8 +371,7 @@ def wire_race(demo, race, page: Outputs, get_pair, names, notice, linked):
 
     race.stop.click(stop, None, None, api_name="stop", queue=False)
     def pair_for(target_device, draft_device):
-        return get_pair(target_device=None if target_device == AUTO else target_device,
-                        draft_device=None if draft_device == AUTO else draft_device)
+        return get_pair(**handlers.lane_devices(target_device, draft_device))
 
     form_in = [race.form, race.temperature, race.target_device, race.draft_device]
     form_out = [*[box for _, _, box in race.specs], race.form_note]
