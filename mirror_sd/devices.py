@@ -407,7 +407,7 @@ class Lane:
                 if self.clock is not None and trace is not None:
                     events = self.clock.begin(self.work_stream, trace.t0)
                 result = fn(*args, **kwargs)
-                if self.device.type == "cuda" and (events is not None or not wait):
+                if events is not None or (not wait and self.device.type == "cuda"):
                     done = events[1] if events is not None else torch.cuda.Event(enable_timing=False)
                     done.record(self.work_stream)
                 if wait:
