@@ -11,8 +11,9 @@ exit layer and kappa in 1..16: the hit rate an unlimited branch budget would get
 beside the hit rate the default budget got. The hidden state at that position sees committed
 tokens only, so one causal pass of the target over the final sequence gives it for every layer.
 
-With ``--exit-head 1`` mirror runs with its trained early-exit head (``exit_head=1``) and the ranks
-are the head's, at its exit layer only (models/exit_head.py); compare with a run without it.
+With ``--exit-head 1`` mirror runs with its trained early-exit head and the ranks are the head's, at
+its exit layer only (models/exit_head.py); compare with a run without it (``--exit-head 0``: the
+logit lens, the pair left without a head at that layer, ``pair.exit_heads``).
 
 Columns ``kappa_4_draft_j``: the ceiling when a rejection row's candidates also hold the draft's own
 top-j there (its top-1 was the rejected token; the bonus row has no draft distribution yet): would
@@ -106,13 +107,15 @@ def main():
     layers = [int(x) for x in (args.layers or (str(head.exit_layer) if head else "15,18,22,24,26,28")).split(",")]
     if head is not None and layers != [head.exit_layer]:
         parser.error(f"--exit-head 1 ranks at the head's exit layer only ({head.exit_layer})")
+    if head is None:  # mirror reads the exit through the logit lens: no head at its exit layer
+        pair.exit_heads[default] = None
     rows = []
     for item in tqdm(bench_prompts(args.per_category), desc="exit ceiling", unit="prompt"):
         messages = []
         for turn in item["turns"]:
             messages.append({"role": "user", "content": turn})
             out = generate(pair, list(messages), method="mirror", max_new_tokens=args.max_new_tokens,
-                           exit_head=args.exit_head, exit_layer=default)
+                           exit_layer=default)
             messages.append({"role": "assistant", "content": out.text})
             prompt_ids = pair.encode(messages[:-1])
             assert len(prompt_ids) == out.prompt_tokens
