@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from mirror_sd.engine import generate
 from mirror_sd.methods.mirror import default_exit_layer, early_exit
-from mirror_sd.models.exit_head import attach_exit_head, exit_head_for, load_exit_head
+from mirror_sd.models.exit_head import attach_exit_head, available_exit_head, load_exit_head
 from mirror_sd.models.pair import load_pair
 from mirror_sd.sampling import to_target_vocab
 
@@ -102,7 +102,9 @@ def main():
     attached = load_exit_head(Path(args.head), pair.target) if args.head else None
     if attached is not None:
         attach_exit_head(pair, attached)
-    head = (attached or exit_head_for(pair, default_exit_layer(pair.target.num_layers))) if args.exit_head else None
+    head = (attached or available_exit_head(pair, default_exit_layer(pair.target.num_layers))) if args.exit_head else None
+    if args.exit_head and head is None:
+        parser.error("--exit-head 1: the pair has no head for its default exit layer (pass --head DIR)")
     default = head.exit_layer if head else default_exit_layer(pair.target.num_layers)
     layers = [int(x) for x in (args.layers or (str(head.exit_layer) if head else "15,18,22,24,26,28")).split(",")]
     if head is not None and layers != [head.exit_layer]:
