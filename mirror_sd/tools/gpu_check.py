@@ -364,12 +364,13 @@ def _method_stages(pair, t, exit_layer: int) -> dict:
     """stage -> (stage set, name) of the other stages the methods replay, where the pair has what they
     need: Mirror-SD's early exit (its default reader) and the streams' pass, on the target's set
     ``t``, and the EAGLE head's forward over pairs, on a set of its own."""
-    from ..methods.mirror import choose_exit_head, exit_reader
+    from ..methods.mirror import exit_reader
     from ..models.eagle import HeadStages, head_for
+    from ..models.exit_head import available_exit_head
     from ..models.forwards import name_range
     from ..models.streams import target_streams
 
-    reader = exit_reader(pair, choose_exit_head(pair, exit_layer, -1))
+    reader = exit_reader(pair, available_exit_head(pair, exit_layer))
     stages = {"early_exit": (t, name_range(t, (exit_layer, exit_layer, reader)))}
     try:
         streams = target_streams(pair)
