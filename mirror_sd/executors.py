@@ -102,7 +102,7 @@ class Threads:
         values = [a.result() if isinstance(a, Phase) and a.lane is not w.lane else a for a in w.args]
 
         def body():  # a phase of this lane ran before this one on the same thread: done by now
-            return w.fn(*(a.result() if isinstance(a, Phase) else a for a in values), **kwargs)
+            return w.fn(*(a.future.result() if isinstance(a, Phase) else a for a in values), **kwargs)
 
         phase = Phase(w.lane, future=w.lane.submit(w.kind, body, alone=alone, **w.span))
         self.unread.append(phase)
