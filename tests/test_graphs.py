@@ -126,12 +126,19 @@ METHODS = [
 ]
 
 
+def on_pair(pair, options: dict, monkeypatch) -> dict:
+    """A METHODS row's options less the pair's own settings it names, which are set on ``pair``:
+    ``queue_steps`` (Mirror-SD's steps queued?) and ``lens`` (no trained head at any exit layer)."""
+    options = dict(options)
+    monkeypatch.setattr(pair, "queue_steps", options.pop("queue_steps", "auto"))
+    if options.pop("lens", False):
+        monkeypatch.setattr(pair, "exit_heads", {})
+    return options
+
+
 @pytest.mark.parametrize("method,options,stages", METHODS, ids=[f"{m}-{o}" for m, o, _ in METHODS])
 def test_every_method_on_stages_commits_vanillas_tokens(pair, stage_runs, monkeypatch, method, options, stages):
-    options = dict(options)  # less the pair's own settings it names:
-    monkeypatch.setattr(pair, "queue_steps", options.pop("queue_steps", "auto"))  # Mirror-SD's steps queued?
-    if options.pop("lens", False):  # no trained head at any exit layer
-        monkeypatch.setattr(pair, "exit_heads", {})
+    options = on_pair(pair, options, monkeypatch)
     for prompt in PROMPTS:
         expected = vanilla_tokens(pair, prompt)
         stage_runs.clear()
@@ -202,6 +209,7 @@ def test_every_method_commits_vanillas_tokens_with_the_other_tuned_kernels(pair,
     monkeypatch.setattr(tuning, "_planning", planning_everywhere)  # the lanes' threads too
     monkeypatch.setattr(tuning, "graph_us", timer)  # on CUDA, what a stage's capture tunes with
     monkeypatch.setattr(pair, "stage_sets", {})  # stages made afresh, so that CUDA captures them under this plan
+    options = on_pair(pair, options, monkeypatch)
     for prompt in PROMPTS:
         out = generate(pair, prompt, method=method, max_new_tokens=TOKENS, raw=True, **options)
         assert out.error is None and out.token_ids == expected[prompt], f"{method} {options} on {prompt!r}"
