@@ -274,7 +274,7 @@ def tree_step(ctx: Context, window: Tree, step: int) -> Outcome:
     widen.after(rolled)
     picks = ex.start(target, SpanKind.RENDEZVOUS, target_picks, suffix, label="verify tree + match branch", step=step)
     ex.finish(prefix, suffix, rolled, picks)  # the step's one wait
-    path, token = walk_tree_picks(window.tokens, window.children(), picks.result().tolist())
+    path, token = walk_tree_picks(window.tokens, window.parents, picks.result())
     branches = rolled.result().read()
     return Outcome(path, token, branch_hit(branches, path[-1] + 1 if path else 0, token),
                    prefix.result()[1].top_ids.tolist(), branches)
