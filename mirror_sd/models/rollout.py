@@ -13,16 +13,18 @@ chain and the channel in, replays one graph and reads one table.
 The body, for a draft cache of ``base`` committed slots, a chain of C tokens (the committed tokens
 the draft has not seen, then the window's L = T - 1 draft tokens) and a channel of T rows:
 
-1. the branches: the branch rule (mirror_sd/branches.py) over the channel's rows, its rows past T
-   (padding) sorted last and never valid;
-2. the first forward, W rows: the chain (rows [0, C), causal, at slots base..), padding, and the
-   ``budget`` branch roots in the last rows (slots after the chain; root of branch (r, v) at the
-   position after window row r, seeing the committed slots, the chain up to row r, and itself);
-3. gamma - 1 more forwards of ``budget`` rows, each branch's newest token, seeing what its root saw
-   and its own tokens so far.
+1. the branches: the branch rule (mirror_sd/branches.py: ``branch_scores`` by the spec's scoring)
+   over the channel's rows, its rows past T (padding) sorted last and never valid;
+2. the first forward (``first_forward``), W rows: the chain (rows [0, C), causal, at slots base..),
+   padding, and the ``budget`` branch roots in the last rows (slots after the chain; root of branch
+   (r, v) at the position after window row r, seeing the committed slots, the chain up to row r,
+   and itself);
+3. gamma - 1 more forwards (``later_forward``) of ``budget`` rows, each branch's newest token,
+   seeing what its root saw and its own tokens so far.
 
-The greedy picks of each forward's branch rows are the next tokens. A run over padding only
-(warm-up, capture) writes scratch slots only.
+The greedy picks of each forward's branch rows are the next tokens (``chain_draft.greedy_chain``).
+The host's rollouts (methods/mirror_rollouts.py) run the same functions over the window's own
+rows, a forward at a time. A run over padding only (warm-up, capture) writes scratch slots only.
 """
 from __future__ import annotations
 
