@@ -24,8 +24,9 @@ import torch
 
 from mirror_sd import branches
 from mirror_sd.models.pair import load_pair
+from mirror_sd.tools.bench import run_interleaved
 
-from .comparison import SWEEPS, bench_prompts, comparison_parser, interleave
+from .comparison import SWEEPS, bench_prompts, comparison_parser
 
 EARLIER_ROW = 1e6  # "earliest": a row earlier outranks any log-prob gap within the window
 
@@ -60,7 +61,8 @@ def main():
 
     pair = load_pair()
     try:
-        rows = interleave(pair, bench_prompts(args.per_category), runs, args.max_new_tokens, setup, desc="branch scoring")
+        rows = run_interleaved(pair, bench_prompts(args.per_category), runs, args.max_new_tokens, setup=setup,
+                               desc="branch scoring")
     finally:
         branches.use_scoring("step-end")
     rows = rows[rows.run > 0].copy()

@@ -12,7 +12,6 @@ bound is 0.1.
 from mirror_sd import load_pair
 from mirror_sd.devices import int8_products
 from mirror_sd.tools.tradeoff import forward_ms
-from research.comparison import swap_draft
 
 
 def main():
@@ -28,7 +27,7 @@ def main():
     print(f"target: {target_ms:.2f} ms")
     for draft in args.drafts:
         if draft != "default":
-            swap_draft(pair, draft)
+            pair.use_draft(draft)
         for int8 in (False, True):
             with int8_products(int8):
                 ms = forward_ms(pair.draft, args.context, args.repeats)
