@@ -34,12 +34,14 @@ def test_every_example_prompt_has_a_small_recorded_race_on_the_cpu_at_defaults_a
     examples = {item["turns"][0] for item in first_per_category(read_prompts(DEFAULT_PROMPTS), 1)}
     on_gpu = [path for label, path in races if label.endswith("(on NVIDIA H200, 2026-11-27)")]
     best = [path for label, path in races
-            if label.endswith("(on AMD EPYC, 2 CPU cores, 2026-11-29, at best settings: sd gamma 3; mirror exit layer "
-                              "14, branch budget 4)")]
+            if "(on AMD EPYC, 2 CPU cores, " in label
+            and label.endswith(", at best settings: sd gamma 3; mirror exit layer 14, branch budget 4)")]
     on_cpu = [path for label, path in races if path not in on_gpu + best]
     assert len(on_cpu) == len(best) == len(on_gpu) == len(examples)
     assert ({load_race(path)[0] for path in on_cpu} == {load_race(path)[0] for path in on_gpu}
             == {load_race(path)[0] for path in best} == examples)
+    for path in on_cpu + best:  # each CPU race names the dtype its target ran in
+        assert load_race(path)[1]["dtype"].startswith(("fp32", "bf16"))
     for path in best:  # recorded on this CPU with those settings, every other option at its default
         prompt, meta, results = load_race(path)
         assert meta["options"] == BEST_ON_CPU and "(on " not in meta["settings"]
