@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 FAIR_RUNS = 1
-FAIR_MAX_NEW = 48  # the page's default race (docs/app.md: what it takes on a class's server)
+FAIR_MAX_NEW = 48  # the page's default race (docs/app/classroom.md: what it takes on a class's server)
 FAIR_RACE_S = 30.0  # a capped race is cut further where the estimate puts it over this
 FAIR_MIN_NEW = 16  # but never below this: twice the tokens a race needs to be timed at all
 

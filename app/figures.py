@@ -16,6 +16,7 @@ from plotly.subplots import make_subplots
 from mirror_sd.nvml import PERIOD_S as NVML_PERIOD_S
 from mirror_sd.trace import SpanKind, Trace
 
+from .lanes import row_label
 from .tokens import piece, visible
 from .trees import layout as tree_layout
 from .trees import step_tree
@@ -34,7 +35,6 @@ SPAN_KINDS = {  # kind -> (colour, legend text): every SpanKind
 }
 BRIEF = 0.003  # a span kind whose spans all last less than this share of the run gets a tick mark per span
 LANE_ORDER = {"target": 0, "draft": 1}
-PROCESSOR = {"cpu": "CPU", "cuda": "GPU", "mps": "GPU"}  # a device type, as a lane label names it
 LANE_COLOURS = {"target": "#2563eb", "draft": "#10b981"}  # the utilisation's bars and lines, per lane role
 
 
@@ -52,35 +52,6 @@ def kind_style(kind: SpanKind) -> tuple[str, str]:
 def lanes_of(trace: Trace) -> list[str]:
     """Lane labels, target first."""
     return sorted(trace.lanes, key=lambda label: LANE_ORDER.get(trace.lanes[label], 9))
-
-
-def _device(label: str) -> str | None:
-    """The real device of a lane label 'name, role, device[, where on it]' (e.g. 'cpu:1'), or None for
-    other labels."""
-    parts = label.split(", ")
-    return parts[2] if len(parts) >= 3 else None
-
-
-def same_processor(labels: list[str]) -> bool:
-    """Whether all lanes run on one processor: core groups of one CPU, or one GPU shared by both."""
-    devices = {_device(label) for label in labels}
-    if len(labels) < 2 or None in devices:
-        return False
-    kinds = {d.split(":")[0] for d in devices}
-    return kinds == {"cpu"} or len(devices) == 1
-
-
-def lane_text(label: str, labels: list[str]) -> str:
-    """A lane's tick label: its real device, the role it stands in for, and whether it shares one
-    processor with the other lane; e.g. 'target on cpu:0<br>plays the GPU (same CPU as the other lane)', or
-    'draft on cuda:0, 2nd stream<br>plays the NPU (same GPU as the other lane)'."""
-    parts = label.split(", ")
-    if len(parts) < 3:
-        return label
-    name, role, device, *where = parts
-    kind = device.split(":")[0]
-    shared = f" (same {PROCESSOR.get(kind, kind.upper())} as the other lane)" if same_processor(labels) else ""
-    return f"{name} on {', '.join([device, *where])}<br>plays the {role.removesuffix(' role')}{shared}"
 
 
 def fresh(fig: go.Figure) -> go.Figure:
@@ -152,7 +123,7 @@ def _timeline_row(fig, trace: Trace, row: int, step: int | None, shown: set):
     clocks = trace.meta.get("span_clocks", {})  # lane name -> "host" or "CUDA events"
     events = "<br>bars: when the GPU itself worked (CUDA events)"
     fig.update_yaxes(categoryorder="array", categoryarray=lanes, tickmode="array", tickvals=lanes,
-                     ticktext=[lane_text(lane, lanes) + (events if clocks.get(trace.lanes.get(lane)) == "CUDA events"
+                     ticktext=[row_label(lane, lanes) + (events if clocks.get(trace.lanes.get(lane)) == "CUDA events"
                                                          else "") for lane in lanes], row=row, col=1)
 
 
@@ -267,7 +238,7 @@ def zoomed_steps(traces: dict[str, Trace]) -> go.Figure:
             longest = max(longest, _host_rendezvous(fig, trace, k, t0, row, shown))
         lanes = list(reversed(lanes_of(trace)))
         fig.update_yaxes(categoryorder="array", categoryarray=lanes, tickmode="array", tickvals=lanes,
-                         ticktext=[lane_text(lane, lanes) for lane in lanes], row=row, col=1)
+                         ticktext=[row_label(lane, lanes) for lane in lanes], row=row, col=1)
     fig.update_xaxes(range=[0, 1.02 * 1000 * longest if longest else 1])
     fig.update_xaxes(title_text="ms since the step began (one axis for every method)", row=max(len(rows), 1), col=1)
     fig.update_layout(barmode="overlay", height=120 + 120 * len(rows), margin=dict(l=10, r=10, t=40, b=40),
@@ -326,7 +297,7 @@ def utilisation(traces: dict[str, Trace]) -> go.Figure:
                                xanchor="left", yanchor="bottom", showarrow=False, font=dict(size=11, color="#92400e"))
         top_first = list(reversed(lanes))  # plotly stacks categories from the bottom up
         fig.update_yaxes(categoryorder="array", categoryarray=top_first, tickmode="array", tickvals=top_first,
-                         ticktext=[lane_text(lane, lanes) for lane in top_first], row=row, col=1)
+                         ticktext=[row_label(lane, lanes) for lane in top_first], row=row, col=1)
         fig.update_xaxes(range=[0, 100], row=row, col=1)
         fig.update_yaxes(range=[0, 105], ticksuffix="%", row=row, col=2)
         fig.update_xaxes(range=[0, x_max or 1], row=row, col=2)

@@ -1,7 +1,8 @@
 """What the page's events do: run the race, draw the views, replay it, step through it.
 
-Each handler returns (or yields) values for the components ui.py wires it to. Only ``race``
-reaches the engine, through :func:`app.race.run_race`; the others draw from recorded traces.
+The race's handlers return (or yield) a :class:`app.page.Page` naming the outputs they set, which ui.py
+maps onto its components; the others return values for the components ui.py wires them to. Only
+``race`` reaches the engine, through :func:`app.race.run_race`; the others draw from recorded traces.
 """
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from .explain import explain
 from .export import export_race
 from .fair import fair_share, skipped_runs
 from .inputs import settle_all
+from .lanes import lanes_line, one_processor
 from .loading import in_background, loading_message
+from .page import Page
 from .predict import SKIP, fastest, next_step, reveal, reveal_hit, why
 from .prompt_kinds import acceptance_note
 from .prompt_cost import prompt_line, short_refusal, speeds_of, too_long
@@ -37,6 +40,13 @@ log = logging.getLogger(__name__)
 
 MAX_PROMPT_CHARS = 20_000  # far beyond any context here; the engine checks the real token limit
 AUTO = "auto"  # device choice: this machine's default lanes
+
+
+def lane_devices(target_device: str | None, draft_device: str | None) -> dict[str, str | None]:
+    """The Advanced drawer's device choices as ``load_pair``'s arguments: "auto" (or none) is None, this
+    machine's default for that lane."""
+    return {"target_device": None if target_device in (None, AUTO) else target_device,
+            "draft_device": None if draft_device in (None, AUTO) else draft_device}
 
 
 class Stops:
@@ -78,19 +88,18 @@ def hardware_notice(pair) -> str:
     target, draft = pair.target_lane, pair.draft_lane
     models = "" if getattr(pair, "embedded_target", True) else (
         f"Models: target **{pair.target_name}**, draft **{pair.draft_name or 'none'}**. ")
-    lanes = models + (f"Target lane: **{target.display_device}**, playing the {target.role.removesuffix(' role')}; "
-             f"draft lane: **{draft.display_device}**, playing the {draft.role.removesuffix(' role')}.")
+    lanes = models + lanes_line([target.label, draft.label])
     if getattr(pair, "dtype", None) is not None:
         lanes += f" Weights: **{pair.dtype}**."
     if getattr(pair, "int8_drafting", False):
         lanes += INT8_NOTE
     if target.device.type != draft.device.type:
         return lanes
-    where = ""
-    if target.device.type == "cpu":
+    shared, where = one_processor([target.label, draft.label]), ""
+    if shared == "cpu":
         where = " They are two groups of one CPU's cores."
-    elif target.device == draft.device:
-        where = (f" They are two CUDA streams of one GPU ({target.device}): the draft's kernels run beside the "
+    elif shared:
+        where = (f" They are two CUDA streams of one GPU ({shared}): the draft's kernels run beside the "
                  "target's on the same chip, sharing its compute units and memory bandwidth.")
     return (f"{lanes} Both lanes are on the same kind of hardware ({target.device.type}): here they stand in for "
             f"the two separate devices Mirror-SD is designed for (a GPU and an NPU).{where}")
@@ -133,8 +142,8 @@ def settle_boxes(max_new, temperature, top_p, seed, runs):
             f"**Settings changed:** {note}" if note else "")
 
 
-def make_race(get_pair, stops: Stops, specs, names: list[str], line: Line):
-    """The Run handler: yields (status, replay button, *cards, results) while the models load, and after
+def make_race(get_pair, stops: Stops, specs, line: Line):
+    """The Run handler: yields pages (status, replay button, cards, results) while the models load, and after
     every committed step of every run; the visitor holds a place in ``line`` until their race ends. A race
     that starts with others waiting behind it is cut to a fair share (``app.fair``); every race run to its
     end calibrates the estimate of the next (``app.estimate``)."""
@@ -146,12 +155,11 @@ def make_race(get_pair, stops: Stops, specs, names: list[str], line: Line):
             line.leave(session)
             return
         stop = stops.fresh(session)  # from here on, Stop ends this race: the loading and warm-up included
-        idle = (gr.update(),) * len(names)
         used, messages = settle_all(**{k: given[k] for k in ("max_new", "temperature", "top_p", "seed", "runs")})
         settled = ("**Settings changed:** " + " ".join(messages) + " ") if messages else ""
         line.join(session)
         try:
-            pair = yield from _load(get_pair, given, names, stop)
+            pair = yield from _load(get_pair, given, stop)
             if pair is None:
                 return
             line.start(session)
@@ -159,20 +167,19 @@ def make_race(get_pair, stops: Stops, specs, names: list[str], line: Line):
             started = began  # the race's own time, after the one-off warm-up: what the estimate learns
             for _ in in_background(lambda: warm_up(pair), tick_s=0.25):  # once per pair; measures the speeds
                 if stop.is_set():  # the one-off warm-up goes on for the server; this race ends now
-                    yield not_run(given, names, "skipped", STOPPED_BEFORE)
+                    yield not_run(given, "skipped", STOPPED_BEFORE)
                     return
-                yield (settled + race_status({}, cold=cold, waited_s=time.perf_counter() - began), gr.update(),
-                       *idle, gr.update())
+                yield Page(status=settled + race_status({}, cold=cold, waited_s=time.perf_counter() - began))
                 started = time.perf_counter()
             settled += share(pair, given, used, line, session)
             problem = length_problem(pair, given["prompt_text"], given["methods"], used["max_new"], used["runs"])
             if problem:
-                yield not_run(given, names, "refused", f"**Cannot run:** {problem}")
+                yield not_run(given, "refused", f"**Cannot run:** {problem}")
                 return
             settings = dict(max_new_tokens=used["max_new"], temperature=used["temperature"], top_p=used["top_p"],
                             seed=used["seed"], options=gather_options(specs, values[len(RACE_INPUTS):]))
             finished, current, ran = yield from _runs(pair, given, settings, used["runs"], settled, stop,
-                                                      lambda: line.behind(session), names, used)
+                                                      lambda: line.behind(session), used)
             if finished:
                 estimate.learn(pair, current, ran, time.perf_counter() - started)
             line.leave(session, finished=finished)
@@ -217,8 +224,7 @@ ALREADY_IN_LINE = ("Your race is already in the line: one race per visitor at a 
 
 def expected_fair_s(get_pair, given: dict) -> float | None:
     """A queued race's expected seconds, cut to a fair share, or None (models not loaded, no estimate yet)."""
-    devices = {lane: None if given.get(lane) in (None, AUTO) else given[lane] for lane in ("target_device",
-                                                                                         "draft_device")}
+    devices = lane_devices(given.get("target_device"), given.get("draft_device"))
     try:
         if not get_pair.loaded(**devices) or not (given.get("prompt_text") or "").strip():
             return None
@@ -235,20 +241,19 @@ def expected_fair_s(get_pair, given: dict) -> float | None:
 STOPPED_BEFORE = "**Stopped before any method ran:** nothing was timed and no text was written."
 
 
-def not_run(given: dict, names: list[str], state: str, status: str) -> tuple:
+def not_run(given: dict, state: str, status: str) -> Page:
     """The page for a race that ends before any method ran (refused: ``state`` "refused"; stopped:
     "skipped"): ``status``, and every chosen method's card emptied and marked not run, so no card of
     the last race passes for this one's. The message stays in the status line, no toast: a toast sits
     over the Run and Stop buttons."""
     current = {m: Result(m, Trace(m), finished=state) for m in race_order(list(given.get("methods") or []))}
-    return (status, gr.update(interactive=False), *cards(current, names), current)
+    return Page(status=status, replay=gr.update(interactive=False), cards=cards(current), results=current)
 
 
-def _load(get_pair, given: dict, names: list[str], stop):
+def _load(get_pair, given: dict, stop):
     """Check the prompt and load the pair, yielding a loading message each second; the pair, or None
     after a 'Cannot run' message (or a stop)."""
-    idle = (gr.update(),) * len(names)
-    devices = {lane: None if given[lane] == AUTO else given[lane] for lane in ("target_device", "draft_device")}
+    devices = lane_devices(given["target_device"], given["draft_device"])
     try:
         problem = check_prompt(given["prompt_text"], given["methods"])
         if problem:
@@ -260,11 +265,11 @@ def _load(get_pair, given: dict, names: list[str], stop):
             except StopIteration as done:
                 return done.value
             if stop.is_set():  # the models go on loading for the server; this race ends now
-                yield not_run(given, names, "skipped", STOPPED_BEFORE)
+                yield not_run(given, "skipped", STOPPED_BEFORE)
                 return None
-            yield (loading_message(waited), gr.update(), *idle, {})
+            yield Page(status=loading_message(waited), results={})
     except Exception as e:  # noqa: BLE001  one message in the page, the traceback in the server's log
-        yield not_run(given, names, "refused", f"**Cannot run:** {load_problem(e)}")
+        yield not_run(given, "refused", f"**Cannot run:** {load_problem(e)}")
         return None
 
 
@@ -285,8 +290,8 @@ class LivePage:
     """What a live race sends the page: at most one update per ``LIVE_INTERVAL_S`` unless a method started
     or ended since the last, and in it only the cards whose HTML changed (the others as empty updates)."""
 
-    def __init__(self, names: list[str], show_rejected: bool):
-        self.names, self.show = names, show_rejected
+    def __init__(self, show_rejected: bool):
+        self.show = show_rejected
         self.sent: dict[str, str] = {}
         self.states: tuple = ()
         self.at = float("-inf")
@@ -295,19 +300,18 @@ class LivePage:
         states = tuple((n, r.finished) for n, r in current.items())
         return states != self.states or time.perf_counter() - self.at >= LIVE_INTERVAL_S
 
-    def cards(self, current: dict) -> list:
+    def cards(self, current: dict) -> dict:
         self.states, self.at = tuple((n, r.finished) for n, r in current.items()), time.perf_counter()
-        out = []
-        for n, html in zip(self.names, cards(current, self.names, self.show)):
-            changed = isinstance(html, str) and self.sent.get(n) != html
+        out = {}
+        for n, html in cards(current, self.show).items():
+            changed = self.sent.get(n) != html
             if changed:
                 self.sent[n] = html
-            out.append(html if changed else gr.update())
+            out[n] = html if changed else gr.update()
         return out
 
 
-def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded_now, names: list[str],
-          used: dict):
+def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded_now, used: dict):
     """Run the race ``n`` times (fewer if stopped, or once others wait in line: ``crowded_now()`` says how
     many), yielding at a bounded rate (``LivePage``) while it runs; at the end each result carries every
     run's numbers, and the status says when the machine was busy. The first run warms every method up,
@@ -317,7 +321,7 @@ def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded
     made)."""
     show = bool(given["show_rejected"])
     warned, current, runs, crowded, cut = set(), {}, {}, False, ""
-    page = LivePage(names, show)
+    live = LivePage(show)
 
     def check() -> str:
         return length_problem(pair, given["prompt_text"], given["methods"], used["max_new"], used["runs"])
@@ -331,9 +335,9 @@ def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded
         cold, began = not is_warm(pair), time.perf_counter()
         race = run_race(pair, given["prompt_text"], given["methods"], stop, warm=k == 0, check=check, **settings)
         try:
-            current, busy = yield from _live(race, k, n, settled, cold, began, page, warned, crowded_now)
+            current, busy = yield from _live(race, k, n, settled, cold, began, live, warned, crowded_now)
         except Refused as e:
-            yield not_run(given, names, "refused", f"**Cannot run:** {e}")
+            yield not_run(given, "refused", f"**Cannot run:** {e}")
             return False, current, made
         crowded, made = crowded or busy, made + 1
         presets.mark(current, pair, used["temperature"])  # the card says "paper form" where it ran in it
@@ -344,11 +348,12 @@ def _runs(pair, given: dict, settings: dict, n: int, settled: str, stop, crowded
     for name, r in current.items():
         r.runs, r.busy = runs.get(name, []), note
     status = settled + race_status(current, done=True) + "".join(f"\n\n{m}" for m in (cut, note) if m)
-    yield (status, gr.update(interactive=bool(race_traces(current))), *cards(current, names, show), current)
+    yield Page(status=status, replay=gr.update(interactive=bool(race_traces(current))), cards=cards(current, show),
+               results=current)
     return not stop.is_set(), current, made
 
 
-def _live(race, k: int, n: int, settled: str, cold: bool, began: float, page: LivePage, warned: set, crowded_now):
+def _live(race, k: int, n: int, settled: str, cold: bool, began: float, live: LivePage, warned: set, crowded_now):
     """Run ``k`` of ``n`` on the page: its updates at a bounded rate, a toast for each method's error.
     Returns the last results and whether others waited in line meanwhile."""
     current, crowded = {}, False
@@ -358,10 +363,10 @@ def _live(race, k: int, n: int, settled: str, cold: bool, began: float, page: Li
             if r.error and r.method not in warned:
                 warned.add(r.method)
                 gr.Warning(f"{r.title}: {r.error}")
-        if not page.due(current):
+        if not live.due(current):
             continue
         status = settled + race_status(current, run=k, runs=n, cold=cold, waited_s=time.perf_counter() - began)
-        yield (status, gr.update(interactive=False), *page.cards(current), current)
+        yield Page(status=status, replay=gr.update(interactive=False), cards=live.cards(current), results=current)
     return current, crowded
 
 
@@ -428,8 +433,7 @@ def make_check_length(get_pair):
     error's one sentence (``short_refusal``)."""
 
     def check_length(prompt_text, methods, max_new, runs, target_device, draft_device):
-        devices = {"target_device": None if target_device == AUTO else target_device,
-                   "draft_device": None if draft_device == AUTO else draft_device}
+        devices = lane_devices(target_device, draft_device)
         if not get_pair.loaded(**devices):
             return
         pair = get_pair(**devices)
@@ -442,10 +446,10 @@ def make_check_length(get_pair):
     return check_length
 
 
-def cards(current: dict, names: list[str], rejected: bool = False) -> list:
+def cards(current: dict, rejected: bool = False) -> dict[str, str]:
+    """{method: its card's HTML} for every method of the race."""
     rate = baseline(current)
-    return [card_html(current[n], rate, rejected=rejected) if n in current else gr.update()
-            for n in names]
+    return {n: card_html(r, rate, rejected=rejected) for n, r in current.items()}
 
 
 def race_status(current: dict, done: bool = False, run: int = 0, runs: int = 1, cold: bool = False,
@@ -530,13 +534,9 @@ def loop_note(results) -> str:
     return ""
 
 
-def make_rerender(names: list[str]):
+def rerender(current, rejected) -> Page:
     """The 'show rejected draft tokens' box: the cards again, with or without them."""
-
-    def rerender(current, rejected):
-        return cards(current or {}, names, bool(rejected))
-
-    return rerender
+    return Page(cards=cards(current or {}, bool(rejected)))
 
 
 def page_open(get_pair):
@@ -563,10 +563,8 @@ def make_live_devices(get_pair):
     pair loads once; a pair that cannot load leaves the line to the race's own message)."""
 
     def live_devices(target_device, draft_device):
-        devices = {"target_device": None if target_device == AUTO else target_device,
-                   "draft_device": None if draft_device == AUTO else draft_device}
         try:
-            return hardware_notice(get_pair(**devices))
+            return hardware_notice(get_pair(**lane_devices(target_device, draft_device)))
         except Exception:  # noqa: BLE001  the race itself says why it cannot run
             return gr.update()
 
@@ -583,7 +581,7 @@ TOO_SHORT = ("This race was too short to time: each method wrote under {} tokens
              "Raise Max new tokens for a typical step.")
 
 
-def views(current, method=None):
+def views(current, method=None) -> Page:
     """After a race: the timeline, utilisation, export files, the step-through method choice and one
     typical step of each method, zoomed. The step-through keeps ``method`` (the one chosen before) where
     it ran in this race, else opens on Mirror-SD. A race in which no method ran says so on each chart;
@@ -591,15 +589,16 @@ def views(current, method=None):
     traces = race_traces(current)
     if not traces:
         empty = figures.placeholder(NOTHING_RAN)
-        return empty, empty, None, gr.update(choices=[], value=None), empty
+        return Page(timeline=empty, utilisation=empty, files=None, step_method=gr.update(choices=[], value=None),
+                    zoom=empty)
     choices = [(r.title, r.method) for r in current.values() if r.trace.steps]
     files = export_race(current)
     stepped = [m for _, m in choices]
     first = method if method in stepped else "mirror" if "mirror" in stepped else stepped[-1]  # the page's idea
     timed = any(r.timed for r in current.values())  # a stopped run of enough tokens is drawn too
     zoom = figures.zoomed_steps(traces) if timed else figures.placeholder(TOO_SHORT.format(TIMED_TOKENS))
-    return (figures.timeline(traces), figures.utilisation(traces), files, gr.update(choices=choices, value=first),
-            zoom)
+    return Page(timeline=figures.timeline(traces), utilisation=figures.utilisation(traces), files=files,
+                step_method=gr.update(choices=choices, value=first), zoom=zoom)
 
 
 def redraw_utilisation(current):
@@ -623,39 +622,35 @@ def replaying_state(slow: int) -> str:
     return "replaying…" if slow == 1 else f"replaying, {slow}× slower than measured…"
 
 
-def make_replay(names: list[str]):
+def replay(current, rejected=False):
     """The Replay handler: every card's text as it stood at each moment of its own measured run, and the
     replay clock (ms; None at the end) for the timeline's cursor, which the page moves itself
     (``CURSOR_JS``) so the chart is never redrawn and keeps a visitor's zoom. A frame sends only the cards
     that changed; a card says it is replaying until the clock passes its run's end, then shows its
     numbers."""
+    traces = race_traces(current)
+    if not traces:
+        return
+    rate, slow = baseline(current), replay_speed(list(traces.values()))
+    ends = {n: max((s.end for s in r.trace.spans), default=0.0) for n, r in current.items()}
+    shown: dict[str, object] = {}
 
-    def replay(current, rejected=False):
-        traces = race_traces(current)
-        if not traces:
-            return
-        rate, slow = baseline(current), replay_speed(list(traces.values()))
-        ends = {n: max((s.end for s in r.trace.spans), default=0.0) for n, r in current.items()}
-        shown: dict[str, object] = {}
+    def card(n: str, t: float | None):
+        """The card at replay time ``t`` (None: the end), or an empty update when it has not changed."""
+        r = current[n]
+        key = "end" if t is None or t >= ends[n] else last_step_at(r.trace, t)
+        if shown.get(n) == key:
+            return gr.update()
+        shown[n] = key
+        if key == "end":
+            return card_html(r, rate, rejected=bool(rejected))
+        return card_html(r, rate, upto=key, rejected=bool(rejected), replaying=replaying_state(slow))
 
-        def card(n: str, t: float | None):
-            """The card at replay time ``t`` (None: the end), or an empty update when it has not changed."""
-            r = current[n]
-            key = "end" if t is None or t >= ends[n] else last_step_at(r.trace, t)
-            if shown.get(n) == key:
-                return gr.update()
-            shown[n] = key
-            if key == "end":
-                return card_html(r, rate, rejected=bool(rejected))
-            return card_html(r, rate, upto=key, rejected=bool(rejected), replaying=replaying_state(slow))
-
-        start = time.perf_counter()
-        for t in frame_times(list(traces.values()), fps=REPLAY_FPS * slow):
-            time.sleep(max(0.0, slow * t - (time.perf_counter() - start)))
-            yield (*[card(n, t) if n in current else gr.update() for n in names], round(1000 * t, 3))
-        yield (*[card(n, None) if n in current else gr.update() for n in names], None)
-
-    return replay
+    start = time.perf_counter()
+    for t in frame_times(list(traces.values()), fps=REPLAY_FPS * slow):
+        time.sleep(max(0.0, slow * t - (time.perf_counter() - start)))
+        yield Page(cards={n: card(n, t) for n in current}, clock=round(1000 * t, 3))
+    yield Page(cards={n: card(n, None) for n in current}, clock=None)
 
 
 # The timeline's replay cursor: a dotted line at the replay clock (ms), drawn by the page itself on the

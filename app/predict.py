@@ -8,7 +8,8 @@ from statistics import median
 
 from .cards import ms_per_step
 from .explain import explain
-from .figures import ms_text, same_processor
+from .figures import ms_text
+from .lanes import same_processor
 from .repeat import middle
 
 SKIP = "skip"

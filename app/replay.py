@@ -19,6 +19,8 @@ from pathlib import Path
 from mirror_sd.trace import Trace
 
 from .cards import baseline, card_html
+from .lanes import lanes_line, one_processor
+from .page import Page
 from .race import Result
 
 RECORDED = Path(__file__).parent / "recorded"
@@ -152,38 +154,31 @@ def recorded_devices(meta: dict, results: dict[str, Result]) -> str:
     if not labels["target"]:  # a recording without lane labels in its meta: its spans' lanes
         lanes = {role: label for r in results.values() for label, role in r.trace.lanes.items()}
         labels = {role: lanes.get(role) for role in ("target", "draft")}
-    parts = []
-    for role, label in labels.items():
-        if label and len(label.split(", ")) >= 3:
-            _, plays, *where = label.split(", ")
-            parts.append(f"{role} lane: **{', '.join(where)}**, playing the {plays.removesuffix(' role')}")
-    devices = {", ".join(label.split(", ")[2:3]) for label in labels.values() if label}
-    shared = ""
-    if len(devices) == 1 and next(iter(devices)).startswith("cuda"):
-        shared = " Both lanes are two CUDA streams of one GPU: the draft's kernels ran beside the target's."
-    elif devices and all(d.startswith("cpu") for d in devices):
-        shared = " Both lanes are two groups of one CPU's cores."
-    lanes = "; ".join(parts) or "lanes not recorded"
-    return (f"Recorded on **{meta.get('hardware', 'unknown hardware')}**. {lanes[0].upper()}{lanes[1:]}.{shared} "
-            "Nothing runs on this server while a recorded race is open; a live race (**Run**) runs on this "
+    known = [label for label in labels.values() if label]
+    shared = one_processor(known)
+    note = ""
+    if shared == "cpu":
+        note = " Both lanes are two groups of one CPU's cores."
+    elif shared and shared.startswith("cuda"):
+        note = " Both lanes are two CUDA streams of one GPU: the draft's kernels ran beside the target's."
+    return (f"Recorded on **{meta.get('hardware', 'unknown hardware')}**. {lanes_line(known) or 'Lanes not recorded.'}"
+            f"{note} Nothing runs on this server while a recorded race is open; a live race (**Run**) runs on this "
             "server's own lanes.")
 
 
-def make_open_recorded(names: list[str]):
-    """The handler that opens a recorded race: (prompt, status, replay button, *cards, results), the
-    same outputs as the Run handler, with no model loaded and nothing decoded."""
+def open_recorded(path, rejected=False) -> Page:
+    """Open the recorded race at ``path``: its prompt, status, replay button, cards and results, the Run
+    handler's outputs and the prompt's, with no model loaded and nothing decoded (nothing changes when
+    none is picked)."""
+    import gradio as gr
 
-    def open_recorded(path, rejected=False):
-        import gradio as gr
-
-        if not path:
-            return (gr.update(), gr.update(), gr.update(), *(gr.update(),) * len(names), gr.update())
-        prompt, meta, results = load_race(path)
-        rate = baseline(results)
-        cards = [card_html(results[n], rate, rejected=bool(rejected)) if n in results else gr.update() for n in names]
-        return (prompt, recorded_on(meta), gr.update(interactive=True), *cards, results)
-
-    return open_recorded
+    if not path:
+        return Page()
+    prompt, meta, results = load_race(path)
+    rate = baseline(results)
+    cards = {n: card_html(r, rate, rejected=bool(rejected)) for n, r in results.items()}
+    return Page(prompt=prompt, status=recorded_on(meta), replay=gr.update(interactive=True), cards=cards,
+                results=results)
 
 
 def open_recorded_devices(path):

@@ -16,7 +16,7 @@ from .cards import baseline, numbers
 from .intro import METRIC_HELP
 from .provenance import badge_html, race_models
 from .race import Result
-from .summary import committed
+from .summary import vanilla_match
 
 EMPTY = "Run a race, or open a recorded one: its results appear here, one row per method."
 LOAD = "depends on the server's load"
@@ -28,16 +28,15 @@ SAME_TOKENS = ("Whether the method committed exactly vanilla's tokens. At temper
                "the target checks each token, so the text never depends on the method or on the load.")
 
 
+SAME_WORDS = {"vanilla": "reference", "missing": "–", "sampled": "sampled: not compared", "yes": "yes", "no": "no"}
+
+
 def same_as_vanilla(result: Result, vanilla: Result | None) -> str:
-    """'yes' or 'no': whether ``result`` committed vanilla's tokens (at temperature 0 only; sampled
-    runs differ by chance, so they are not compared)."""
-    if vanilla is None or not vanilla.trace.steps or not result.trace.steps:
-        return "–"
-    if result.method == "vanilla":
-        return "reference"
-    if (result.trace.meta.get("temperature") or 0) > 0:
-        return "sampled: not compared"
-    return "yes" if committed(result) == committed(vanilla) else "no"
+    """The homework column, by the summary's rule (``app.summary.vanilla_match``): 'yes' (for a run cut
+    short, 'yes (first n tokens)'), 'no', 'reference' for vanilla, 'sampled: not compared' at temperature
+    > 0 (sampled runs differ by chance), '–' with nothing to compare."""
+    verdict, compared = vanilla_match(result, vanilla)
+    return f"yes (first {compared} tokens)" if verdict == "yes" and compared else SAME_WORDS[verdict]
 
 
 def _cell(value, fmt: str) -> str:

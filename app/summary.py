@@ -53,21 +53,33 @@ def committed(r: Result) -> list[int]:
     return [t for s in r.trace.steps for t in s.committed]
 
 
-def equal_to_vanilla(r: Result, vanilla: Result | None) -> str:
-    """'yes' / 'no' at temperature 0: the committed token ids against vanilla's in this race (a run cut
-    short compares the tokens both wrote); 'not comparable' when sampling, where lossless means the
-    same distribution, not the same text."""
+def vanilla_match(r: Result, vanilla: Result | None) -> tuple[str, int | None]:
+    """The one rule for "the same tokens as vanilla", which the export's summary (``equal_to_vanilla``)
+    and the results table (``app.results_table``) each word their own way: ("vanilla", None) for vanilla
+    itself; ("missing", None) with no vanilla run or no step to compare; ("sampled", None) at temperature
+    > 0, where lossless means the same distribution, not the same text; else ("yes" or "no", n): the
+    committed token ids against vanilla's in this race. Where one of the two runs was cut short (stopped)
+    only the tokens both wrote are compared: n is their number (None where both wrote as many)."""
     if r.method == "vanilla":
-        return "is vanilla"
+        return "vanilla", None
     if vanilla is None or not vanilla.trace.steps or not r.trace.steps:
-        return "no vanilla run to compare"
+        return "missing", None
     if (r.trace.meta.get("temperature") or 0) > 0:
-        return "not comparable (temperature > 0: same distribution, not same text)"
+        return "sampled", None
     mine, theirs = committed(r), committed(vanilla)
     n = min(len(mine), len(theirs))
-    if mine[:n] != theirs[:n]:
-        return "no"
-    return "yes" if len(mine) == len(theirs) else f"yes (the first {n} tokens)"
+    return "yes" if mine[:n] == theirs[:n] else "no", None if len(mine) == len(theirs) else n
+
+
+EQUAL_WORDS = {"vanilla": "is vanilla", "missing": "no vanilla run to compare",
+               "sampled": "not comparable (temperature > 0: same distribution, not same text)", "yes": "yes", "no": "no"}
+
+
+def equal_to_vanilla(r: Result, vanilla: Result | None) -> str:
+    """The summary's column (``vanilla_match``): 'yes', 'yes (the first n tokens)' for a run cut short,
+    'no', 'is vanilla', 'not comparable (...)' when sampling, or 'no vanilla run to compare'."""
+    verdict, compared = vanilla_match(r, vanilla)
+    return f"yes (the first {compared} tokens)" if verdict == "yes" and compared else EQUAL_WORDS[verdict]
 
 
 def form(r: Result) -> str:

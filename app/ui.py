@@ -21,6 +21,7 @@ from .handlers import AUTO
 from .inputs import LIMITS, ClampedSlider, show_in_range
 from .intro import glossary_markdown, how_it_works_html
 from .loading import Loader
+from .page import Outputs
 from .predict import HIT_CHOICES, HIT_QUESTION, guess_choices, guess_made, noted
 from .prompt_kinds import typical_prompt
 from .tokens import legend_html
@@ -270,8 +271,10 @@ def build_demo(pair_factory=None) -> gr.Blocks:
                 files = gr.File(label="Downloads", file_count="multiple", elem_id="export")
             with gr.Tab("What if", id="whatif") as what_if_tab:
                 what_if = whatif.whatif_tab()
-        drawn = wire_race(demo, race, results, get_pair, names,
-                          [race.timeline, utilisation, files, steps.method, race.zoom], notice, view.linked)
+        page = Outputs(names, prompt=race.prompt, status=race.status, replay=race.replay, cards=race.cards,
+                       results=results, clock=race.clock, timeline=race.timeline, zoom=race.zoom,
+                       utilisation=utilisation, files=files, step_method=steps.method)  # app.page: by name
+        drawn = wire_race(demo, race, page, get_pair, names, notice, view.linked)
         wire_steps(steps, results, drawn)
         wire_view(demo, view, race, steps, tabs, how, results, drawn,
                   {"race": race_tab_.select, "utilisation": utilisation_tab.select, "steps": steps_tab_.select,
@@ -299,14 +302,21 @@ def build_demo(pair_factory=None) -> gr.Blocks:
     return demo
 
 
-def wire_race(demo, race, results, get_pair, names, view_outputs, notice, linked):
+RUN = ("status", "replay", "cards", "results")  # what the Run handler sets (app.page.Page's names)
+OPEN_RECORDED = ("prompt", *RUN)  # opening a recorded race: the same, and its prompt
+VIEWS = ("timeline", "utilisation", "files", "step_method", "zoom")  # a race's views, once it has run
+REPLAY = ("cards", "clock")
+
+
+def wire_race(demo, race, page: Outputs, get_pair, names, notice, linked):
     """Run (settings checked first, then the race, then its views and the reveal), Stop, Replay, the
     visitor's place in line while waiting, and the end of a visitor's race when their tab closes. The
     device line (``notice``) names a recorded race's devices while it is open, the live lanes for a race.
     A recorded race opens from the dropdown or from a link (``linked``, set when the page opens). Returns
     the events that draw a race's views: after a new race, after a recorded one opens."""
     stops, line = handlers.Stops(), Line()
-    run_fn = _on_gpu(handlers.make_race(get_pair, stops, race.specs, names, line))
+    results, method = page.components["results"], page.components["step_method"]
+    run_fn = _on_gpu(page.wrap(handlers.make_race(get_pair, stops, race.specs, line), *RUN))
     settings = [race.max_tokens, race.temperature, race.top_p, race.seed, race.runs]
     inputs = [race.prompt, race.methods, race.max_tokens, race.temperature, race.top_p, race.seed,
               race.target_device, race.draft_device, race.runs, race.show_rejected, *[box for _, _, box in race.specs]]
@@ -333,12 +343,12 @@ def wire_race(demo, race, results, get_pair, names, view_outputs, notice, linked
                                       race.recorded], queue=False, api_name=False)
     checked.then(handlers.make_live_devices(get_pair), [race.target_device, race.draft_device], notice,
                  api_name=False, show_progress="hidden")
-    run = checked.then(run_fn, inputs, [race.status, race.replay, *race.cards, results], api_name="run",
+    run = checked.then(run_fn, inputs, page.of(*RUN), api_name="run",
                        concurrency_limit=1, show_progress="minimal",
                        validator=handlers.make_enter(get_pair, line, race.specs))  # queued: in line, one each
     run.then(lambda: gr.update(interactive=False), None, race.stop, queue=False, api_name=False)  # nothing to stop
-    method = view_outputs[3]  # the step-through's: a new race keeps it where that method ran
-    shown = run.then(handlers.views, [results, method], view_outputs, api_name="views")
+    views = page.wrap(handlers.views, *VIEWS)  # the step-through's method: a new race keeps it where it ran
+    shown = run.then(views, [results, method], page.of(*VIEWS), api_name="views")
     def answer(current, guess):
         """The race's answer to the guess, or with none which method won and why (``handlers.race_answer``),
         and the choice cleared for the next."""
@@ -361,24 +371,22 @@ def wire_race(demo, race, results, get_pair, names, view_outputs, notice, linked
 
     race.stop.click(stop, None, None, api_name="stop", queue=False)
     def pair_for(target_device, draft_device):
-        return get_pair(target_device=None if target_device == AUTO else target_device,
-                        draft_device=None if draft_device == AUTO else draft_device)
+        return get_pair(**handlers.lane_devices(target_device, draft_device))
 
     form_in = [race.form, race.temperature, race.target_device, race.draft_device]
     form_out = [*[box for _, _, box in race.specs], race.form_note]
     race.form.input(presets.make_set_form(pair_for, race.specs), form_in, form_out, api_name=False)
     race.temperature.change(presets.make_follow_temperature(pair_for, race.specs), form_in, form_out, api_name=False)
-    recorded = gr.on([race.recorded.input, linked.change], replay.make_open_recorded(names),
-                     [race.recorded, race.show_rejected], [race.prompt, race.status, race.replay, *race.cards, results],
-                     api_name=False)
+    recorded = gr.on([race.recorded.input, linked.change], page.wrap(replay.open_recorded, *OPEN_RECORDED),
+                     [race.recorded, race.show_rejected], page.of(*OPEN_RECORDED), api_name=False)
     recorded.then(replay.open_recorded_devices, [race.recorded], notice, api_name=False, show_progress="hidden")
-    opened = recorded.then(handlers.views, [results, method], view_outputs, api_name=False)
+    opened = recorded.then(views, [results, method], page.of(*VIEWS), api_name=False)
     opened.then(answer, [results, race.guess], [race.reveal, race.guess], api_name=False)  # a recorded race is over
     demo.unload(gone)
-    race.replay.click(handlers.make_replay(names), [results, race.show_rejected], [*race.cards, race.clock],
+    race.replay.click(page.wrap(handlers.replay, *REPLAY), [results, race.show_rejected], page.of(*REPLAY),
                       api_name="replay", show_progress="hidden")
     race.clock.change(None, [race.clock], None, js=handlers.CURSOR_JS, api_name=False)
-    race.show_rejected.change(handlers.make_rerender(names), [results, race.show_rejected], race.cards,
+    race.show_rejected.change(page.wrap(handlers.rerender, "cards"), [results, race.show_rejected], page.of("cards"),
                               api_name=False)
     race.methods.change(lambda chosen: [gr.update(visible=n in chosen) for n in names], [race.methods], race.cards,
                         api_name=False)

@@ -49,12 +49,48 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import torch
 
 from .errors import MirrorSDError
 
 ROLES = {"target": "GPU role", "draft": "NPU role"}
+
+
+@dataclass(frozen=True)
+class LaneLabel:
+    """A lane as every trace, report and page names it: 'target, GPU role, cpu:0', or 'draft, NPU role,
+    cuda:0, 2nd stream' (the draft's own stream on the target's GPU). ``Lane.label`` writes it, traces
+    keep it, and the app, the bench and the what-if model read a label back here (:meth:`read`)."""
+
+    name: str  # "target" or "draft"
+    role: str  # the device it stands in for: "GPU role", "NPU role"
+    display: str  # the real device and where on it: "cpu:1", "cuda:0, 2nd stream", "cuda:0+cuda:1" (sharded)
+
+    def __str__(self) -> str:
+        return f"{self.name}, {self.role}, {self.display}"
+
+    @property
+    def device(self) -> str:
+        """The real device alone: "cpu:1", "cuda:0", "cuda:0+cuda:1"."""
+        return self.display.split(", ")[0]
+
+    @property
+    def kind(self) -> str:
+        """The device's type: "cpu", "cuda", "mps", "npu"."""
+        return self.device.split(":")[0]
+
+    @property
+    def plays(self) -> str:
+        """The role without its suffix: "GPU", "NPU"."""
+        return self.role.removesuffix(" role")
+
+    @classmethod
+    def read(cls, label: str) -> "LaneLabel | None":
+        """The label read back; None for a label of another form (a lane named by hand, say)."""
+        parts = label.split(", ")
+        return cls(parts[0], parts[1], ", ".join(parts[2:])) if len(parts) >= 3 else None
 
 
 _cpu_workers: dict[int, ThreadPoolExecutor] = {}  # slot -> worker thread, shared by CPU lanes
@@ -276,8 +312,8 @@ class Lane:
 
     @property
     def label(self) -> str:
-        """E.g. 'target, GPU role, cpu:0': role and real device, as the app shows lanes."""
-        return f"{self.name}, {self.role}, {self.display_device}"
+        """E.g. 'target, GPU role, cpu:0': role and real device, as the app shows lanes (:class:`LaneLabel`)."""
+        return str(LaneLabel(self.name, self.role, self.display_device))
 
     def submit(self, kind: str, fn, *args, trace=None, label: str = "", step: int | None = None,
                tokens: int = 0, alone: bool = False, drafting: bool = False, **kwargs) -> Future:
@@ -306,23 +342,8 @@ class Lane:
                                  **kwargs).result()
             return result, Queued(self, trace, kind, label, step, tokens, None, start, time.perf_counter(), None)
         int8 = self.int8_drafting and (drafting or self.name == "draft")
-        stream = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
-        events, done = None, None
         start = time.perf_counter()
-        try:
-            with torch.inference_mode(), stream, int8_products(int8):
-                if self.device.type == "cuda":
-                    if after is not None:
-                        self.work_stream.wait_event(after)
-                    if self.clock is not None and trace is not None:
-                        events = self.clock.begin(self.work_stream, trace.t0)
-                result = fn(*args, **kwargs)
-                if self.device.type == "cuda":
-                    done = torch.cuda.Event(enable_timing=events is not None)
-                    done.record(self.work_stream)
-                    events = (events[0], done) if events is not None else None
-        except Exception as e:
-            raise LaneError(self.name, step, e) from e
+        result, events, done = self._launch(trace, step, int8, fn, args, kwargs, after=after, wait=False)
         return result, Queued(self, trace, kind, label, step, tokens, events, start, time.perf_counter(), done)
 
     def recording(self, trace) -> "Recording":
@@ -358,26 +379,42 @@ class Lane:
         threads = self.alone_threads if alone else self.threads
         if self.device.type == "cpu" and threads:
             torch.set_num_threads(threads)  # per worker thread
-        stream = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
         events = None
         start = time.perf_counter()
         try:
-            with torch.inference_mode(), stream, int8_products(int8):
-                if self.clock is not None and trace is not None:
-                    events = self.clock.begin(self.work_stream, trace.t0)
-                result = fn(*args, **kwargs)
-                if events is not None:
-                    events[1].record(self.work_stream)
-                self.synchronize()  # a device error may surface only here
-        except Exception as e:
-            events = None  # the end event may never have been recorded: the host's readings
-            raise LaneError(self.name, step, e) from e
-        finally:
+            result, events, _ = self._launch(trace, step, int8, fn, args, kwargs)
+        finally:  # after an error, events is None: the span is the host's readings
             end = time.perf_counter()
             if trace is not None:
                 start, end = self.clock.span(events, start, end) if events is not None else (start, end)
                 trace.add_span(self, kind, label, start, end, step, tokens)
         return result
+
+    def _launch(self, trace, step, int8, fn, args, kwargs, after=None, wait: bool = True):
+        """fn(*args, **kwargs) as a lane runs work (``_run`` on its worker, ``queue`` on the caller's
+        thread): in inference mode, with the lane's stream current and its int8 setting; on a CUDA
+        lane after ``after`` (an event of another lane's work, waited for on the GPU) and between CUDA
+        events where the lane times on the GPU. ``wait``: wait for the device before returning (a
+        device error may surface only there); else the work may still be queued, and a CUDA lane
+        records an end event for it. Returns (fn's result, (start, end) events or None, the end
+        event or None); any error is raised as a :class:`LaneError`."""
+        stream = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
+        events, done = None, None
+        try:
+            with torch.inference_mode(), stream, int8_products(int8):
+                if after is not None and self.device.type == "cuda":
+                    self.work_stream.wait_event(after)
+                if self.clock is not None and trace is not None:
+                    events = self.clock.begin(self.work_stream, trace.t0)
+                result = fn(*args, **kwargs)
+                if events is not None or (not wait and self.device.type == "cuda"):
+                    done = events[1] if events is not None else torch.cuda.Event(enable_timing=False)
+                    done.record(self.work_stream)
+                if wait:
+                    self.synchronize()
+        except Exception as e:
+            raise LaneError(self.name, step, e) from e
+        return result, events, done
 
     @property
     def work_stream(self):

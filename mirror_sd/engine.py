@@ -168,7 +168,7 @@ def _decode(pair: ModelPair, prompt, method: str, max_new_tokens: int, temperatu
         if spec.check is not None:
             spec.check(pair, opts)
         prompt_ids = encode_prompt(pair, prompt, raw, max_new_tokens)
-    lanes = [pair.target_lane, pair.draft_lane] if spec.needs_draft else [pair.target_lane]
+    lanes = spec.lanes(pair)
     meta = dict(pair.describe(), method=method, options=opts, max_new_tokens=max_new_tokens,
                 temperature=temperature, top_p=top_p, seed=seed, prompt_tokens=len(prompt_ids))
     with pair.lock, stoppable(pair, lanes, stop):  # one generation at a time per pair: lanes, caches not shared

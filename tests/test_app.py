@@ -17,6 +17,7 @@ from app.cards import baseline, card_html
 from app.explain import explain
 from app.handlers import check_prompt, hardware_notice
 from app.export import export_files
+from app.lanes import row_label
 from app.race import run_race
 from app.replay import commit_times, last_step_at
 from app.tokens import ORIGIN_COLOURS, legend_html, text_html
@@ -594,12 +595,13 @@ def test_lane_labels_say_the_device_the_role_and_a_shared_processor(race):
     fig = figures.timeline({"Mirror-SD": race["mirror"].trace})
     ticks = list(fig.layout.yaxis.ticktext)
     assert "target on cpu:0<br>plays the GPU (same CPU as the other lane)" in ticks
-    assert figures.lane_text("draft, NPU role, cuda:1", ["target, GPU role, cuda:0", "draft, NPU role, cuda:1"]) == \
+    assert row_label("draft, NPU role, cuda:1", ["target, GPU role, cuda:0", "draft, NPU role, cuda:1"]) == \
         "draft on cuda:1<br>plays the NPU"
-    assert figures.lane_text("draft, NPU role, cuda:0, 2nd stream",  # one GPU, the draft on its second stream
-                             ["target, GPU role, cuda:0", "draft, NPU role, cuda:0, 2nd stream"]) == \
+    assert row_label("draft, NPU role, cuda:0, 2nd stream",  # one GPU, the draft on its second stream
+                     ["target, GPU role, cuda:0", "draft, NPU role, cuda:0, 2nd stream"]) == \
         "draft on cuda:0, 2nd stream<br>plays the NPU (same GPU as the other lane)"
     assert not any("CUDA events" in tick for tick in ticks)  # CPU lanes: the host's readings
+    assert row_label("a lane named by hand", []) == "a lane named by hand"
 
 
 def test_a_gpu_lane_says_its_bars_are_the_gpus_own_time():

@@ -383,7 +383,8 @@ def test_browser_shows_a_prompts_cost_and_refuses_a_paste_that_would_take_minute
     from app.prompt_cost import speeds_of
 
     root = Path(__file__).resolve().parents[1]
-    text = (root / "README.md").read_text() + (root / "docs" / "app.md").read_text()
+    pages = [root / "README.md", root / "docs" / "app.md", *sorted((root / "docs" / "app").glob("*.md"))]
+    text = "".join(page.read_text() for page in pages)
     chars_per_token = len(text) / len(embedded_pair.encode(text, raw=True))
     demo, url = launch(lambda **devices: embedded_pair)
     try:

@@ -4,7 +4,7 @@ tiny pair whose target sleeps on every forward (a race long enough to queue behi
 Every race is served and returns its complete cards; while others wait a race is cut to a fair share
 (``app.fair``) and a lone race runs as asked; a visitor gets one race in line at a time; the last
 student's wait is bounded by the fair races ahead of it, from race times measured here. The figures it
-prints are the ones docs/app.md quotes ("A class on one server").
+prints are the ones docs/app/classroom.md quotes ("A class on one server").
 """
 import re
 import threading

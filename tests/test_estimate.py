@@ -35,12 +35,12 @@ def slow_pair(tiny_dirs):
 
 def race_once(pair, prompt: str, max_new: int, runs: int = 1) -> tuple[float, str]:
     """One race through the Run handler the page uses: (its seconds, its last status)."""
-    race = make_race(lambda **devices: pair, Stops(), [], list(METHODS), Line())
+    race = make_race(lambda **devices: pair, Stops(), [], Line())
     given = dict(prompt_text=prompt, methods=RACED, max_new=max_new, temperature=0.0, top_p=1.0, seed=0,
                  target_device="auto", draft_device="auto", runs=runs, show_rejected=False)
     start = time.perf_counter()
     *_, last = race(SimpleNamespace(session_hash="visitor"), *(given[k] for k in RACE_INPUTS))
-    return time.perf_counter() - start, last[0]
+    return time.perf_counter() - start, last.status
 
 
 def words(n: int) -> str:

@@ -14,6 +14,7 @@ from app.cards import baseline, card_html
 from app.export import export_race
 from app.race import Result, run_race
 from app.replay import RECORDED, load_race
+from app.results_table import same_as_vanilla
 from app.summary import equal_to_vanilla, stored_parameters
 from mirror_sd import METHODS, generate
 from mirror_sd.devices import cpu_cores
@@ -110,13 +111,22 @@ def test_a_recorded_races_summary_names_its_machine_day_models_and_numbers(tmp_p
 
 
 def test_equal_to_vanilla_says_no_for_other_tokens_and_not_comparable_when_sampling(tiny_pair):
+    """One rule (``vanilla_match``), worded by the export's summary and by the results table alike: a run
+    cut short is compared on the tokens both wrote."""
     results = race(tiny_pair, methods=["vanilla", "sd"], max_new_tokens=12)
     changed = Result("sd", Trace.from_dict(results["sd"].trace.to_dict()))
     changed.trace.steps[-1].committed[-1] += 1
-    assert equal_to_vanilla(results["sd"], results["vanilla"]) == "yes"
-    assert equal_to_vanilla(changed, results["vanilla"]) == "no"
+    cut = Result("sd", Trace.from_dict(results["sd"].trace.to_dict()))
+    cut.trace.steps = cut.trace.steps[:2]  # stopped after its first decoding step
+    n = sum(len(s.committed) for s in cut.trace.steps)
+    words = lambda r: (equal_to_vanilla(r, results["vanilla"]), same_as_vanilla(r, results["vanilla"]))  # noqa: E731
+    assert words(results["sd"]) == ("yes", "yes") and words(changed) == ("no", "no")
+    assert words(cut) == (f"yes (the first {n} tokens)", f"yes (first {n} tokens)")
+    assert words(results["vanilla"]) == ("is vanilla", "reference")
+    assert words(Result("sd", Trace("sd"))) == ("no vanilla run to compare", "–")
     sampled = race(tiny_pair, methods=["vanilla", "sd"], temperature=0.8, max_new_tokens=12)
     assert equal_to_vanilla(sampled["sd"], sampled["vanilla"]).startswith("not comparable")
+    assert same_as_vanilla(sampled["sd"], sampled["vanilla"]) == "sampled: not compared"
 
 
 def test_the_paper_form_is_valid_on_the_embedded_pair(embedded_pair):

@@ -98,8 +98,8 @@ def test_switching_the_method_keeps_the_step_and_a_new_race_keeps_the_method():
     last = results["vanilla"].trace.steps[-1].index
     assert handlers.pick_method(results, "eagle", 30)["value"] == 30
     assert handlers.pick_method(results, "vanilla", 10_000)["value"] == last  # past its end: its last step
-    assert handlers.views(results, "eagle")[3]["value"] == "eagle"
-    assert handlers.views(results, None)[3]["value"] == "mirror"
+    assert handlers.views(results, "eagle").step_method["value"] == "eagle"
+    assert handlers.views(results, None).step_method["value"] == "mirror"
 
 
 # --- in Chromium, on a 1280x720 projector ---------------------------------------------------------------

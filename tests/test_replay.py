@@ -7,7 +7,7 @@ import pytest
 import app.race
 from app import handlers
 from app.race import run_race
-from app.replay import RECORDED, load_race, make_open_recorded, recorded_races, save_race
+from app.replay import RECORDED, load_race, open_recorded, recorded_races, save_race
 from mirror_sd import METHODS
 from mirror_sd.tools.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 
@@ -26,7 +26,7 @@ def no_model(monkeypatch):
     monkeypatch.setattr("mirror_sd.models.pair.load_pair", refuse)
 
 
-BEST_ON_CPU = {"sd": {"gamma": 3}, "mirror": {"exit_layer": 14, "branch_budget": 4}}  # docs/app.md: from which sweeps
+BEST_ON_CPU = {"sd": {"gamma": 3}, "mirror": {"exit_layer": 14, "branch_budget": 4}}  # docs/app/race.md: from which sweeps
 
 
 def test_every_example_prompt_has_a_small_recorded_race_on_the_cpu_at_defaults_and_best_settings_and_on_a_gpu():
@@ -34,12 +34,14 @@ def test_every_example_prompt_has_a_small_recorded_race_on_the_cpu_at_defaults_a
     examples = {item["turns"][0] for item in first_per_category(read_prompts(DEFAULT_PROMPTS), 1)}
     on_gpu = [path for label, path in races if label.endswith("(on NVIDIA H200, 2026-11-27)")]
     best = [path for label, path in races
-            if label.endswith("(on AMD EPYC, 2 CPU cores, 2026-11-29, at best settings: sd gamma 3; mirror exit layer "
-                              "14, branch budget 4)")]
+            if "(on AMD EPYC, 2 CPU cores, " in label
+            and label.endswith(", at best settings: sd gamma 3; mirror exit layer 14, branch budget 4)")]
     on_cpu = [path for label, path in races if path not in on_gpu + best]
     assert len(on_cpu) == len(best) == len(on_gpu) == len(examples)
     assert ({load_race(path)[0] for path in on_cpu} == {load_race(path)[0] for path in on_gpu}
             == {load_race(path)[0] for path in best} == examples)
+    for path in on_cpu + best:  # each CPU race names the dtype its target ran in
+        assert load_race(path)[1]["dtype"].startswith(("fp32", "bf16"))
     for path in best:  # recorded on this CPU with those settings, every other option at its default
         prompt, meta, results = load_race(path)
         assert meta["options"] == BEST_ON_CPU and "(on " not in meta["settings"]
@@ -73,16 +75,18 @@ def test_the_gpu_races_show_the_draft_on_a_second_stream_under_the_target_suffix
         suffix = [s for s in mirror.spans if s.kind == "target-suffix"]
         rollouts = [s for s in mirror.spans if s.kind == "draft-rollout"]
         assert any(r.start < s.end and s.start < r.end for r in rollouts for s in suffix)
-        assert "every forward a CUDA graph" in make_open_recorded(NAMES)(path)[1]
+        assert "every forward a CUDA graph" in open_recorded(path).status
 
 
 def test_a_recorded_race_opens_and_steps_through_with_no_model(no_model):
     (label, path), *_ = recorded_races()
-    prompt, status, replay, *cards, current = make_open_recorded(NAMES)(path)
-    assert status.startswith("Recorded on ") and prompt == load_race(path)[0]
-    assert all('class="card"' in card for card in cards) and set(current) == set(NAMES)
-    timeline, utilisation, files, choice, zoomed = handlers.views(current)
-    assert timeline is not None and utilisation is not None and files and choice["value"] == "mirror"
+    page = open_recorded(path)
+    assert page.status.startswith("Recorded on ") and page.prompt == load_race(path)[0]
+    current = page.results
+    assert all('class="card"' in card for card in page.cards.values()) and set(current) == set(NAMES) == set(page.cards)
+    views = handlers.views(current)
+    assert views.timeline is not None and views.utilisation is not None and views.files
+    assert views.step_method["value"] == "mirror"
     steps = current["mirror"].trace.steps
     for step in (steps[0], steps[1], steps[-1]):
         sentence, text, step_timeline, tree = handlers.show_step(current, "mirror", step.index)

@@ -30,6 +30,11 @@ class Method:
         drafter's options refused where another drafter is chosen (``options.resolve``)."""
         return resolve(self.options, given, f"method {self.name!r}")
 
+    def lanes(self, pair) -> list:
+        """The lanes this method's work runs on: the target's, and the draft's where it runs the draft
+        model (the engine shares the cores among them; the bench names them)."""
+        return [pair.target_lane, pair.draft_lane] if self.needs_draft else [pair.target_lane]
+
 
 METHODS: dict[str, Method] = {}
 

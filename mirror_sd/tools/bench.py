@@ -382,15 +382,14 @@ def write_report(path: str | Path, summary: pd.DataFrame, command: str, pair, pr
     import torch
 
     lanes = pair.describe()  # as every trace's meta records them
-    used = {"target": [pair.target_lane], "both": [pair.target_lane, pair.draft_lane]}
-    hardware = sorted({hardware_name(d) for lane in used["both"] for d in lane.devices if d.type != "cpu"})
+    hardware = sorted({hardware_name(d) for lane in (pair.target_lane, pair.draft_lane) for d in lane.devices
+                       if d.type != "cpu"})
     table = pd.DataFrame({
         "method": summary.method,
         "τ (tokens per step)": summary.mean_accepted.map("{:.3f}".format),
         "speedup vs vanilla": summary.speedup.map("{:.2f}×".format),
         "tokens/s": summary.tokens_per_s.map("{:.1f}".format),
-        "device": [" + ".join(f"{lane.name} {lane.display_device}"
-                              for lane in used["both" if get_method(m).needs_draft else "target"])
+        "device": [" + ".join(f"{lane.name} {lane.display_device}" for lane in get_method(m).lanes(pair))
                    for m in summary.method]})
     if summary.hit_rate.notna().any():
         table["hit rate (Mirror-SD)"] = summary.hit_rate.map(lambda r: "" if pd.isna(r) else f"{r:.3f}")

@@ -51,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..devices import LaneLabel
 from ..errors import MirrorSDError
 from ..models.stages import BUCKETS, MAX_WIDTH, cheapest_bucket
 from ..trace import DraftWork, Rendezvous, Span, SpanKind, Step, Trace
@@ -776,7 +777,8 @@ def fit_profile(traces: list[Trace], name: str = "this-machine", source: str = "
     devices = {}
     for trace in traces:
         for label, lane in trace.lanes.items():
-            devices.setdefault(lane, label.split(", ")[-1])
+            read = LaneLabel.read(label)
+            devices.setdefault(lane, read.display if read else label)
     base = Profile(name, source or f"fitted from the measured spans of {len(traces)} runs", devices,
                    fit_costs([(w, ms) for w, ms in pairs if w.calls]),
                    rendezvous_ms=float(np.mean(rendezvous)) if rendezvous else 0.0, overlap=1.0)
