@@ -153,10 +153,11 @@ def typical_steps(trace: Trace) -> list[tuple[str, int]]:
 
 def queued_on_gpu(trace: Trace) -> bool:
     """Whether a Mirror-SD trace's steps ran queued on CUDA streams (mirror_sd/executors.py: ``Streams``,
-    chosen by executors.executor_for at T = 0 without the draft's streams, with ``queued`` 1, or -1 on two
-    CUDA lanes). Its ``rendezvous`` span is then only the target's picks (argmax) on the target stream,
-    right after the suffix: the host reads them with the rollouts' table once both lanes are done, and
-    verifies and matches the branch itself, in no span (docs/methods/mirror.md, Queued steps on a GPU)."""
+    chosen by executors.executor_for at T = 0 without the draft's streams on two CUDA lanes; a recording
+    made before issue 71 says ``queued`` 0 in its options where its steps ran on the lanes' threads).
+    Its ``rendezvous`` span is then only the target's picks (argmax) on the target stream, right after
+    the suffix: the host reads them with the rollouts' table once both lanes are done, and verifies
+    and matches the branch itself, in no span (docs/methods/mirror.md, Queued steps on a GPU)."""
     options, clocks = trace.meta.get("options", {}), trace.meta.get("span_clocks", {})
     return (trace.method == "mirror" and not trace.meta.get("temperature") and not options.get("streams")
             and options.get("queued", -1) in (1, -1) and len(clocks) == 2

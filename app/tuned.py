@@ -121,7 +121,8 @@ def in_words(method: str, options: str | dict, layers: int) -> str:
     if method not in SEARCHED:
         return "one target forward per token"
     given = json.loads(options) if isinstance(options, str) else options
-    resolved = get_method(method).resolve_options(given)
+    known = {o.name for o in get_method(method).options}  # a recording may name options since removed
+    resolved = get_method(method).resolve_options({k: v for k, v in given.items() if k in known})
     if method == "mirror" and not resolved.get("exit_layer"):
         resolved["exit_layer"] = default_exit_layer(layers)
     words = [WORDS[k](resolved[k], method) for k in SEARCHED[method] if k in resolved]

@@ -11,8 +11,9 @@ exit layer and kappa in 1..16: the hit rate an unlimited branch budget would get
 beside the hit rate the default budget got. The hidden state at that position sees committed
 tokens only, so one causal pass of the target over the final sequence gives it for every layer.
 
-With ``--exit-head 1`` mirror runs with its trained early-exit head (``exit_head=1``) and the ranks
-are the head's, at its exit layer only (models/exit_head.py); compare with a run without it.
+With ``--exit-head 1`` mirror runs with its trained early-exit head and the ranks are the head's, at
+its exit layer only (models/exit_head.py); compare with a run without it (``--exit-head 0``: the
+logit lens, the pair left without a head at that layer, ``pair.exit_heads``).
 
 Columns ``kappa_4_draft_j``: the ceiling when a rejection row's candidates also hold the draft's own
 top-j there (its top-1 was the rejected token; the bonus row has no draft distribution yet): would
@@ -31,7 +32,7 @@ from tqdm import tqdm
 
 from mirror_sd.engine import generate
 from mirror_sd.methods.mirror import default_exit_layer, early_exit
-from mirror_sd.models.exit_head import attach_exit_head, exit_head_for, load_exit_head
+from mirror_sd.models.exit_head import attach_exit_head, available_exit_head, load_exit_head
 from mirror_sd.models.pair import load_pair
 from mirror_sd.sampling import to_target_vocab
 
@@ -101,18 +102,22 @@ def main():
     attached = load_exit_head(Path(args.head), pair.target) if args.head else None
     if attached is not None:
         attach_exit_head(pair, attached)
-    head = (attached or exit_head_for(pair, default_exit_layer(pair.target.num_layers))) if args.exit_head else None
+    head = (attached or available_exit_head(pair, default_exit_layer(pair.target.num_layers))) if args.exit_head else None
+    if args.exit_head and head is None:
+        parser.error("--exit-head 1: the pair has no head for its default exit layer (pass --head DIR)")
     default = head.exit_layer if head else default_exit_layer(pair.target.num_layers)
     layers = [int(x) for x in (args.layers or (str(head.exit_layer) if head else "15,18,22,24,26,28")).split(",")]
     if head is not None and layers != [head.exit_layer]:
         parser.error(f"--exit-head 1 ranks at the head's exit layer only ({head.exit_layer})")
+    if head is None:  # mirror reads the exit through the logit lens: no head at its exit layer
+        pair.exit_heads[default] = None
     rows = []
     for item in tqdm(bench_prompts(args.per_category), desc="exit ceiling", unit="prompt"):
         messages = []
         for turn in item["turns"]:
             messages.append({"role": "user", "content": turn})
             out = generate(pair, list(messages), method="mirror", max_new_tokens=args.max_new_tokens,
-                           exit_head=args.exit_head, exit_layer=default)
+                           exit_layer=default)
             messages.append({"role": "assistant", "content": out.text})
             prompt_ids = pair.encode(messages[:-1])
             assert len(prompt_ids) == out.prompt_tokens

@@ -47,7 +47,7 @@ def main():
     specs = parse_heads(args.heads)
     heads = [load_exit_head(folder, pair.target) for _, folder in specs]
     configs = [(i, int(k)) for i in range(len(specs)) for k in args.kappas.split(",")]
-    runs = [("vanilla", {}), ("sd", {})] + [("mirror", dict(exit_layer=specs[i][0], kappa=k, exit_head=1,
+    runs = [("vanilla", {}), ("sd", {})] + [("mirror", dict(exit_layer=specs[i][0], kappa=k,
                                                            branch_budget=args.branch_budget)) for i, k in configs]
     same_layer = len({layer for layer, _ in specs}) < len(specs)  # then the labels name the heads
     labels = ["vanilla", "sd"] + [f"mirror exit {specs[i][0]}{f' ({specs[i][1].name})' if same_layer else ''}, "

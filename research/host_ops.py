@@ -32,7 +32,14 @@ from mirror_sd.devices import cpu_worker
 from mirror_sd.models import stages
 
 PROMPT = "Explain how a bicycle stays upright."
-AS_ON_A_GPU = {"mirror": dict(queued=1)}  # options the methods take by default where both lanes are CUDA devices
+
+
+def as_on_a_gpu(pair):
+    """``pair`` with Mirror-SD's steps queued, as they are where both lanes are CUDA devices."""
+    pair.queue_steps = "on"
+    return pair
+
+
 _in_body = threading.local()  # .depth: how many stage bodies this thread is inside
 
 
@@ -123,12 +130,11 @@ def main(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=32)
     args = parser.parse_args(argv)
     stages.Stage.replay = replay_outside_the_count(stages.Stage.replay)
-    pair = load_pair(target_device="cpu", draft_device="cpu", graphs="on")
-    rows = [count_ops(pair, m, args.max_new_tokens, options=AS_ON_A_GPU.get(m)) for m in args.methods.split(",")]
+    pair = as_on_a_gpu(load_pair(target_device="cpu", draft_device="cpu", graphs="on"))
+    rows = [count_ops(pair, m, args.max_new_tokens) for m in args.methods.split(",")]
     devices.Lane.queue = queue_on_this_thread
     for row in rows:
-        options = AS_ON_A_GPU.get(row["method"])
-        row["host_ms_per_step"] = host_ms(pair, row["method"], args.max_new_tokens, options=options)
+        row["host_ms_per_step"] = host_ms(pair, row["method"], args.max_new_tokens)
     print(pd.DataFrame(rows).to_markdown(index=False))
 
 

@@ -22,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mirror_sd import generate, load_pair
-from research.host_ops import AS_ON_A_GPU, PROMPT
+from research.host_ops import PROMPT, as_on_a_gpu
 
 NO_KERNEL = {"view", "_unsafe_view", "reshape", "expand", "slice", "select", "unsqueeze", "squeeze", "permute",
              "transpose", "t", "as_strided", "detach", "alias", "unbind", "split", "split_with_sizes", "chunk",
@@ -73,9 +73,9 @@ def main(argv=None):
     parser.add_argument("--methods", default="vanilla,sd,eagle,ss,mirror")
     parser.add_argument("--max-new-tokens", type=int, default=8)
     args = parser.parse_args(argv)
-    pair = load_pair(target_device="cpu", draft_device="cpu", graphs="on")
+    pair = as_on_a_gpu(load_pair(target_device="cpu", draft_device="cpu", graphs="on"))
     for method in args.methods.split(","):
-        generate(pair, PROMPT, method=method, max_new_tokens=args.max_new_tokens, **AS_ON_A_GPU.get(method, {}))
+        generate(pair, PROMPT, method=method, max_new_tokens=args.max_new_tokens)
     print(pd.DataFrame(stage_rows(pair)).to_markdown(index=False))
 
 

@@ -208,11 +208,12 @@ def channel_of(pair, cache, ids: list[int], exit_layer: int, kappa: int, head=No
     from types import SimpleNamespace
 
     from mirror_sd.methods.mirror import Context, Settings, token_channel
+    from mirror_sd.methods.mirror_rollouts import chain
 
     run = SimpleNamespace(pair=pair, sequence=[ids[0]])
     ctx = Context(run, None, cache, None, Settings(gamma=len(ids) - 1, kappa=kappa, exit_layer=exit_layer, budget=1),
                   head)
-    hidden, channel = token_channel(ctx, ids[1:])
+    hidden, channel = token_channel(ctx, chain(ids[1:]))
     return hidden, channel.top_ids, channel.top_logp, channel.window_logp
 
 

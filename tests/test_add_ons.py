@@ -90,7 +90,7 @@ def test_each_add_on_is_known_by_its_files(add_ons):
 def test_every_method_runs_with_add_ons_trained_from_the_command_line_and_commits_vanillas_tokens(tiny_dirs, add_ons):
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), add_ons=list(add_ons.values()))
     runs = dict(vanilla={}, eagle={}, ss=dict(gamma=2), sd=dict(gamma=2),
-                mirror=dict(exit_layer=1, exit_head=1, gamma=2))
+                mirror=dict(exit_layer=1, gamma=2))  # the head attached for layer 1
     for prompt in PROMPTS[:3]:
         outs = {m: generate(pair, prompt, method=m, max_new_tokens=16, **o) for m, o in runs.items()}
         for method, out in outs.items():

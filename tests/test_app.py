@@ -849,3 +849,13 @@ def test_the_utilisation_chart_says_where_a_gpu_run_has_too_few_nvml_readings():
     assert fig.layout.legend.yref == "container" and fig.layout.legend.y == 0
     on_cpu = load_race(RECORDED / "summarization.json")[2]
     assert not any(figures.nvml_note(r.trace) for r in on_cpu.values())  # no GPU: nothing to say
+
+
+def test_a_recording_that_names_mirror_options_since_removed_still_reads():
+    """Recordings made before issue 71 carry Mirror-SD's former options (exit_head, queued, correction,
+    branching: rules now); the app reads their settings as the defaults they were."""
+    from app import tuned
+
+    old = dict(gamma=2, kappa=4, exit_layer=0, branch_budget=16, streams=0, lookup=8, exit_head=-1, queued=-1,
+               correction=1, tree=0, branching=4)
+    assert tuned.in_words("mirror", old, 30) == tuned.in_words("mirror", {}, 30)

@@ -144,7 +144,7 @@ def test_a_run_over_padding_writes_scratch_slots_only(pair):
 
 
 @pytest.mark.parametrize("method,options", [("sd", dict(gamma=3)), ("eagle", {}), ("ss", dict(gamma=3)),
-                                            ("mirror", dict(exit_layer=1, queued=1))])
+                                            ("mirror", dict(exit_layer=1))])
 def test_a_one_stage_forward_that_fails_to_capture_is_refused_and_its_method_goes_on(
         tiny_dirs, monkeypatch, method, options):
     """As on a GPU whose capture of a one-stage forward fails: a warning names it, the set refuses it
@@ -164,6 +164,7 @@ def test_a_one_stage_forward_that_fails_to_capture_is_refused_and_its_method_goe
     monkeypatch.setattr(Stage, "time_launch", lambda stage: (0.01, 1.1))
     monkeypatch.setattr(Stages, "__init__", _graphs_on_the_cpu(Stages.__init__))
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
+    pair.queue_steps = "on"  # Mirror-SD's steps as on a GPU: the correction's stage too
     torch.manual_seed(0)
     attach_head(pair, EagleHead.from_target(pair.target, torch.tensor([0, 1, 2, 3, 4, 5, 7, 8, 11, 13])).eval())
     pair.streams = Streams(pair.target.args, StreamConfig(num_streams=3, stream_layers=1, rank=4)).attach(pair.target)

@@ -23,9 +23,9 @@ METHODS = {  # method (and a variant after a comma) -> options; lookup 0 keeps c
     "ss": dict(gamma=3, top_k=2, total_tokens=6, lookup=0),
     "ss, one forward": dict(gamma=3, top_k=2, total_tokens=6, lookup=0, one_forward=1),
     "mirror": dict(gamma=3, kappa=2, branch_budget=3, lookup=0),  # each step queued on the two streams
-    "mirror, host": dict(gamma=3, kappa=2, branch_budget=3, lookup=0, queued=0),  # the lanes' threads, the host between
-    "mirror, no correction": dict(gamma=3, kappa=2, branch_budget=3, lookup=0, correction=0),  # a miss drafts afresh
-    "mirror, trees": dict(gamma=3, kappa=2, branch_budget=3, lookup=0, tree=6, branching=2),  # queued tree steps
+    "mirror, host": dict(gamma=3, kappa=2, branch_budget=3, lookup=0, queue_steps="off"),  # the lanes' threads, the
+    # host between; no correction rollout: a miss drafts afresh
+    "mirror, trees": dict(gamma=3, kappa=2, branch_budget=3, lookup=0, tree=6),  # queued tree steps
     "sd, tree": dict(gamma=3, tree=6, branching=2),  # the draft's tree grown on the GPU, read once
 }
 
@@ -59,11 +59,13 @@ def test_one_gpu_gives_the_draft_a_second_stream(fp32_pair):
 
 
 @pytest.mark.parametrize("method", list(METHODS))
-def test_every_method_equals_vanilla_on_the_gpu(fp32_pair, method):
+def test_every_method_equals_vanilla_on_the_gpu(fp32_pair, monkeypatch, method):
+    options = dict(METHODS[method])
+    monkeypatch.setattr(fp32_pair, "queue_steps", options.pop("queue_steps", "auto"))  # the pair's, not an option
     accepted = 0
     for prompt in PROMPTS:
         expected = generate(fp32_pair, prompt, method="vanilla", max_new_tokens=32, raw=True).token_ids
-        out = generate(fp32_pair, prompt, method=method.split(",")[0], max_new_tokens=32, raw=True, **METHODS[method])
+        out = generate(fp32_pair, prompt, method=method.split(",")[0], max_new_tokens=32, raw=True, **options)
         assert out.error is None, out.error
         assert out.token_ids == expected, f"{method} differs from vanilla on {prompt!r}"
         accepted += sum(s.accepted for s in out.trace.steps)

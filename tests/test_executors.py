@@ -1,29 +1,33 @@
 """The executor seam (mirror_sd/executors.py): a Mirror-SD step is one algorithm (methods/mirror.py), and
 both ways of running it yield step for step the same windows, candidates, branches and committed
-tokens: its phases on the lanes' threads (``queued=0``) and queued in turn (``queued=1``: on a GPU,
-on its streams), on the plain forwards and on fixed-shape stages (``graphs="on"``), on the tiny
-random pairs and on the shipped pair.
+tokens: its phases on the lanes' threads (``ModelPair.queue_steps`` "off") and queued in turn ("on":
+on a GPU, on its streams), on the plain forwards and on fixed-shape stages (``graphs="on"``), on the
+tiny random pairs and on the shipped pair.
 
 Stages against plain forwards: vanilla's tokens both, but not always the same steps. A stage runs
 padded shapes (its attention over every slot of its cache, masked), which may settle a near tie in
-the tiny random draft the other way. The correction rollout (``correction``) runs on queued stages
-only (tests/test_rollout.py): it is off here."""
+the tiny random draft the other way. A queued step on stages rolls out its correction
+(tests/test_rollout.py): the window after a miss is then that rollout's, the same tokens as the
+fallback draft's the lanes' threads make there."""
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
 from mirror_sd import generate, load_pair
 from mirror_sd.devices import allot_cpu_threads, make_lanes
-from mirror_sd.executors import Phase, Streams, Threads
+from mirror_sd.executors import Phase, Streams, Threads, work
 from mirror_sd.trace import SpanKind, Trace
 
-RUNS = [dict(queued=0), dict(queued=1)]
+RUNS = ["off", "on"]  # ModelPair.queue_steps: the lanes' threads, the phases queued in turn
 
 
 def steps_of(out):
-    """What a run decided at each step: window, accepted count, committed tokens, rendezvous record."""
-    return [(s.proposed, s.accepted, s.committed, s.rendezvous, s.tree) for s in out.trace.steps[1:]]
+    """What a run decided at each step: window, accepted count, committed tokens, rendezvous record (a
+    window drafted after a miss, afresh or by the correction rollout, alike)."""
+    return [(s.proposed, s.accepted, s.committed, replace(s.rendezvous, fallback=s.rendezvous.fallback
+             or s.rendezvous.corrected, corrected=False), s.tree) for s in out.trace.steps[1:]]
 
 
 @pytest.mark.parametrize("options", [dict(gamma=3, kappa=2, branch_budget=3, lookup=0),
@@ -36,19 +40,23 @@ def test_every_executor_on_plain_forwards_and_on_stages_takes_the_same_steps(tin
     expected = generate(plain, prompt, method="vanilla", max_new_tokens=32, raw=True).token_ids
     runs = {}
     for name, pair in (("plain", plain), ("stages", staged)):
-        for run in RUNS:
-            out = generate(pair, prompt, method="mirror", max_new_tokens=32, raw=True, correction=0, **options, **run)
-            assert out.error is None and out.token_ids == expected, (name, run)
-            runs[name, run["queued"]] = steps_of(out)
+        for queued in RUNS:
+            pair.queue_steps = queued
+            out = generate(pair, prompt, method="mirror", max_new_tokens=32, raw=True, **options)
+            assert out.error is None and out.token_ids == expected, (name, queued)
+            runs[name, queued] = steps_of(out)
     for forwards in ("plain", "stages"):
-        reference = runs[forwards, 1]  # the phases in turn, each to its end
-        assert runs[forwards, 0] == reference, f"the lanes' threads step apart from the reference on {forwards}"
+        reference = runs[forwards, "on"]  # the phases in turn, each to its end
+        assert runs[forwards, "off"] == reference, f"the lanes' threads step apart from the reference on {forwards}"
         assert any(r.hit for _, _, _, r, _ in reference) and any(not r.hit for _, _, _, r, _ in reference)
 
 
-def test_the_shipped_pair_takes_the_same_steps_on_either_executor(embedded_pair):
+def test_the_shipped_pair_takes_the_same_steps_on_either_executor(embedded_pair, monkeypatch):
     prompt = "Write a short poem about the sea."
-    runs = [steps_of(generate(embedded_pair, prompt, method="mirror", max_new_tokens=24, **run)) for run in RUNS]
+    runs = []
+    for queued in RUNS:
+        monkeypatch.setattr(embedded_pair, "queue_steps", queued)
+        runs.append(steps_of(generate(embedded_pair, prompt, method="mirror", max_new_tokens=24)))
     assert runs[0] == runs[1] and any(r.hit for _, _, _, r, _ in runs[0])
 
 
@@ -92,20 +100,53 @@ def test_streams_run_phases_in_turn_on_cpu_lanes_and_record_each_span_once():
     assert b.result() == 2 and [s.kind for s in trace.spans] == [SpanKind.TARGET_PREFIX, SpanKind.DRAFT_ROLLOUT]
 
 
-def test_a_widening_takes_the_shared_cores_only_once_the_other_lanes_phase_is_done():
+def test_a_phase_no_other_lane_works_beside_takes_every_core_and_overlapping_phases_their_share():
+    """Threads decides the cores: a phase started while the host has read every phase of the other lane
+    runs alone (every core the lanes share); one started while the other lane's phase is unread, or
+    with ``overlap``, runs on its lane's share."""
+    import torch
+
+    target, draft, _ = lanes_for_test()
+    ex = Threads()
+    alone = ex.start(target, SpanKind.TARGET_PREFIX, torch.get_num_threads)
+    assert alone.result() == target.lane.alone_threads
+    slow = ex.start(draft, SpanKind.DRAFT_ROLLOUT, time.sleep, 0.05)
+    assert ex.start(target, SpanKind.RENDEZVOUS, torch.get_num_threads).result() == target.lane.threads  # beside slow
+    slow.result()
+    assert ex.start(target, SpanKind.RENDEZVOUS, torch.get_num_threads).result() == target.lane.alone_threads
+    main, beside = ex.overlap(work(target, SpanKind.TARGET_SUFFIX, lambda each_layer: torch.get_num_threads()),
+                              work(draft, SpanKind.DRAFT_ROLLOUT, torch.get_num_threads))
+    assert (main.result(), beside.result()) == (target.lane.threads, draft.lane.threads)
+
+
+def test_overlap_widens_the_first_phase_once_the_other_is_done():
+    """``overlap(main, beside)``: main's fn gets ``each_layer``; called before beside is done it leaves
+    the cores as they are, after it the lane takes every core it may use alone. Streams queue both in
+    turn and hand main no ``each_layer`` (queued work has no threads to widen)."""
     target, draft, _ = lanes_for_test()
     calls = []
     target.lane.widen_when_done = lambda beside: calls.append(beside.done())
-    ex = Threads()
-    widen = ex.widening(target)
-    widen()  # nothing to wait for yet: no call
-    slow = ex.start(draft, SpanKind.DRAFT_ROLLOUT, time.sleep, 0.05)
-    widen.after(slow)
-    widen()
-    slow.result()
-    widen()
-    assert calls == [False, True]
-    Streams().widening(target)()  # queued work: never widens
+
+    def main(each_layer):
+        each_layer()  # the rollouts still run
+        time.sleep(0.1)
+        each_layer()  # done by now
+        return "main"
+
+    first, second = Threads().overlap(work(target, SpanKind.TARGET_SUFFIX, main),
+                                      work(draft, SpanKind.DRAFT_ROLLOUT, time.sleep, 0.02))
+    assert first.result() == "main" and second.result() is None and calls == [False, True]
+    order = []
+    first, second = Streams().overlap(work(target, SpanKind.TARGET_SUFFIX, lambda: order.append("main") or 1),
+                                      work(draft, SpanKind.DRAFT_ROLLOUT, lambda x: order.append("beside") or x + 1,
+                                           1))
+    assert order == ["main", "beside"] and second.result() == 2
+
+
+def test_only_a_queued_executor_runs_work_aside():
+    target, draft, _ = lanes_for_test()
+    assert Threads().aside(work(draft, SpanKind.CORRECTION_ROLLOUT, lambda: 1)) is None
+    assert Streams().aside(work(draft, SpanKind.CORRECTION_ROLLOUT, lambda: 1)).result() == 1
 
 
 def test_a_span_kind_is_one_of_the_shared_names_and_survives_json():

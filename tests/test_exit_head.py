@@ -9,7 +9,7 @@ from conftest import EQUALITY_TOKENS
 from mirror_sd import MirrorSDError, generate, load_pair
 from mirror_sd.methods.mirror import early_exit
 from mirror_sd.models.exit_head import (EMBEDDED_EXIT_HEAD, ExitHead, SwiGLUExitHead, attach_exit_head,
-                                        exit_head_for, load_exit_head, new_exit_head, save_exit_head)
+                                        available_exit_head, load_exit_head, new_exit_head, save_exit_head)
 from test_distribution import PROMPT, chi_square_p, exact_law_of_tokens_2_and_3, sample_counts
 from test_train_draft import _distilled_data
 
@@ -92,15 +92,17 @@ def test_short_training_lowers_the_loss_and_raises_held_out_recall(trained_head)
 
 def test_mirror_with_the_trained_head_commits_vanillas_tokens(tiny_dirs, trained_head):
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]))
-    attach_exit_head(pair, load_exit_head(trained_head[0], pair.target))
+    head = load_exit_head(trained_head[0], pair.target)
     changed = 0
     for prompt in ["t1 t2 t3", "t4 t4 t4 t4", "t15 t0 t7", "t9 t3"]:
         expected = generate(pair, prompt, method="vanilla", max_new_tokens=32, raw=True).token_ids
         for gamma, kappa, budget in [(2, 2, 3), (3, 1, 1), (4, 4, 8)]:
             options = dict(max_new_tokens=32, raw=True, gamma=gamma, kappa=kappa, branch_budget=budget, lookup=0)
-            out = generate(pair, prompt, method="mirror", exit_head=1, **options)
+            attach_exit_head(pair, head)
+            out = generate(pair, prompt, method="mirror", **options)
             assert out.error is None and out.token_ids == expected
-            lens = generate(pair, prompt, method="mirror", exit_head=0, **options)
+            pair.exit_heads.clear()  # no head: the logit lens
+            lens = generate(pair, prompt, method="mirror", **options)
             changed += [s.rendezvous.exit_candidates for s in out.trace.steps[1:]] != \
                 [s.rendezvous.exit_candidates for s in lens.trace.steps[1:]]
     assert changed > 0  # the head, not the lens, chose the branches
@@ -111,37 +113,33 @@ def test_mirror_with_the_trained_head_samples_the_target_distribution(tiny_dirs,
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]))
     attach_exit_head(pair, load_exit_head(trained_head[0], pair.target))
     outputs = []
-    counts = sample_counts(pair, "mirror", 1.0, 1.0, outputs=outputs, gamma=2, kappa=2, branch_budget=3, exit_head=1)
+    counts = sample_counts(pair, "mirror", 1.0, 1.0, outputs=outputs, gamma=2, kappa=2, branch_budget=3)
     assert sum(s.rendezvous.hit for out in outputs for s in out.trace.steps[1:]) > 100  # windows from branches
     law = exact_law_of_tokens_2_and_3(pair.target, pair.encode(PROMPT, raw=True), 1.0, 1.0)
     assert chi_square_p(counts, law) > 1e-3
 
 
-def test_a_missing_or_mismatched_head_is_refused(tiny_dirs):
+def test_a_head_is_read_at_its_own_exit_layer_only(tiny_dirs):
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]))
-    with pytest.raises(MirrorSDError, match="exit_head=1 needs an early-exit head trained for target"):
-        generate(pair, "t1", method="mirror", raw=True, exit_head=1)
+    assert available_exit_head(pair, 1) is None  # none shipped for this target: the logit lens
     attach_exit_head(pair, random_head(pair.target))
-    assert exit_head_for(pair, 1) is pair.exit_heads[1]
-    with pytest.raises(MirrorSDError, match="trained for exit layer 1, not 2"):
-        exit_head_for(pair, 2)
+    assert available_exit_head(pair, 1) is pair.exit_heads[1] and available_exit_head(pair, 2) is None
     with pytest.raises(MirrorSDError, match="exit layer must be in 1..1"):
         new_exit_head(pair.target, 2)
 
 
 @pytest.mark.skipif(not SHIPPED, reason="the trained head is not shipped yet")
 def test_the_shipped_head_is_for_exit_layer_22_and_stays_lossless(embedded_pair, equality_prompts, vanilla_reference):
-    with pytest.raises(MirrorSDError, match="trained for exit layer (.*, )?22, not 20"):
-        generate(embedded_pair, "Hi", method="mirror", exit_head=1, exit_layer=20)
     for prompt, expected in list(zip(equality_prompts, vanilla_reference))[::4]:
-        out = generate(embedded_pair, prompt, method="mirror", max_new_tokens=EQUALITY_TOKENS, exit_head=1)
-        assert out.error is None and out.token_ids == expected, f"mirror exit_head=1 differs on {prompt[:60]!r}"
+        out = generate(embedded_pair, prompt, method="mirror", max_new_tokens=EQUALITY_TOKENS)
+        assert out.error is None and out.token_ids == expected, f"mirror with its head differs on {prompt[:60]!r}"
+        assert all("trained early exit" in s.label for s in out.trace.spans if s.kind == "target-prefix")
 
 
 @pytest.mark.skipif(not SHIPPED, reason="the trained head is not shipped yet")
 def test_the_embedded_target_reads_each_shipped_exit_layer_with_its_own_head(embedded_pair, equality_prompts,
                                                                               vanilla_reference):
-    from mirror_sd.models.exit_head import available_exit_head, embedded_exit_heads
+    from mirror_sd.models.exit_head import embedded_exit_heads
 
     shipped = embedded_exit_heads()
     assert {14, 22} <= set(shipped)
@@ -163,15 +161,14 @@ def test_by_default_mirror_uses_a_trained_head_where_there_is_one(tiny_dirs, tra
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]))
     options = dict(max_new_tokens=16, raw=True, gamma=2, kappa=2, branch_budget=3, lookup=0)
 
-    def candidates(**exit_head):
-        out = generate(pair, "t1 t2 t3", method="mirror", **options, **exit_head)
+    def candidates():
+        out = generate(pair, "t1 t2 t3", method="mirror", **options)
         assert out.error is None
         labels = {s.label for s in out.trace.spans if s.kind == "target-prefix"}
         return [s.rendezvous.exit_candidates for s in out.trace.steps[1:]], labels
 
-    lens, lens_labels = candidates(exit_head=0)
-    assert candidates() == (lens, lens_labels)  # no head for this target: the logit lens
+    lens, lens_labels = candidates()  # no head for this target: the logit lens
+    assert not any("trained" in label for label in lens_labels)
     attach_exit_head(pair, load_exit_head(trained_head[0], pair.target))
-    head, head_labels = candidates(exit_head=1)
-    assert candidates() == (head, head_labels) and head != lens
-    assert all("trained early exit" in label for label in head_labels)
+    head, head_labels = candidates()
+    assert head != lens and all("trained early exit" in label for label in head_labels)

@@ -105,17 +105,17 @@ METHODS = [
     ("sd", dict(gamma=3, streams=2), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2", "tree verify"}),
     ("sd", dict(gamma=3, tree=6, branching=2), {"full", "tree verify"}),  # the draft's tree levels; the target's
     # tree verify one stage (models/eagle_verify.py)
-    ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=0),  # on the lanes' threads: the token channel and
+    ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queue_steps="off"),  # on the lanes' threads: the token channel and
      {"full", "token channel: layers 0-1, trained early exit, top 4", "layers 1-2 + head",  # the rollouts
       "rollouts 16x3 from 4x4 candidates", "chain draft of 3"}),
-    ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queued=1),  # queued: the correction's too
+    ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queue_steps="on"),  # queued: the correction's too
      {"full", "token channel: layers 0-1, trained early exit, top 4", "layers 1-2 + head",
       "rollouts 16x3 from 4x4 candidates", "rollouts 1x3 from 4x1 candidates", "chain draft of 3"}),
-    ("mirror", dict(gamma=3, exit_layer=1, tree=6, branching=2, queued=0),  # tree windows: the prefix and suffix
+    ("mirror", dict(gamma=3, exit_layer=1, tree=6, queue_steps="off"),  # tree windows: the prefix and suffix
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),  # under a tree mask
-    ("mirror", dict(gamma=3, exit_layer=1, tree=6, branching=2, queued=1),  # queued tree steps
+    ("mirror", dict(gamma=3, exit_layer=1, tree=6, queue_steps="on"),  # queued tree steps
      {"full", "layers 0-1", "trained early exit at 1", "layers 1-2 + head"}),
-    ("mirror", dict(gamma=2, exit_layer=1, streams=1, branch_budget=4, exit_head=0),
+    ("mirror", dict(gamma=2, exit_layer=1, streams=1, branch_budget=4, lens=True),  # no head at the exit: the lens
      {"full", "layers 0-1", "early exit at 1", "layers 1-2 + head", "streams 1-2"}),
     ("eagle", dict(depth=3, top_k=3, total_tokens=8),  # the whole draft one stage (models/eagle_tree.py)
      {"layers 0-1", "features 1-2", "tree draft 3x3, 8 kept + early features",  # the verification one stage
@@ -126,8 +126,19 @@ METHODS = [
 ]
 
 
+def on_pair(pair, options: dict, monkeypatch) -> dict:
+    """A METHODS row's options less the pair's own settings it names, which are set on ``pair``:
+    ``queue_steps`` (Mirror-SD's steps queued?) and ``lens`` (no trained head at any exit layer)."""
+    options = dict(options)
+    monkeypatch.setattr(pair, "queue_steps", options.pop("queue_steps", "auto"))
+    if options.pop("lens", False):
+        monkeypatch.setattr(pair, "exit_heads", {})
+    return options
+
+
 @pytest.mark.parametrize("method,options,stages", METHODS, ids=[f"{m}-{o}" for m, o, _ in METHODS])
-def test_every_method_on_stages_commits_vanillas_tokens(pair, stage_runs, method, options, stages):
+def test_every_method_on_stages_commits_vanillas_tokens(pair, stage_runs, monkeypatch, method, options, stages):
+    options = on_pair(pair, options, monkeypatch)
     for prompt in PROMPTS:
         expected = vanilla_tokens(pair, prompt)
         stage_runs.clear()
@@ -198,6 +209,7 @@ def test_every_method_commits_vanillas_tokens_with_the_other_tuned_kernels(pair,
     monkeypatch.setattr(tuning, "_planning", planning_everywhere)  # the lanes' threads too
     monkeypatch.setattr(tuning, "graph_us", timer)  # on CUDA, what a stage's capture tunes with
     monkeypatch.setattr(pair, "stage_sets", {})  # stages made afresh, so that CUDA captures them under this plan
+    options = on_pair(pair, options, monkeypatch)
     for prompt in PROMPTS:
         out = generate(pair, prompt, method=method, max_new_tokens=TOKENS, raw=True, **options)
         assert out.error is None and out.token_ids == expected[prompt], f"{method} {options} on {prompt!r}"

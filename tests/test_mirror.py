@@ -170,21 +170,22 @@ def test_the_branch_rule_keeps_its_definition():
 
 
 @pytest.mark.parametrize("options", [dict(lookup=0), dict(lookup=8, gamma=2)])
-def test_a_queued_step_commits_and_records_what_the_hosts_does(tiny_pair, options):
-    """queued=1 queues each step's phases on the lanes' streams (``executors.Streams``; on a GPU: the
-    host waits once, at the rendezvous; here, on the CPU, the same work in turn on one thread):
-    vanilla's tokens, and every step's early-exit candidates, branches and hit as the lanes' threads
-    (queued=0) record them."""
+def test_a_queued_step_commits_and_records_what_the_hosts_does(tiny_pair, monkeypatch, options):
+    """Queued steps (``queue_steps`` "on") queue each step's phases on the lanes' streams
+    (``executors.Streams``; on a GPU: the host waits once, at the rendezvous; here, on the CPU, the same
+    work in turn on one thread): vanilla's tokens, and every step's early-exit candidates, branches and
+    hit as the lanes' threads ("off") record them."""
     expected = generate(tiny_pair, "t1 t2 t3", method="vanilla", max_new_tokens=40, raw=True).token_ids
     runs = {}
-    for queued in (0, 1):
+    for queued in ("off", "on"):
+        monkeypatch.setattr(tiny_pair, "queue_steps", queued)
         out = generate(tiny_pair, "t1 t2 t3", method="mirror", max_new_tokens=40, raw=True, **{"gamma": 3, "kappa": 2,
-                       "branch_budget": 3, **options}, queued=queued)
+                       "branch_budget": 3, **options})
         assert out.error is None and out.token_ids == expected
         runs[queued] = [s.rendezvous for s in out.trace.steps[1:]]
         kinds = {s.kind for s in out.trace.spans}
         assert {"target-prefix", "target-suffix", "draft-rollout", "rendezvous"} <= kinds
-    assert runs[0] == runs[1] and any(r.hit for r in runs[1])
+    assert runs["off"] == runs["on"] and any(r.hit for r in runs["on"])
 
 
 @pytest.mark.parametrize("tree", [0, 3])
@@ -207,8 +208,9 @@ def test_a_queued_step_queues_its_verification_before_its_one_wait(tiny_pair, mo
 
     monkeypatch.setattr(Lane, "queue", logged_queue)
     monkeypatch.setattr(Queued, "record", logged_record)
+    monkeypatch.setattr(tiny_pair, "queue_steps", "on")
     out = generate(tiny_pair, "t1 t2 t3", method="mirror", max_new_tokens=24, raw=True, gamma=2, kappa=2,
-                   branch_budget=3, lookup=0, tree=tree, queued=1)
+                   branch_budget=3, lookup=0, tree=tree)
     assert out.error is None
     steps = {step for _, kind, step in log if kind == "rendezvous"}
     assert len(steps) == len(out.trace.steps) - 1  # every step after the prefill's
@@ -219,15 +221,16 @@ def test_a_queued_step_queues_its_verification_before_its_one_wait(tiny_pair, mo
         assert all(what == "wait" for what, _ in events[first_wait:])
 
 
-def test_queued_steps_need_temperature_0_and_token_by_token_rollouts(tiny_pair):
+def test_queued_steps_need_temperature_0_and_token_by_token_rollouts(tiny_pair, monkeypatch):
     from types import SimpleNamespace
 
     from mirror_sd.methods.mirror import Settings, make_context
 
-    def queued(greedy, streams=0, option=1):
+    def queued(greedy, streams=0, setting="on"):
+        monkeypatch.setattr(tiny_pair, "queue_steps", setting)
         run = SimpleNamespace(pair=tiny_pair, draft_sampler=SimpleNamespace(greedy=greedy))
-        return make_context(run, Settings(2, 2, 1, 4, streams=streams), exit_head=0, queued=option).ex.queued
+        return make_context(run, Settings(2, 2, 1, 4, streams=streams)).ex.queued
 
     assert queued(True)
-    assert not queued(True, option=-1)  # auto: CUDA lanes only; these are the CPU's
+    assert not queued(True, setting="auto")  # CUDA lanes only; these are the CPU's
     assert not queued(False) and not queued(True, streams=1)

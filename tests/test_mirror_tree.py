@@ -101,8 +101,8 @@ def test_tree_branches_skip_every_child_and_score_the_path():
 
 def test_mirror_with_trees_commits_vanillas_tokens(tiny_dirs):
     prompts = ["t1 t2 t3", "t9", "t4 t4 t4 t4", "t15 t0 t7"]
-    variants = [dict(gamma=3, tree=6), dict(gamma=2, tree=3, branching=2, branch_budget=3),
-                dict(gamma=4, tree=12, branching=3, kappa=3, lookup=0), dict(gamma=1, tree=4, exit_head=0)]
+    variants = [dict(gamma=3, tree=6), dict(gamma=2, tree=3, branch_budget=3), dict(gamma=4, tree=12, kappa=3, lookup=0),
+                dict(gamma=1, tree=4)]
     for draft in ("draft", "reduced_draft"):  # a draft with the target's head, and one over 8 of its 16 tokens
         pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs[draft]))
         expected = [generate(pair, p, method="vanilla", max_new_tokens=24, raw=True).token_ids for p in prompts]
@@ -195,16 +195,17 @@ def test_the_branch_rule_keeps_its_definition_over_a_tree():
 
 
 def test_a_queued_tree_step_commits_and_records_what_the_host_s_does(tiny_dirs):
-    """queued=1 queues each tree step on the lanes' streams (on a GPU: one wait, at the rendezvous; here
-    the same work in turn on one thread): vanilla's tokens, and every step's window, candidates,
-    branches, their trees and hit as the lanes' threads (queued=0) record them."""
+    """Queued steps (``queue_steps`` "on") queue each tree step on the lanes' streams (on a GPU: one wait,
+    at the rendezvous; here the same work in turn on one thread): vanilla's tokens, and every step's
+    window, candidates, branches, their trees and hit as the lanes' threads ("off") record them."""
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["reduced_draft"]))
     for prompt in ("t4 t4 t4 t4", "t1 t2 t3"):
         expected = generate(pair, prompt, method="vanilla", max_new_tokens=32, raw=True).token_ids
         runs = {}
         for queued in (0, 1):
+            pair.queue_steps = ("off", "on")[queued]
             out = generate(pair, prompt, method="mirror", max_new_tokens=32, raw=True, gamma=3, tree=6, kappa=3,
-                           exit_layer=1, queued=queued)
+                           exit_layer=1)
             assert out.error is None and out.token_ids == expected
             runs[queued] = [(s.rendezvous, s.tree) for s in out.trace.steps[1:]]
         assert runs[0] == runs[1] and any(r.hit for r, _ in runs[1])
@@ -212,10 +213,11 @@ def test_a_queued_tree_step_commits_and_records_what_the_host_s_does(tiny_dirs):
 
 def test_a_near_tie_in_the_draft_grows_the_same_tree_on_both_paths(tiny_dirs, tmp_path):
     """Two of the draft's tokens (5 and 7) get LM-head rows equal up to rounding, so their log-probs
-    tie at every rollout forward up to the last bits. The step on the lanes' threads (queued=0) and
-    the queued step (queued=1) hand the draft the same rows (the branch rule's B rows, skipped ones included:
-    one forward shape) and grow the same trees with the same rule (``grow_fields``), so the near
-    tie is settled alike on any processor: the same rollout inputs, nodes and scores, step by step."""
+    tie at every rollout forward up to the last bits. The step on the lanes' threads and the queued
+    step (``queue_steps`` "off" and "on") hand the draft the same rows (the branch rule's B rows,
+    skipped ones included: one forward shape) and grow the same trees with the same rule
+    (``grow_fields``), so the near tie is settled alike on any processor: the same rollout inputs,
+    nodes and scores, step by step."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -246,8 +248,9 @@ def test_a_near_tie_in_the_draft_grows_the_same_tree_on_both_paths(tiny_dirs, tm
             runs = {}
             for queued in (0, 1):
                 rollouts.append([])
+                pair.queue_steps = ("off", "on")[queued]
                 out = generate(pair, prompt, method="mirror", max_new_tokens=32, raw=True, gamma=3, tree=6,
-                               kappa=3, exit_layer=1, queued=queued)
+                               kappa=3, exit_layer=1)
                 assert out.error is None and out.token_ids == expected
                 runs[queued] = [(s.rendezvous, s.tree) for s in out.trace.steps[1:]]
             host, queued = rollouts[-2], rollouts[-1]

@@ -40,9 +40,9 @@ def test_the_picks_wait_for_no_draft_work_and_the_verdict_is_read_after_the_step
 
     monkeypatch.setattr(Streams, "start", spy_start)
     monkeypatch.setattr(Streams, "finish", spy_finish)
-    monkeypatch.setattr(mirror, "verdict_of_picks", spy(mirror.verdict_of_picks, "verdict"))
     monkeypatch.setattr(mirror, "walk_tree_picks", spy(mirror.walk_tree_picks, "verdict"))
-    out = generate(tiny_pair, "t1 t2 t3", method="mirror", max_new_tokens=16, raw=True, queued=1, **options)
+    monkeypatch.setattr(tiny_pair, "queue_steps", "on")
+    out = generate(tiny_pair, "t1 t2 t3", method="mirror", max_new_tokens=16, raw=True, **options)
     assert out.error is None
     verdicts = [i for i, (what, _) in enumerate(log) if what == "verdict"]
     assert len(verdicts) == len(out.trace.steps) - 1

@@ -85,14 +85,15 @@ def test_a_queued_step_on_stages_commits_vanillas_tokens_with_far_fewer_host_ope
 
     monkeypatch.setattr(Stage, "replay", replay_outside_the_count(Stage.replay))
     staged = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
+    staged.queue_steps = "on"
     expected = generate(pair, "t1 t2 t3", method="vanilla", max_new_tokens=16, raw=True).token_ids
-    out = generate(staged, "t1 t2 t3", method="mirror", max_new_tokens=16, raw=True, queued=1)
+    out = generate(staged, "t1 t2 t3", method="mirror", max_new_tokens=16, raw=True)
     assert out.token_ids == expected and "note" not in out.trace.meta  # no lane failed
     assert any(step.rendezvous.branch_used is not None for step in out.trace.steps[1:])  # the rollouts hit
-    one_replay = count_ops(staged, "mirror", 16, prompt="t1 t2 t3", raw=True, options=dict(queued=1))
+    one_replay = count_ops(staged, "mirror", 16, prompt="t1 t2 t3", raw=True)
     for module in ("mirror", "mirror_rollouts"):  # the channel and the rollouts: a forward at a time
         monkeypatch.setattr(f"mirror_sd.methods.{module}.staged_for", lambda *a: None)
-    forward_by_forward = count_ops(staged, "mirror", 16, prompt="t1 t2 t3", raw=True, options=dict(queued=1))
+    forward_by_forward = count_ops(staged, "mirror", 16, prompt="t1 t2 t3", raw=True)
     assert 2 * one_replay["ops_per_step"] < forward_by_forward["ops_per_step"]
 
 
@@ -101,8 +102,9 @@ def test_wide_budgets_roll_out_on_the_widest_stage_or_a_forward_at_a_time(tiny_d
     """Wide budgets: 40 roots still fit the widest stage (64 rows) beside the chain; 64 do not, and
     those steps roll out a forward at a time, on stages still. Both commit vanilla's tokens."""
     staged = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
+    staged.queue_steps = "on"
     expected = generate(pair, "t1 t2 t3", method="vanilla", max_new_tokens=12, raw=True).token_ids
-    out = generate(staged, "t1 t2 t3", method="mirror", max_new_tokens=12, raw=True, queued=1, **options)
+    out = generate(staged, "t1 t2 t3", method="mirror", max_new_tokens=12, raw=True, **options)
     assert out.error is None and out.token_ids == expected and "note" not in out.trace.meta
 
 
@@ -111,12 +113,16 @@ def test_a_miss_takes_its_next_window_from_the_correction_rollout(tiny_dirs, pai
     """In a queued step on stages the draft stream rolls out the branch of the target's own outcome
     after its picks (``roll_out_correction``): the step after a miss takes that branch as its window,
     with no fallback draft after the first step, and the window is the draft's greedy continuation
-    of the committed tokens, as a fallback draft's would be. Vanilla's tokens either way
-    (``correction`` 1 and 0); the correction's spans are on the draft lane, one per step."""
+    of the committed tokens, as a fallback draft's would be; the correction's spans are on the draft
+    lane, one per step. On the lanes' threads (``queue_steps`` "off") no correction runs (the
+    executor's ``aside``): a miss drafts afresh. Vanilla's tokens either way."""
     staged = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")
     expected = generate(pair, prompt, method="vanilla", max_new_tokens=24, raw=True).token_ids
-    runs = {c: generate(staged, prompt, method="mirror", max_new_tokens=24, raw=True, queued=1, lookup=0, gamma=3,
-                        kappa=2, branch_budget=2, correction=c) for c in (0, 1)}
+    runs = {}
+    for queued in (0, 1):
+        staged.queue_steps = ("off", "on")[queued]
+        runs[queued] = generate(staged, prompt, method="mirror", max_new_tokens=24, raw=True, lookup=0, gamma=3,
+                                kappa=2, branch_budget=2)
     for out in runs.values():
         assert out.error is None and out.token_ids == expected and "note" not in out.trace.meta
     steps = runs[1].trace.steps

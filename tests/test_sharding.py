@@ -54,7 +54,7 @@ def test_sharded_target_matches_one_device_forward_rollback_and_keep(tiny_dirs):
 
 @pytest.mark.parametrize("method,options", [("sd", dict(gamma=3)), ("mirror", dict(gamma=3, kappa=2)),
                                             ("sd", dict(gamma=3, tree=6, branching=2)),  # trees: a tree mask and keep
-                                            ("mirror", dict(gamma=3, kappa=2, tree=6, branching=2))])
+                                            ("mirror", dict(gamma=3, kappa=2, tree=6))])
 def test_methods_on_a_sharded_target_commit_vanillas_tokens(tiny_dirs, method, options):
     pair = load_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]))
     reference = generate(pair, "t1 t2 t3", "vanilla", max_new_tokens=20, raw=True).token_ids

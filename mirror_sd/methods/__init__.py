@@ -53,7 +53,9 @@ GAMMA = Option("gamma", 2, 1, 32, "draft tokens per step (window length)")
 SS_GAMMA = Option("gamma", 4, 1, 32, "stream levels in the draft (at most the trained streams, 4 for the shipped ones)")
 KAPPA = Option("kappa", 4, 1, 64, "early-exit candidates per window position (token channel width)")
 EXIT_LAYER = Option("exit_layer", 0, 0, 1024, "target layer feeding the token channel (0: three quarters of the "
-                    "target's layers)")
+                    "target's layers), read through the early-exit head trained for that layer where the pair has one "
+                    "(the embedded target ships heads for layers 3, 6, 10, 14, 18 and 22; --add-on attaches others), "
+                    "else through the target's own final norm and LM head alone (a logit lens)")
 DEPTH = Option("depth", 3, 1, 16, "EAGLE tree levels (draft tokens along a path)")
 TOP_K = Option("top_k", 4, 1, 16, "children per expanded node, and nodes expanded per level")
 TOTAL_TOKENS = Option("total_tokens", 8, 1, 64, "draft tree nodes the target verifies in one forward "
@@ -76,25 +78,10 @@ SD_STREAMS = Option("streams", 0, 0, 2, "how the draft drafts: 0 token by token;
                     "its trained speculative streams; 2 each draft forward checks the lookahead its streams proposed "
                     "in the one before (the tokens of 0, in fewer forwards)")
 MIRROR_TREE = Option("tree", 0, 0, 63, "tree windows (temperature 0 only): the fallback draft and "
-                     "every branch's rollout grow a tree gamma levels deep and keep this many nodes, and the target "
-                     "verifies the window as a tree; 0: chains of gamma", greedy_only=True).scoped("streams", 0)
-MIRROR_BRANCHING = Option("branching", 4, 1, 16, "with tree: children per expanded node, and nodes expanded per "
-                          "level").scoped("streams", 0)
+                     "every branch's rollout grow a tree gamma levels deep, 4 children per expanded node, and keep "
+                     "this many nodes, and the target verifies the window as a tree; 0: chains of gamma",
+                     greedy_only=True).scoped("streams", 0)
 BRANCH_BUDGET = Option("branch_budget", 16, 1, 256, "branches the draft rolls out per step")
-EXIT_HEAD = Option("exit_head", -1, -1, 1, "what reads the exit layer's hidden states: 1 a head trained for this target "
-                   "and exit layer, before the target's own final norm and LM head (the embedded target ships heads for "
-                   "layers 3, 6, 10, 14, 18 and 22); 0 that norm and head alone (a logit lens); -1 the trained head where there is one, "
-                   "else the logit lens")
-
-QUEUED = Option("queued", -1, -1, 1, "how a step's phases run (mirror_sd/executors.py): 1 queued on the lanes' "
-                "CUDA streams from this thread, which waits once, at the rendezvous (on CPU lanes: in turn); 0 on "
-                "the lanes' threads, at the same time; -1: 1 where both lanes are CUDA devices. Either way the draft "
-                "lane chooses the branches from the token channel on its device. Temperature 0, streams 0 only",
-                greedy_only=True)
-CORRECTION = Option("correction", 1, 0, 1, "1: in a queued step the draft stream also rolls out the branch of the "
-                    "target's own token at the first rejection, as soon as the target's picks are made, so a miss "
-                    "finds its next window made while the host read the verdict; 0: a miss drafts afresh after it. "
-                    "Queued steps over chains on stages only", greedy_only=True)
 
 
 def _check_exit_layer(pair, options):
@@ -106,8 +93,6 @@ def _check_exit_layer(pair, options):
 
 def _check_mirror(pair, options):
     _check_exit_layer(pair, options)
-    if options["exit_head"] == 1:  # load now: a missing or mismatched head is an input error, not a failure mid-run
-        mirror.exit_head_for(pair, options["exit_layer"] or mirror.default_exit_layer(pair.target.num_layers))
     make_drafter(options["streams"]).check(pair, options["gamma"])  # the fresh draft after a miss
 
 
@@ -144,8 +129,7 @@ register(Method("ss", "Speculative Streaming", "the target drafts for itself: tr
                 parallel_lanes=False, options=(SS_GAMMA, SS_TOP_K, SS_TOTAL_TOKENS, LOOKUP, SS_ONE_FORWARD), check=_check_streams))
 register(Method("mirror", "Mirror-SD", "the target's early exit steers branch rollouts on the draft lane, "
                 "which run while the target finishes its layers", mirror.decode, needs_draft=True,
-                parallel_lanes=True, options=(GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, MIRROR_STREAMS, MIRROR_LOOKUP, EXIT_HEAD, QUEUED,
-                                  MIRROR_TREE, MIRROR_BRANCHING, CORRECTION),
+                parallel_lanes=True, options=(GAMMA, KAPPA, EXIT_LAYER, BRANCH_BUDGET, MIRROR_STREAMS, MIRROR_LOOKUP, MIRROR_TREE),
                 check=_check_mirror))
 register(Method("eagle", "EAGLE-2", "a feature-level head on the target's lane drafts a dynamic tree; "
                 "the target verifies the whole tree in one forward", eagle.decode, needs_draft=False,

@@ -1,11 +1,11 @@
 """Mirror Speculative Decoding (Bhendawade et al., 2025): drafting leaves the critical path.
 
-One step, with the window W = [last committed token, d1 .. d_gamma] (``chain_step``):
+One step (``step``), with the window W = [last committed token, d1 .. d_gamma]:
 
 1. token channel (target lane): layers [0, exit_layer) over W, then the early exit: the target's
-   own final norm + LM head on those hidden states (only the rows of the draft's vocabulary when
-   it has a reduced one: ``exit_reader``; through a trained exit head first where the target has
-   one: models/exit_head.py). The top-kappa tokens and log-probs at every row, and each draft
+   own final norm + LM head on those hidden states (``early_exit``; only the rows of the draft's
+   vocabulary when it has a reduced one: ``exit_reader``; through a trained exit head first where
+   the pair has one for the exit layer: models/exit_head.py). The top-kappa tokens and log-probs at every row, and each draft
    token's log-prob, are all that crosses to the draft lane (models/channel.py: ``Channel``).
 2. At the same time, on two lanes:
    - target suffix (target lane): layers [exit_layer, N) over W -> final logits;
@@ -18,17 +18,19 @@ One step, with the window W = [last committed token, d1 .. d_gamma] (``chain_ste
    continuation is the next window, ready with no draft time on the critical path (a hit).
    Otherwise the next step starts with a fresh draft (a miss: draft time exposed), unless
    (temperature 0, ``lookup`` > 0) the context holds a continuation to copy (drafting/lookup.py),
-   or (``correction``, on the draft's stages) the draft lane rolled out the branch of the target's
-   own outcome as soon as its picks were made.
+   or (a queued step on the draft's stages) the draft lane rolled out the branch of the target's
+   own outcome as soon as its picks were made (the correction rollout).
 4. commit d1..dA + c and roll both KV caches back to the committed length.
 
 With option ``tree`` > 0 (T = 0) the window and every branch's rollout are draft trees instead of
-chains, the branches hanging from any row of the window (``tree_step``; methods/mirror_rollouts.py).
+chains, the branches hanging from any row of the window (methods/mirror_rollouts.py). The step is
+the same: a chain window is a tree of one path, verified by the same walk.
 All-accepted case (left open by the paper): c is the bonus token at row gamma, and branches
 (gamma, v) use the early-exit candidates there, so a fully accepted window can hit too.
 
 How the phases run (two lanes overlapping on threads, or queued on CUDA streams with one wait per
-step) is the executor's business (mirror_sd/executors.py); this module is the whole algorithm.
+step), how many CPU cores each takes, and whether the correction rollout runs at all (queued steps
+only) are the executor's business (mirror_sd/executors.py); this module is the whole algorithm.
 Where the pair's caches have fixed-shape stages, the channel and the rollouts each run as one
 (models/channel.py, models/rollout.py), with the same rules.
 
@@ -50,24 +52,24 @@ from dataclasses import dataclass
 
 import torch
 
-from ..branches import Branch, branch_hit
+from ..branches import Branch, BranchTable, branch_hit
 from ..devices import to_device
 from ..drafting import make_drafter
 from ..drafting.lookup import copy_from_context
 from ..drafting.tree import Tree, graft, keep_path, tree_window
-from ..executors import executor_for
+from ..executors import executor_for, work
 from ..models.channel import Channel, TokenChannel, channel_of
-from ..models.exit_head import EarlyExit, available_exit_head, exit_head_for
+from ..models.exit_head import EarlyExit, available_exit_head
 from ..models.forwards import FULL, layers, staged_for
 from ..models.rollout import Rollouts
 from ..models.stages import MAX_WIDTH
 from ..models.streams import split_ranges
 from ..sampling import to_target_vocab
 from ..trace import Rendezvous, SpanKind, Step
-from .mirror_rollouts import (roll_out_chain_window, roll_out_correction, roll_out_tree_window, rollout_label,
+from .mirror_rollouts import (chain, roll_out_chain_window, roll_out_correction, roll_out_tree_window,
                               rollout_stage_fits)
 from .prefill import prefill_pair
-from .verify import Verdict, verdict_of_picks, verify, walk_tree_picks
+from .verify import verify, walk_tree_picks
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,7 @@ class Settings:
     streams: int = 0  # 1: each rollout in one forward of the draft's speculative streams
     lookup: int = 0  # after a miss, copy up to this many tokens from the context
     tree: int = 0  # tree windows of this many nodes (0: chains)
-    branching: int = 4  # with tree: children per expanded node
-    correction: int = 1  # on the draft's stages: roll out the branch of the target's own outcome
+    branching: int = 4  # with tree: children per expanded node (2, 3 and 4 measured alike: a fixed rule)
 
 
 @dataclass
@@ -103,8 +104,8 @@ class Context:
 
 @dataclass
 class Outcome:
-    """A step's result: the accepted path (chain: its length), the token after it, the branch it hit
-    (None: a miss), the early-exit candidates [T][kappa], the branches, and the correction rollout."""
+    """A step's result: the accepted path, the token after it, the branch it hit (None: a miss), the
+    early-exit candidates [T][kappa], the branches, and the correction rollout (None: none)."""
 
     path: list[int]  # accepted nodes (a chain: 0 .. A - 1)
     token: int
@@ -136,66 +137,65 @@ def exit_reader(pair, head=None, draft_rows: bool = True) -> EarlyExit:
     return pair.early_exits[key]
 
 
-def early_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
-    """The logit lens on hidden states [1, T, d] (already through a trained head, if any): log-probs
-    [T, V] on the target's vocabulary (-inf outside the draft's, with a reduced-vocabulary draft)."""
-    if pair.target.layer_devices:
-        return full_head_exit(pair, hidden)
-    reader = exit_reader(pair)
-    return to_target_vocab(reader(hidden)[0], reader.vocab_map, pair.target.args.vocab_size)
-
-
-def full_head_exit(pair, hidden: torch.Tensor) -> torch.Tensor:
-    """The early exit over the target's whole LM head: log-probs [T, V] of hidden states [1, T, d]."""
-    return torch.log_softmax(pair.target.head(hidden)[0], dim=-1)
-
-
-def choose_exit_head(pair, exit_layer: int, exit_head: int):
-    """The trained head (``exit_head`` 1: required; -1: if the pair has one for ``exit_layer``), or None
-    for the logit lens (0, or -1 without a head). The target-prefix span's label says which ran."""
-    if exit_head == 1:
-        return exit_head_for(pair, exit_layer)
-    return available_exit_head(pair, exit_layer) if exit_head == -1 else None
+def early_exit(pair, hidden: torch.Tensor, head=None, cache=None, exit_layer: int = 0) -> torch.Tensor:
+    """The early exit on the exit layer's hidden states [1, T, d]: through the trained ``head`` (None:
+    none, the logit lens), then the target's own final norm and LM head, as log-probs [T, V] on the
+    target's vocabulary (-inf outside a reduced-vocabulary draft's). A sharded target reads its whole
+    LM head; one on a single device ``exit_reader``'s rows, as a stage of its own where ``cache``
+    (at ``exit_layer``) has stages."""
+    target = pair.target
+    if target.layer_devices:
+        return torch.log_softmax(target.head(hidden if head is None else head(hidden))[0], dim=-1)
+    reader = exit_reader(pair, head)
+    logp = reader(hidden) if cache is None else layers(target, hidden, cache, exit_layer, exit_layer, head=reader)
+    return to_target_vocab(logp[0], reader.vocab_map, target.args.vocab_size)
 
 
 # -- the phases ---------------------------------------------------------------------------------------
 
-def token_channel(ctx: Context, window: list[int], tree: Tree | None = None) -> tuple[torch.Tensor, Channel]:
+def token_channel(ctx: Context, window: Tree) -> tuple[torch.Tensor, Channel]:
     """Target lane: layers [0, exit_layer) over [last committed token, *window] and the early exit;
-    a tree window (``tree``) under its tree mask, each node's log-prob read at its parent's row.
-    Returns the hidden states [1, T, d] (kept for the suffix) and the :class:`Channel`, sent on to
-    the draft's device. On the target's channel stage where it has one (a chain): one replay."""
+    a tree window under its tree mask, each node's log-prob read at its parent's row. Returns the
+    hidden states [1, T, d] (kept for the suffix) and the :class:`Channel`, sent on to the draft's
+    device. On the target's channel stage where it has one (chains): one replay."""
     run, s, cache = ctx.run, ctx.s, ctx.target_cache
     pair, target = run.pair, run.pair.target
-    ids = [run.sequence[-1], *window]
-    stages = staged_for(target, cache, ctx.channel_stage) if ctx.channel_stage and tree is None else None
+    ids = [run.sequence[-1], *window.tokens]
+    stages = staged_for(target, cache, ctx.channel_stage) if ctx.channel_stage else None
     if stages is not None:
         hidden, channel = stages.run(ctx.channel_stage.name, [ids])
         return hidden, channel.to(pair.draft.device)
-    positions, mask = tree_window(tree, run.sequence, target.device)[1:] if tree is not None else (None, None)
+    positions, mask = tree_rows(ctx, window)
     hidden = layers(target, to_device([ids], target.device), cache, 0, s.exit_layer, positions, mask)  # [1, T, d]
-    if target.layer_devices:  # sharded: the plain forwards, the whole LM head
-        exit_logp = full_head_exit(pair, hidden if ctx.head is None else ctx.head(hidden))  # [T, V]
-    else:  # one stage of its own on a stage cache
-        reader = exit_reader(pair, ctx.head)
-        exit_logp = layers(target, hidden, cache, s.exit_layer, s.exit_layer, head=reader)[0]
-        exit_logp = to_target_vocab(exit_logp, reader.vocab_map, target.args.vocab_size)  # [T, V]
-    rows = to_device([p + 1 for p in tree.parents], exit_logp.device, torch.long) if tree is not None else None
-    channel = channel_of(exit_logp, to_device(window, exit_logp.device, torch.long), s.kappa, rows)
+    exit_logp = early_exit(pair, hidden, ctx.head, cache, s.exit_layer)  # [T, V]
+    rows = to_device([p + 1 for p in window.parents], exit_logp.device, torch.long) if s.tree else None
+    channel = channel_of(exit_logp, to_device(window.tokens, exit_logp.device, torch.long), s.kappa, rows)
     return hidden, channel.to(pair.draft.device)
 
 
-def target_suffix(ctx: Context, prefix: tuple[torch.Tensor, Channel], tree: Tree | None = None,
-                  each_layer=None) -> torch.Tensor:
+def target_suffix(ctx: Context, prefix: tuple[torch.Tensor, Channel], window: Tree, each_layer=None) -> torch.Tensor:
     """Target lane: layers [exit_layer, N) and the LM head over the prefix's hidden states [1, T, d]
-    -> final logits [T, V]. each_layer(): called between layers (the executor widens the lane's CPU
-    threads there once the rollouts are done)."""
-    run, cache, hidden = ctx.run, ctx.target_cache, prefix[0]
-    positions, mask = tree_window(tree, run.sequence, run.pair.target.device)[1:] if tree is not None else (None, None)
-    logits = layers(run.pair.target, hidden, cache, ctx.s.exit_layer, None, positions, mask, head=True,
+    -> final logits [T, V]. each_layer(): called between layers (executors.Threads.overlap)."""
+    cache, hidden = ctx.target_cache, prefix[0]
+    positions, mask = tree_rows(ctx, window)
+    logits = layers(ctx.run.pair.target, hidden, cache, ctx.s.exit_layer, None, positions, mask, head=True,
                     each_layer=each_layer)  # [1, T, V]
     cache.length += hidden.shape[1]
     return logits[0]
+
+
+def tree_rows(ctx: Context, window: Tree) -> tuple:
+    """What a target forward over [last committed token, *window] takes besides the ids: positions
+    and tree mask with tree windows (option ``tree``), (None, None) with chains (a causal window)."""
+    return tree_window(window, ctx.run.sequence, ctx.run.pair.target.device)[1:] if ctx.s.tree else (None, None)
+
+
+def roll_out(ctx: Context, window: Tree, prefix: tuple[torch.Tensor, Channel], keep: bool) -> BranchTable:
+    """Draft lane: the branches' rollouts (methods/mirror_rollouts.py), trees with option ``tree``;
+    ``keep``: as in ``roll_out_on_stage``."""
+    if ctx.s.tree:
+        return roll_out_tree_window(ctx, window, prefix)
+    return roll_out_chain_window(ctx, window.tokens, prefix, keep)
 
 
 def target_picks(logits: torch.Tensor) -> torch.Tensor:
@@ -218,66 +218,47 @@ class Correction:
         return fixed[0].tokens if branch_hit(fixed, *self.outcome) == 0 else None
 
 
+def correction_fits(ctx: Context, window: Tree) -> bool:
+    """Whether the step rolls out its correction: the draft's stages hold the step's rollouts and the
+    correction (made for queued steps at T = 0 over chains: ``make_context``)."""
+    return all(rollout_stage_fits(ctx, window.tokens, spec) for spec in (ctx.rollout_stage, ctx.correction_stage))
+
+
 # -- one step -----------------------------------------------------------------------------------------
 
-def chain_step(ctx: Context, window: list[int], q: torch.Tensor | None, step: int) -> Outcome:
-    """One step over a chain window (module docstring): the token channel, then at once the suffix on
-    the target lane and the branches' rollouts on the draft lane, then the rendezvous."""
-    run, ex, s = ctx.run, ctx.ex, ctx.s
-    target, draft, T = run.target_lane, run.draft_lane, len(window) + 1
-    base = ctx.draft_cache.length  # the rollouts' (and the correction's) chain starts here
-    greedy = run.target_sampler.greedy
-    correcting = greedy and rollout_stage_fits(ctx, window, ctx.correction_stage) \
-        and rollout_stage_fits(ctx, window, ctx.rollout_stage)  # decided before the rollouts move the cache
-    prefix = ex.start(target, SpanKind.TARGET_PREFIX, token_channel, ctx, window, label=prefix_label(s, ctx.head, T),
-                      step=step, tokens=T, alone=True)  # the draft lane waits for the channel: all cores
-    widen = ex.widening(target)
-    suffix = ex.start(target, SpanKind.TARGET_SUFFIX, target_suffix, ctx, prefix, None, widen,
-                      label=suffix_label(run.pair, s, T), step=step, tokens=T)
-    B = min(s.budget, T * s.kappa)
-    rolled = ex.start(draft, SpanKind.DRAFT_ROLLOUT, roll_out_chain_window, ctx, window, prefix, correcting,
-                      label=f"{B} branches x {s.gamma} tokens", step=step, tokens=B * s.gamma)
-    widen.after(rolled)
-    verifying = dict(label="verify + match branch", step=step)
-    if greedy:  # the picks, queued before the step's one wait
-        picks = ex.start(target, SpanKind.RENDEZVOUS, target_picks, suffix, **verifying)
-    fixing = ex.start(draft, SpanKind.CORRECTION_ROLLOUT, roll_out_correction, ctx, window, picks, base,
-                      label=f"correction: 1 branch x {s.gamma} tokens", step=step, tokens=s.gamma) \
-        if correcting else None
-    if greedy:
-        ex.finish(prefix, suffix, rolled, picks)  # the step's one wait
-        verdict = verdict_of_picks(window, picks.result().tolist())
-    else:
-        ex.finish(prefix, suffix, rolled)
-        verdict = ex.start(target, SpanKind.RENDEZVOUS, verify, window, q, suffix, run.target_sampler,
-                           **verifying).result()
-    branches = rolled.result().read()
-    outcome = (verdict.accepted, verdict.token)
-    return Outcome(list(range(verdict.accepted)), verdict.token, branch_hit(branches, *outcome),
-                   prefix.result()[1].top_ids.tolist(), branches,
-                   Correction(fixing, outcome) if fixing is not None else None)
-
-
-def tree_step(ctx: Context, window: Tree, step: int) -> Outcome:
-    """One step over a tree window (T = 0): as ``chain_step``, the window's nodes under its tree mask, each
-    branch's rollout a tree (methods/mirror_rollouts.py), and the greedy tree walk at the rendezvous."""
+def step(ctx: Context, window: Tree, q: torch.Tensor | None, index: int) -> Outcome:
+    """One step (module docstring): the token channel, then at once the suffix on the target lane and
+    the branches' rollouts on the draft lane, then the rendezvous. ``window``: a draft tree (a chain is
+    a one-path tree); ``q``: its tokens' laws at T > 0 (chains only), None at T = 0."""
     run, ex, s = ctx.run, ctx.ex, ctx.s
     target, draft, T = run.target_lane, run.draft_lane, len(window.tokens) + 1
-    prefix = ex.start(target, SpanKind.TARGET_PREFIX, token_channel, ctx, window.tokens, window,
-                      label=prefix_label(s, ctx.head, T), step=step, tokens=T, alone=True)
-    widen = ex.widening(target)
-    suffix = ex.start(target, SpanKind.TARGET_SUFFIX, target_suffix, ctx, prefix, window, widen,
-                      label=suffix_label(run.pair, s, T), step=step, tokens=T)
+    base = ctx.draft_cache.length  # the rollouts (and the correction) start here
+    correcting = correction_fits(ctx, window)  # decided before the rollouts move the cache
+    prefix = ex.start(target, SpanKind.TARGET_PREFIX, token_channel, ctx, window, label=prefix_label(s, ctx.head, T),
+                      step=index, tokens=T)
     B = min(s.budget, T * s.kappa)
-    rolled = ex.start(draft, SpanKind.DRAFT_ROLLOUT, roll_out_tree_window, ctx, window, prefix,
-                      label=rollout_label(B, s.tree, s.gamma), step=step, tokens=B * s.tree)
-    widen.after(rolled)
-    picks = ex.start(target, SpanKind.RENDEZVOUS, target_picks, suffix, label="verify tree + match branch", step=step)
-    ex.finish(prefix, suffix, rolled, picks)  # the step's one wait
-    path, token = walk_tree_picks(window.tokens, window.children(), picks.result().tolist())
+    suffix, rolled = ex.overlap(
+        work(target, SpanKind.TARGET_SUFFIX, target_suffix, ctx, prefix, window, label=suffix_label(run.pair, s, T),
+             step=index, tokens=T),
+        work(draft, SpanKind.DRAFT_ROLLOUT, roll_out, ctx, window, prefix, correcting, label=rollout_label(B, s),
+             step=index, tokens=B * (s.tree or s.gamma)))
+    verifying = dict(label=f"verify {'tree ' if s.tree else ''}+ match branch", step=index)
+    if run.target_sampler.greedy:  # the picks, queued before the step's one wait
+        picks = ex.start(target, SpanKind.RENDEZVOUS, target_picks, suffix, **verifying)
+        fixing = ex.aside(work(draft, SpanKind.CORRECTION_ROLLOUT, roll_out_correction, ctx, window.tokens, picks, base,
+                               label=f"correction: 1 branch x {s.gamma} tokens", step=index, tokens=s.gamma)) \
+            if correcting else None
+        ex.finish(prefix, suffix, rolled, picks)  # the step's one wait
+        path, token = walk_tree_picks(window.tokens, window.children(), picks.result().tolist())
+    else:  # a sampled chain
+        ex.finish(prefix, suffix, rolled)
+        verdict = ex.start(target, SpanKind.RENDEZVOUS, verify, window.tokens, q, suffix, run.target_sampler,
+                           **verifying).result()
+        path, token, fixing = list(range(verdict.accepted)), verdict.token, None
     branches = rolled.result().read()
-    return Outcome(path, token, branch_hit(branches, path[-1] + 1 if path else 0, token),
-                   prefix.result()[1].top_ids.tolist(), branches)
+    row = path[-1] + 1 if path else 0  # the window row after the accepted path
+    return Outcome(path, token, branch_hit(branches, row, token), prefix.result()[1].top_ids.tolist(), branches,
+                   Correction(fixing, (row, token)) if fixing is not None else None)
 
 
 def target_ranges(pair, exit_layer: int, head=None) -> list:
@@ -295,37 +276,42 @@ def suffix_label(pair, s: Settings, T: int) -> str:
     return f"layers {s.exit_layer + 1}-{pair.target.num_layers}, {T} tokens"
 
 
+def rollout_label(B: int, s: Settings) -> str:
+    if s.tree:
+        return f"{B} branches x tree of {s.tree}, depth {s.gamma}"
+    return f"{B} branches x {s.gamma} tokens"
+
+
 # -- the decode loop ----------------------------------------------------------------------------------
 
-def make_context(run, s: Settings, exit_head: int, queued: int) -> Context:
-    """The step's context: the executor (``queued``: executors.executor_for; steps queue only at T = 0,
-    token by token, on one device's target), the exit head and the stages a greedy chain step runs
-    on where the caches have stages (the token channel, the rollouts, the correction)."""
+def make_context(run, s: Settings) -> Context:
+    """The step's context: the executor (executors.executor_for; steps queue only at T = 0, token by
+    token, on one device's target), the exit head (the pair's trained head for the exit layer where
+    it has one, else the logit lens) and the stages a greedy chain step runs on where the caches have
+    stages (the token channel, the rollouts, and for queued steps the correction)."""
     pair, greedy = run.pair, run.draft_sampler.greedy
     plain_lanes = not s.streams and not pair.target.layer_devices
-    ex = executor_for(run, queued, possible=greedy and plain_lanes)
-    head = choose_exit_head(pair, s.exit_layer, exit_head)
+    ex = executor_for(run, possible=greedy and plain_lanes)
+    head = available_exit_head(pair, s.exit_layer)
     ctx = Context(run, ex, None, None, s, head)
     if greedy and plain_lanes and not s.tree:
         rows = max(s.gamma, s.lookup) + 1  # the most a window has, with the token before it
         vocab, B = pair.target.args.vocab_size, min(s.budget, rows * s.kappa)
         ctx.channel_stage = TokenChannel(s.exit_layer, s.kappa, exit_reader(pair, head), vocab)
         ctx.rollout_stage = Rollouts(B, s.gamma, s.kappa, rows, vocab) if B < MAX_WIDTH else None
-        # The correction needs queued phases: on the lanes' threads it would still write the draft cache
-        # while the host rolls the cache back for the next step.
-        correcting = ctx.rollout_stage and s.correction and ex.queued
-        ctx.correction_stage = Rollouts(1, s.gamma, 1, rows, vocab) if correcting else None
+        # Only a queued step rolls out its correction (the executor's ``aside``): its stage is made there only.
+        ctx.correction_stage = Rollouts(1, s.gamma, 1, rows, vocab) if ctx.rollout_stage and ex.queued else None
     return ctx
 
 
 def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, streams: int = 0, lookup: int = 0,
-           exit_head: int = -1, queued: int = -1, tree: int = 0, branching: int = 4, correction: int = 1):
+           tree: int = 0):
     pair = run.pair
     s = Settings(gamma, kappa, exit_layer or default_exit_layer(pair.target.num_layers), branch_budget, streams,
-                 lookup, tree, branching, correction)
-    ctx = make_context(run, s, exit_head, queued)
-    fresh = make_drafter(streams, tree=tree, branching=branching)  # a fresh window after a miss
-    rollout_slots = s.budget * (1 + branching * (gamma - 1)) + max(tree, lookup) if tree else s.budget * gamma + lookup
+                 lookup, tree)
+    ctx = make_context(run, s)
+    fresh = make_drafter(streams, tree=tree, branching=s.branching)  # a fresh window after a miss
+    rollout_slots = s.budget * (1 + s.branching * (gamma - 1)) + max(tree, lookup) if tree else s.budget * gamma + lookup
     stages = [stage for stage in (ctx.rollout_stage, ctx.correction_stage) if stage]
     channel_stages = [ctx.channel_stage] if ctx.channel_stage else []
     ctx.target_cache, ctx.draft_cache, first = prefill_pair(
@@ -335,46 +321,43 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
     yield first
     target_cache, draft_cache = ctx.target_cache, ctx.draft_cache
     fresh_label = f"fallback draft tree of {tree} tokens, depth {gamma}" if tree else f"fallback draft {gamma} tokens"
-    window, q = None, None  # the window: draft tokens, or a Tree with trees
+    window, q = None, None  # the next window (a Tree: a chain is a one-path tree) and its laws at T > 0
     correction = None  # the last step's correction rollout
     while not run.done:
-        step = run.next_step
+        index = run.next_step
         n = len(run.sequence)
         draft_cache.rollback(min(draft_cache.length, n - 1))
         copy = copy_from_context(run.sequence, lookup) if window is None and run.draft_sampler.greedy else []
         copied = bool(copy)
         if copied:  # the last step missed, and the context holds a continuation: copy it, no draft work
-            window, q = (graft(Tree([], [], [], []), copy) if tree else copy), None  # trees: a one-branch tree
+            window, q = graft(Tree([], [], [], []), copy), None
         corrected = correction.window() if window is None and correction is not None else None
         from_correction = corrected is not None
         if from_correction:  # the last step missed, and the draft lane rolled out from its outcome
-            window, q = corrected, None
+            window, q = chain(corrected), None
         fallback = window is None
         if fallback:  # the first step, or the last one missed: draft afresh, on the critical path
             proposal = ctx.ex.start(run.draft_lane, SpanKind.FALLBACK_DRAFT, fresh.propose, run, draft_cache, gamma,
-                                    label=fresh_label, step=step, tokens=gamma).result()
-            window, q = (proposal.tree if tree else proposal.tokens), proposal.q
+                                    label=fresh_label, step=index, tokens=gamma).result()
+            window, q = (proposal.tree if tree else chain(proposal.tokens)), proposal.q
             draft_cache.rollback(min(draft_cache.length, n - 1))
         last = correction
-        out = tree_step(ctx, window, step) if tree else chain_step(ctx, window, q, step)
+        out = step(ctx, window, q, index)
         if last is not None:  # the last step's correction rollout, done before this step's rollouts
             last.phase.result()
         correction = out.correction
-        if tree:
+        if tree:  # the forwards wrote the window's nodes after the sequence: keep the accepted path
             keep_path(target_cache, out.path, n)
-            keep_path(draft_cache, out.path, n)  # the rollouts wrote the window's nodes after the sequence
-            tokens, origins = window.committed(out.path, out.token)
-            proposed, drafted_tree = window.tokens, window.record(out.path)
+            keep_path(draft_cache, out.path, n)
         else:
-            tokens, origins = Verdict(len(out.path), out.token).committed(window)
-            proposed, drafted_tree = window, None
             target_cache.rollback(n + len(out.path))
             draft_cache.rollback(min(draft_cache.length, n + len(out.path)))
+        tokens, origins = window.committed(out.path, out.token)
         met = Rendezvous(exit_candidates=out.top_ids, branches=[(b.accepted, b.root, b.tokens) for b in out.branches],
                          branch_used=out.hit, fallback=fallback, copied=copied, corrected=from_correction,
                          branch_parents=[b.tree.parents for b in out.branches] if tree else [])
-        committed = run.commit(Step(step, tokens, origins, proposed=proposed, accepted=len(out.path),
-                                    tree=drafted_tree, rendezvous=met))
+        committed = run.commit(Step(index, tokens, origins, proposed=window.tokens, accepted=len(out.path),
+                                    tree=window.record(out.path) if tree else None, rendezvous=met))
         if run.done and correction is not None:  # the engine asks for no step after the last: record it now
             correction.phase.result()
         yield committed
@@ -382,5 +365,5 @@ def decode(run, gamma: int, kappa: int, exit_layer: int, branch_budget: int, str
             window, q = None, None
         else:
             used = out.branches[out.hit]
-            window = used.tree if tree else used.tokens
+            window = used.tree if tree else chain(used.tokens)
             q = torch.stack(used.q) if used.q else None

@@ -186,7 +186,3 @@ def roll_out_correction(ctx, window: list[int], picks: torch.Tensor, base: int) 
     zeros = torch.zeros(len(picks), 1, dtype=torch.float64, device=picks.device)
     ctx.draft_cache.length = base
     return roll_out_on_stage(ctx, window, Channel.of(picks[:, None], zeros, zeros[:-1, 0]), ctx.correction_stage)
-
-
-def rollout_label(branches: int, nodes: int, gamma: int) -> str:
-    return f"{branches} branches x tree of {nodes}, depth {gamma}"

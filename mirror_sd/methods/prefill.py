@@ -31,12 +31,12 @@ def prefill_pair(run, extra_draft_slots: int = 0, target_ranges=(FULL,), draft_r
     label = f"prefill {n} tokens"
     together, ex = prefills_side_by_side(pair), Threads()
     target = ex.start(run.target_lane, SpanKind.PREFILL, forward, pair.target, target_ids, target_cache, label=label,
-                      step=0, tokens=n, alone=not together)
+                      step=0, tokens=n)
     if not together:
         target.result()
     if n > 1:
         ex.start(run.draft_lane, SpanKind.PREFILL, forward, pair.draft, draft_ids, draft_cache, label=label, step=0,
-                 tokens=n - 1, alone=not together).result()
+                 tokens=n - 1).result()
     token = run.target_sampler.pick(target.result()[0, -1])
     return target_cache, draft_cache, run.commit(Step(0, [token], ["target"]))
 

@@ -208,29 +208,10 @@ def attach_exit_head(pair, head: ExitHead):
 
 def available_exit_head(pair, exit_layer: int) -> ExitHead | None:
     """The trained head for ``exit_layer`` if this pair has one (attached, or shipped with the embedded
-    target, loaded once and kept on the pair), else None: what ``exit_head=-1`` (auto) uses, falling
-    back to the logit lens."""
+    target, loaded once and kept on the pair), else None: Mirror-SD then reads the exit through the
+    logit lens. A pair with ``exit_heads[layer]`` None has no head at that layer."""
     if exit_layer not in pair.exit_heads and pair.embedded_target:
         folder = embedded_exit_heads().get(exit_layer)
         if folder is not None:
             pair.exit_heads[exit_layer] = load_exit_head(folder, pair.target)
     return pair.exit_heads.get(exit_layer)
-
-
-def exit_head_for(pair, exit_layer: int) -> ExitHead:
-    """The pair's trained early-exit head for ``exit_layer`` (``available_exit_head``), or a clear error
-    that says which layers have one."""
-    head = available_exit_head(pair, exit_layer)
-    if head is not None:
-        return head
-    layers = sorted(set(pair.exit_heads) | (set(embedded_exit_heads()) if pair.embedded_target else set()))
-    if not layers:
-        raise MirrorSDError(f"exit_head=1 needs an early-exit head trained for target {pair.target_name!r}; only "
-                            f"the embedded target ships them (train one with python -m mirror_sd.train exit-head "
-                            f"--target ... --exit-layer {exit_layer} --out HEAD, then pass --add-on HEAD, or "
-                            f"load_pair(add_ons=[HEAD])), or use exit_head=0")
-    have = ", ".join(map(str, layers))
-    raise MirrorSDError(f"this target's early-exit heads were trained for exit layer {have}, not {exit_layer}: "
-                        f"use one of those exit layers, or exit_head=0 (the target's LM head), or train one for "
-                        f"layer {exit_layer} (python -m mirror_sd.train exit-head --exit-layer {exit_layer}, then "
-                        f"--add-on)")

@@ -75,6 +75,9 @@ class ModelPair:
     graphs: str = "auto"  # fixed-shape stages: "on", "off", or "auto" (on for CUDA lanes); see new_cache
     buckets: str = "cheapest"  # a stage's window: at the "cheapest" bucket timed at capture, or the "smallest"
     kernels: str = "tuned"  # a stage's operations: "tuned" (the fastest, at capture; models/tuning.py) or "default"
+    # Mirror-SD's steps queued on the lanes' streams (executors.executor_for): "on" (on CPU lanes: the
+    # phases in turn, the reference order the tests and research/ run), "off", or "auto" (on CUDA lanes)
+    queue_steps: str = "auto"
     stage_sets: dict = field(default_factory=dict, repr=False)  # model -> its Stages (models/forwards.py)
 
     @property

@@ -16,10 +16,9 @@ DIR:
    and the MLP's gate and up), with the one chosen;
 2. the bench (vanilla, sd, eagle, ss, mirror; 2 prompts per category, 64 tokens, T = 0) on this
    machine's default devices with ``--graphs on`` (the methods on captured stages, each window at
-   its cheapest bucket; Mirror-SD's steps queued on the two streams), then vanilla and Mirror-SD
-   with ``--queued 0`` (the host choosing the branches between the streams: what queuing wins),
-   then every method with ``--kernels default`` (what the tuned kernels win), then again with
-   ``--buckets smallest`` (what that routing wins): ``bench-*/`` and ``bench-*.md``; after the
+   its cheapest bucket; Mirror-SD's steps queued on the two streams), then every method with
+   ``--kernels default`` (what the tuned kernels win), then again with ``--buckets smallest``
+   (what that routing wins): ``bench-*/`` and ``bench-*.md``; after the
    graphs-on bench, the host's time per step and per phase fitted on its traces, added to the
    stage profile: ``profile-<gpu>-graphs-host.json`` (whatif.py: ``fit_host``);
 3. the CUDA tests (``tests/test_cuda.py``; ``tests/test_stages.py``, whose graph tests run only
@@ -67,15 +66,12 @@ TESTS = ["tests/test_cuda.py", "tests/test_stages.py", "tests/test_graphs.py"]
 BENCH = ["--methods", "vanilla,sd,eagle,ss,mirror", "--per-category", "2", "--max-new-tokens", "64"]
 BENCHES = [  # (part, extra arguments, most seconds): graphs on, graphs off, the draft on the CPU
     ("bench-graphs-on", ["--graphs", "on", "--traces", "{out}/traces"], 150),
-    ("bench-host-rendezvous", ["--graphs", "on", "--methods", "vanilla,mirror", "--queued", "0"], 90),
     ("bench-default-kernels", ["--graphs", "on", "--kernels", "default"], 150),
     ("bench-smallest-bucket", ["--graphs", "on", "--buckets", "smallest"], 150),
     ("bench-graphs-off", ["--graphs", "off"], 150),
     ("bench-draft-cpu", ["--graphs", "auto", "--draft-device", "cpu"], 150),
 ]
 BENCH_TITLES = {"bench-graphs-on": "the methods on CUDA graphs (--graphs on), each window at its cheapest bucket",
-                "bench-host-rendezvous": "Mirror-SD's steps on the lanes' threads, the host choosing the branches "
-                                         "(--queued 0), against queued steps in bench-graphs-on",
                 "bench-default-kernels": "CUDA graphs, PyTorch's default kernels (--kernels default), "
                                          "against the tuned ones in bench-graphs-on",
                 "bench-smallest-bucket": "CUDA graphs, each window at its smallest bucket (--buckets smallest)",
@@ -368,12 +364,13 @@ def _method_stages(pair, t, exit_layer: int) -> dict:
     """stage -> (stage set, name) of the other stages the methods replay, where the pair has what they
     need: Mirror-SD's early exit (its default reader) and the streams' pass, on the target's set
     ``t``, and the EAGLE head's forward over pairs, on a set of its own."""
-    from ..methods.mirror import choose_exit_head, exit_reader
+    from ..methods.mirror import exit_reader
     from ..models.eagle import HeadStages, head_for
+    from ..models.exit_head import available_exit_head
     from ..models.forwards import name_range
     from ..models.streams import target_streams
 
-    reader = exit_reader(pair, choose_exit_head(pair, exit_layer, -1))
+    reader = exit_reader(pair, available_exit_head(pair, exit_layer))
     stages = {"early_exit": (t, name_range(t, (exit_layer, exit_layer, reader)))}
     try:
         streams = target_streams(pair)
@@ -492,7 +489,7 @@ def report(parts: list[dict], out: Path, gpu: str, budget_s: float) -> str:
     lines += refused_section(out)
     lines += ["", "Spans on CUDA lanes come from CUDA events. On CUDA lanes Mirror-SD's steps are queued on the "
                   "two streams (the draft stream waits for the token channel on a CUDA event; "
-                  "mirror_sd/executors.py: Streams); with --queued 0 the lanes' threads run them."]
+                  "mirror_sd/executors.py: Streams)."]
     return "\n".join(lines) + "\n"
 
 

@@ -225,7 +225,7 @@ def model_card(c: dict) -> ModelCard:
 - head(h) = h + rms(h) * {correction}
   started at zero (an untrained head is the logit lens); then the target's own final norm and LM head.
 - {c['trainable_parameters']:,} parameters, stored in fp32 (model.safetensors); config.json records the
-  target and the exit layer, which `mirror` checks (`exit_head=1`)."""
+  target and the exit layer, which `load_exit_head` checks."""
     data = f"""- {c['examples_train']} training / {c['examples_held_out']} held-out examples built by
   `python -m mirror_sd.train data` ({data_line(c)}). Sources and licences: `docs/corpora.md`. The bench prompts
   (`mirror_sd/data/bench_prompts.jsonl`) are excluded from the data.
@@ -245,7 +245,7 @@ target's final top-1 probability below {HARD}: where drafts get rejected). Held-
 What this does to Mirror-SD's hit rate and speed: `docs/experiments/mirror.md`."""
     return ModelCard(
         title=f"Early-exit head for {c['target']} (exit layer {c['exit_layer']})",
-        intro="""A trained early exit for `method="mirror"` with `exit_head=1`: it chooses which
+        intro="""A trained early exit for `method="mirror"` at its exit layer: it chooses which
 branches the draft rolls out, never what is committed (verification is unchanged, so decoding stays
 lossless). Trained by `python -m mirror_sd.train exit-head` (code: `mirror_sd/train/exit_head.py`,
 model: `mirror_sd/models/exit_head.py`).""",
