@@ -154,10 +154,10 @@ class TokenByToken(Drafter):
         if self.tree and self.copy_below:
             raise MirrorSDError("copy_below works on a chain of draft tokens, not on a tree: set tree=0 or copy_below=0")
 
-    def extra_slots(self, pair, gamma: int) -> tuple[int, int]:
+    def extra_slots(self, pair, gamma: int) -> int:
         """A tree's expanded nodes sit in the draft's cache while it grows (its target window, at most
         64 rows, fits the usual margin)."""
-        return (self.branching * (gamma - 1), 0) if self.tree else (0, 0)
+        return self.branching * (gamma - 1) if self.tree else 0
 
     def propose(self, run, cache, gamma: int) -> Proposal:
         if self.tree:  # temperature 0 only: the engine refuses a tree at T > 0

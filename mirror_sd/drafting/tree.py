@@ -140,8 +140,12 @@ def tree_window(tree: Tree, sequence: list[int], device) -> tuple[torch.Tensor, 
 
 def keep_path(cache, path: list[int], n: int):
     """After a forward over [root, nodes] written at slots n - 1, n, ...: the cache keeps the root and
-    the accepted path (nodes), moved to slots n - 1 .. n - 1 + A."""
-    cache.keep([n - 1] + [n + i for i in path], at=n - 1)
+    the accepted path (nodes), moved to slots n - 1 .. n - 1 + A. A path of the first A nodes (a
+    chain's) is in place already: the cache only forgets the rest."""
+    if path == list(range(len(path))):
+        cache.rollback(n + len(path))
+    else:
+        cache.keep([n - 1] + [n + i for i in path], at=n - 1)
 
 
 def walk_tree(tokens: list[int], children: dict[int, list[int]], logits_at, pick) -> tuple[list[int], int]:
