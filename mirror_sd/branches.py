@@ -24,48 +24,55 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .devices import to_device
+from .tree_rules import ancestors
 
-def chain_scores(top_ids: torch.Tensor, top_logp: torch.Tensor, window_logp: torch.Tensor,
-                 drafted: torch.Tensor, T: int | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores [R, kappa] (float64) and skip [R, kappa] of a chain window's hypotheses.
 
-    top_ids, top_logp [R, kappa]: the early exit's candidates at each row; window_logp [R'] with
-    R' >= T - 1: log p_exit(d_{r+1} at r); drafted [R'']: d_{r+1} at row r (R'' >= T - 1). T: the
-    rows in use (an int, or a [1] tensor inside a captured stage; None: all R). Rows past T are
-    padding: skipped, scored -inf.
-    """
+def step_end(prefix: torch.Tensor, top_logp: torch.Tensor) -> torch.Tensor:
+    """The shipped scoring: log P(the step ends at (r, v)) under the early exit, the path's log-prob
+    prefix [R] plus the candidate's own top_logp [R, kappa] (module docstring)."""
+    return prefix[:, None] + top_logp
+
+
+# Branch scorings by name: (prefix [R], top_logp [R, kappa], float64) -> the scores [R, kappa] the
+# budget keeps the best of. ``scoring`` (below) says which one both paths run: the host's choice
+# (``choose_branches``) and the rollout stage's (models/rollout.py: its spec is made with it).
+# research/branch_scoring.py adds its rules here and chooses each in turn.
+SCORINGS = {"step-end": step_end}
+_SCORING = ["step-end"]  # the setting: one name
+
+
+def use_scoring(name: str):
+    """Score the branches of the runs made from now on by ``SCORINGS[name]``."""
+    if name not in SCORINGS:
+        raise KeyError(f"no branch scoring {name!r}: one of {sorted(SCORINGS)}")
+    _SCORING[0] = name
+
+
+def scoring() -> str:
+    """The branch scoring in use (``use_scoring``); "step-end" unless chosen otherwise."""
+    return _SCORING[0]
+
+
+def branch_scores(top_ids: torch.Tensor, top_logp: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+                  node_logp: torch.Tensor, T: int | torch.Tensor, score=step_end) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores [R, kappa] (float64) and skip [R, kappa] of a window's hypotheses, rows [root, nodes]
+    (a chain: a one-path tree, row r + 1 the child of row r).
+
+    top_ids, top_logp [R, kappa]: the early exit's candidates at each row; tokens, parents [R]: each
+    row's token and parent row (tree_rules.py: the root and padding rows their own); node_logp [R]:
+    each row's token's log-prob at its parent's row (the root's unused). T: the rows in use (an int,
+    or a [1] tensor inside a captured stage); rows past it are padding: skipped, scored -inf. The
+    path sums run root to leaf, in row order: a parent's row comes before its children's."""
     R = top_ids.shape[0]
-    T = R if T is None else T
-    device = top_ids.device
-    row = torch.arange(R, device=device)
-    L = T - 1  # window tokens: row r < L holds d_{r+1}, an acceptance
-    window_logp, drafted = _rows(window_logp, R), _rows(drafted, R)
-    prefix = torch.cat([torch.zeros(1, dtype=torch.float64, device=device),
-                        torch.where(row < L, window_logp.double(), 0).cumsum(0)])[:R]  # [R]: path to row r
-    skip = ((row < L)[:, None] & (top_ids == drafted[:, None])) | (row >= T)[:, None]
-    scores = torch.where((row < T)[:, None], prefix[:, None] + top_logp.double(), float("-inf"))
-    return scores, skip
-
-
-def tree_scores(draft: list[int], parents: list[int], top_ids: torch.Tensor, top_logp: torch.Tensor,
-                window_logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores [T, kappa] (float64) and skip [T, kappa] over a tree window: row 0 the last committed
-    token, node i (token draft[i], parent parents[i], -1 the root) at row i + 1; window_logp [N]:
-    each node's log-prob at its parent's row. The path sums run root to leaf, one level at a time."""
-    device, T = top_ids.device, len(draft) + 1
-    prefix, node_logp = torch.zeros(T, dtype=torch.float64, device=device), window_logp.double()
-    depth = [0] * T
-    for i, p in enumerate(parents):
-        depth[i + 1] = depth[p + 1] + 1
-    for d in range(1, max(depth) + 1):  # every parent's sum is ready before its children's
-        nodes = [i for i in range(len(draft)) if depth[i + 1] == d]
-        at = torch.tensor([nodes, [parents[i] + 1 for i in nodes]], dtype=torch.long).to(device)
-        prefix[at[0] + 1] = prefix[at[1]] + node_logp[at[0]]
-    children = torch.zeros(T, len(draft), dtype=torch.bool)  # [row, node]: node is a child of the row
-    children[[p + 1 for p in parents], list(range(len(draft)))] = True
-    same = top_ids[:, :, None] == torch.tensor(draft, dtype=torch.long).to(device)[None, None, :]  # [T, kappa, N]
-    skip = (same & children.to(device)[:, None, :]).any(-1)
-    return prefix[:, None] + top_logp.double(), skip
+    row = torch.arange(R, device=top_ids.device)
+    real, node = row < T, (row > 0) & (row < T)  # [R]: rows in use; the nodes among them
+    seen = ancestors(parents)  # [R, R]: each row's ancestors and itself
+    prefix = torch.where(seen & node[None, :], node_logp.double()[None, :], 0).cumsum(-1)[:, -1]  # [R]: path to row r
+    children = (parents[None, :] == row[:, None]) & node[None, :]  # [R, R]: [row, node] the node is a child of the row
+    same = top_ids[:, :, None] == tokens[None, None, :]  # [R, kappa, R]: a candidate is that node's token
+    skip = (same & children[:, None, :]).any(-1) | ~real[:, None]  # an acceptance, not a branch point; or padding
+    return torch.where(real[:, None], score(prefix, top_logp.double()), float("-inf")), skip
 
 
 def rank_branches(scores: torch.Tensor, skip: torch.Tensor, top_ids: torch.Tensor, budget: int):
@@ -79,15 +86,17 @@ def rank_branches(scores: torch.Tensor, skip: torch.Tensor, top_ids: torch.Tenso
 
 
 def choose_branches(draft: list[int], top_ids: torch.Tensor, top_logp: torch.Tensor, window_logp: torch.Tensor,
-                    budget: int, parents: list[int] | None = None):
+                    budget: int, parents: list[int] | None = None, scoring_name: str | None = None):
     """The rows the draft rolls out for a window of draft tokens ``draft`` (a chain, or with
-    ``parents`` a tree), from the token channel where it lies, nothing read to the host:
-    (r, roots, scores, valid) [min(budget, T * kappa)], best first (module docstring)."""
-    if parents is None:
-        drafted = torch.tensor(draft, dtype=torch.long).to(top_ids.device)
-        scores, skip = chain_scores(top_ids, top_logp, window_logp, drafted)
-    else:
-        scores, skip = tree_scores(draft, parents, top_ids, top_logp, window_logp)
+    ``parents`` a tree), from the token channel where it lies (window_logp [N]: each draft token's
+    log-prob at its parent's row), nothing read to the host: (r, roots, scores, valid)
+    [min(budget, T * kappa)], best first (module docstring), scored by ``scoring_name`` (None: the
+    scoring in use)."""
+    parents = list(range(-1, len(draft) - 1)) if parents is None else parents  # a chain: a one-path tree
+    rows = to_device([[0, *draft], [0, *(p + 1 for p in parents)]], top_ids.device)  # [2, T]: token, parent row
+    node_logp = torch.cat([window_logp.new_zeros(1), window_logp[:len(draft)]])  # [T]
+    scores, skip = branch_scores(top_ids, top_logp, rows[0], rows[1], node_logp, len(draft) + 1,
+                                 SCORINGS[scoring_name or scoring()])
     return rank_branches(scores, skip, top_ids, budget)
 
 
@@ -141,10 +150,3 @@ class BranchTable:
 def branch_hit(branches: list[Branch], accepted: int, token: int) -> int | None:
     """The branch rolled out after ``accepted`` window tokens and ``token``, the step's outcome (None: a miss)."""
     return next((i for i, b in enumerate(branches) if (b.accepted, b.root) == (accepted, token)), None)
-
-
-def _rows(values: torch.Tensor, R: int) -> torch.Tensor:
-    """values [n] cut or padded with zeros to [R]."""
-    if values.shape[0] >= R:
-        return values[:R]
-    return torch.cat([values, values.new_zeros(R - values.shape[0])])

@@ -10,13 +10,14 @@ their other options at their defaults. Prints, and writes to --csv, each run's t
 vanilla in the same run (``bench.summarise``) and milliseconds per step of drafting (span ``draft``
 for sd; mirror's are ``fallback-draft`` and ``draft-rollout``; int8 on the CPU as by default), and
 checks every run against vanilla token for token. The draft is swapped between runs
-(``comparison.swap_draft``).
+(``pair.use_draft``).
 """
 from pathlib import Path
 
 from mirror_sd import load_pair
-from research.comparison import (SWEEPS, bench_prompts, comparison_parser, drafting_ms_per_step, interleave,
-                                 save_checked, summarise_runs, swap_draft)
+from mirror_sd.tools.bench import run_interleaved
+from research.comparison import (SWEEPS, bench_prompts, comparison_parser, drafting_ms_per_step, save_checked,
+                                 summarise_runs)
 
 CSV = SWEEPS / "compare_drafts.csv"
 COLUMNS = ["method", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "hit_rate",
@@ -41,8 +42,8 @@ def main():
                 run_drafts.append(draft)
                 labels.append(f"{method}, {Path(draft).name}, gamma {gamma}")
 
-    table = interleave(pair, bench_prompts(args.per_category), runs, args.max_new_tokens,
-                       lambda index: swap_draft(pair, run_drafts[index]), desc="compare drafts")
+    table = run_interleaved(pair, bench_prompts(args.per_category), runs, args.max_new_tokens,
+                            setup=lambda index: pair.use_draft(run_drafts[index]), desc="compare drafts")
     summary, per_step = summarise_runs(table, labels)
     summary["draft_ms_per_step"] = drafting_ms_per_step(summary, per_step)
     save_checked(summary[COLUMNS], args.csv, "every draft must keep its method lossless")

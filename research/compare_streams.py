@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from mirror_sd import load_pair
 from mirror_sd.models.streams import use_streams
-from mirror_sd.tools.bench import summarise
-from research.comparison import bench_prompts, comparison_parser, interleave
+from mirror_sd.tools.bench import run_interleaved, summarise
+from research.comparison import bench_prompts, comparison_parser
 
 
 def main():
@@ -32,7 +32,7 @@ def main():
             use_streams(pair, folders[index])
 
     runs = [("vanilla", {})] + [("ss", dict(lookup=args.lookup))] * len(args.streams)
-    table = interleave(pair, prompts, runs, args.max_new_tokens, attach, desc="compare streams")
+    table = run_interleaved(pair, prompts, runs, args.max_new_tokens, setup=attach, desc="compare streams")
     table["method"] = ["vanilla" if r == 0 else f"ss {folders[r]}" for r in table["run"]]
     summary = summarise(table).set_index("method")
     print(summary[["mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla"]].round(3).to_markdown())

@@ -1,13 +1,12 @@
 """What the comparison scripts share: the command-line options that choose the bench prompts and
-the answer length, those prompts, the interleaved run with a set-up step before each run, the
-swap of a loaded pair's draft, and the summary of an interleaved run.
+the answer length, those prompts, and the summary of an interleaved run.
 
     parser = comparison_parser(__doc__)   # --per-category (default 2), --max-new-tokens (default 64)
     ...                                   # the script's own options
     args = parser.parse_args()
     prompts = bench_prompts(args.per_category)
-    table = run_interleaved(...)          # mirror_sd.tools.bench, or interleave(..., setup) to change
-                                          # more than a method's options between runs
+    table = run_interleaved(...)          # mirror_sd.tools.bench; its setup(index) changes more than a
+                                          # method's options between runs
     summary, per_step = summarise_runs(table, labels)
     summary["drafting_ms"] = drafting_ms_per_step(summary, per_step)   # if the script wants it
     add_ms_per_step(summary, per_step, ["draft", "verify"])            # or these
@@ -18,11 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-import pandas as pd
-from tqdm import tqdm
-
-from mirror_sd.tools.bench import (DEFAULT_PROMPTS, WARMUP_TOKENS, first_per_category, read_prompts, run_prompt,
-                                   step_ms, summarise)
+from mirror_sd.tools.bench import DEFAULT_PROMPTS, first_per_category, read_prompts, step_ms, summarise
 
 SWEEPS = Path(__file__).resolve().parents[1] / "docs" / "sweeps"  # where the scripts' CSV records go
 
@@ -39,34 +34,6 @@ def comparison_parser(doc: str) -> argparse.ArgumentParser:
 def bench_prompts(per_category: int) -> list[dict]:
     """The first ``per_category`` bench prompts of each category."""
     return first_per_category(read_prompts(DEFAULT_PROMPTS), per_category)
-
-
-def interleave(pair, prompts: list[dict], runs: list[tuple[str, dict]], max_new_tokens: int, setup,
-               desc: str = "runs") -> pd.DataFrame:
-    """``bench.run_interleaved`` for runs that differ in more than a method's options: ``setup(index)``
-    is called before each run (warm-up included) to put in place what run ``index`` of ``runs``
-    needs (another draft, other streams, a patched function). Rows of ``bench.run_prompt``, with
-    ``run`` (the index in ``runs``; run 0 is vanilla, the reference) and ``equal_to_vanilla``."""
-    first = dict(prompts[0], turns=prompts[0]["turns"][:1])
-    for index, (method, options) in enumerate(runs):  # untimed warm-up, as run_interleaved's
-        setup(index)
-        run_prompt(pair, first, method, min(WARMUP_TOKENS, max_new_tokens), **options)
-    rows = []
-    for item in tqdm(prompts, desc=desc, unit="prompt"):
-        for index, (method, options) in enumerate(runs):
-            setup(index)
-            row = run_prompt(pair, item, method, max_new_tokens, **options)
-            if index == 0:
-                reference = row["token_ids"]
-            row["equal_to_vanilla"] = row.pop("token_ids") == reference
-            rows.append(dict(row, run=index))
-    return pd.DataFrame(rows).sort_values("run", kind="stable").reset_index(drop=True)
-
-
-def swap_draft(pair, draft: str):
-    """Make ``draft`` (a folder or model name) the loaded pair's draft: the one place the scripts
-    change a pair's draft."""
-    pair.use_draft(draft)
 
 
 def summarise_runs(table, labels: list[str]):

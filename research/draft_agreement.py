@@ -28,7 +28,7 @@ from mirror_sd import generate, load_pair
 from mirror_sd.engine import to_target_vocab
 from mirror_sd.drafting.lookup import copy_from_context
 from mirror_sd.train.draft import answer_labels, evaluate, read_examples
-from research.comparison import bench_prompts, comparison_parser, swap_draft
+from research.comparison import bench_prompts, comparison_parser
 
 MAX_LEN = 512  # tokens of context per data example, the end kept: train draft's default (--max-len)
 EVAL_BATCH_TOKENS = 8192  # tokens per evaluation batch (only the speed depends on it)
@@ -113,7 +113,7 @@ def main():
     examples = read_examples([args.data])[:300] if args.data else []
     rows, bands = [], []
     for draft in args.drafts:
-        swap_draft(pair, shipped if draft == "default" else draft)
+        pair.use_draft(shipped if draft == "default" else draft)
         tokens = token_table(pair, answers, confidence)
         row = dict(draft=draft, **tokens.groupby("category", sort=False).agree.mean())
         row["bench_top1"] = tokens.agree.mean()

@@ -11,7 +11,6 @@ bound is 0.1.
 """
 from mirror_sd import load_pair
 from mirror_sd.tools.tradeoff import forward_ms
-from research.comparison import swap_draft
 
 
 def main():
@@ -27,7 +26,7 @@ def main():
     print(f"target: {target_ms:.2f} ms")
     for draft in args.drafts:
         if draft != "default":
-            swap_draft(pair, draft)
+            pair.use_draft(draft)
         for int8 in (False, True):
             pair.int8_drafting = int8  # the draft converted to int8 products, or back to fp32
             ms = forward_ms(pair.draft, args.context, args.repeats)

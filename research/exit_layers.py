@@ -20,9 +20,9 @@ from pathlib import Path
 
 from mirror_sd.models.exit_head import attach_exit_head, load_exit_head
 from mirror_sd.models.pair import load_pair
+from mirror_sd.tools.bench import run_interleaved
 
-from .comparison import SWEEPS, add_ms_per_step, bench_prompts, comparison_parser, interleave, save_checked, \
-    summarise_runs
+from .comparison import SWEEPS, add_ms_per_step, bench_prompts, comparison_parser, save_checked, summarise_runs
 
 
 def parse_heads(specs: list[str]) -> list[tuple[int, Path]]:
@@ -57,7 +57,8 @@ def main():
         if index >= 2:
             attach_exit_head(pair, heads[configs[index - 2][0]])
 
-    table = interleave(pair, bench_prompts(args.per_category), runs, args.max_new_tokens, setup, desc="exit layers")
+    table = run_interleaved(pair, bench_prompts(args.per_category), runs, args.max_new_tokens, setup=setup,
+                            desc="exit layers")
     summary, per_step = summarise_runs(table, labels)
     add_ms_per_step(summary, per_step, ["target-prefix", "draft-rollout", "target-suffix", "fallback-draft"])
     save_checked(summary, Path(args.out), "the exit head only chooses branches")

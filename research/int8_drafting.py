@@ -4,14 +4,15 @@
 
 On the bench prompts, prompt by prompt: vanilla, then each method with int8 drafting (the
 default: ``load_pair(int8_drafting=True)``, models/linear.py), then with fp32 drafting
-(``comparison.interleave``, warmed up first). Prints, and writes to
+(``bench.run_interleaved``, warmed up first). Prints, and writes to
 docs/sweeps/int8_drafting.csv, each run's tau, speed against vanilla (``bench.summarise``) and
 milliseconds per step of drafting work (spans draft, fallback-draft and draft-rollout:
 ``bench.step_ms``), and checks every run against vanilla token for token.
 """
 from mirror_sd import load_pair
-from research.comparison import (SWEEPS, bench_prompts, comparison_parser, drafting_ms_per_step, interleave,
-                                 save_checked, summarise_runs)
+from mirror_sd.tools.bench import run_interleaved
+from research.comparison import (SWEEPS, bench_prompts, comparison_parser, drafting_ms_per_step, save_checked,
+                                 summarise_runs)
 
 CSV = SWEEPS / "int8_drafting.csv"
 COLUMNS = ["method", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla", "wall_s",
@@ -32,8 +33,8 @@ def main():
     def setup(index):
         pair.int8_drafting = int8[index]
 
-    table = interleave(pair, bench_prompts(args.per_category), runs, args.max_new_tokens, setup,
-                       desc="int8 drafting")
+    table = run_interleaved(pair, bench_prompts(args.per_category), runs, args.max_new_tokens, setup=setup,
+                            desc="int8 drafting")
     summary, per_step = summarise_runs(table, labels)
     summary["drafting_ms_per_step"] = drafting_ms_per_step(summary, per_step)
     save_checked(summary[COLUMNS], CSV, "int8 drafting must stay lossless")

@@ -9,8 +9,8 @@ vanilla token for token.
 """
 from mirror_sd import load_pair
 from mirror_sd.drafting import lookup
-from mirror_sd.tools.bench import summarise
-from research.comparison import bench_prompts, comparison_parser, interleave
+from mirror_sd.tools.bench import run_interleaved, summarise
+from research.comparison import bench_prompts, comparison_parser
 
 SHIPPED = lookup.NGRAM_SIZES
 WITHOUT_ONE = (3, 2)
@@ -28,8 +28,8 @@ def main():
         lookup.NGRAM_SIZES = RUNS[index][1]
 
     try:
-        table = interleave(pair, prompts, [(method, {}) for method, _ in RUNS], args.max_new_tokens, use_ngrams,
-                           desc="lookup n-grams")
+        table = run_interleaved(pair, prompts, [(method, {}) for method, _ in RUNS], args.max_new_tokens,
+                                setup=use_ngrams, desc="lookup n-grams")
     finally:
         lookup.NGRAM_SIZES = SHIPPED
     table["method"] = ["vanilla" if r == 0 else f"{RUNS[r][0]} {RUNS[r][1]}" for r in table["run"]]

@@ -1,15 +1,14 @@
-"""sd with the draft checking its own streams' lookahead (streams=2): chain, tree, lookup and
-overshoot, in one interleaved run.
+"""sd with each of the draft's drafters, in one interleaved run: token by token (streams=0), its
+streams in one unchecked forward (streams=1), and checking its streams' lookahead (streams=2,
+drafting/streamed.py: checked_window, with its lookahead tree and copied branch).
 
-    python -m research.sd_lookahead [--per-category 2] [--max-new-tokens 64] [--runs 0,6]
+    python -m research.sd_lookahead [--per-category 2] [--max-new-tokens 64] [--runs 0,2]
 
 On the bench prompts, prompt by prompt (``bench.run_interleaved``, warmed up first): vanilla, then
-``sd`` at gamma 5 with the shipped draft drafting token by token (streams=0), in one unchecked
-forward (streams=1), and checking its streams' lookahead (streams=2, drafting/streamed.py:
-checked_window) as a chain of the streams' argmaxes, as a tree (top_k candidates per stream,
-total_tokens nodes), with a branch copied from the context (lookup), and with windows that keep
-lookahead accepted past gamma (overshoot=1). ``--runs`` keeps some of them (numbers in the order
-of ``RUNS``, from 0), for a run on more prompts.
+``sd`` at gamma 5 with the shipped draft. ``--runs`` keeps some of them (numbers in the order of
+``RUNS``, from 0), for a run on more prompts. The lookahead's other forms (a chain, wider trees,
+no lookup, windows past gamma) were options of sd until commit 925836f, where this script ran them
+too (docs/experiments/draft.md#a-lookahead-tree-context-lookup-and-overshoot---streams-2).
 
 Prints, and writes to docs/sweeps/sd_lookahead_N_prompts.csv (N: 12 with the default
 ``--per-category 2``), each run's tau, speed against vanilla (``bench.summarise``), draft tokens
@@ -21,16 +20,10 @@ from mirror_sd.tools.bench import run_interleaved
 from research.comparison import (SWEEPS, add_ms_per_step, bench_prompts, comparison_parser, save_checked,
                                  summarise_runs)
 
-TREE = dict(streams=2, top_k=8, lookup=8)
 RUNS = {  # label -> sd options (gamma 5 for all)
     "streams 0 (token by token)": dict(streams=0),
     "streams 1 (one forward, unchecked)": dict(streams=1),
-    "streams 2, chain": dict(streams=2, top_k=1, lookup=0),
-    "streams 2, tree 4 nodes + lookup 8": dict(TREE, total_tokens=4),
-    "streams 2, tree 8 nodes + lookup 8": dict(TREE, total_tokens=8),
-    "streams 2, tree 8 nodes + lookup 8, overshoot": dict(TREE, total_tokens=8, overshoot=1),
-    "streams 2, tree 16 nodes + lookup 8, overshoot": dict(TREE, total_tokens=16, overshoot=1),
-    "streams 2, tree 32 nodes + lookup 8, overshoot": dict(TREE, total_tokens=32, overshoot=1),
+    "streams 2 (lookahead tree 4 nodes + lookup 8)": dict(streams=2),
 }
 COLUMNS = ["method", "new_tokens", "mean_accepted", "tokens_per_s", "speedup", "equal_to_vanilla",
            "draft_tokens_per_forward", "window", "draft_ms_per_step", "verify_ms_per_step", "wall_s"]

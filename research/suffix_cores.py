@@ -5,15 +5,15 @@
 On a CPU the two lanes split the cores, so the suffix runs on one core beside the rollouts; the
 rollouts usually end first, and the suffix then takes both cores for its remaining layers and its LM
 head (``Lane.widen_when_done``, called by ``methods/mirror.py: target_suffix``). Interleaved on the
-bench prompts (``comparison.interleave``, warmed up first): vanilla, then mirror as shipped, then
+bench prompts (``bench.run_interleaved``, warmed up first): vanilla, then mirror as shipped, then
 mirror with the suffix kept on its one core. Prints each one's tau, speed against vanilla and the
 suffix's milliseconds per step (``bench.summarise``, ``bench.step_ms``), and checks every run
 against vanilla token for token.
 """
 from mirror_sd import load_pair
 from mirror_sd.devices import Lane
-from mirror_sd.tools.bench import step_ms, summarise
-from research.comparison import bench_prompts, comparison_parser, interleave
+from mirror_sd.tools.bench import run_interleaved, step_ms, summarise
+from research.comparison import bench_prompts, comparison_parser
 
 SHIPPED = Lane.widen_when_done
 LABELS = ["vanilla", "mirror", "mirror, suffix on one core"]
@@ -30,8 +30,8 @@ def main():
         Lane.widen_when_done = SHIPPED if index < 2 else (lambda lane, beside: None)
 
     try:
-        table = interleave(pair, bench_prompts(args.per_category), runs, args.max_new_tokens, setup,
-                           desc="suffix cores")
+        table = run_interleaved(pair, bench_prompts(args.per_category), runs, args.max_new_tokens, setup=setup,
+                                desc="suffix cores")
     finally:
         Lane.widen_when_done = SHIPPED
     table["method"] = [LABELS[r] for r in table["run"]]  # one row per run in the summaries

@@ -221,7 +221,7 @@ def calls(parts: list[Path], repo: Path, run: str = GPU_CHECK) -> str:
     return "\n".join(lines)
 
 
-SWEEPS = ('timeout 90 python3 -m research.host_samples --graphs on > $OUT/host_samples.md 2> /tmp/host_samples.log; '
+SWEEPS = ('timeout 90 python3 -m mirror_sd.tools.host_samples --graphs on > $OUT/host_samples.md 2> /tmp/host_samples.log; '
           'timeout 60 python3 -m mirror_sd bench --methods vanilla,eagle,mirror --exit-layer 14 --branch-budget 4 '
           '--total-tokens 7 --graphs on --per-category 2 --max-new-tokens 64 --out /tmp/sweeps/head-to-head '
           '> /dev/null 2>&1; '

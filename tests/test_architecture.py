@@ -16,8 +16,8 @@ PACKAGES = ("mirror_sd", "app", "scripts", "research")
 # "mirror_sd.__init__" is the package's face alone.
 LAYERS = [
     ("foundation", ["mirror_sd.errors", "mirror_sd.options", "mirror_sd.sampling", "mirror_sd.trace",
-                    "mirror_sd.branches", "mirror_sd.tree_growth", "mirror_sd.devices", "mirror_sd.executors",
-                    "mirror_sd.nvml"]),
+                    "mirror_sd.branches", "mirror_sd.tree_growth", "mirror_sd.tree_rules", "mirror_sd.devices",
+                    "mirror_sd.executors", "mirror_sd.nvml"]),
     ("models", ["mirror_sd.models"]),
     ("drafting", ["mirror_sd.drafting"]),
     ("methods", ["mirror_sd.methods"]),

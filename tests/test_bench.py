@@ -221,10 +221,10 @@ def test_runs_go_prompt_by_prompt(monkeypatch):
     assert list(results.method) == ["vanilla", "vanilla", "sd", "sd"] and results.equal_to_vanilla.all()
 
 
-def test_the_scripts_interleave_sets_up_each_run_before_it(monkeypatch):
-    """research.comparison.interleave: as run_interleaved, with setup(index) before every run (warm-up
-    included), and each run checked against vanilla's tokens on the same prompt."""
-    import research.comparison as comparison
+def test_a_setup_before_each_run_puts_in_place_what_it_needs(monkeypatch):
+    """run_interleaved's ``setup(index)`` (research/ changes more than a method's options with it): called
+    before every run, warm-up included, and each run checked against vanilla's tokens on the same prompt."""
+    import mirror_sd.tools.bench as bench_module
     calls = []
 
     def fake_run_prompt(pair, item, method, max_new_tokens, **options):
@@ -233,26 +233,14 @@ def test_the_scripts_interleave_sets_up_each_run_before_it(monkeypatch):
         return dict(method=method, id=item["id"], category="qa", new_tokens=4, steps=4, mean_accepted=1.0, wall_s=1.0,
                     tokens_per_s=4.0, hit_rate=None, overlap=None, token_ids=tokens)
 
-    monkeypatch.setattr(comparison, "run_prompt", fake_run_prompt)
+    monkeypatch.setattr(bench_module, "run_prompt", fake_run_prompt)
     prompts = [dict(id="a", category="qa", turns=["x"]), dict(id="b", category="qa", turns=["y"])]
-    results = comparison.interleave(None, prompts, [("vanilla", {}), ("sd", {"gamma": 3})], 4,
-                                    lambda index: calls.append(("setup", index)))
+    results = bench_module.run_interleaved(None, prompts, [("vanilla", {}), ("sd", {"gamma": 3})], 4,
+                                           setup=lambda index: calls.append(("setup", index)))
     runs = [("setup", 0), ("a", "vanilla", None), ("setup", 1), ("a", "sd", 3)]
     assert calls == runs + runs + [("setup", 0), ("b", "vanilla", None), ("setup", 1), ("b", "sd", 3)]  # warm-up first
     assert list(results.run) == [0, 0, 1, 1] and list(results.method) == ["vanilla", "vanilla", "sd", "sd"]
     assert list(results.equal_to_vanilla) == [True, True, True, False] and "token_ids" not in results
-
-
-def test_the_scripts_swap_drafts_through_one_function():
-    import research.comparison as comparison
-
-    class Pair:
-        def use_draft(self, draft):
-            self.draft = draft
-
-    pair = Pair()
-    comparison.swap_draft(pair, "other-draft")
-    assert pair.draft == "other-draft"
 
 
 def test_a_method_off_vanillas_tokens_at_temperature_0_is_named():

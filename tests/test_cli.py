@@ -109,7 +109,9 @@ def test_methods_lists_each_option_as_its_command_line_flag(capsys):
         for opt in method.options:
             assert f"--{opt.name.replace('_', '-')} (default {opt.default}" in line
     assert "--top-k" in listing and "--top_k" not in listing
-    assert "--top-k (default 8; with --streams 2)" in listing  # sd's lookahead tree: one drafter's option
+    assert "--branching (default 4; with --streams 0)" in listing  # sd's draft tree: one drafter's option
+    sd = next(row for row in listing.splitlines() if row.startswith("sd "))
+    assert sd.count("(default") == len(METHODS["sd"].options) <= 5
     assert "--tree (default 0; with --streams 0; temperature 0 only)" in listing
 
 

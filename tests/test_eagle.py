@@ -34,12 +34,11 @@ def test_tree_mask_and_positions_on_a_hand_built_tree():
 
 def test_greedy_walk_follows_the_target_argmax():
     tokens = [5, 6, 7, 8, 9]
-    children = Tree(tokens, PARENTS, DEPTHS, [0.0] * 5).children()
     argmax = [5, 8, 0, 0, 2, 0]  # per row (root, then node i at i + 1): root -> a (5), a -> d (8), d a leaf: bonus 2
     logits = torch.nn.functional.one_hot(torch.tensor(argmax), 16).float()  # [N + 1, V]
-    assert walk_tree_greedy(tokens, children, logits) == ([0, 3], 2)
+    assert walk_tree_greedy(tokens, PARENTS, logits) == ([0, 3], 2)
     logits[0] = torch.nn.functional.one_hot(torch.tensor(11), 16).float()  # no child of the root matches: correction 11
-    assert walk_tree_greedy(tokens, children, logits) == ([], 11)
+    assert walk_tree_greedy(tokens, PARENTS, logits) == ([], 11)
 
 
 @pytest.fixture(scope="module")

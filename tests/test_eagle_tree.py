@@ -57,10 +57,10 @@ def test_one_replay_drafts_the_tree_the_head_grows_step_by_step(tiny_head, depth
 
 
 def test_an_eagle_step_on_stages_leaves_the_host_a_few_dozen_operations(tiny_dirs, tiny_head, monkeypatch):
-    """research/host_ops.py: around the stages, an EAGLE step runs a few dozen operations (its draft and
+    """mirror_sd/tools/host_ops.py: around the stages, an EAGLE step runs a few dozen operations (its draft and
     its verification one replay each); the plain forwards run every layer's and every tree level's
     one by one."""
-    from research.host_ops import count_ops, replay_outside_the_count
+    from mirror_sd.tools.host_ops import count_ops, replay_outside_the_count
 
     monkeypatch.setattr(Stage, "replay", replay_outside_the_count(Stage.replay))
     pair = load_pair(target=str(tiny_dirs["target"]), draft=None, graphs="on")

@@ -66,7 +66,7 @@ def test_the_draft_s_picks_are_the_argmax_over_its_rows_laid_on_the_target_s_voc
 
 
 def test_a_swapped_draft_is_the_one_that_drafts_and_swapping_back_reuses_the_first(tiny_dirs):
-    """ModelPair.use_draft (research/comparison.py: swap_draft): after a swap, sd and mirror draft with the new
+    """ModelPair.use_draft (research/ swaps drafts with it): after a swap, sd and mirror draft with the new
     draft (a reduced head proposes only its own tokens; mirror's early-exit rows follow its head)
     and still commit vanilla's tokens; swapping back by name gives the very model loaded first."""
     from mirror_sd import load_pair

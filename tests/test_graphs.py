@@ -101,11 +101,11 @@ def stage_runs(monkeypatch):
 
 METHODS = [
     ("vanilla", {}, {"full"}),
-    # sd: the draft's gamma forwards one stage (models/chain_draft.py), verified as a one-branch tree
-    # (models/eagle_verify.py)
+    # sd: the draft's gamma forwards one stage (models/chain_draft.py); every window verified as a
+    # tree (a chain: one path) on the tree verify stage (models/eagle_verify.py)
     ("sd", dict(gamma=3), {"full", "chain draft of 3 as a tree", "tree verify"}),
-    ("sd", dict(gamma=3, streams=1), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
-    ("sd", dict(gamma=3, streams=2), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2"}),
+    ("sd", dict(gamma=3, streams=1), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2", "tree verify"}),
+    ("sd", dict(gamma=3, streams=2), {"full", "layers 0-1", "layers 1-2 + head", "streams 1-2", "tree verify"}),
     ("sd", dict(gamma=3, tree=6, branching=2), {"full", "tree verify"}),  # the draft's tree levels; the target's
     # tree verify one stage (models/eagle_verify.py)
     ("mirror", dict(gamma=3, exit_layer=1, lookup=0, queue_steps="off"),  # on the lanes' threads: the token channel and
@@ -156,7 +156,7 @@ def test_every_method_on_stages_commits_vanillas_tokens(pair, stage_runs, monkey
     ("eagle", dict(lookup=0), "verify_tree"), ("eagle", dict(lookup=8), "verify_tree"),
     ("ss", dict(gamma=3, top_k=2, total_tokens=4, lookup=0), "verify_tree"),
     ("ss", dict(gamma=3, top_k=2, total_tokens=4, lookup=8), "verify_tree"),
-    ("sd", dict(gamma=3), "verify")], ids=["eagle", "eagle-lookup", "ss", "ss-lookup", "sd"])
+    ("sd", dict(gamma=3), "verify_tree")], ids=["eagle", "eagle-lookup", "ss", "ss-lookup", "sd"])
 def test_a_step_on_stages_reads_the_host_once_unless_it_copies_from_the_context(pair, monkeypatch, method, options,
                                                                                 plain):
     """On its one-stage draft and verification a greedy EAGLE, ss or sd (chain) step is queued on the

@@ -44,7 +44,9 @@ def channel(T: int, kappa: int, window: list[int], seed: int):
 def test_one_replay_rolls_out_the_branches_the_device_chooses(pair, T, kappa, budget, gamma, unseen):
     """After a prompt the draft has seen but its last ``unseen`` tokens: the stage's valid branches
     (order, scores) and their tokens are those of the branch rule (mirror_sd/branches.py) and ``roll_out_chains``
-    on the plain forward, and every row past them is marked invalid; the chain's keys and values match."""
+    on the plain forward, and every row past them is marked invalid; the chain's keys and values
+    match, and where both roll out as many branches, every root's and rolled-out token's (the same
+    rows, positions and views, written at the same slots)."""
     draft, V = pair.draft, pair.target.args.vocab_size
     rows = max(T, 3)
     spec = Rollouts(min(budget, rows * kappa), gamma, kappa, rows, V)
@@ -66,7 +68,9 @@ def test_one_replay_rolls_out_the_branches_the_device_chooses(pair, T, kappa, bu
     assert got == expected and len(got) > 0
     assert not table[len(expected):, 2].any()
     C = unseen + len(window)
-    assert torch.allclose(staged.k[:, :, :, :4 + C], plain.k[:, :, :, :4 + C], atol=1e-5)
+    used = 4 + C + (gamma * spec.budget if spec.budget == len(r) else 0)  # where both roll out as many branches:
+    assert torch.allclose(staged.k[:, :, :, :used], plain.k[:, :, :, :used], atol=1e-5)  # every root and token
+    assert torch.allclose(staged.v[:, :, :, :used], plain.v[:, :, :, :used], atol=1e-5)  # at the same slot
 
 
 def test_a_stage_refuses_what_it_cannot_hold(pair):
@@ -80,10 +84,10 @@ def test_a_stage_refuses_what_it_cannot_hold(pair):
 
 
 def test_a_queued_step_on_stages_commits_vanillas_tokens_with_far_fewer_host_operations(tiny_dirs, pair, monkeypatch):
-    """research/host_ops.py: a queued Mirror-SD step on stages (the token channel and the draft's work one
+    """mirror_sd/tools/host_ops.py: a queued Mirror-SD step on stages (the token channel and the draft's work one
     replay each) commits vanilla's tokens and runs under half the host operations of one whose channel
     and rollouts run a forward at a time."""
-    from research.host_ops import count_ops, replay_outside_the_count
+    from mirror_sd.tools.host_ops import count_ops, replay_outside_the_count
 
     monkeypatch.setattr(Stage, "replay", replay_outside_the_count(Stage.replay))
     staged = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on")

@@ -324,10 +324,10 @@ def test_capture_writes_scratch_slots_only(tiny_dirs):
 
 
 def test_host_ops_counts_the_operations_around_a_stage_not_inside_it(tiny_dirs, monkeypatch):
-    """research/host_ops.py: a vanilla step on a stage runs a handful of operations around the
+    """mirror_sd/tools/host_ops.py: a vanilla step on a stage runs a handful of operations around the
     stage's body (the window copied in, the token picked); the plain forward runs every layer's."""
     from mirror_sd import load_pair
-    from research.host_ops import count_ops, replay_outside_the_count
+    from mirror_sd.tools.host_ops import count_ops, replay_outside_the_count
 
     monkeypatch.setattr(Stage, "replay", replay_outside_the_count(Stage.replay))
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), graphs="on",
@@ -340,14 +340,14 @@ def test_host_ops_counts_the_operations_around_a_stage_not_inside_it(tiny_dirs, 
 
 
 def test_host_samples_charges_the_decoding_threads_time_to_the_engines_lines(tiny_dirs):
-    """research/host_samples.py: every sample of the decoding thread goes to the innermost line of
+    """mirror_sd/tools/host_samples.py: every sample of the decoding thread goes to the innermost line of
     mirror_sd/ on its stack (here, on the CPU, mostly a wait for the lane's worker), or to
     "(outside)" for a stack without one (this test's own frame); the shares add up to 1."""
     import re
     import sys
 
     from mirror_sd import load_pair
-    from research.host_samples import OUTSIDE, innermost_engine_line, sample_method
+    from mirror_sd.tools.host_samples import OUTSIDE, innermost_engine_line, sample_method
 
     assert innermost_engine_line(sys._getframe()) == OUTSIDE
     pair = load_pair(target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), target_device="cpu",

@@ -127,9 +127,9 @@ def test_a_sharded_model_runs_the_streams_with_their_adapters(tiny_dirs):
 
 
 def test_a_streams_stage_runs_fewer_operations_merged_than_with_the_adapters(tiny_dirs, monkeypatch):
-    """research/stage_ops.py counts what a stage's body dispatches: the streams' stage over their merged
+    """mirror_sd/tools/stage_ops.py counts what a stage's body dispatches: the streams' stage over their merged
     layers runs about what the target's own top layer and head run, and fewer than with the adapters."""
-    from research.stage_ops import stage_rows
+    from mirror_sd.tools.stage_ops import stage_rows
 
     pair = load_pair(target=str(tiny_dirs["target"]), draft=None, target_device="cpu", graphs="on")
     streams = streams_for(pair.target, next_token_rank=0)

@@ -1,9 +1,10 @@
 """Drafters: what proposes the draft tokens a target verifies, apart from how they are verified.
 
 A drafter proposes a window for the committed prefix of a run: ``propose(run, cache, gamma)``
-returns a :class:`Proposal` (the tokens, their laws q at T > 0, and what the work was). ``settle``
-tells it how much of the window the target accepted, for drafters that carry something over to
-the next window. Each drafter carries only its own options (``OPTIONS``).
+returns a :class:`Proposal` (the tokens, their laws q at T > 0, and what the work was), whose
+``window()`` is what the target verifies: a draft tree, or the chain as a tree of one path.
+``settle`` tells it how much of the window the target accepted, for drafters that carry something
+over to the next window. Each drafter carries only its own options (``OPTIONS``: token by token's).
 
 The draft model's drafters, picked by a method's ``streams`` option (``DRAFTERS``):
 

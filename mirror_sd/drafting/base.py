@@ -21,6 +21,14 @@ class Proposal:
     work: DraftWork  # draft forwards, copies, lookahead checked
     tree: Tree | None = None  # the draft tree the tokens are the nodes of (None: a chain)
 
+    def window(self) -> Tree:
+        """What the target verifies: the draft tree, or the chain as a one-path tree (token i the
+        parent of token i + 1, carrying its law q)."""
+        if self.tree is not None:
+            return self.tree
+        n = len(self.tokens)
+        return Tree(self.tokens, list(range(-1, n - 1)), list(range(1, n + 1)), [None] * n, self.q)
+
 
 class Drafter:
     """Proposes windows for a run's committed prefix; see the module docstring."""
@@ -32,9 +40,9 @@ class Drafter:
     def check(self, pair, gamma: int):
         """Refuse, with a MirrorSDError, a pair or window this drafter cannot draft with."""
 
-    def extra_slots(self, pair, gamma: int) -> tuple[int, int]:
-        """Cache room beyond a window of gamma: (draft cache, target cache)."""
-        return 0, 0
+    def extra_slots(self, pair, gamma: int) -> int:
+        """The draft cache's room beyond a window of gamma (a tree's nodes while it grows)."""
+        return 0
 
     def layer_ranges(self, pair, gamma: int = 0, greedy: bool = False) -> list:
         """The draft's layer ranges (and forwards of its own) this drafter's forwards run, for windows

@@ -6,12 +6,8 @@
 * ``CheckedStreams``: Speculative Streaming inside the draft. Each draft forward checks the
   lookahead its streams proposed in the forward before and proposes the next. The window is the
   one ``TokenByToken`` drafts (the same tokens at T = 0, the same laws at T > 0), in fewer forwards.
-  The lookahead is a tree (``top_k`` candidates per stream, ``total_tokens`` nodes, ``lookup``
-  tokens copied from the context as one more branch). With ``overshoot=1`` every forward checks
-  the streams' full depth and the window keeps what was accepted past gamma: gamma to gamma + G
-  tokens (G streams), the draft's own continuation all the same. Its length depends only on the
-  draft's own draws (a stopping rule on the draft's side), so at T > 0 the verifier's rule still
-  leaves every committed token distributed as the target's.
+  The lookahead is a tree (``LOOKAHEAD_TOP_K`` candidates per stream, the best ``LOOKAHEAD_NODES``
+  nodes, and up to ``LOOKAHEAD_LOOKUP`` tokens copied from the context as one more branch).
 """
 from __future__ import annotations
 
@@ -21,11 +17,14 @@ from ..devices import to_device
 from ..errors import MirrorSDError
 from ..models.forwards import FULL
 from ..models.streams import draft_streams, forward_with_streams, split_forward, stream_ranges
-from ..options import Option
 from ..trace import DraftWork
 from .base import Drafter, Proposal
 from .lookup import copy_from_context
 from .tree import Tree, graft, stream_tree, tree_mask, tree_positions, walk_tree
+
+# The lookahead tree each draft forward checks: candidates per stream, nodes kept, tokens copied from
+# the context (docs/experiments/draft.md#a-lookahead-tree-context-lookup-and-overshoot---streams-2).
+LOOKAHEAD_TOP_K, LOOKAHEAD_NODES, LOOKAHEAD_LOOKUP = 8, 4, 8
 
 
 def streamed_window(run, cache, gamma: int):
@@ -60,19 +59,18 @@ class Streamed(Drafter):
         return Proposal(tokens, q, DraftWork(forwards=1))
 
 
-def lookahead_tree(streams, ahead: torch.Tensor | None, context: list[int], depth: int, top_k: int,
-                   total_tokens: int, lookup: int) -> Tree:
+def lookahead_tree(streams, ahead: torch.Tensor | None, context: list[int], depth: int) -> Tree:
     """The lookahead a draft forward checks after ``context``, at most ``depth`` levels deep: a tree
-    from the streams' logits ahead [G, head rows] of the row before (stream_tree: top_k candidates
-    per stream, the best total_tokens nodes; top_k = 1: a chain of the streams' argmaxes), plus up
-    to ``lookup`` tokens copied from the context as one more branch (lookup.py)."""
+    from the streams' logits ahead [G, head rows] of the row before (stream_tree: LOOKAHEAD_TOP_K
+    candidates per stream, the best LOOKAHEAD_NODES nodes), plus up to LOOKAHEAD_LOOKUP tokens
+    copied from the context as one more branch (lookup.py)."""
     tree = Tree([], [], [], [])
     if depth <= 0:
         return tree
     if ahead is not None:
         logp = torch.log_softmax(ahead[:depth].float(), -1).cpu()
-        tree = stream_tree(logp, streams.to_target_ids, top_k, total_tokens)
-    return graft(tree, copy_from_context(context, min(lookup, depth)))
+        tree = stream_tree(logp, streams.to_target_ids, LOOKAHEAD_TOP_K, LOOKAHEAD_NODES)
+    return graft(tree, copy_from_context(context, min(LOOKAHEAD_LOOKUP, depth)))
 
 
 def window_layout(start: int, unseen: int, tree: Tree):
@@ -86,8 +84,7 @@ def window_layout(start: int, unseen: int, tree: Tree):
     return positions, mask
 
 
-def checked_window(run, cache, gamma: int, carried: torch.Tensor | None = None, top_k: int = 8,
-                   total_tokens: int = 4, lookup: int = 8, overshoot: int = 0):
+def checked_window(run, cache, gamma: int, carried: torch.Tensor | None = None):
     """draft_window's window in fewer forwards: (tokens, q [n, V] or None, the lookahead tokens each
     draft forward checked and kept, the streams' logits [G, head rows] at the row that drafted each
     token).
@@ -100,11 +97,7 @@ def checked_window(run, cache, gamma: int, carried: torch.Tensor | None = None, 
 
     carried: streams' logits to build the first forward's lookahead from, for the tokens after the
     unseen committed ones (see ``CheckedStreams.settle``), so that the first forward of a window can
-    also yield more than one token.
-
-    overshoot: 0, each forward checks only as much lookahead as fits in gamma tokens (the last
-    forward of a window often checks none); 1, every forward checks its streams' full depth and
-    the window keeps what the main stream accepted past gamma.
+    also yield more than one token. A forward checks only as much lookahead as fits in the window.
     """
     draft, sampler = run.pair.draft, run.draft_sampler
     streams = draft_streams(run.pair)
@@ -112,8 +105,7 @@ def checked_window(run, cache, gamma: int, carried: torch.Tensor | None = None, 
     while len(tokens) < gamma:
         unseen = (run.sequence + tokens)[cache.length:]
         room = gamma - len(tokens) - 1  # lookahead that fits in the window after this forward's first token
-        tree = lookahead_tree(streams, ahead, run.sequence + tokens, max(room, streams.num_streams * overshoot),
-                              top_k, total_tokens, lookup)
+        tree = lookahead_tree(streams, ahead, run.sequence + tokens, room)
         start, U = cache.length, len(unseen)
         positions, mask = window_layout(start, U, tree)
         ids = to_device([unseen + tree.tokens], draft.device)  # [1, U + N]
@@ -138,31 +130,20 @@ def checked_window(run, cache, gamma: int, carried: torch.Tensor | None = None, 
 
 
 class CheckedStreams(Drafter):
-    OPTIONS = (
-        Option("top_k", 8, 1, 16, "candidates per stream in the lookahead tree each draft forward checks "
-               "(1: a chain of the streams' argmaxes)"),
-        Option("total_tokens", 4, 1, 64, "lookahead tree nodes each draft forward checks"),
-        Option("lookup", 8, 0, 64, "tokens copied from the context into the lookahead tree as one more branch (0: off)"),
-        Option("overshoot", 0, 0, 1, "1: every draft forward checks its streams' full depth and the window keeps "
-               "lookahead accepted past gamma (gamma to gamma + streams tokens); 0: windows of exactly gamma"),
-    )
     how = ", streams checked by the draft"
 
-    def __init__(self, top_k: int = 8, total_tokens: int = 4, lookup: int = 8, overshoot: int = 0):
-        self.top_k, self.total_tokens, self.lookup, self.overshoot = top_k, total_tokens, lookup, overshoot
+    def __init__(self):
         self.carried = None  # the streams' logits the next window's first lookahead comes from
         self.after: list = []  # the streams' logits at the row that drafted each token of the last window
 
     def check(self, pair, gamma: int):
         draft_streams(pair)
 
-    def extra_slots(self, pair, gamma: int) -> tuple[int, int]:
-        past_gamma = draft_streams(pair).num_streams * self.overshoot  # window tokens past gamma
-        return self.total_tokens + self.lookup + past_gamma, past_gamma  # a forward's tree, behind the window
+    def extra_slots(self, pair, gamma: int) -> int:
+        return LOOKAHEAD_NODES + LOOKAHEAD_LOOKUP  # a forward's lookahead tree, behind the window
 
     def propose(self, run, cache, gamma: int) -> Proposal:
-        tokens, q, checks, self.after = checked_window(run, cache, gamma, self.carried, self.top_k,
-                                                       self.total_tokens, self.lookup, self.overshoot)
+        tokens, q, checks, self.after = checked_window(run, cache, gamma, self.carried)
         return Proposal(tokens, q, DraftWork(forwards=len(checks), lookahead=checks))
 
     def settle(self, proposal: Proposal, accepted: int):

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..devices import to_device
 from ..errors import MirrorSDError
-from ..models.chain_draft import ChainDraft
+from ..models.chain_draft import ChainDraft, greedy_chain
 from ..models.forwards import FULL, forward, staged_for
 from ..models.stages import MAX_WIDTH
 from ..options import Option
@@ -74,12 +74,12 @@ def draft_window(run, cache, gamma: int, copy_below: float = 0.0):
     if stages is not None:  # one stage for all
         return chain_on_stage(run, stages, cache, chain).tolist(), None, []
     ids = to_device([run.sequence[cache.length:]], draft.device)  # [1, pending]
-    if sampler.greedy and not copy_below:
-        picks = []
-        for _ in range(gamma):
-            picks.append(run.draft_picks(forward(draft, ids, cache)[0, -1]))  # [] on the device
-            ids = picks[-1].view(1, 1)
-        return torch.stack(picks).tolist(), None, []
+    if sampler.greedy and not copy_below:  # the rule the chain's stage runs, a forward at a time
+        def feed(pick: torch.Tensor, _k: int) -> torch.Tensor:  # [1] -> its logits [1, V_draft]
+            return forward(draft, pick.view(1, 1), cache)[0]
+
+        picks = greedy_chain(forward(draft, ids, cache)[0, -1:], feed, gamma, draft.vocab_map, chain.vocab_size)
+        return picks[0].tolist(), None, []
     tokens, q, copies = [], [], []
     for i in range(gamma):
         logits = run.as_target_vocab(forward(draft, ids, cache)[0, -1])  # [V]
@@ -154,10 +154,10 @@ class TokenByToken(Drafter):
         if self.tree and self.copy_below:
             raise MirrorSDError("copy_below works on a chain of draft tokens, not on a tree: set tree=0 or copy_below=0")
 
-    def extra_slots(self, pair, gamma: int) -> tuple[int, int]:
+    def extra_slots(self, pair, gamma: int) -> int:
         """A tree's expanded nodes sit in the draft's cache while it grows (its target window, at most
         64 rows, fits the usual margin)."""
-        return (self.branching * (gamma - 1), 0) if self.tree else (0, 0)
+        return self.branching * (gamma - 1) if self.tree else 0
 
     def propose(self, run, cache, gamma: int) -> Proposal:
         if self.tree:  # temperature 0 only: the engine refuses a tree at T > 0

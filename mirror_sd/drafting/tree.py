@@ -16,6 +16,7 @@ import torch
 from ..devices import to_device
 from ..trace import DraftTree
 from ..tree_growth import grow_fields, stream_fields
+from ..tree_rules import ancestors
 
 
 @dataclass
@@ -118,13 +119,9 @@ def graft(tree: Tree, chain: list[int]) -> Tree:
 
 
 def tree_mask(parents: list[int]) -> torch.Tensor:
-    """[N + 1, N + 1] bool over [root, nodes]: True where a row may attend (its ancestors and itself)."""
-    rows = [[0]]  # per row of [root, nodes]: the columns it sees (the root sees itself)
-    for i, p in enumerate(parents):  # parents come first, so their rows are complete
-        rows.append(rows[p + 1] + [i + 1])
-    mask = torch.zeros(len(rows), len(rows), dtype=torch.bool)
-    mask[[r for r, cols in enumerate(rows) for _ in cols], [c for cols in rows for c in cols]] = True  # one write
-    return mask
+    """[N + 1, N + 1] bool over [root, nodes]: True where a row may attend (its ancestors and itself):
+    ``tree_rules.ancestors``, the rule a tree verification stage runs."""
+    return ancestors(torch.tensor([0, *(p + 1 for p in parents)]))
 
 
 def tree_positions(depths: list[int], root_position: int) -> torch.Tensor:
@@ -143,8 +140,12 @@ def tree_window(tree: Tree, sequence: list[int], device) -> tuple[torch.Tensor, 
 
 def keep_path(cache, path: list[int], n: int):
     """After a forward over [root, nodes] written at slots n - 1, n, ...: the cache keeps the root and
-    the accepted path (nodes), moved to slots n - 1 .. n - 1 + A."""
-    cache.keep([n - 1] + [n + i for i in path], at=n - 1)
+    the accepted path (nodes), moved to slots n - 1 .. n - 1 + A. A path of the first A nodes (a
+    chain's) is in place already: the cache only forgets the rest."""
+    if path == list(range(len(path))):
+        cache.rollback(n + len(path))
+    else:
+        cache.keep([n - 1] + [n + i for i in path], at=n - 1)
 
 
 def walk_tree(tokens: list[int], children: dict[int, list[int]], logits_at, pick) -> tuple[list[int], int]:
@@ -152,10 +153,10 @@ def walk_tree(tokens: list[int], children: dict[int, list[int]], logits_at, pick
     being what the rule reads for the row after that node's path (its logits [V], or the argmax
     already read). From the root (-1), pick the token after each node's path and go on to the child
     that carries it; return the path (nodes, root excluded) and the token picked where no child did.
-    With the target's argmax this is greedy tree verification (methods/verify.py, which reads every
-    row's argmax at once); with a sampler's pick (a draw at T > 0), every
-    token is drawn from its row's law given the tokens before it (the draft walking its own
-    lookahead, drafting/streamed.py)."""
+    With a sampler's pick (a draw at T > 0), every token is drawn from its row's law given the tokens
+    before it, and only the path's rows are drawn (the draft walking its own lookahead,
+    drafting/streamed.py). Greedy tree verification, where every row's pick is known at once, runs
+    ``tree_rules.greedy_path`` (methods/verify.py: ``walk_tree_picks``)."""
     path, node = [], -1
     while True:
         token = pick(logits_at(node))

@@ -36,10 +36,10 @@ import torch
 
 from ..devices import to_device
 from ..drafting.lookup import copy_from_context
-from ..drafting.tree import Tree, graft, grow_tree, keep_path, read_trees, sampled_chain, tree_window
+from ..drafting.tree import Tree, graft, keep_path, read_trees, sampled_chain, tree_window
 from ..executors import Streams
 from ..models.eagle import EagleHead, HeadStages, head_for, stage_ranges, target_features
-from ..models.eagle_tree import TreeDraft
+from ..models.eagle_tree import TreeDraft, grow_head_tree
 from ..models.eagle_verify import TreeVerify
 from ..models.forwards import staged_for
 from ..models.stages import MAX_WIDTH
@@ -71,20 +71,16 @@ def to_target_logits(head: EagleHead, feats: torch.Tensor, vocab_size: int) -> t
 
 
 def draft_tree(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, top_k: int, total_tokens: int) -> Tree:
-    """EAGLE-2 dynamic tree (module docstring, step 1; ``tree.grow_tree``). last: f^_{n-1} [d]; cache
-    length n - 1. Each frontier node feeds the head its parent's predicted feature (the root's: last)."""
-    k = min(top_k, head.vocab_map.numel())
-    predicted = last.new_zeros(1 + k + (depth - 1) * k * k, last.shape[-1])  # [1 + nodes, d]: row i + 1 for node i
-    predicted[0] = last  # the root's
+    """EAGLE-2 dynamic tree (module docstring, step 1; ``eagle_tree.grow_head_tree``, the rule the
+    tree draft stage runs), a head forward per level. last: f^_{n-1} [d]; cache length n - 1."""
+    base = cache.length
 
-    def expand(_trees, nodes, parents, tokens, depth, mask):  # each node's input: its parent's output
-        positions = torch.full((1, len(tokens)), n - 2 + depth, device=last.device)  # node at depth j: n-2+j
-        out = head_step(head, cache, predicted[parents + 1], tokens, positions, mask)  # [k, d]
-        predicted[nodes + 1] = out
-        return torch.log_softmax(head.logits(out), dim=-1)
+    def run_head(feats, tokens, depth, ancestors):  # a level's rows: a node at depth j at position n-2+j
+        positions = torch.full((1, len(tokens)), n - 2 + depth, device=last.device)
+        mask = torch.cat([ancestors.new_ones(len(tokens), base), ancestors], dim=1)  # every committed slot
+        return head_step(head, cache, feats, tokens, positions, mask)  # [R, d]
 
-    first = torch.log_softmax(head.logits(last[None]), dim=-1)[0]
-    return grow_tree(first, expand, lambda rows: head.vocab_map[rows], depth, top_k, total_tokens, cache.length)
+    return read_trees(grow_head_tree(head, last[None], run_head, depth, top_k, total_tokens))[0]
 
 
 def draft_chain(head: EagleHead, cache, last: torch.Tensor, n: int, depth: int, sampler, vocab_size: int) -> Tree:

@@ -249,7 +249,7 @@ def step(ctx: Context, window: Tree, q: torch.Tensor | None, index: int) -> Outc
                                label=f"correction: 1 branch x {s.gamma} tokens", step=index, tokens=s.gamma)) \
             if correcting else None
         ex.finish(prefix, suffix, rolled, picks)  # the step's one wait
-        path, token = walk_tree_picks(window.tokens, window.children(), picks.result().tolist())
+        path, token = walk_tree_picks(window.tokens, window.parents, picks.result())
     else:  # a sampled chain
         ex.finish(prefix, suffix, rolled)
         verdict = ex.start(target, SpanKind.RENDEZVOUS, verify, window.tokens, q, suffix, run.target_sampler,

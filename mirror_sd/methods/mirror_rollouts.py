@@ -27,7 +27,8 @@ from ..drafting.token_by_token import tree_readers
 from ..drafting.tree import Tree, grow_trees, tree_mask
 from ..models.channel import Channel
 from ..models.forwards import forward_rows, staged, staged_for
-from ..models.rollout import Rollouts
+from ..models.chain_draft import greedy_chain
+from ..models.rollout import Rollouts, first_forward, later_forward
 from ..models.stages import MAX_WIDTH
 from ..models.streams import draft_streams, split_forward
 
@@ -65,55 +66,52 @@ def chain(tokens: list[int]) -> Tree:
 
 
 def rollout_layout(run, cache, window: Tree, r: torch.Tensor, roots: torch.Tensor):
-    """The rollouts' first draft forward, laid out on the draft's device (where r and roots [B], the
-    branches' rows and root tokens, lie): ids [rows], positions [rows] and mask [rows, slots] of
-    the committed tokens the draft has not seen (P, causal), the window's nodes (N, under its tree
-    mask) and every branch's root (B): the root of branch (r, v) sees the committed prefix, the
-    path to row r and itself, at the position after row r."""
-    n, base, dev = len(run.sequence), cache.length, r.device  # the last committed token is at position n - 1
+    """The rollouts' first draft forward (``models.rollout.first_forward``, the rule the rollout stage
+    runs), laid out on the draft's device (where r and roots [B], the branches' rows and root tokens,
+    lie): ids [rows], positions [rows] and mask [rows, slots] of the committed tokens the draft has
+    not seen (P, causal), the window's nodes (N, under its tree mask) and every branch's root (B):
+    the root of branch (r, v) sees the committed prefix, the path to row r and itself, at the
+    position after row r."""
+    base, dev = cache.length, r.device
     pending = run.sequence[base:]
-    P, N, B = len(pending), len(window.tokens), len(r)
-    seen = tree_mask(window.parents)[:, 1:]  # [N + 1, N]: the nodes each row of [root, nodes] sees
-    known = torch.zeros(P + N, base + P + N + B, dtype=torch.bool)  # the rows the host knows: pending, nodes
-    known[:, :base] = True
-    known[:P, base:base + P] = torch.ones(P, P, dtype=torch.bool).tril()
-    known[P:, base:base + P] = True  # nodes (and roots, below): every committed token
-    known[P:, base + P:base + P + N] = seen[1:]
-    root_rows = torch.cat([torch.ones(B, base + P, dtype=torch.bool, device=dev), to_device(seen, dev)[r],
-                           torch.eye(B, dtype=torch.bool, device=dev)], dim=1)  # [B, slots]
-    mask = torch.cat([to_device(known, dev), root_rows])
-    row_depth = to_device([0, *window.depths], dev, torch.long)
-    positions = torch.cat([to_device([*range(base, n), *(n - 1 + d for d in window.depths)], dev, torch.long),
-                           n + row_depth[r]])
-    return torch.cat([to_device([*pending, *window.tokens], dev, torch.long), roots]), positions, mask
+    P, C, B = len(pending), len(pending) + len(window.tokens), len(r)
+    known = to_device([*pending, *window.tokens, 0, *window.depths], dev, torch.long)  # one copy: the chain, depths
+    ids, positions, _, mask, _ = first_forward(torch.arange(base + C + B, device=dev), torch.arange(C + B, device=dev),
+                                               base, P, C, r, roots, torch.cat([known[:C], roots]),
+                                               to_device(tree_mask(window.parents), dev), known[C:])
+    return ids, positions, mask
 
 
 def roll_out_chains(run, cache, draft: list[int], r: torch.Tensor, roots: torch.Tensor, gamma: int):
     """gamma draft tokens after every branch (r, roots [B] on the draft's device), all branches in one
     batch per forward: forward 1 lays out the window and the roots (``rollout_layout``), forward k
-    feeds each branch's newest token, which sees what its root saw and its branch's tokens. At T = 0:
-    (picks [B, gamma], left on the device, None); at T > 0 each branch's tokens are drawn from its
-    own row: (None, [(tokens, laws)] per branch)."""
+    feeds each branch's newest token, which sees what its root saw and its branch's tokens
+    (``models.rollout.later_forward``). At T = 0: (picks [B, gamma], left on the device, None;
+    ``greedy_chain``, the rule the rollout stage runs); at T > 0 each branch's tokens are drawn from
+    its own row: (None, [(tokens, laws)] per branch)."""
     model, sampler = run.pair.draft, run.draft_sampler
-    n, B, dev = len(run.sequence), len(r), r.device
+    base, B, dev = cache.length, len(r), r.device
     ids, positions, mask = rollout_layout(run, cache, chain(draft), r, roots)
-    sees, own = mask[-B:], torch.eye(B, dtype=torch.bool, device=dev)  # [B, slots]: the roots' rows
-    picks, drawn = [], [([], []) for _ in range(B)]  # T = 0: each forward's [B] picks; T > 0: draws
-    for k in range(gamma):
-        logits = forward_rows(model, cache, ids, positions, mask, rows=B)  # [B, V_draft]
-        if sampler.greedy:
-            picks.append(run.draft_picks(logits))  # [B]
-        else:  # every branch's token drawn from its own row, in one call
-            q = sampler.probs(run.as_target_vocab(logits))  # [B, V]
-            for (tokens, laws), q_b, token in zip(drawn, q, sampler.sample_rows(q)):
-                tokens.append(token)
-                laws.append(q_b)
-        if k == gamma - 1:
-            break
-        ids = picks[-1] if sampler.greedy else to_device([tokens[-1] for tokens, _ in drawn], dev, torch.long)
-        positions = n + r + k + 1  # [B]
-        mask = torch.cat([sees, own.repeat(1, k + 1)], dim=1)  # the root's view, then the branch's own tokens
-    return (torch.stack(picks, dim=1), None) if sampler.greedy else (None, drawn)
+    C = len(ids) - B
+    views = torch.cat([mask[-B:], mask.new_zeros(B, (gamma - 1) * B)], dim=1)  # the roots' views, every slot
+    slots = torch.arange(views.shape[1], device=dev)
+
+    def feed(tokens: torch.Tensor, k: int) -> torch.Tensor:  # forward k + 1: [B] -> their logits [B, V_draft]
+        sees = later_forward(slots, base, C, k, views)[0][:, :cache.length + B]
+        return forward_rows(model, cache, tokens, positions[-B:] + k, sees, rows=B)
+
+    logits = forward_rows(model, cache, ids, positions, mask, rows=B)  # [B, V_draft]
+    if sampler.greedy:
+        return greedy_chain(logits, feed, gamma, model.vocab_map, run.pair.target.args.vocab_size), None
+    drawn = [([], []) for _ in range(B)]
+    for k in range(gamma):  # every branch's token drawn from its own row, in one call
+        q = sampler.probs(run.as_target_vocab(logits))  # [B, V]
+        for (tokens, laws), q_b, token in zip(drawn, q, sampler.sample_rows(q)):
+            tokens.append(token)
+            laws.append(q_b)
+        if k < gamma - 1:
+            logits = feed(to_device([tokens[-1] for tokens, _ in drawn], dev, torch.long), k + 1)
+    return None, drawn
 
 
 def roll_out_streamed(run, cache, draft: list[int], r: torch.Tensor, roots: torch.Tensor, gamma: int):

@@ -8,8 +8,7 @@ from ..models.forwards import FULL, forward
 from ..trace import SpanKind, Step
 
 
-def prefill_pair(run, extra_draft_slots: int = 0, extra_target_slots: int = 0, target_ranges=(FULL,),
-                 draft_ranges=(FULL,)):
+def prefill_pair(run, extra_draft_slots: int = 0, target_ranges=(FULL,), draft_ranges=(FULL,)):
     """Prefill the target and the draft, each on its lane; commit the target's first token.
     Returns the target's and the draft's caches and the committed step.
 
@@ -18,13 +17,13 @@ def prefill_pair(run, extra_draft_slots: int = 0, extra_target_slots: int = 0, t
     One after the other, each alone, where both lanes are the CPU's, so that the target's prefill
     gets every core the lanes split (the draft's is a small share of the work).
 
-    extra_draft_slots, extra_target_slots: room in the caches beyond the sequence and the usual
-    window margin (rollout trees, lookahead trees, windows past gamma). target_ranges, draft_ranges:
+    extra_draft_slots: room in the draft's cache beyond the sequence and the usual window margin
+    (rollout trees, draft trees while they grow, lookahead trees). target_ranges, draft_ranges:
     the layer ranges each model's forwards run (``ModelPair.new_cache``: with stages on, they are
     made before the first step).
     """
     pair = run.pair
-    target_cache = pair.new_cache(pair.target, run.cache_slots + extra_target_slots, target_ranges)
+    target_cache = pair.new_cache(pair.target, run.cache_slots, target_ranges)
     draft_cache = pair.new_cache(pair.draft, run.cache_slots + extra_draft_slots, draft_ranges)
     n = len(run.prompt_ids)
     target_ids = torch.tensor([run.prompt_ids], device=pair.target.device)  # [1, P]

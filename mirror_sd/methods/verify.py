@@ -16,11 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafting.tree import Tree, tree_of_fields, walk_tree
+from ..devices import to_device
+from ..drafting.tree import Tree, tree_of_fields
 from ..models.forwards import staged_for
 from ..models.stages import MAX_WIDTH
 from ..sampling import Sampler
 from ..trace import SpanKind
+from ..tree_rules import ancestors, greedy_path
 
 
 @dataclass
@@ -65,22 +67,27 @@ def verify(draft: list[int], q: torch.Tensor | None, target_logits: torch.Tensor
     return verify_sampling(draft, q, sampler.probs(target_logits), sampler)
 
 
-def walk_tree_greedy(tokens: list[int], children: dict[int, list[int]], logits: torch.Tensor) -> tuple[list[int], int]:
-    """Greedy tree verification: from the root (-1), follow the child whose token is the target's argmax.
+def walk_tree_greedy(tokens: list[int], parents: list[int], logits: torch.Tensor) -> tuple[list[int], int]:
+    """Greedy tree verification: from the root, follow the child whose token is the target's argmax.
 
-    tokens: a token per node; children: node -> its child nodes (the root is -1); logits [N + 1, V]:
-    the target's logits for the token after each row's path (row 0 the root, node i at i + 1), read
-    to the host once, as every row's argmax. Returns the accepted path (nodes, root excluded) and
-    the target's argmax after it: the correction (or the bonus after a leaf). Children of one
-    parent carry distinct tokens, so at most one matches, and every committed token is the target's
-    argmax given the committed prefix: exactly vanilla greedy decoding's tokens.
+    tokens, parents: a token and a parent (-1: the root) per node; logits [N + 1, V]: the target's
+    logits for the token after each row's path (row 0 the root, node i at i + 1). Returns the
+    accepted path (nodes, root excluded) and the target's argmax after it: the correction (or the
+    bonus after a leaf). Children of one parent carry distinct tokens, so at most one matches, and
+    every committed token is the target's argmax given the committed prefix: exactly vanilla greedy
+    decoding's tokens.
     """
-    return walk_tree_picks(tokens, children, logits.argmax(-1).tolist())
+    return walk_tree_picks(tokens, parents, logits.argmax(-1))
 
 
-def walk_tree_picks(tokens: list[int], children: dict[int, list[int]], picks: list[int]) -> tuple[list[int], int]:
-    """``walk_tree_greedy`` from the target's argmax at each of the N + 1 rows, already read."""
-    return walk_tree(tokens, children, lambda node: picks[node + 1], lambda pick: pick)
+def walk_tree_picks(tokens: list[int], parents: list[int], picks) -> tuple[list[int], int]:
+    """``walk_tree_greedy`` from the target's argmax at each of the N + 1 rows (a tensor, or a list
+    already read): the rule a tree verification stage runs (``tree_rules.greedy_path``), read once."""
+    picks = torch.as_tensor(picks)
+    rows = to_device([[0, *tokens], [0, *(p + 1 for p in parents)]], picks.device)  # [2, N + 1]: token, parent row
+    accepted, deepest, path = greedy_path(ancestors(rows[1]), rows[0], rows[1], picks)
+    read = torch.cat([accepted, picks.index_select(0, deepest), path]).tolist()
+    return [row - 1 for row in read[3:3 + read[0]]], read[1]
 
 
 def accept_tree(tree: Tree, logits: torch.Tensor, sampler: Sampler) -> tuple[list[int], int]:
@@ -90,7 +97,7 @@ def accept_tree(tree: Tree, logits: torch.Tensor, sampler: Sampler) -> tuple[lis
     checked with the speculative-sampling rule. Returns the accepted path (nodes) and the next token.
     """
     if sampler.greedy:
-        return walk_tree_greedy(tree.tokens, tree.children(), logits)
+        return walk_tree_greedy(tree.tokens, tree.parents, logits)
     verdict = verify_sampling(tree.tokens, tree.q, sampler.probs(logits), sampler)
     return list(range(verdict.accepted)), verdict.token
 

@@ -53,26 +53,40 @@ class ChainDraftStage(Stage):
         layout = self.layout()
         T, start = layout.rows, layout.start  # [1] each
         live, usable, s = T > 0, self.cache.max_slots, self.slot_ids  # padding only: scratch slot 0 only
-        picks = [draft_argmax(logits.index_select(0, (T - 1).clamp(min=0)), model.vocab_map, V)]  # [1]
-        for k in range(1, self.spec.gamma):
-            slot = start + T + k - 1  # [1]: pick k's slot and position
+
+        def feed(pick: torch.Tensor, k: int) -> torch.Tensor:  # pick k [1], at slot and position start + T + k - 1
+            slot = start + T + k - 1  # [1]
             sees = torch.where(live, s <= slot, s == usable)[None]  # [1, S]
-            picks.append(greedy_picks(self, picks[-1], slot, sees, torch.where(live, slot, usable), V))
-        picks = torch.cat(picks)  # [gamma]
+            return draft_logits(self, pick, slot, sees, torch.where(live, slot, usable))
+
+        first = logits.index_select(0, (T - 1).clamp(min=0))  # [1, V_draft]: the window's last row
+        picks = greedy_chain(first, feed, self.spec.gamma, model.vocab_map, V)[0]  # [gamma]
         if not self.spec.as_tree:
             return picks
         depths = torch.arange(1, self.spec.gamma + 1, device=picks.device)  # each pick the child of the one before
         return torch.stack([picks, depths - 2, depths, torch.zeros_like(depths)])[None].double()  # [1, 4, gamma]
 
 
-def greedy_picks(stage: Stage, ids, positions, sees, slots, vocab_size: int, last: int = 1) -> torch.Tensor:
+def greedy_chain(logits: torch.Tensor, feed, gamma: int, vocab_map, vocab_size: int) -> torch.Tensor:
+    """A greedy draft chain from each of B rows, the rule both paths run (drafting/token_by_token.py:
+    ``draft_window``; models/rollout.py: the rollouts; and their stages): the draft's pick (target
+    ids, ``draft_argmax``) at each row's logits [B, V_draft], fed back for the next, gamma picks in
+    all: ``feed(picks [B], k)`` writes pick k's rows and returns their logits [B, V_draft]. Nothing
+    is read to the host. Returns picks [B, gamma]."""
+    picks = [draft_argmax(logits, vocab_map, vocab_size)]  # [B]
+    for k in range(1, gamma):
+        picks.append(draft_argmax(feed(picks[-1], k), vocab_map, vocab_size))
+    return torch.stack(picks, dim=-1)
+
+
+def draft_logits(stage: Stage, ids, positions, sees, slots, last: int = 1) -> torch.Tensor:
     """A draft stage's body running the draft over rows ids [R] at positions [R], seeing ``sees``
-    [R, S] of the cache's slots and writing ``slots`` [R]: the greedy picks (target ids) of the last
+    [R, S] of the cache's slots and writing ``slots`` [R]: the logits [last, V_draft] of the last
     ``last`` rows. How a chain draft and Mirror-SD's rollouts feed picks back inside one graph."""
     model = stage.model
     win = stage.rows_window(positions, sees)
     h = run_layers(model.model.layers, model.embed(ids.view(1, -1)), SlotWriter(stage.cache, slots), win, 0)
-    return draft_argmax(model.head(h[:, -last:])[0], model.vocab_map, vocab_size)
+    return model.head(h[:, -last:])[0]
 
 
 @dataclass(frozen=True)

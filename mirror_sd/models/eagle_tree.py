@@ -55,17 +55,14 @@ class TreeDraftStage(HeadStage):
         return self.out
 
     def body(self) -> torch.Tensor:
-        head, draft, k = self.model, self.draft, self.k
+        head = self.model
         h = super().body()[0]  # [W, d]: the head's output after each pair (padding rows after them)
         layout = self.layout()
         T, start = layout.rows, layout.start  # [1] each
-        last = h.index_select(0, (T - 1).clamp(min=0))  # [1, d]: f^_{n-1}, the root's
         base, live = start + T, T > 0  # the committed slots (n - 1); padding only: scratch slots only
-        predicted = h.new_zeros(1 + k + (draft.depth - 1) * k * k, h.shape[-1])  # row i + 1: node i's output
-        predicted[0] = last[0]
         s, usable = self.slot_ids, self.cache.max_slots  # s [S]
 
-        def expand(_trees, nodes, parents, tokens, depth, ancestors):  # ancestors [R, R']
+        def run_head(feats, tokens, depth, ancestors):  # [R, d], [R], an int, [R, R'] -> the head's outputs [R, d]
             R, seen = tokens.shape[0], ancestors.shape[1]
             rows = torch.arange(R, device=s.device)
             slots = torch.where(live, base + seen - R + rows, usable + rows)  # [R]: after the rows so far
@@ -73,15 +70,33 @@ class TreeDraftStage(HeadStage):
             sees = (s < base) | ((s >= base) & (s < base + seen) & theirs)
             mask = torch.where(live, sees, s == (usable + rows)[:, None])  # [R, S]
             positions = (base - 1 + depth).expand(1, R)  # a node at depth j: n - 2 + j
-            x = head.inputs(predicted[parents + 1][None], tokens[None])  # each node's input: its parent's output
-            writer = SlotWriter(self.cache, slots)
-            out = run_layers([head.layer], x, writer, self.rows_window(positions, mask), 0)[0]  # [R, d]
-            predicted[nodes + 1] = out
-            return torch.log_softmax(head.logits(out), dim=-1)
+            x = head.inputs(feats[None], tokens[None])
+            return run_layers([head.layer], x, SlotWriter(self.cache, slots), self.rows_window(positions, mask), 0)[0]
 
-        first = torch.log_softmax(head.logits(last), dim=-1)  # [1, rows]
-        return grow_fields(first, expand, lambda rows: head.vocab_map[rows], draft.depth, draft.top_k,
-                           draft.total_tokens)
+        last = h.index_select(0, (T - 1).clamp(min=0))  # [1, d]: f^_{n-1}, the root's
+        return grow_head_tree(head, last, run_head, self.draft.depth, self.draft.top_k, self.draft.total_tokens)
+
+
+def grow_head_tree(head: EagleHead, last: torch.Tensor, run_head, depth: int, top_k: int,
+                   total_tokens: int) -> torch.Tensor:
+    """EAGLE-2's dynamic tree from the head's last output last [1, d] (f^_{n-1}), the rule both paths
+    run (methods/eagle.py: ``draft_tree``, a forward at a time; ``TreeDraftStage``'s body): the first
+    level from last's logits, then ``grow_fields`` (tree_growth.py), each frontier node fed to the head
+    with its parent's output (the root's: last) and its own token. ``run_head(feats [R, d], tokens [R],
+    depth, ancestors [R, R'])`` runs the head's layer over a level's rows (``grow_fields``' expand:
+    each row seeing the committed slots and its ancestors, at the root's position plus its depth)
+    and returns their outputs [R, d]. Returns the kept nodes' fields [1, 4, M]."""
+    k = min(top_k, head.vocab_map.numel())
+    predicted = last.new_zeros(1 + k + (depth - 1) * k * k, last.shape[-1])  # row i + 1: node i's output
+    predicted[0] = last[0]
+
+    def expand(_trees, nodes, parents, tokens, depth, ancestors):
+        out = run_head(predicted[parents + 1], tokens, depth, ancestors)  # [R, d]
+        predicted[nodes + 1] = out
+        return torch.log_softmax(head.logits(out), dim=-1)
+
+    first = torch.log_softmax(head.logits(last), dim=-1)  # [1, rows]
+    return grow_fields(first, expand, lambda rows: head.vocab_map[rows], depth, top_k, total_tokens)
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,14 @@ over [root, nodes] under the tree mask, then walks the tree along the target's a
 features to the head. A :class:`TreeVerifyStage` does all of that in its body from the tree's
 rows (token, depth, parent row), copied in at once:
 
-* the tree mask: each row's ancestors, by pointer jumping over the parent rows (log2 of the width
-  steps), so the host builds no mask;
+* the tree mask: each row's ancestors, by pointer jumping over the parent rows
+  (``tree_rules.ancestors``, the rule the host's ``tree_mask`` runs), so the host builds no mask;
 * the forward, at positions root + depth, writing rows at slots start..; the features (the final
   norm's output; early features too, for a head that reads them) and the argmax of the LM head;
-* the acceptance: a node is accepted when its token is the argmax at its parent's row and its
-  parent is accepted. Siblings carry different tokens, so the accepted nodes are one path; its
-  deepest node gives the next token (the argmax there);
+* the acceptance (``tree_rules.greedy_path``, the rule the host's ``verify.walk_tree_picks`` runs):
+  a node is accepted when its token is the argmax at its parent's row and its parent is accepted.
+  Siblings carry different tokens, so the accepted nodes are one path; its deepest node gives the
+  next token (the argmax there);
 * the compaction: the path's keys and values moved to slots start, start + 1, ...; its features
   gathered in path order for the head's next pairs.
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import MirrorSDError
+from ..tree_rules import ancestors, greedy_path
 from .llama import Transformer
 from .stages import Layout, OwnStage, SlotWriter, Stage, copy_into
 from .tuned import run_layers
@@ -100,9 +102,7 @@ class TreeVerifyStage(Stage):
         tree = torch.where(self.from_draft, self.rows_from_draft(), self.tree)  # [3, W]
         tokens, depths = tree[0], tree[1]
         parents = torch.where(real, tree[2], r)  # padding rows: their own parent (no ancestor)
-        seen, hop = r[:, None] == r[None, :], parents  # [W, W]: each row's ancestors within 2**k steps, itself
-        for _ in range((W - 1).bit_length()):  # after k hops: ancestors up to 2**k - 1 up; a tree is under W deep
-            seen, hop = seen | seen[hop], hop[hop]
+        seen = ancestors(parents)  # [W, W]: each row's ancestors and itself
         theirs = seen.gather(1, (s - start).clamp(0, W - 1).expand(W, -1))  # [W, S]: seen[row, s - start]
         sees = (s < start) | ((s >= start) & (s < start + W) & theirs)
         mask = torch.where(real[:, None], sees, self.padding)
@@ -122,15 +122,11 @@ class TreeVerifyStage(Stage):
         feats = model.model.norm(h)[0]  # [W, d]
         picks = model.lm_head(feats).float().argmax(-1)  # [W]: the target's token after each row
 
-        matches = (tokens == picks[parents]) | (r == 0)  # [W]: a node the target would emit there (the root: kept)
-        accepted = real & ~(seen & ~matches[None, :]).any(-1)  # every ancestor, and itself, matches
-        deepest = torch.where(accepted, depths, -1).argmax().view(1)  # the accepted path's last row [1]
-        on_path = seen.index_select(0, deepest)[0]  # [W] (an index by a 0-d tensor would read it back)
-        path = torch.sort(torch.where(on_path, r, W + r)).values.clamp(max=W - 1)  # [W]: its rows first
+        accepted, deepest, path = greedy_path(seen, tokens, parents, picks, real)  # [1], [1], [W]
         kv = self.cache.kv  # [2, L, B, K, S, D]
         kv.index_copy_(4, torch.where(live, start + r, usable + r), kv.index_select(4, torch.where(live, start + path,
                                                                                                 usable + r)))
-        verdict = torch.cat([depths.index_select(0, deepest), picks.index_select(0, deepest), path])  # [2 + W]
+        verdict = torch.cat([accepted, picks.index_select(0, deepest), path])  # [2 + W]
         verdict = torch.cat([verdict.double(), self.drafted.flatten()])  # the drafted tree with it: one read
         early = torch.cat(early, dim=-1)[0][path] if early else None
         return verdict, feats[path], early, (hidden[path] if hidden is not None else None)

@@ -13,26 +13,29 @@ chain and the channel in, replays one graph and reads one table.
 The body, for a draft cache of ``base`` committed slots, a chain of C tokens (the committed tokens
 the draft has not seen, then the window's L = T - 1 draft tokens) and a channel of T rows:
 
-1. the branches: the branch rule (mirror_sd/branches.py) over the channel's rows, its rows past T
-   (padding) sorted last and never valid;
-2. the first forward, W rows: the chain (rows [0, C), causal, at slots base..), padding, and the
-   ``budget`` branch roots in the last rows (slots after the chain; root of branch (r, v) at the
-   position after window row r, seeing the committed slots, the chain up to row r, and itself);
-3. gamma - 1 more forwards of ``budget`` rows, each branch's newest token, seeing what its root saw
-   and its own tokens so far.
+1. the branches: the branch rule (mirror_sd/branches.py: ``branch_scores`` by the spec's scoring)
+   over the channel's rows, its rows past T (padding) sorted last and never valid;
+2. the first forward (``first_forward``), W rows: the chain (rows [0, C), causal, at slots base..),
+   padding, and the ``budget`` branch roots in the last rows (slots after the chain; root of branch
+   (r, v) at the position after window row r, seeing the committed slots, the chain up to row r,
+   and itself);
+3. gamma - 1 more forwards (``later_forward``) of ``budget`` rows, each branch's newest token,
+   seeing what its root saw and its own tokens so far.
 
-The greedy picks of each forward's branch rows are the next tokens. A run over padding only
-(warm-up, capture) writes scratch slots only.
+The greedy picks of each forward's branch rows are the next tokens (``chain_draft.greedy_chain``).
+The host's rollouts (methods/mirror_rollouts.py) run the same functions over the window's own
+rows, a forward at a time. A run over padding only (warm-up, capture) writes scratch slots only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from ..branches import BranchTable, chain_scores, rank_branches
+from ..branches import SCORINGS, BranchTable, branch_scores, rank_branches, scoring
 from ..errors import MirrorSDError
-from .chain_draft import greedy_picks
+from ..tree_rules import ancestors
+from .chain_draft import draft_logits, greedy_chain
 from .channel import Channel
 from .llama import Transformer
 from .stages import BUCKETS, Layout, OwnStage, Stage, copy_into
@@ -84,45 +87,81 @@ class RolloutStage(Stage):
         C, base = layout.rows, layout.start  # [1] each: the chain's tokens, the draft's committed slots
         T = self.channel_rows
         r, roots, scores, valid = self.choose(T, C)  # [B] each
-        spec, W, B = self.spec, self.width, self.spec.budget
+        spec, B, rows = self.spec, self.spec.budget, self.rows
         live, usable, s = C > 0, self.cache.max_slots, self.slot_ids  # padding only: scratch only; s [S]
-        n = base + C - (T - 1)  # committed tokens: the chain's first C - (T - 1) are committed
-        chain_depth = (s - n + 1).clamp(min=0)  # [S]: a chain slot's window depth (0: committed)
-        in_chain = (s >= base) & (s < base + C)
-        sees_before_root = (s < base) | (in_chain & (chain_depth <= r[:, None]))  # [B, S]
+        parents = (torch.arange(spec.rows, device=s.device) - 1).clamp(min=0)  # [R]: a chain, one path
+        depths = torch.arange(spec.rows, device=s.device)  # [R]: window row r at depth r
 
-        # The first forward: the chain (causal), padding, then every branch's root.
-        rows = self.rows  # [W]
-        b = (rows - (W - B)).clamp(min=0)  # [W]: a root row's branch
-        chain, root = rows < C, rows >= W - B
-        slots = torch.where(chain, base + rows, torch.where(root, base + C + b, usable + rows))
-        slots = torch.where(live, slots, usable + rows)
-        positions = torch.where(chain, base + rows, torch.where(root, n + r[b], 0))
-        ids = torch.where(root, roots[b], self.x[0])
-        sees = torch.where(chain[:, None], s <= (base + rows)[:, None],  # [W, S]
-                           sees_before_root[b] | (s == (base + C + b)[:, None]))
-        sees = torch.where((chain | root)[:, None] & live, sees, self.padding)
-        picks = [greedy_picks(self, ids, positions, sees, slots, spec.vocab_size, last=B)]  # [B]
+        # The first forward: the chain, padding, then every branch's root (``first_forward``).
+        ids, positions, slots, sees, used = first_forward(s, rows, base, C - (T - 1), C, r, roots, self.x[0],
+                                                          ancestors(parents), depths)
+        slots, positions = torch.where(used & live, slots, usable + rows), torch.where(used, positions, 0)
+        sees = torch.where(used[:, None] & live, sees, self.padding)
+        views = sees[-B:]  # [B, S]: what each root sees
 
-        # gamma - 1 more: each branch's newest token.
-        branch = torch.arange(B, device=s.device)
-        after = s - base - C  # [S]: where the branches' slots start
-        for k in range(1, spec.gamma):
-            own = (after >= 0) & (after % B == branch[:, None]) & (after // B <= k)  # [B, S]
-            sees = torch.where(live, sees_before_root | own, s == (usable + branch)[:, None])
-            slots = torch.where(live, base + C + k * B + branch, usable + branch)
-            picks.append(greedy_picks(self, picks[-1], n + r + k, sees, slots, spec.vocab_size, last=B))
-        return BranchTable.columns(r, roots, valid, scores, torch.stack(picks, dim=1))  # [B, 4 + gamma]
+        def feed(tokens: torch.Tensor, k: int) -> torch.Tensor:  # forward k + 1: each branch's newest token
+            sees, slots = later_forward(s, base, C, k, views)
+            branch = torch.arange(B, device=s.device)
+            sees = torch.where(live, sees, s == (usable + branch)[:, None])
+            slots = torch.where(live, slots, usable + branch)
+            return draft_logits(self, tokens, positions[-B:] + k, sees, slots, last=B)
+
+        first = draft_logits(self, ids, positions, sees, slots, last=B)  # [B, V_draft]
+        picks = greedy_chain(first, feed, spec.gamma, self.model.vocab_map, spec.vocab_size)  # [B, gamma]
+        return BranchTable.columns(r, roots, valid, scores, picks)  # [B, 4 + gamma]
 
     def choose(self, T: torch.Tensor, C: torch.Tensor):
         """The branch rule (mirror_sd/branches.py) over the channel's first T rows (the rest: padding,
         last and never valid): (r, roots, scores, valid) [budget] of the best hypotheses, best first."""
         spec, channel = self.spec, Channel(self.channel, self.spec.kappa)
         row = torch.arange(spec.rows, device=self.channel.device)  # [R]
-        drafted = self.x[0].gather(0, (C - (T - 1) + row).clamp(0, self.width - 1))  # [R]: d_{r+1}
+        tokens = self.x[0].gather(0, (C - T + row).clamp(0, self.width - 1))  # [R]: row r's draft token d_r
+        parents = (row - 1).clamp(min=0)  # [R]: a chain, row r + 1 the child of row r
+        node_logp = torch.cat([channel.window_logp.new_zeros(1), channel.window_logp])  # [R]
         top_ids = channel.top_ids  # [R, kappa]
-        scores, skip = chain_scores(top_ids, channel.top_logp, channel.window_logp, drafted, T)
+        scores, skip = branch_scores(top_ids, channel.top_logp, tokens, parents, node_logp, T, SCORINGS[spec.scoring])
         return rank_branches(scores, skip, top_ids, spec.budget)
+
+
+def first_forward(s, rows, base, P, C, r, roots, chain, ancestors, depths):
+    """The rollouts' first draft forward, one rule for the host's (methods/mirror_rollouts.py:
+    ``rollout_layout``) and a stage's body: W = len(rows) rows, the chain's C first (the P committed
+    tokens the draft has not seen, causal, then the window's nodes under the window's tree mask), the
+    B branches' roots last (row W - B + b for branch b), any rows between them padding.
+
+    s [S]: the cache's slot ids; base: its committed slots (the chain goes to base.., root b to
+    base + C + b); P, C: ints, or [1] tensors in a stage; r, roots [B]: the branches' window rows and
+    root tokens; chain [W]: the chain's ids in its first C rows; ancestors [R, R] and depths [R] over
+    the window's rows [root, nodes] (tree_rules.ancestors; the root at depth 0). The root of branch
+    (r, v) sees the committed slots, the window's path to row r and itself, at the position after
+    row r. Returns ids [W], positions [W], slots [W], sees [W, S] and used [W] (the chain's and the
+    roots' rows: the others' slots and views are the caller's)."""
+    W, B, R = rows.shape[0], r.shape[0], ancestors.shape[0]
+    n = base + P  # committed tokens: the last one is the window's root, at position n - 1
+    b = (rows - (W - B)).clamp(min=0)  # [W]: a root row's branch
+    chain_row, root = rows < C, rows >= W - B
+    window_row = torch.where(root, r[b], (rows - P + 1).clamp(0, R - 1))  # [W]: each row's window row (0: committed)
+    x = s - base  # [S]: each slot's place in the chain
+    committed = x < P
+    in_window = ancestors[window_row[:, None], (x - P + 1).clamp(0, R - 1)[None, :]]  # [W, S]
+    causal = x[None, :] <= torch.where(root, C, rows)[:, None]  # a root sees every committed token
+    sees = ((x < 0) | ((x < C) & torch.where(committed, causal, in_window))
+            | (root[:, None] & (x == C + b[:, None])))  # [W, S]
+    depth = depths[window_row]  # [W]
+    positions = torch.where(root, n + depth, torch.where(rows < P, base + rows, n - 1 + depth))
+    slots = torch.where(root, base + C + b, base + rows)
+    return torch.where(root, roots[b], chain), positions, slots, sees, chain_row | root
+
+
+def later_forward(s, base, C, k: int, views):
+    """Forward k + 1 of the rollouts (k >= 1), one rule for both paths: each branch's newest token,
+    written at slot base + C + k B + b, sees what its root saw (views [B, S]: the first forward's
+    root rows) and its branch's own tokens so far. Returns sees [B, S] and slots [B]."""
+    B = views.shape[0]
+    branch = torch.arange(B, device=s.device)
+    after = s - base - C  # [S]: where the branches' slots start
+    own = (after >= 0) & (after % B == branch[:, None]) & (after // B <= k)  # [B, S]
+    return views | own, base + C + k * B + branch
 
 
 @dataclass(frozen=True)
@@ -136,12 +175,14 @@ class Rollouts(OwnStage):
     kappa: int  # candidates per window row
     rows: int  # the most rows a window (and so the channel) has
     vocab_size: int  # the target's (the picks are target ids)
+    scoring: str = field(default_factory=scoring)  # the branch scoring (branches.SCORINGS), the setting at hand
 
     stage = RolloutStage
 
     @property
     def name(self) -> str:
-        return f"rollouts {self.budget}x{self.gamma} from {self.rows}x{self.kappa} candidates"
+        scored = "" if self.scoring == "step-end" else f", scored by {self.scoring}"
+        return f"rollouts {self.budget}x{self.gamma} from {self.rows}x{self.kappa} candidates" + scored
 
     @property
     def widths(self) -> tuple[int, ...]:

@@ -134,7 +134,8 @@ WARMUP_TOKENS = 8  # new tokens of each untimed warm-up run (run_interleaved)
 
 
 def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max_new_tokens: int,
-                    desc: str = "bench", warmup: bool = True, traces: list | None = None, **settings) -> pd.DataFrame:
+                    desc: str = "bench", warmup: bool = True, traces: list | None = None, setup=None,
+                    **settings) -> pd.DataFrame:
     """Rows of :func:`run_prompt` for every (method, options) in ``runs`` (the first is vanilla, the
     reference) on every prompt, prompt by prompt; column ``run`` is the index in ``runs``. A run may
     name a third item, the draft it decodes with (``pair.use_draft``: loaded once, then swapped in
@@ -147,6 +148,10 @@ def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max
 
     traces: when given, one dict per timed run is appended: method, id, category, new_tokens,
     wall_s and the run's traces (one per turn), for the what-if model's held-out check.
+
+    setup: when given, ``setup(index)`` is called before each run (warm-up included) to put in
+    place what run ``index`` needs beyond its method's options (research/: another setting, such
+    as ``branches.use_scoring``).
 
     A run that fails (on its warm-up or on any prompt) is stopped and left out entirely, so that
     every row compares the same prompts; the others go on. The table's ``attrs["failed"]`` maps
@@ -164,6 +169,8 @@ def run_interleaved(pair, prompts: list[dict], runs: list[tuple[str, dict]], max
             return None
 
     def with_draft(index: int) -> tuple[str, dict]:
+        if setup is not None:
+            setup(index)
         method, options, *draft = runs[index]
         if draft and draft[0] is not None and draft[0] != pair.draft_name:
             pair.use_draft(draft[0])

@@ -1,6 +1,6 @@
 """How many operations each stage's body runs: the kernels its CUDA graph replays.
 
-    python -m research.stage_ops --methods vanilla,sd,eagle,ss,mirror
+    python -m mirror_sd.tools.stage_ops --methods vanilla,sd,eagle,ss,mirror
 
 A stage of the embedded pair's size is bound on a GPU by how many kernels it launches, not by its
 arithmetic (docs/experiments/ss.md#merged-adapters-in-the-streams-pass). Counting what a body
@@ -22,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mirror_sd import generate, load_pair
-from research.host_ops import PROMPT, as_on_a_gpu
+from .host_ops import PROMPT, as_on_a_gpu
 
 NO_KERNEL = {"view", "_unsafe_view", "reshape", "expand", "slice", "select", "unsqueeze", "squeeze", "permute",
              "transpose", "t", "as_strided", "detach", "alias", "unbind", "split", "split_with_sizes", "chunk",

@@ -1,6 +1,6 @@
 """Where the decoding thread's time goes, line by line, sampled while the methods decode.
 
-    python -m research.host_samples --methods vanilla,eagle,mirror --graphs on
+    python -m mirror_sd.tools.host_samples --methods vanilla,eagle,mirror --graphs on
 
 On a GPU with CUDA graphs a step is host-bound wherever the GPU idles between its stages: the
 traces show those gaps (the bench's step costs), not what the host did in them. This samples the
@@ -30,7 +30,7 @@ import pandas as pd
 from mirror_sd import generate, load_pair
 from mirror_sd.tools.bench import DEFAULT_PROMPTS, first_per_category, read_prompts
 
-ENGINE = str(Path(__file__).resolve().parents[1] / "mirror_sd")
+ENGINE, SAMPLER = str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve())  # this file is no engine line
 OUTSIDE = "(outside)"
 AS_FOUND_BEST = {"mirror exit 14": ("mirror", dict(exit_layer=14, branch_budget=4))}  # the H200's best so far
 
@@ -39,7 +39,7 @@ def innermost_engine_line(frame) -> str:
     """'path:line function' of the innermost frame in mirror_sd/ on ``frame``'s stack, or OUTSIDE."""
     while frame is not None:
         path = frame.f_code.co_filename
-        if path.startswith(ENGINE):
+        if path.startswith(ENGINE) and path != SAMPLER:
             return f"{path[len(ENGINE) + 1:]}:{frame.f_lineno} {frame.f_code.co_name}"
         frame = frame.f_back
     return OUTSIDE

@@ -1,6 +1,6 @@
 """How many PyTorch operations each method's steps run one by one, outside its stages' bodies.
 
-    python -m research.host_ops --methods vanilla,sd,eagle,ss,mirror
+    python -m mirror_sd.tools.host_ops --methods vanilla,sd,eagle,ss,mirror
 
 On a GPU with CUDA graphs (``--graphs on``) a stage's forward is one graph launch, but every
 operation around it (copying a window into the stage's buffers, growing a draft tree, building
