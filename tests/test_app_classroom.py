@@ -429,12 +429,15 @@ def test_browser_opens_a_race_recorded_at_each_methods_best_settings(class_url):
     settings, labelled with them; opened, the status line says them (issue 63)."""
     from playwright.sync_api import expect, sync_playwright
 
+    from app.replay import recorded_races
+
+    label = next(label for label, _ in recorded_races()
+                 if label.startswith("qa: Why is the sky blue? (on AMD EPYC, 2 CPU cores, ") and "at best settings" in label)
+    assert label.endswith(", at best settings: sd gamma 3; mirror exit layer 14, branch budget 4)")
     with sync_playwright() as p:
         browser, page = open_app(p, class_url)
-        open_recorded(page, "qa: Why is the sky blue? (on AMD EPYC, 2 CPU cores, 2026-11-29, at best settings")
-        expect(page.locator("#recorded input")).to_have_value(
-            "qa: Why is the sky blue? (on AMD EPYC, 2 CPU cores, 2026-11-29, at best settings: sd gamma 3; "
-            "mirror exit layer 14, branch budget 4)")
+        open_recorded(page, label)
+        expect(page.locator("#recorded input")).to_have_value(label)
         expect(page.locator("#status")).to_contain_text(
             "at best settings: sd gamma 3; mirror exit layer 14, branch budget 4 (every other option at its default)")
         expect(page.locator("#card-mirror")).to_contain_text("tok/s")

@@ -32,8 +32,13 @@ def test_an_exit_draft_reads_the_targets_first_layers_through_its_head(exit_pair
     draft, target = pair.draft, pair.target
     layer = draft.num_layers
     ids = torch.tensor([pair.encode("Name three colours.")])
+    pair.int8_drafting = False  # the draft in the target's fp32 products, to compare with its exit
+    try:
+        with torch.inference_mode():
+            got = torch.log_softmax(draft(ids, None)[0], dim=-1)  # [T, rows]
+    finally:
+        pair.int8_drafting = True
     with torch.inference_mode():
-        got = torch.log_softmax(draft(ids, None)[0], dim=-1)  # [T, rows]
         hidden = target.forward_layers(target.embed(ids), None, target.window(None, ids.shape[1]), 0, layer)
         rows = target.lm_head.weight[draft.vocab_map]
         expected = EarlyExit(target, rows, pair.exit_heads[layer], draft.vocab_map)(hidden)[0]

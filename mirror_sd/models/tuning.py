@@ -245,7 +245,7 @@ def rotary_store(q, k, v, cos, sin, k_cache, v_cache, slots, plan: Plan | None =
 def projections(x: torch.Tensor, linears) -> list[torch.Tensor]:
     """[linear(x) for each of ``linears``] (x [..., K], each linear [N_i, K]), in the formulation
     their plan (the first one's) holds for their kind (no plan: ``separate``)."""
-    plan = linears[0].plan
+    plan = plan_of(linears[0])
     if plan is None:
         return [linear(x) for linear in linears]
     shape = " + ".join(str(linear.out_features) for linear in linears) + f" x {x.shape[-1]}"
@@ -254,10 +254,16 @@ def projections(x: torch.Tensor, linears) -> list[torch.Tensor]:
     return run_projections(name, x, linears)
 
 
+def plan_of(module) -> Plan | None:
+    """A module's plan; None for one that is not :class:`Planned` (a linear map with an adapter beside
+    it, models/streams.py ``Adapted``): it runs as its parts do, each base map by its own plan."""
+    return getattr(module, "plan", None)
+
+
 def gated(x: torch.Tensor, gate, up) -> torch.Tensor:
     """silu(gate(x)) * up(x) (x [..., K]; gate, up [I, K]): a gated MLP's first half, in the
     formulation the gate's plan holds for its kind (no plan: ``separate``)."""
-    if gate.plan is None:
+    if plan_of(gate) is None:
         return F.silu(gate(x)) * up(x)
     shape = f"2 x {gate.out_features} x {x.shape[-1]}"
     name = choice("gated", shape, x.numel() // x.shape[-1], x, lambda name: run_gated(name, x, gate, up), gate.plan)
