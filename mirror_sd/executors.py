@@ -128,11 +128,13 @@ class Streams:
 
     def overlap(self, main: Work, beside: Work) -> tuple[Phase, Phase]:
         """Queue ``main``, then ``beside``: on two streams they run at the same time, the host waiting for neither."""
-        return self.start(main.lane, main.kind, main.fn, *main.args, **main.span), \
-            self.start(beside.lane, beside.kind, beside.fn, *beside.args, **beside.span)
+        return self.queue(main), self.queue(beside)
 
     def aside(self, w: Work) -> Phase:
         """Queue work the step can do without; the host reads it only if it needs it."""
+        return self.queue(w)
+
+    def queue(self, w: Work) -> Phase:
         return self.start(w.lane, w.kind, w.fn, *w.args, **w.span)
 
     def finish(self, *phases: Phase):
