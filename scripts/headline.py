@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from mirror_sd.models.auto_dtype import short_name
+
 ROOT = Path(__file__).resolve().parents[1]  # the clone: the runs and the docs are its files
 START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 PAGES = ("README.md", "docs/results.md")  # where the table is written, between the markers
@@ -52,8 +54,7 @@ def header(report: str) -> dict[str, str]:
 
 def dtype_name(text: str) -> str:
     """A dtype as the reports name it, short: "fp32: no native bf16." -> "fp32"; "torch.bfloat16" -> "bf16"."""
-    name = text.split(":")[0].strip().rstrip(".").removeprefix("torch.")
-    return name.replace("bfloat16", "bf16").replace("float", "fp")
+    return short_name(text.split(":")[0].strip().rstrip("."))
 
 
 def gpu_check_facts(text: str) -> tuple[str, str | None]:

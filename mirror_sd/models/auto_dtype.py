@@ -42,10 +42,16 @@ class Choice:
 
     @property
     def name(self) -> str:
-        return str(self.dtype).removeprefix("torch.").replace("bfloat16", "bf16").replace("float", "fp")
+        return short_name(str(self.dtype))
 
     def __str__(self) -> str:
         return f"{self.name}: {self.reason}"
+
+
+def short_name(dtype: str) -> str:
+    """A dtype's short name, as the CLI, reports and pages write it: "torch.bfloat16" -> "bf16",
+    "float32" -> "fp32"."""
+    return dtype.removeprefix("torch.").replace("bfloat16", "bf16").replace("float", "fp")
 
 
 def native_bf16(cpuinfo: str = "/proc/cpuinfo") -> str | None:
